@@ -1,0 +1,106 @@
+"""The Hugging Face ``TrainerCallback`` that makes every checkpoint reach S3.
+
+``on_save`` runs right after the Trainer wrote ``checkpoint-<step>/`` locally. The callback waits
+for every rank to finish writing (each rank saves its own RNG state), then world process zero
+hard-links the directory into a staging area and hands it to the background uploader. Training
+continues at once. A failed upload is raised on the next step; ``on_train_end`` waits for the
+last upload, so a run that ends normally has its final checkpoint in S3.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from train.checkpoint import Manifest, checkpoint_dir_name
+from train.events import EventLog
+from train.store import ObjectStore, open_store
+from train.uploader import CheckpointUploader, stage_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+class S3CheckpointCallback(TrainerCallback):
+    """Sync each checkpoint the Trainer saves to ``checkpoint_uri``, keeping the newest ``keep``.
+
+    With ``save_final`` the last step is always checkpointed, even when ``max_steps`` is not a
+    multiple of ``save_steps``, so the finished model is in the store too.
+    """
+
+    def __init__(
+        self,
+        checkpoint_uri: str,
+        *,
+        keep: int = 3,
+        staging_dir: Path | None = None,
+        store: ObjectStore | None = None,
+        save_final: bool = True,
+        events: EventLog | None = None,
+    ) -> None:
+        self.store = store or open_store(checkpoint_uri)
+        self.keep = keep
+        self.save_final = save_final
+        self.events = events or EventLog(None)
+        self._staging_root = staging_dir
+        self._uploader: CheckpointUploader | None = None
+
+    def _get_uploader(self) -> CheckpointUploader:
+        if self._uploader is None:
+            self._uploader = CheckpointUploader(self.store, self.keep, on_uploaded=self._report_uploaded)
+        return self._uploader
+
+    def _report_uploaded(self, manifest: Manifest, seconds: float) -> None:
+        self.events.emit(
+            "checkpoint_complete",
+            step=manifest.step,
+            uri=str(self.store.uri.join(checkpoint_dir_name(manifest.step))),
+            bytes=manifest.total_bytes,
+            upload_seconds=round(seconds, 3),
+        )
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if args.save_on_each_node and args.world_size > 1:
+            raise ValueError(
+                "save_on_each_node=True is not supported by S3CheckpointCallback: one process uploads "
+                "the whole checkpoint; set save_on_each_node=False (the default)"
+            )
+        if self._staging_root is None:
+            self._staging_root = Path(tempfile.mkdtemp(prefix="spotray-staging-"))
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self._uploader is not None:
+            self._uploader.raise_if_failed()
+        if self.save_final and state.global_step >= state.max_steps > 0:
+            control.should_save = True
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()  # every rank has written its part (rng_state_<rank>.pth) before we stage
+        if not state.is_world_process_zero:
+            return
+        step = state.global_step
+        source = Path(args.output_dir) / checkpoint_dir_name(step)
+        assert self._staging_root is not None
+        staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step))
+        samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        resume = {
+            "global_step": step,
+            "epoch": state.epoch,
+            "samples_seen": step * samples_per_step,
+            "seed": args.seed,
+        }
+        self._get_uploader().submit(staged, step, args.world_size, resume)
+        self.events.emit("checkpoint_saved", step=step)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self.flush()
+
+    def flush(self) -> None:
+        """Wait for every queued upload; raises if one failed."""
+        if self._uploader is not None:
+            self._uploader.flush()

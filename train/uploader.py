@@ -1,0 +1,152 @@
+"""Background checkpoint upload: stage, upload off the training loop, prune, and never fail silently.
+
+The training loop pays only for ``stage_checkpoint`` (hard links, milliseconds). Hashing, uploading
+and pruning run on one background thread, one checkpoint at a time and in order, at a lower CPU
+priority than training. A failed upload is kept and raised on the trainer's next call into the
+uploader (``raise_if_failed``, ``submit`` or ``flush``), so training can never go on believing a
+checkpoint is safe when it is not.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
+from train.errors import CheckpointUploadError
+from train.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+# Positive niceness for the upload threads (inherited by the transfer threads they start): on a
+# busy node the training step keeps the CPU and the upload takes what is left.
+UPLOAD_THREAD_NICENESS = 10
+
+
+def stage_checkpoint(source: Path, staging: Path) -> Path:
+    """Hard-link (or copy, across filesystems) ``source`` into ``staging``.
+
+    The trainer may rotate (delete) its local checkpoints while an upload is running; the staged
+    links keep the files alive until the upload is done.
+    """
+    shutil.rmtree(staging, ignore_errors=True)
+    for path in sorted(source.rglob("*")):
+        target = staging / path.relative_to(source)
+        if path.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, target)
+        except OSError:
+            shutil.copy2(path, target)
+    return staging
+
+
+@dataclass(frozen=True)
+class _Job:
+    staged_dir: Path
+    step: int
+    world_size: int
+    resume: dict[str, Any]
+
+
+class CheckpointUploader:
+    """Uploads staged checkpoint directories to ``store`` in order, then prunes to ``keep``."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        keep: int,
+        on_uploaded: Callable[[Manifest, float], None] | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError("keep must be >= 1")
+        self.store = store
+        self.keep = keep
+        self._on_uploaded = on_uploaded
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._failure: BaseException | None = None
+        self._failed_step: int | None = None
+        self.last_uploaded_step: int | None = None
+        self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
+        self._thread.start()
+
+    def submit(self, staged_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None) -> None:
+        """Queue a staged checkpoint; the uploader owns ``staged_dir`` from now on and deletes it."""
+        self.raise_if_failed()
+        backlog = self._jobs.qsize()
+        if backlog:
+            log.warning(
+                "checkpoint uploads are falling behind (%d waiting); checkpoint less often or use faster storage",
+                backlog,
+            )
+        self._jobs.put(_Job(staged_dir, step, world_size, resume or {}))
+
+    def raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise CheckpointUploadError(
+                f"uploading checkpoint-{self._failed_step} to {self.store.uri} failed: {self._failure}",
+                "fix the storage problem above and restart: the run resumes from the last complete checkpoint",
+            ) from self._failure
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        """Wait until every queued checkpoint is uploaded (or one fails, which is raised)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self._jobs.unfinished_tasks and self._failure is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise CheckpointUploadError(
+                    f"checkpoint uploads to {self.store.uri} did not finish within {timeout_s:.0f}s",
+                    "the storage is too slow or unreachable; the last complete checkpoint is still safe",
+                )
+            time.sleep(0.02)
+        self.raise_if_failed()
+
+    def close(self) -> None:
+        self.flush()
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _run(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOAD_THREAD_NICENESS)
+        except OSError:
+            log.debug("could not lower the upload thread's priority", exc_info=True)
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._failure is None:
+                    self._upload(job)
+            except BaseException as error:  # noqa: BLE001 - kept and re-raised in the training thread
+                self._failure, self._failed_step = error, job.step if job else None
+                log.exception("checkpoint upload failed; training will stop at its next checkpoint call")
+            finally:
+                if job is not None:
+                    shutil.rmtree(job.staged_dir, ignore_errors=True)
+                self._jobs.task_done()
+
+    def _upload(self, job: _Job) -> None:
+        started = time.monotonic()
+        manifest = upload_checkpoint(self.store, job.staged_dir, job.step, job.world_size, job.resume)
+        seconds = time.monotonic() - started
+        self.last_uploaded_step = job.step
+        log.info(
+            "checkpoint-%d complete in %s (%.1f MB in %.2fs)",
+            job.step,
+            self.store.uri,
+            manifest.total_bytes / 1e6,
+            seconds,
+        )
+        prune_checkpoints(self.store, self.keep)
+        if self._on_uploaded is not None:
+            self._on_uploaded(manifest, seconds)
