@@ -63,7 +63,9 @@ class S3CheckpointCallback(TrainerCallback):
             upload_seconds=round(seconds, 3),
         )
 
-    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if args.save_on_each_node and args.world_size > 1:
             raise ValueError(
                 "save_on_each_node=True is not supported by S3CheckpointCallback: one process uploads "
@@ -84,7 +86,7 @@ class S3CheckpointCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         step = state.global_step
-        source = Path(args.output_dir) / checkpoint_dir_name(step)
+        source = Path(str(args.output_dir)) / checkpoint_dir_name(step)
         assert self._staging_root is not None
         staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step))
         samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
@@ -97,7 +99,9 @@ class S3CheckpointCallback(TrainerCallback):
         self._get_uploader().submit(staged, step, args.world_size, resume)
         self.events.emit("checkpoint_saved", step=step)
 
-    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         self.flush()
 
     def flush(self) -> None:

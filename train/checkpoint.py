@@ -185,7 +185,9 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
     except CorruptCheckpointError as error:
         return CheckpointInfo(step, prefix, total, None, error.problem)
     if manifest.step != step:
-        return CheckpointInfo(step, prefix, total, manifest, f"manifest says step {manifest.step}, directory says {step}")
+        return CheckpointInfo(
+            step, prefix, total, manifest, f"manifest says step {manifest.step}, directory says {step}"
+        )
     for name, entry in manifest.files.items():
         if name not in sizes:
             return CheckpointInfo(step, prefix, total, manifest, f"file {name} listed in the manifest is missing")

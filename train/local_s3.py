@@ -18,10 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from train.store import StoreConfig
+import boto3
+from botocore.config import Config
+
+from train.store import S3ObjectStore, StoreConfig, parse_uri
 
 DEFAULT_ACCESS_KEY = "spotray"
-DEFAULT_SECRET_KEY = "spotray-local-secret"
+DEFAULT_SECRET_KEY = "spotray-local-secret"  # noqa: S105 - a loopback-only test server's key
 
 
 def find_weed() -> str:
@@ -120,9 +123,6 @@ class LocalS3Server:
         return self
 
     def _wait_ready(self) -> None:
-        import boto3
-        from botocore.config import Config
-
         client = boto3.client(
             "s3",
             endpoint_url=self.endpoint_url,
@@ -156,8 +156,6 @@ class LocalS3Server:
         )
 
     def create_bucket(self, name: str) -> None:
-        from train.store import S3ObjectStore, parse_uri
-
         S3ObjectStore(parse_uri(f"s3://{name}"), self.config).check(create_bucket=True)
 
     def stop(self) -> None:

@@ -19,6 +19,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
 from urllib.parse import urlparse
@@ -48,6 +49,7 @@ from train.errors import (
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import ObjectIdentifierTypeDef
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +103,7 @@ def parse_uri(text: str) -> StorageUri:
     if parsed.scheme in ("s3", "s3a"):
         bucket = parsed.netloc
         if not bucket:
-            raise InvalidUriError(
-                f"'{text}' names no bucket", f"write it as s3://BUCKET/PREFIX, e.g. {_URI_EXAMPLE}"
-            )
+            raise InvalidUriError(f"'{text}' names no bucket", f"write it as s3://BUCKET/PREFIX, e.g. {_URI_EXAMPLE}")
         if not _valid_bucket_name(bucket):
             raise InvalidUriError(
                 f"'{bucket}' in '{text}' is not a valid S3 bucket name",
@@ -174,7 +174,7 @@ class RetryPolicy:
     def delays(self) -> Iterable[float]:
         delay = self.first_delay_s
         while True:
-            yield delay * random.uniform(0.5, 1.0)
+            yield delay * random.uniform(0.5, 1.0)  # noqa: S311 - jitter, not cryptography
             delay = min(delay * 2, self.max_delay_s)
 
 
@@ -250,9 +250,7 @@ def describe_failure(error: BaseException, config: StoreConfig, uri: StorageUri,
             "spec.checkpoint.secretRef)",
         )
     text = str(error)
-    code, status = ("", 0)
-    if isinstance(error, ClientError):
-        code, status = _client_error_code(error)
+    code = _client_error_code(error)[0] if isinstance(error, ClientError) else ""
     if code in _MISSING_BUCKET_CODES or "NoSuchBucket" in text or (code == "404" and action.startswith("check")):
         return BucketMissingError(
             f"bucket '{uri.bucket}' does not exist at {endpoint}",
@@ -305,9 +303,7 @@ class ObjectStore(Protocol):
 def upload_dir(store: ObjectStore, local_dir: Path, prefix: str, *, exclude: Iterable[str] = ()) -> list[str]:
     """Upload every file under ``local_dir`` to ``prefix/``; returns the relative paths sent."""
     skip = set(exclude)
-    rel_paths = sorted(
-        p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file()
-    )
+    rel_paths = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
     rel_paths = [r for r in rel_paths if r not in skip]
     store.upload_files([(local_dir / r, f"{prefix}/{r}") for r in rel_paths])
     return rel_paths
@@ -375,15 +371,14 @@ class S3ObjectStore:
     def check(self, *, create_bucket: bool = False) -> None:
         """Fail fast, with the fix, on a wrong endpoint, wrong credentials or a missing bucket."""
         bucket = self.uri.bucket
+        retry = PREFLIGHT_RETRY if self.retry.deadline_s > PREFLIGHT_RETRY.deadline_s else self.retry
         try:
-            self._with_retry(f"check bucket s3://{bucket}", lambda: self._client.head_bucket(Bucket=bucket), PREFLIGHT_RETRY)
+            self._with_retry(f"check bucket s3://{bucket}", lambda: self._client.head_bucket(Bucket=bucket), retry)
         except BucketMissingError:
             if not create_bucket:
                 raise
             log.info("creating bucket s3://%s at %s", bucket, self.config.describe_endpoint())
-            self._with_retry(f"create bucket s3://{bucket}", lambda: self._client.create_bucket(Bucket=bucket), PREFLIGHT_RETRY)
-        # HEAD on a bucket may pass with read-only keys; listing proves we can at least read.
-        self._with_retry(f"list {self.uri}", lambda: self.list("__spotray_probe__"), PREFLIGHT_RETRY)
+            self._with_retry(f"create bucket s3://{bucket}", lambda: self._client.create_bucket(Bucket=bucket), retry)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         root = f"{self.uri.prefix}/" if self.uri.prefix else ""
@@ -457,9 +452,9 @@ class S3ObjectStore:
 
     def delete(self, keys: Sequence[str]) -> None:
         for start in range(0, len(keys), 1000):
-            batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
+            batch: list[ObjectIdentifierTypeDef] = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
 
-            def op(batch: list[dict[str, str]] = batch) -> None:
+            def op(batch: list[ObjectIdentifierTypeDef] = batch) -> None:
                 response = self._client.delete_objects(Bucket=self.uri.bucket, Delete={"Objects": batch, "Quiet": True})
                 errors = response.get("Errors", [])
                 if errors:
@@ -470,6 +465,10 @@ class S3ObjectStore:
                     )
 
             self._with_retry(f"delete {len(batch)} object(s) under {self.uri}", op)
+
+
+def _copy_file(source: Path, target: Path) -> None:
+    shutil.copyfile(source, target)
 
 
 @dataclass
@@ -509,7 +508,7 @@ class LocalObjectStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(target.name + ".spotray-tmp")
         write(temporary)
-        os.replace(temporary, target)
+        temporary.replace(target)
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write_atomically(key, lambda tmp: tmp.write_bytes(data))
@@ -519,7 +518,7 @@ class LocalObjectStore:
 
     def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
         for path, key in pairs:
-            self._write_atomically(key, lambda tmp, src=path: shutil.copyfile(src, tmp))
+            self._write_atomically(key, partial(_copy_file, path))
 
     def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
         for key, path in pairs:
@@ -528,10 +527,18 @@ class LocalObjectStore:
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
-            (self.root / key).unlink(missing_ok=True)
+            path = self.root / key
+            path.unlink(missing_ok=True)
+            # Like S3, a "directory" exists only while something is in it.
+            for parent in path.parents:
+                if parent == self.root or not parent.is_relative_to(self.root) or any(parent.iterdir()):
+                    break
+                parent.rmdir()
 
 
-def open_store(uri: str | StorageUri, config: StoreConfig | None = None, retry: RetryPolicy | None = None) -> ObjectStore:
+def open_store(
+    uri: str | StorageUri, config: StoreConfig | None = None, retry: RetryPolicy | None = None
+) -> ObjectStore:
     """The one factory for stores: ``s3://`` gives an S3 store, ``file://`` or ``/path`` a directory."""
     parsed = uri if isinstance(uri, StorageUri) else parse_uri(uri)
     if parsed.scheme == "file":

@@ -127,7 +127,7 @@ class CheckpointUploader:
                     return
                 if self._failure is None:
                     self._upload(job)
-            except BaseException as error:  # noqa: BLE001 - kept and re-raised in the training thread
+            except BaseException as error:  # kept, and re-raised in the training thread
                 self._failure, self._failed_step = error, job.step if job else None
                 log.exception("checkpoint upload failed; training will stop at its next checkpoint call")
             finally:

@@ -6,6 +6,8 @@ are the tokens (vocabulary 256), so there is no tokenizer to fetch either.
 
 from __future__ import annotations
 
+from pydoc_data.topics import topics
+
 import torch
 from torch.utils.data import Dataset
 
@@ -13,8 +15,6 @@ VOCAB_SIZE = 256
 
 
 def corpus_bytes() -> bytes:
-    from pydoc_data.topics import topics
-
     return "\n\n".join(topics[name] for name in sorted(topics)).encode("utf-8")
 
 

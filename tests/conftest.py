@@ -1,0 +1,47 @@
+"""Shared fixtures: one real SeaweedFS S3 server per test session, a fresh prefix per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from train.local_s3 import LocalS3Server
+from train.store import RetryPolicy, S3ObjectStore, parse_uri
+
+TEST_BUCKET = "spotray-test"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalS3Server]:
+    with LocalS3Server(tmp_path_factory.mktemp("seaweedfs")) as server:
+        server.create_bucket(TEST_BUCKET)
+        yield server
+
+
+@pytest.fixture
+def s3_uri(request: pytest.FixtureRequest) -> str:
+    """A prefix no other test uses, so tests never see each other's objects."""
+    return f"s3://{TEST_BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def s3_store(s3_server: LocalS3Server, s3_uri: str) -> S3ObjectStore:
+    return S3ObjectStore(parse_uri(s3_uri), s3_server.config, RetryPolicy(deadline_s=30))
+
+
+@pytest.fixture
+def s3_env(s3_server: LocalS3Server) -> dict[str, str]:
+    """The environment a training subprocess needs to reach the test server."""
+    return {**os.environ, **s3_server.env()}
+
+
+def write_files(root: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root

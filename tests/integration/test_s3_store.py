@@ -1,0 +1,79 @@
+"""The S3 client against a real SeaweedFS server: transfers, listing, and the errors users hit."""
+
+import hashlib
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_BUCKET, write_files
+from train.errors import BucketMissingError, StoreCredentialsError, StoreUnreachableError
+from train.local_s3 import LocalS3Server, free_port
+from train.store import RetryPolicy, S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
+
+pytestmark = pytest.mark.integration
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_directory_round_trip_keeps_every_byte(s3_store: S3ObjectStore, tmp_path: Path) -> None:
+    files = {
+        "model.safetensors": os.urandom(40 * 1024 * 1024 + 123),  # multipart
+        "optimizer.pt": os.urandom(3 * 1024 * 1024),
+        "nested/deeper/rng_state.pth": os.urandom(1000),
+        "empty.txt": b"",
+    }
+    source = write_files(tmp_path / "src", files)
+    sent = upload_dir(s3_store, source, "ckpt")
+    assert sorted(sent) == sorted(files)
+    listed = {o.key: o.size for o in s3_store.list("ckpt/")}
+    assert listed == {f"ckpt/{name}": len(data) for name, data in files.items()}
+
+    received = download_dir(s3_store, "ckpt", tmp_path / "dst")
+    assert sorted(received) == sorted(files)
+    for name in files:
+        assert digest(tmp_path / "dst" / name) == digest(source / name)
+
+    s3_store.delete([f"ckpt/{name}" for name in files])
+    assert s3_store.list("ckpt/") == []
+
+
+def test_bytes_and_prefix_isolation(s3_server: LocalS3Server, s3_store: S3ObjectStore) -> None:
+    s3_store.put_bytes("a/b.json", b"{}")
+    assert s3_store.get_bytes("a/b.json") == b"{}"
+    sibling = S3ObjectStore(parse_uri(f"{s3_store.uri}-sibling"), s3_server.config)
+    assert sibling.list() == []
+
+
+def test_wrong_credentials_are_named(s3_server: LocalS3Server, s3_uri: str) -> None:
+    config = replace(s3_server.config, secret_access_key="not-the-secret")
+    with pytest.raises(StoreCredentialsError) as caught:
+        S3ObjectStore(parse_uri(s3_uri), config).check()
+    assert "refused the credentials" in str(caught.value)
+    assert f"access key '{s3_server.access_key}'" in str(caught.value)
+
+
+def test_missing_bucket_is_named_and_can_be_created(s3_server: LocalS3Server) -> None:
+    store = S3ObjectStore(parse_uri("s3://spotray-missing-bucket/run"), s3_server.config)
+    with pytest.raises(BucketMissingError) as caught:
+        store.check()
+    assert "bucket 'spotray-missing-bucket' does not exist" in str(caught.value)
+    assert "s3 mb s3://spotray-missing-bucket" in str(caught.value)
+    with pytest.raises(BucketMissingError):
+        store.put_bytes("x", b"x")  # writes do not create buckets behind the user's back
+    store.check(create_bucket=True)
+    store.put_bytes("x", b"x")
+    assert [o.key for o in store.list()] == ["x"]
+
+
+def test_unreachable_endpoint_fails_fast_with_the_fix() -> None:
+    config = StoreConfig(endpoint_url=f"http://127.0.0.1:{free_port()}", access_key_id="a", secret_access_key="b")
+    store = S3ObjectStore(parse_uri(f"s3://{TEST_BUCKET}/x"), config, RetryPolicy(deadline_s=1.0))
+    with pytest.raises(StoreUnreachableError) as caught:
+        store.check()
+    assert config.endpoint_url is not None
+    assert config.endpoint_url in str(caught.value)
+    assert "AWS_ENDPOINT_URL" in str(caught.value)

@@ -1,0 +1,79 @@
+"""Staging and the background uploader, on a directory store; one test injects a storage fault."""
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import write_files
+from train.checkpoint import latest_complete_checkpoint
+from train.errors import CheckpointUploadError, StoreRequestError
+from train.store import LocalObjectStore, parse_uri
+from train.uploader import CheckpointUploader, stage_checkpoint
+
+pytestmark = pytest.mark.unit
+
+
+def test_staged_files_survive_the_trainer_rotating_its_checkpoint(tmp_path: Path) -> None:
+    source = write_files(tmp_path / "checkpoint-5", {"a.bin": b"a" * 100, "sub/b.bin": b"b"})
+    staged = stage_checkpoint(source, tmp_path / "staging" / "checkpoint-5")
+    assert (staged / "a.bin").stat().st_ino == (source / "a.bin").stat().st_ino  # a hard link, no copy
+    for path in sorted(source.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    assert (staged / "a.bin").read_bytes() == b"a" * 100
+    assert (staged / "sub/b.bin").read_bytes() == b"b"
+
+
+def test_uploads_in_order_prunes_and_cleans_staging(tmp_path: Path) -> None:
+    store = LocalObjectStore(parse_uri(str(tmp_path / "store")))
+    uploaded: list[int] = []
+    uploader = CheckpointUploader(store, keep=2, on_uploaded=lambda m, _s: uploaded.append(m.step))
+    for step in (1, 2, 3):
+        staged = write_files(tmp_path / f"staging/checkpoint-{step}", {"w.bin": bytes([step]) * 10})
+        uploader.submit(staged, step, world_size=1)
+    uploader.close()
+    assert uploaded == [1, 2, 3]
+    latest = latest_complete_checkpoint(store)
+    assert latest is not None
+    assert latest.step == 3
+    assert sorted(p.name for p in (tmp_path / "store").iterdir()) == ["checkpoint-2", "checkpoint-3"]
+    assert not any((tmp_path / "staging").iterdir())
+
+
+class FailingStore(LocalObjectStore):
+    """Refuses every upload, the way a bucket with a deny policy would."""
+
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
+        raise StoreRequestError("the store refused the upload", "fix the bucket policy")
+
+
+def test_a_failed_upload_is_raised_in_the_training_thread(tmp_path: Path) -> None:
+    uploader = CheckpointUploader(FailingStore(parse_uri(str(tmp_path / "store"))), keep=1)
+    staged = write_files(tmp_path / "staging/checkpoint-1", {"w.bin": b"w"})
+    uploader.submit(staged, 1, world_size=1)
+    with pytest.raises(CheckpointUploadError, match="checkpoint-1") as caught:
+        uploader.flush(timeout_s=10)
+    assert "the store refused the upload" in str(caught.value)
+    with pytest.raises(CheckpointUploadError):
+        uploader.submit(write_files(tmp_path / "staging/checkpoint-2", {"w.bin": b"w"}), 2, world_size=1)
+
+
+class SlowStore(LocalObjectStore):
+    release: threading.Event
+
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
+        self.release.wait(10)
+        super().upload_files(pairs)
+
+
+def test_flush_waits_for_the_upload_and_times_out_loudly(tmp_path: Path) -> None:
+    store = SlowStore(parse_uri(str(tmp_path / "store")))
+    store.release = threading.Event()
+    uploader = CheckpointUploader(store, keep=1)
+    uploader.submit(write_files(tmp_path / "staging/checkpoint-1", {"w.bin": b"w"}), 1, world_size=1)
+    with pytest.raises(CheckpointUploadError, match="did not finish"):
+        uploader.flush(timeout_s=0.2)
+    store.release.set()
+    uploader.flush(timeout_s=10)
+    assert uploader.last_uploaded_step == 1
