@@ -149,10 +149,12 @@ def parse_args(argv: list[str] | None = None) -> Gpt2JobConfig:
     parser.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
     parser.add_argument("--create-bucket", action="store_true", help="create the bucket if it is missing")
     parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
     args = parser.parse_args(argv)
-    for name in ("max_steps", "save_steps", "keep", "batch_size"):
+    for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     return Gpt2JobConfig(
@@ -163,6 +165,8 @@ def parse_args(argv: list[str] | None = None) -> Gpt2JobConfig:
         keep=args.keep,
         seed=args.seed,
         batch_size=args.batch_size,
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
         create_bucket=args.create_bucket,
         events_path=args.events,
     )

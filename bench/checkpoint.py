@@ -1,0 +1,170 @@
+"""What S3 checkpoint sync costs the training loop, measured against plain local Hugging Face saves.
+
+Three configurations of the same Trainer (GPT-2 from config, byte corpus, CPU) run back to back,
+in rotating order, for ``--rounds`` rounds:
+
+- ``none``:  no checkpoints at all;
+- ``local``: HF saves every ``--save-steps`` steps to local disk (the baseline a user already pays);
+- ``s3``:    the same saves plus ``S3CheckpointCallback`` syncing each one to a real S3 server.
+
+Two figures come out:
+
+- checkpoint_stall: seconds the loop is blocked per checkpoint (from the start of
+  ``Trainer._save_checkpoint`` to the end of the last ``on_save`` callback), s3 / local. Goal <= 1.10.
+- checkpoint_throughput: steady steps/s (a window that excludes start-up), s3 / none. Goal >= 0.97.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import Trainer, TrainerCallback
+
+from bench.common import machine_details, write_result
+from jobs.gpt2.train import Gpt2JobConfig, build_trainer
+from train.callback import S3CheckpointCallback
+from train.checkpoint import latest_complete_checkpoint
+from train.local_s3 import LocalS3Server
+from train.store import S3ObjectStore, parse_uri
+
+BUCKET = "bench"
+WARMUP_STEPS = 5
+
+
+class LoopTimer(TrainerCallback):
+    """Records when each step ended and when each save's callbacks finished (put it last)."""
+
+    def __init__(self) -> None:
+        self.step_end: dict[int, float] = {}
+        self.save_end: list[float] = []
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.step_end[state.global_step] = time.perf_counter()
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.save_end.append(time.perf_counter())
+
+
+def time_save_starts(trainer: Trainer) -> list[float]:
+    """Wrap the trainer's save so that each call's start time is recorded (instrumentation only)."""
+    starts: list[float] = []
+    original = trainer._save_checkpoint
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        starts.append(time.perf_counter())
+        return original(*args, **kwargs)
+
+    trainer._save_checkpoint = timed  # type: ignore[method-assign]
+    return starts
+
+
+def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index: int) -> dict[str, Any]:
+    workdir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-"))
+    job = Gpt2JobConfig(**{**job.__dict__, "workdir": workdir, "checkpoint_uri": f"s3://{BUCKET}/{mode}-{round_index}"})
+    timer = LoopTimer()
+    callbacks: list[TrainerCallback] = []
+    sync = None
+    if mode == "s3":
+        store = S3ObjectStore(parse_uri(job.checkpoint_uri), server.config)
+        sync = S3CheckpointCallback(job.checkpoint_uri, keep=2, store=store, staging_dir=workdir / "staging")
+        callbacks.append(sync)
+    trainer = build_trainer(job, [*callbacks, timer], save_steps=0 if mode == "none" else job.save_steps)
+    save_starts = time_save_starts(trainer)
+    trainer.train()
+    if sync is not None:
+        sync.flush()
+        latest = latest_complete_checkpoint(sync.store)
+        assert latest is not None
+        assert latest.step == job.max_steps, "the last checkpoint did not reach S3"
+    first, last = WARMUP_STEPS, job.max_steps
+    steps_per_s = (last - first) / (timer.step_end[last] - timer.step_end[first])
+    # With save_final the S3 run saves once more at the very end; compare the same periodic saves.
+    periodic = [(s, e) for s, e in zip(save_starts, timer.save_end, strict=True) if e <= timer.step_end[last]]
+    stalls = [e - s for s, e in periodic]
+    checkpoint_mb = sum(f.stat().st_size for f in (workdir / "checkpoints").rglob("*") if f.is_file()) / 1e6
+    return {"steps_per_s": steps_per_s, "stalls_s": stalls, "local_checkpoints_mb": checkpoint_mb}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--max-steps", type=int, default=125)
+    parser.add_argument("--save-steps", type=int, default=20)
+    parser.add_argument("--n-layer", type=int, default=4)
+    parser.add_argument("--n-embd", type=int, default=256)
+    args = parser.parse_args(argv)
+    job = Gpt2JobConfig(
+        checkpoint_uri="",
+        workdir=Path(),
+        max_steps=args.max_steps,
+        save_steps=args.save_steps,
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
+        batch_size=16,
+    )
+    modes = ["none", "local", "s3"]
+    results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    with LocalS3Server(Path(tempfile.mkdtemp(prefix="bench-s3-"))) as server:
+        server.create_bucket(BUCKET)
+        for round_index in range(args.rounds):
+            order = modes[round_index % 3 :] + modes[: round_index % 3]
+            for mode in order:
+                outcome = run_config(mode, job, server, round_index)
+                results[mode].append(outcome)
+                stall = statistics.median(outcome["stalls_s"]) if outcome["stalls_s"] else 0.0
+                speed = outcome["steps_per_s"]
+                print(f"round {round_index + 1} {mode:>5}: {speed:.2f} steps/s, stall {stall * 1000:.0f} ms")
+
+    def median_steps(mode: str) -> float:
+        return statistics.median(r["steps_per_s"] for r in results[mode])
+
+    def median_stall(mode: str) -> float:
+        return statistics.median(s for r in results[mode] for s in r["stalls_s"])
+
+    stall_ratio = median_stall("s3") / median_stall("local")
+    throughput_ratio = median_steps("s3") / median_steps("none")
+    command = "make bench  (or: .venv/bin/python -m bench.checkpoint " + " ".join(sys.argv[1:]) + ")"
+    common = {
+        "model": f"GPT-2 n_layer={args.n_layer} n_embd={args.n_embd}, batch 16x128 bytes, CPU",
+        "checkpoint_mb": round(results["s3"][0]["local_checkpoints_mb"] / 2, 1),
+        "save_every_steps": args.save_steps,
+        "max_steps": args.max_steps,
+        "rounds": args.rounds,
+        "steps_per_s": {m: [round(r["steps_per_s"], 3) for r in results[m]] for m in modes},
+        "stall_ms": {m: [round(s * 1000, 1) for r in results[m] for s in r["stalls_s"]] for m in ("local", "s3")},
+        "s3_server": "SeaweedFS on loopback, same machine (it competes with training for the CPU)",
+        **machine_details(),
+    }
+    write_result(
+        "checkpoint_stall",
+        stall_ratio,
+        "<= 1.10",
+        "plain local HF save of the same state (save_steps, no S3 callback)",
+        command,
+        {**common, "median_stall_ms": {m: round(median_stall(m) * 1000, 1) for m in ("local", "s3")}},
+    )
+    write_result(
+        "checkpoint_throughput",
+        throughput_ratio,
+        ">= 0.97",
+        "the same training with no checkpoints at all",
+        command,
+        {**common, "median_steps_per_s": {m: round(median_steps(m), 3) for m in modes}},
+    )
+    s3_ms, local_ms = median_stall("s3") * 1000, median_stall("local") * 1000
+    print(f"\ncheckpoint_stall      {stall_ratio:.3f}  (goal <= 1.10; s3 {s3_ms:.0f} ms vs local {local_ms:.0f} ms)")
+    s3_speed, none_speed = median_steps("s3"), median_steps("none")
+    print(f"checkpoint_throughput {throughput_ratio:.3f}  (goal >= 0.97; {s3_speed:.2f} vs {none_speed:.2f} steps/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Shared by the benchmarks: one result-file format, and a description of the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def goal_met(ratio: float, goal: str) -> bool:
+    """Evaluate a goal written as ``">= 0.8"`` or ``"<= 1.10"`` against ``ratio``."""
+    match = re.fullmatch(r"\s*(>=|<=)\s*([0-9.]+)\s*", goal)
+    if match is None:
+        raise ValueError(f"goal {goal!r} must look like '>= 0.8' or '<= 1.10'")
+    bound = float(match.group(2))
+    return ratio >= bound if match.group(1) == ">=" else ratio <= bound
+
+
+def machine_details() -> dict[str, Any]:
+    return {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}
+
+
+def write_result(name: str, ratio: float, goal: str, baseline: str, command: str, details: dict[str, Any]) -> Path:
+    """Write ``bench/results/<name>.json`` and return its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    record = {
+        "name": name,
+        "ratio": round(ratio, 4),
+        "goal": goal,
+        "passed": goal_met(ratio, goal),
+        "baseline": baseline,
+        "command": command,
+        "details": details,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    path = RESULTS_DIR / f"{name}.json"
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return path

@@ -1,0 +1,52 @@
+"""Run every benchmark in turn, then print the results table (the one in docs/benchmarks.md).
+
+make bench                       # all of them
+.venv/bin/python bench/run_all.py --only checkpoint resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BENCHMARKS = {
+    "transfer": "bench.transfer",
+    "checkpoint": "bench.checkpoint",
+    "resume": "bench.resume",
+}
+
+
+def results_table() -> str:
+    """A Markdown table of every ``bench/results/*.json``."""
+    lines = ["| benchmark | ratio | goal | met | baseline |", "|---|---|---|---|---|"]
+    for path in sorted(RESULTS.glob("*.json")):
+        record = json.loads(path.read_text())
+        met = "yes" if record.get("passed") else "**no**"
+        lines.append(f"| {record['name']} | {record['ratio']:.3f} | {record['goal']} | {met} | {record['baseline']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), default=sorted(BENCHMARKS))
+    parser.add_argument("--table-only", action="store_true", help="print the table of existing results")
+    args = parser.parse_args()
+    failed = []
+    if not args.table_only:
+        for name in args.only:
+            print(f"\n=== {name} ===", flush=True)
+            if subprocess.run([sys.executable, "-m", BENCHMARKS[name]], cwd=ROOT, check=False).returncode != 0:
+                failed.append(name)
+    print("\n" + results_table())
+    if failed:
+        print(f"\nbenchmarks that crashed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
