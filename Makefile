@@ -12,6 +12,8 @@ PY := $(VENV)/bin/python
 # Reinstall whenever pyproject.toml changes; otherwise setup is a no-op.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
 PYTEST_ARGS ?=
+# Never let uv fetch a Python build: only registries are reachable, and python3.11 is required anyway.
+export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
 .PHONY: help setup demo test test-unit test-integration lint format bench clean
