@@ -95,7 +95,7 @@ def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--max-steps", type=int, default=125)
+    parser.add_argument("--max-steps", type=int, default=85)
     parser.add_argument("--save-steps", type=int, default=20)
     parser.add_argument("--n-layer", type=int, default=4)
     parser.add_argument("--n-embd", type=int, default=256)

@@ -10,6 +10,7 @@ last upload, so a run that ends normally has its final checkpoint in S3.
 from __future__ import annotations
 
 import logging
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ class S3CheckpointCallback(TrainerCallback):
         self.save_final = save_final
         self.events = events or EventLog(None)
         self._staging_root = staging_dir
+        self._owns_staging = staging_dir is None
         self._uploader: CheckpointUploader | None = None
 
     def _get_uploader(self) -> CheckpointUploader:
@@ -103,6 +105,9 @@ class S3CheckpointCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.flush()
+        if self._owns_staging and self._staging_root is not None:
+            shutil.rmtree(self._staging_root, ignore_errors=True)
+            self._staging_root = None
 
     def flush(self) -> None:
         """Wait for every queued upload; raises if one failed."""

@@ -91,6 +91,7 @@ class LocalS3Server:
         ports, grpc = self._ports, self._grpc_ports
         command = [
             find_weed(),
+            f"-logdir={self.data_dir}",  # glog would otherwise litter /tmp
             "server",
             f"-dir={self.data_dir}",
             f"-ip={self.host}",
