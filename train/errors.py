@@ -16,6 +16,10 @@ class SpotrayError(Exception):
         self.fix = fix
         super().__init__(f"{problem}\n  fix: {fix}")
 
+    def __reduce__(self) -> tuple[type[SpotrayError], tuple[str, str]]:
+        # Rebuilt from both parts when it crosses a process boundary (the upload process).
+        return (type(self), (self.problem, self.fix))
+
 
 class InvalidUriError(SpotrayError):
     """A storage URI that does not parse."""

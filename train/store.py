@@ -352,6 +352,14 @@ class S3ObjectStore:
             io_chunksize=1024 * 1024,
         )
 
+    def __getstate__(self) -> dict[str, object]:
+        # A boto3 client cannot be pickled; the upload process builds its own from the config.
+        return {"uri": self.uri, "config": self.config, "retry": self.retry}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     def _key(self, key: str) -> str:
         return f"{self.uri.prefix}/{key}" if self.uri.prefix else key
 

@@ -1,21 +1,27 @@
 """Background checkpoint upload: stage, upload off the training loop, prune, and never fail silently.
 
 The training loop pays only for ``stage_checkpoint`` (hard links, milliseconds). Hashing, uploading
-and pruning run on one background thread, one checkpoint at a time and in order, at a lower CPU
-priority than training. A failed upload is kept and raised on the trainer's next call into the
-uploader (``raise_if_failed``, ``submit`` or ``flush``), so training can never go on believing a
-checkpoint is safe when it is not.
+and pruning run one checkpoint at a time, in order, in a child process at a lower CPU priority. A
+process rather than threads because upload threads would hold the training process's GIL (botocore
+and s3transfer are Python); measured, that cost the loop several percent of its steps. A thread in
+the training process only coordinates: it hands each job to the child and waits for the answer.
+
+A failed upload is kept and raised on the trainer's next call into the uploader
+(``raise_if_failed``, ``submit`` or ``flush``), so training can never go on believing a checkpoint
+is safe when it is not.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import queue
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,9 +32,9 @@ from train.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-# Positive niceness for the upload threads (inherited by the transfer threads they start): on a
-# busy node the training step keeps the CPU and the upload takes what is left.
-UPLOAD_THREAD_NICENESS = 10
+# Niceness of the upload process: on a busy node the training step keeps the CPU and the upload
+# takes what is left.
+UPLOAD_PROCESS_NICENESS = 10
 
 
 def stage_checkpoint(source: Path, staging: Path) -> Path:
@@ -59,6 +65,19 @@ class _Job:
     resume: dict[str, Any]
 
 
+def _lower_priority() -> None:
+    os.nice(UPLOAD_PROCESS_NICENESS)
+
+
+def upload_and_prune(store: ObjectStore, job: _Job, keep: int) -> tuple[Manifest, float]:
+    """The work of one checkpoint, run in the upload process: upload (manifest last), then prune."""
+    started = time.monotonic()
+    manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume)
+    seconds = time.monotonic() - started
+    prune_checkpoints(store, keep)
+    return manifest, seconds
+
+
 class CheckpointUploader:
     """Uploads staged checkpoint directories to ``store`` in order, then prunes to ``keep``."""
 
@@ -77,6 +96,10 @@ class CheckpointUploader:
         self._failure: BaseException | None = None
         self._failed_step: int | None = None
         self.last_uploaded_step: int | None = None
+        # spawn, not fork: forking a process that runs PyTorch (threads, CUDA) is unsafe.
+        self._process_pool = ProcessPoolExecutor(
+            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+        )
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
 
@@ -111,15 +134,14 @@ class CheckpointUploader:
         self.raise_if_failed()
 
     def close(self) -> None:
-        self.flush()
-        self._jobs.put(None)
-        self._thread.join()
+        try:
+            self.flush()
+        finally:
+            self._jobs.put(None)
+            self._thread.join()
+            self._process_pool.shutdown()
 
     def _run(self) -> None:
-        try:
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), UPLOAD_THREAD_NICENESS)
-        except OSError:
-            log.debug("could not lower the upload thread's priority", exc_info=True)
         while True:
             job = self._jobs.get()
             try:
@@ -136,9 +158,7 @@ class CheckpointUploader:
                 self._jobs.task_done()
 
     def _upload(self, job: _Job) -> None:
-        started = time.monotonic()
-        manifest = upload_checkpoint(self.store, job.staged_dir, job.step, job.world_size, job.resume)
-        seconds = time.monotonic() - started
+        manifest, seconds = self._process_pool.submit(upload_and_prune, self.store, job, self.keep).result()
         self.last_uploaded_step = job.step
         log.info(
             "checkpoint-%d complete in %s (%.1f MB in %.2fs)",
@@ -147,6 +167,5 @@ class CheckpointUploader:
             manifest.total_bytes / 1e6,
             seconds,
         )
-        prune_checkpoints(self.store, self.keep)
         if self._on_uploaded is not None:
             self._on_uploaded(manifest, seconds)

@@ -1,7 +1,8 @@
 """Staging and the background uploader, on a directory store; one test injects a storage fault."""
 
-import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -59,21 +60,25 @@ def test_a_failed_upload_is_raised_in_the_training_thread(tmp_path: Path) -> Non
         uploader.submit(write_files(tmp_path / "staging/checkpoint-2", {"w.bin": b"w"}), 2, world_size=1)
 
 
-class SlowStore(LocalObjectStore):
-    release: threading.Event
+@dataclass
+class GatedStore(LocalObjectStore):
+    """Holds every upload until the file ``gate`` exists (a file, because uploads run in another process)."""
+
+    gate: Path = Path("/nonexistent")
 
     def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
-        self.release.wait(10)
+        deadline = time.monotonic() + 30
+        while not self.gate.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         super().upload_files(pairs)
 
 
 def test_flush_waits_for_the_upload_and_times_out_loudly(tmp_path: Path) -> None:
-    store = SlowStore(parse_uri(str(tmp_path / "store")))
-    store.release = threading.Event()
-    uploader = CheckpointUploader(store, keep=1)
+    gate = tmp_path / "gate"
+    uploader = CheckpointUploader(GatedStore(parse_uri(str(tmp_path / "store")), gate), keep=1)
     uploader.submit(write_files(tmp_path / "staging/checkpoint-1", {"w.bin": b"w"}), 1, world_size=1)
     with pytest.raises(CheckpointUploadError, match="did not finish"):
         uploader.flush(timeout_s=0.2)
-    store.release.set()
-    uploader.flush(timeout_s=10)
+    gate.touch()
+    uploader.flush(timeout_s=30)
     assert uploader.last_uploaded_step == 1
