@@ -22,6 +22,7 @@ import boto3
 from botocore.config import Config
 
 from train.store import S3ObjectStore, StoreConfig, parse_uri
+from train.subprocesses import die_with_parent
 
 DEFAULT_ACCESS_KEY = "spotray"
 DEFAULT_SECRET_KEY = "spotray-local-secret"  # noqa: S105 - a loopback-only test server's key
@@ -117,7 +118,12 @@ class LocalS3Server:
         log_file = (self.data_dir / "weed.log").open("ab")
         # A session of its own: a Ctrl-C aimed at the demo must not kill the server mid-upload.
         self._process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
         )
         log_file.close()
         self._wait_ready()

@@ -1,10 +1,9 @@
 """Background checkpoint upload: stage, upload off the training loop, prune, and never fail silently.
 
 The training loop pays only for ``stage_checkpoint`` (hard links, milliseconds). Hashing, uploading
-and pruning run one checkpoint at a time, in order, in a child process at a lower CPU priority. A
-process rather than threads because upload threads would hold the training process's GIL (botocore
-and s3transfer are Python); measured, that cost the loop several percent of its steps. A thread in
-the training process only coordinates: it hands each job to the child and waits for the answer.
+and pruning run one checkpoint at a time, in order, in a separate low-priority process (see
+``train/upload_worker.py`` for why a process). A thread in the training process coordinates: it
+hands each checkpoint to that process and waits for the answer.
 
 A failed upload is kept and raised on the trainer's next call into the uploader
 (``raise_if_failed``, ``submit`` or ``flush``), so training can never go on believing a checkpoint
@@ -14,27 +13,21 @@ is safe when it is not.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import queue
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
+from train.checkpoint import Manifest
 from train.errors import CheckpointUploadError
 from train.store import ObjectStore
+from train.upload_worker import UploadJob, UploadWorker
 
 log = logging.getLogger(__name__)
-
-# Niceness of the upload process: on a busy node the training step keeps the CPU and the upload
-# takes what is left.
-UPLOAD_PROCESS_NICENESS = 10
 
 
 def stage_checkpoint(source: Path, staging: Path) -> Path:
@@ -57,27 +50,6 @@ def stage_checkpoint(source: Path, staging: Path) -> Path:
     return staging
 
 
-@dataclass(frozen=True)
-class _Job:
-    staged_dir: Path
-    step: int
-    world_size: int
-    resume: dict[str, Any]
-
-
-def _lower_priority() -> None:
-    os.nice(UPLOAD_PROCESS_NICENESS)
-
-
-def upload_and_prune(store: ObjectStore, job: _Job, keep: int) -> tuple[Manifest, float]:
-    """The work of one checkpoint, run in the upload process: upload (manifest last), then prune."""
-    started = time.monotonic()
-    manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume)
-    seconds = time.monotonic() - started
-    prune_checkpoints(store, keep)
-    return manifest, seconds
-
-
 class CheckpointUploader:
     """Uploads staged checkpoint directories to ``store`` in order, then prunes to ``keep``."""
 
@@ -92,14 +64,11 @@ class CheckpointUploader:
         self.store = store
         self.keep = keep
         self._on_uploaded = on_uploaded
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.Queue[UploadJob | None] = queue.Queue()
         self._failure: BaseException | None = None
         self._failed_step: int | None = None
         self.last_uploaded_step: int | None = None
-        # spawn, not fork: forking a process that runs PyTorch (threads, CUDA) is unsafe.
-        self._process_pool = ProcessPoolExecutor(
-            max_workers=1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
-        )
+        self._worker = UploadWorker()
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
 
@@ -112,7 +81,7 @@ class CheckpointUploader:
                 "checkpoint uploads are falling behind (%d waiting); checkpoint less often or use faster storage",
                 backlog,
             )
-        self._jobs.put(_Job(staged_dir, step, world_size, resume or {}))
+        self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}))
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -139,7 +108,7 @@ class CheckpointUploader:
         finally:
             self._jobs.put(None)
             self._thread.join()
-            self._process_pool.shutdown()
+            self._worker.close()
 
     def _run(self) -> None:
         while True:
@@ -157,8 +126,8 @@ class CheckpointUploader:
                     shutil.rmtree(job.staged_dir, ignore_errors=True)
                 self._jobs.task_done()
 
-    def _upload(self, job: _Job) -> None:
-        manifest, seconds = self._process_pool.submit(upload_and_prune, self.store, job, self.keep).result()
+    def _upload(self, job: UploadJob) -> None:
+        manifest, seconds = self._worker.run(self.store, job, self.keep)
         self.last_uploaded_step = job.step
         log.info(
             "checkpoint-%d complete in %s (%.1f MB in %.2fs)",

@@ -1,5 +1,6 @@
 """Staging and the background uploader, on a directory store; one test injects a storage fault."""
 
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -82,3 +83,17 @@ def test_flush_waits_for_the_upload_and_times_out_loudly(tmp_path: Path) -> None
     gate.touch()
     uploader.flush(timeout_s=30)
     assert uploader.last_uploaded_step == 1
+
+
+class CrashingStore(LocalObjectStore):
+    """Kills the upload process outright, the way the OOM killer would."""
+
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
+        os._exit(137)
+
+
+def test_a_dead_upload_process_is_reported(tmp_path: Path) -> None:
+    uploader = CheckpointUploader(CrashingStore(parse_uri(str(tmp_path / "store"))), keep=1)
+    uploader.submit(write_files(tmp_path / "staging/checkpoint-3", {"w.bin": b"w"}), 3, world_size=1)
+    with pytest.raises(CheckpointUploadError, match=r"upload process died .* checkpoint-3 \(exit code 137\)"):
+        uploader.flush(timeout_s=30)

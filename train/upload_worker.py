@@ -1,0 +1,138 @@
+"""The upload process: hashes, uploads and prunes checkpoints outside the training process.
+
+Why a separate process: botocore and s3transfer are Python, so upload threads inside the training
+process hold its GIL and slow every step (measured: several percent of throughput on 2 cores). A
+child process has its own GIL and runs at a lower CPU priority.
+
+Why not ``multiprocessing``: its spawn start method re-imports the parent's main script in the
+child, which for a training script means importing torch and transformers again (about 800 MB and
+seconds of CPU) just to upload files. This child runs ``python -m train.upload_worker`` and imports
+only what uploading needs. Requests and replies are pickled over its stdin and stdout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
+from train.errors import CheckpointUploadError
+from train.store import ObjectStore
+from train.subprocesses import die_with_parent
+
+# Niceness of the upload process: on a busy node the training step keeps the CPU and the upload
+# takes what is left.
+UPLOAD_PROCESS_NICENESS = 10
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class UploadJob:
+    """One staged checkpoint to upload as ``checkpoint-<step>/``."""
+
+    staged_dir: Path
+    step: int
+    world_size: int
+    resume: dict[str, Any]
+
+
+def upload_and_prune(store: ObjectStore, job: UploadJob, keep: int) -> tuple[Manifest, float]:
+    """The work of one checkpoint: upload (manifest last), then prune to ``keep``."""
+    started = time.monotonic()
+    manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume)
+    seconds = time.monotonic() - started
+    prune_checkpoints(store, keep)
+    return manifest, seconds
+
+
+class UploadWorker:
+    """The training process's handle on the upload process; one request at a time."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._requests: Connection | None = None
+        self._replies: Connection | None = None
+
+    def _start(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "train.upload_worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
+        )
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._requests = Connection(os.dup(self._process.stdin.fileno()), readable=False)
+        self._replies = Connection(os.dup(self._process.stdout.fileno()), writable=False)
+
+    def run(self, store: ObjectStore, job: UploadJob, keep: int) -> tuple[Manifest, float]:
+        """Upload and prune in the child; its exception, if any, is raised here."""
+        if self._process is None:
+            self._start()
+        assert self._requests is not None
+        assert self._replies is not None
+        try:
+            self._requests.send((store, job, keep))
+            status, payload, trace = self._replies.recv()
+        except (EOFError, OSError) as error:
+            code = self._process.poll() if self._process else None
+            self.close()
+            raise CheckpointUploadError(
+                f"the upload process died while uploading checkpoint-{job.step} (exit code {code})",
+                "look for an out-of-memory kill or a crash above; the last complete checkpoint is still safe",
+            ) from error
+        if status == "error":
+            payload.add_note(f"in the upload process:\n{trace}")
+            raise payload
+        result: tuple[Manifest, float] = payload
+        return result
+
+    def close(self) -> None:
+        for connection in (self._requests, self._replies):
+            if connection is not None:
+                connection.close()
+        self._requests = self._replies = None
+        if self._process is not None:
+            for stream in (self._process.stdin, self._process.stdout):
+                if stream is not None:
+                    stream.close()
+            try:
+                self._process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+            self._process = None
+
+
+def _serve() -> None:
+    """The child's loop: answer each request until the parent closes the pipe."""
+    os.nice(UPLOAD_PROCESS_NICENESS)
+    requests = Connection(os.dup(0), writable=False)
+    replies = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)  # a stray print must not corrupt the reply stream
+    while True:
+        try:
+            store, job, keep = requests.recv()
+        except EOFError:
+            return
+        try:
+            replies.send(("ok", upload_and_prune(store, job, keep), ""))
+        except Exception as error:  # noqa: BLE001 - every failure goes back to the training process
+            trace = traceback.format_exc()
+            try:
+                replies.send(("error", error, trace))
+            except Exception:  # noqa: BLE001 - an exception that cannot be pickled is sent as text
+                replies.send(("error", RuntimeError(f"{type(error).__name__}: {error}"), trace))
+
+
+if __name__ == "__main__":
+    _serve()
