@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def time_save_starts(trainer: Trainer) -> list[float]:
 
 def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index: int) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-"))
-    job = Gpt2JobConfig(**{**job.__dict__, "workdir": workdir, "checkpoint_uri": f"s3://{BUCKET}/{mode}-{round_index}"})
+    job = replace(job, workdir=workdir, checkpoint_uri=f"s3://{BUCKET}/{mode}-{round_index}")
     timer = LoopTimer()
     callbacks: list[TrainerCallback] = []
     sync = None

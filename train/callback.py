@@ -75,6 +75,8 @@ class S3CheckpointCallback(TrainerCallback):
             )
         if self._staging_root is None:
             self._staging_root = Path(tempfile.mkdtemp(prefix="spotray-staging-"))
+        if state.is_world_process_zero:
+            self._get_uploader()  # starts the upload process while the first steps run
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._uploader is not None:

@@ -60,7 +60,10 @@ class UploadWorker:
         self._requests: Connection | None = None
         self._replies: Connection | None = None
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the process now, so that its start-up (imports) is not paid by the first checkpoint."""
+        if self._process is not None:
+            return
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
         self._process = subprocess.Popen(
             [sys.executable, "-m", "train.upload_worker"],
@@ -76,8 +79,7 @@ class UploadWorker:
 
     def run(self, store: ObjectStore, job: UploadJob, keep: int) -> tuple[Manifest, float]:
         """Upload and prune in the child; its exception, if any, is raised here."""
-        if self._process is None:
-            self._start()
+        self.start()
         assert self._requests is not None
         assert self._replies is not None
         try:

@@ -69,6 +69,7 @@ class CheckpointUploader:
         self._failed_step: int | None = None
         self.last_uploaded_step: int | None = None
         self._worker = UploadWorker()
+        self._worker.start()
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
 

@@ -78,7 +78,8 @@ def run_attempt(
                 progress_line(current, max_steps, f"attempt {index + 1}"),
                 (current.last_step if current else 0) / max_steps,
             )
-            if kill_at is not None and current and current.last_step >= kill_at:
+            # The demo is about resuming, so it waits for a first checkpoint to be complete.
+            if kill_at is not None and current and current.last_step >= kill_at and current.checkpoints:
                 child.kill()  # SIGKILL: no handler runs, nothing is flushed, like a VM that vanishes
                 child.wait()
                 break
