@@ -2,7 +2,7 @@
 
 Why a separate process: botocore and s3transfer are Python, so upload threads inside the training
 process hold its GIL and slow every step (measured: several percent of throughput on 2 cores). A
-child process has its own GIL and runs at a lower CPU priority.
+child process has its own GIL.
 
 Why not ``multiprocessing``: its spawn start method re-imports the parent's main script in the
 child, which for a training script means importing torch and transformers again (about 800 MB and
@@ -27,9 +27,9 @@ from train.errors import CheckpointUploadError
 from train.store import ObjectStore
 from train.subprocesses import die_with_parent
 
-# Niceness of the upload process: on a busy node the training step keeps the CPU and the upload
-# takes what is left.
-UPLOAD_PROCESS_NICENESS = 10
+# The upload process runs at normal priority on purpose. At niceness 10 a CPU-bound training run
+# starved it: in a test, checkpoint-20 was still not in S3 thirteen steps later, so a kill lost two
+# intervals instead of one; and the niceness bought no measurable throughput (docs/benchmarks.md).
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -117,7 +117,6 @@ class UploadWorker:
 
 def _serve() -> None:
     """The child's loop: answer each request until the parent closes the pipe."""
-    os.nice(UPLOAD_PROCESS_NICENESS)
     requests = Connection(os.dup(0), writable=False)
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)  # a stray print must not corrupt the reply stream

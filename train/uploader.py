@@ -1,7 +1,7 @@
 """Background checkpoint upload: stage, upload off the training loop, prune, and never fail silently.
 
 The training loop pays only for ``stage_checkpoint`` (hard links, milliseconds). Hashing, uploading
-and pruning run one checkpoint at a time, in order, in a separate low-priority process (see
+and pruning run one checkpoint at a time, in order, in a separate process (see
 ``train/upload_worker.py`` for why a process). A thread in the training process coordinates: it
 hands each checkpoint to that process and waits for the answer.
 
