@@ -106,7 +106,9 @@ class S3CheckpointCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        self.flush()
+        if self._uploader is not None:
+            self._uploader.close()  # waits for the last upload (raises if it failed), ends the upload process
+            self._uploader = None
         if self._owns_staging and self._staging_root is not None:
             shutil.rmtree(self._staging_root, ignore_errors=True)
             self._staging_root = None
