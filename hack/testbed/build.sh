@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# Builds the Docker-free Kubernetes test bed from the Go module proxy:
+#   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
+#   the KubeRay operator (plus its CRDs) and helm.
+# Each component lands in $TESTBED_CACHE/<component>-<version>/ and is skipped when present,
+# so a warm run takes well under a second. A cold run takes 30-50 minutes on 2 cores.
+#
+# Usage: hack/testbed/build.sh            build what is missing
+#        hack/testbed/build.sh --check    exit 1 if anything is missing, build nothing
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=versions.env
+source "$HERE/versions.env"
+TESTBED_CACHE="${TESTBED_CACHE:-$HOME/.cache/spotray/testbed}"
+# Builds run at the lowest priority: the machine is shared with training jobs and tests.
+NICE=(nice -n 19)
+# Git stamps are not available for module-proxy sources.
+export GOFLAGS="${GOFLAGS:--buildvcs=false}"
+export CGO_ENABLED=0
+
+K8S_STAGING_VERSION="v0.${KUBERNETES_VERSION#v1.}"
+
+log() { printf '[testbed build %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+
+# component name, version, and the files that must exist for it to count as built
+declare -a MISSING=()
+need() {
+  local dir="$TESTBED_CACHE/$1-$2"
+  shift 2
+  for f in "$@"; do
+    [[ -e "$dir/$f" ]] || return 0
+  done
+  return 1
+}
+
+check_all() {
+  MISSING=()
+  need etcd "$ETCD_VERSION" bin/etcd && MISSING+=(etcd)
+  need kubernetes "$KUBERNETES_VERSION" bin/kube-apiserver bin/kube-controller-manager \
+    bin/kube-scheduler bin/kubectl && MISSING+=(kubernetes)
+  need kwok "$KWOK_VERSION" bin/kwok && MISSING+=(kwok)
+  need kuberay "$KUBERAY_VERSION" bin/ray-operator crds/ray.io_rayclusters.yaml && MISSING+=(kuberay)
+  need helm "$HELM_VERSION" bin/helm && MISSING+=(helm)
+  return 0
+}
+
+# Builds into a temporary directory and renames it into place at the end, so an interrupted
+# build never leaves a half-filled cache entry that would count as built.
+staging_dir() {
+  local final="$TESTBED_CACHE/$1-$2"
+  rm -rf "$final.tmp"
+  mkdir -p "$final.tmp/bin"
+  echo "$final.tmp"
+}
+publish() {
+  local final="$TESTBED_CACHE/$1-$2"
+  rm -rf "$final"
+  mv "$final.tmp" "$final"
+  log "$1 $2 ready in $final ($(( SECONDS - START ))s)"
+}
+
+build_etcd() {
+  local out src
+  out="$(staging_dir etcd "$ETCD_VERSION")"
+  src="$out/src"
+  mkdir -p "$src"
+  # etcd's own top-level module uses local replace directives, so `go install` refuses it;
+  # a two-line consumer of the server module builds the same binary.
+  cat >"$src/go.mod" <<MOD
+module spotray.local/testbed/etcd
+
+go 1.26
+
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION
+MOD
+  cat >"$src/main.go" <<'GO'
+package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+GO
+  (cd "$src" && go mod tidy && "${NICE[@]}" go build -o "$out/bin/etcd" .)
+  rm -rf "$src"
+  publish etcd "$ETCD_VERSION"
+}
+
+build_kubernetes() {
+  local out src gomod
+  out="$(staging_dir kubernetes "$KUBERNETES_VERSION")"
+  src="$out/src"
+  mkdir -p "$src"
+  # k8s.io/kubernetes points every k8s.io/<staging> module at ./staging/src; a consumer module
+  # must replace each of them with the published v0.x tag of the same release.
+  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  {
+    printf 'module spotray.local/testbed/kubernetes\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n' \
+      "$KUBERNETES_VERSION"
+    grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
+      awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
+  } >"$src/go.mod"
+  cat >"$src/tools.go" <<'GO'
+//go:build tools
+
+// Package tools only pins the commands built from k8s.io/kubernetes.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+)
+GO
+  local v="$KUBERNETES_VERSION" minor="${KUBERNETES_VERSION#v1.}"
+  minor="${minor%%.*}"
+  # The version the binaries report (kubectl version, /version); upstream sets it the same way.
+  local ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean"
+  done
+  (cd "$src" && go mod tidy &&
+    "${NICE[@]}" go build -ldflags "$ldflags" -o "$out/bin/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+  rm -rf "$src"
+  publish kubernetes "$KUBERNETES_VERSION"
+}
+
+build_kwok() {
+  local out
+  out="$(staging_dir kwok "$KWOK_VERSION")"
+  GOBIN="$out/bin" "${NICE[@]}" go install \
+    -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION" \
+    "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+  publish kwok "$KWOK_VERSION"
+}
+
+build_kuberay() {
+  local out mod
+  out="$(staging_dir kuberay "$KUBERAY_VERSION")"
+  GOBIN="$out/bin" "${NICE[@]}" go install \
+    "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"
+  # The CRDs ship inside the same module; copy them so the cache entry is self-contained.
+  mod="$(go mod download -json "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  mkdir -p "$out/crds"
+  cp "$mod"/config/crd/bases/*.yaml "$out/crds/"
+  chmod u+w "$out"/crds/*.yaml
+  publish kuberay "$KUBERAY_VERSION"
+}
+
+build_helm() {
+  local out
+  out="$(staging_dir helm "$HELM_VERSION")"
+  GOBIN="$out/bin" "${NICE[@]}" go install \
+    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  publish helm "$HELM_VERSION"
+}
+
+check_all
+if [[ "${1:-}" == "--check" ]]; then
+  if ((${#MISSING[@]})); then
+    log "missing: ${MISSING[*]}"
+    exit 1
+  fi
+  exit 0
+fi
+if ((${#MISSING[@]} == 0)); then
+  exit 0
+fi
+
+command -v go >/dev/null || { log "go is required (1.26+) to build the test bed"; exit 1; }
+mkdir -p "$TESTBED_CACHE"
+# One build at a time: two concurrent `make test` runs must not race on the same cache entry.
+exec 9>"$TESTBED_CACHE/.build.lock"
+flock 9
+check_all
+log "building into $TESTBED_CACHE: ${MISSING[*]} (cold: 30-50 minutes on 2 cores)"
+for component in "${MISSING[@]}"; do
+  START=$SECONDS
+  log "building $component ..."
+  "build_$component"
+done
+log "all components built"
