@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-integration lint format bench clean
+.PHONY: help setup demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -37,7 +37,7 @@ setup: $(STAMP) ## create .venv and install everything needed (idempotent)
 demo: setup ## train a tiny GPT-2, kill it hard mid-run, resume from S3, plot the loss across the kill
 	$(PY) -m jobs.gpt2.demo
 
-test: setup ## run every test suite (unit, integration, e2e)
+test: setup testbed ## run every test suite (unit, integration, e2e)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: setup ## the fast loop: unit tests only
@@ -45,6 +45,20 @@ test-unit: setup ## the fast loop: unit tests only
 
 test-integration: setup ## integration tests (real SeaweedFS, real training processes)
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+test-e2e: setup testbed ## e2e tests only (the Docker-free Kubernetes test bed, real KubeRay and Ray)
+	$(PY) -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
+
+# The test bed's binaries (etcd, Kubernetes, kwok, KubeRay, helm) are built from Go modules into
+# ~/.cache/spotray/testbed once (30-50 minutes on 2 cores) and reused: a warm check is instant.
+testbed: ## build the Kubernetes test bed binaries if missing (needs Go 1.26; see docs/testbed.md)
+	hack/testbed/build.sh
+
+cluster-up: setup testbed ## start a test bed cluster (with KubeRay and a local Ray head) and print its KUBECONFIG
+	$(PY) hack/testbed/testbed.py up
+
+cluster-down: setup ## stop the cluster started by cluster-up
+	$(PY) hack/testbed/testbed.py down
 
 lint: setup ## ruff and mypy
 	$(VENV)/bin/ruff check .

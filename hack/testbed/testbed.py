@@ -1,0 +1,765 @@
+"""A Docker-free Kubernetes test bed: real etcd, kube-apiserver, controller-manager, scheduler,
+kwok nodes and the real KubeRay operator, all on loopback, plus a bridge that lets the operator
+reach real Ray heads running on this machine.
+
+Used by tests/e2e/conftest.py (as a library) and by `make cluster-up` / `make cluster-down`
+(as a script: `python hack/testbed/testbed.py up|down|status`). The binaries come from
+hack/testbed/build.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+CACHE = Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "spotray" / "testbed"))
+# Every process the test bed starts carries this variable (children and grandchildren inherit
+# it), so teardown can find and kill anything that escaped its process group.
+MARKER = "SPOTRAY_TESTBED"
+CLUSTER_DOMAIN = "cluster.local"
+# Nothing may send traffic to private ranges here, so cluster IPs and pod IPs are loopback
+# addresses nobody listens on: a stray connection fails locally instead of leaving the machine.
+SERVICE_CIDR = "127.96.0.0/16"
+POD_CIDR = "127.100.0.0/16"
+NODE_IP = "127.0.0.1"
+SPOT_LABEL = "spotray.dev/capacity"
+SPOT_TAINT = {"key": "spotray.dev/spot", "value": "true", "effect": "NoSchedule"}
+# Ray heads for the bridge live on 127.0.0.<N>, away from 127.0.0.1 where other tests listen.
+RAY_HEAD_IP = "127.0.0.7"
+
+
+def versions() -> dict[str, str]:
+    """The pinned versions from versions.env, the one place that names them."""
+    result = {}
+    for raw in (HERE / "versions.env").read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            result[key] = value
+    return result
+
+
+def binary(name: str) -> Path:
+    v = versions()
+    component = {
+        "etcd": f"etcd-{v['ETCD_VERSION']}",
+        "kube-apiserver": f"kubernetes-{v['KUBERNETES_VERSION']}",
+        "kube-controller-manager": f"kubernetes-{v['KUBERNETES_VERSION']}",
+        "kube-scheduler": f"kubernetes-{v['KUBERNETES_VERSION']}",
+        "kubectl": f"kubernetes-{v['KUBERNETES_VERSION']}",
+        "kwok": f"kwok-{v['KWOK_VERSION']}",
+        "ray-operator": f"kuberay-{v['KUBERAY_VERSION']}",
+        "helm": f"helm-{v['HELM_VERSION']}",
+    }[name]
+    path = CACHE / component / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: run hack/testbed/build.sh (or make testbed)")
+    return path
+
+
+def kuberay_crds() -> list[Path]:
+    return sorted((CACHE / f"kuberay-{versions()['KUBERAY_VERSION']}" / "crds").glob("*.yaml"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the test process dies, even by SIGKILL."""
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def marked_processes(marker_value: str | None = None) -> list[int]:
+    """Pids whose environment carries MARKER (with this value, if given)."""
+    found = []
+    prefix = f"{MARKER}=".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue  # gone, or a kernel thread
+        for item in environ:
+            if item.startswith(prefix):
+                value = item[len(prefix) :].decode(errors="replace")
+                if marker_value is None or value == marker_value:
+                    found.append(int(entry.name))
+                break
+    return found
+
+
+def kill_pids(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def reap_orphans() -> list[int]:
+    """Kills test bed processes whose owner is gone (a test run killed with SIGKILL earlier).
+
+    The marker value starts with the owner's pid; processes of a live owner are left alone, so
+    a developer's `make cluster-up` cluster survives a test run and vice versa.
+    """
+    victims = []
+    for pid in marked_processes():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        value = next((e for e in environ if e.startswith(f"{MARKER}=".encode())), b"").decode()
+        owner = value.partition("=")[2].partition(":")[0]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            victims.append(pid)
+    kill_pids(victims)
+    return victims
+
+
+def listening_ports(pids: set[int]) -> list[str]:
+    """Listening TCP sockets (as 'addr:port') owned by any of pids, from `ss`."""
+    out = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, check=True).stdout
+    ports = []
+    for line in out.splitlines():
+        if any(f"pid={pid}," in line for pid in pids):
+            ports.append(line.split()[3])
+    return ports
+
+
+class ProcessDiedError(RuntimeError):
+    """A test bed process exited while we waited on it: fail now, not at the timeout."""
+
+
+def wait_until(what: str, check: Any, timeout: float = 60, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        try:
+            result = check()
+        except ProcessDiedError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure means "not yet"; the last one is reported
+            last_error = e
+        else:
+            if result:
+                return result
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what} (last error: {last_error})")
+
+
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def make_pki(pki: Path) -> None:
+    """A CA, the apiserver's serving cert, an admin client cert and the service account keys."""
+    pki.mkdir(parents=True, exist_ok=True)
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=spotray-testbed-ca",
+             "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"))  # fmt: skip
+    san = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"
+    for name, subject, ext in (
+        ("apiserver", "/CN=kube-apiserver", san),
+        # O=system:masters: the admin user; every component uses it (see docs/testbed.md).
+        ("admin", "/O=system:masters/CN=spotray-admin", "extendedKeyUsage=clientAuth"),
+    ):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+                 "-keyout", str(pki / f"{name}.key"), "-out", str(pki / f"{name}.csr"))  # fmt: skip
+        extfile = pki / f"{name}.ext"
+        extfile.write_text(ext + "\n")
+        _openssl("x509", "-req", "-in", str(pki / f"{name}.csr"), "-CA", str(pki / "ca.crt"),
+                 "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-days", "30",
+                 "-extfile", str(extfile), "-out", str(pki / f"{name}.crt"))  # fmt: skip
+    _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+@dataclass
+class Node:
+    """A kwok node: name, labels, taints and capacity."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    taints: list[dict[str, str]] = field(default_factory=list)
+    cpu: str = "32"
+    memory: str = "128Gi"
+    gpus: int = 0
+
+    def manifest(self) -> dict[str, Any]:
+        capacity = {"cpu": self.cpu, "memory": self.memory, "pods": "110"}
+        if self.gpus:
+            capacity["nvidia.com/gpu"] = str(self.gpus)
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                # kwok manages only nodes carrying this annotation.
+                "annotations": {"kwok.x-k8s.io/node": "fake"},
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    **self.labels,
+                },
+            },
+            "spec": {"taints": self.taints},
+            "status": {"capacity": capacity, "allocatable": capacity},
+        }
+
+
+def spot_node(name: str, gpus: int = 0) -> Node:
+    labels = {SPOT_LABEL: "spot"}
+    if gpus:
+        labels["nvidia.com/gpu.present"] = "true"
+    return Node(name, labels=labels, taints=[dict(SPOT_TAINT)], gpus=gpus)
+
+
+def on_demand_node(name: str, gpus: int = 0) -> Node:
+    labels = {SPOT_LABEL: "on-demand"}
+    if gpus:
+        labels["nvidia.com/gpu.present"] = "true"
+    return Node(name, labels=labels, gpus=gpus)
+
+
+DEFAULT_NODES = [
+    on_demand_node("ondemand-0"),
+    on_demand_node("ondemand-gpu-0", gpus=4),
+    spot_node("spot-0"),
+    spot_node("spot-1"),
+    spot_node("spot-2"),
+    spot_node("spot-gpu-0", gpus=8),
+]
+
+
+class Testbed:
+    """One control plane in a work directory. start() brings it up; stop() leaves nothing behind.
+
+    `owner_pid` is the process whose death should end the test bed: the pytest process for
+    tests (children get PR_SET_PDEATHSIG too), or the detached supervisor for `make cluster-up`.
+    """
+
+    def __init__(self, workdir: Path, nodes: list[Node] | None = None, attached: bool = True) -> None:
+        self.workdir = workdir
+        self.nodes = DEFAULT_NODES if nodes is None else nodes
+        self.attached = attached
+        self.marker = f"{os.getpid()}:{workdir}"
+        self.kubeconfig = workdir / "kubeconfig"
+        self.hosts_file = workdir / "hosts"
+        self.ray_heads_file = workdir / "ray-heads.json"
+        self.logs = workdir / "logs"
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{name}.log").open("ab") as log:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {}), MARKER: self.marker},
+                # Its own process group, so teardown can kill it with all its children.
+                start_new_session=True,
+                preexec_fn=_die_with_parent if self.attached else None,  # noqa: PLW1509 - only prctl, no locks
+            )
+        self.procs[name] = proc
+        self._save_state()
+
+    def _save_state(self) -> None:
+        state = {"marker": self.marker, "pids": {n: p.pid for n, p in self.procs.items()}}
+        (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.logs / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise ProcessDiedError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+
+    # -- start --------------------------------------------------------------------------------
+
+    def start(self) -> Testbed:
+        started = time.monotonic()
+        reap_orphans()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_control_plane()
+            self._start_kwok()
+            self._start_kuberay()
+        except BaseException:
+            self.stop()
+            raise
+        print(f"[testbed] up in {time.monotonic() - started:.1f}s; KUBECONFIG={self.kubeconfig}", flush=True)
+        return self
+
+    def _start_control_plane(self) -> None:
+        pki = self.workdir / "pki"
+        make_pki(pki)
+        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        self.api_port = api_port
+        self._spawn("etcd", [
+            str(binary("etcd")), "--data-dir", str(self.workdir / "etcd"), "--name", "testbed",
+            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+            "--initial-cluster", f"testbed=http://127.0.0.1:{etcd_peer}",
+            # A throwaway store: no fsync per write keeps it fast on a loaded machine.
+            "--unsafe-no-fsync", "--log-level", "warn",
+        ])  # fmt: skip
+        self._spawn("kube-apiserver", [
+            str(binary("kube-apiserver")),
+            "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", str(api_port),
+            "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
+            "--client-ca-file", str(pki / "ca.crt"),
+            "--service-account-issuer", f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
+            "--service-account-key-file", str(pki / "sa.pub"),
+            "--service-account-signing-key-file", str(pki / "sa.key"),
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--authorization-mode", "Node,RBAC",
+            # The apiserver's own endpoint would be 127.0.0.1, which Endpoints validation rejects;
+            # nothing in the test bed reaches the apiserver through the `kubernetes` Service.
+            "--endpoint-reconciler-type", "none",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ])  # fmt: skip
+        self._write_kubeconfig(pki, api_port)
+        wait_until("kube-apiserver /readyz", lambda: self._check_alive() or self._readyz(), timeout=120)
+        common = ["--kubeconfig", str(self.kubeconfig), "--leader-elect=false", "--profiling=false"]
+        self._spawn("kube-controller-manager", [
+            str(binary("kube-controller-manager")), *common,
+            "--secure-port", "0",
+            "--service-account-private-key-file", str(pki / "sa.key"),
+            "--root-ca-file", str(pki / "ca.crt"),
+            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--use-service-account-credentials=false",
+            # Nodes come and go in tests (preemption): act on them without the usual minutes of grace.
+            "--node-monitor-grace-period", "20s",
+        ])  # fmt: skip
+        self._spawn("kube-scheduler", [str(binary("kube-scheduler")), *common, "--secure-port", "0"])
+        # Pods need their namespace's `default` service account, which the controller-manager makes.
+        has_default_sa = lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0  # noqa: E731
+        wait_until("the default service account", lambda: self._check_alive() or has_default_sa(), timeout=90)
+
+    def _readyz(self) -> bool:
+        return self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0
+
+    def _write_kubeconfig(self, pki: Path, port: int) -> None:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "testbed", "cluster": {
+                "server": f"https://127.0.0.1:{port}", "certificate-authority": str(pki / "ca.crt")}}],
+            "users": [{"name": "admin", "user": {
+                "client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")}}],
+            "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": "admin"}}],
+            "current-context": "testbed",
+        }  # fmt: skip
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+
+    def _start_kwok(self) -> None:
+        self._spawn("kwok", [
+            str(binary("kwok")), "--kubeconfig", str(self.kubeconfig),
+            "--config", str(HERE / "stages.yaml"),
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+            "--node-ip", NODE_IP, "--cidr", POD_CIDR,
+            "--node-lease-duration-seconds", "40",
+            # kwok's own kubelet-like HTTP server is not needed; bind it to loopback anyway.
+            "--server-address", f"127.0.0.1:{free_port()}",
+        ])  # fmt: skip
+        for node in self.nodes:
+            self.apply(node.manifest())
+        names = [n.name for n in self.nodes]
+        wait_until("kwok nodes Ready", lambda: self._check_alive() or self._nodes_ready(names), timeout=60)
+
+    def _nodes_ready(self, names: list[str]) -> bool:
+        out = self.kubectl("get", "nodes", "-o", "json").stdout
+        ready = {
+            item["metadata"]["name"]
+            for item in json.loads(out)["items"]
+            for c in item["status"].get("conditions", [])
+            if c["type"] == "Ready" and c["status"] == "True"
+        }
+        return set(names) <= ready
+
+    def _start_kuberay(self) -> None:
+        for crd in kuberay_crds():
+            # Server-side apply: the RayCluster CRD is too large for client-side apply's annotation.
+            self.kubectl("apply", "--server-side", "-f", str(crd))
+        self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+        self.hosts_file.write_text(self._hosts_text({}))
+        if not self.ray_heads_file.exists():
+            self.ray_heads_file.write_text(json.dumps({}))
+        self._spawn("ray-bridge", [
+            sys.executable, str(Path(__file__).resolve()), "bridge",
+            "--kubeconfig", str(self.kubeconfig),
+            "--hosts", str(self.hosts_file), "--ray-heads", str(self.ray_heads_file),
+        ])  # fmt: skip
+        operator = [
+            str(binary("ray-operator")),
+            "--enable-leader-election=false",
+            "--metrics-addr",
+            "0",
+            "--health-probe-bind-address",
+            "0",
+            "--log-stdout-encoder",
+            "console",
+        ]
+        # The operator dials http://<head-svc>.<ns>.svc.cluster.local:8265. It runs in a private
+        # mount namespace whose /etc/hosts is our hosts file, so those names resolve to the local
+        # Ray heads for it alone; see docs/testbed.md ("The Ray bridge"). Its resolv.conf points
+        # at loopback too, so a name the bridge does not know fails here instead of reaching the
+        # machine's DNS server.
+        resolv_conf = self.workdir / "resolv.conf"
+        resolv_conf.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        unshare = ["unshare", "--mount", "--propagation", "private"]
+        if os.geteuid() != 0:
+            unshare[1:1] = ["--user", "--map-root-user"]
+        mounts = 'mount --bind "$0" /etc/hosts && mount --bind "$1" /etc/resolv.conf && shift && exec "$@"'
+        self._spawn("ray-operator", [
+            *unshare, "sh", "-c", mounts, str(self.hosts_file), str(resolv_conf), *operator,
+        ], env={"KUBECONFIG": str(self.kubeconfig)})  # fmt: skip
+        wait_until(
+            "the KubeRay operator to start its controllers",
+            lambda: self._check_alive() or "Starting workers" in self.log_tail("ray-operator", 200),
+            timeout=60,
+        )
+
+    @staticmethod
+    def _hosts_text(names: dict[str, str]) -> str:
+        base = Path("/etc/hosts").read_text()
+        lines = [f"{ip} {name}" for name, ip in sorted(names.items())]
+        return base.rstrip("\n") + "\n# spotray test bed: Ray head services\n" + "\n".join(lines) + "\n"
+
+    # -- helpers for tests --------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(binary("kubectl")), "--kubeconfig", str(self.kubeconfig), *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if check and result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def apply(self, *manifests: dict[str, Any], namespace: str | None = None) -> None:
+        ns = ["-n", namespace] if namespace else []
+        self.kubectl("apply", *ns, "-f", "-", stdin=yaml.safe_dump_all(manifests))
+
+    def bridge(self, namespace: str, ray_cluster: str, address: str) -> None:
+        """Route the operator's traffic for one RayCluster's head to the Ray head at address."""
+        heads = json.loads(self.ray_heads_file.read_text())
+        heads[f"{namespace}/{ray_cluster}"] = address
+        _write_in_place(self.ray_heads_file, json.dumps(heads, indent=2))
+
+    def set_default_ray_head(self, address: str | None) -> None:
+        """Route every RayCluster without its own bridge entry to the Ray head at address."""
+        heads = json.loads(self.ray_heads_file.read_text())
+        if address is None:
+            heads.pop("default", None)
+        else:
+            heads["default"] = address
+        _write_in_place(self.ray_heads_file, json.dumps(heads, indent=2))
+
+    def preempt_node(self, name: str) -> list[str]:
+        """What a cloud does to a spot VM: mark its pods DisruptionTarget, then delete them and the node.
+
+        Returns the names (namespace/name) of the pods that were on the node.
+        """
+        pods = json.loads(self.kubectl("get", "pods", "-A", "-o", "json",
+                                       "--field-selector", f"spec.nodeName={name}").stdout)["items"]  # fmt: skip
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        condition = {"type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
+                     "message": "spot instance reclaimed", "lastTransitionTime": now}  # fmt: skip
+        for pod in pods:
+            meta = pod["metadata"]
+            self.kubectl("patch", "pod", meta["name"], "-n", meta["namespace"], "--subresource", "status",
+                         "--type", "strategic", "-p", json.dumps({"status": {"conditions": [condition]}}),
+                         check=False)  # fmt: skip
+        self.kubectl("delete", "node", name, "--wait=false")
+        for pod in pods:
+            meta = pod["metadata"]
+            # The kubelet is gone with the VM, so nobody would confirm the deletion: force it.
+            self.kubectl("delete", "pod", meta["name"], "-n", meta["namespace"], "--force", "--grace-period=0",
+                         check=False)  # fmt: skip
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods]
+
+    def add_node(self, node: Node) -> None:
+        self.apply(node.manifest())
+        wait_until(f"node {node.name} Ready", lambda: self._nodes_ready([node.name]), timeout=60)
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Kill every process group we started, then anything else carrying our marker."""
+        for proc in reversed(list(self.procs.values())):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        wait_until("test bed processes to exit", lambda: _kill_marked(self.marker), timeout=15)
+        self.procs.clear()
+
+    def __enter__(self) -> Testbed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _kill_marked(marker: str) -> bool:
+    pids = marked_processes(marker)
+    kill_pids(pids)
+    return not pids
+
+
+def _write_in_place(path: Path, text: str) -> None:
+    """Rewrite without replacing the inode: the operator's /etc/hosts is a bind mount of it."""
+    with path.open("r+") as f:
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+
+
+# -- Ray heads --------------------------------------------------------------------------------
+
+
+class RayHead:
+    """A real `ray start --head` on a loopback address, for the bridge.
+
+    The dashboard listens on address:8265 (the port KubeRay's head Service names `dashboard`),
+    and the GCS on a free port. Jobs run on this machine with the venv's Python first on PATH.
+    """
+
+    def __init__(self, workdir: Path, address: str = RAY_HEAD_IP, num_cpus: int = 2, marker: str = "") -> None:
+        self.workdir = workdir
+        self.address = address
+        self.num_cpus = num_cpus
+        self.marker = marker or f"{os.getpid()}:{workdir}"
+        self.dashboard_url = f"http://{address}:8265"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RayHead:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        # Ray's socket paths must stay under 107 bytes, so its temp dir is short and in /tmp.
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="spotray-testbed-ray-", dir="/tmp"))
+        venv_bin = str(Path(sys.executable).parent)
+        env = {
+            **os.environ,
+            "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
+            MARKER: self.marker,
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
+        env.pop("RAY_ADDRESS", None)
+        ports = {name: str(free_port()) for name in ("port", "client", "agent", "agent-grpc", "metrics", "runtime")}
+        argv = [
+            str(Path(venv_bin) / "ray"), "start", "--head", "--block",
+            "--node-ip-address", self.address, "--dashboard-host", self.address, "--dashboard-port", "8265",
+            "--port", ports["port"], "--ray-client-server-port", ports["client"],
+            "--dashboard-agent-listen-port", ports["agent"], "--dashboard-agent-grpc-port", ports["agent-grpc"],
+            "--metrics-export-port", ports["metrics"], "--runtime-env-agent-port", ports["runtime"],
+            "--num-cpus", str(self.num_cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
+        ]  # fmt: skip
+        with (self.workdir / f"ray-head-{self.address}.log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl
+            )  # fmt: skip
+        try:
+            wait_until(f"Ray dashboard on {self.address}:8265", self._jobs_api_up, timeout=120, interval=1)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _jobs_api_up(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise ProcessDiedError(f"ray start exited with {self.proc.returncode}")
+        import urllib.request  # noqa: PLC0415 - only needed here
+
+        with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as resp:  # noqa: S310
+            return bool(resp.status == 200)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        # Ray's workers and agents may leave the process group; the marker finds them.
+        wait_until("Ray processes to exit", lambda: _kill_marked(self.marker), timeout=15)
+        shutil.rmtree(getattr(self, "temp_dir", ""), ignore_errors=True)
+
+    def __enter__(self) -> RayHead:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# -- the bridge process -----------------------------------------------------------------------
+
+
+def run_bridge(kubeconfig: Path, hosts: Path, ray_heads: Path) -> None:
+    """Plays cluster DNS for the operator: `<head-svc>.<ns>.svc.cluster.local` -> a Ray head.
+
+    Polls KubeRay's head Services; a RayCluster maps to ray-heads.json's "<ns>/<cluster>" entry,
+    else to its "default" entry, else to nothing (the operator then sees a DNS failure, as it
+    would for a head that never came up).
+    """
+    from kubernetes import client, config  # noqa: PLC0415 - only the bridge process needs it
+
+    api = client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+    current = ""
+    while True:
+        try:
+            heads = json.loads(ray_heads.read_text() or "{}")
+            services = api.list_service_for_all_namespaces(label_selector="ray.io/node-type=head").items
+        except Exception as e:  # noqa: BLE001 - keep serving through apiserver hiccups
+            print(f"bridge: {e}", flush=True)
+            time.sleep(1)
+            continue
+        names = {}
+        for svc in services:
+            cluster = (svc.metadata.labels or {}).get("ray.io/cluster", "")
+            address = heads.get(f"{svc.metadata.namespace}/{cluster}", heads.get("default"))
+            if address:
+                names[f"{svc.metadata.name}.{svc.metadata.namespace}.svc.{CLUSTER_DOMAIN}"] = address
+        text = Testbed._hosts_text(names)
+        if text != current:
+            _write_in_place(hosts, text)
+            current = text
+            print(f"bridge: {json.dumps(names)}", flush=True)
+        time.sleep(0.5)
+
+
+# -- command line (make cluster-up / cluster-down) --------------------------------------------
+
+DEFAULT_DIR = Path(tempfile.gettempdir()) / "spotray-testbed"
+
+
+def _up(workdir: Path, with_ray: bool) -> None:
+    """Runs as a detached supervisor: starts everything, then sleeps until SIGTERM."""
+    testbed = Testbed(workdir, attached=True)
+    ray = RayHead(workdir / "ray", marker=testbed.marker) if with_ray else None
+    stopping = False
+
+    def on_term(_signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    try:
+        testbed.start()
+        if ray is not None:
+            ray.start()
+            testbed.set_default_ray_head(ray.address)
+        (workdir / "ready").write_text(str(testbed.kubeconfig))
+        while not stopping:
+            time.sleep(0.5)
+    finally:
+        if ray is not None:
+            ray.stop()
+        testbed.stop()
+        (workdir / "supervisor.pid").unlink(missing_ok=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start a test bed in the background and print its KUBECONFIG")
+    up.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    up.add_argument("--no-ray", action="store_true", help="do not start a local Ray head for the bridge")
+    up.add_argument("--foreground", action="store_true", help=argparse.SUPPRESS)
+    down = sub.add_parser("down", help="stop the test bed started by `up`")
+    down.add_argument("--dir", type=Path, default=DEFAULT_DIR)
+    bridge = sub.add_parser("bridge", help=argparse.SUPPRESS)
+    bridge.add_argument("--kubeconfig", type=Path, required=True)
+    bridge.add_argument("--hosts", type=Path, required=True)
+    bridge.add_argument("--ray-heads", type=Path, required=True)
+    args = parser.parse_args()
+
+    if args.command == "bridge":
+        run_bridge(args.kubeconfig, args.hosts, args.ray_heads)
+    elif args.command == "up" and args.foreground:
+        _up(args.dir, with_ray=not args.no_ray)
+    elif args.command == "up":
+        pid_file = args.dir / "supervisor.pid"
+        if pid_file.exists() and Path(f"/proc/{pid_file.read_text().strip()}").exists():
+            sys.exit(f"a test bed is already running in {args.dir}: make cluster-down first")
+        shutil.rmtree(args.dir, ignore_errors=True)
+        args.dir.mkdir(parents=True)
+        argv = [sys.executable, str(Path(__file__).resolve()), "up", "--dir", str(args.dir), "--foreground"]
+        if args.no_ray:
+            argv.append("--no-ray")
+        with (args.dir / "supervisor.log").open("ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # fmt: skip
+        pid_file.write_text(str(proc.pid))
+        try:
+            wait_until("the test bed", lambda: proc.poll() is not None or (args.dir / "ready").exists(), timeout=300)
+        except TimeoutError:
+            os.kill(proc.pid, signal.SIGTERM)
+            raise
+        if proc.poll() is not None:
+            sys.exit(f"the test bed failed to start; see {args.dir}/supervisor.log and {args.dir}/logs/")
+        print(f"test bed up; logs in {args.dir}/logs\n\nexport KUBECONFIG={args.dir / 'kubeconfig'}")
+    elif args.command == "down":
+        pid_file = args.dir / "supervisor.pid"
+        if not pid_file.exists():
+            print(f"no test bed running in {args.dir}")
+            return
+        pid = int(pid_file.read_text().strip())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        wait_until("the test bed to stop", lambda: not Path(f"/proc/{pid}").exists(), timeout=60)
+        pid_file.unlink(missing_ok=True)
+        print(f"test bed in {args.dir} stopped")
+
+
+if __name__ == "__main__":
+    main()
