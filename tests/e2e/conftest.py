@@ -1,0 +1,72 @@
+"""Session fixtures for the e2e tests: one Docker-free Kubernetes test bed with the real KubeRay
+operator, and one real Ray head on loopback that the operator reaches through the Ray bridge.
+
+    testbed      the running Testbed (hack/testbed/testbed.py): .kubeconfig, .kubectl(...),
+                 .apply(...), .preempt_node(name), .add_node(node), .bridge(ns, cluster, addr)
+    kubeconfig   path of the admin kubeconfig (TLS, client certificate)
+    kube_api     a kubernetes.client.ApiClient for that kubeconfig
+    ray_head     a real `ray start --head` on 127.0.0.7; every RayCluster without its own bridge
+                 entry is routed to it
+    namespace    a fresh namespace per test, deleted afterwards
+
+See docs/testbed.md.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+
+import testbed as tb  # noqa: E402 - lives in hack/testbed, shared with `make cluster-up`
+
+
+@pytest.fixture(scope="session")
+def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
+    if subprocess.run([str(ROOT / "hack" / "testbed" / "build.sh"), "--check"], check=False).returncode != 0:
+        pytest.fail("the test bed binaries are not built: run `make testbed` (30-50 minutes cold, cached after)")
+    # The work dir holds the kubeconfig, certificates, etcd data and every component's log.
+    with tb.Testbed(tmp_path_factory.mktemp("testbed")) as bed:
+        yield bed
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(testbed: tb.Testbed) -> Path:
+    return testbed.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kube_api(kubeconfig: Path) -> client.ApiClient:
+    return config.new_client_from_config(str(kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def ray_head(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.RayHead]:
+    with tb.RayHead(tmp_path_factory.mktemp("ray-head")) as head:
+        testbed.set_default_ray_head(head.address)
+        yield head
+        testbed.set_default_ray_head(None)
+
+
+@pytest.fixture
+def namespace(testbed: tb.Testbed, request: pytest.FixtureRequest) -> Iterator[str]:
+    # Namespace names are DNS labels: lower case, digits and '-', at most 63 characters.
+    name = f"{re.sub('[^a-z0-9-]+', '-', request.node.name.lower())[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
+    testbed.kubectl("create", "namespace", name)
+    tb.wait_until(
+        f"service account default in {name}",
+        lambda: testbed.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,
+        timeout=60,
+    )
+    yield name
+    # Not waiting: kwok removes the pods (deletion stage) and the namespace controller the rest.
+    testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
