@@ -308,9 +308,9 @@ class Testbed:
         reap_orphans()
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            self._start_control_plane()
-            self._start_kwok()
-            self._start_kuberay()
+            for phase in (self._start_control_plane, self._start_kwok, self._start_kuberay):
+                phase()
+                print(f"[testbed] {phase.__name__[7:]} ready at {time.monotonic() - started:.1f}s", flush=True)
         except BaseException:
             self.stop()
             raise
@@ -411,9 +411,8 @@ class Testbed:
         return set(names) <= ready
 
     def _start_kuberay(self) -> None:
-        for crd in kuberay_crds():
-            # Server-side apply: the RayCluster CRD is too large for client-side apply's annotation.
-            self.kubectl("apply", "--server-side", "-f", str(crd))
+        # Server-side apply: the RayCluster CRD is too large for client-side apply's annotation.
+        self.kubectl("apply", "--server-side", *(f"--filename={crd}" for crd in kuberay_crds()))
         self.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
         self.hosts_file.write_text(self._hosts_text({}))
         if not self.ray_heads_file.exists():
@@ -525,11 +524,15 @@ class Testbed:
     # -- stop ---------------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Kill every process group we started, then anything else carrying our marker."""
+        """Kill every process group we started, then anything else carrying our marker.
+
+        SIGTERM first, then SIGKILL after two seconds: the apiserver and etcd would otherwise
+        spend many seconds draining watches, and every byte of their state is thrown away anyway.
+        """
         for proc in reversed(list(self.procs.values())):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 2
         for proc in self.procs.values():
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -624,7 +627,7 @@ class RayHead:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
             try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=3)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)

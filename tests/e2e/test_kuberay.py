@@ -133,6 +133,17 @@ def test_ray_cluster_becomes_ready_with_workers_on_spot_nodes(testbed: tb.Testbe
     assert {node_kind(testbed, node) for node in by_type["worker"]} == {"spot"}
 
 
+def test_bridge_routes_each_head_service_to_its_ray_head(testbed: tb.Testbed, namespace: str) -> None:
+    manifest = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "routed"}}
+    manifest["spec"] = ray_cluster_spec(workers=0)
+    testbed.apply(manifest, namespace=namespace)
+    testbed.bridge(namespace, "routed", "127.0.0.9")
+
+    # The hosts file is the operator's /etc/hosts (see docs/testbed.md, "The Ray bridge").
+    line = f"127.0.0.9 routed-head-svc.{namespace}.svc.cluster.local"
+    tb.wait_until("the bridge to route the head service", lambda: line in testbed.hosts_file.read_text(), timeout=30)
+
+
 def test_ray_job_in_http_mode_runs_on_the_local_ray_and_succeeds(
     testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client import ApiClient, CoreV1Api
 
 from tests.e2e.conftest import tb
 
@@ -24,10 +25,9 @@ def test_binaries_report_the_pinned_versions(testbed: tb.Testbed) -> None:
     assert helm.stdout.startswith(versions["HELM_VERSION"])
 
 
-def test_nodes_are_labelled_tainted_and_sized(testbed: tb.Testbed) -> None:
-    nodes = {
-        n["metadata"]["name"]: n for n in json.loads(testbed.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    }
+def test_nodes_are_labelled_tainted_and_sized(kube_api: ApiClient) -> None:
+    items = kube_api.sanitize_for_serialization(CoreV1Api(kube_api).list_node().items)
+    nodes = {n["metadata"]["name"]: n for n in items}
     spot = {name for name, n in nodes.items() if n["metadata"]["labels"].get(tb.SPOT_LABEL) == "spot"}
     on_demand = {name for name, n in nodes.items() if n["metadata"]["labels"].get(tb.SPOT_LABEL) == "on-demand"}
     assert len(spot) >= 3
