@@ -34,8 +34,12 @@ $(STAMP): pyproject.toml | $(UV)
 
 setup: $(STAMP) ## create .venv and install everything needed (idempotent)
 
-demo: setup ## train a tiny GPT-2, kill it hard mid-run, resume from S3, plot the loss across the kill
-	$(PY) -m jobs.gpt2.demo
+# The demo's faults, by step: a Ray Train worker SIGKILLed, the whole head lost, a spot notice (SIGTERM).
+DEMO_FAULTS ?= --kill-worker-at 50 --kill-all-at 110 --preempt-at 150
+
+demo: setup ## GPT-2 on a local Ray cluster + S3; a worker killed, the head lost, a spot notice; it resumes each time
+	rm -rf demo-output
+	$(VENV)/bin/spotray run jobs/gpt2/trainingrun.yaml --local --workdir demo-output $(DEMO_FAULTS)
 
 test: setup testbed ## run every test suite (unit, integration, e2e)
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ class S3CheckpointCallback(TrainerCallback):
     """Sync each checkpoint the Trainer saves to ``checkpoint_uri``, keeping the newest ``keep``.
 
     With ``save_final`` the last step is always checkpointed, even when ``max_steps`` is not a
-    multiple of ``save_steps``, so the finished model is in the store too.
+    multiple of ``save_steps``, so the finished model is in the store too. ``data_position``, when
+    given, returns where the data stream stands; it is recorded in the manifest for an exact resume.
     """
 
     def __init__(
@@ -42,8 +44,11 @@ class S3CheckpointCallback(TrainerCallback):
         store: ObjectStore | None = None,
         save_final: bool = True,
         events: EventLog | None = None,
+        data_position: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.store = store or open_store(checkpoint_uri)
+        self.data_position = data_position
+        self.last_complete_step: int | None = None
         self.keep = keep
         self.save_final = save_final
         self.events = events or EventLog(None)
@@ -57,6 +62,7 @@ class S3CheckpointCallback(TrainerCallback):
         return self._uploader
 
     def _report_uploaded(self, manifest: Manifest, seconds: float) -> None:
+        self.last_complete_step = manifest.step
         self.events.emit(
             "checkpoint_complete",
             step=manifest.step,
@@ -100,6 +106,8 @@ class S3CheckpointCallback(TrainerCallback):
             "samples_seen": step * samples_per_step,
             "seed": args.seed,
         }
+        if self.data_position is not None:
+            resume["data_position"] = self.data_position()
         self._get_uploader().submit(staged, step, args.world_size, resume)
         self.events.emit("checkpoint_saved", step=step)
 

@@ -4,6 +4,8 @@ Layout under a run's checkpoint URI::
 
     checkpoint-<step>/<files written by the trainer>
     checkpoint-<step>/spotray-manifest.json      <- written LAST
+    _spotray/attempt-<N>.json                    <- how attempt N ended (written by the driver)
+    _spotray/attempt-<N>.preempted.json          <- attempt N stopped on a preemption notice (rank 0)
 
 The manifest lists every file with its size and SHA-256, plus the step, world size, library
 versions and what resume needs. A checkpoint is complete when its manifest parses and every file it
@@ -37,6 +39,17 @@ CHECKPOINT_DIR_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 # Normal while an upload is in flight, so it is not worth a warning; every other problem is.
 NO_MANIFEST = "no manifest (upload unfinished or interrupted)"
 _VERSIONED_PACKAGES = ("torch", "transformers", "ray", "mosaicml-streaming", "spotray")
+
+
+RUN_STATE_PREFIX = "_spotray"
+
+
+def attempt_outcome_key(attempt: int) -> str:
+    return f"{RUN_STATE_PREFIX}/attempt-{attempt}.json"
+
+
+def preemption_marker_key(attempt: int) -> str:
+    return f"{RUN_STATE_PREFIX}/attempt-{attempt}.preempted.json"
 
 
 def checkpoint_dir_name(step: int) -> str:

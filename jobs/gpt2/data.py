@@ -6,8 +6,11 @@ are the tokens (vocabulary 256), so there is no tokenizer to fetch either.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pydoc_data.topics import topics
+from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -31,3 +34,20 @@ class ByteBlocks(Dataset[dict[str, torch.Tensor]]):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         block = self.blocks[index]
         return {"input_ids": block, "labels": block}
+
+
+# MDS columns of the prepared dataset: a stable id per block (for the no-duplicate proof) and its bytes.
+MDS_COLUMNS = {"sample_id": "int", "tokens": "ndarray:uint8"}
+
+
+def mds_samples(block_size: int) -> Iterator[dict[str, Any]]:
+    """The corpus as ``block_size``-byte blocks with stable ids, in corpus order (streaming shuffles)."""
+    data = corpus_bytes()
+    for index in range(len(data) // block_size):
+        block = data[index * block_size : (index + 1) * block_size]
+        yield {"sample_id": index, "tokens": np.frombuffer(block, dtype=np.uint8)}
+
+
+def to_features(sample: dict[str, Any]) -> dict[str, torch.Tensor]:
+    tokens = torch.as_tensor(np.asarray(sample["tokens"]), dtype=torch.long)
+    return {"input_ids": tokens, "labels": tokens}

@@ -1,11 +1,19 @@
-"""Train a small GPT-2 (built from config) on the byte-level docs corpus, resumable from S3.
+"""Train a small GPT-2 (built from config) with Ray Train, streaming MDS shards from S3, resumable at any moment.
 
-    python -m jobs.gpt2 --checkpoint-uri s3://checkpoints/gpt2-demo --max-steps 400
+    python -m jobs.gpt2 --checkpoint-uri s3://runs/gpt2 --data-uri s3://datasets/gpt2-bytes --workers 2
 
-At start the newest complete checkpoint under ``--checkpoint-uri`` is fetched and training resumes
-from it (model, optimizer, scheduler, RNG and data position); with none, training starts fresh.
-Every checkpoint the Trainer saves is synced to the URI in the background. S3 endpoint and
-credentials come from the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY).
+Started by the controller or by ``spotray run --local``, the run's settings (checkpoint URI and
+interval, data URI, workers) come from the TrainingRun in ``SPOTRAY_RUN`` and the flags above are
+not needed; hyperparameters (steps, batch size, model size) always come from the flags.
+
+The same job runs without Ray under torchrun (detected from torchrun's environment), with the
+same checkpoints, data position and SIGTERM handling:
+
+    torchrun --nproc-per-node 2 -m jobs.gpt2 --checkpoint-uri ... --data-uri ...
+
+The driver checks the store, prepares the dataset if it is not there yet, and starts one Ray Train
+worker per slot. Each worker fetches the newest complete checkpoint (the same one on every rank),
+continues at the exact next sample, and syncs every checkpoint to the store in the background.
 """
 
 from __future__ import annotations
@@ -15,18 +23,29 @@ import logging
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from jobs.gpt2.data import VOCAB_SIZE, ByteBlocks, corpus_bytes
+from jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
 from train.callback import S3CheckpointCallback
+from train.data import (
+    DataPosition,
+    EpochLoader,
+    SampleRecorder,
+    StreamingTrainer,
+    ensure_dataset,
+    open_streaming_dataset,
+)
 from train.errors import SpotrayError
 from train.events import EventLog
-from train.resume import fetch_resume_checkpoint
-from train.store import open_store
+from train.launcher import EXIT_BAD_INPUT, launch, outcome_after_fit
+from train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from train.store import ObjectStore, open_store, parse_uri
+from train.worker import PreemptionNoticeCallback, ProgressCallback, agree_on_resume_point, world_rank, world_size
 
 log = logging.getLogger("jobs.gpt2")
 
@@ -35,11 +54,12 @@ log = logging.getLogger("jobs.gpt2")
 class Gpt2JobConfig:
     checkpoint_uri: str
     workdir: Path
+    data_uri: str | None = None
     max_steps: int = 400
     save_steps: int = 25
     keep: int = 3
     seed: int = 42
-    batch_size: int = 16
+    batch_size: int = 16  # global: split across workers, so a resume with another worker count trains the same
     block_size: int = 128
     n_layer: int = 2
     n_embd: int = 128
@@ -47,23 +67,16 @@ class Gpt2JobConfig:
     learning_rate: float = 3e-3
     create_bucket: bool = False
     events_path: Path | None = None
+    use_gpu: bool = False
 
+    def to_loop_config(self) -> dict[str, Any]:
+        """Plain values for Ray to ship to the workers."""
+        return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
 
-class StepEvents(TrainerCallback):
-    """Emit one ``step`` event per logged step (loss, learning rate) to the event log."""
-
-    def __init__(self, events: EventLog) -> None:
-        self.events = events
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
-        if state.is_world_process_zero and logs and "loss" in logs:
-            self.events.emit(
-                "step",
-                step=state.global_step,
-                loss=logs["loss"],
-                lr=logs.get("learning_rate"),
-                max_steps=state.max_steps,
-            )
+    @classmethod
+    def from_loop_config(cls, data: dict[str, Any]) -> Gpt2JobConfig:
+        events = data.get("events_path")
+        return cls(**{**data, "workdir": Path(data["workdir"]), "events_path": Path(events) if events else None})
 
 
 def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
@@ -79,12 +92,14 @@ def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(model_config)  # type: ignore[no-untyped-call]
 
 
-def build_training_args(config: Gpt2JobConfig, *, save_steps: int | None = None) -> TrainingArguments:
+def build_training_args(
+    config: Gpt2JobConfig, *, save_steps: int | None = None, per_device_batch: int | None = None
+) -> TrainingArguments:
     save = save_steps if save_steps is not None else config.save_steps
     return TrainingArguments(
         output_dir=str(config.workdir / "checkpoints"),
         max_steps=config.max_steps,
-        per_device_train_batch_size=config.batch_size,
+        per_device_train_batch_size=per_device_batch or config.batch_size,
         learning_rate=config.learning_rate,
         lr_scheduler_type="cosine",
         warmup_steps=max(1, config.max_steps // 20),
@@ -95,14 +110,20 @@ def build_training_args(config: Gpt2JobConfig, *, save_steps: int | None = None)
         save_total_limit=2,  # local copies only; the store keeps `keep` of its own
         seed=config.seed,
         full_determinism=True,
-        use_cpu=True,
+        use_cpu=not config.use_gpu,
         dataloader_num_workers=0,
+        ignore_data_skip=True,  # the data position in the checkpoint replaces skipping seen batches
         report_to=[],
         disable_tqdm=True,
     )
 
 
 def build_trainer(config: Gpt2JobConfig, callbacks: list[TrainerCallback], *, save_steps: int | None = None) -> Trainer:
+    """A single-process Trainer over the in-memory corpus: no Ray, no data store.
+
+    The benchmarks of the checkpoint core and its tests use it to measure and fault the checkpoint
+    path alone; the job itself trains through ``train_loop`` below.
+    """
     set_seed(config.seed)
     trainer: Trainer = Trainer(
         model=build_model(config),
@@ -113,72 +134,184 @@ def build_trainer(config: Gpt2JobConfig, callbacks: list[TrainerCallback], *, sa
     return trainer
 
 
-def run(config: Gpt2JobConfig) -> Path:
-    """Train to ``max_steps`` (resuming if a checkpoint exists); return the final checkpoint's local dir."""
+def train_loop(loop_config: dict[str, Any]) -> None:
+    """What each Ray Train worker runs: resume, stream, train, sync."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = Gpt2JobConfig.from_loop_config(loop_config)
+    rank, size = world_rank(), world_size()
+    attempt = RunContext.from_env()
     events = EventLog(config.events_path)
+    events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(config.checkpoint_uri)
-    store.check(create_bucket=config.create_bucket)
-    resume_point = fetch_resume_checkpoint(store, config.workdir / "resume")
-    events.emit(
-        "start",
-        pid=os.getpid(),
-        resumed_from=resume_point.step if resume_point else None,
-        checkpoint_uri=config.checkpoint_uri,
-        max_steps=config.max_steps,
+    rank_dir = config.workdir / f"rank-{rank}"
+    resume_point = agree_on_resume_point(store, rank_dir / "resume")
+    position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
+    start_step = resume_point.step if resume_point else 0
+    if rank == 0:
+        events.emit(
+            "start",
+            pid=os.getpid(),
+            resumed_from=resume_point.step if resume_point else None,
+            checkpoint_uri=config.checkpoint_uri,
+            max_steps=config.max_steps,
+            world_size=size,
+            data_position=position.to_dict(),
+        )
+    per_device = config.batch_size // size
+    assert config.data_uri is not None  # the driver checked
+    dataset = open_streaming_dataset(
+        parse_uri(config.data_uri),
+        config.workdir / "mds-cache",
+        batch_size=per_device,
+        position=position,
+        shuffle_seed=config.seed,
     )
-    if resume_point:
-        log.info("resuming from %s (step %d)", resume_point.uri, resume_point.step)
-    else:
-        log.info("no complete checkpoint under %s: starting fresh", config.checkpoint_uri)
-    sync = S3CheckpointCallback(config.checkpoint_uri, keep=config.keep, store=store, events=events)
-    trainer = build_trainer(config, [sync, StepEvents(events)])
+    loader = EpochLoader(
+        dataset,
+        batch_size=per_device,
+        world_size=size,
+        start=position,
+        collate_fn=SampleRecorder(
+            to_features, rank=rank, start_step=start_step, attempt=attempt.attempt if attempt else 1
+        ),
+    )
+    sync = S3CheckpointCallback(
+        config.checkpoint_uri,
+        keep=config.keep,
+        store=store,
+        events=events if rank == 0 else None,
+        staging_dir=rank_dir / "staging",
+        data_position=lambda: loader.position.to_dict(),  # noqa: PLW0108 (reads the position at save time)
+    )
+    report = ProgressCallback(sync, events)
+    notice = PreemptionNoticeCallback(sync, events, attempt=attempt.attempt if attempt else 1)
+    set_seed(config.seed)
+    trainer = StreamingTrainer(
+        model=build_model(config),
+        # One output dir for all ranks of a node: each rank writes its RNG state into the same checkpoint.
+        args=build_training_args(config, per_device_batch=per_device),
+        callbacks=[sync, report, notice],
+        epoch_loader=loader,
+    )
     trainer.train(resume_from_checkpoint=str(resume_point.local_dir) if resume_point else None)
-    final = Path(str(trainer.args.output_dir)) / f"checkpoint-{trainer.state.global_step}"
-    events.emit("end", step=trainer.state.global_step, final_uri=str(store.uri.join(final.name)))
-    return final
+    step = trainer.state.global_step
+    if rank == 0 and notice.stopped_at_step is None:
+        events.emit(
+            "end",
+            step=step,
+            final_uri=str(store.uri.join(f"checkpoint-{step}")),
+            load="transformers.AutoModelForCausalLM.from_pretrained(DIR)",
+        )
 
 
-def parse_args(argv: list[str] | None = None) -> Gpt2JobConfig:
-    parser = argparse.ArgumentParser(prog="python -m jobs.gpt2", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint-uri", required=True, help="s3://bucket/prefix or file:///path for checkpoints")
-    parser.add_argument(
-        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-gpt2", help="local scratch directory"
+def context_from_args(args: argparse.Namespace, *, workers: int | None = None) -> RunContext:
+    """A run context for a job started by hand (no controller, no ``spotray run``); torchrun sets ``workers``."""
+    if not args.checkpoint_uri:
+        raise SpotrayError(
+            "no checkpoint URI: SPOTRAY_RUN is not set and --checkpoint-uri was not given",
+            "pass --checkpoint-uri s3://BUCKET/PREFIX (and --data-uri), or start the job with `spotray run`",
+        )
+    spec = RunSpec(
+        entrypoint=" ".join(sys.argv),
+        checkpoint=CheckpointSpec(uri=args.checkpoint_uri, every_steps=args.save_steps, keep=args.keep),
+        workers=WorkerSpec(replicas=workers or args.workers, cpu=str(args.cpu_per_worker)),
+        data=DataSpec(uri=args.data_uri),
     )
-    parser.add_argument("--max-steps", type=int, default=400)
-    parser.add_argument("--save-steps", type=int, default=25, help="checkpoint every N steps")
-    parser.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
-    parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
-    parser.add_argument("--create-bucket", action="store_true", help="create the bucket if it is missing")
-    parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
-    args = parser.parse_args(argv)
-    for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return RunContext(name=args.run_name, attempt=1, spec=spec)
+
+
+def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobConfig:
+    spec = context.spec
+    if not spec.data.uri:
+        raise SpotrayError(
+            "jobs.gpt2 needs a data URI for its MDS shards and none was given",
+            "set spec.data.uri in the TrainingRun (e.g. s3://BUCKET/datasets/gpt2-bytes) or pass --data-uri",
+        )
+    if args.batch_size % spec.workers.num_workers:
+        raise SpotrayError(
+            f"--batch-size {args.batch_size} does not split evenly over {spec.workers.num_workers} workers",
+            "make the global batch size a multiple of the number of workers",
+        )
+    events = args.events or (Path(os.environ["SPOTRAY_EVENTS"]) if os.environ.get("SPOTRAY_EVENTS") else None)
     return Gpt2JobConfig(
-        checkpoint_uri=args.checkpoint_uri,
-        workdir=args.workdir,
+        checkpoint_uri=spec.checkpoint.uri,
+        data_uri=spec.data.uri,
+        workdir=args.workdir / context.name,
         max_steps=args.max_steps,
-        save_steps=args.save_steps,
-        keep=args.keep,
+        save_steps=spec.checkpoint.every_steps,
+        keep=spec.checkpoint.keep,
         seed=args.seed,
         batch_size=args.batch_size,
         n_layer=args.n_layer,
         n_embd=args.n_embd,
         create_bucket=args.create_bucket,
-        events_path=args.events,
+        events_path=events,
+        use_gpu=spec.workers.gpu > 0,
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.gpt2", description=__doc__.split("\n\n")[0])
+    started_by_hand = parser.add_argument_group("run settings when started by hand (SPOTRAY_RUN overrides them)")
+    started_by_hand.add_argument("--checkpoint-uri", help="s3://bucket/prefix or file:///path for checkpoints")
+    started_by_hand.add_argument("--data-uri", help="where the MDS shards are (prepared there if missing)")
+    started_by_hand.add_argument("--workers", type=int, default=2, help="Ray Train workers")
+    started_by_hand.add_argument("--cpu-per-worker", type=float, default=1.0)
+    started_by_hand.add_argument("--save-steps", type=int, default=25, help="checkpoint every N steps")
+    started_by_hand.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
+    started_by_hand.add_argument("--run-name", default="gpt2", help="Ray run name (stable across attempts)")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-gpt2", help="local scratch directory"
+    )
+    parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch size, split across workers")
+    parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
+    parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
+    parser.add_argument("--create-bucket", action="store_true", help="create missing buckets")
+    parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
+    args = parser.parse_args(argv)
+    for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def prepare(config: Gpt2JobConfig) -> ObjectStore:
+    """Fail fast on bad storage settings, and write the dataset if it is not in the store yet."""
+    store = open_store(config.checkpoint_uri)
+    store.check(create_bucket=config.create_bucket)
+    assert config.data_uri is not None
+    data_store = open_store(config.data_uri)
+    data_store.check(create_bucket=config.create_bucket)
+    if ensure_dataset(data_store, lambda: mds_samples(config.block_size), MDS_COLUMNS):
+        print(f"prepared the dataset: MDS shards in {config.data_uri}")
+    return store
+
+
+def run_under_torchrun(config: Gpt2JobConfig, context: RunContext) -> int:
+    """One torchrun process: rank 0 prepares, every rank trains; the exit code as the Ray launcher gives it."""
+    dist.init_process_group("nccl" if config.use_gpu else "gloo")
+    try:
+        store = prepare(config) if dist.get_rank() == 0 else open_store(config.checkpoint_uri)
+        dist.barrier()
+        train_loop(config.to_loop_config())
+        return outcome_after_fit(store, context.attempt).exit_code
+    finally:
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    torchrun_world = int(os.environ["WORLD_SIZE"]) if "TORCHELASTIC_RUN_ID" in os.environ else None
     try:
-        config = parse_args(argv)
-        final = run(config)
+        context = RunContext.from_env() or context_from_args(args, workers=torchrun_world)
+        config = build_job_config(args, context)
+        if torchrun_world is not None:
+            return run_under_torchrun(config, context)
+        store = prepare(config)
     except SpotrayError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(f"done: final checkpoint {final.name} is in {config.checkpoint_uri}")
-    return 0
+        return EXIT_BAD_INPUT
+    return launch(train_loop, config.to_loop_config(), context, store)

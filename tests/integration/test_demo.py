@@ -1,26 +1,86 @@
-"""`make demo` end to end, shortened: the kill, the resume, the summary and the PNG."""
+"""`spotray run --local` end to end through the real command: a worker killed, the head lost, a spot notice.
 
+One run, three faults, each recovered the way the cluster recovers it: Ray Train replaces a
+SIGKILLed worker inside the attempt; a lost head (driver and Ray cluster SIGKILLed) ends the
+attempt and the next one resumes; a SIGTERM to the driver drains the nodes, the workers take an
+emergency checkpoint and the attempt exits with 143, and the next attempt resumes from it.
+"""
+
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from PIL import Image
+
+from train.events import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+REPO = Path(__file__).resolve().parents[2]
+MAX_STEPS = 60
+SAVE_STEPS = 10
 
-def test_demo_kills_resumes_and_plots(tmp_path: Path) -> None:
-    output = tmp_path / "demo"
+
+def short_manifest(tmp_path: Path) -> Path:
+    document = yaml.safe_load((REPO / "jobs/gpt2/trainingrun.yaml").read_text())
+    document["metadata"]["name"] = "demo-test"
+    document["spec"]["entrypoint"] = f"python -m jobs.gpt2 --max-steps {MAX_STEPS} --batch-size 8 --workdir {tmp_path}"
+    document["spec"]["checkpoint"]["everySteps"] = SAVE_STEPS
+    path = tmp_path / "trainingrun.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def test_local_run_recovers_from_every_kind_of_loss(tmp_path: Path) -> None:
+    workdir = tmp_path / "run"
     command = [
-        sys.executable, "-m", "jobs.gpt2.demo",
-        "--max-steps", "30", "--save-steps", "10", "--kill-at", "16", "--output", str(output),
+        sys.executable, "-m", "spotray.cli", "run", str(short_manifest(tmp_path)), "--local",
+        "--workdir", str(workdir), "--kill-worker-at", "15", "--kill-all-at", "32", "--preempt-at", "45",
     ]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "resumed from step     10" in result.stdout
-    assert "finished at step      30/30" in result.stdout
-    with Image.open(output / "loss.png") as image:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+
+    events = list(read_events(workdir / "events.jsonl"))
+    starts = [e for e in events if e["event"] == "start"]
+    # fresh start, worker group restarted after the worker kill, attempt 2 after the head loss,
+    # attempt 3 after the spot notice
+    assert len(starts) == 4, output[-3000:]
+    assert starts[0]["resumed_from"] is None
+    resumed = [s["resumed_from"] for s in starts[1:]]
+    kills = [15, 32]
+    for at, resumed_from in zip(kills, resumed[:2], strict=True):
+        assert at - SAVE_STEPS - 3 <= resumed_from <= at, (at, resumed)  # lost at most one interval (+ the poll)
+
+    notice = next(e for e in events if e["event"] == "emergency_checkpoint")
+    assert resumed[2] == notice["step"], "the attempt after the notice resumes from the emergency checkpoint"
+    assert notice["seconds"] < 7.5, "the emergency checkpoint must be complete well within a 15 s notice"
+    assert "attempts             3 (2 preempted, 0 failed)" in output
+
+    end = [e for e in events if e["event"] == "end"]
+    assert end
+    assert end[-1]["step"] == MAX_STEPS
+    assert f"checkpoint-{MAX_STEPS}" in output
+    final_config = json.loads((workdir / "final" / f"checkpoint-{MAX_STEPS}" / "config.json").read_text())
+    assert final_config["model_type"] == "gpt2"
+    with Image.open(workdir / "loss.png") as image:
         assert image.format == "PNG"
         assert image.width > 500
         assert image.height > 300
+
+
+def test_bad_manifest_is_refused_with_each_problem(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "apiVersion: spotray.dev/v1alpha1\nkind: TrainingRun\nmetadata: {name: x}\nspec:\n  workers: {replicas: 0}\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "spotray.cli", "run", str(path), "--local"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert "spec.workers.replicas: must be >= 1, got 0" in result.stderr
+    assert "spec.entrypoint: missing" in result.stderr
+    assert "spec.checkpoint: missing" in result.stderr

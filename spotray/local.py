@@ -1,0 +1,254 @@
+"""``spotray run FILE --local``: a TrainingRun on this machine, attempts and all, with no cluster.
+
+It plays the parts the cluster plays: an embedded S3 server (SeaweedFS) when no endpoint is
+configured, a Ray cluster on loopback, and the controller's attempt loop (a preemption starts the
+next attempt, counted against ``spec.retry.maxPreemptions``; a failure against ``maxFailures``).
+Faults can be injected at a chosen step so a user sees recovery for themselves:
+
+- ``--kill-worker-at N``: SIGKILL one Ray Train worker process; Ray Train replaces it and training
+  continues from the latest complete checkpoint, inside the same attempt;
+- ``--kill-all-at N``: SIGKILL the driver and the whole Ray cluster (the head is lost); a new
+  cluster and a new attempt start and resume;
+- ``--preempt-at N``: SIGTERM the driver, as a spot notice would: the workers take an emergency
+  checkpoint, the attempt ends with exit code 143, and the next attempt resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotray.local_ray import LocalRayCluster
+from spotray.progress import ProgressView
+from train.checkpoint import download_checkpoint, latest_complete_checkpoint
+from train.errors import SpotrayError
+from train.events import read_events
+from train.launcher import EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_SUCCEEDED
+from train.local_s3 import LocalS3Server
+from train.plot import plot_loss_across_attempts, split_attempts
+from train.runspec import RunContext, TrainingRun
+from train.store import StoreConfig, open_store, parse_uri
+
+
+@dataclass(frozen=True)
+class Faults:
+    kill_worker_at: int | None = None
+    kill_all_at: int | None = None
+    preempt_at: int | None = None
+
+
+@dataclass
+class RunTally:
+    """What happened across the attempts, for the summary and the exit code."""
+
+    attempts: int = 0
+    preemptions: int = 0
+    failures: int = 0
+    injected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EventCursor:
+    """Reads the events appended to a JSON-lines file since the last call (complete lines only)."""
+
+    path: Path
+    offset: int = 0
+
+    def new_events(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next call
+        self.offset += len(complete)
+        events = []
+        for line in complete.splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut off by a kill
+        return events
+
+
+def s3_uris(run: TrainingRun) -> list[str]:
+    uris = [run.spec.checkpoint.uri, run.spec.data.uri or ""]
+    return [uri for uri in uris if uri.startswith("s3://")]
+
+
+def needs_embedded_s3(run: TrainingRun, environ: dict[str, str]) -> bool:
+    """True when the run uses S3 and no endpoint or credentials are configured: local mode brings its own."""
+    configured = any(environ.get(name) for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL"))
+    return bool(s3_uris(run)) and not configured
+
+
+def ray_cpus_for(run: TrainingRun) -> int:
+    """Enough logical CPUs for every worker (Ray may oversubscribe a small machine; that is fine here)."""
+    needed = math.ceil(run.spec.workers.num_workers * run.spec.workers.cpu_per_worker)
+    return max(needed, os.cpu_count() or 1)
+
+
+class LocalRun:
+    """One TrainingRun run locally; ``run()`` returns the exit code for the command line."""
+
+    def __init__(self, run: TrainingRun, workdir: Path, faults: Faults, *, progress: ProgressView) -> None:
+        if run.spec.workers.gpu:
+            raise SpotrayError(
+                f"spec.workers.gpu is {run.spec.workers.gpu}, but local mode trains on CPU",
+                "set spec.workers.gpu: 0 for a local run (the cluster manifest may keep its GPUs)",
+            )
+        self.run_spec = run
+        self.workdir = workdir.resolve()
+        self.faults = faults
+        self.progress = progress
+        self.tally = RunTally()
+        self.events_path = self.workdir / "events.jsonl"
+        self.s3_env: dict[str, str] = {}
+        self.store_config = StoreConfig.from_env()
+
+    def run(self) -> int:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        server = None
+        try:
+            if needs_embedded_s3(self.run_spec, dict(os.environ)):
+                server = LocalS3Server(self.workdir / "s3").start()
+                self.s3_env = server.env()
+                self.store_config = server.config
+                for uri in s3_uris(self.run_spec):
+                    server.create_bucket(parse_uri(uri).bucket)
+                self.progress.note(f"embedded S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}")
+            return self._attempts()
+        finally:
+            if server is not None:
+                server.stop()
+
+    def _attempts(self) -> int:
+        retry = self.run_spec.spec.retry
+        while True:
+            self.tally.attempts += 1
+            code = self._one_attempt(self.tally.attempts)
+            if code == EXIT_SUCCEEDED:
+                self._finish()
+                return 0
+            if code == EXIT_BAD_INPUT:
+                self.progress.note("the job refused its input (see the message above); not retrying")
+                return EXIT_BAD_INPUT
+            if code == EXIT_PREEMPTED:
+                self.tally.preemptions += 1
+                if self.tally.preemptions > retry.max_preemptions:
+                    self.progress.note(f"preempted {self.tally.preemptions} times, more than maxPreemptions")
+                    return 1
+                self.progress.note(f"attempt {self.tally.attempts} was preempted; the next one resumes")
+                continue
+            self.tally.failures += 1
+            if self.tally.failures > retry.max_failures:
+                self.progress.note(
+                    f"attempt {self.tally.attempts} failed (exit code {code}); "
+                    f"{self.tally.failures} failures exceed maxFailures={retry.max_failures}: giving up. "
+                    f"Log: {self._log_path(self.tally.attempts)}"
+                )
+                return 1
+            self.progress.note(f"attempt {self.tally.attempts} failed (exit code {code}); retrying")
+
+    def _log_path(self, attempt: int) -> Path:
+        return self.workdir / f"attempt-{attempt}.log"
+
+    def _one_attempt(self, attempt: int) -> int:
+        """Start a Ray cluster and the entrypoint for one attempt; watch it; inject faults. Returns its exit code."""
+        context = RunContext(name=self.run_spec.name, attempt=attempt, spec=self.run_spec.spec)
+        cursor = EventCursor(self.events_path)
+        cursor.new_events()  # only this attempt's events from here on
+        cluster = LocalRayCluster(
+            num_cpus=ray_cpus_for(self.run_spec), log_path=self.workdir / "ray.log", env=self.s3_env
+        ).start()
+        try:
+            env = {
+                **os.environ,
+                **self.s3_env,
+                **context.to_env(),
+                "RAY_ADDRESS": cluster.address,
+                "SPOTRAY_EVENTS": str(self.events_path),
+                "PYTHONUNBUFFERED": "1",
+                # `python` in the entrypoint is this interpreter, with spotray installed.
+                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            }
+            self.progress.start_attempt(attempt, self.run_spec.spec.entrypoint)
+            with self._log_path(attempt).open("ab") as log_file:
+                driver = subprocess.Popen(
+                    ["bash", "-c", self.run_spec.spec.entrypoint],
+                    env=env,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                return self._watch(driver, cluster, cursor)
+        finally:
+            cluster.stop()
+
+    def _watch(self, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, cursor: EventCursor) -> int:
+        workers: dict[int, int] = {}
+        while True:
+            for event in cursor.new_events():
+                self.progress.on_event(event)
+                if event["event"] == "worker_start":
+                    workers[int(event["rank"])] = int(event["pid"])
+                if event["event"] == "step":
+                    code = self._maybe_inject(int(event["step"]), driver, cluster, workers)
+                    if code is not None:
+                        return code
+            if driver.poll() is not None:
+                for event in cursor.new_events():
+                    self.progress.on_event(event)
+                return driver.returncode
+            time.sleep(0.2)
+
+    def _maybe_inject(
+        self, step: int, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, workers: dict[int, int]
+    ) -> int | None:
+        faults = self.faults
+        if faults.kill_worker_at is not None and step >= faults.kill_worker_at and workers:
+            rank = max(workers)
+            os.kill(workers[rank], signal.SIGKILL)
+            self._injected(f"SIGKILL to Ray Train worker rank {rank} (pid {workers[rank]}) at step {step}")
+            self.faults = Faults(None, faults.kill_all_at, faults.preempt_at)
+        elif faults.kill_all_at is not None and step >= faults.kill_all_at:
+            os.killpg(driver.pid, signal.SIGKILL)
+            cluster.kill()
+            driver.wait()
+            self._injected(f"SIGKILL to the driver and the whole Ray cluster (head lost) at step {step}")
+            self.faults = Faults(faults.kill_worker_at, None, faults.preempt_at)
+            return EXIT_PREEMPTED  # the node is gone: to the controller this is a preemption
+        elif faults.preempt_at is not None and step >= faults.preempt_at:
+            driver.send_signal(signal.SIGTERM)
+            self._injected(f"SIGTERM to the driver (a spot notice) at step {step}")
+            self.faults = Faults(faults.kill_worker_at, faults.kill_all_at, None)
+        return None
+
+    def _injected(self, what: str) -> None:
+        self.tally.injected.append(what)
+        self.progress.note(f"injected: {what}")
+
+    def _finish(self) -> None:
+        """Fetch the final model and say where it is and how to load it."""
+        store = open_store(self.run_spec.spec.checkpoint.uri, self.store_config)
+        final = latest_complete_checkpoint(store)
+        if final is None:
+            self.progress.note("finished, but no complete checkpoint is in the store")
+            return
+        local_dir = download_checkpoint(store, final, self.workdir / "final")
+        png = plot_loss_across_attempts(
+            split_attempts(read_events(self.events_path)),
+            self.workdir / "loss.png",
+            f"{self.run_spec.name}: loss across workers restarts and attempts",
+        )
+        self.progress.summary(self.tally, str(store.uri.join(final.prefix)), local_dir)
+        self.progress.note(f"  loss curve           {png}")

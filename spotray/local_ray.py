@@ -1,0 +1,181 @@
+"""A Ray cluster on this machine, on a loopback address of its own, started and stopped as one unit.
+
+Why not ``ray.init()`` or ``ray stop``: a cluster that ``ray.init()`` starts lives and dies with
+one driver, but local mode must survive (and deliberately kill) drivers; and ``ray stop`` kills
+every Ray process on the machine, including other people's. So we run ``ray start --head --block``
+in a session of its own and kill that session.
+
+Two details keep traffic on loopback: Ray rewrites ``127.0.0.1`` into the machine's network address,
+so we use another loopback address (127.0.0.2 by default); and the GCS listens on all interfaces,
+so every port is picked free rather than left at Ray's defaults, which another cluster may hold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from train.errors import SpotrayError
+from train.local_s3 import free_port
+from train.subprocesses import die_with_parent
+
+DEFAULT_HOST = "127.0.0.2"
+
+
+def ray_executable() -> str:
+    found = shutil.which("ray") or str(Path(sys.executable).with_name("ray"))
+    if not Path(found).exists():
+        raise SpotrayError("the `ray` command is not installed", "run `make setup` (it installs ray[train])")
+    return found
+
+
+@dataclass
+class LocalRayCluster:
+    """``with LocalRayCluster(num_cpus=2) as ray_cluster:`` then ``RAY_ADDRESS=ray_cluster.address``."""
+
+    num_cpus: int
+    host: str = DEFAULT_HOST
+    startup_timeout_s: float = 90.0
+    log_path: Path | None = None
+    gcs_port: int = 0
+    # Given to Ray's processes, so every worker has it, as a pod's env does on Kubernetes (S3 settings).
+    env: dict[str, str] = field(default_factory=dict)
+    temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="spotray-ray-", dir="/tmp")))
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.gcs_port}"
+
+    def start(self) -> LocalRayCluster:
+        self.gcs_port = free_port(self.host)
+        ports = {
+            "--node-manager-port": free_port(self.host),
+            "--object-manager-port": free_port(self.host),
+            "--runtime-env-agent-port": free_port(self.host),
+            "--metrics-export-port": free_port(self.host),
+            "--dashboard-agent-listen-port": free_port(self.host),
+            "--dashboard-agent-grpc-port": free_port(self.host),
+            "--ray-client-server-port": free_port(self.host),
+        }
+        worker_low = free_port(self.host)  # a base for the worker port range; collisions only cost a retry
+        command = [
+            ray_executable(),
+            "start",
+            "--head",
+            "--block",
+            f"--node-ip-address={self.host}",
+            f"--port={self.gcs_port}",
+            f"--num-cpus={self.num_cpus}",
+            "--num-gpus=0",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            f"--temp-dir={self.temp_dir}",
+            f"--min-worker-port={min(worker_low, 60000)}",
+            f"--max-worker-port={min(worker_low, 60000) + 200}",
+            *(f"{flag}={port}" for flag, port in ports.items()),
+        ]
+        output = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
+        # RAY_ADDRESS for Ray's own helpers that look a cluster up with address="auto", which fails
+        # ("multiple active Ray instances") when another cluster runs on this machine.
+        env = {**os.environ, **self.env, "RAY_ADDRESS": self.address, "RAY_USAGE_STATS_ENABLED": "0"}
+        self._process = subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
+        )
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self._process is not None and self._process.poll() is not None:
+                raise SpotrayError(
+                    f"the local Ray cluster exited during startup (code {self._process.returncode})",
+                    f"read {self.log_path or 'the ray start output'}; a full disk or /tmp are common causes",
+                )
+            if (self.temp_dir / "ray_current_cluster").exists() and _accepts(self.host, self.gcs_port):
+                # The raylet registers after the GCS; a short pause avoids racing a driver against it.
+                time.sleep(1.0)
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise SpotrayError(
+            f"the local Ray cluster did not start within {self.startup_timeout_s:.0f} s",
+            "the machine may be overloaded; try again, or raise startup_timeout_s",
+        )
+
+    def kill(self) -> None:
+        """SIGKILL every process of the cluster at once: what losing the head node looks like."""
+        self._signal_session(signal.SIGKILL)
+        if self._process is not None:
+            self._process.wait()
+
+    def stop(self) -> None:
+        """Stop the cluster: SIGTERM (ray start --block stops its children), then SIGKILL what is left."""
+        if self._process is None:
+            return
+        self._signal_session(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=20)
+        self._signal_session(signal.SIGKILL)
+        self._process.wait()
+        self._process = None
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _signal_session(self, signum: int) -> None:
+        if self._process is None:
+            return
+        # Ray's own daemons stay in the session of `ray start`; drivers we start join it too (see launch).
+        for pid in _session_members(self._process.pid):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                continue
+
+    def __enter__(self) -> LocalRayCluster:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _session_members(session_id: int) -> list[int]:
+    """PIDs whose session id is ``session_id`` (read from /proc, so nothing outside the session is touched)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the command name (which may hold spaces) start after the last ')'.
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[3]) == session_id:  # fields: state, ppid, pgrp, session, ...
+            members.append(int(entry.name))
+    return members

@@ -1,0 +1,153 @@
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from train.errors import SpotrayError
+from train.runspec import (
+    InvalidSpecError,
+    RunContext,
+    load_training_run,
+    parse_cpu,
+    parse_training_run,
+)
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manifest(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "entrypoint": "python -m jobs.gpt2",
+        "checkpoint": {"uri": "s3://bucket/runs/a"},
+    }
+    base.update(spec)
+    return {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "run-a"}, "spec": base}
+
+
+def problems_of(document: Any) -> list[str]:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_training_run(document)
+    return caught.value.problems
+
+
+def test_minimal_manifest_gets_defaults() -> None:
+    run = parse_training_run(manifest())
+    assert run.name == "run-a"
+    assert run.namespace == "default"
+    assert run.spec.workers.replicas == 2
+    assert run.spec.workers.spot is True
+    assert run.spec.checkpoint.every_steps == 100
+    assert run.spec.checkpoint.keep == 3
+    assert run.spec.retry.max_preemptions == 50
+    assert run.spec.retry.max_failures == 3
+    assert run.spec.data.uri is None
+
+
+@pytest.mark.parametrize("path", sorted(REPO.glob("jobs/*/trainingrun*.yaml")), ids=lambda p: p.parent.name)
+def test_shipped_manifests_are_valid(path: Path) -> None:
+    run = load_training_run(path)
+    assert run.spec.checkpoint.uri.startswith("s3://")
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ({"workers": {"replicas": 0}}, "spec.workers.replicas: must be >= 1, got 0"),
+        ({"workers": {"replicas": "two"}}, "spec.workers.replicas: must be an integer, got 'two'"),
+        ({"workers": {"replicas": True}}, "spec.workers.replicas: must be an integer"),
+        ({"workers": {"gpu": -1}}, "spec.workers.gpu: must be >= 0"),
+        ({"workers": {"cpu": "two"}}, "spec.workers.cpu: 'two' is not a CPU quantity"),
+        ({"workers": {"cpu": "0"}}, "spec.workers.cpu: must be more than 0"),
+        ({"workers": {"memory": "4GB"}}, "spec.workers.memory: '4GB' is not a memory quantity"),
+        ({"workers": {"spot": "yes"}}, "spec.workers.spot: must be true or false"),
+        ({"workers": {"replica": 2}}, "spec.workers.replica: unknown field"),
+        ({"workers": [1, 2]}, "spec.workers: must be a mapping"),
+        ({"head": {"memory": "lots"}}, "spec.head.memory: 'lots' is not a memory quantity"),
+        ({"checkpoint": {"uri": "s3:/bucket/x"}}, "spec.checkpoint.uri:"),
+        ({"checkpoint": {"uri": "s3://bucket/x", "keep": 0}}, "spec.checkpoint.keep: must be >= 1, got 0"),
+        ({"checkpoint": {"uri": "s3://bucket/x", "everySteps": -5}}, "spec.checkpoint.everySteps: must be >= 1"),
+        ({"checkpoint": {}}, "spec.checkpoint.uri: missing"),
+        ({"data": {"uri": "s3://"}}, "spec.data.uri:"),
+        ({"retry": {"maxFailures": -1}}, "spec.retry.maxFailures: must be >= 0"),
+        ({"retry": {"backoff": 3}}, "spec.retry.backoff: unknown field"),
+        ({"suspend": "no"}, "spec.suspend: must be true or false"),
+        ({"runtimeEnv": "pip"}, "spec.runtimeEnv: must be a mapping"),
+        ({"entrypoint": ""}, "spec.entrypoint: must be a non-empty string"),
+        ({"entrypont": "x"}, "spec.entrypont: unknown field"),
+    ],
+)
+def test_each_bad_field_is_named_with_the_fix(spec: dict[str, Any], says: str) -> None:
+    found = problems_of(manifest(**spec))
+    assert any(says in problem for problem in found), found
+
+
+def test_every_problem_is_reported_at_once() -> None:
+    found = problems_of(manifest(workers={"replicas": 0, "gpu": -2}, retry={"maxFailures": "x"}))
+    assert len(found) == 3
+
+
+def test_missing_entrypoint_and_checkpoint() -> None:
+    document = manifest()
+    del document["spec"]["entrypoint"], document["spec"]["checkpoint"]
+    found = problems_of(document)
+    assert any("spec.entrypoint: missing" in problem for problem in found)
+    assert any("spec.checkpoint: missing" in problem for problem in found)
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"apiVersion": "v1"}, "apiVersion: must be spotray.dev/v1alpha1"),
+        ({"kind": "Job"}, "kind: must be TrainingRun"),
+        ({"metadata": {"name": "Bad_Name"}}, "metadata.name:"),
+        ({"metadata": {"name": "x" * 60}}, "at most 50 characters"),
+        ({"spec": None}, "spec: must be a mapping"),
+    ],
+)
+def test_document_level_problems(change: dict[str, Any], says: str) -> None:
+    found = problems_of({**manifest(), **change})
+    assert any(says in problem for problem in found), found
+
+
+def test_message_lists_problems_and_the_fix() -> None:
+    with pytest.raises(InvalidSpecError) as caught:
+        parse_training_run(manifest(workers={"replicas": 0}), where="run.yaml")
+    text = str(caught.value)
+    assert text.startswith("run.yaml is not valid:")
+    assert "kubectl explain trainingrun.spec" in text
+
+
+def test_cpu_quantities() -> None:
+    assert parse_cpu("2") == 2
+    assert parse_cpu("500m") == 0.5
+    assert parse_cpu("1.5") == 1.5
+    with pytest.raises(ValueError, match="not a CPU quantity"):
+        parse_cpu("2 cores")
+
+
+def test_workers_per_gpu() -> None:
+    run = parse_training_run(manifest(workers={"replicas": 2, "gpu": 4, "cpu": "8"}))
+    assert run.spec.workers.num_workers == 8
+    assert run.spec.workers.cpu_per_worker == 2
+
+
+def test_run_context_round_trips_through_the_environment() -> None:
+    run = parse_training_run(manifest(workers={"replicas": 3, "cpu": "500m"}, runtimeEnv={"env_vars": {"A": "1"}}))
+    context = RunContext(name=run.name, attempt=4, spec=run.spec)
+    assert RunContext.from_env(context.to_env()) == context
+    assert RunContext.from_env({}) is None
+
+
+def test_unreadable_files(tmp_path: Path) -> None:
+    with pytest.raises(SpotrayError, match="does not exist"):
+        load_training_run(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("spec: [unclosed\n")
+    with pytest.raises(SpotrayError, match="not valid YAML"):
+        load_training_run(bad)
+    valid = tmp_path / "ok.yaml"
+    valid.write_text(yaml.safe_dump(manifest()))
+    assert load_training_run(valid).name == "run-a"

@@ -1,0 +1,220 @@
+"""Datasets as MosaicML MDS shards in S3, streamed into the Hugging Face Trainer with an exact data position.
+
+Preparation writes shards locally with ``MDSWriter`` and uploads them through our store (retries,
+path-style addressing), ``index.json`` last: like a checkpoint manifest, its presence means the
+dataset is complete, and a preparation cut short is redone, never read half-way.
+
+Training reads with ``StreamingDataset`` (remote = the S3 prefix, a local cache on disk). Resume is
+exact without skipping batches: the checkpoint records the data position (epoch, sample in epoch)
+and the next attempt loads it with ``load_state_dict``. Streaming's sample order depends on
+``num_canonical_nodes``, which we pin, not on how many workers there are, so a resume with a
+different worker count continues the same global order: no sample twice, none skipped.
+
+The known traps, handled here:
+- an abandoned dataloader iterator from a previous epoch blocks the next one (mosaicml/streaming#307,
+  the "endless dataloader" workaround of seed 003): ``EpochLoader`` always runs an epoch to its end
+  or drops the iterator before starting another;
+- shared memory left in /dev/shm by a killed process makes the next run fail or hang:
+  ``clean_stale_shared_memory`` runs before the dataset is built (all ranks of a node take part);
+- each rank must read its own partition: streaming partitions by RANK / WORLD_SIZE / LOCAL_WORLD_SIZE,
+  which Ray Train's TorchTrainer sets; accelerate's own iterable sharding is bypassed (it would shard twice).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+from transformers import Trainer
+
+from train.errors import SpotrayError
+from train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
+
+log = logging.getLogger(__name__)
+
+INDEX_NAME = "index.json"
+# Pinned, not derived from the world size: the global sample order depends on it, so an attempt with
+# fewer or more workers than the last one continues the same order. 1 works for every world size.
+NUM_CANONICAL_NODES = 1
+
+
+class DatasetMissingError(SpotrayError):
+    """No complete MDS dataset (no index.json) at the data URI."""
+
+
+def dataset_is_complete(store: ObjectStore) -> bool:
+    return any(info.key == INDEX_NAME for info in store.list(INDEX_NAME))
+
+
+def write_mds_dataset(
+    store: ObjectStore, samples: Iterable[dict[str, Any]], columns: dict[str, str], *, shard_bytes: int = 1 << 22
+) -> int:
+    """Write ``samples`` as MDS shards to ``store``'s prefix, ``index.json`` last; return the sample count."""
+    from streaming import MDSWriter  # noqa: PLC0415 (imports torchvision: only when preparing data)
+
+    with tempfile.TemporaryDirectory(prefix="spotray-mds-") as tmp:
+        local = Path(tmp) / "mds"
+        count = 0
+        with MDSWriter(out=str(local), columns=columns, size_limit=shard_bytes) as writer:
+            for sample in samples:
+                writer.write(sample)
+                count += 1
+        upload_dir(store, local, "", exclude=(INDEX_NAME,))
+        store.upload_files([(local / INDEX_NAME, INDEX_NAME)])
+    return count
+
+
+def ensure_dataset(
+    store: ObjectStore, make_samples: Callable[[], Iterable[dict[str, Any]]], columns: dict[str, str]
+) -> bool:
+    """Prepare the dataset unless a complete one is already there; True when it was written now."""
+    if dataset_is_complete(store):
+        return False
+    count = write_mds_dataset(store, make_samples(), columns)
+    log.info("wrote %d samples as MDS shards to %s", count, store.uri)
+    return True
+
+
+def streaming_env(config: StoreConfig) -> dict[str, str]:
+    """The variables MosaicML streaming reads for S3 (it has no other way to take an endpoint)."""
+    env = {}
+    if config.endpoint_url:
+        env["S3_ENDPOINT_URL"] = config.endpoint_url
+    return env
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the next global sample comes from: the epoch and how many samples of it were handed out."""
+
+    epoch: int = 0
+    sample_in_epoch: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "sample_in_epoch": self.sample_in_epoch}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> DataPosition:
+        if not data:
+            return cls()
+        return cls(epoch=int(data["epoch"]), sample_in_epoch=int(data["sample_in_epoch"]))
+
+
+def open_streaming_dataset(
+    uri: StorageUri, cache_dir: Path, *, batch_size: int, position: DataPosition, shuffle_seed: int = 42
+) -> Any:
+    """A ``StreamingDataset`` over the MDS shards at ``uri``, set to continue at ``position``."""
+    from streaming import StreamingDataset  # noqa: PLC0415 (heavy import, only in training workers)
+    from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
+
+    clean_stale_shared_memory()
+    remote = str(uri) if uri.scheme == "s3" else uri.prefix
+    dataset = StreamingDataset(
+        remote=remote,
+        local=str(cache_dir),
+        batch_size=batch_size,
+        shuffle=True,
+        shuffle_seed=shuffle_seed,
+        num_canonical_nodes=NUM_CANONICAL_NODES,
+        download_retry=5,
+    )
+    if position != DataPosition():
+        dataset.load_state_dict(
+            {
+                **position.to_dict(),
+                "num_canonical_nodes": NUM_CANONICAL_NODES,
+                "shuffle_seed": shuffle_seed,
+                "initial_physical_nodes": None,
+            }
+        )
+    return dataset
+
+
+class EpochLoader:
+    """Batches from a streaming dataset, one epoch per ``iter()``, tracking the global data position.
+
+    Every rank hands out the same number of batches per epoch (streaming pads partitions to equal
+    length and we drop a last partial batch), so the global count is the local count times the world
+    size. The position moves when a batch is handed to the Trainer, which with one batch per step
+    and no prefetching workers means: the position after step N is exactly N global batches in.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        batch_size: int,
+        world_size: int,
+        start: DataPosition,
+        collate_fn: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]],
+    ) -> None:
+        self.loader: DataLoader[Any] = DataLoader(
+            dataset, batch_size=batch_size, drop_last=True, num_workers=0, collate_fn=collate_fn
+        )
+        self.global_batch = batch_size * world_size
+        self.position = start
+        self._started = False
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        if self._started:  # the first iteration continues the resumed epoch; later ones start new epochs
+            self.position = DataPosition(self.position.epoch + 1, 0)
+        self._started = True
+        for batch in self.loader:
+            self.position = DataPosition(self.position.epoch, self.position.sample_in_epoch + self.global_batch)
+            yield batch
+
+
+class StreamingTrainer(Trainer):
+    """A ``Trainer`` that takes its batches from an ``EpochLoader`` as they are.
+
+    The stock Trainer wraps an iterable dataset in accelerate's sharding, which would split
+    streaming's per-rank partitions again; and it skips already-seen batches on resume, which the
+    data position makes unnecessary (run with ``ignore_data_skip=True``).
+    """
+
+    def __init__(self, *args: Any, epoch_loader: EpochLoader, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.epoch_loader = epoch_loader
+
+    def get_train_dataloader(self) -> Any:
+        return self.epoch_loader
+
+
+class SampleRecorder:
+    """The collate function: turns samples into tensors and can record which sample ids each rank trained on.
+
+    Recording (for the no-duplicate, no-gap proof) is on when ``SPOTRAY_SAMPLE_LOG`` names a
+    directory: each rank appends ``{"step": n, "ids": [...]}`` lines to its own file per attempt.
+    """
+
+    def __init__(
+        self,
+        to_features: Callable[[dict[str, Any]], dict[str, torch.Tensor]],
+        *,
+        rank: int,
+        start_step: int,
+        attempt: int,
+    ) -> None:
+        self.to_features = to_features
+        directory = os.environ.get("SPOTRAY_SAMPLE_LOG")
+        self.path = Path(directory) / f"attempt-{attempt}-start-{start_step}-rank-{rank}.jsonl" if directory else None
+        self.step = start_step
+        if self.path:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        self.step += 1
+        if self.path:
+            ids = [int(sample["sample_id"]) for sample in samples]
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"step": self.step, "ids": ids}) + "\n")
+        features = [self.to_features(sample) for sample in samples]
+        return {key: torch.stack([feature[key] for feature in features]) for key in features[0]}

@@ -1,0 +1,216 @@
+"""What every training worker does around the Hugging Face Trainer, under Ray Train or under torchrun.
+
+- ``agree_on_resume_point``: rank 0 picks the newest complete checkpoint that verifies, every other
+  rank downloads that same one (a newer checkpoint landing meanwhile must not split the ranks).
+- ``ProgressCallback``: every logged step goes to the JSON-lines event log (rank 0); under Ray Train,
+  each checkpoint also goes to ``ray.train.report`` (step, loss, the last complete checkpoint) for
+  the driver and Ray's dashboard. Not every step: a report blocks until Ray Train's controller
+  collects it, which it does every 2 s (measured: 2.0 s per call when called every step).
+- ``PreemptionNoticeCallback``: all ranks ask whether a preemption is coming. Under Ray Train that
+  is ``ray.train.get_preemption_info`` (a node being drained: a pod's preStop hook runs
+  ``ray drain-node``, or the driver got SIGTERM); under torchrun, a SIGTERM to any rank, shared
+  with an all-reduce. Either way the question is a collective (8 ms measured on 2 loaded CPU
+  cores), so it is asked about once a second, not every step: rank 0 times the first steps and
+  every rank gets the same interval. On a notice the Trainer saves at once, the callback waits
+  until that checkpoint is complete in the store, leaves a marker there, and training stops.
+
+Only ``ray.train`` calls need Ray; ranks come from ``torch.distributed``, which both launchers set up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import ray.train
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from train.callback import S3CheckpointCallback
+from train.checkpoint import CheckpointInfo, complete_checkpoints, download_checkpoint, preemption_marker_key
+from train.errors import CorruptCheckpointError
+from train.events import EventLog
+from train.resume import ResumePoint, fetch_resume_checkpoint
+from train.store import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+def world_rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def in_ray_train() -> bool:
+    """True inside a function that Ray Train's ``fit()`` launched."""
+    try:
+        ray.train.get_context()
+    except RuntimeError:
+        return False
+    return True
+
+
+class SigtermNotice:
+    """The preemption notice without Ray: SIGTERM to any rank (torchrun forwards it to all), agreed by all-reduce."""
+
+    def __init__(self) -> None:
+        self.received = False
+        signal.signal(signal.SIGTERM, self._on_sigterm)  # the worker's main thread: torchrun runs us there
+
+    def _on_sigterm(self, _signum: int, _frame: FrameType | None) -> None:
+        self.received = True
+
+    def __call__(self) -> object | None:
+        flag = torch.tensor([1 if self.received else 0])
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return "sigterm" if int(flag.item()) else None
+
+
+def default_notice() -> Callable[[], object | None]:
+    return ray.train.get_preemption_info if in_ray_train() else SigtermNotice()
+
+
+def _broadcast(value: Any) -> Any:
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def agree_on_resume_point(store: ObjectStore, dest_root: Path) -> ResumePoint | None:
+    """The same verified checkpoint on every rank (each downloads its own copy), or None on a fresh start."""
+    chosen = fetch_resume_checkpoint(store, dest_root) if world_rank() == 0 else None
+    step = _broadcast(chosen.step if chosen else None)
+    if step is None or chosen is not None:
+        return chosen
+    info = _find_complete(store, step)
+    try:
+        local_dir = download_checkpoint(store, info, dest_root)
+    except CorruptCheckpointError as error:
+        # Rank 0 verified these bytes a moment ago; a mismatch here is a bad copy on this node.
+        raise CorruptCheckpointError(f"rank {world_rank()}: {error.problem}", error.fix) from error
+    assert info.manifest is not None
+    return ResumePoint(step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
+
+
+def _find_complete(store: ObjectStore, step: int) -> CheckpointInfo:
+    for info in complete_checkpoints(store):
+        if info.step == step:
+            return info
+    raise CorruptCheckpointError(
+        f"checkpoint-{step}, chosen by rank 0 for resume, is no longer complete in {store.uri}",
+        "something deleted it while the run started (another run with the same checkpoint URI?); "
+        "give each run its own URI",
+    )
+
+
+class ProgressCallback(TrainerCallback):
+    """Each logged step to the event log; under Ray Train, progress to ``ray.train.report`` at each checkpoint."""
+
+    def __init__(self, sync: S3CheckpointCallback, events: EventLog) -> None:
+        self.sync = sync
+        self.events = events
+        self.report_to_ray = in_ray_train()
+        self.last_complete_step: int | None = None
+        self.last_loss: float | None = None
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, float] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not logs or "loss" not in logs:
+            return
+        self.last_loss = logs["loss"]
+        if state.is_world_process_zero:
+            self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if not self.report_to_ray:
+            return
+        metrics: dict[str, Any] = {"step": state.global_step, "max_steps": state.max_steps, "loss": self.last_loss}
+        if self.sync.last_complete_step is not None:
+            metrics["last_checkpoint_step"] = self.sync.last_complete_step
+        ray.train.report(metrics)
+
+
+class PreemptionNoticeCallback(TrainerCallback):
+    """On a drain notice: save now, wait for the upload to complete, stop (see the module docstring)."""
+
+    def __init__(
+        self,
+        sync: S3CheckpointCallback,
+        events: EventLog,
+        *,
+        attempt: int,
+        target_interval_s: float = 1.0,
+        calibration_steps: int = 5,
+        notice: Callable[[], object | None] | None = None,
+    ) -> None:
+        self.sync = sync
+        self.events = events
+        self.attempt = attempt
+        self.target_interval_s = target_interval_s
+        self.calibration_steps = calibration_steps
+        self.notice = notice or default_notice()
+        self.check_every_steps = 1  # until calibrated
+        self.steps_seen = 0
+        self.calibration_started: float | None = None
+        self.noticed_at: float | None = None
+        self.stopped_at_step: int | None = None
+
+    def _calibrate(self) -> None:
+        """After a few steps, agree on how many steps make about ``target_interval_s`` (rank 0 decides)."""
+        self.steps_seen += 1
+        if self.steps_seen == 1:
+            self.calibration_started = time.monotonic()  # the first step pays for warm-up: not counted
+        elif self.steps_seen == self.calibration_steps + 1 and self.calibration_started is not None:
+            step_s = (time.monotonic() - self.calibration_started) / self.calibration_steps
+            every = max(1, min(100, round(self.target_interval_s / max(step_s, 1e-6))))
+            self.check_every_steps = int(_broadcast(every))
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        self._calibrate()
+        if self.noticed_at is not None or self.steps_seen % self.check_every_steps:
+            return
+        if state.global_step >= state.max_steps:
+            return  # the last step saves and ends anyway: nothing to do early
+        info = self.notice()  # a barrier: every rank calls it after the same number of steps
+        if info is None:
+            return
+        self.noticed_at = time.monotonic()
+        log.warning("preemption notice at step %d: saving an emergency checkpoint", state.global_step)
+        if state.is_world_process_zero:
+            deadline_ms = getattr(info, "deadline_ms", None)  # Ray's notice has one; SIGTERM's does not
+            self.events.emit("preemption_notice", step=state.global_step, deadline_ms=deadline_ms)
+        control.should_save = True
+        control.should_training_stop = True
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.noticed_at is None or self.stopped_at_step is not None:
+            return
+        self.sync.flush()  # on rank 0 this waits until the checkpoint is complete in the store
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()  # no rank reports "preempted" before the checkpoint is safe
+        self.stopped_at_step = state.global_step
+        if state.is_world_process_zero:
+            seconds = time.monotonic() - self.noticed_at
+            marker = {"step": state.global_step, "seconds_after_notice": round(seconds, 3), "time": time.time()}
+            self.sync.store.put_bytes(preemption_marker_key(self.attempt), json.dumps(marker).encode())
+            self.events.emit("emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3))
+            log.warning("emergency checkpoint-%d complete %.1f s after the notice", state.global_step, seconds)
