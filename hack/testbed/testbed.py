@@ -43,6 +43,9 @@ SPOT_LABEL = "spotray.dev/capacity"
 SPOT_TAINT = {"key": "spotray.dev/spot", "value": "true", "effect": "NoSchedule"}
 # Ray heads for the bridge live on 127.0.0.<N>, away from 127.0.0.1 where other tests listen.
 RAY_HEAD_IP = "127.0.0.7"
+# Ray's socket paths must stay under 107 bytes, so its temp dirs are short and in /tmp.
+RAY_TEMP_ROOT = "/tmp"  # noqa: S108 - only a parent for mkdtemp, which is safe
+RAY_TEMP_PREFIX = "spotray-testbed-ray-"
 
 
 def versions() -> dict[str, str]:
@@ -116,13 +119,41 @@ def kill_pids(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def processes_using(directory: Path) -> list[int]:
+    """Pids with a file open under directory (or running in it).
+
+    Ray's agents rewrite their environment with setproctitle, hiding MARKER, but they always
+    keep their log files open in the Ray temp dir, which is ours alone.
+    """
+    found = []
+    prefix = str(directory) + "/"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            links = [str(fd.readlink()) for fd in (entry / "fd").iterdir()] + [str((entry / "cwd").readlink())]
+        except OSError:
+            continue  # gone, or not ours to read
+        if any(link.startswith(prefix) for link in links):
+            found.append(int(entry.name))
+    return found
+
+
 def reap_orphans() -> list[int]:
     """Kills test bed processes whose owner is gone (a test run killed with SIGKILL earlier).
 
     The marker value starts with the owner's pid; processes of a live owner are left alone, so
-    a developer's `make cluster-up` cluster survives a test run and vice versa.
+    a developer's `make cluster-up` cluster survives a test run and vice versa. Ray temp dirs
+    record their owner in a file `owner`.
     """
     victims = []
+    for temp_dir in Path(RAY_TEMP_ROOT).glob(f"{RAY_TEMP_PREFIX}*"):
+        owner_file = temp_dir / "owner"
+        owner = owner_file.read_text().strip() if owner_file.exists() else ""
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            victims += processes_using(temp_dir)
+            kill_pids(victims)
+            shutil.rmtree(temp_dir, ignore_errors=True)
     for pid in marked_processes():
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -580,11 +611,12 @@ class RayHead:
         self.marker = marker or f"{os.getpid()}:{workdir}"
         self.dashboard_url = f"http://{address}:8265"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.temp_dir: Path | None = None
 
     def start(self) -> RayHead:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        # Ray's socket paths must stay under 107 bytes, so its temp dir is short and in /tmp.
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="spotray-testbed-ray-", dir="/tmp"))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=RAY_TEMP_ROOT))
+        (self.temp_dir / "owner").write_text(str(os.getpid()))
         venv_bin = str(Path(sys.executable).parent)
         env = {
             **os.environ,
@@ -632,9 +664,19 @@ class RayHead:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        # Ray's workers and agents may leave the process group; the marker finds them.
-        wait_until("Ray processes to exit", lambda: _kill_marked(self.marker), timeout=15)
-        shutil.rmtree(getattr(self, "temp_dir", ""), ignore_errors=True)
+
+        # Ray's workers leave the process group (the marker finds them), and its agents hide the
+        # marker (their open log files in the temp dir find them).
+        def all_gone() -> bool:
+            pids = marked_processes(self.marker)
+            if self.temp_dir is not None:
+                pids += processes_using(self.temp_dir)
+            kill_pids(pids)
+            return not pids
+
+        wait_until("Ray processes to exit", all_gone, timeout=15)
+        if self.temp_dir is not None:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def __enter__(self) -> RayHead:
         return self.start()
