@@ -113,20 +113,27 @@ def marked_processes(marker_value: str | None = None) -> list[int]:
     return found
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def kill_pids(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
 
-def processes_using(directory: Path) -> list[int]:
-    """Pids with a file open under directory (or running in it).
+def processes_using(path: Path) -> list[int]:
+    """Pids with path, or a file under it, open (or as their working directory).
 
     Ray's agents rewrite their environment with setproctitle, hiding MARKER, but they always
     keep their log files open in the Ray temp dir, which is ours alone.
     """
     found = []
-    prefix = str(directory) + "/"
+    prefix = str(path) + "/"
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
@@ -134,7 +141,7 @@ def processes_using(directory: Path) -> list[int]:
             links = [str(fd.readlink()) for fd in (entry / "fd").iterdir()] + [str((entry / "cwd").readlink())]
         except OSError:
             continue  # gone, or not ours to read
-        if any(link.startswith(prefix) for link in links):
+        if any(link == str(path) or link.startswith(prefix) for link in links):
             found.append(int(entry.name))
     return found
 
@@ -516,6 +523,21 @@ class Testbed:
         heads[f"{namespace}/{ray_cluster}"] = address
         _write_in_place(self.ray_heads_file, json.dumps(heads, indent=2))
 
+    def bridge_ray_job(self, namespace: str, ray_job: str, address: str, timeout: float = 60) -> str:
+        """Route the RayCluster a RayJob creates (its name is generated) to the Ray head at address.
+
+        Call it right after creating the RayJob: the operator submits only once the cluster is
+        ready. Returns the RayCluster's name.
+        """
+
+        def cluster_name() -> str:
+            out = self.kubectl("get", "rayjob", ray_job, "-n", namespace, "-o", "jsonpath={.status.rayClusterName}")
+            return out.stdout.strip()
+
+        name: str = wait_until(f"RayJob {ray_job}'s RayCluster name", cluster_name, timeout=timeout)
+        self.bridge(namespace, name, address)
+        return name
+
     def set_default_ray_head(self, address: str | None) -> None:
         """Route every RayCluster without its own bridge entry to the Ray head at address."""
         heads = json.loads(self.ray_heads_file.read_text())
@@ -551,6 +573,10 @@ class Testbed:
     def add_node(self, node: Node) -> None:
         self.apply(node.manifest())
         wait_until(f"node {node.name} Ready", lambda: self._nodes_ready([node.name]), timeout=60)
+
+    def restore_node(self, name: str) -> None:
+        """Bring back a node of the test bed's own set (after preempt_node): fresh capacity."""
+        self.add_node(next(node for node in self.nodes if node.name == name))
 
     # -- stop ---------------------------------------------------------------------------------
 
@@ -645,6 +671,19 @@ class RayHead:
             self.stop()
             raise
         return self
+
+    def kill_job(self, submission_id: str) -> list[int]:
+        """SIGKILL a Ray job's entrypoint, as if its machine vanished; Ray then marks it FAILED.
+
+        The entrypoint (and every process it starts) holds the job's driver log open, which is
+        how it is found. For a RayJob the submission id is `status.jobId`. Returns the pids killed.
+        """
+        assert self.temp_dir is not None, "the Ray head is not running"
+        log = self.temp_dir / "session_latest" / "logs" / f"job-driver-{submission_id}.log"
+        # Only the entrypoint's processes: Ray's own (titled "ray::...") may have the log open too.
+        pids = [pid for pid in processes_using(log.resolve()) if not _cmdline(pid).startswith("ray::")]
+        kill_pids(pids)
+        return pids
 
     def _jobs_api_up(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:

@@ -2,11 +2,12 @@
 operator, and one real Ray head on loopback that the operator reaches through the Ray bridge.
 
     testbed      the running Testbed (hack/testbed/testbed.py): .kubeconfig, .kubectl(...),
-                 .apply(...), .preempt_node(name), .add_node(node), .bridge(ns, cluster, addr)
+                 .apply(...), .preempt_node(name), .restore_node(name), .add_node(node),
+                 .bridge(ns, cluster, addr), .bridge_ray_job(ns, rayjob, addr), .log_tail(name)
     kubeconfig   path of the admin kubeconfig (TLS, client certificate)
     kube_api     a kubernetes.client.ApiClient for that kubeconfig
     ray_head     a real `ray start --head` on 127.0.0.7; every RayCluster without its own bridge
-                 entry is routed to it
+                 entry is routed to it. .kill_job(submission_id) kills a job's processes.
     namespace    a fresh namespace per test, deleted afterwards
 
 See docs/testbed.md.

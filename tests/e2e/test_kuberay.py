@@ -252,4 +252,30 @@ def test_preempting_a_spot_node_makes_kuberay_recreate_its_workers(testbed: tb.T
         wait_ray_cluster_ready(testbed, namespace, "spot")
     finally:
         # Other tests share the session's nodes: the cloud "replaces" the spot capacity.
-        testbed.add_node(tb.spot_node(victim, gpus=8 if "gpu" in victim else 0))
+        testbed.restore_node(victim)
+
+
+def test_preempting_the_head_node_and_killing_the_job_makes_the_ray_job_failed(
+    testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str
+) -> None:
+    testbed.apply(ray_job("preempted", "python -c 'import time; time.sleep(600)'"), namespace=namespace)
+    running = tb.wait_until(
+        "the Ray job to run",
+        lambda: (j := get(testbed, "rayjob", "preempted", namespace))["status"].get("jobStatus") == "RUNNING" and j,
+        timeout=120,
+    )
+    cluster = running["status"]["rayClusterName"]
+    pods = ray_pods(testbed, namespace, cluster)
+    head_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
+
+    # The node goes away with the Ray processes on it: the pods through Kubernetes, the job's
+    # processes on the real Ray.
+    testbed.preempt_node(head_node)
+    try:
+        assert ray_head.kill_job(running["status"]["jobId"])
+        job = wait_ray_job_finished(testbed, namespace, "preempted", timeout=60)
+    finally:
+        testbed.restore_node(head_node)
+
+    assert job["status"]["jobStatus"] == "FAILED"
+    assert job["status"]["jobDeploymentStatus"] == "Failed"
