@@ -19,7 +19,7 @@ export UV_PYTHON_DOWNLOADS := never
 .PHONY: help setup demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down
 
 help: ## list the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(UV):
 	@echo ">> installing uv $(UV_VERSION) into $(CACHE_DIR)/tools"
@@ -54,7 +54,7 @@ test-e2e: setup testbed ## e2e tests only (the Docker-free Kubernetes test bed, 
 	$(PY) -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
 
 # The test bed's binaries (etcd, Kubernetes, kwok, KubeRay, helm) are built from Go modules into
-# ~/.cache/spotray/testbed once (30-50 minutes on 2 cores) and reused: a warm check is instant.
+# ~/.cache/spotray/testbed once (about 20 minutes on 2 cores) and reused: a warm check is instant.
 testbed: ## build the Kubernetes test bed binaries if missing (needs Go 1.26; see docs/testbed.md)
 	hack/testbed/build.sh
 

@@ -41,8 +41,10 @@ POD_CIDR = "127.100.0.0/16"
 NODE_IP = "127.0.0.1"
 SPOT_LABEL = "spotray.dev/capacity"
 SPOT_TAINT = {"key": "spotray.dev/spot", "value": "true", "effect": "NoSchedule"}
-# Ray heads for the bridge live on 127.0.0.<N>, away from 127.0.0.1 where other tests listen.
+# Ray heads for the bridge live on 127.0.0.<N>, away from 127.0.0.1 where other tests listen:
+# .7 for the tests' session head, .17 for `make cluster-up`, so both can run at once.
 RAY_HEAD_IP = "127.0.0.7"
+CLUSTER_UP_RAY_HEAD_IP = "127.0.0.17"
 # Ray's socket paths must stay under 107 bytes, so its temp dirs are short and in /tmp.
 RAY_TEMP_ROOT = "/tmp"  # noqa: S108 - only a parent for mkdtemp, which is safe
 RAY_TEMP_PREFIX = "spotray-testbed-ray-"
@@ -293,14 +295,13 @@ DEFAULT_NODES = [
 class Testbed:
     """One control plane in a work directory. start() brings it up; stop() leaves nothing behind.
 
-    `owner_pid` is the process whose death should end the test bed: the pytest process for
-    tests (children get PR_SET_PDEATHSIG too), or the detached supervisor for `make cluster-up`.
+    The process that creates it owns it: the pytest process for tests, the detached supervisor
+    for `make cluster-up`. Every component dies with its owner (PR_SET_PDEATHSIG).
     """
 
-    def __init__(self, workdir: Path, nodes: list[Node] | None = None, attached: bool = True) -> None:
+    def __init__(self, workdir: Path, nodes: list[Node] | None = None) -> None:
         self.workdir = workdir
         self.nodes = DEFAULT_NODES if nodes is None else nodes
-        self.attached = attached
         self.marker = f"{os.getpid()}:{workdir}"
         self.kubeconfig = workdir / "kubeconfig"
         self.hosts_file = workdir / "hosts"
@@ -321,14 +322,9 @@ class Testbed:
                 env={**os.environ, **(env or {}), MARKER: self.marker},
                 # Its own process group, so teardown can kill it with all its children.
                 start_new_session=True,
-                preexec_fn=_die_with_parent if self.attached else None,  # noqa: PLW1509 - only prctl, no locks
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
             )
         self.procs[name] = proc
-        self._save_state()
-
-    def _save_state(self) -> None:
-        state = {"marker": self.marker, "pids": {n: p.pid for n, p in self.procs.items()}}
-        (self.workdir / "state.json").write_text(json.dumps(state, indent=2))
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"
@@ -403,8 +399,10 @@ class Testbed:
         ])  # fmt: skip
         self._spawn("kube-scheduler", [str(binary("kube-scheduler")), *common, "--secure-port", "0"])
         # Pods need their namespace's `default` service account, which the controller-manager makes.
-        has_default_sa = lambda: self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0  # noqa: E731
-        wait_until("the default service account", lambda: self._check_alive() or has_default_sa(), timeout=90)
+        wait_until("the default service account", lambda: self._check_alive() or self._has_default_sa(), timeout=90)
+
+    def _has_default_sa(self) -> bool:
+        return self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0
 
     def _readyz(self) -> bool:
         return self.kubectl("get", "--raw", "/readyz", check=False).returncode == 0
@@ -499,6 +497,7 @@ class Testbed:
     # -- helpers for tests --------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
+        """The environment for a process that should talk to this cluster (e.g. a kopf operator)."""
         return {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -767,8 +766,8 @@ DEFAULT_DIR = Path(tempfile.gettempdir()) / "spotray-testbed"
 
 def _up(workdir: Path, with_ray: bool) -> None:
     """Runs as a detached supervisor: starts everything, then sleeps until SIGTERM."""
-    testbed = Testbed(workdir, attached=True)
-    ray = RayHead(workdir / "ray", marker=testbed.marker) if with_ray else None
+    testbed = Testbed(workdir)
+    ray = RayHead(workdir / "ray", address=CLUSTER_UP_RAY_HEAD_IP, marker=testbed.marker) if with_ray else None
     stopping = False
 
     def on_term(_signum: int, _frame: object) -> None:
