@@ -31,6 +31,8 @@ def job_command(uri: str, workdir: Path, max_steps: int, args: argparse.Namespac
     return [
         sys.executable, "-m", "jobs.gpt2",
         "--checkpoint-uri", uri,
+        "--data-uri", f"s3://{BUCKET}/data",
+        "--workers", "1",
         "--workdir", str(workdir),
         "--max-steps", str(max_steps),
         "--save-steps", str(args.save_steps),

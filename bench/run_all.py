@@ -18,6 +18,9 @@ BENCHMARKS = {
     "transfer": "bench.transfer",
     "checkpoint": "bench.checkpoint",
     "resume": "bench.resume",
+    "ray_vs_torchrun": "bench.ray_vs_torchrun",
+    "streaming": "bench.streaming",
+    "recovery": "bench.recovery",
 }
 
 

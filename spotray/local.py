@@ -31,11 +31,12 @@ from spotray.progress import ProgressView
 from train.checkpoint import download_checkpoint, latest_complete_checkpoint
 from train.errors import SpotrayError
 from train.events import read_events
-from train.launcher import EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_SUCCEEDED
+from train.launcher import DEFAULT_GRACE_SECONDS, EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_SUCCEEDED
 from train.local_s3 import LocalS3Server
 from train.plot import plot_loss_across_attempts, split_attempts
 from train.runspec import RunContext, TrainingRun
 from train.store import StoreConfig, open_store, parse_uri
+from train.subprocesses import die_with_parent
 
 
 @dataclass(frozen=True)
@@ -188,9 +189,14 @@ class LocalRun:
                     env=env,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True,  # its own group: a head loss is one killpg
+                    preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
                 )
-                return self._watch(driver, cluster, cursor)
+                try:
+                    return self._watch(driver, cluster, cursor)
+                except KeyboardInterrupt:
+                    self._stop_gracefully(driver)
+                    raise
         finally:
             cluster.stop()
 
@@ -210,6 +216,16 @@ class LocalRun:
                     self.progress.on_event(event)
                 return driver.returncode
             time.sleep(0.2)
+
+    def _stop_gracefully(self, driver: subprocess.Popen[bytes]) -> None:
+        """Ctrl-C: treat it as a spot notice, so the run stops on a complete checkpoint and resumes next time."""
+        self.progress.note("interrupted: asking for an emergency checkpoint before stopping (Ctrl-C again to kill)")
+        driver.send_signal(signal.SIGTERM)
+        try:
+            driver.wait(timeout=DEFAULT_GRACE_SECONDS + 30)
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
 
     def _maybe_inject(
         self, step: int, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, workers: dict[int, int]

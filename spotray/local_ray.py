@@ -5,9 +5,11 @@ one driver, but local mode must survive (and deliberately kill) drivers; and ``r
 every Ray process on the machine, including other people's. So we run ``ray start --head --block``
 in a session of its own and kill that session.
 
-Two details keep traffic on loopback: Ray rewrites ``127.0.0.1`` into the machine's network address,
-so we use another loopback address (127.0.0.2 by default); and the GCS listens on all interfaces,
-so every port is picked free rather than left at Ray's defaults, which another cluster may hold.
+Three details keep traffic on loopback: Ray rewrites ``127.0.0.1`` into the machine's network
+address, so we use another loopback address (127.0.0.2 by default); gloo (torch.distributed on CPU)
+binds to the host name's interface unless told ``GLOO_SOCKET_IFNAME=lo``; and the GCS listens on all
+interfaces, so every port is picked free rather than left at Ray's defaults, which another cluster
+may hold.
 """
 
 from __future__ import annotations
@@ -88,7 +90,14 @@ class LocalRayCluster:
         output = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         # RAY_ADDRESS for Ray's own helpers that look a cluster up with address="auto", which fails
         # ("multiple active Ray instances") when another cluster runs on this machine.
-        env = {**os.environ, **self.env, "RAY_ADDRESS": self.address, "RAY_USAGE_STATS_ENABLED": "0"}
+        # GLOO_SOCKET_IFNAME: gloo would otherwise pick the interface of the host name, not loopback.
+        env = {
+            **os.environ,
+            **self.env,
+            "RAY_ADDRESS": self.address,
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "GLOO_SOCKET_IFNAME": "lo",
+        }
         self._process = subprocess.Popen(
             command,
             stdout=output,

@@ -11,9 +11,11 @@ and the next attempt loads it with ``load_state_dict``. Streaming's sample order
 different worker count continues the same global order: no sample twice, none skipped.
 
 The known traps, handled here:
-- an abandoned dataloader iterator from a previous epoch blocks the next one (mosaicml/streaming#307,
-  the "endless dataloader" workaround of seed 003): ``EpochLoader`` always runs an epoch to its end
-  or drops the iterator before starting another;
+- the first iteration hanging on streaming's locks, or a new epoch's iterator blocking on a previous
+  one that is still alive (mosaicml/streaming#307; seed 003 wrapped the dataloader in an endless
+  loop to dodge it): ``EpochLoader`` keeps one iterator at a time, in the training process
+  (``num_workers=0``, so no persistent loader workers hold the old epoch open), and starts the next
+  epoch only after the previous one ran out;
 - shared memory left in /dev/shm by a killed process makes the next run fail or hang:
   ``clean_stale_shared_memory`` runs before the dataset is built (all ranks of a node take part);
 - each rank must read its own partition: streaming partitions by RANK / WORLD_SIZE / LOCAL_WORLD_SIZE,

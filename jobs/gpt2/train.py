@@ -65,6 +65,7 @@ class Gpt2JobConfig:
     n_embd: int = 128
     n_head: int = 4
     learning_rate: float = 3e-3
+    dropout: float = 0.1
     create_bucket: bool = False
     events_path: Path | None = None
     use_gpu: bool = False
@@ -86,6 +87,9 @@ def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
         n_embd=config.n_embd,
         n_layer=config.n_layer,
         n_head=config.n_head,
+        resid_pdrop=config.dropout,
+        embd_pdrop=config.dropout,
+        attn_pdrop=config.dropout,
         bos_token_id=0,
         eos_token_id=0,
     )
@@ -244,6 +248,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         batch_size=args.batch_size,
         n_layer=args.n_layer,
         n_embd=args.n_embd,
+        dropout=args.dropout,
         create_bucket=args.create_bucket,
         events_path=events,
         use_gpu=spec.workers.gpu > 0,
@@ -268,6 +273,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16, help="global batch size, split across workers")
     parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
     parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
+    parser.add_argument(
+        "--dropout", type=float, default=0.1, help="0 makes runs with different worker counts numerically equal"
+    )
     parser.add_argument("--create-bucket", action="store_true", help="create missing buckets")
     parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
     args = parser.parse_args(argv)
