@@ -648,6 +648,9 @@ class RayHead:
             "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
             MARKER: self.marker,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # gloo (torch.distributed on CPU, Ray Train's default) binds to the host name's
+            # interface unless told otherwise; keep its traffic on loopback.
+            "GLOO_SOCKET_IFNAME": "lo",
         }
         env.pop("RAY_ADDRESS", None)
         ports = {name: str(free_port()) for name in ("port", "client", "agent", "agent-grpc", "metrics", "runtime")}
