@@ -90,3 +90,22 @@ def test_teardown_leaves_no_process_and_no_listening_port(tmp_path: Path) -> Non
         host, _, port = address.rpartition(":")
         with socket.socket() as s:
             assert s.connect_ex((host.strip("[]"), int(port))) != 0, f"{address} still accepts connections"
+
+
+def test_helm_installs_a_chart_into_the_test_bed(testbed: tb.Testbed, namespace: str, tmp_path: Path) -> None:
+    chart = tmp_path / "hello"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("apiVersion: v2\nname: hello\nversion: 0.1.0\n")
+    (chart / "values.yaml").write_text("greeting: hi\n")
+    (chart / "templates" / "configmap.yaml").write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}\ndata:\n"
+        "  greeting: {{ .Values.greeting | quote }}\n"
+    )
+    helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig), "--namespace", namespace]
+
+    subprocess.run([*helm, "install", "hello", str(chart), "--set", "greeting=hello", "--wait"], check=True)
+
+    configmap = json.loads(testbed.kubectl("get", "configmap", "hello", "-n", namespace, "-o", "json").stdout)
+    assert configmap["data"] == {"greeting": "hello"}
+    subprocess.run([*helm, "uninstall", "hello", "--wait"], check=True)
+    assert testbed.kubectl("get", "configmap", "hello", "-n", namespace, check=False).returncode != 0
