@@ -42,9 +42,10 @@ NODE_IP = "127.0.0.1"
 SPOT_LABEL = "spotray.dev/capacity"
 SPOT_TAINT = {"key": "spotray.dev/spot", "value": "true", "effect": "NoSchedule"}
 # Ray heads for the bridge live on 127.0.0.<N>, away from 127.0.0.1 where other tests listen:
-# .7 for the tests' session head, .17 for `make cluster-up`, so both can run at once.
-RAY_HEAD_IP = "127.0.0.7"
+# from .7 up for tests (the first whose port 8265 is free), .17 for `make cluster-up`.
+RAY_HEAD_IPS = [f"127.0.0.{n}" for n in range(7, 17)]
 CLUSTER_UP_RAY_HEAD_IP = "127.0.0.17"
+RAY_DASHBOARD_PORT = 8265  # the port KubeRay's head Service names `dashboard`
 # Ray's socket paths must stay under 107 bytes, so its temp dirs are short and in /tmp.
 RAY_TEMP_ROOT = "/tmp"  # noqa: S108 - only a parent for mkdtemp, which is safe
 RAY_TEMP_PREFIX = "spotray-testbed-ray-"
@@ -87,6 +88,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def free_ray_head_address() -> str:
+    """The first of RAY_HEAD_IPS whose dashboard port nobody holds."""
+    for address in RAY_HEAD_IPS:
+        with socket.socket() as s:
+            if s.connect_ex((address, RAY_DASHBOARD_PORT)) != 0:
+                return address
+    raise RuntimeError(f"port {RAY_DASHBOARD_PORT} is taken on every one of {RAY_HEAD_IPS}")
 
 
 def _die_with_parent() -> None:
@@ -629,12 +639,13 @@ class RayHead:
     and the GCS on a free port. Jobs run on this machine with the venv's Python first on PATH.
     """
 
-    def __init__(self, workdir: Path, address: str = RAY_HEAD_IP, num_cpus: int = 2, marker: str = "") -> None:
+    def __init__(self, workdir: Path, address: str = "", num_cpus: int = 2, marker: str = "") -> None:
         self.workdir = workdir
-        self.address = address
+        # Two test sessions at once (two engineers, or CI beside a developer) each get their own.
+        self.address = address or free_ray_head_address()
         self.num_cpus = num_cpus
         self.marker = marker or f"{os.getpid()}:{workdir}"
-        self.dashboard_url = f"http://{address}:8265"
+        self.dashboard_url = f"http://{self.address}:{RAY_DASHBOARD_PORT}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.temp_dir: Path | None = None
 
@@ -656,7 +667,8 @@ class RayHead:
         ports = {name: str(free_port()) for name in ("port", "client", "agent", "agent-grpc", "metrics", "runtime")}
         argv = [
             str(Path(venv_bin) / "ray"), "start", "--head", "--block",
-            "--node-ip-address", self.address, "--dashboard-host", self.address, "--dashboard-port", "8265",
+            "--node-ip-address", self.address, "--dashboard-host", self.address,
+            "--dashboard-port", str(RAY_DASHBOARD_PORT),
             "--port", ports["port"], "--ray-client-server-port", ports["client"],
             "--dashboard-agent-listen-port", ports["agent"], "--dashboard-agent-grpc-port", ports["agent-grpc"],
             "--metrics-export-port", ports["metrics"], "--runtime-env-agent-port", ports["runtime"],
@@ -668,7 +680,7 @@ class RayHead:
                 start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl
             )  # fmt: skip
         try:
-            wait_until(f"Ray dashboard on {self.address}:8265", self._jobs_api_up, timeout=120, interval=1)
+            wait_until(f"Ray dashboard at {self.dashboard_url}", self._jobs_api_up, timeout=120, interval=1)
         except BaseException:
             self.stop()
             raise

@@ -6,7 +6,8 @@ operator, and one real Ray head on loopback that the operator reaches through th
                  .bridge(ns, cluster, addr), .bridge_ray_job(ns, rayjob, addr), .log_tail(name)
     kubeconfig   path of the admin kubeconfig (TLS, client certificate)
     kube_api     a kubernetes.client.ApiClient for that kubeconfig
-    ray_head     a real `ray start --head` on 127.0.0.7; every RayCluster without its own bridge
+    ray_head     a real `ray start --head` on 127.0.0.7 (or the next free address up to
+                 127.0.0.16, .address); every RayCluster without its own bridge
                  entry is routed to it. .kill_job(submission_id) kills a job's processes.
     namespace    a fresh namespace per test, deleted afterwards
 
