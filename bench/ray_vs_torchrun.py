@@ -42,7 +42,8 @@ def run_once(launcher: str, root: Path, env: dict[str, str], data_uri: str, args
     with (workdir / "job.log").open("wb") as log:
         result = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900, check=False)
     if result.returncode != 0:
-        raise RuntimeError(f"{launcher} run failed ({result.returncode}); see {workdir / 'job.log'}")
+        tail = (workdir / "job.log").read_text(errors="replace")[-4000:]
+        raise RuntimeError(f"{launcher} run failed ({result.returncode}); its log ends with:\n{tail}")
     rate = steps_per_second(workdir / "events.jsonl", args.skip)
     print(f"  {launcher:8s} {rate:.2f} steps/s", flush=True)
     return rate

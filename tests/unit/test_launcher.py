@@ -1,0 +1,187 @@
+"""The spec -> Ray Train mapping, the worker-side callbacks and the local runner's pure parts."""
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from spotray.local import EventCursor, needs_embedded_s3, ray_cpus_for
+from spotray.progress import ProgressView, format_duration
+from train.data import DataPosition, EpochLoader
+from train.events import EventLog
+from train.launcher import build_run_config, build_scaling_config, spotray_env_for_workers
+from train.runspec import RunContext, TrainingRun, parse_training_run
+from train.worker import PreemptionNoticeCallback
+
+pytestmark = pytest.mark.unit
+
+
+def training_run(**spec: Any) -> TrainingRun:
+    return parse_training_run(
+        {
+            "apiVersion": "spotray.dev/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": "llm"},
+            "spec": {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/llm"}, **spec},
+        }
+    )
+
+
+def context(**spec: Any) -> RunContext:
+    run = training_run(**spec)
+    return RunContext(name=run.name, attempt=2, spec=run.spec)
+
+
+def test_cpu_workers_one_per_replica() -> None:
+    scaling = build_scaling_config(context(workers={"replicas": 3, "cpu": "2"}))
+    assert scaling.num_workers == 3
+    assert scaling.use_gpu is False
+    assert scaling.resources_per_worker == {"CPU": 2.0}
+
+
+def test_gpu_workers_one_per_gpu_sharing_the_replica_cpus() -> None:
+    scaling = build_scaling_config(context(workers={"replicas": 2, "gpu": 4, "cpu": "16"}))
+    assert scaling.num_workers == 8
+    assert scaling.use_gpu is True
+    assert scaling.resources_per_worker == {"CPU": 4.0, "GPU": 1}
+
+
+def test_run_config_is_stable_across_attempts_and_retries_workers_forever() -> None:
+    run_config = build_run_config(context(), "/mnt/nfs/ray")
+    assert run_config.name == "llm"
+    assert run_config.storage_path == "/mnt/nfs/ray"
+    assert run_config.failure_config.max_failures == -1
+
+
+def test_only_spotray_settings_travel_to_workers_never_credentials() -> None:
+    environ = {
+        "SPOTRAY_RUN": "{}",
+        "SPOTRAY_EVENTS": "/tmp/e.jsonl",
+        "AWS_SECRET_ACCESS_KEY": "secret",
+        "AWS_ACCESS_KEY_ID": "key",
+        "PATH": "/bin",
+    }
+    assert spotray_env_for_workers(environ) == {"SPOTRAY_RUN": "{}", "SPOTRAY_EVENTS": "/tmp/e.jsonl"}
+
+
+def test_epoch_loader_tracks_the_global_position_across_epochs() -> None:
+    samples = [{"x": torch.tensor([i])} for i in range(10)]
+    loader = EpochLoader(
+        samples,
+        batch_size=2,
+        world_size=3,  # as if two more ranks consumed the same number of batches elsewhere
+        start=DataPosition(epoch=4, sample_in_epoch=12),
+        collate_fn=lambda batch: {"x": torch.cat([s["x"] for s in batch])},
+    )
+    seen = []
+    for _ in loader:
+        seen.append(loader.position)
+    assert seen[0] == DataPosition(4, 18)
+    assert seen[-1] == DataPosition(4, 12 + 5 * 6)
+    next(iter(loader))
+    assert loader.position == DataPosition(5, 6), "a new iteration is a new epoch"
+
+
+def test_data_position_round_trip() -> None:
+    assert DataPosition.from_dict(None) == DataPosition()
+    assert DataPosition.from_dict(DataPosition(3, 96).to_dict()) == DataPosition(3, 96)
+
+
+def hf_state(step: int, max_steps: int = 100) -> TrainerState:
+    state = TrainerState()
+    state.global_step = step
+    state.max_steps = max_steps
+    return state
+
+
+class FakeSync:
+    """Stands in for the S3 callback: the notice callback only needs flush() and the store."""
+
+    def __init__(self) -> None:
+        self.flushes = 0
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+def test_notice_saves_stops_and_is_checked_about_once_per_interval(tmp_path: Path) -> None:
+    calls: list[int] = []
+    notice_at = 9
+
+    def notice() -> object | None:
+        calls.append(state.global_step)
+        return "drain" if state.global_step >= notice_at else None
+
+    callback = PreemptionNoticeCallback(
+        FakeSync(),  # type: ignore[arg-type]
+        events=EventLog(None),
+        attempt=1,
+        target_interval_s=0.0,  # interval of 1 step once calibrated
+        calibration_steps=2,
+        notice=notice,
+    )
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    control = TrainerControl()
+    for step in range(1, 12):
+        state = hf_state(step)
+        callback.on_step_end(args, state, control)
+        if control.should_training_stop:
+            break
+    assert control.should_save
+    assert control.should_training_stop
+    assert state.global_step == notice_at
+    assert calls == list(range(1, notice_at + 1))
+
+
+def test_no_notice_check_on_the_last_step(tmp_path: Path) -> None:
+    calls: list[int] = []
+    callback = PreemptionNoticeCallback(
+        FakeSync(),  # type: ignore[arg-type]
+        events=EventLog(None),
+        attempt=1,
+        notice=lambda: calls.append(1),
+    )
+    control = TrainerControl()
+    callback.on_step_end(TrainingArguments(output_dir=str(tmp_path), report_to=[]), hf_state(10, 10), control)
+    assert calls == []
+    assert not control.should_save
+
+
+def test_embedded_s3_only_when_nothing_is_configured() -> None:
+    run = training_run(data={"uri": "s3://bucket/data"})
+    assert needs_embedded_s3(run, {})
+    assert not needs_embedded_s3(run, {"AWS_ENDPOINT_URL": "http://minio:9000"})
+    assert not needs_embedded_s3(training_run(checkpoint={"uri": "file:///mnt/nfs/x"}), {})
+
+
+def test_local_ray_has_a_cpu_for_every_worker() -> None:
+    assert ray_cpus_for(training_run(workers={"replicas": 64, "cpu": "1"})) == 64
+
+
+def test_event_cursor_reads_only_new_complete_lines(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    cursor = EventCursor(path)
+    assert cursor.new_events() == []
+    path.write_text('{"event": "a"}\n{"event": "b"}\n{"event": "c", "cut')
+    assert [e["event"] for e in cursor.new_events()] == ["a", "b"]
+    with path.open("a") as handle:
+        handle.write(' off": 1}\n')
+    assert [e["event"] for e in cursor.new_events()] == ["c"]
+
+
+def test_progress_line_shows_step_loss_rate_eta_and_checkpoint() -> None:
+    view = ProgressView()
+    view.attempt = 2
+    view.on_event({"event": "step", "step": 10, "max_steps": 100, "loss": 2.5, "time": 100.0})
+    view.on_event({"event": "step", "step": 20, "max_steps": 100, "loss": 2.25, "time": 105.0})
+    view.on_event({"event": "checkpoint_complete", "step": 20, "uri": "s3://b/c"})
+    line = view.line()
+    assert "attempt 2" in line
+    assert "step 20/100" in line
+    assert "loss 2.250" in line
+    assert "2.00 steps/s" in line
+    assert "ETA 0:40" in line
+    assert "checkpoint 20" in line
+    assert format_duration(3725) == "1:02:05"
