@@ -568,9 +568,12 @@ class Testbed:
                      "message": "spot instance reclaimed", "lastTransitionTime": now}  # fmt: skip
         for pod in pods:
             meta = pod["metadata"]
-            self.kubectl("patch", "pod", meta["name"], "-n", meta["namespace"], "--subresource", "status",
-                         "--type", "strategic", "-p", json.dumps({"status": {"conditions": [condition]}}),
-                         check=False)  # fmt: skip
+            patched = self.kubectl("patch", "pod", meta["name"], "-n", meta["namespace"], "--subresource", "status",
+                                   "--type", "strategic", "-p", json.dumps({"status": {"conditions": [condition]}}),
+                                   check=False)  # fmt: skip
+            # A pod that is already gone needs no notice; anything else is a real failure.
+            if patched.returncode != 0 and "NotFound" not in patched.stderr:
+                raise RuntimeError(f"marking {meta['name']} DisruptionTarget failed: {patched.stderr.strip()}")
         self.kubectl("delete", "node", name, "--wait=false")
         for pod in pods:
             meta = pod["metadata"]
