@@ -38,7 +38,7 @@ def run_once(launcher: str, root: Path, env: dict[str, str], data_uri: str, args
         save_steps=args.save_steps,
     )
     torchrun = [str(Path(PYTHON).with_name("torchrun")), "--standalone", f"--nproc-per-node={args.workers}"]
-    command = [*torchrun, *job[1:]] if launcher == "torchrun" else [PYTHON, *job]
+    command = [*torchrun, *job] if launcher == "torchrun" else [PYTHON, *job]
     with (workdir / "job.log").open("wb") as log:
         result = subprocess.run(command, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900, check=False)
     if result.returncode != 0:

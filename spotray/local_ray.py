@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -32,6 +33,34 @@ from train.local_s3 import free_port
 from train.subprocesses import die_with_parent
 
 DEFAULT_HOST = "127.0.0.2"
+STARTUP_ATTEMPTS = 3
+WORKER_PORTS = 100  # one per Ray worker process (actors, tasks, training workers) alive at once
+
+
+class _EarlyExitError(Exception):
+    def __init__(self, code: int, log_tail: str) -> None:
+        super().__init__(code)
+        self.code = code
+        self.log_tail = log_tail
+
+
+def free_worker_port_range(host: str) -> int:
+    """The lowest port of ``WORKER_PORTS`` consecutive ones that are free right now, from a random base."""
+    rng = random.Random()  # noqa: S311 - spreading ports, not security
+    for _ in range(50):
+        low = rng.randrange(20000, 60000 - WORKER_PORTS)
+        if all(_port_is_free(host, port) for port in range(low, low + WORKER_PORTS, 10)):
+            return low
+    raise SpotrayError("found no free range of ports for Ray's workers", "free some ports on the loopback interface")
+
+
+def _port_is_free(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def ray_executable() -> str:
@@ -54,12 +83,30 @@ class LocalRayCluster:
     env: dict[str, str] = field(default_factory=dict)
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="spotray-ray-", dir="/tmp")))
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _output: Path = field(default=Path("/dev/null"), init=False, repr=False)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.gcs_port}"
 
     def start(self) -> LocalRayCluster:
+        """Start the cluster; a port taken between our pick and Ray's bind costs a retry with new ports."""
+        for attempt in range(1, STARTUP_ATTEMPTS + 1):
+            self._launch()
+            try:
+                self._wait_ready()
+            except _EarlyExitError as exited:
+                if attempt == STARTUP_ATTEMPTS:
+                    raise SpotrayError(
+                        f"the local Ray cluster exited during startup (code {exited.code}), {attempt} times; "
+                        f"its output ends with:\n{exited.log_tail}",
+                        "a full disk or /tmp, or too little shared memory (/dev/shm), are common causes",
+                    ) from None
+                continue
+            return self
+        raise AssertionError("unreachable")
+
+    def _launch(self) -> None:
         self.gcs_port = free_port(self.host)
         ports = {
             "--node-manager-port": free_port(self.host),
@@ -70,7 +117,7 @@ class LocalRayCluster:
             "--dashboard-agent-grpc-port": free_port(self.host),
             "--ray-client-server-port": free_port(self.host),
         }
-        worker_low = free_port(self.host)  # a base for the worker port range; collisions only cost a retry
+        worker_low = free_worker_port_range(self.host)
         command = [
             ray_executable(),
             "start",
@@ -83,11 +130,10 @@ class LocalRayCluster:
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--temp-dir={self.temp_dir}",
-            f"--min-worker-port={min(worker_low, 60000)}",
-            f"--max-worker-port={min(worker_low, 60000) + 200}",
+            f"--min-worker-port={worker_low}",
+            f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
             *(f"{flag}={port}" for flag, port in ports.items()),
         ]
-        output = self.log_path.open("ab") if self.log_path else subprocess.DEVNULL
         # RAY_ADDRESS for Ray's own helpers that look a cluster up with address="auto", which fails
         # ("multiple active Ray instances") when another cluster runs on this machine.
         # GLOO_SOCKET_IFNAME: gloo would otherwise pick the interface of the host name, not loopback.
@@ -98,25 +144,25 @@ class LocalRayCluster:
             "RAY_USAGE_STATS_ENABLED": "0",
             "GLOO_SOCKET_IFNAME": "lo",
         }
-        self._process = subprocess.Popen(
-            command,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
-        )
-        self._wait_ready()
-        return self
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        self._output = self.log_path or self.temp_dir / "ray-start.log"
+        with self._output.open("ab") as output:
+            self._process = subprocess.Popen(
+                command,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
+            )
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._process is not None and self._process.poll() is not None:
-                raise SpotrayError(
-                    f"the local Ray cluster exited during startup (code {self._process.returncode})",
-                    f"read {self.log_path or 'the ray start output'}; a full disk or /tmp are common causes",
-                )
+                code, tail = self._process.returncode, self._output.read_text(errors="replace")[-2000:]
+                self.stop()
+                raise _EarlyExitError(code, tail)
             if (self.temp_dir / "ray_current_cluster").exists() and _accepts(self.host, self.gcs_port):
                 # The raylet registers after the GCS; a short pause avoids racing a driver against it.
                 time.sleep(1.0)
