@@ -161,8 +161,14 @@ def launch(
     *,
     storage_path: str | None = None,
     grace_seconds: int = DEFAULT_GRACE_SECONDS,
+    datasets: dict[str, Any] | None = None,
 ) -> int:
-    """Run ``train_loop`` on every worker of a Ray Train run for this attempt; return the exit code."""
+    """Run ``train_loop`` on every worker of a Ray Train run for this attempt; return the exit code.
+
+    ``datasets`` (Ray Data datasets by name, or functions that build them, which Ray Train calls
+    when each worker group starts) are split across the workers; each worker reads its part with
+    ``ray.train.get_dataset_shard(name)``.
+    """
     if not ray.is_initialized():
         # RAY_ADDRESS is set by the RayJob (KubeRay) and by local mode; without it Ray starts its own.
         ray.init(
@@ -176,6 +182,7 @@ def launch(
         train_loop_config=loop_config,
         scaling_config=build_scaling_config(context),
         run_config=build_run_config(context, storage_path or default_storage_path()),
+        datasets=datasets,
     )
     try:
         trainer.fit()

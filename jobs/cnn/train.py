@@ -1,0 +1,394 @@
+"""Train a small CNN on generated images with Ray Train and Ray Data, checkpointing every epoch to S3.
+
+    python -m jobs.cnn --checkpoint-uri s3://runs/cnn --data-uri s3://datasets/cnn-shapes --workers 2
+
+Started by the controller or by ``spotray run --local``, the run's settings (checkpoint URI and
+keep, data URI, workers) come from the TrainingRun in ``SPOTRAY_RUN`` and the flags above are not
+needed; hyperparameters (epochs, batch size, learning rate) always come from the flags.
+
+The driver checks the store, writes the dataset as Parquet if it is not there yet, and hands Ray
+Train a Ray Data dataset over those files, which Ray Train splits into one equal shard per worker.
+Each worker trains a plain PyTorch loop under DDP; at the end of every epoch rank 0 uploads model,
+optimizer and epoch through the checkpoint core (manifest last) and prunes old checkpoints.
+
+**This job resumes at epoch boundaries.** Ray Data has no data position to save mid-epoch, so a
+worker killed in epoch N restarts from the checkpoint of epoch N-1 and trains epoch N again from
+its start (the GPT-2 job, with MosaicML streaming, resumes at the exact sample instead). Each epoch
+reads the data in a new random order, so a resumed run is not bit-identical to an uninterrupted
+one; it trains the same number of epochs and steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs
+import ray.data
+import ray.train
+import torch
+import torch.distributed as dist
+from ray.train.torch import prepare_model
+from torch import nn
+
+from jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
+from train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
+from train.errors import SpotrayError
+from train.events import EventLog
+from train.launcher import EXIT_BAD_INPUT, launch
+from train.resume import ResumePoint
+from train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from train.store import ObjectStore, StoreConfig, open_store, parse_uri
+from train.worker import agree_on_resume_point, world_rank, world_size
+
+STATE_NAME = "state.pt"
+# Enough to mix the classes within a shard without holding much of it in memory.
+SHUFFLE_BUFFER = 512
+
+
+@dataclass(frozen=True)
+class CnnJobConfig:
+    checkpoint_uri: str
+    workdir: Path
+    data_uri: str
+    num_samples: int
+    image_size: int
+    epochs: int = 5
+    keep: int = 3
+    seed: int = 42
+    batch_size: int = 64  # global: split across workers
+    learning_rate: float = 2e-3
+    events_path: Path | None = None
+
+    def to_loop_config(self) -> dict[str, Any]:
+        """Plain values for Ray to ship to the workers."""
+        return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
+
+    @classmethod
+    def from_loop_config(cls, data: dict[str, Any]) -> CnnJobConfig:
+        events = data.get("events_path")
+        return cls(**{**data, "workdir": Path(data["workdir"]), "events_path": Path(events) if events else None})
+
+
+class SmallCnn(nn.Module):
+    """Two conv blocks and a small classifier: about 40k parameters, seconds per epoch on a CPU."""
+
+    def __init__(self, image_size: int, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Flatten(), nn.Linear(32 * (image_size // 4) ** 2, 64), nn.ReLU(), nn.Linear(64, num_classes)
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.classifier(self.features(images))
+        return logits
+
+
+def load_model(checkpoint_dir: str | Path) -> SmallCnn:
+    """The trained model from a downloaded checkpoint directory."""
+    state = torch.load(Path(checkpoint_dir) / STATE_NAME, weights_only=True)
+    model = SmallCnn(int(state["image_size"]))
+    model.load_state_dict(state["model"])
+    return model
+
+
+def arrow_filesystem(data_uri: str, config: StoreConfig) -> tuple[pyarrow.fs.FileSystem, str]:
+    """The Arrow filesystem for ``data_uri`` (our S3 endpoint and keys) and the URI's root path in it."""
+    uri = parse_uri(data_uri)
+    if uri.scheme == "file":
+        return pyarrow.fs.LocalFileSystem(), uri.prefix
+    endpoint = urlparse(config.endpoint_url) if config.endpoint_url else None
+    filesystem = pyarrow.fs.S3FileSystem(
+        access_key=config.access_key_id,
+        secret_key=config.secret_access_key,
+        session_token=config.session_token,
+        region=config.region,
+        endpoint_override=endpoint.netloc if endpoint else None,
+        scheme=endpoint.scheme if endpoint else "https",
+    )
+    return filesystem, f"{uri.bucket}/{uri.prefix}".rstrip("/")
+
+
+def read_images(data_uri: str, files: list[str]) -> ray.data.Dataset:
+    """The dataset's Parquet files as a Ray Data dataset (lazy: nothing is read until a worker iterates).
+
+    Called inside the cluster (see ``main``), so the S3 keys come from that process's environment,
+    as the workers' do, and never travel through Ray from the driver.
+    """
+    filesystem, root = arrow_filesystem(data_uri, StoreConfig.from_env())
+    return ray.data.read_parquet([f"{root}/{name}" for name in files], filesystem=filesystem)
+
+
+def save_checkpoint(store: ObjectStore, local_root: Path, state: dict[str, Any], keep: int) -> int:
+    """Rank 0: ``state`` into ``checkpoint-<step>/``, uploaded manifest last, then prune; returns its bytes."""
+    step = int(state["step"])
+    local_dir = local_root / checkpoint_dir_name(step)
+    local_dir.mkdir(parents=True, exist_ok=True)
+    torch.save(state, local_dir / STATE_NAME)
+    manifest = upload_checkpoint(store, local_dir, step, world_size(), resume={"epochs_done": int(state["epoch"]) + 1})
+    prune_checkpoints(store, keep)
+    return manifest.total_bytes
+
+
+@dataclass
+class EpochTotals:
+    """One rank's sums over an epoch, added up across ranks for the epoch's loss and accuracy."""
+
+    loss_sum: float = 0.0
+    correct: float = 0.0
+    seen: float = 0.0
+    steps: int = 0
+
+    def all_ranks(self) -> EpochTotals:
+        tensor = torch.tensor([self.loss_sum, self.correct, self.seen], dtype=torch.float64)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(tensor)
+        loss_sum, correct, seen = tensor.tolist()
+        return EpochTotals(loss_sum, correct, seen, self.steps)
+
+
+def train_epoch(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: Iterable[dict[str, torch.Tensor]],
+    image_size: int,
+    on_step: Callable[[int, float], None],
+) -> EpochTotals:
+    """One pass over this rank's shard; ``on_step(steps so far in the epoch, loss)`` after each step."""
+    model.train()
+    loss_fn = nn.CrossEntropyLoss()
+    totals = EpochTotals()
+    for batch in batches:
+        images = batch["image"].view(-1, 1, image_size, image_size)
+        labels = batch["label"]
+        logits = model(images)
+        loss = loss_fn(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        totals.loss_sum += loss.item() * len(labels)
+        totals.correct += (logits.argmax(dim=1) == labels).sum().item()
+        totals.seen += len(labels)
+        totals.steps += 1
+        on_step(totals.steps, loss.item())
+    return totals
+
+
+def restore(config: CnnJobConfig, resume_point: ResumePoint | None) -> tuple[nn.Module, torch.optim.Optimizer, int]:
+    """The model (wrapped for DDP), its optimizer, and the epochs already done: from the checkpoint or fresh."""
+    torch.manual_seed(config.seed)
+    model = SmallCnn(config.image_size)
+    state = torch.load(resume_point.local_dir / STATE_NAME, weights_only=True) if resume_point else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+    wrapped = prepare_model(model)  # DDP over gloo on CPU (NCCL on GPUs); a no-op for one worker
+    optimizer = torch.optim.Adam(wrapped.parameters(), lr=config.learning_rate)
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    epochs_done = int(resume_point.manifest.resume["epochs_done"]) if resume_point else 0
+    return wrapped, optimizer, epochs_done
+
+
+def train_loop(loop_config: dict[str, Any]) -> None:
+    """What each Ray Train worker runs: resume at an epoch boundary, train epochs, checkpoint after each."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    config = CnnJobConfig.from_loop_config(loop_config)
+    rank, size = world_rank(), world_size()
+    events = EventLog(config.events_path)
+    events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
+    store = open_store(config.checkpoint_uri)
+    rank_dir = config.workdir / f"rank-{rank}"
+    resume_point = agree_on_resume_point(store, rank_dir / "resume")
+    model, optimizer, start_epoch = restore(config, resume_point)
+    unwrapped = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+    per_worker = config.batch_size // size
+    # Ray Train splits the dataset into equal shards and every rank drops its last partial batch,
+    # so every rank takes the same number of steps per epoch (DDP needs that) and it is known here.
+    steps_per_epoch = (config.num_samples // size) // per_worker
+    step = resume_point.step if resume_point else 0
+    max_steps = step + (config.epochs - start_epoch) * steps_per_epoch
+    if rank == 0:
+        events.emit(
+            "start",
+            pid=os.getpid(),
+            resumed_from=resume_point.step if resume_point else None,
+            checkpoint_uri=config.checkpoint_uri,
+            max_steps=max_steps,
+            world_size=size,
+            epoch=start_epoch,
+            epochs=config.epochs,
+        )
+    shard = ray.train.get_dataset_shard("train")
+    for epoch in range(start_epoch, config.epochs):
+
+        def on_step(in_epoch: int, loss: float, epoch: int = epoch, first: int = step) -> None:
+            if rank == 0:
+                events.emit("step", step=first + in_epoch, loss=loss, max_steps=max_steps, epoch=epoch)
+
+        batches = shard.iter_torch_batches(
+            batch_size=per_worker, drop_last=True, local_shuffle_buffer_size=SHUFFLE_BUFFER
+        )
+        totals = train_epoch(model, optimizer, batches, config.image_size, on_step).all_ranks()
+        step += totals.steps
+        metrics = {
+            "epoch": epoch,
+            "step": step,
+            "loss": totals.loss_sum / totals.seen,
+            "accuracy": totals.correct / totals.seen,
+        }
+        if rank == 0:
+            events.emit("epoch_end", **metrics)
+            started = time.monotonic()
+            state = {
+                "model": unwrapped.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "epoch": epoch,
+                "step": step,
+                "image_size": config.image_size,
+            }
+            size_bytes = save_checkpoint(store, rank_dir / "checkpoints", state, config.keep)
+            events.emit(
+                "checkpoint_complete",
+                step=step,
+                epoch=epoch,
+                uri=str(store.uri.join(checkpoint_dir_name(step))),
+                bytes=size_bytes,
+                upload_seconds=round(time.monotonic() - started, 3),
+            )
+        # Every rank reports (Ray Train waits for all): progress for the driver and Ray's dashboard.
+        ray.train.report({**metrics, "last_checkpoint_step": step})
+    if rank == 0:
+        events.emit(
+            "end",
+            step=step,
+            final_uri=str(store.uri.join(checkpoint_dir_name(step))),
+            load="jobs.cnn.train.load_model(DIR)",
+        )
+
+
+def context_from_args(args: argparse.Namespace) -> RunContext:
+    """A run context for a job started by hand (no controller, no ``spotray run``)."""
+    if not args.checkpoint_uri:
+        raise SpotrayError(
+            "no checkpoint URI: SPOTRAY_RUN is not set and --checkpoint-uri was not given",
+            "pass --checkpoint-uri s3://BUCKET/PREFIX (and --data-uri), or start the job with `spotray run`",
+        )
+    spec = RunSpec(
+        entrypoint=" ".join(sys.argv),
+        checkpoint=CheckpointSpec(uri=args.checkpoint_uri, keep=args.keep),
+        workers=WorkerSpec(replicas=args.workers, cpu=str(args.cpu_per_worker)),
+        data=DataSpec(uri=args.data_uri),
+    )
+    return RunContext(name=args.run_name, attempt=1, spec=spec)
+
+
+def build_job_config(args: argparse.Namespace, context: RunContext, data: ShapesSpec) -> CnnJobConfig:
+    spec = context.spec
+    if not spec.data.uri:
+        raise SpotrayError(
+            "jobs.cnn needs a data URI for its Parquet files and none was given",
+            "set spec.data.uri in the TrainingRun (e.g. s3://BUCKET/datasets/cnn-shapes) or pass --data-uri",
+        )
+    workers = spec.workers.num_workers
+    if args.batch_size % workers:
+        raise SpotrayError(
+            f"--batch-size {args.batch_size} does not split evenly over {workers} workers",
+            "make the global batch size a multiple of the number of workers",
+        )
+    if data.num_samples // workers < args.batch_size // workers:
+        raise SpotrayError(
+            f"{data.num_samples} samples give each of {workers} workers less than one batch "
+            f"of {args.batch_size // workers}",
+            "lower --batch-size or raise --samples-per-class",
+        )
+    events = args.events or (Path(os.environ["SPOTRAY_EVENTS"]) if os.environ.get("SPOTRAY_EVENTS") else None)
+    return CnnJobConfig(
+        checkpoint_uri=spec.checkpoint.uri,
+        data_uri=spec.data.uri,
+        workdir=args.workdir / context.name,
+        num_samples=data.num_samples,
+        image_size=data.image_size,
+        epochs=args.epochs,
+        keep=spec.checkpoint.keep,
+        seed=args.seed,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+        events_path=events,
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.cnn", description=__doc__.split("\n\n")[0])
+    started_by_hand = parser.add_argument_group("run settings when started by hand (SPOTRAY_RUN overrides them)")
+    started_by_hand.add_argument("--checkpoint-uri", help="s3://bucket/prefix or file:///path for checkpoints")
+    started_by_hand.add_argument("--data-uri", help="where the Parquet files are (generated there if missing)")
+    started_by_hand.add_argument("--workers", type=int, default=2, help="Ray Train workers")
+    started_by_hand.add_argument("--cpu-per-worker", type=float, default=1.0)
+    started_by_hand.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
+    started_by_hand.add_argument("--run-name", default="cnn", help="Ray run name (stable across attempts)")
+    parser.add_argument(
+        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-cnn", help="local scratch directory"
+    )
+    parser.add_argument("--epochs", type=int, default=5, help="a checkpoint is taken after each")
+    parser.add_argument("--batch-size", type=int, default=64, help="global batch size, split across workers")
+    parser.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate")
+    parser.add_argument("--seed", type=int, default=42, help="model initialisation")
+    parser.add_argument(
+        "--samples-per-class", type=int, default=ShapesSpec.samples_per_class, help="images generated per class"
+    )
+    parser.add_argument("--create-bucket", action="store_true", help="create missing buckets")
+    parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
+    args = parser.parse_args(argv)
+    for name in ("epochs", "keep", "batch_size", "workers", "samples_per_class"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    return args
+
+
+def prepare(config: CnnJobConfig, data: ShapesSpec, *, create_bucket: bool) -> tuple[ObjectStore, list[str]]:
+    """Fail fast on bad storage settings, and write the dataset if it is not in the store yet."""
+    store = open_store(config.checkpoint_uri)
+    store.check(create_bucket=create_bucket)
+    data_store = open_store(config.data_uri)
+    data_store.check(create_bucket=create_bucket)
+    info, written = ensure_dataset(data_store, data)
+    if written:
+        print(f"prepared the dataset: {data.num_samples} images as Parquet in {config.data_uri}")
+    return store, info.files
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    args = parse_args(argv)
+    data = ShapesSpec(samples_per_class=args.samples_per_class)
+    try:
+        context = RunContext.from_env() or context_from_args(args)
+        config = build_job_config(args, context, data)
+        store, files = prepare(config, data, create_bucket=args.create_bucket)
+    except SpotrayError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    # A factory, not a dataset: Ray Train calls it when each worker group starts, after launch()
+    # has connected to the cluster. Building the dataset here would connect first, without the
+    # runtime_env that carries SPOTRAY_RUN and the event log path to the workers.
+    datasets = {"train": partial(read_images, config.data_uri, files)}
+    return launch(train_loop, config.to_loop_config(), context, store, datasets=datasets)
