@@ -146,43 +146,19 @@ build_kwok() {
 build_kuberay() {
   local out mod
   out="$(staging_dir kuberay "$KUBERAY_VERSION")"
-  if GOBIN="$out/bin" "${NICE[@]}" go install \
-    "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION"; then
-    # The CRDs ship inside the same module; copy them so the cache entry is self-contained.
-    mod="$(go mod download -json "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" |
-      sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  else
-    # Seen here (2026-11): the module proxy answers 403 for this version's zip while it serves
-    # its .info and .mod. Build the same tag from a git clone instead (verified below).
-    mod="$out/src/ray-operator"
-    kuberay_from_git "$out/src"
-    (cd "$mod" && "${NICE[@]}" go build -o "$out/bin/ray-operator" .)
-  fi
+  # Not `go install module@version`: that also asks the proxy for the module's version list (to
+  # report deprecations), which the proxy refuses (403) for ray-operator. Download the one
+  # version instead and build it in place with its own go.mod and go.sum, which is what
+  # `go install` builds too (the module has no replace directives).
+  mod="$(go mod download -json "github.com/ray-project/kuberay/ray-operator@$KUBERAY_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "$mod" && -f "$mod/go.mod" ]] || { log "go mod download gave no ray-operator source"; return 1; }
+  (cd "$mod" && "${NICE[@]}" go build -mod=readonly -trimpath -ldflags "-s -w" -o "$out/bin/ray-operator" .)
+  # The CRDs ship inside the same module; copy them so the cache entry is self-contained.
   mkdir -p "$out/crds"
   cp "$mod"/config/crd/bases/*.yaml "$out/crds/"
   chmod u+w "$out"/crds/*.yaml
-  rm -rf "$out/src"
   publish kuberay "$KUBERAY_VERSION"
-}
-
-# Extracts ray-operator at tag ray-operator/$KUBERAY_VERSION from a kuberay git repository
-# ($KUBERAY_GIT, or the mirror this machine keeps) after checking that the tag is the very commit
-# the Go module proxy records for the version. Its go.sum pins every dependency as usual.
-kuberay_from_git() {
-  local dest="$1" repo="${KUBERAY_GIT:-/work/.mirror/ray-project+kuberay/repo}" tag want got
-  tag="ray-operator/$KUBERAY_VERSION"
-  [[ -d "$repo" ]] || { log "no kuberay git repository at $repo (set KUBERAY_GIT)"; return 1; }
-  want="$(curl -fsS "https://proxy.golang.org/github.com/ray-project/kuberay/ray-operator/@v/$KUBERAY_VERSION.info" |
-    sed -n 's/.*"Hash":"\([0-9a-f]*\)".*/\1/p')"
-  got="$(git -C "$repo" rev-parse "$tag^{commit}")"
-  if [[ -z "$want" || "$want" != "$got" ]]; then
-    log "tag $tag in $repo is $got, but the module proxy records ${want:-nothing}: refusing to build it"
-    return 1
-  fi
-  log "building KubeRay from $repo at $tag ($got, the commit the module proxy records)"
-  mkdir -p "$dest"
-  # Only the ray-operator tree: a partial mirror may lack objects elsewhere in the repository.
-  git -C "$repo" archive --prefix=ray-operator/ "$tag:ray-operator" | tar -x -C "$dest"
 }
 
 build_helm() {
