@@ -143,6 +143,9 @@ class LocalRayCluster:
             "RAY_ADDRESS": self.address,
             "RAY_USAGE_STATS_ENABLED": "0",
             "GLOO_SOCKET_IFNAME": "lo",
+            # Ray nices its workers by default; on a shared machine that hands the training workers'
+            # CPU to anything else running. On a cluster node the workers are what the node is for.
+            "RAY_worker_niceness": "0",
         }
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self._output = self.log_path or self.temp_dir / "ray-start.log"

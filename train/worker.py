@@ -2,10 +2,11 @@
 
 - ``agree_on_resume_point``: rank 0 picks the newest complete checkpoint that verifies, every other
   rank downloads that same one (a newer checkpoint landing meanwhile must not split the ranks).
-- ``ProgressCallback``: every logged step goes to the JSON-lines event log (rank 0); under Ray Train,
-  each checkpoint also goes to ``ray.train.report`` (step, loss, the last complete checkpoint) for
-  the driver and Ray's dashboard. Not every step: a report blocks until Ray Train's controller
-  collects it, which it does every 2 s (measured: 2.0 s per call when called every step).
+- ``ProgressCallback``: every logged step goes to the JSON-lines event log (rank 0); under Ray Train
+  the end of training also goes to ``ray.train.report`` (step, loss, the last complete checkpoint).
+  Only the end: each report is a barrier across ranks through a Ray actor that measured 2.0 s per
+  call on this machine; see docs/benchmarks.md (ray_vs_torchrun) for what reporting at every
+  checkpoint cost. Live progress is in the event log and in the checkpoints themselves.
 - ``PreemptionNoticeCallback``: all ranks ask whether a preemption is coming. Under Ray Train that
   is ``ray.train.get_preemption_info`` (a node being drained: a pod's preStop hook runs
   ``ray drain-node``, or the driver got SIGTERM); under torchrun, a SIGTERM to any rank, shared
@@ -117,13 +118,12 @@ def _find_complete(store: ObjectStore, step: int) -> CheckpointInfo:
 
 
 class ProgressCallback(TrainerCallback):
-    """Each logged step to the event log; under Ray Train, progress to ``ray.train.report`` at each checkpoint."""
+    """Each logged step to the event log; under Ray Train, the final state to ``ray.train.report``."""
 
     def __init__(self, sync: S3CheckpointCallback, events: EventLog) -> None:
         self.sync = sync
         self.events = events
         self.report_to_ray = in_ray_train()
-        self.last_complete_step: int | None = None
         self.last_loss: float | None = None
 
     def on_log(
@@ -140,9 +140,13 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero:
             self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps)
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
         if not self.report_to_ray:
             return
+        # Runs after the S3 callback's on_train_end (it comes first in the list), so the final
+        # checkpoint's upload is done and last_complete_step is current.
         metrics: dict[str, Any] = {"step": state.global_step, "max_steps": state.max_steps, "loss": self.last_loss}
         if self.sync.last_complete_step is not None:
             metrics["last_checkpoint_step"] = self.sync.last_complete_step
