@@ -2,8 +2,8 @@
 
 No download and no dataset package: each class is a pattern (stripes in four directions, a
 checkerboard, a disk, a ring, a plus, a cross, a square outline) drawn with a random size, position,
-period and contrast, then buried in Gaussian noise, so a small CNN has something to learn and a
-linear guess does not get it for free. The same seed gives the same bytes on every machine.
+period and contrast, then buried in Gaussian noise, so that a small CNN has something to learn.
+The same seed (and numpy version) gives the same images.
 
 Preparation writes Parquet files and uploads them through our store, ``dataset.json`` last: like a
 checkpoint manifest, its presence means the dataset is complete, and a preparation cut short is
