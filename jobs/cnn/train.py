@@ -238,6 +238,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             epochs=config.epochs,
         )
     shard = ray.train.get_dataset_shard("train")
+    metrics: dict[str, Any] = {"step": step}
     for epoch in range(start_epoch, config.epochs):
 
         def on_step(in_epoch: int, loss: float, epoch: int = epoch, first: int = step) -> None:
@@ -274,8 +275,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                 bytes=size_bytes,
                 upload_seconds=round(time.monotonic() - started, 3),
             )
-        # Every rank reports (Ray Train waits for all): progress for the driver and Ray's dashboard.
-        ray.train.report({**metrics, "last_checkpoint_step": step})
+    # Once, at the end: each report is a 2 s barrier across ranks (see train/worker.py); live
+    # progress is in the event log. Every rank reports, as Ray Train requires.
+    ray.train.report({**metrics, "last_checkpoint_step": step})
     if rank == 0:
         events.emit(
             "end",
