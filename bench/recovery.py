@@ -25,9 +25,12 @@ from typing import Any
 
 from bench.common import machine_details, write_result
 from bench.jobs import PYTHON, gpt2_command, python_env, start, wait_for_event
+from jobs.gpt2.data import MDS_COLUMNS, mds_samples
 from spotray.local_ray import LocalRayCluster
+from train.data import ensure_dataset
 from train.events import read_events
 from train.local_s3 import LocalS3Server
+from train.store import S3ObjectStore, parse_uri
 
 BUCKET = "bench-recovery"
 GRACE_S = 15.0
@@ -104,6 +107,9 @@ def main() -> int:
         root = Path(tmp)
         with LocalS3Server(root / "s3") as server:
             server.create_bucket(BUCKET)
+            # The dataset is written before round 1, so no cold start includes preparing it.
+            data_store = S3ObjectStore(parse_uri(f"s3://{BUCKET}/data"), server.config)
+            ensure_dataset(data_store, lambda: mds_samples(128), MDS_COLUMNS)
             with LocalRayCluster(num_cpus=2, log_path=root / "ray.log", env=server.env()) as cluster:
                 env = python_env({**server.env(), "RAY_ADDRESS": cluster.address})
                 rounds = [one_round(root, env, index, args) for index in range(1, args.rounds + 1)]
