@@ -42,12 +42,13 @@ from ray.train.torch import prepare_model
 from torch import nn
 
 from jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
+from jobs.common import add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
 from train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
 from train.errors import SpotrayError
 from train.events import EventLog
 from train.launcher import EXIT_BAD_INPUT, launch
 from train.resume import ResumePoint
-from train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from train.runspec import RunContext
 from train.store import ObjectStore, StoreConfig, open_store, parse_uri
 from train.worker import agree_on_resume_point, world_rank, world_size
 
@@ -287,45 +288,20 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         )
 
 
-def context_from_args(args: argparse.Namespace) -> RunContext:
-    """A run context for a job started by hand (no controller, no ``spotray run``)."""
-    if not args.checkpoint_uri:
-        raise SpotrayError(
-            "no checkpoint URI: SPOTRAY_RUN is not set and --checkpoint-uri was not given",
-            "pass --checkpoint-uri s3://BUCKET/PREFIX (and --data-uri), or start the job with `spotray run`",
-        )
-    spec = RunSpec(
-        entrypoint=" ".join(sys.argv),
-        checkpoint=CheckpointSpec(uri=args.checkpoint_uri, keep=args.keep),
-        workers=WorkerSpec(replicas=args.workers, cpu=str(args.cpu_per_worker)),
-        data=DataSpec(uri=args.data_uri),
-    )
-    return RunContext(name=args.run_name, attempt=1, spec=spec)
-
-
 def build_job_config(args: argparse.Namespace, context: RunContext, data: ShapesSpec) -> CnnJobConfig:
     spec = context.spec
-    if not spec.data.uri:
-        raise SpotrayError(
-            "jobs.cnn needs a data URI for its Parquet files and none was given",
-            "set spec.data.uri in the TrainingRun (e.g. s3://BUCKET/datasets/cnn-shapes) or pass --data-uri",
-        )
+    data_uri = required_data_uri(context, "jobs.cnn", "Parquet files", "s3://BUCKET/datasets/cnn-shapes")
     workers = spec.workers.num_workers
-    if args.batch_size % workers:
-        raise SpotrayError(
-            f"--batch-size {args.batch_size} does not split evenly over {workers} workers",
-            "make the global batch size a multiple of the number of workers",
-        )
+    per_worker_batch(args.batch_size, workers)
     if data.num_samples // workers < args.batch_size // workers:
         raise SpotrayError(
             f"{data.num_samples} samples give each of {workers} workers less than one batch "
             f"of {args.batch_size // workers}",
             "lower --batch-size or raise --samples-per-class",
         )
-    events = args.events or (Path(os.environ["SPOTRAY_EVENTS"]) if os.environ.get("SPOTRAY_EVENTS") else None)
     return CnnJobConfig(
         checkpoint_uri=spec.checkpoint.uri,
-        data_uri=spec.data.uri,
+        data_uri=data_uri,
         workdir=args.workdir / context.name,
         num_samples=data.num_samples,
         image_size=data.image_size,
@@ -334,19 +310,18 @@ def build_job_config(args: argparse.Namespace, context: RunContext, data: Shapes
         seed=args.seed,
         batch_size=args.batch_size,
         learning_rate=args.lr,
-        events_path=events,
+        events_path=events_path(args),
     )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jobs.cnn", description=__doc__.split("\n\n")[0])
-    started_by_hand = parser.add_argument_group("run settings when started by hand (SPOTRAY_RUN overrides them)")
-    started_by_hand.add_argument("--checkpoint-uri", help="s3://bucket/prefix or file:///path for checkpoints")
-    started_by_hand.add_argument("--data-uri", help="where the Parquet files are (generated there if missing)")
-    started_by_hand.add_argument("--workers", type=int, default=2, help="Ray Train workers")
-    started_by_hand.add_argument("--cpu-per-worker", type=float, default=1.0)
-    started_by_hand.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
-    started_by_hand.add_argument("--run-name", default="cnn", help="Ray run name (stable across attempts)")
+    add_run_flags(
+        parser,
+        run_name="cnn",
+        data_help="where the Parquet files are (generated there if missing)",
+        checkpoints_every_steps=False,
+    )
     parser.add_argument(
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-cnn", help="local scratch directory"
     )
@@ -357,8 +332,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--samples-per-class", type=int, default=ShapesSpec.samples_per_class, help="images generated per class"
     )
-    parser.add_argument("--create-bucket", action="store_true", help="create missing buckets")
-    parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
     args = parser.parse_args(argv)
     for name in ("epochs", "keep", "batch_size", "workers", "samples_per_class"):
         if getattr(args, name) < 1:
@@ -383,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data = ShapesSpec(samples_per_class=args.samples_per_class)
     try:
-        context = RunContext.from_env() or context_from_args(args)
+        context = run_context(args)
         config = build_job_config(args, context, data)
         store, files = prepare(config, data, create_bucket=args.create_bucket)
     except SpotrayError as error:

@@ -30,6 +30,7 @@ from typing import Any
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from jobs.common import add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
 from jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
 from train.callback import S3CheckpointCallback
 from train.data import (
@@ -43,7 +44,7 @@ from train.data import (
 from train.errors import SpotrayError
 from train.events import EventLog
 from train.launcher import EXIT_BAD_INPUT, launch, outcome_after_fit
-from train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from train.runspec import RunContext
 from train.store import ObjectStore, open_store, parse_uri
 from train.worker import PreemptionNoticeCallback, ProgressCallback, agree_on_resume_point, world_rank, world_size
 
@@ -208,38 +209,13 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         )
 
 
-def context_from_args(args: argparse.Namespace, *, workers: int | None = None) -> RunContext:
-    """A run context for a job started by hand (no controller, no ``spotray run``); torchrun sets ``workers``."""
-    if not args.checkpoint_uri:
-        raise SpotrayError(
-            "no checkpoint URI: SPOTRAY_RUN is not set and --checkpoint-uri was not given",
-            "pass --checkpoint-uri s3://BUCKET/PREFIX (and --data-uri), or start the job with `spotray run`",
-        )
-    spec = RunSpec(
-        entrypoint=" ".join(sys.argv),
-        checkpoint=CheckpointSpec(uri=args.checkpoint_uri, every_steps=args.save_steps, keep=args.keep),
-        workers=WorkerSpec(replicas=workers or args.workers, cpu=str(args.cpu_per_worker)),
-        data=DataSpec(uri=args.data_uri),
-    )
-    return RunContext(name=args.run_name, attempt=1, spec=spec)
-
-
 def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobConfig:
     spec = context.spec
-    if not spec.data.uri:
-        raise SpotrayError(
-            "jobs.gpt2 needs a data URI for its MDS shards and none was given",
-            "set spec.data.uri in the TrainingRun (e.g. s3://BUCKET/datasets/gpt2-bytes) or pass --data-uri",
-        )
-    if args.batch_size % spec.workers.num_workers:
-        raise SpotrayError(
-            f"--batch-size {args.batch_size} does not split evenly over {spec.workers.num_workers} workers",
-            "make the global batch size a multiple of the number of workers",
-        )
-    events = args.events or (Path(os.environ["SPOTRAY_EVENTS"]) if os.environ.get("SPOTRAY_EVENTS") else None)
+    data_uri = required_data_uri(context, "jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
+    per_worker_batch(args.batch_size, spec.workers.num_workers)
     return Gpt2JobConfig(
         checkpoint_uri=spec.checkpoint.uri,
-        data_uri=spec.data.uri,
+        data_uri=data_uri,
         workdir=args.workdir / context.name,
         max_steps=args.max_steps,
         save_steps=spec.checkpoint.every_steps,
@@ -250,21 +226,14 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         n_embd=args.n_embd,
         dropout=args.dropout,
         create_bucket=args.create_bucket,
-        events_path=events,
+        events_path=events_path(args),
         use_gpu=spec.workers.gpu > 0,
     )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jobs.gpt2", description=__doc__.split("\n\n")[0])
-    started_by_hand = parser.add_argument_group("run settings when started by hand (SPOTRAY_RUN overrides them)")
-    started_by_hand.add_argument("--checkpoint-uri", help="s3://bucket/prefix or file:///path for checkpoints")
-    started_by_hand.add_argument("--data-uri", help="where the MDS shards are (prepared there if missing)")
-    started_by_hand.add_argument("--workers", type=int, default=2, help="Ray Train workers")
-    started_by_hand.add_argument("--cpu-per-worker", type=float, default=1.0)
-    started_by_hand.add_argument("--save-steps", type=int, default=25, help="checkpoint every N steps")
-    started_by_hand.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
-    started_by_hand.add_argument("--run-name", default="gpt2", help="Ray run name (stable across attempts)")
+    add_run_flags(parser, run_name="gpt2", data_help="where the MDS shards are (prepared there if missing)")
     parser.add_argument(
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-gpt2", help="local scratch directory"
     )
@@ -276,8 +245,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dropout", type=float, default=0.1, help="0 makes runs with different worker counts numerically equal"
     )
-    parser.add_argument("--create-bucket", action="store_true", help="create missing buckets")
-    parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
     args = parser.parse_args(argv)
     for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd", "workers"):
         if getattr(args, name) < 1:
@@ -314,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torchrun_world = int(os.environ["WORLD_SIZE"]) if "TORCHELASTIC_RUN_ID" in os.environ else None
     try:
-        context = RunContext.from_env() or context_from_args(args, workers=torchrun_world)
+        context = run_context(args, workers=torchrun_world)
         config = build_job_config(args, context)
         if torchrun_world is not None:
             return run_under_torchrun(config, context)
