@@ -110,9 +110,14 @@ def main() -> int:
             # The dataset is written before round 1, so no cold start includes preparing it.
             data_store = S3ObjectStore(parse_uri(f"s3://{BUCKET}/data"), server.config)
             ensure_dataset(data_store, lambda: mds_samples(128), MDS_COLUMNS)
-            with LocalRayCluster(num_cpus=2, log_path=root / "ray.log", env=server.env()) as cluster:
-                env = python_env({**server.env(), "RAY_ADDRESS": cluster.address})
-                rounds = [one_round(root, env, index, args) for index in range(1, args.rounds + 1)]
+            rounds = []
+            for index in range(1, args.rounds + 1):
+                # A cluster per round: the SIGTERM at the end of a round drains every node of its
+                # cluster, and a drained node takes no new work (a new attempt gets a new cluster
+                # on Kubernetes and in local mode, too).
+                with LocalRayCluster(num_cpus=2, log_path=root / "ray.log", env=server.env()) as cluster:
+                    env = python_env({**server.env(), "RAY_ADDRESS": cluster.address})
+                    rounds.append(one_round(root, env, index, args))
     recovery_ratio = statistics.median(r["recovery_s"] / r["cold_start_s"] for r in rounds)
     sigterm_ratio = statistics.median(r["sigterm_to_complete_checkpoint_s"] for r in rounds) / GRACE_S
     details = {"rounds": rounds, "save_steps": args.save_steps, "workers": 2, **machine_details()}
