@@ -264,7 +264,7 @@ class LocalRun:
         png = plot_loss_across_attempts(
             split_attempts(read_events(self.events_path)),
             self.workdir / "loss.png",
-            f"{self.run_spec.name}: loss across workers restarts and attempts",
+            f"{self.run_spec.name}: loss across worker restarts and attempts",
         )
         self.progress.summary(self.tally, str(store.uri.join(final.prefix)), local_dir)
         self.progress.note(f"  loss curve           {png}")
