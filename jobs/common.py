@@ -8,9 +8,11 @@ from the flags that ``add_run_flags`` adds. Hyperparameters always come from the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import Any, Self
 
 from train.errors import SpotrayError
 from train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
@@ -77,3 +79,19 @@ def events_path(args: argparse.Namespace) -> Path | None:
     if args.events:
         return Path(args.events)
     return Path(os.environ["SPOTRAY_EVENTS"]) if os.environ.get("SPOTRAY_EVENTS") else None
+
+
+class LoopConfig:
+    """A mixin for a job's frozen dataclass config: plain values for Ray to ship to the workers, and back.
+
+    The config needs ``workdir: Path`` and ``events_path: Path | None`` fields.
+    """
+
+    def to_loop_config(self) -> dict[str, Any]:
+        values = dataclasses.asdict(self)  # type: ignore[call-overload]
+        return {key: str(value) if isinstance(value, Path) else value for key, value in values.items()}
+
+    @classmethod
+    def from_loop_config(cls, data: dict[str, Any]) -> Self:
+        events = data.get("events_path")
+        return cls(**{**data, "workdir": Path(data["workdir"]), "events_path": Path(events) if events else None})

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,7 @@ from ray.train.torch import prepare_model
 from torch import nn
 
 from jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
-from jobs.common import add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
+from jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
 from train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
 from train.errors import SpotrayError
 from train.events import EventLog
@@ -58,7 +58,7 @@ SHUFFLE_BUFFER = 512
 
 
 @dataclass(frozen=True)
-class CnnJobConfig:
+class CnnJobConfig(LoopConfig):
     checkpoint_uri: str
     workdir: Path
     data_uri: str
@@ -70,15 +70,6 @@ class CnnJobConfig:
     batch_size: int = 64  # global: split across workers
     learning_rate: float = 2e-3
     events_path: Path | None = None
-
-    def to_loop_config(self) -> dict[str, Any]:
-        """Plain values for Ray to ship to the workers."""
-        return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
-
-    @classmethod
-    def from_loop_config(cls, data: dict[str, Any]) -> CnnJobConfig:
-        events = data.get("events_path")
-        return cls(**{**data, "workdir": Path(data["workdir"]), "events_path": Path(events) if events else None})
 
 
 class SmallCnn(nn.Module):

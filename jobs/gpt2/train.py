@@ -23,14 +23,14 @@ import logging
 import os
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from jobs.common import add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
+from jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
 from jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
 from train.callback import S3CheckpointCallback
 from train.data import (
@@ -52,7 +52,7 @@ log = logging.getLogger("jobs.gpt2")
 
 
 @dataclass(frozen=True)
-class Gpt2JobConfig:
+class Gpt2JobConfig(LoopConfig):
     checkpoint_uri: str
     workdir: Path
     data_uri: str | None = None
@@ -70,15 +70,6 @@ class Gpt2JobConfig:
     create_bucket: bool = False
     events_path: Path | None = None
     use_gpu: bool = False
-
-    def to_loop_config(self) -> dict[str, Any]:
-        """Plain values for Ray to ship to the workers."""
-        return {key: str(value) if isinstance(value, Path) else value for key, value in asdict(self).items()}
-
-    @classmethod
-    def from_loop_config(cls, data: dict[str, Any]) -> Gpt2JobConfig:
-        events = data.get("events_path")
-        return cls(**{**data, "workdir": Path(data["workdir"]), "events_path": Path(events) if events else None})
 
 
 def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
