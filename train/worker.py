@@ -2,7 +2,8 @@
 
 - ``agree_on_resume_point``: rank 0 picks the newest complete checkpoint that verifies, every other
   rank downloads that same one (a newer checkpoint landing meanwhile must not split the ranks).
-- ``ProgressCallback``: every logged step goes to the JSON-lines event log (rank 0); under Ray Train
+- ``ProgressCallback``: every logged step goes to the JSON-lines event log and to the attempt's
+  progress object in the store (rank 0, see train/progress_log.py); under Ray Train
   the end of training also goes to ``ray.train.report`` (step, loss, the last complete checkpoint).
   Only the end: each report is a barrier across ranks through a Ray actor that measured 2.0 s per
   call on this machine; see docs/benchmarks.md (ray_vs_torchrun) for what reporting at every
@@ -38,6 +39,7 @@ from train.callback import S3CheckpointCallback
 from train.checkpoint import CheckpointInfo, complete_checkpoints, download_checkpoint, preemption_marker_key
 from train.errors import CorruptCheckpointError
 from train.events import EventLog
+from train.progress_log import ProgressWriter
 from train.resume import ResumePoint, fetch_resume_checkpoint
 from train.store import ObjectStore
 
@@ -120,9 +122,10 @@ def _find_complete(store: ObjectStore, step: int) -> CheckpointInfo:
 class ProgressCallback(TrainerCallback):
     """Each logged step to the event log; under Ray Train, the final state to ``ray.train.report``."""
 
-    def __init__(self, sync: S3CheckpointCallback, events: EventLog) -> None:
+    def __init__(self, sync: S3CheckpointCallback, events: EventLog, progress: ProgressWriter | None = None) -> None:
         self.sync = sync
         self.events = events
+        self.progress = progress  # rank 0 only: the attempt's progress object in the store
         self.report_to_ray = in_ray_train()
         self.last_loss: float | None = None
 
@@ -139,10 +142,14 @@ class ProgressCallback(TrainerCallback):
         self.last_loss = logs["loss"]
         if state.is_world_process_zero:
             self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps)
+            if self.progress is not None:
+                self.progress.record(state.global_step, logs["loss"])
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self.progress is not None:
+            self.progress.flush()
         if not self.report_to_ray:
             return
         # Runs after the S3 callback's on_train_end (it comes first in the list), so the final

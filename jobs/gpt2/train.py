@@ -44,6 +44,7 @@ from train.data import (
 from train.errors import SpotrayError
 from train.events import EventLog
 from train.launcher import EXIT_BAD_INPUT, launch, outcome_after_fit
+from train.progress_log import AttemptProgress, ProgressWriter
 from train.runspec import RunContext
 from train.store import ObjectStore, open_store, parse_uri
 from train.worker import PreemptionNoticeCallback, ProgressCallback, agree_on_resume_point, world_rank, world_size
@@ -179,7 +180,18 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         staging_dir=rank_dir / "staging",
         data_position=lambda: loader.position.to_dict(),  # noqa: PLW0108 (reads the position at save time)
     )
-    report = ProgressCallback(sync, events)
+    progress = None
+    if rank == 0:
+        progress = ProgressWriter(
+            store,
+            AttemptProgress(
+                attempt=attempt.attempt if attempt else 1,
+                resumed_from=resume_point.step if resume_point else None,
+                max_steps=config.max_steps,
+                world_size=size,
+            ),
+        )
+    report = ProgressCallback(sync, events, progress)
     notice = PreemptionNoticeCallback(sync, events, attempt=attempt.attempt if attempt else 1)
     set_seed(config.seed)
     trainer = StreamingTrainer(
