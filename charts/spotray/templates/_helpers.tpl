@@ -1,0 +1,143 @@
+{{/* The chart name, truncated to 63 characters (a DNS label). */}}
+{{- define "spotray.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The full name: `<release>-<chart>`, or the release name when it already contains the chart name. */}}
+{{- define "spotray.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "spotray.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "spotray.labels" -}}
+helm.sh/chart: {{ include "spotray.chart" . }}
+{{ include "spotray.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: spotray
+{{- end }}
+
+{{/* Selector labels: stable across upgrades, so no chart or app version here. */}}
+{{- define "spotray.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "spotray.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels and selector labels of one component (controller, minio, ...): pass (list . "component"). */}}
+{{- define "spotray.componentLabels" -}}
+{{ include "spotray.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+{{- define "spotray.componentSelectorLabels" -}}
+{{ include "spotray.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "spotray.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "spotray.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "spotray.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{- define "spotray.rayImage" -}}
+{{- default (include "spotray.image" .) .Values.ray.image }}
+{{- end }}
+
+{{- define "spotray.peeringName" -}}
+{{- default (include "spotray.fullname" .) .Values.controller.peering.name }}
+{{- end }}
+
+{{- define "spotray.minioName" -}}
+{{- printf "%s-minio" (include "spotray.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The S3 endpoint pods and the controller use: the in-cluster MinIO's full DNS name (runs live in other namespaces), or s3.endpoint. */}}
+{{- define "spotray.s3Endpoint" -}}
+{{- if and .Values.minio.enabled (not .Values.s3.endpoint) }}
+{{- printf "http://%s.%s.svc.cluster.local:9000" (include "spotray.minioName" .) .Release.Namespace }}
+{{- else }}
+{{- .Values.s3.endpoint }}
+{{- end }}
+{{- end }}
+
+{{/* The shared volume's PVC name, or "" when shared storage is off. */}}
+{{- define "spotray.sharedClaim" -}}
+{{- if .Values.sharedStorage.enabled }}
+{{- default (printf "%s-shared" (include "spotray.fullname" .)) .Values.sharedStorage.existingClaim }}
+{{- end }}
+{{- end }}
+
+{{- define "spotray.rayClusterName" -}}
+{{- default (printf "%s-ray" (include "spotray.fullname" .)) .Values.rayCluster.name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Security context of every container the chart runs as the image's user (uid/gid 1000). */}}
+{{- define "spotray.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+runAsNonRoot: true
+runAsUser: 1000
+runAsGroup: 1000
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* Container fields shared by the long-lived RayCluster's head and workers: image, S3, shared volume. */}}
+{{- define "spotray.rayContainerCommon" -}}
+image: {{ include "spotray.rayImage" . }}
+imagePullPolicy: {{ .Values.image.pullPolicy }}
+{{- with (include "spotray.s3Endpoint" .) }}
+env:
+  - name: AWS_ENDPOINT_URL
+    value: {{ . | quote }}
+  - name: S3_ENDPOINT_URL
+    value: {{ . | quote }}
+{{- end }}
+{{- with .Values.s3.existingSecret }}
+envFrom:
+  - secretRef:
+      name: {{ . }}
+{{- end }}
+{{- if .Values.sharedStorage.enabled }}
+volumeMounts:
+  - name: shared
+    mountPath: {{ .Values.sharedStorage.mountPath }}
+{{- end }}
+{{- end }}
+
+{{/* Pod fields shared by the long-lived RayCluster's head and workers. */}}
+{{- define "spotray.rayPodCommon" -}}
+securityContext:
+  fsGroup: {{ .Values.ray.fsGroup }}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .Values.sharedStorage.enabled }}
+volumes:
+  - name: shared
+    persistentVolumeClaim:
+      claimName: {{ include "spotray.sharedClaim" . }}
+{{- end }}
+{{- end }}
