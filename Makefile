@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down
+.PHONY: help setup demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -72,6 +72,9 @@ lint: setup ## ruff and mypy
 format: setup ## apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
+
+crd: setup ## regenerate the TrainingRun CRD in charts/spotray/crds from train/runspec.py (controller/crd.py)
+	$(PY) -m controller.crd --write
 
 bench: setup ## run the benchmarks; results land in bench/results/*.json
 	$(PY) bench/run_all.py

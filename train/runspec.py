@@ -28,11 +28,12 @@ API_GROUP = "spotray.dev"
 API_VERSION = f"{API_GROUP}/v1alpha1"
 KIND = "TrainingRun"
 RUN_ENV_VAR = "SPOTRAY_RUN"
+# The CRD (controller/crd.py) reuses these, so the API server and this parser agree.
 # Kubernetes object names (RFC 1123 subdomain, shortened): they become Ray run names and S3 keys too.
-_NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_MAX_NAME_LENGTH = 50  # room for "-a<attempt>" and KubeRay's own suffixes within 63
-_CPU_PATTERN = re.compile(r"^(\d+(\.\d+)?)(m?)$")
-_MEMORY_PATTERN = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = 50  # room for "-a<attempt>" and KubeRay's own suffixes within 63
+CPU_PATTERN = re.compile(r"^(\d+(\.\d+)?)(m?)$")
+MEMORY_PATTERN = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 
 
 class InvalidSpecError(SpotrayError):
@@ -53,7 +54,7 @@ class InvalidSpecError(SpotrayError):
 
 def parse_cpu(text: str) -> float:
     """A Kubernetes CPU quantity ("2", "0.5", "500m") as a number of cores."""
-    match = _CPU_PATTERN.match(text.strip())
+    match = CPU_PATTERN.match(text.strip())
     if not match:
         raise ValueError(f'{text!r} is not a CPU quantity (write e.g. "2", "0.5" or "500m")')
     value = float(match.group(1))
@@ -261,7 +262,7 @@ def _check_resources(reader: _Reader, cpu: str, memory: str, path: str) -> None:
             reader.problems.append(f"{path}.cpu: must be more than 0, got {cpu!r}")
     except ValueError as error:
         reader.problems.append(f"{path}.cpu: {error}")
-    if not _MEMORY_PATTERN.match(memory):
+    if not MEMORY_PATTERN.match(memory):
         reader.problems.append(f'{path}.memory: {memory!r} is not a memory quantity (write e.g. "4Gi" or "512Mi")')
 
 
@@ -342,9 +343,9 @@ def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun
         problems.append(f"kind: must be {KIND}, got {document.get('kind')!r}")
     metadata = document.get("metadata") or {}
     name = metadata.get("name") if isinstance(metadata, dict) else None
-    if not isinstance(name, str) or not _NAME_PATTERN.match(name) or len(name) > _MAX_NAME_LENGTH:
+    if not isinstance(name, str) or not NAME_PATTERN.match(name) or len(name) > MAX_NAME_LENGTH:
         problems.append(
-            f"metadata.name: must be lowercase letters, digits and '-', at most {_MAX_NAME_LENGTH} characters, "
+            f"metadata.name: must be lowercase letters, digits and '-', at most {MAX_NAME_LENGTH} characters, "
             f"got {name!r}"
         )
     namespace = metadata.get("namespace", "default") if isinstance(metadata, dict) else "default"
