@@ -111,11 +111,11 @@ def write_attempt_marker(store: ObjectStore, context: RunContext, outcome: Attem
     store.put_bytes(attempt_outcome_key(context.attempt), json.dumps(marker, sort_keys=True).encode())
 
 
-def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
-    """Tell Ray every node is being preempted (what a spot notice or a pod's preStop hook does for one node).
+def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) -> int:
+    """Tell Ray these nodes are being preempted; returns how many accepted the drain.
 
     Ray Train passes the notice to the workers through ``ray.train.get_preemption_info``; they take
-    an emergency checkpoint and stop. Returns how many nodes accepted the drain.
+    an emergency checkpoint and stop.
     """
     from ray.core.generated import autoscaler_pb2  # noqa: PLC0415 (generated protobufs, only needed here)
 
@@ -124,11 +124,16 @@ def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
     deadline_ms = int(time.time() * 1000) + grace_seconds * 1000
     reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")  # type: ignore[attr-defined]
     accepted = 0
-    for node in ray.nodes():  # type: ignore[no-untyped-call]
-        if node.get("Alive"):
-            ok, _ = gcs.drain_node(node["NodeID"], reason, reason_message, deadline_ms)
-            accepted += int(ok)
+    for node_id in node_ids:
+        ok, _ = gcs.drain_node(node_id, reason, reason_message, deadline_ms)
+        accepted += int(ok)
     return accepted
+
+
+def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
+    """Drain every live node: what the driver does with its own SIGTERM (the whole cluster is going)."""
+    alive = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+    return drain_nodes(alive, reason_message, grace_seconds)
 
 
 def spotray_env_for_workers(environ: dict[str, str] | None = None) -> dict[str, str]:

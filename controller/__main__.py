@@ -1,0 +1,42 @@
+"""``python -m controller``: run the TrainingRun operator (what the chart's Deployment runs).
+
+Settings come from the environment (controller/config.py). With SPOTRAY_NAMESPACES empty it
+watches every namespace; with SPOTRAY_PEERING set, replicas elect one active instance through kopf
+peering (the chart installs the peering CRDs), otherwise it runs standalone.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import kopf
+
+from train.errors import SpotrayError
+
+
+def main() -> int:
+    from controller.config import ControllerConfig  # noqa: PLC0415 - parse settings before anything else
+
+    try:
+        config = ControllerConfig.from_env()
+    except SpotrayError as error:
+        print(f"spotray controller: {error}", file=sys.stderr)
+        return 2
+    log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.PLAIN
+    kopf.configure(verbose=False, log_format=log_format)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    import controller.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
+
+    kopf.run(
+        clusterwide=not config.namespaces,
+        namespaces=config.namespaces,
+        standalone=config.peering is None,
+        peering_name=config.peering,
+        liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""The controller's settings: every one comes from an environment variable, read here and nowhere else.
+
+The Helm chart sets these on the controller Deployment (charts/spotray/values.yaml documents each);
+a developer running ``python -m controller`` against a test cluster sets the few they need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from train.errors import SpotrayError
+
+SPOT_LABEL = "spotray.dev/capacity"
+SPOT_TAINT_KEY = "spotray.dev/spot"
+SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
+
+
+def _json_env(environ: dict[str, str], name: str, default: Any, kind: type) -> Any:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise SpotrayError(f"{name} is not valid JSON: {error}", f"set {name} to a JSON {kind.__name__}") from None
+    if not isinstance(value, kind):
+        fix = f"set {name} to a JSON {kind.__name__}"
+        raise SpotrayError(f"{name} must be a JSON {kind.__name__}, got {raw!r}", fix)
+    return value
+
+
+def _int_env(environ: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
+    raw = environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SpotrayError(f"{name} must be an integer, got {raw!r}", f"set {name} to a whole number") from None
+    if value < minimum:
+        raise SpotrayError(f"{name} must be >= {minimum}, got {value}", f"set {name} to {minimum} or more")
+    return value
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """What the controller needs beyond each TrainingRun's own spec."""
+
+    namespaces: tuple[str, ...] = ()  # empty: every namespace (cluster-wide)
+    default_image: str = "spotray/spotray:0.1.0"
+    ray_version: str = "2.60.0"
+    # K8sJobMode: KubeRay runs `ray job submit` in a pod. HTTPMode: the operator itself posts the
+    # job to the head's dashboard (what the Docker-free test bed uses, where pods run nothing).
+    submission_mode: str = "K8sJobMode"
+    head_node_selector: dict[str, str] = field(default_factory=lambda: {SPOT_LABEL: "on-demand"})
+    head_tolerations: list[dict[str, Any]] = field(default_factory=list)
+    spot_node_selector: dict[str, str] = field(default_factory=lambda: {SPOT_LABEL: "spot"})
+    spot_tolerations: list[dict[str, Any]] = field(
+        default_factory=lambda: [{"key": SPOT_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    )
+    s3_secret: str | None = None  # default Secret with AWS_* keys when a run names none
+    s3_endpoint: str | None = None  # given to pods, and used here to read checkpoints
+    shared_pvc: str | None = None
+    shared_mount_path: str = "/mnt/shared"
+    fs_group: int = 1000
+    ray_cluster_selector: dict[str, str] = field(default_factory=dict)
+    rayjob_ttl_seconds: int = 600
+    worker_grace_seconds: int = 120
+    reconcile_interval_seconds: int = 10
+    # A failed RayJob is judged only this long after it ended, so that a pod's disruption that
+    # caused it (reported on its own watch stream) is seen first.
+    settle_seconds: int = 5
+    metrics_port: int = 9090
+    health_port: int = 8080
+    peering: str | None = None
+    log_format: str = "text"
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> ControllerConfig:
+        env = dict(os.environ if environ is None else environ)
+        defaults = cls()
+        mode = env.get("SPOTRAY_SUBMISSION_MODE", defaults.submission_mode)
+        if mode not in SUBMISSION_MODES:
+            raise SpotrayError(
+                f"SPOTRAY_SUBMISSION_MODE must be one of {', '.join(SUBMISSION_MODES)}, got {mode!r}",
+                "use K8sJobMode on a real cluster",
+            )
+        log_format = env.get("SPOTRAY_LOG_FORMAT", defaults.log_format)
+        if log_format not in ("text", "json"):
+            raise SpotrayError(f"SPOTRAY_LOG_FORMAT must be text or json, got {log_format!r}", "use json or text")
+        namespaces = tuple(ns.strip() for ns in env.get("SPOTRAY_NAMESPACES", "").split(",") if ns.strip())
+        return cls(
+            namespaces=namespaces,
+            default_image=env.get("SPOTRAY_DEFAULT_IMAGE") or defaults.default_image,
+            ray_version=env.get("SPOTRAY_RAY_VERSION") or defaults.ray_version,
+            submission_mode=mode,
+            head_node_selector=_json_env(env, "SPOTRAY_HEAD_NODE_SELECTOR", defaults.head_node_selector, dict),
+            head_tolerations=_json_env(env, "SPOTRAY_HEAD_TOLERATIONS", defaults.head_tolerations, list),
+            spot_node_selector=_json_env(env, "SPOTRAY_SPOT_NODE_SELECTOR", defaults.spot_node_selector, dict),
+            spot_tolerations=_json_env(env, "SPOTRAY_SPOT_TOLERATIONS", defaults.spot_tolerations, list),
+            s3_secret=env.get("SPOTRAY_S3_SECRET") or None,
+            s3_endpoint=env.get("SPOTRAY_S3_ENDPOINT") or None,
+            shared_pvc=env.get("SPOTRAY_SHARED_PVC") or None,
+            shared_mount_path=env.get("SPOTRAY_SHARED_MOUNT_PATH") or defaults.shared_mount_path,
+            fs_group=_int_env(env, "SPOTRAY_FS_GROUP", defaults.fs_group),
+            ray_cluster_selector=_json_env(env, "SPOTRAY_RAY_CLUSTER_SELECTOR", {}, dict),
+            rayjob_ttl_seconds=_int_env(env, "SPOTRAY_RAYJOB_TTL_SECONDS", defaults.rayjob_ttl_seconds),
+            worker_grace_seconds=_int_env(env, "SPOTRAY_WORKER_GRACE_SECONDS", defaults.worker_grace_seconds, 1),
+            reconcile_interval_seconds=_int_env(
+                env, "SPOTRAY_RECONCILE_INTERVAL_SECONDS", defaults.reconcile_interval_seconds, 1
+            ),
+            settle_seconds=_int_env(env, "SPOTRAY_SETTLE_SECONDS", defaults.settle_seconds),
+            metrics_port=_int_env(env, "SPOTRAY_METRICS_PORT", defaults.metrics_port),
+            health_port=_int_env(env, "SPOTRAY_HEALTH_PORT", defaults.health_port),
+            peering=env.get("SPOTRAY_PEERING") or None,
+            log_format=log_format,
+        )

@@ -1,0 +1,114 @@
+"""The few Kubernetes calls the controller makes, over the official client, with 404/409 made explicit."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from datetime import datetime
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from controller.lifecycle import Event, timestamp
+from train.runspec import API_GROUP, KIND
+
+log = logging.getLogger(__name__)
+
+RUN_VERSION = "v1alpha1"
+RUN_PLURAL = "trainingruns"
+RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL = "ray.io", "v1", "rayjobs"
+COMPONENT = "spotray-controller"
+
+
+class Cluster:
+    """TrainingRuns, RayJobs, Secrets and Events in one API server."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            run = self.custom.get_namespaced_custom_object(API_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], run)
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            API_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name, {"status": status}
+        )
+
+    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            job = self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return cast(dict[str, Any], job)
+
+    def create_rayjob(self, body: dict[str, Any]) -> bool:
+        """Create it; False when it already exists (the attempt's name is the idempotency key)."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body)
+        except ApiException as error:
+            if error.status == 409:
+                return False
+            raise
+        return True
+
+    def delete_rayjob(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def annotate_rayjob(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        try:
+            self.custom.patch_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, {"metadata": {"annotations": annotations}}
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's data, decoded; None when it does not exist."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+
+    def post_event(self, run: dict[str, Any], event: Event, now: datetime) -> None:
+        """A core/v1 Event on the TrainingRun: what `kubectl describe trainingrun` shows."""
+        meta = run["metadata"]
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{API_GROUP}/{RUN_VERSION}",
+                "kind": KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": event.type,
+            "reason": event.reason,
+            "message": event.message[:1024],
+            "source": {"component": COMPONENT},
+            "firstTimestamp": timestamp(now),
+            "lastTimestamp": timestamp(now),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], body)  # type: ignore[arg-type] # a dict is accepted
+        except ApiException as error:  # an event is a courtesy: never fail a reconcile over one
+            log.warning("could not post event %s on %s: %s", event.reason, meta["name"], error.reason)

@@ -1,0 +1,183 @@
+"""TrainingRun + attempt number -> the KubeRay RayJob for that attempt, as a plain dict (pure).
+
+One RayJob per attempt, named ``<run>-a<N>``: the name is the idempotency key (a second create
+of the same attempt is refused by the API server, never duplicated). What goes in:
+
+- the run's entrypoint, and a runtime env whose ``SPOTRAY_RUN`` carries the run name, attempt and
+  spec to the job (train/runspec.RunContext); the user's ``runtimeEnv`` is kept and merged;
+- a head on on-demand nodes with ``num-cpus: 0`` (it hosts the driver, never training workers), and
+  a worker group on spot nodes (node selector + toleration), one pod per replica, GPUs as limits;
+- S3 credentials by reference only (``envFrom`` the Secret), never copied into the RayJob;
+- a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
+  take an emergency checkpoint within the grace period (train/drain.py);
+- the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
+- ``shutdownAfterJobFinishes`` + TTL so a finished attempt's cluster goes away, and
+  ``backoffLimit: 0``: retries are the controller's (it tells preemptions from failures).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from controller.config import ControllerConfig
+from train.runspec import API_VERSION, KIND, RunContext, TrainingRun
+
+RUN_LABEL = "spotray.dev/run"
+ATTEMPT_LABEL = "spotray.dev/attempt"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
+WORKER_GROUP = "workers"
+SHARED_VOLUME = "shared"
+
+
+def rayjob_name(run_name: str, attempt: int) -> str:
+    return f"{run_name}-a{attempt}"
+
+
+def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": run_name,
+        "uid": run_uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _runtime_env(run: TrainingRun, attempt: int) -> dict[str, Any]:
+    user = dict(run.spec.runtime_env)
+    env_vars = {str(k): str(v) for k, v in (user.pop("env_vars", None) or {}).items()}
+    env_vars.update(RunContext(name=run.name, attempt=attempt, spec=run.spec).to_env())
+    return {**user, "env_vars": env_vars}
+
+
+def _s3_env(run: TrainingRun, config: ControllerConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, envFrom) for S3 access: the Secret by reference, the endpoint as plain config."""
+    env: list[dict[str, Any]] = []
+    if config.s3_endpoint:
+        # MosaicML streaming reads S3_ENDPOINT_URL; boto3 and our store read AWS_ENDPOINT_URL.
+        env += [
+            {"name": "AWS_ENDPOINT_URL", "value": config.s3_endpoint},
+            {"name": "S3_ENDPOINT_URL", "value": config.s3_endpoint},
+        ]
+    secret = run.spec.checkpoint.secret_ref or config.s3_secret
+    env_from = [{"secretRef": {"name": secret}}] if secret else []
+    return env, env_from
+
+
+def _pod_template(
+    run: TrainingRun,
+    attempt: int,
+    config: ControllerConfig,
+    *,
+    container: dict[str, Any],
+    node_selector: dict[str, str],
+    tolerations: list[dict[str, Any]],
+    grace_seconds: int | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [container]}
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    if grace_seconds is not None:
+        spec["terminationGracePeriodSeconds"] = grace_seconds
+    if config.shared_pvc:
+        spec["securityContext"] = {"fsGroup": config.fs_group}
+        spec["volumes"] = [{"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": config.shared_pvc}}]
+        container["volumeMounts"] = [{"name": SHARED_VOLUME, "mountPath": config.shared_mount_path}]
+    labels = {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY}
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _container(name: str, image: str, *, cpu: str, memory: str, env: list[Any], env_from: list[Any]) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
+    }
+    if env:
+        container["env"] = copy.deepcopy(env)
+    if env_from:
+        container["envFrom"] = copy.deepcopy(env_from)
+    return container
+
+
+def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> dict[str, Any]:
+    image = run.spec.image or config.default_image
+    env, env_from = _s3_env(run, config)
+    head = _container("ray-head", image, cpu=run.spec.head.cpu, memory=run.spec.head.memory, env=env, env_from=env_from)
+    workers = run.spec.workers
+    worker = _container("ray-worker", image, cpu=workers.cpu, memory=workers.memory, env=env, env_from=env_from)
+    if workers.gpu:
+        worker["resources"]["limits"]["nvidia.com/gpu"] = workers.gpu
+    # A spot notice reaches the pod as SIGTERM after preStop: drain first so Ray Train checkpoints.
+    grace = config.worker_grace_seconds
+    worker["lifecycle"] = {
+        "preStop": {"exec": {"command": ["python", "-m", "train.drain", "--deadline-seconds", str(grace)]}}
+    }
+    worker_selector = config.spot_node_selector if workers.spot else config.head_node_selector
+    worker_tolerations = config.spot_tolerations if workers.spot else config.head_tolerations
+    return {
+        "rayVersion": config.ray_version,
+        "headGroupSpec": {
+            "rayStartParams": {"num-cpus": "0"},
+            "template": _pod_template(
+                run,
+                attempt,
+                config,
+                container=head,
+                node_selector=config.head_node_selector,
+                tolerations=config.head_tolerations,
+            ),
+        },
+        "workerGroupSpecs": [
+            {
+                "groupName": WORKER_GROUP,
+                "replicas": workers.replicas,
+                "minReplicas": workers.replicas,
+                "maxReplicas": workers.replicas,
+                "rayStartParams": {},
+                "template": _pod_template(
+                    run,
+                    attempt,
+                    config,
+                    container=worker,
+                    node_selector=worker_selector,
+                    tolerations=worker_tolerations,
+                    grace_seconds=grace,
+                ),
+            }
+        ],
+    }
+
+
+def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
+    """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it)."""
+    spec: dict[str, Any] = {
+        "entrypoint": run.spec.entrypoint,
+        "runtimeEnvYAML": yaml.safe_dump(_runtime_env(run, attempt), sort_keys=True),
+        "submissionMode": config.submission_mode,
+        "backoffLimit": 0,
+    }
+    if config.ray_cluster_selector:
+        # A long-lived RayCluster (the chart's optional one): nothing to create or shut down.
+        spec["clusterSelector"] = dict(config.ray_cluster_selector)
+    else:
+        spec["shutdownAfterJobFinishes"] = True
+        spec["ttlSecondsAfterFinished"] = config.rayjob_ttl_seconds
+        spec["rayClusterSpec"] = _cluster_spec(run, attempt, config)
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {
+            "name": rayjob_name(run.name, attempt),
+            "namespace": run.namespace,
+            "labels": {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY},
+            "ownerReferences": [owner_reference(run.name, run_uid)],
+        },
+        "spec": spec,
+    }

@@ -1,0 +1,187 @@
+"""Every transition of controller/lifecycle.plan, without a cluster (``now`` is an argument)."""
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from controller.lifecycle import (
+    AttemptMarkers,
+    Observation,
+    RayJobView,
+    RunState,
+    conditions,
+    plan,
+)
+from train.runspec import parse_training_run
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+
+
+def run(**spec_overrides: object):
+    spec = {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/r"}}
+    spec["retry"] = {"maxPreemptions": 2, "maxFailures": 1, "backoffSeconds": 10}
+    spec.update(spec_overrides)
+    return parse_training_run(
+        {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "r"}, "spec": spec}
+    )
+
+
+def step(state: RunState, job: RayJobView | None, markers: AttemptMarkers | None = None, now=NOW, **spec):
+    return plan(Observation(run(**spec), state, job, markers or AttemptMarkers(), settle_seconds=5), now)
+
+
+RUNNING_JOB = RayJobView(job_status="RUNNING", deployment_status="Running")
+FAILED_JOB = RayJobView("FAILED", "Failed", "job exited 1", end_time=NOW - timedelta(seconds=30))
+
+
+def started() -> RunState:
+    return step(RunState(), None).state
+
+
+def test_a_new_run_starts_attempt_one() -> None:
+    result = step(RunState(), None)
+    assert result.create_attempt == 1
+    assert result.state.current.rayJob == "r-a1"
+    assert result.state.phase == "Pending"
+    assert [e.reason for e in result.events] == ["AttemptStarted"]
+
+
+def test_a_running_job_makes_the_run_running_and_creates_nothing() -> None:
+    result = step(started(), RUNNING_JOB)
+    assert result.state.phase == "Running"
+    assert result.create_attempt is None
+
+
+def test_a_missing_rayjob_of_the_current_attempt_is_created_again_with_the_same_attempt() -> None:
+    result = step(step(started(), RUNNING_JOB).state, None)
+    assert result.create_attempt == 1
+
+
+def test_success_ends_the_run() -> None:
+    result = step(started(), RayJobView("SUCCEEDED", "Complete"))
+    assert result.state.phase == "Succeeded"
+    assert result.state.current.outcome == "Succeeded"
+    assert step(result.state, None).create_attempt is None  # terminal
+
+
+@pytest.mark.parametrize(
+    ("job", "markers", "reason"),
+    [
+        (FAILED_JOB, AttemptMarkers(preempted={"step": 40}), "SpotNotice"),
+        (FAILED_JOB, AttemptMarkers(outcome={"exit_code": 143, "step": 40}), "SpotNotice"),
+        (replace(FAILED_JOB, disruption="pod w on node spot-1: DeletionByPodGC"), AttemptMarkers(), "NodeLost"),
+    ],
+)
+def test_preemption_facts_count_as_preemptions_not_failures(job, markers, reason) -> None:
+    result = step(started(), job, markers)
+    assert result.state.current.outcome == "Preempted"
+    assert result.state.current.reason == reason
+    assert (result.state.preemptions, result.state.failures) == (1, 0)
+    assert result.state.phase == "Resuming"
+    assert result.state.next_attempt_time == "2026-11-23T12:00:10Z"  # backoffSeconds
+
+
+def test_a_failure_without_facts_of_preemption_counts_against_the_failure_budget() -> None:
+    result = step(started(), FAILED_JOB)
+    assert result.state.current.outcome == "Failed"
+    assert result.state.current.reason == "TrainingFailed"
+    assert result.state.current.message == "job exited 1"
+    assert (result.state.preemptions, result.state.failures) == (0, 1)
+
+
+def test_bad_input_exit_code_is_named() -> None:
+    result = step(started(), FAILED_JOB, AttemptMarkers(outcome={"exit_code": 2, "detail": "bucket x missing"}))
+    assert (result.state.current.reason, result.state.current.message) == ("BadInput", "bucket x missing")
+
+
+def test_a_fresh_failure_waits_for_disruption_reports_to_settle() -> None:
+    just_failed = replace(FAILED_JOB, end_time=NOW - timedelta(seconds=1))
+    result = step(started(), just_failed)
+    assert result.state == started()
+    assert result.requeue_after_s == pytest.approx(4)
+
+
+def test_the_next_attempt_waits_for_the_backoff_then_starts() -> None:
+    resuming = step(started(), FAILED_JOB, AttemptMarkers(preempted={"step": 4})).state
+    early = step(resuming, None, now=NOW + timedelta(seconds=5))
+    assert early.create_attempt is None
+    assert early.requeue_after_s == pytest.approx(5)
+    due = step(resuming, None, now=NOW + timedelta(seconds=10))
+    assert due.create_attempt == 2
+    assert due.state.current.rayJob == "r-a2"
+    assert [a.attempt for a in due.state.attempts] == [1, 2]
+
+
+def test_failure_backoff_doubles_with_each_failure() -> None:
+    budget = {"maxPreemptions": 2, "maxFailures": 5, "backoffSeconds": 10}
+    state = step(started(), FAILED_JOB, retry=budget).state
+    assert state.next_attempt_time == "2026-11-23T12:00:10Z"
+    state = step(state, None, now=NOW + timedelta(seconds=10), retry=budget).state
+    state = step(state, FAILED_JOB, retry=budget).state
+    assert state.next_attempt_time == "2026-11-23T12:00:20Z"
+
+
+def test_exhausting_the_failure_budget_fails_the_run_with_a_clear_condition() -> None:
+    state = step(started(), FAILED_JOB).state  # failure 1 of maxFailures=1: retried
+    state = step(state, None, now=NOW + timedelta(seconds=60)).state  # attempt 2
+    result = step(state, FAILED_JOB, now=NOW + timedelta(seconds=90))
+    assert result.state.phase == "Failed"
+    assert result.state.failures == 2
+    assert "maxFailures=1" in result.state.message
+    failed = next(c for c in conditions(result.state, [], 1, NOW) if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "FailureBudgetExhausted")
+    assert [e.reason for e in result.events] == ["FailureBudgetExhausted"]
+
+
+def test_preemptions_have_their_own_budget() -> None:
+    state = started()
+    preempted = AttemptMarkers(preempted={"step": 1})
+    for attempt in range(3):  # maxPreemptions=2: the third preemption ends the run
+        now = NOW + timedelta(minutes=attempt)
+        state = step(state, FAILED_JOB, preempted, now=now).state
+        if state.phase == "Failed":
+            break
+        state = step(state, None, now=now + timedelta(seconds=30)).state
+    assert state.phase == "Failed"
+    assert (state.preemptions, state.failures) == (3, 0)
+    assert "maxPreemptions=2" in state.message
+
+
+def test_suspend_stops_the_attempt_and_unsuspend_starts_the_next() -> None:
+    running = step(started(), RUNNING_JOB).state
+    suspended = step(running, RUNNING_JOB, suspend=True)
+    assert suspended.delete_rayjob == "r-a1"
+    assert suspended.state.phase == "Suspended"
+    assert suspended.state.current.outcome == "Suspended"
+    assert (suspended.state.preemptions, suspended.state.failures) == (0, 0)
+    again = step(suspended.state, None, suspend=True)
+    assert (again.delete_rayjob, again.create_attempt) == (None, None)
+    resumed = step(suspended.state, None)
+    assert resumed.create_attempt == 2
+
+
+def test_a_run_created_suspended_starts_nothing() -> None:
+    result = step(RunState(), None, suspend=True)
+    assert result.state.phase == "Suspended"
+    assert result.create_attempt is None
+
+
+def test_state_round_trips_through_the_status() -> None:
+    state = step(started(), FAILED_JOB, AttemptMarkers(preempted={"step": 4})).state
+    status = state.to_status()
+    status["conditions"] = conditions(state, [], 3, NOW)
+    assert RunState.from_status(status) == state
+    assert status["attempt"] == 1 and status["preemptions"] == 1
+
+
+def test_condition_transition_time_changes_only_when_the_status_does() -> None:
+    state = started()
+    first = conditions(state, [], 1, NOW)
+    later = conditions(replace(state, phase="Running"), first, 2, NOW + timedelta(minutes=5))
+    progressing = next(c for c in later if c["type"] == "Progressing")
+    assert progressing["lastTransitionTime"] == "2026-11-23T12:00:00Z"
+    assert progressing["reason"] == "Running"
+    assert progressing["observedGeneration"] == 2

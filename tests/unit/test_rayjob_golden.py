@@ -1,0 +1,70 @@
+"""Golden tests: TrainingRun (+ controller settings) -> the RayJob the controller creates.
+
+Each tests/data/controller/<case>.input.yaml holds the controller's environment, the attempt and the
+TrainingRun; <case>.rayjob.yaml is the expected RayJob. After an intended change to the builder,
+regenerate with `SPOTRAY_UPDATE_GOLDEN=1 pytest tests/unit/test_rayjob_golden.py` and review the diff.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from controller.config import ControllerConfig
+from controller.rayjob import build_rayjob
+from train.runspec import RUN_ENV_VAR, RunContext, parse_training_run
+
+pytestmark = pytest.mark.unit
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "controller"
+CASES = sorted(p.name.removesuffix(".input.yaml") for p in DATA.glob("*.input.yaml"))
+
+
+def build(case: str) -> dict:
+    document = yaml.safe_load((DATA / f"{case}.input.yaml").read_text())
+    run = parse_training_run(document["trainingRun"])
+    config = ControllerConfig.from_env(document["controllerEnv"])
+    return build_rayjob(run, document["attempt"], "uid-of-the-run", config)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rayjob_matches_the_golden_file(case: str) -> None:
+    built = build(case)
+    expected_path = DATA / f"{case}.rayjob.yaml"
+    if os.environ.get("SPOTRAY_UPDATE_GOLDEN"):
+        expected_path.write_text(yaml.safe_dump(built, sort_keys=True))
+    assert expected_path.exists(), f"{expected_path} missing: run with SPOTRAY_UPDATE_GOLDEN=1 and review it"
+    assert built == yaml.safe_load(expected_path.read_text())
+
+
+def test_there_are_golden_cases() -> None:
+    assert len(CASES) >= 3
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_job_gets_its_run_context_and_no_credentials(case: str) -> None:
+    built = build(case)
+    runtime_env = yaml.safe_load(built["spec"]["runtimeEnvYAML"])
+    context = RunContext.from_env(runtime_env["env_vars"])
+    assert context is not None
+    assert context.name == built["metadata"]["labels"]["spotray.dev/run"]
+    assert str(context.attempt) == built["metadata"]["labels"]["spotray.dev/attempt"]
+    assert built["metadata"]["name"] == f"{context.name}-a{context.attempt}"
+    text = json.dumps(built)
+    assert "AWS_SECRET_ACCESS_KEY" not in text and "AWS_ACCESS_KEY_ID" not in text
+    assert RUN_ENV_VAR in runtime_env["env_vars"]
+
+
+def test_user_runtime_env_is_kept_beside_the_run_context() -> None:
+    runtime_env = yaml.safe_load(build("gpu-nfs")["spec"]["runtimeEnvYAML"])
+    assert runtime_env["pip"] == ["einops"]
+    assert runtime_env["env_vars"]["HF_HOME"] == "/mnt/shared/hf"
+
+
+def test_workers_drain_their_ray_node_before_sigterm() -> None:
+    worker = build("gpu-nfs")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker["terminationGracePeriodSeconds"] == 30
+    command = worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["python", "-m", "train.drain", "--deadline-seconds", "30"]

@@ -1,0 +1,60 @@
+"""``python -m train.drain``: a Ray worker pod's preStop hook for spot notices.
+
+Kubernetes runs the hook before it sends SIGTERM, and waits for it within the pod's grace period.
+The hook drains this pod's Ray node as a preemption (what ``ray drain-node --reason
+DRAIN_NODE_REASON_PREEMPTION`` does), which Ray Train turns into a notice for the training workers:
+they take an emergency checkpoint, wait until it is complete in S3, and stop. The hook then waits
+until no Ray Train worker is left on this node (or the deadline nears), so the SIGTERM that follows
+does not cut the checkpoint short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+
+import ray
+
+from train.launcher import drain_nodes
+
+log = logging.getLogger("spotray.drain")
+# Leave the last seconds of the grace period to Kubernetes' SIGTERM and Ray's own shutdown.
+_MARGIN_S = 3.0
+_POLL_S = 1.0
+
+
+def training_workers_on(node_id: str) -> int:
+    """Live Ray Train worker actors on the node (0 when the state API cannot tell)."""
+    from ray.util.state import list_actors  # noqa: PLC0415 (needs the dashboard; only used here)
+
+    actors = list_actors(filters=[("node_id", "=", node_id), ("state", "=", "ALIVE")], raise_on_missing_output=False)
+    return sum(1 for actor in actors if "TrainWorker" in (actor.class_name or ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deadline-seconds", type=int, required=True, help="the pod's termination grace period")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s spotray.drain: %(message)s")
+    started = time.monotonic()
+    ray.init(address="auto", logging_level=logging.WARNING)
+    node_id = ray.get_runtime_context().get_node_id()
+    accepted = drain_nodes([node_id], "spotray: pod preStop (spot notice)", args.deadline_seconds)
+    log.info("drain of node %s %s", node_id, "accepted" if accepted else "refused")
+    while time.monotonic() - started < args.deadline_seconds - _MARGIN_S:
+        try:
+            remaining = training_workers_on(node_id)
+        except Exception as error:  # noqa: BLE001 - the hook must never fail the pod's shutdown
+            log.warning("cannot list this node's actors (%s); not waiting", error)
+            return 0
+        if remaining == 0:
+            log.info("no training worker left on this node after %.1f s", time.monotonic() - started)
+            return 0
+        time.sleep(_POLL_S)
+    log.warning("deadline near with training workers still on this node; letting Kubernetes stop the pod")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
