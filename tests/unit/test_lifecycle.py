@@ -174,7 +174,8 @@ def test_state_round_trips_through_the_status() -> None:
     status = state.to_status()
     status["conditions"] = conditions(state, [], 3, NOW)
     assert RunState.from_status(status) == state
-    assert status["attempt"] == 1 and status["preemptions"] == 1
+    assert status["attempt"] == 1
+    assert status["preemptions"] == 1
 
 
 def test_condition_transition_time_changes_only_when_the_status_does() -> None:

@@ -53,7 +53,8 @@ def test_the_job_gets_its_run_context_and_no_credentials(case: str) -> None:
     assert str(context.attempt) == built["metadata"]["labels"]["spotray.dev/attempt"]
     assert built["metadata"]["name"] == f"{context.name}-a{context.attempt}"
     text = json.dumps(built)
-    assert "AWS_SECRET_ACCESS_KEY" not in text and "AWS_ACCESS_KEY_ID" not in text
+    assert "AWS_SECRET_ACCESS_KEY" not in text
+    assert "AWS_ACCESS_KEY_ID" not in text
     assert RUN_ENV_VAR in runtime_env["env_vars"]
 
 
