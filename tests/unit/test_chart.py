@@ -1,0 +1,521 @@
+"""The Helm chart, rendered by the real helm binary: `helm lint`, `helm template` with each values
+file under tests/data/chart/, and values.schema.json refusing typos and bad values.
+
+helm comes from the test bed cache (hack/testbed/build.sh builds it from the Go module proxy);
+when it is missing the tests fail and say how to build it, they never skip.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from controller.config import ControllerConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+
+import testbed as tb  # noqa: E402 - lives in hack/testbed, shared with the e2e tests
+
+pytestmark = pytest.mark.unit
+
+CHART = ROOT / "charts" / "spotray"
+VALUES_DIR = ROOT / "tests" / "data" / "chart"
+VALUES_FILES = sorted(p.name for p in VALUES_DIR.glob("*.yaml"))
+NAMESPACE = "spotray-system"
+RELEASE = "sr"
+FULLNAME = "sr-spotray"
+
+# What each values file renders (kind -> count); hook Jobs included, as `helm template` prints them.
+EXPECTED_KINDS = {
+    "defaults.yaml": {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1, "Service": 1},
+    "existing-s3-secret.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+    },
+    "minio.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 2,
+        "StatefulSet": 1,
+        "Job": 1,
+    },
+    "nfs.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+        "PersistentVolume": 1,
+        "PersistentVolumeClaim": 1,
+        "Job": 1,
+    },
+    "storage-class.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+        "PersistentVolumeClaim": 1,
+        "Job": 1,
+    },
+    # Two namespaces: a Role and a RoleBinding in each; the only ClusterRole reads CRDs.
+    "namespaced.yaml": {
+        "ServiceAccount": 1,
+        "Role": 2,
+        "RoleBinding": 2,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+    },
+    "ha.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+        "ClusterKopfPeering": 1,
+    },
+    "ha-namespaced.yaml": {
+        "ServiceAccount": 1,
+        "Role": 1,
+        "RoleBinding": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+        "KopfPeering": 1,
+    },
+    "raycluster.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 2,
+        "StatefulSet": 1,
+        "Job": 2,  # MinIO's buckets, and the shared volume's permissions (an existing claim too)
+        "RayCluster": 1,
+    },
+}
+
+# The controller's contract (controller/config.py): what it must be allowed to do.
+NAMESPACED_PERMISSIONS = {
+    ("spotray.dev", "trainingruns"): {"get", "list", "watch", "patch", "update"},
+    ("spotray.dev", "trainingruns/status"): {"get", "list", "watch", "patch", "update"},
+    ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("ray.io", "rayclusters"): {"get", "list", "watch"},
+    ("", "pods"): {"get", "list", "watch"},
+    ("", "secrets"): {"get"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CLUSTER_ONLY_PERMISSIONS = {
+    ("", "nodes"): {"get", "list", "watch"},
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    return helm_binary()
+
+
+def helm_binary() -> Path:
+    try:
+        return tb.binary("helm")
+    except FileNotFoundError as error:
+        pytest.fail(f"{error}. Build it with `make testbed` (helm alone: about 2 minutes cold, cached after).")
+
+
+@functools.cache
+def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, check=False, timeout=120)
+
+
+def render(values_file: str | None = None, *sets: str) -> list[dict[str, Any]]:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    if values_file:
+        args += ["--values", str(VALUES_DIR / values_file)]
+    for item in sets:
+        args += ["--set", item]
+    result = run_helm(*args)
+    assert result.returncode == 0, result.stderr
+    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+def refused(*sets: str) -> str:
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    for item in sets:
+        args += ["--set", item]
+    result = run_helm(*args)
+    assert result.returncode != 0, f"helm template accepted {sets}"
+    return result.stderr
+
+
+def only(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def controller_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    deployment = only(objects, "Deployment")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "controller")
+
+
+def controller_env(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in controller_container(objects)["env"]}
+
+
+def permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "resourceNames" not in rule or rule["resourceNames"]
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+def test_every_values_file_has_expectations() -> None:
+    assert set(VALUES_FILES) == set(EXPECTED_KINDS)
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_helm_lint_passes(helm: Path, values_file: str) -> None:
+    values = str(VALUES_DIR / values_file)
+    result = run_helm("lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--values", values)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_objects_rendered(helm: Path, values_file: str) -> None:
+    objects = render(values_file)
+    kinds: dict[str, int] = {}
+    for obj in objects:
+        kinds[obj["kind"]] = kinds.get(obj["kind"], 0) + 1
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/name"] == "spotray"
+    assert kinds == EXPECTED_KINDS[values_file]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_no_secret_is_rendered_and_nothing_is_exposed_outside_the_cluster(helm: Path, values_file: str) -> None:
+    objects = render(values_file)
+    assert not [o for o in objects if o["kind"] == "Secret"]
+    for service in (o for o in objects if o["kind"] == "Service"):
+        assert service["spec"]["type"] == "ClusterIP", service["metadata"]["name"]
+    assert "LoadBalancer" not in json.dumps(objects)
+    assert "NodePort" not in json.dumps(objects)
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_selector_labels_carry_no_version(helm: Path, values_file: str) -> None:
+    for obj in render(values_file):
+        selector = obj.get("spec", {}).get("selector", {})
+        labels = selector.get("matchLabels", selector) if obj["kind"] != "Job" else {}
+        assert not {"helm.sh/chart", "app.kubernetes.io/version"} & set(labels), obj["metadata"]["name"]
+
+
+def test_controller_env_with_defaults(helm: Path) -> None:
+    env = controller_env(render("defaults.yaml"))
+    assert env == {
+        "SPOTRAY_NAMESPACES": "",
+        "SPOTRAY_DEFAULT_IMAGE": "spotray/spotray:0.1.0",
+        "SPOTRAY_RAY_VERSION": "2.60.0",
+        "SPOTRAY_SUBMISSION_MODE": "K8sJobMode",
+        "SPOTRAY_HEAD_NODE_SELECTOR": '{"spotray.dev/capacity":"on-demand"}',
+        "SPOTRAY_HEAD_TOLERATIONS": "[]",
+        "SPOTRAY_SPOT_NODE_SELECTOR": '{"spotray.dev/capacity":"spot"}',
+        "SPOTRAY_SPOT_TOLERATIONS": '[{"effect":"NoSchedule","key":"spotray.dev/spot","operator":"Exists"}]',
+        "SPOTRAY_WORKER_GRACE_SECONDS": "120",
+        "SPOTRAY_FS_GROUP": "1000",
+        "SPOTRAY_S3_SECRET": "",
+        "SPOTRAY_S3_ENDPOINT": "",
+        "SPOTRAY_SHARED_PVC": "",
+        "SPOTRAY_SHARED_MOUNT_PATH": "/mnt/shared",
+        "SPOTRAY_RAY_CLUSTER_SELECTOR": "",
+        "SPOTRAY_RAYJOB_TTL_SECONDS": "600",
+        "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "10",
+        "SPOTRAY_METRICS_PORT": "9090",
+        "SPOTRAY_HEALTH_PORT": "8080",
+        "SPOTRAY_PEERING": "",
+        "SPOTRAY_LOG_FORMAT": "json",
+    }
+    # Every JSON-valued setting parses as the controller expects.
+    assert isinstance(json.loads(env["SPOTRAY_SPOT_TOLERATIONS"]), list)
+    assert isinstance(json.loads(env["SPOTRAY_HEAD_NODE_SELECTOR"]), dict)
+
+
+def test_controller_env_reads_back_through_the_controllers_config(helm: Path) -> None:
+    config = ControllerConfig.from_env(controller_env(render("raycluster.yaml")))
+    assert config.s3_secret == "s3-credentials"
+    assert config.s3_endpoint == f"http://{FULLNAME}-minio.{NAMESPACE}.svc.cluster.local:9000"
+    assert config.shared_pvc == "team-scratch"
+    assert config.ray_cluster_selector == {"ray.io/cluster": f"{FULLNAME}-ray"}
+    assert config.spot_tolerations == [{"key": "spotray.dev/spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert config.peering is None
+
+
+def test_controller_pod_is_hardened_probed_and_sized(helm: Path) -> None:
+    objects = render("defaults.yaml")
+    pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+    container = controller_container(objects)
+    assert container["command"] == ["python", "-m", "controller"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"metrics": 9090, "health": 8080}
+    assert container["resources"]["requests"]
+    assert container["resources"]["limits"]["memory"]
+    assert pod["serviceAccountName"] == FULLNAME
+    # Standalone kopf: a rollout must never run two controllers side by side.
+    assert only(objects, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    metrics = only(objects, "Service", f"{FULLNAME}-metrics")
+    assert metrics["metadata"]["annotations"]["prometheus.io/port"] == "9090"
+
+
+def test_cluster_wide_rbac_grants_the_controllers_contract(helm: Path) -> None:
+    objects = render("defaults.yaml")
+    granted = permissions(only(objects, "ClusterRole"))
+    for key, verbs in {**NAMESPACED_PERMISSIONS, **CLUSTER_ONLY_PERMISSIONS}.items():
+        assert verbs <= granted.get(key, set()), key
+    # Least privilege: nothing beyond the contract (no peering without HA, no writes to pods or secrets).
+    assert set(granted) == set(NAMESPACED_PERMISSIONS) | set(CLUSTER_ONLY_PERMISSIONS)
+    assert granted[("", "secrets")] == {"get"}
+    binding = only(objects, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+def test_namespaced_rbac_uses_a_role_per_namespace_and_no_node_access(helm: Path) -> None:
+    objects = render("namespaced.yaml")
+    roles = {o["metadata"]["namespace"]: o for o in objects if o["kind"] == "Role"}
+    assert set(roles) == {"team-a", "team-b"}
+    for role in roles.values():
+        granted = permissions(role)
+        assert set(granted) == set(NAMESPACED_PERMISSIONS)
+        for key, verbs in NAMESPACED_PERMISSIONS.items():
+            assert verbs <= granted[key], key
+    bindings = [o for o in objects if o["kind"] == "RoleBinding"]
+    assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
+    assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
+    # The one ClusterRole only reads CRDs (kopf watches them); nodes are not readable.
+    crd_reader = only(objects, "ClusterRole")
+    assert permissions(crd_reader) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+    assert controller_env(objects)["SPOTRAY_NAMESPACES"] == "team-a,team-b"
+    without_crd_read = render("namespaced.yaml", "rbac.readCRDs=false")
+    assert not [o for o in without_crd_read if o["kind"].startswith("Cluster")]
+
+
+def test_ha_enables_kopf_peering(helm: Path) -> None:
+    objects = render("ha.yaml")
+    deployment = only(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    peering = only(objects, "ClusterKopfPeering")
+    assert controller_env(objects)["SPOTRAY_PEERING"] == peering["metadata"]["name"] == FULLNAME
+    assert permissions(only(objects, "ClusterRole"))[("kopf.dev", "clusterkopfpeerings")] == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+    }
+
+    namespaced = render("ha-namespaced.yaml")
+    peering = only(namespaced, "KopfPeering")
+    assert peering["metadata"] == peering["metadata"] | {"name": "spotray-peering", "namespace": "team-a"}
+    assert permissions(only(namespaced, "Role"))[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+    assert controller_env(namespaced)["SPOTRAY_PEERING"] == "spotray-peering"
+
+
+def test_kopf_peering_crds_are_shipped_in_crds_dir() -> None:
+    docs = list(yaml.safe_load_all((CHART / "crds" / "kopf-peerings.yaml").read_text()))
+    assert {(d["spec"]["names"]["kind"], d["spec"]["scope"]) for d in docs} == {
+        ("ClusterKopfPeering", "Cluster"),
+        ("KopfPeering", "Namespaced"),
+    }
+    assert all(d["spec"]["group"] == "kopf.dev" for d in docs)
+
+
+def test_existing_s3_secret_is_referenced_never_copied(helm: Path) -> None:
+    env = controller_env(render("existing-s3-secret.yaml"))
+    assert env["SPOTRAY_S3_SECRET"] == "s3-credentials"
+    assert env["SPOTRAY_S3_ENDPOINT"] == "https://s3.eu-west-1.amazonaws.com"
+
+
+def test_in_cluster_minio_takes_its_credentials_from_the_existing_secret(helm: Path) -> None:
+    objects = render("minio.yaml")
+    statefulset = only(objects, "StatefulSet")
+    pod = statefulset["spec"]["template"]["spec"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
+    assert env == {
+        "MINIO_ROOT_USER": {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
+        "MINIO_ROOT_PASSWORD": {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+    assert pod["securityContext"]["fsGroup"] == 1000
+    assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
+    claim = statefulset["spec"]["volumeClaimTemplates"][0]["spec"]
+    assert claim["storageClassName"] == "standard"
+    assert claim["resources"]["requests"]["storage"] == "20Gi"
+    assert (
+        controller_env(objects)["SPOTRAY_S3_ENDPOINT"] == f"http://{FULLNAME}-minio.{NAMESPACE}.svc.cluster.local:9000"
+    )
+    job = only(objects, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["spotray", "datasets"]
+
+
+def test_minio_without_a_secret_is_refused_with_the_fix(helm: Path) -> None:
+    assert "minio.enabled needs s3.existingSecret" in refused("minio.enabled=true")
+
+
+def test_nfs_volume_is_mounted_with_permissions_set_by_the_chart(helm: Path) -> None:
+    objects = render("nfs.yaml")
+    volume = only(objects, "PersistentVolume")
+    claim = only(objects, "PersistentVolumeClaim")
+    assert volume["spec"]["nfs"] == {"server": "nfs.storage.svc.cluster.local", "path": "/exports/spotray"}
+    assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert volume["spec"]["claimRef"] == {"namespace": NAMESPACE, "name": claim["metadata"]["name"]}
+    assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    env = controller_env(objects)
+    assert env["SPOTRAY_SHARED_PVC"] == claim["metadata"]["name"] == f"{FULLNAME}-shared"
+    assert env["SPOTRAY_FS_GROUP"] == "1000"
+    # NFS ignores fsGroup: a hook Job owns the volume root to the image's user, then checks a write.
+    job = only(objects, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["securityContext"]["fsGroup"] == 1000
+    set_owner = pod["initContainers"][0]
+    assert "chown 1000:1000 /shared && chmod 2775 /shared" in set_owner["command"][-1]
+    assert set_owner["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["CHOWN", "FOWNER"]}
+    check = pod["containers"][0]
+    assert check["securityContext"]["runAsUser"] == 1000
+    assert "touch /shared/" in check["command"][-1]
+    assert pod["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": f"{FULLNAME}-shared"}}]
+
+
+def test_shared_volume_from_a_storage_class(helm: Path) -> None:
+    objects = render("storage-class.yaml")
+    claim = only(objects, "PersistentVolumeClaim")
+    assert claim["spec"]["storageClassName"] == "efs-sc"
+    assert controller_env(objects)["SPOTRAY_SHARED_MOUNT_PATH"] == "/mnt/scratch"
+
+
+def test_long_lived_ray_cluster_is_targeted_by_selector_and_keeps_its_dashboard_inside(helm: Path) -> None:
+    objects = render("raycluster.yaml")
+    cluster = only(objects, "RayCluster")
+    name = cluster["metadata"]["name"]
+    assert controller_env(objects)["SPOTRAY_RAY_CLUSTER_SELECTOR"] == json.dumps(
+        {"ray.io/cluster": name}, separators=(",", ":")
+    )
+    spec = cluster["spec"]
+    assert spec["headGroupSpec"]["serviceType"] == "ClusterIP"
+    assert spec["rayVersion"] == "2.60.0"
+    assert spec["enableInTreeAutoscaling"] is True
+    head = spec["headGroupSpec"]["template"]["spec"]
+    assert head["nodeSelector"] == {"spotray.dev/capacity": "on-demand"}
+    (workers,) = spec["workerGroupSpecs"]
+    assert workers["replicas"] == 3
+    worker = workers["template"]["spec"]
+    assert worker["nodeSelector"] == {"spotray.dev/capacity": "spot"}
+    assert worker["tolerations"] == [{"key": "spotray.dev/spot", "operator": "Exists", "effect": "NoSchedule"}]
+    assert worker["terminationGracePeriodSeconds"] == 120
+    assert worker["securityContext"]["fsGroup"] == 1000
+    container = worker["containers"][0]
+    assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "train.drain"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
+    assert container["volumeMounts"] == [{"name": "shared", "mountPath": "/mnt/shared"}]
+    assert worker["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": "team-scratch"}}]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("controller.replica=2",), "additional properties 'replica' not allowed"),
+        (("s3.existingSecet=x",), "additional properties 'existingSecet' not allowed"),
+        (("minio.persistance.size=1Gi",), "additional properties 'persistance' not allowed"),
+        (("controller.submissionMode=SidecarMode",), "value must be one of 'K8sJobMode', 'HTTPMode'"),
+        (("controller.replicas=0",), "minimum"),
+        (("controller.logFormat=yaml",), "value must be one of 'json', 'text'"),
+        (("controller.metricsPort=70000",), "maximum"),
+        (("controller.watchNamespaces={Team_A}",), "does not match pattern"),
+        (("s3.endpoint=minio:9000",), "does not match pattern"),
+        (("sharedStorage.mountPath=mnt/shared",), "does not match pattern"),
+        (("ray.version=latest",), "does not match pattern"),
+        (("ray.workers.tolerations[0].operator=Maybe",), "value must be one of 'Exists', 'Equal'"),
+        (("controller.resources.limits.memory=lots",), "/controller/resources/limits/memory"),
+        (("rayCluster.enabled=yes",), "got string, want boolean"),
+    ],
+)
+def test_schema_refuses_typos_and_bad_values(helm: Path, sets: tuple[str, ...], message: str) -> None:
+    stderr = refused(*sets)
+    assert "values don't meet the specifications of the schema" in stderr
+    assert message in stderr
+
+
+def test_schema_closes_every_object_of_ours() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        if "properties" in node:
+            assert node.get("additionalProperties") is False, f"{path} accepts unknown keys"
+            for key, child in node["properties"].items():
+                walk(child, f"{path}.{key}")
+
+    walk(schema, "values")
+
+
+def test_every_value_is_documented() -> None:
+    """A key without a `# --` comment above it must be a section whose keys are documented."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    key_line = re.compile(r"^(\s*)([A-Za-z][\w.-]*):")
+    undocumented = []
+    skip_deeper_than: int | None = None
+    for i, line in enumerate(lines):
+        match = key_line.match(line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        if skip_deeper_than is not None and indent > skip_deeper_than:
+            continue  # inside a documented value (e.g. resources.requests.cpu)
+        skip_deeper_than = None
+        previous = next((p.strip() for p in reversed(lines[:i]) if p.strip()), "")
+        if previous.startswith("# --"):
+            skip_deeper_than = indent
+            continue
+        following = next((n for n in lines[i + 1 :] if n.strip() and not n.strip().startswith("#")), "")
+        child = key_line.match(following)
+        if not (child and len(child.group(1)) > indent):
+            undocumented.append(match.group(2))
+    assert not undocumented, f"values without a `# --` comment: {undocumented}"
+
+
+def test_kuberay_bundle_pins_the_operator_chart_and_points_at_this_chart() -> None:
+    bundle = yaml.safe_load((ROOT / "charts" / "spotray-kuberay" / "Chart.yaml").read_text())
+    deps = {d["name"]: d for d in bundle["dependencies"]}
+    assert deps["kuberay-operator"]["version"] == "1.6.1"
+    assert deps["kuberay-operator"]["condition"] == "kuberay-operator.enabled"
+    assert deps["spotray"]["repository"] == "file://../spotray"
+    assert deps["spotray"]["version"] == yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    # The KubeRay version the test bed runs (hack/testbed/versions.env) is the one pinned here.
+    assert tb.versions()["KUBERAY_VERSION"] == "v" + deps["kuberay-operator"]["version"]
