@@ -1,0 +1,372 @@
+"""The generated TrainingRun CRD on the real kube-apiserver, checked against train/runspec.py.
+
+Each malformed TrainingRun below has exactly one fault (the API server skips the CEL rules when a
+plain schema check already failed, so one fault per object keeps every rule exercised). For each,
+the API server must refuse it with an error on the faulty field, and ``parse_training_run`` must
+refuse it naming the same field path: the cluster and ``spotray run --local`` agree on what a valid
+TrainingRun is.
+
+Unknown fields: by default the API server prunes them (with a warning) instead of refusing.
+``fieldValidation=Strict`` (what `kubectl apply --validate=strict`, kubectl's default, asks for)
+turns that into a refusal, so the malformed cases are sent with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from controller.crd import CRD_NAME, CRD_PATH, PLURAL, VERSION, spec_schema
+from tests.e2e.conftest import tb
+from train.runspec import API_GROUP, MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
+
+pytestmark = pytest.mark.e2e
+
+_DELETE = object()
+
+
+def base_manifest(name: str = "fuzz") -> dict[str, Any]:
+    return {
+        "apiVersion": f"{API_GROUP}/{VERSION}",
+        "kind": "TrainingRun",
+        "metadata": {"name": name},
+        "spec": {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/fuzz"}},
+    }
+
+
+def with_field(path: str, value: Any, name: str = "fuzz") -> dict[str, Any]:
+    """The base manifest with one field (a dotted path from the root) set, or removed for _DELETE."""
+    document = base_manifest(name)
+    *parents, last = path.split(".")
+    target = document
+    for part in parents:
+        target = target.setdefault(part, {})
+    if value is _DELETE:
+        target.pop(last, None)
+    else:
+        target[last] = value
+    return document
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    document: dict[str, Any]
+    field: str  # the path both the API server and the parser must name
+
+
+def leaf_schemas() -> Iterator[tuple[str, dict[str, Any]]]:
+    """(path under spec, schema) of every spec field, sections included."""
+
+    def walk(schema: dict[str, Any], prefix: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        for name, child in schema.get("properties", {}).items():
+            yield f"{prefix}{name}", child
+            if "properties" in child:
+                yield from walk(child, f"{prefix}{name}.")
+
+    yield from walk(spec_schema(), "")
+
+
+def wrong_type_values(schema: dict[str, Any]) -> list[Any]:
+    """Values of the wrong JSON type for a schema. Numbers are left out for strings: the parser,
+    like YAML users, takes `cpu: 2` as "2"; null is left out everywhere: the API server drops it."""
+    if schema.get("x-kubernetes-int-or-string"):
+        return [True, ["1"], {"value": "1"}]
+    return {
+        "integer": ["two", 1.5, True, [1]],
+        "string": [True, ["x"], {"x": "y"}],
+        "boolean": ["yes", 1, "true"],
+        "object": ["x", 5, [1]],
+    }[schema["type"]]
+
+
+def malformed_cases() -> list[Case]:
+    cases: list[Case] = []
+
+    def add(kind: str, path: str, value: Any, field: str | None = None) -> None:
+        label = "missing" if value is _DELETE else json.dumps(value)[:40]
+        cases.append(Case(f"{kind}:{path}={label}", with_field(path, value), field or path))
+
+    for path, schema in leaf_schemas():
+        for value in wrong_type_values(schema):
+            add("type", f"spec.{path}", value)
+
+    add("missing", "spec", _DELETE)
+    add("missing", "spec.entrypoint", _DELETE)
+    add("missing", "spec.checkpoint", _DELETE)
+    add("missing", "spec.checkpoint.uri", _DELETE)
+
+    for section in ("workers", "head"):
+        for cpu in ["two", "1.5.5", "-1", "0", "0m", "0.0", "1e3", "500M", "", 0, -2]:
+            add("quantity", f"spec.{section}.cpu", cpu)
+        for memory in ["4GB?", "4GB", "-1Gi", "lots", "4 Gi", "4gi", "Gi", "", -1]:
+            add("quantity", f"spec.{section}.memory", memory)
+
+    for path, value in [
+        ("workers.replicas", 0),
+        ("workers.replicas", -1),
+        ("workers.gpu", -1),
+        ("checkpoint.everySteps", 0),
+        ("checkpoint.keep", 0),
+        ("checkpoint.keep", -3),
+        ("retry.maxPreemptions", -1),
+        ("retry.maxFailures", -1),
+        ("retry.backoffSeconds", -5),
+    ]:
+        add("count", f"spec.{path}", value)
+
+    for uri in [
+        "s3://",
+        "http://x",
+        "https://bucket.s3.amazonaws.com/x",
+        "s3://Bad_Bucket/x",
+        "s3:///prefix",
+        "s3://ab/x",
+        "s3://-bucket/x",
+        "s3://bucket-/x",
+        "s3://user@bucket/x",
+        "s3://bucket:9000/x",
+        "s3://bucket/x?versionId=1",
+        "s3://bucket/x#part",
+        "gs://bucket/x",
+        "relative/path",
+        "file://relative",
+        "file://host/x",
+        "file:relative",
+        "",
+        "   ",
+    ]:
+        add("uri", "spec.checkpoint.uri", uri)
+        add("uri", "spec.data.uri", uri)
+
+    for path in ("entrypoint", "image", "checkpoint.secretRef"):
+        add("blank", f"spec.{path}", "")
+        add("blank", f"spec.{path}", "  ")
+
+    for path in (
+        "spec.foo",
+        "spec.workers.gpus",
+        "spec.head.gpu",
+        "spec.checkpoint.every_steps",
+        "spec.data.url",
+        "spec.retry.maxRetries",
+    ):
+        add("unknown", path, 1)
+
+    for name in ["a" * (MAX_NAME_LENGTH + 1), "b" * 63, "run.with.dots", "Upper", "-leading", "trailing-"]:
+        cases.append(Case(f"name:{name}", base_manifest(name), "metadata.name"))
+    return cases
+
+
+MALFORMED = malformed_cases()
+
+# Edge cases that are valid: the CRD must not be stricter than the parser here.
+ACCEPTED: list[tuple[str, Any]] = [
+    ("spec.workers.cpu", "500m"),
+    ("spec.workers.cpu", "0.5"),
+    ("spec.workers.cpu", 2),
+    ("spec.workers.cpu", "0.001"),
+    ("spec.head.memory", "512Mi"),
+    ("spec.head.memory", 1073741824),
+    ("spec.head.memory", "1.5G"),
+    ("spec.workers.gpu", 8),
+    ("spec.workers.replicas", 1),
+    ("spec.retry.maxFailures", 0),
+    ("spec.retry.maxPreemptions", 0),
+    ("spec.checkpoint.uri", "s3://bucket"),
+    ("spec.checkpoint.uri", "s3://bucket/"),
+    ("spec.checkpoint.uri", "s3://my.bucket-1/runs/a/b"),
+    ("spec.checkpoint.uri", "s3a://bucket/x"),
+    ("spec.checkpoint.uri", "S3://bucket/x"),
+    ("spec.checkpoint.uri", "/mnt/shared/runs/a"),
+    ("spec.checkpoint.uri", "file:///mnt/shared/runs/a"),
+    ("spec.checkpoint.uri", "file://localhost/mnt/x"),
+    ("spec.checkpoint.uri", "file:/mnt/x"),
+    ("spec.data.uri", "s3://bucket/datasets/x"),
+    ("spec.image", "rayproject/ray:2.60.0"),
+    ("spec.checkpoint.secretRef", "s3-credentials"),
+    ("spec.runtimeEnv", {"env_vars": {"A": "1"}, "pip": ["x"], "nested": {"any": [1, {"thing": True}]}}),
+    ("spec.suspend", True),
+    ("metadata.name", "a" * MAX_NAME_LENGTH),
+    ("metadata.name", "0-numeric-start"),
+]
+
+
+@pytest.fixture(scope="module")
+def crd(testbed: tb.Testbed) -> dict[str, Any]:
+    """The chart's CRD file, applied and Established (it stays: other tests may use it)."""
+    testbed.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_PATH))
+    testbed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
+    document: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return document
+
+
+@pytest.fixture(scope="module")
+def custom_objects(kube_api: client.ApiClient, crd: dict[str, Any]) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(kube_api)
+
+
+def server_dry_run(api: client.CustomObjectsApi, document: dict[str, Any]) -> ApiException | None:
+    """None when the API server would create it; else the refusal."""
+    try:
+        api.create_namespaced_custom_object(
+            API_GROUP, VERSION, "default", PLURAL, document, dry_run="All", field_validation="Strict"
+        )
+    except ApiException as error:
+        return error
+    return None
+
+
+def refused_fields(error: ApiException) -> tuple[set[str], str]:
+    """The fields the API server's refusal names, and its message."""
+    body = json.loads(error.body or "{}")
+    causes = body.get("details", {}).get("causes", [])
+    return {cause.get("field", "") for cause in causes}, body.get("message", "")
+
+
+def parser_problems(document: dict[str, Any]) -> list[str]:
+    try:
+        parse_training_run(copy.deepcopy(document))
+    except InvalidSpecError as error:
+        return error.problems
+    return []
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=[case.id for case in MALFORMED])
+def test_malformed_run_is_refused_by_api_server_and_parser_on_the_same_field(
+    custom_objects: client.CustomObjectsApi, case: Case
+) -> None:
+    error = server_dry_run(custom_objects, case.document)
+    assert error is not None, f"the API server accepted it: {json.dumps(case.document)}"
+    fields, message = refused_fields(error)
+    # Schema and CEL errors come as causes with a field; a strict-decoding error only as a message:
+    # `unknown field "spec.workers.gpus"`, or `unknown field "spec.image.x"` for a mapping given
+    # where a string belongs (strict decoding runs before the type checks).
+    named = case.field in fields or f'"{case.field}"' in message or f'"{case.field}.' in message
+    assert named, (error.status, fields, message)
+
+    problems = parser_problems(case.document)
+    assert any(problem.startswith(f"{case.field}:") for problem in problems), problems
+
+
+def test_enough_malformed_cases() -> None:
+    assert len(MALFORMED) >= 100
+    assert len({case.id for case in MALFORMED}) == len(MALFORMED)
+
+
+@pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[f"{p}={json.dumps(v)[:30]}" for p, v in ACCEPTED])
+def test_valid_edge_case_is_accepted_by_both(custom_objects: client.CustomObjectsApi, path: str, value: Any) -> None:
+    document = with_field(path, value, name=value if path == "metadata.name" else "fuzz")
+    error = server_dry_run(custom_objects, document)
+    assert error is None, refused_fields(error)
+    assert parser_problems(document) == []
+
+
+def get_run(testbed: tb.Testbed, namespace: str, name: str) -> dict[str, Any]:
+    run: dict[str, Any] = json.loads(testbed.kubectl("get", "trainingrun", name, "-n", namespace, "-o", "json").stdout)
+    return run
+
+
+def test_api_server_fills_in_the_dataclass_defaults(testbed: tb.Testbed, crd: dict[str, Any], namespace: str) -> None:
+    minimal = base_manifest("defaults")
+    testbed.apply(minimal, namespace=namespace)
+
+    stored = get_run(testbed, namespace, "defaults")
+
+    def camel_tree(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {_camel(k): camel_tree(v) for k, v in value.items() if v is not None}
+        return value
+
+    expected = camel_tree(dataclasses.asdict(parse_training_run(minimal).spec))
+    assert stored["spec"] == expected
+    assert parse_training_run(stored).spec == parse_training_run(minimal).spec
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def test_storage_uris_cannot_change_once_set(testbed: tb.Testbed, crd: dict[str, Any], namespace: str) -> None:
+    run = with_field("spec.data.uri", "s3://bucket/datasets/a", name="immutable")
+    testbed.apply(run, namespace=namespace)
+
+    def apply(document: dict[str, Any]) -> str:
+        result = testbed.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(document), check=False)
+        return "" if result.returncode == 0 else result.stderr
+
+    moved = copy.deepcopy(run)
+    moved["spec"]["checkpoint"]["uri"] = "s3://bucket/runs/elsewhere"
+    assert "checkpoint.uri cannot change: the run resumes from checkpoints there" in apply(moved)
+
+    new_data = copy.deepcopy(run)
+    new_data["spec"]["data"]["uri"] = "s3://bucket/datasets/b"
+    assert "data.uri cannot change" in apply(new_data)
+
+    no_data = copy.deepcopy(run)
+    del no_data["spec"]["data"]
+    assert "data.uri cannot be removed once set" in apply(no_data)
+
+    scaled = copy.deepcopy(run)
+    scaled["spec"]["workers"] = {"replicas": 4}
+    assert apply(scaled) == ""
+    assert get_run(testbed, namespace, "immutable")["spec"]["workers"]["replicas"] == 4
+
+
+def test_unknown_fields_are_pruned_by_default_and_refused_when_strict(
+    testbed: tb.Testbed, custom_objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    document = with_field("spec.workers.gpus", 1, name="typo")
+    stored = cast(
+        "dict[str, Any]",
+        custom_objects.create_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, document),
+    )
+    assert "gpus" not in stored["spec"]["workers"]
+
+    strict = testbed.kubectl(
+        "apply", "--validate=strict", "--dry-run=server", "-n", namespace, "-f", "-",
+        stdin=yaml.safe_dump(with_field("spec.workers.gpus", 1, name="typo-2")), check=False,
+    )  # fmt: skip
+    assert strict.returncode != 0
+    assert 'unknown field "spec.workers.gpus"' in strict.stderr
+
+
+def test_kubectl_explain_teaches_the_spec(testbed: tb.Testbed, crd: dict[str, Any]) -> None:
+    workers = spec_schema()["properties"]["workers"]
+
+    # The OpenAPI document that kubectl explain reads is published a moment after Established.
+    def explained() -> str | None:
+        result = testbed.kubectl("explain", "trainingrun.spec.workers", check=False)
+        return result.stdout if result.returncode == 0 else None
+
+    text = " ".join(tb.wait_until("kubectl explain trainingrun", explained, timeout=60).split())
+    assert " ".join(workers["description"].split()) in text
+    for name, field in workers["properties"].items():
+        assert name in text
+        assert " ".join(field["description"].split()) in text
+
+
+def test_printer_columns(testbed: tb.Testbed, crd: dict[str, Any], namespace: str) -> None:
+    testbed.apply(base_manifest("columns"), namespace=namespace)
+    header = testbed.kubectl("get", "tr", "-n", namespace, "-o", "wide").stdout.splitlines()[0].split()
+    assert header == [
+        "NAME",
+        "PHASE",
+        "ATTEMPT",
+        "STEP",
+        "TOTAL",
+        "CHECKPOINT",
+        "PREEMPTIONS",
+        "FAILURES",
+        "AGE",
+    ]
