@@ -370,3 +370,73 @@ def test_printer_columns(testbed: tb.Testbed, crd: dict[str, Any], namespace: st
         "FAILURES",
         "AGE",
     ]
+
+
+def test_status_subresource_keeps_what_the_controller_writes(
+    testbed: tb.Testbed, crd: dict[str, Any], namespace: str
+) -> None:
+    """Every status field the controller writes survives (nothing pruned), kopf's included.
+
+    A merge patch (what kopf sends) removes a field set to null, so an attempt that started from
+    scratch has no resumedFrom at all rather than resumedFrom: null."""
+    testbed.apply(base_manifest("status"), namespace=namespace)
+    status = {
+        "phase": "Resuming",
+        "attempt": 2,
+        "preemptions": 1,
+        "failures": 0,
+        "rayJob": "status-a2",
+        "message": "attempt 1 preempted at step 120; resuming from step 100",
+        "nextAttemptTime": "2026-11-23T03:00:00Z",
+        "observedGeneration": 1,
+        "progress": {
+            "step": 120,
+            "totalSteps": 200,
+            "loss": 2.5,
+            "stepsPerSecond": 1.25,
+            "updateTime": "2026-11-23T02:59:00Z",
+        },
+        "lastCheckpoint": {"step": 100, "uri": "s3://bucket/runs/fuzz/step-100", "time": "2026-11-23T02:58:00Z"},
+        "attempts": [
+            {
+                "attempt": 1,
+                "rayJob": "status-a1",
+                "outcome": "Preempted",
+                "reason": "NodePreempted",
+                "message": "node spot-0 was reclaimed",
+                "startTime": "2026-11-23T02:50:00Z",
+                "endTime": "2026-11-23T02:59:00Z",
+            },
+            {
+                "attempt": 2,
+                "rayJob": "status-a2",
+                "outcome": "Running",
+                "startTime": "2026-11-23T03:00:00Z",
+                "resumedFrom": 100,
+            },
+        ],
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "False",
+                "reason": "Resuming",
+                "message": "waiting for attempt 2",
+                "lastTransitionTime": "2026-11-23T02:59:00Z",
+                "observedGeneration": 1,
+            }
+        ],
+        "kopf": {"progress": {"spotray/create": {"started": "2026-11-23T02:50:00Z", "retries": 0}}},
+    }
+    testbed.kubectl(
+        "patch", "trainingrun", "status", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": status}),
+    )  # fmt: skip
+    assert get_run(testbed, namespace, "status")["status"] == status
+
+    bad_phase = {"status": {"phase": "Sleeping"}}
+    refused = testbed.kubectl(
+        "patch", "trainingrun", "status", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps(bad_phase), check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0
+    assert "status.phase" in refused.stderr
