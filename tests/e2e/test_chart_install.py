@@ -1,0 +1,177 @@
+"""`helm install` of charts/spotray into the test bed with the real helm binary: the CRDs and RBAC
+exist, the controller's ServiceAccount may do exactly what the controller needs (`kubectl auth
+can-i`), and `helm uninstall` leaves nothing behind but the CRDs.
+
+The controller Deployment's pod becomes Running on a kwok node but runs nothing (pods never run a
+container here); the controller running as a process is another test's subject.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import testbed as tb  # on sys.path through tests/e2e/conftest.py
+import yaml
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "spotray"
+
+# (verb, resource) the controller must be allowed in the namespaces it serves.
+ALLOWED_IN_NAMESPACE = [
+    *[(verb, "trainingruns.spotray.dev") for verb in ("get", "list", "watch", "patch", "update")],
+    *[(verb, "trainingruns.spotray.dev/status") for verb in ("get", "patch", "update")],
+    *[(verb, "rayjobs.ray.io") for verb in ("get", "list", "watch", "create", "delete", "patch")],
+    *[(verb, "rayclusters.ray.io") for verb in ("get", "list", "watch")],
+    *[(verb, "pods") for verb in ("get", "list", "watch")],
+    ("get", "secrets"),
+    ("create", "events"),
+    ("patch", "events"),
+    ("create", "events.events.k8s.io"),
+]
+# ... and what it must not do anywhere.
+DENIED = [
+    ("list", "secrets"),
+    ("create", "secrets"),
+    ("delete", "pods"),
+    ("create", "pods"),
+    ("create", "rayclusters.ray.io"),
+    ("delete", "trainingruns.spotray.dev"),
+    ("create", "deployments.apps"),
+]
+
+
+def crd_names() -> list[str]:
+    """Every CRD the chart ships in crds/ (kopf's peering CRDs; the TrainingRun CRD once generated)."""
+    names = []
+    for path in sorted((CHART / "crds").glob("*.yaml")):
+        names += [doc["metadata"]["name"] for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return names
+
+
+class Release:
+    def __init__(self, testbed: tb.Testbed, namespace: str, name: str) -> None:
+        self.testbed = testbed
+        self.namespace = namespace
+        self.name = name
+        self.service_account = f"system:serviceaccount:{namespace}:{name}-spotray"
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        helm = [str(tb.binary("helm")), "--kubeconfig", str(self.testbed.kubeconfig), "--namespace", self.namespace]
+        result = subprocess.run([*helm, *args], capture_output=True, text=True, check=False, timeout=300)
+        assert result.returncode == 0, f"helm {' '.join(args)}: {result.stdout}\n{result.stderr}"
+        return result
+
+    def can_i(self, verb: str, resource: str, namespace: str | None) -> bool:
+        scope = ["--namespace", namespace] if namespace else []
+        resource, _, subresource = resource.partition("/")
+        if subresource:
+            scope += ["--subresource", subresource]
+        result = self.testbed.kubectl(
+            "auth", "can-i", verb, resource, "--as", self.service_account, *scope, check=False
+        )
+        answer = result.stdout.strip()
+        assert answer in ("yes", "no"), result.stderr
+        return answer == "yes"
+
+    def leftovers(self) -> list[str]:
+        """Objects of this release still in the cluster (labelled by the chart, or helm's own records)."""
+        kinds = "all,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,secrets,configmaps,pvc,pv"
+        selector = f"app.kubernetes.io/instance={self.name}"
+        found = self.testbed.kubectl("get", kinds, "-A", "-l", selector, "-o", "name").stdout.split()
+        found += self.testbed.kubectl(
+            "get", "clusterkopfpeerings,kopfpeerings", "-A", "-l", selector, "-o", "name"
+        ).stdout.split()
+        found += self.testbed.kubectl(
+            "get", "secrets", "-n", self.namespace, "-l", f"owner=helm,name={self.name}", "-o", "name"
+        ).stdout.split()
+        return found
+
+
+@pytest.fixture
+def release(testbed: tb.Testbed, namespace: str) -> Iterator[Release]:
+    rel = Release(testbed, namespace, f"sr{uuid.uuid4().hex[:6]}")
+    yield rel
+    # Cluster-scoped objects outlive the namespace: uninstall whatever the test left installed.
+    subprocess.run(
+        [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig), "-n", namespace, "uninstall", rel.name],
+        capture_output=True,
+        check=False,
+    )
+
+
+def test_cluster_wide_install_with_ha_grants_the_controller_exactly_its_permissions(
+    testbed: tb.Testbed, release: Release
+) -> None:
+    release.helm("install", release.name, str(CHART), "--set", "controller.replicas=2", "--wait", "--timeout", "3m")
+
+    for crd in crd_names():
+        testbed.kubectl("get", "crd", crd)
+    deployment = json.loads(
+        testbed.kubectl(
+            "get", "deployment", f"{release.name}-spotray-controller", "-n", release.namespace, "-o", "json"
+        ).stdout
+    )
+    assert deployment["status"]["readyReplicas"] == 2  # kwok's pods: Running and Ready, running nothing
+    testbed.kubectl("get", "clusterrole", f"{release.name}-spotray")
+    testbed.kubectl("get", "clusterrolebinding", f"{release.name}-spotray")
+    testbed.kubectl("get", "clusterkopfpeering", f"{release.name}-spotray")
+
+    # Cluster-wide: the same rights in any namespace, plus nodes and the peering objects.
+    other = "default"
+    for verb, resource in ALLOWED_IN_NAMESPACE:
+        assert release.can_i(verb, resource, release.namespace), (verb, resource)
+        assert release.can_i(verb, resource, other), (verb, resource, other)
+    for verb in ("get", "list", "watch"):
+        assert release.can_i(verb, "nodes", None)
+        assert release.can_i(verb, "customresourcedefinitions.apiextensions.k8s.io", None)
+    for verb in ("get", "list", "watch", "patch"):
+        assert release.can_i(verb, "clusterkopfpeerings.kopf.dev", None)
+    for verb, resource in DENIED:
+        assert not release.can_i(verb, resource, release.namespace), (verb, resource)
+    assert not release.can_i("delete", "nodes", None)
+
+    release.helm("uninstall", release.name, "--wait")
+    assert release.leftovers() == []
+    # What helm uninstall keeps, by design (docs/deploy.md): the CRDs from crds/.
+    for crd in crd_names():
+        testbed.kubectl("get", "crd", crd)
+
+
+def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
+    testbed: tb.Testbed, release: Release, namespace: str
+) -> None:
+    watched = f"{namespace[:50]}-runs"
+    testbed.kubectl("create", "namespace", watched)
+    try:
+        release.helm(
+            "install", release.name, str(CHART), "--set", f"controller.watchNamespaces={{{watched}}}", "--wait"
+        )
+        testbed.kubectl("get", "role", f"{release.name}-spotray", "-n", watched)
+        env = json.loads(
+            testbed.kubectl(
+                "get", "deployment", f"{release.name}-spotray-controller", "-n", namespace, "-o", "json"
+            ).stdout
+        )["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "SPOTRAY_NAMESPACES", "value": watched} in env
+
+        for verb, resource in ALLOWED_IN_NAMESPACE:
+            assert release.can_i(verb, resource, watched), (verb, resource)
+        # Not in its own namespace, not cluster-wide, no nodes; CRDs readable (kopf watches them).
+        assert not release.can_i("list", "trainingruns.spotray.dev", namespace)
+        assert not release.can_i("list", "trainingruns.spotray.dev", None)
+        assert not release.can_i("list", "nodes", None)
+        assert release.can_i("list", "customresourcedefinitions.apiextensions.k8s.io", None)
+        for verb, resource in DENIED:
+            assert not release.can_i(verb, resource, watched), (verb, resource)
+
+        release.helm("uninstall", release.name, "--wait")
+        assert release.leftovers() == []
+    finally:
+        testbed.kubectl("delete", "namespace", watched, "--wait=false", check=False)
