@@ -15,8 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import testbed as tb  # on sys.path through tests/e2e/conftest.py
 import yaml
+
+from tests.e2e.conftest import tb
 
 pytestmark = pytest.mark.e2e
 
