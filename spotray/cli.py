@@ -1,10 +1,7 @@
-"""The ``spotray`` command.
+"""The ``spotray`` command: argparse wiring only; each command lives in its own module.
 
-    spotray run jobs/gpt2/trainingrun.yaml --local
-    spotray run jobs/gpt2/trainingrun.yaml --local --kill-worker-at 40 --kill-all-at 120
-
-Exit codes: 0 the run succeeded; 1 it failed (failures or preemptions beyond the retry budget);
-2 bad input (the message names the problem and the fix); 130 interrupted.
+Command modules are imported when their command runs, so ``spotray --help`` or ``spotray
+checkpoints`` never pay for torch, Ray or the kubernetes client they do not use.
 """
 
 from __future__ import annotations
@@ -13,55 +10,123 @@ import argparse
 import sys
 from pathlib import Path
 
-from spotray.local import Faults, LocalRun
-from spotray.progress import ProgressView
+from spotray.cluster_options import KubeOptions, add_cluster_flags
+from spotray.errors import EXIT_INTERRUPTED, exit_code_for
+from spotray.output import FORMATS
 from train.errors import SpotrayError
-from train.runspec import load_training_run
 
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
+RUN_HELP = (
+    "a TrainingRun manifest (its spec.checkpoint.uri is used), a checkpoint URI (s3://BUCKET/PREFIX, "
+    "/path, file:///path), or the name of a TrainingRun in the kube context"
+)
+
+MAIN_EPILOG = """commands by where they run:
+  on this machine   run FILE --local
+  on a cluster      submit (= run without --local), status, watch, logs
+  on S3             checkpoints, pull, plot  (RUN: manifest, checkpoint URI, or TrainingRun name)
+
+environment:
+  AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3, S3_ENDPOINT_URL), AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+  AWS_REGION          S3 endpoint and credentials for checkpoints, pull and plot (and run --local)
+  KUBECONFIG          the kube config for cluster commands (or --kubeconfig, --context, -n)
+
+exit codes:
+  0    ok (for watch and run: the run succeeded)
+  1    failed: the run failed, a checkpoint is incomplete or corrupt, S3 or the cluster refused
+  2    bad input: a manifest, URI or flag is wrong (the message lists what to change)
+  3    not found: no such run, checkpoint, attempt or bucket
+  130  interrupted (Ctrl-C)
+
+Errors are printed as the problem and, on the next line, the fix. `spotray COMMAND --help` has examples.
+"""
 
 RUN_EXAMPLES = """examples:
   spotray run jobs/gpt2/trainingrun.yaml --local
   spotray run jobs/gpt2/trainingrun.yaml --local --kill-worker-at 40     # a worker dies: Ray replaces it
   spotray run jobs/gpt2/trainingrun.yaml --local --kill-all-at 120       # the head dies: a new attempt resumes
   spotray run jobs/gpt2/trainingrun.yaml --local --preempt-at 80         # spot notice: emergency checkpoint
+  spotray run jobs/gpt2/trainingrun.yaml                                 # on the cluster: same as submit
 
 Without AWS_ENDPOINT_URL set, local mode starts its own S3 server (SeaweedFS) and keeps its data in
 the work directory, so running the same command again resumes from the last checkpoint.
 """
 
+SUBMIT_EXAMPLES = """examples:
+  spotray submit jobs/gpt2/trainingrun.yaml              # create, or update if it exists
+  spotray submit jobs/gpt2/trainingrun.yaml --watch      # and follow it until it ends
+  spotray submit run.yaml -n team-a --context prod
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="spotray", description="Resumable training on spot machines with Ray and Kubernetes."
-    )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = commands.add_parser(
-        "run",
-        help="run a TrainingRun manifest",
-        description="Run a TrainingRun manifest. With --local: on this machine, no cluster needed.",
-        epilog=RUN_EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    run.add_argument("file", type=Path, help="a TrainingRun manifest (YAML)")
-    run.add_argument("--local", action="store_true", help="run on this machine (local Ray, embedded S3)")
-    run.add_argument(
-        "--workdir", type=Path, default=None, help="logs, events and local S3 data (default: spotray-local/RUN)"
-    )
-    faults = run.add_argument_group("fault injection (local mode)")
-    faults.add_argument("--kill-worker-at", type=int, metavar="STEP", help="SIGKILL one Ray Train worker at STEP")
-    faults.add_argument("--kill-all-at", type=int, metavar="STEP", help="SIGKILL the driver and Ray cluster at STEP")
-    faults.add_argument("--preempt-at", type=int, metavar="STEP", help="send the driver SIGTERM (spot notice) at STEP")
-    return parser
+The manifest is validated here first: a bad one is refused with every problem listed, and nothing
+is sent. With --watch the exit code is the run's (0 succeeded, 1 failed).
+"""
+
+STATUS_EXAMPLES = """examples:
+  spotray status                       # every TrainingRun in the namespace, like kubectl get
+  spotray status gpt2                  # one run: attempts, last checkpoint, conditions, message
+  spotray status -o json | jq '.[] | select(.phase == "Running") | .name'
+  spotray status gpt2 -o yaml          # the whole TrainingRun object
+"""
+
+WATCH_EXAMPLES = """examples:
+  spotray watch gpt2
+  spotray watch gpt2 -n team-a && spotray pull gpt2 -n team-a ./gpt2-final
+
+Polls the run's status every 2 s. Exits 0 when it succeeds, 1 when it fails; Ctrl-C stops only
+the watching.
+"""
+
+LOGS_EXAMPLES = """examples:
+  spotray logs gpt2                    # the current attempt's driver log
+  spotray logs gpt2 --attempt 1        # an earlier attempt's, while its Ray cluster still exists
+  kubectl port-forward -n team-a svc/gpt2-a2-raycluster-xxxxx-head-svc 8265:8265 &
+  spotray logs gpt2 -n team-a --dashboard http://localhost:8265
+
+The logs come from Ray's jobs API on the attempt's Ray head (RayJob RUN-aN). The dashboard is
+reachable only inside the cluster unless you port-forward it; the error says which service.
+"""
+
+CHECKPOINTS_EXAMPLES = """examples:
+  spotray checkpoints s3://my-bucket/runs/gpt2
+  spotray checkpoints jobs/gpt2/trainingrun.yaml
+  spotray checkpoints gpt2 -n team-a -o json
+
+Newest first. A checkpoint is complete when its manifest is there and every file it lists has the
+listed size; an incomplete one says why (usually: its upload was cut off by a preemption).
+S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+"""
+
+PULL_EXAMPLES = """examples:
+  spotray pull gpt2 ./gpt2-final                         # the newest complete checkpoint
+  spotray pull s3://my-bucket/runs/gpt2 --step 400 ./gpt2-400
+  spotray pull jobs/gpt2/trainingrun.yaml ./model
+
+Every file is checked against the checkpoint's manifest (size and SHA-256). The download lands in a
+hidden directory next to DIR and is renamed to DIR only when verified, so DIR is never half there.
+An incomplete or corrupt checkpoint is refused (exit code 1). DIR must not exist or be empty.
+S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+"""
+
+PLOT_EXAMPLES = """examples:
+  spotray plot gpt2                                      # writes gpt2-loss.png
+  spotray plot s3://my-bucket/runs/gpt2 -o loss.png
+
+Joins the (step, loss) points every attempt kept in _spotray/attempt-N.progress.json next to the
+checkpoints, and marks where each attempt resumed and where the one before it stopped.
+S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
+"""
+
+
+# ------------------------------------------------------------------------------------ commands
+# Each imports its module when it runs (see the module docstring), hence the PLC0415 waivers.
 
 
 def run_command(args: argparse.Namespace) -> int:
     if not args.local:
-        raise SpotrayError(
-            "`spotray run` without --local would submit to a cluster, which is not built yet",
-            "add --local to run on this machine, or `kubectl apply -f FILE` on a cluster with the spotray chart",
-        )
+        return submit_command(args)
+    from spotray.local import Faults, LocalRun  # noqa: PLC0415
+    from spotray.progress import ProgressView  # noqa: PLC0415
+    from train.runspec import load_training_run  # noqa: PLC0415
+
     training_run = load_training_run(args.file)
     workdir = args.workdir or Path("spotray-local") / training_run.name
     faults = Faults(kill_worker_at=args.kill_worker_at, kill_all_at=args.kill_all_at, preempt_at=args.preempt_at)
@@ -70,16 +135,188 @@ def run_command(args: argparse.Namespace) -> int:
     return LocalRun(training_run, workdir, faults, progress=progress).run()
 
 
+def submit_command(args: argparse.Namespace) -> int:
+    from spotray.submit import submit_command as submit  # noqa: PLC0415
+
+    return submit(args.file, KubeOptions.from_args(args), watch=args.watch)
+
+
+def status_command(args: argparse.Namespace) -> int:
+    from spotray.kube import Cluster  # noqa: PLC0415
+    from spotray.status import status_command as status  # noqa: PLC0415
+
+    return status(Cluster(KubeOptions.from_args(args)), args.run, args.output)
+
+
+def watch_command(args: argparse.Namespace) -> int:
+    from spotray.kube import Cluster  # noqa: PLC0415
+    from spotray.watch import watch_run  # noqa: PLC0415
+
+    return watch_run(Cluster(KubeOptions.from_args(args)), args.run)
+
+
+def logs_command(args: argparse.Namespace) -> int:
+    from spotray.kube import Cluster  # noqa: PLC0415
+    from spotray.logs import logs_command as logs  # noqa: PLC0415
+
+    return logs(Cluster(KubeOptions.from_args(args)), args.run, args.attempt, args.dashboard)
+
+
+def checkpoints_command(args: argparse.Namespace) -> int:
+    from spotray.checkpoints import list_command  # noqa: PLC0415
+    from spotray.target import locate_run  # noqa: PLC0415
+
+    return list_command(locate_run(args.run, KubeOptions.from_args(args)), args.output)
+
+
+def pull_command(args: argparse.Namespace) -> int:
+    from spotray.checkpoints import pull_command as pull  # noqa: PLC0415
+    from spotray.target import locate_run  # noqa: PLC0415
+
+    return pull(locate_run(args.run, KubeOptions.from_args(args)), args.step, args.dir)
+
+
+def plot_command(args: argparse.Namespace) -> int:
+    from spotray.plot import plot_command as plot  # noqa: PLC0415
+    from spotray.target import locate_run  # noqa: PLC0415
+
+    return plot(locate_run(args.run, KubeOptions.from_args(args)), args.output)
+
+
+# -------------------------------------------------------------------------------------- parser
+
+
+def _add_output_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-o", "--output", choices=FORMATS, default="table", help="table for people, json or yaml for programs"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spotray",
+        description="Resumable training on spot machines with Ray and Kubernetes.",
+        epilog=MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name,
+            help=summary,
+            description=description,
+            epilog=epilog,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+
+    run = command(
+        "run",
+        "run a TrainingRun manifest here (--local) or on the cluster",
+        "Run a TrainingRun manifest. With --local: on this machine, no cluster needed. "
+        "Without: submit it to the cluster in the current kube context (as `spotray submit`).",
+        RUN_EXAMPLES,
+    )
+    run.add_argument("file", type=Path, help="a TrainingRun manifest (YAML)")
+    run.add_argument("--local", action="store_true", help="run on this machine (local Ray, embedded S3)")
+    run.add_argument("--watch", action="store_true", help="(cluster) follow the run until it ends")
+    run.add_argument(
+        "--workdir", type=Path, default=None, help="logs, events and local S3 data (default: spotray-local/RUN)"
+    )
+    faults = run.add_argument_group("fault injection (local mode)")
+    faults.add_argument("--kill-worker-at", type=int, metavar="STEP", help="SIGKILL one Ray Train worker at STEP")
+    faults.add_argument("--kill-all-at", type=int, metavar="STEP", help="SIGKILL the driver and Ray cluster at STEP")
+    faults.add_argument("--preempt-at", type=int, metavar="STEP", help="send the driver SIGTERM (spot notice) at STEP")
+    add_cluster_flags(run)
+    run.set_defaults(handler=run_command)
+
+    submit = command(
+        "submit",
+        "create or update a TrainingRun in the cluster",
+        "Validate a TrainingRun manifest, then create it in the current kube context or update it (server-side "
+        "apply, like kubectl apply).",
+        SUBMIT_EXAMPLES,
+    )
+    submit.add_argument("file", type=Path, help="a TrainingRun manifest (YAML)")
+    submit.add_argument("--watch", action="store_true", help="follow the run until it ends (exit code: the run's)")
+    add_cluster_flags(submit)
+    submit.set_defaults(handler=submit_command)
+
+    status = command(
+        "status",
+        "list TrainingRuns, or show one in detail",
+        "TrainingRuns with phase, attempt, progress, last checkpoint and preemptions; with RUN, one in detail.",
+        STATUS_EXAMPLES,
+    )
+    status.add_argument("run", nargs="?", metavar="RUN", help="a TrainingRun's name (default: list them all)")
+    _add_output_flag(status)
+    add_cluster_flags(status)
+    status.set_defaults(handler=status_command)
+
+    watch = command(
+        "watch",
+        "follow a run's progress until it ends",
+        "A live progress line for a TrainingRun on the cluster; says when an attempt is preempted and resumes.",
+        WATCH_EXAMPLES,
+    )
+    watch.add_argument("run", metavar="RUN", help="a TrainingRun's name")
+    add_cluster_flags(watch)
+    watch.set_defaults(handler=watch_command)
+
+    logs = command("logs", "print an attempt's job logs", "The driver log of one attempt's Ray job.", LOGS_EXAMPLES)
+    logs.add_argument("run", metavar="RUN", help="a TrainingRun's name")
+    logs.add_argument("--attempt", type=int, metavar="N", help="which attempt (default: the current one)")
+    logs.add_argument("--dashboard", metavar="URL", help="the Ray dashboard to ask, e.g. a port-forward's")
+    add_cluster_flags(logs)
+    logs.set_defaults(handler=logs_command)
+
+    checkpoints = command(
+        "checkpoints",
+        "list a run's checkpoints, complete or not",
+        "A run's checkpoints, newest first, with size, file count and whether each is complete (and why not).",
+        CHECKPOINTS_EXAMPLES,
+    )
+    checkpoints.add_argument("run", metavar="RUN", help=RUN_HELP)
+    _add_output_flag(checkpoints)
+    add_cluster_flags(checkpoints)
+    checkpoints.set_defaults(handler=checkpoints_command)
+
+    pull = command(
+        "pull",
+        "download a complete checkpoint, verified",
+        "Download a complete checkpoint (the newest by default) into DIR, verified against its manifest.",
+        PULL_EXAMPLES,
+    )
+    pull.add_argument("run", metavar="RUN", help=RUN_HELP)
+    pull.add_argument("dir", type=Path, metavar="DIR", help="where the checkpoint's files go (must not exist yet)")
+    pull.add_argument("--step", type=int, metavar="N", help="checkpoint-N instead of the newest complete one")
+    add_cluster_flags(pull)
+    pull.set_defaults(handler=pull_command)
+
+    plot = command(
+        "plot",
+        "draw loss vs step across attempts (PNG)",
+        "A PNG of training loss vs step across every attempt, with each resume marked.",
+        PLOT_EXAMPLES,
+    )
+    plot.add_argument("run", metavar="RUN", help=RUN_HELP)
+    plot.add_argument("-o", "--output", type=Path, metavar="FILE.png", help="where to write it (default: RUN-loss.png)")
+    add_cluster_flags(plot)
+    plot.set_defaults(handler=plot_command)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return run_command(args)
+        code: int = args.handler(args)
     except SpotrayError as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exit_code_for(error)
     except KeyboardInterrupt:
         print("\ninterrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    return code
 
 
 if __name__ == "__main__":

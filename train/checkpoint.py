@@ -24,6 +24,7 @@ import re
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -180,6 +181,7 @@ class CheckpointInfo:
     size_bytes: int
     manifest: Manifest | None
     problem: str | None
+    file_count: int = 0  # objects under the prefix, the manifest included
 
     @property
     def complete(self) -> bool:
@@ -189,26 +191,22 @@ class CheckpointInfo:
 def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> CheckpointInfo:
     prefix = checkpoint_dir_name(step)
     sizes = {o.key[len(prefix) + 1 :]: o.size for o in objects}
-    total = sum(sizes.values())
+    found = partial(CheckpointInfo, step, prefix, sum(sizes.values()), file_count=len(sizes))
     if MANIFEST_NAME not in sizes:
-        return CheckpointInfo(step, prefix, total, None, NO_MANIFEST)
+        return found(None, NO_MANIFEST)
     where = str(store.uri.join(prefix, MANIFEST_NAME))
     try:
         manifest = Manifest.from_json(store.get_bytes(f"{prefix}/{MANIFEST_NAME}"), where)
     except CorruptCheckpointError as error:
-        return CheckpointInfo(step, prefix, total, None, error.problem)
+        return found(None, error.problem)
     if manifest.step != step:
-        return CheckpointInfo(
-            step, prefix, total, manifest, f"manifest says step {manifest.step}, directory says {step}"
-        )
+        return found(manifest, f"manifest says step {manifest.step}, directory says {step}")
     for name, entry in manifest.files.items():
         if name not in sizes:
-            return CheckpointInfo(step, prefix, total, manifest, f"file {name} listed in the manifest is missing")
+            return found(manifest, f"file {name} listed in the manifest is missing")
         if sizes[name] != entry.size:
-            return CheckpointInfo(
-                step, prefix, total, manifest, f"file {name} has {sizes[name]} bytes, the manifest says {entry.size}"
-            )
-    return CheckpointInfo(step, prefix, total, manifest, None)
+            return found(manifest, f"file {name} has {sizes[name]} bytes, the manifest says {entry.size}")
+    return found(manifest, None)
 
 
 def list_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:

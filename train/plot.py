@@ -1,4 +1,8 @@
-"""Loss across attempts: one PNG that shows where a run was killed, what was lost, and the resume."""
+"""Loss across attempts: one PNG that shows where a run was killed, what was lost, and the resume.
+
+The attempts come from a local run's event log (``split_attempts``) or from the progress objects
+every attempt keeps next to the checkpoints (``attempts_from_progress``, for ``spotray plot``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib as mpl
+
+from train.progress_log import AttemptProgress
 
 mpl.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # the backend is chosen before pyplot is imported
@@ -46,10 +52,21 @@ def split_attempts(events: Iterable[dict[str, Any]]) -> list[Attempt]:
     return attempts
 
 
+def attempts_from_progress(progress: Iterable[AttemptProgress]) -> list[Attempt]:
+    """Attempts as the run's progress objects tell them; only the newest may still be going (or done)."""
+    attempts = [
+        Attempt(p.attempt, p.resumed_from, [(step, loss) for step, loss, _ in p.points]) for p in progress if p.points
+    ]
+    if attempts:
+        attempts[-1].finished = True  # nothing came after it, so nothing shows it was cut short
+    return attempts
+
+
 def plot_loss_across_attempts(attempts: list[Attempt], png_path: Path, title: str) -> Path:
     """Draw each attempt's loss, mark kills and resumes, shade the steps that had to be redone."""
     figure, axes = plt.subplots(figsize=(10, 5), dpi=110)
     colors = plt.get_cmap("tab10")
+    redone_labelled = False
     for index, attempt in enumerate(attempts):
         if not attempt.losses:
             continue
@@ -58,6 +75,18 @@ def plot_loss_across_attempts(attempts: list[Attempt], png_path: Path, title: st
             f" (resumed from step {attempt.resumed_from})" if attempt.resumed_from else " (fresh start)"
         )
         axes.plot(steps, losses, color=colors(index), linewidth=1.2, label=label)
+        if attempt.resumed_from:
+            axes.axvline(attempt.resumed_from, color=colors(index), linestyle=":", linewidth=1)
+            axes.text(
+                attempt.resumed_from,
+                0.97,
+                f" attempt {attempt.number} resumed from step {attempt.resumed_from}",
+                transform=axes.get_xaxis_transform(),
+                rotation=90,
+                verticalalignment="top",
+                color=colors(index),
+                fontsize=9,
+            )
         if not attempt.finished:
             axes.axvline(attempt.last_step, color="red", linestyle="--", linewidth=1)
             axes.text(
@@ -72,16 +101,17 @@ def plot_loss_across_attempts(attempts: list[Attempt], png_path: Path, title: st
             )
         nxt = attempts[index + 1] if index + 1 < len(attempts) else None
         if nxt is not None and nxt.resumed_from is not None and not attempt.finished:
-            axes.axvspan(
-                nxt.resumed_from, attempt.last_step, color="red", alpha=0.12, label="steps redone after resume"
-            )
+            # One legend entry for all the shaded spans ("_" labels stay out of the legend).
+            label = "_redone" if redone_labelled else "steps redone after resume"
+            axes.axvspan(nxt.resumed_from, attempt.last_step, color="red", alpha=0.12, label=label)
+            redone_labelled = True
         for step in attempt.checkpoints:
             axes.plot(step, dict(attempt.losses).get(step, losses[-1]), marker="o", color=colors(index), markersize=3)
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
     axes.set_title(title)
     axes.grid(alpha=0.3)
-    axes.legend(loc="upper right")
+    axes.legend(loc="best")
     figure.tight_layout()
     png_path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(png_path)

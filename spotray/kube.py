@@ -1,0 +1,151 @@
+"""The cluster as the CLI sees it: TrainingRuns and RayJobs in the current kube context.
+
+``kubernetes`` is imported here only, and only by the cluster commands, so ``spotray checkpoints``
+and ``spotray pull`` start fast and work on a laptop with no kube config at all. Every API fault
+becomes a ``SpotrayError`` that says what to do.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, cast
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from spotray.cluster_options import KubeOptions
+from spotray.errors import CommandFailedError, NotFoundError
+from train.errors import SpotrayError
+from train.runspec import API_GROUP
+
+VERSION = "v1alpha1"
+PLURAL = "trainingruns"
+RAY_GROUP = "ray.io"
+RAY_VERSION = "v1"
+RAYJOB_PLURAL = "rayjobs"
+FIELD_MANAGER = "spotray-cli"
+_CONTEXT_FIX = (
+    "check that the cluster is up and that `kubectl get nodes` works; pick another cluster with "
+    "--context NAME or --kubeconfig FILE (`kubectl config get-contexts` lists them)"
+)
+
+
+def ray_job_name(run: str, attempt: int) -> str:
+    """The RayJob the controller creates for attempt N of a run."""
+    return f"{run}-a{attempt}"
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body or "{}").get("message") or error.reason)
+    except (ValueError, AttributeError):
+        return str(error.reason)
+
+
+class Cluster:
+    """A connection to one cluster and a default namespace."""
+
+    def __init__(self, options: KubeOptions) -> None:
+        try:
+            contexts, current = config.list_kube_config_contexts(options.kubeconfig)  # type: ignore[no-untyped-call]
+            self.api = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=options.kubeconfig, context=options.context
+            )
+        except (ConfigException, OSError) as error:
+            raise SpotrayError(
+                f"no usable kube config ({error})",
+                "set KUBECONFIG or pass --kubeconfig FILE, and --context NAME for a context other than the current one",
+            ) from None
+        context = next((c for c in contexts if c["name"] == options.context), current) if options.context else current
+        self.context_name = str((context or {}).get("name", "?"))
+        self.namespace = options.namespace or (context or {}).get("context", {}).get("namespace") or "default"
+        self.host = self.api.configuration.host
+        self.custom = client.CustomObjectsApi(self.api)
+
+    @contextmanager
+    def _call(self, what: str, namespace: str, kind: str = "TrainingRun") -> Iterator[None]:
+        """Run one API call; turn its faults into errors that name the fix."""
+        try:
+            yield
+        except ApiException as error:
+            raise self._describe(error, what, namespace, kind) from None
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise CommandFailedError(
+                f"could not reach the Kubernetes API at {self.host} (context {self.context_name}) to {what}: {error}",
+                _CONTEXT_FIX,
+            ) from None
+
+    def _describe(self, error: ApiException, what: str, namespace: str, kind: str) -> SpotrayError:
+        message = _api_message(error)
+        if error.status == 404 and "could not find the requested resource" in message:
+            installer = "the KubeRay operator" if kind == "RayJob" else "the spotray controller and CRD (Helm chart)"
+            return NotFoundError(
+                f"the cluster (context {self.context_name}) has no {kind} resource type",
+                f"install {installer}, or pick the right cluster with --context",
+            )
+        if error.status == 404:
+            return NotFoundError(
+                f"cannot {what}: {message} (namespace {namespace}, context {self.context_name})",
+                "`spotray status -n NAMESPACE` lists the runs in a namespace; pass -n/--namespace or --context",
+            )
+        if error.status in (401, 403):
+            return CommandFailedError(
+                f"the cluster refused to let you {what}: {message}",
+                f"check your credentials and RBAC: `kubectl auth can-i get {PLURAL}.{API_GROUP} -n {namespace}`",
+            )
+        if error.status in (400, 422):
+            return SpotrayError(f"the cluster refused to {what}: {message}", "fix the manifest as the message says")
+        return CommandFailedError(f"the cluster failed to {what}: {error.status} {message}", _CONTEXT_FIX)
+
+    # -- TrainingRuns -----------------------------------------------------------------------
+
+    def get_run(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        namespace = namespace or self.namespace
+        with self._call(f"get TrainingRun {name}", namespace):
+            run = self.custom.get_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, name)
+        return cast("dict[str, Any]", run)
+
+    def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+        namespace = namespace or self.namespace
+        with self._call("list TrainingRuns", namespace):
+            listing = self.custom.list_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL)
+        items: list[dict[str, Any]] = cast("dict[str, Any]", listing).get("items", [])
+        return sorted(items, key=lambda item: item["metadata"]["name"])
+
+    def apply_run(self, document: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str]:
+        """Server-side apply, like ``kubectl apply --server-side``; returns the object and what changed:
+        created, configured or unchanged."""
+        name = document["metadata"]["name"]
+        try:
+            before: dict[str, Any] | None = self.get_run(name, namespace)
+        except NotFoundError:
+            before = None
+        with self._call(f"apply TrainingRun {name}", namespace):
+            after = self.custom.patch_namespaced_custom_object(
+                API_GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                document,
+                field_manager=FIELD_MANAGER,
+                force=True,  # take over fields an earlier `kubectl apply` owned, as re-submitting means
+                _content_type="application/apply-patch+yaml",
+            )
+        after = cast("dict[str, Any]", after)
+        if before is None:
+            return after, "created"
+        changed = after["metadata"].get("generation") != before["metadata"].get("generation")
+        return after, "configured" if changed else "unchanged"
+
+    # -- RayJobs ----------------------------------------------------------------------------
+
+    def get_ray_job(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+        namespace = namespace or self.namespace
+        with self._call(f"get RayJob {name}", namespace, kind="RayJob"):
+            job = self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+        return cast("dict[str, Any]", job)

@@ -1,0 +1,161 @@
+"""``spotray status [RUN]``: the runs in a namespace as a table, or one run in detail.
+
+Everything shown comes from the TrainingRun's status, which the controller keeps up to date:
+phase, attempt, progress, the last complete checkpoint, preemptions, failures, and the history
+of attempts with how each ended.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from spotray.output import age_since, emit, render_data, render_table
+
+if TYPE_CHECKING:
+    from spotray.kube import Cluster
+
+COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "age")
+
+
+def run_summary(run: dict[str, Any]) -> dict[str, Any]:
+    """The table's row as data, for ``-o json|yaml``."""
+    status = run.get("status") or {}
+    progress = status.get("progress") or {}
+    checkpoint = status.get("lastCheckpoint") or {}
+    return {
+        "name": run["metadata"]["name"],
+        "namespace": run["metadata"].get("namespace"),
+        "phase": status.get("phase"),
+        "attempt": status.get("attempt"),
+        "step": progress.get("step"),
+        "totalSteps": progress.get("totalSteps"),
+        "loss": progress.get("loss"),
+        "lastCheckpointStep": checkpoint.get("step"),
+        "preemptions": status.get("preemptions", 0),
+        "failures": status.get("failures", 0),
+        "created": run["metadata"].get("creationTimestamp"),
+    }
+
+
+def _dash(value: object) -> object:
+    return "-" if value is None else value
+
+
+def _step(step: int | None, total: int | None) -> str:
+    if step is None:
+        return "-"
+    return f"{step}/{total}" if total else str(step)
+
+
+def _loss(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.4g}"
+
+
+def status_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str:
+    rows = []
+    for run in runs:
+        row = run_summary(run)
+        rows.append(
+            (
+                row["name"],
+                row["phase"] or "-",
+                _dash(row["attempt"]),
+                _step(row["step"], row["totalSteps"]),
+                _loss(row["loss"]),
+                _dash(row["lastCheckpointStep"]),
+                row["preemptions"],
+                row["failures"],
+                age_since(row["created"], now),
+            )
+        )
+    return render_table(COLUMNS, rows)
+
+
+def _ago(time: str | None, now: datetime) -> str:
+    return f"{age_since(time, now)} ago" if time else "-"
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
+    """A ``kubectl describe``-like view of one run."""
+    now = now or datetime.now(UTC)
+    metadata = run["metadata"]
+    status = run.get("status") or {}
+    progress = status.get("progress") or {}
+    checkpoint = status.get("lastCheckpoint") or {}
+    fields: list[tuple[str, object]] = [
+        ("Name", metadata["name"]),
+        ("Namespace", metadata.get("namespace")),
+        ("Age", age_since(metadata.get("creationTimestamp"), now)),
+        ("Phase", status.get("phase") or "- (the controller has not seen it yet)"),
+        ("Message", status.get("message")),
+        ("Attempt", f"{status['attempt']} (RayJob {status.get('rayJob', '-')})" if status.get("attempt") else None),
+    ]
+    if progress.get("step") is not None:
+        rate = progress.get("stepsPerSecond")
+        fields.append(
+            (
+                "Progress",
+                f"step {_step(progress['step'], progress.get('totalSteps'))}, loss {_loss(progress.get('loss'))}"
+                + (f", {rate:.2f} steps/s" if rate else "")
+                + f" (updated {_ago(progress.get('updateTime'), now)})",
+            )
+        )
+    if checkpoint.get("step") is not None:
+        fields.append(
+            (
+                "Last checkpoint",
+                f"step {checkpoint['step']} at {checkpoint.get('uri', '-')} ({_ago(checkpoint.get('time'), now)})",
+            )
+        )
+    fields += [
+        ("Preemptions", status.get("preemptions", 0)),
+        ("Failures", status.get("failures", 0)),
+        ("Next attempt", status.get("nextAttemptTime")),
+    ]
+    lines = [f"{key + ':':<17}{value}" for key, value in fields if value is not None]
+    attempts = status.get("attempts") or []
+    if attempts:
+        rows = [
+            (
+                a.get("attempt"),
+                a.get("rayJob", "-"),
+                a.get("outcome", "-"),
+                a.get("reason") or "-",
+                _dash(a.get("resumedFrom")),
+                _ago(a.get("startTime"), now),
+                _ago(a.get("endTime"), now),
+                a.get("message") or "",
+            )
+            for a in attempts
+        ]
+        headers = ("attempt", "rayjob", "outcome", "reason", "resumed from", "started", "ended", "message")
+        lines += ["Attempts:", _indent(render_table(headers, rows))]
+    conditions = status.get("conditions") or []
+    if conditions:
+        condition_rows = [
+            (c.get("type"), c.get("status"), c.get("reason"), _ago(c.get("lastTransitionTime"), now), c.get("message"))
+            for c in conditions
+        ]
+        condition_headers = ("type", "status", "reason", "changed", "message")
+        lines += ["Conditions:", _indent(render_table(condition_headers, condition_rows))]
+    return "\n".join(lines)
+
+
+def status_command(cluster: Cluster, name: str | None, fmt: str) -> int:
+    if name is not None:
+        run = cluster.get_run(name)
+        emit(describe_run(run) if fmt == "table" else render_data(run, fmt))
+        return 0
+    runs = cluster.list_runs()
+    if fmt != "table":
+        emit(render_data([run_summary(run) for run in runs], fmt))
+    elif runs:
+        emit(status_table(runs))
+    else:
+        emit(f"no TrainingRuns in namespace {cluster.namespace} (context {cluster.context_name})")
+    return 0

@@ -1,0 +1,67 @@
+"""RUN, as the checkpoint commands take it: a manifest file, a checkpoint URI, or a TrainingRun's name.
+
+    spotray checkpoints jobs/gpt2/trainingrun.yaml     # the manifest's spec.checkpoint.uri
+    spotray checkpoints s3://my-bucket/runs/gpt2       # a checkpoint URI (or /path, file:///path)
+    spotray checkpoints gpt2 -n team-a                 # a TrainingRun in the current kube context
+
+Credentials for S3 come from the usual AWS_* variables (``StoreConfig.from_env``), never from the
+cluster: the CLI reads the bucket directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotray.cluster_options import KubeOptions
+from spotray.errors import NotFoundError
+from train.errors import SpotrayError
+from train.runspec import load_training_run
+from train.store import ObjectStore, RetryPolicy, StoreConfig, open_store, parse_uri
+
+_RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+# A wrong endpoint should fail within seconds at a terminal, not after the trainer's ten minutes.
+CLI_RETRY = RetryPolicy(deadline_s=20.0)
+
+
+@dataclass(frozen=True)
+class RunLocation:
+    """Where a run keeps its checkpoints, and how we found out (for messages)."""
+
+    name: str
+    uri: str
+    source: str
+
+
+def locate_run(run: str, kube: KubeOptions) -> RunLocation:
+    """Resolve RUN to its checkpoint URI; a name is looked up in the cluster only when it is nothing else."""
+    path = Path(run)
+    if path.is_file():
+        training_run = load_training_run(path)
+        return RunLocation(training_run.name, training_run.spec.checkpoint.uri, f"manifest {path}")
+    if path.is_dir():
+        return RunLocation(path.resolve().name, str(path.resolve()), f"directory {path}")
+    if path.suffix in (".yaml", ".yml", ".json") and "://" not in run:
+        raise NotFoundError(f"manifest {path} does not exist", "give the path of a TrainingRun manifest")
+    if "://" in run or run.startswith("/"):
+        parsed = parse_uri(run)
+        return RunLocation(parsed.prefix.rsplit("/", 1)[-1] or parsed.bucket, str(parsed), "URI")
+    if not _RUN_NAME.match(run):
+        raise SpotrayError(
+            f"RUN {run!r} is not a manifest file, a checkpoint URI or a TrainingRun name",
+            "give a TrainingRun YAML file, s3://BUCKET/PREFIX, an absolute directory, or a TrainingRun's name",
+        )
+    from spotray.kube import Cluster  # noqa: PLC0415 - the kubernetes client loads only when a cluster is asked
+
+    cluster = Cluster(kube)
+    document = cluster.get_run(run)
+    uri = str(document.get("spec", {}).get("checkpoint", {}).get("uri", ""))
+    if not uri:
+        raise SpotrayError(f"TrainingRun {cluster.namespace}/{run} has no spec.checkpoint.uri", "add one and submit")
+    return RunLocation(run, uri, f"TrainingRun {cluster.namespace}/{run} (context {cluster.context_name})")
+
+
+def open_run_store(location: RunLocation) -> ObjectStore:
+    """The run's checkpoint store, with S3 endpoint and credentials from the AWS_* environment."""
+    return open_store(location.uri, StoreConfig.from_env(), CLI_RETRY)
