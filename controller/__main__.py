@@ -8,6 +8,7 @@ peering (the chart installs the peering CRDs), otherwise it runs standalone.
 from __future__ import annotations
 
 import logging
+import secrets
 import sys
 
 import kopf
@@ -33,6 +34,9 @@ def main() -> int:
         namespaces=config.namespaces,
         standalone=config.peering is None,
         peering_name=config.peering,
+        # kopf pauses every peer when two share a priority: each replica takes its own, and the
+        # highest one alive does the work.
+        priority=secrets.randbelow(1_000_000) + 1 if config.peering else None,
         liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
     )
     return 0

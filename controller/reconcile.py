@@ -11,9 +11,11 @@ triggers for one run never interleave.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,6 +28,7 @@ from controller.lifecycle import (
     AttemptMarkers,
     Event,
     Observation,
+    Plan,
     RayJobView,
     RunState,
     conditions,
@@ -42,6 +45,17 @@ DISRUPTION_ANNOTATION = "spotray.dev/disruption"
 
 _locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
+
+
+def crash_point(name: str) -> None:
+    """Die here if SPOTRAY_CRASH_AT names this point: how the e2e tests kill the controller mid-reconcile.
+
+    A SIGKILL from outside cannot hit the window between writing the status and creating the RayJob
+    on demand; this can. Unset (always, outside tests) it does nothing.
+    """
+    if os.environ.get("SPOTRAY_CRASH_AT") == name:
+        log.error("SPOTRAY_CRASH_AT=%s: exiting now, as a crash would", name)
+        os._exit(70)
 
 
 def _lock_for(namespace: str, name: str) -> threading.Lock:
@@ -116,6 +130,18 @@ def _markers(
         return AttemptMarkers()
 
 
+def _missing_secret(cluster: Cluster, run: TrainingRun, config: ControllerConfig) -> str | None:
+    """A message naming the run's S3 Secret and how to create it, when it does not exist."""
+    name = run.spec.checkpoint.secret_ref or config.s3_secret
+    if name is None or cluster.read_secret(run.namespace, name) is not None:
+        return None
+    return (
+        f"waiting for Secret {name} in namespace {run.namespace} (spec.checkpoint.secretRef): create it with "
+        f"`kubectl create secret generic {name} -n {run.namespace} --from-literal=AWS_ACCESS_KEY_ID=... "
+        "--from-literal=AWS_SECRET_ACCESS_KEY=...` (and AWS_ENDPOINT_URL for MinIO)"
+    )
+
+
 def reconcile(cluster: Cluster, config: ControllerConfig, namespace: str, name: str) -> float | None:
     """Bring one TrainingRun one step closer to done; returns seconds until it wants another look."""
     started = time.perf_counter()
@@ -144,52 +170,84 @@ def _reconcile_locked(cluster: Cluster, config: ControllerConfig, namespace: str
 
     status = body.get("status") or {}
     state = RunState.from_status(status)
-    job = None
-    if state.current is not None:
-        job = rayjob_view(cluster.get_rayjob(namespace, state.current.rayJob))
-    decided = plan(
-        Observation(
-            run=run,
-            state=state,
-            job=job,
-            markers=_markers(cluster, run, state, job, config),
-            settle_seconds=config.settle_seconds,
-        ),
-        now,
-    )
-    new_state = decided.state
-    if state.phase in TERMINAL_PHASES and new_state == state:
+    decided = _decide(cluster, config, run, state=state, message=status.get("message"), now=now)
+    if state.phase in TERMINAL_PHASES and decided.state == state:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
     generation = body["metadata"].get("generation", 0)
-    new_status = new_state.to_status()
-    new_status["observedGeneration"] = generation
-    new_status["conditions"] = conditions(new_state, status.get("conditions") or [], generation, now)
-    if True:
-        report = _report(cluster, run, new_state, config)
-        resumed_from = report.pop("resumedFrom", None)
-        storage_error = report.pop("storageError", None)
-        new_status.update(report)
-        if resumed_from is not None and new_state.current is not None and new_status["attempts"]:
-            new_status["attempts"][-1]["resumedFrom"] = resumed_from
-        if storage_error:
-            new_status["message"] = f"{new_status['message']} (cannot read checkpoints: {storage_error})"
+    new_status = _status(
+        cluster,
+        config,
+        run,
+        state=decided.state,
+        previous_conditions=status.get("conditions") or [],
+        generation=generation,
+        now=now,
+    )
     # Persist first, then act: see the module docstring.
     cluster.patch_run_status(namespace, name, new_status)
+    crash_point("status-written")
+    _act(cluster, config, run, body=body, decided=decided, now=now)
+    for attempt in decided.state.attempts:
+        if attempt not in state.attempts and attempt.endTime:
+            metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
+    metrics.set_phase(namespace, name, decided.state.phase)
+    return decided.requeue_after_s
+
+
+def _decide(
+    cluster: Cluster, config: ControllerConfig, run: TrainingRun, *, state: RunState, message: str | None, now: datetime
+) -> Plan:
+    job = None
+    if state.current is not None:
+        job = rayjob_view(cluster.get_rayjob(run.namespace, state.current.rayJob))
+    markers = _markers(cluster, run, state, job, config)
+    decided = plan(Observation(run, state, job, markers, settle_seconds=config.settle_seconds), now)
+    missing = _missing_secret(cluster, run, config) if decided.create_attempt is not None else None
+    if missing is None:
+        return decided
+    # Nothing could run without credentials: wait (no attempt spent) and say how to fix it.
+    events = (Event("Warning", "SecretMissing", missing),) if message != missing else ()
+    return Plan(replace(state, message=missing), events=events, requeue_after_s=config.reconcile_interval_seconds)
+
+
+def _status(
+    cluster: Cluster,
+    config: ControllerConfig,
+    run: TrainingRun,
+    *,
+    state: RunState,
+    previous_conditions: list[dict[str, Any]],
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
+    status = state.to_status()
+    status["observedGeneration"] = generation
+    status["conditions"] = conditions(state, previous_conditions, generation, now)
+    report = _report(cluster, run, state, config)
+    resumed_from = report.pop("resumedFrom", None)
+    storage_error = report.pop("storageError", None)
+    status.update(report)
+    if resumed_from is not None and status["attempts"]:
+        status["attempts"][-1]["resumedFrom"] = resumed_from
+    if storage_error:
+        status["message"] = f"{status['message']} (cannot read checkpoints: {storage_error})"
+    return status
+
+
+def _act(
+    cluster: Cluster, config: ControllerConfig, run: TrainingRun, *, body: dict[str, Any], decided: Plan, now: datetime
+) -> None:
     if decided.delete_rayjob:
-        cluster.delete_rayjob(namespace, decided.delete_rayjob)
+        cluster.delete_rayjob(run.namespace, decided.delete_rayjob)
     if decided.create_attempt is not None:
         created = cluster.create_rayjob(build_rayjob(run, decided.create_attempt, body["metadata"]["uid"], config))
         if created:
             metrics.ATTEMPTS_STARTED.inc()
     for event in decided.events:
         cluster.post_event(body, event, now)
-        log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
-    ended = [a for a in new_state.attempts if a not in state.attempts and a.endTime]
-    for attempt in ended:
-        metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
-    metrics.set_phase(namespace, name, new_state.phase)
-    return decided.requeue_after_s
+        log.info("%s/%s: %s: %s", run.namespace, run.name, event.reason, event.message)
 
 
 def disruption_note(pod: dict[str, Any]) -> str | None:

@@ -642,8 +642,17 @@ class RayHead:
     and the GCS on a free port. Jobs run on this machine with the venv's Python first on PATH.
     """
 
-    def __init__(self, workdir: Path, address: str = "", num_cpus: int = 2, marker: str = "") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        address: str = "",
+        num_cpus: int = 2,
+        marker: str = "",
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = workdir
+        # What a pod's environment would give the job (S3 endpoint and keys, PYTHONPATH of the image).
+        self.extra_env = dict(extra_env or {})
         # Two test sessions at once (two engineers, or CI beside a developer) each get their own.
         self.address = address or free_ray_head_address()
         self.num_cpus = num_cpus
@@ -665,6 +674,7 @@ class RayHead:
             # gloo (torch.distributed on CPU, Ray Train's default) binds to the host name's
             # interface unless told otherwise; keep its traffic on loopback.
             "GLOO_SOCKET_IFNAME": "lo",
+            **self.extra_env,
         }
         env.pop("RAY_ADDRESS", None)
         ports = {name: str(free_port()) for name in ("port", "client", "agent", "agent-grpc", "metrics", "runtime")}

@@ -31,6 +31,8 @@ sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 
 import testbed as tb  # noqa: E402 - lives in hack/testbed, shared with `make cluster-up`
 
+from train.local_s3 import LocalS3Server  # noqa: E402
+
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
@@ -52,8 +54,13 @@ def kube_api(kubeconfig: Path) -> client.ApiClient:
 
 
 @pytest.fixture(scope="session")
-def ray_head(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.RayHead]:
-    with tb.RayHead(tmp_path_factory.mktemp("ray-head")) as head:
+def ray_head(
+    testbed: tb.Testbed, s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tb.RayHead]:
+    # Jobs on this head see what a RayJob's pods would: the S3 endpoint and keys (from the run's
+    # Secret in a cluster) and the project on PYTHONPATH (the image's WORKDIR).
+    pod_env = {**s3_server.env(), "PYTHONPATH": str(ROOT)}
+    with tb.RayHead(tmp_path_factory.mktemp("ray-head"), num_cpus=3, extra_env=pod_env) as head:
         testbed.set_default_ray_head(head.address)
         yield head
         testbed.set_default_ray_head(None)

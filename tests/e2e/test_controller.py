@@ -1,0 +1,348 @@
+"""The spotray controller on the real test bed: TrainingRun -> RayJob per attempt -> real KubeRay ->
+the job trains for real on the local Ray head (through the bridge) with checkpoints in SeaweedFS.
+
+The controller runs as a process (`python -m controller`), as the chart's Deployment would run it,
+against the test bed's API server; pods on kwok nodes run nothing, the bridge sends the RayJob's
+submission to the local Ray head, and the head's jobs have the environment the pods would have.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import TEST_BUCKET
+from tests.e2e.conftest import ROOT, tb
+from train.checkpoint import latest_complete_checkpoint
+from train.local_s3 import LocalS3Server
+from train.store import RetryPolicy, S3ObjectStore, parse_uri
+
+pytestmark = pytest.mark.e2e
+
+CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
+SECRET = "s3-credentials"
+SUSPEND, UNSUSPEND = '{"spec": {"suspend": true}}', '{"spec": {"suspend": false}}'
+
+
+def finished(status: dict[str, Any]) -> bool:
+    return status.get("phase") in ("Succeeded", "Failed")
+
+
+class ControllerProcess:
+    """`python -m controller` watching one namespace; its log goes to a file the tests print on failure."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, extra_env: dict[str, str]) -> None:
+        self.log_path = log_path
+        self.health_port = tb.free_port()
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "SPOTRAY_NAMESPACES": namespace,
+            "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # no submitter pod: kwok runs no containers
+            "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "1",
+            "SPOTRAY_SETTLE_SECONDS": "2",
+            "SPOTRAY_METRICS_PORT": str(tb.free_port()),
+            "SPOTRAY_HEALTH_PORT": str(self.health_port),
+            **extra_env,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ControllerProcess:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "controller"], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+            )
+        tb.wait_until("the controller's /healthz", self.healthy, timeout=60, interval=0.5)
+        return self
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"the controller exited with {self.proc.returncode}:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def training_run_crd(testbed: tb.Testbed) -> None:
+    testbed.kubectl("apply", "--server-side", "-f", str(CRD))
+    testbed.kubectl("wait", "--for=condition=Established", "crd/trainingruns.spotray.dev", "--timeout=60s")
+
+
+def create_s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Server) -> str:
+    env = s3_server.env()
+    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+    literals = [f"--from-literal={key}={env[key]}" for key in keys]
+    testbed.kubectl("create", "secret", "generic", SECRET, "-n", namespace, *literals)
+    return SECRET
+
+
+@pytest.fixture
+def s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Server) -> str:
+    return create_s3_secret(testbed, namespace, s3_server)
+
+
+@pytest.fixture
+def start_controller(
+    testbed: tb.Testbed, namespace: str, training_run_crd: None, tmp_path: Path
+) -> Iterator[Callable[..., ControllerProcess]]:
+    started: list[ControllerProcess] = []
+
+    def start(**extra_env: str) -> ControllerProcess:
+        process = ControllerProcess(testbed.kubeconfig, namespace, tmp_path / "controller.log", extra_env)
+        started.append(process.start())
+        return process
+
+    yield start
+    for process in started:
+        process.stop()
+    print(f"--- controller log ({tmp_path / 'controller.log'}) ---")
+    if (tmp_path / "controller.log").exists():
+        print(started[-1].log_tail(120) if started else "")
+
+
+def training_run(name: str, tmp_path: Path, *, max_steps: int, entrypoint: str | None = None) -> dict[str, Any]:
+    """The GPT-2 example's manifest, made small: one CPU worker, a checkpoint every 10 steps."""
+    document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
+    document["metadata"] = {"name": name}
+    spec = document["spec"]
+    spec["entrypoint"] = entrypoint or (
+        f"python -m jobs.gpt2 --max-steps {max_steps} --batch-size 8 --workdir {tmp_path / 'job'}"
+    )
+    spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi"}
+    spec["checkpoint"] = {
+        "uri": f"s3://{TEST_BUCKET}/{tmp_path.name}/{name}",
+        "everySteps": 10,
+        "keep": 3,
+        "secretRef": SECRET,
+    }
+    spec["data"] = {"uri": f"s3://{TEST_BUCKET}/datasets/gpt2-e2e"}
+    spec["retry"] = {"maxPreemptions": 3, "maxFailures": 1, "backoffSeconds": 1}
+    return document
+
+
+def get(testbed: tb.Testbed, kind: str, name: str, namespace: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads(testbed.kubectl("get", kind, name, "-n", namespace, "-o", "json").stdout)
+    return found
+
+
+def rayjobs(testbed: tb.Testbed, namespace: str, run: str) -> list[str]:
+    out = testbed.kubectl("get", "rayjobs", "-n", namespace, "-l", f"spotray.dev/run={run}", "-o", "name").stdout
+    return sorted(line.split("/", 1)[1] for line in out.split())
+
+
+def wait_status(
+    testbed: tb.Testbed, namespace: str, name: str, what: str, check: Callable[[dict[str, Any]], bool], timeout: float
+) -> dict[str, Any]:
+    def ready() -> dict[str, Any] | None:
+        status = get(testbed, "trainingrun", name, namespace).get("status") or {}
+        return status if check(status) else None
+
+    try:
+        result: dict[str, Any] = tb.wait_until(f"TrainingRun {name}: {what}", ready, timeout=timeout, interval=1)
+    except TimeoutError:
+        print(yaml.safe_dump(get(testbed, "trainingrun", name, namespace).get("status")))
+        raise
+    return result
+
+
+def test_training_run_succeeds_with_progress_and_checkpoint_in_status(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    start_controller()
+    testbed.apply(training_run("gpt2", tmp_path, max_steps=20), namespace=namespace)
+
+    status = wait_status(
+        testbed, namespace, "gpt2", "Succeeded", lambda s: s.get("phase") in ("Succeeded", "Failed"), 600
+    )
+
+    assert status["phase"] == "Succeeded", status
+    assert status["attempt"] == 1
+    assert (status["preemptions"], status["failures"]) == (0, 0)
+    assert status["progress"]["step"] == 20
+    assert status["progress"]["totalSteps"] == 20
+    assert status["lastCheckpoint"]["step"] == 20
+    assert status["lastCheckpoint"]["uri"].endswith("/gpt2/checkpoint-20")
+    assert rayjobs(testbed, namespace, "gpt2") == ["gpt2-a1"]
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["status"] == "True"
+    job = get(testbed, "rayjob", "gpt2-a1", namespace)
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "TrainingRun"
+    events = testbed.kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=gpt2").stdout
+    assert "AttemptStarted" in events
+    assert "Succeeded" in events
+
+
+def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_from_the_last_checkpoint(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    s3_server: LocalS3Server,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    start_controller()
+    manifest = training_run("spot", tmp_path, max_steps=60)
+    testbed.apply(manifest, namespace=namespace)
+    wait_status(testbed, namespace, "spot", "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
+    job = get(testbed, "rayjob", "spot-a1", namespace)
+    pods = json.loads(
+        testbed.kubectl("get", "pods", "-n", namespace, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
+    )["items"]
+    spot_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+
+    # The cloud takes the spot VM: its pods are disrupted and the training processes die with it.
+    testbed.preempt_node(spot_node)
+    try:
+        assert ray_head.kill_job(job["status"]["jobId"])
+        store = S3ObjectStore(parse_uri(manifest["spec"]["checkpoint"]["uri"]), s3_server.config, RetryPolicy())
+        latest = latest_complete_checkpoint(store)
+        assert latest is not None
+        status = wait_status(testbed, namespace, "spot", "attempt 2", lambda s: s.get("attempt") == 2, 120)
+    finally:
+        testbed.restore_node(spot_node)
+
+    first = status["attempts"][0]
+    assert (first["outcome"], first["reason"]) == ("Preempted", "NodeLost")
+    assert spot_node in first["message"]
+    assert (status["preemptions"], status["failures"]) == (1, 0)
+    status = wait_status(
+        testbed, namespace, "spot", "Succeeded", lambda s: s.get("phase") in ("Succeeded", "Failed"), 600
+    )
+    assert status["phase"] == "Succeeded", status
+    assert status["attempts"][1]["resumedFrom"] == latest.step
+    assert status["progress"]["step"] == 60
+    assert rayjobs(testbed, namespace, "spot") == ["spot-a1", "spot-a2"]
+
+
+def test_training_failures_spend_the_failure_budget_and_end_in_failed(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    start_controller()
+    crash = "python -c 'import sys; print(\"loss is NaN\"); sys.exit(1)'"
+    testbed.apply(training_run("broken", tmp_path, max_steps=10, entrypoint=crash), namespace=namespace)
+
+    status = wait_status(testbed, namespace, "broken", "Failed", lambda s: s.get("phase") == "Failed", 300)
+
+    assert (status["failures"], status["preemptions"]) == (2, 0)  # maxFailures=1: one retry, then stop
+    assert [a["outcome"] for a in status["attempts"]] == ["Failed", "Failed"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (failed["status"], failed["reason"]) == ("True", "FailureBudgetExhausted")
+    assert "maxFailures=1" in failed["message"]
+    assert rayjobs(testbed, namespace, "broken") == ["broken-a1", "broken-a2"]
+
+
+def test_controller_killed_between_status_and_rayjob_creates_exactly_one_rayjob_after_restart(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    doomed = start_controller(SPOTRAY_CRASH_AT="status-written")
+    sleeper = "python -c 'import time; time.sleep(30)'"
+    testbed.apply(training_run("restart", tmp_path, max_steps=10, entrypoint=sleeper), namespace=namespace)
+    assert doomed.proc is not None
+    assert doomed.proc.wait(timeout=60) == 70, doomed.log_tail()
+    status = get(testbed, "trainingrun", "restart", namespace)["status"]
+    assert status["attempt"] == 1  # recorded...
+    assert rayjobs(testbed, namespace, "restart") == []  # ...but its RayJob never created
+
+    start_controller()
+    wait_status(testbed, namespace, "restart", "running", lambda s: s.get("phase") == "Running", 120)
+
+    assert rayjobs(testbed, namespace, "restart") == ["restart-a1"]
+    # And a plain SIGKILL at any moment after that changes nothing either.
+    killed = start_controller()
+    killed.stop(signal.SIGKILL)
+    start_controller()
+    status = wait_status(testbed, namespace, "restart", "Succeeded", lambda s: s.get("phase") == "Succeeded", 120)
+    assert status["attempt"] == 1
+    assert rayjobs(testbed, namespace, "restart") == ["restart-a1"]
+
+
+def test_suspend_stops_the_attempt_and_resume_starts_the_next(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    start_controller()
+    sleeper = "python -c 'import time; time.sleep(120)'"
+    testbed.apply(training_run("pausable", tmp_path, max_steps=10, entrypoint=sleeper), namespace=namespace)
+    wait_status(testbed, namespace, "pausable", "running", lambda s: s.get("phase") == "Running", 120)
+
+    testbed.kubectl(
+        "patch", "trainingrun", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    status = wait_status(testbed, namespace, "pausable", "Suspended", lambda s: s.get("phase") == "Suspended", 60)
+    assert status["attempts"][0]["outcome"] == "Suspended"
+    tb.wait_until("the suspended attempt's RayJob to go", lambda: rayjobs(testbed, namespace, "pausable") == [], 60)
+
+    testbed.kubectl(
+        "patch", "trainingrun", "pausable", "-n", namespace, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+    status = wait_status(testbed, namespace, "pausable", "attempt 2", lambda s: s.get("attempt") == 2, 60)
+    assert (status["preemptions"], status["failures"]) == (0, 0)
+    tb.wait_until("attempt 2's RayJob", lambda: rayjobs(testbed, namespace, "pausable") == ["pausable-a2"], 60)
+
+
+def test_a_missing_s3_secret_is_named_with_the_fix_and_the_run_starts_once_it_exists(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_server: LocalS3Server,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    start_controller()
+    sleeper = "python -c 'print(1)'"
+    testbed.apply(training_run("no-secret", tmp_path, max_steps=10, entrypoint=sleeper), namespace=namespace)
+
+    status = wait_status(testbed, namespace, "no-secret", "waiting", lambda s: SECRET in s.get("message", ""), 60)
+    assert "kubectl create secret generic" in status["message"]
+    assert status.get("attempt", 0) == 0
+    assert rayjobs(testbed, namespace, "no-secret") == []
+
+    create_s3_secret(testbed, namespace, s3_server)
+    wait_status(testbed, namespace, "no-secret", "Succeeded", lambda s: s.get("phase") == "Succeeded", 120)
+    assert rayjobs(testbed, namespace, "no-secret") == ["no-secret-a1"]
