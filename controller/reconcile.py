@@ -183,6 +183,7 @@ def _reconcile_locked(cluster: Cluster, config: ControllerConfig, namespace: str
         previous_conditions=status.get("conditions") or [],
         generation=generation,
         now=now,
+        starting=decided.create_attempt is not None,
     )
     # Persist first, then act: see the module docstring.
     cluster.patch_run_status(namespace, name, new_status)
@@ -220,12 +221,14 @@ def _status(
     previous_conditions: list[dict[str, Any]],
     generation: int,
     now: datetime,
+    starting: bool,
 ) -> dict[str, Any]:
     """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
     status = state.to_status()
     status["observedGeneration"] = generation
     status["conditions"] = conditions(state, previous_conditions, generation, now)
-    report = _report(cluster, run, state, config)
+    # A new attempt has no progress yet, and its RayJob should not wait for S3 reads.
+    report = _report(cluster, run, state, config) if not starting else {}
     resumed_from = report.pop("resumedFrom", None)
     storage_error = report.pop("storageError", None)
     status.update(report)

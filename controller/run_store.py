@@ -25,13 +25,13 @@ from controller.lifecycle import AttemptMarkers, timestamp
 from train.checkpoint import attempt_outcome_key, latest_complete_checkpoint, preemption_marker_key
 from train.progress_log import read_attempt_progress
 from train.runspec import TrainingRun
-from train.store import ObjectStore, StoreConfig, open_store
+from train.store import ObjectStore, RetryPolicy, StoreConfig, open_store
 
 log = logging.getLogger(__name__)
 
 
 def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> StoreConfig:
-    base = StoreConfig.from_env()
+    base = replace(StoreConfig.from_env(), connect_timeout_s=2.0, read_timeout_s=10.0)
     secret_name = run.spec.checkpoint.secret_ref or config.s3_secret
     secret = cluster.read_secret(run.namespace, secret_name) if secret_name else None
     endpoint = config.s3_endpoint or base.endpoint_url
@@ -47,8 +47,13 @@ def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -
     )
 
 
+# A reconcile must not hang on an unreachable S3 server: give up after a few seconds, report it in
+# the status, and try again at the next reconcile.
+CONTROLLER_RETRY = RetryPolicy(deadline_s=5.0, first_delay_s=0.2, max_delay_s=1.0)
+
+
 def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> ObjectStore:
-    return open_store(run.spec.checkpoint.uri, store_config(run, cluster, config))
+    return open_store(run.spec.checkpoint.uri, store_config(run, cluster, config), CONTROLLER_RETRY)
 
 
 def _read_json(store: ObjectStore, key: str) -> dict[str, Any] | None:

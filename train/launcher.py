@@ -147,6 +147,19 @@ def spotray_env_for_workers(environ: dict[str, str] | None = None) -> dict[str, 
     return {key: value for key, value in source.items() if key.startswith("SPOTRAY_")}
 
 
+def driver_env_vars(wanted: dict[str, str], environ: dict[str, str] | None = None) -> dict[str, str]:
+    """``wanted`` minus what the Ray job's own runtime env already sets.
+
+    Under a Ray job (a RayJob's entrypoint) the job's runtime env, which already carries
+    ``SPOTRAY_RUN``, is merged with ``ray.init``'s, and Ray refuses any key set in both.
+    """
+    raw = (os.environ if environ is None else environ).get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return wanted
+    job_env = (json.loads(raw).get("runtime_env") or {}).get("env_vars") or {}
+    return {key: value for key, value in wanted.items() if key not in job_env}
+
+
 def install_sigterm_drain(grace_seconds: int) -> None:
     """On SIGTERM (the driver's own spot notice), drain the cluster instead of dying on the spot."""
 
@@ -179,7 +192,7 @@ def launch(
         ray.init(
             address=os.environ.get("RAY_ADDRESS"),
             logging_level=logging.WARNING,
-            runtime_env={"env_vars": {**spotray_env_for_workers(), **RAY_TRAIN_SETTINGS}},
+            runtime_env={"env_vars": driver_env_vars({**spotray_env_for_workers(), **RAY_TRAIN_SETTINGS})},
         )
     install_sigterm_drain(grace_seconds)
     trainer = TorchTrainer(

@@ -12,7 +12,7 @@ from spotray.local import EventCursor, needs_embedded_s3, ray_cpus_for
 from spotray.progress import ProgressView, format_duration
 from train.data import DataPosition, EpochLoader
 from train.events import EventLog
-from train.launcher import build_run_config, build_scaling_config, spotray_env_for_workers
+from train.launcher import build_run_config, build_scaling_config, driver_env_vars, spotray_env_for_workers
 from train.runspec import RunContext, TrainingRun, parse_training_run
 from train.worker import PreemptionNoticeCallback
 
@@ -200,3 +200,11 @@ def test_job_configs_travel_to_workers_as_plain_values_and_back(tmp_path: Path) 
         checkpoint_uri="s3://bucket/run", data_uri="s3://bucket/data", workdir=tmp_path, num_samples=30, image_size=16
     )
     assert CnnJobConfig.from_loop_config(json.loads(json.dumps(cnn.to_loop_config()))) == cnn
+
+
+def test_driver_env_vars_leave_out_what_the_ray_job_already_sets() -> None:
+    job_config = json.dumps({"runtime_env": {"env_vars": {"SPOTRAY_RUN": "{}", "OTHER": "1"}}})
+    wanted = {"SPOTRAY_RUN": "{}", "SPOTRAY_EVENTS": "/tmp/e", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    kept = driver_env_vars(wanted, {"RAY_JOB_CONFIG_JSON_ENV_VAR": job_config})
+    assert kept == {"SPOTRAY_EVENTS": "/tmp/e", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    assert driver_env_vars(wanted, {}) == wanted  # not under a Ray job: everything
