@@ -31,7 +31,7 @@ environment:
   KUBECONFIG          the kube config for cluster commands (or --kubeconfig, --context, -n)
 
 exit codes:
-  0    ok (for watch and run: the run succeeded)
+  0    ok (watch, submit --watch and run --local: the run succeeded)
   1    failed: the run failed, a checkpoint is incomplete or corrupt, S3 or the cluster refused
   2    bad input: a manifest, URI or flag is wrong (the message lists what to change)
   3    not found: no such run, checkpoint, attempt or bucket

@@ -29,15 +29,14 @@ def manifest_namespace(document: dict[str, Any]) -> str | None:
 
 def next_steps(name: str, namespace: str) -> str:
     flags = f"{name} -n {namespace}"
-    return "\n".join(
-        [
-            "next:",
-            f"  spotray watch {flags}                 # live progress; survives preemptions",
-            f"  spotray status {flags}                # phase, attempts, last checkpoint",
-            f"  spotray logs {flags}                  # the current attempt's job logs",
-            f"  spotray pull {flags} ./{name}-final   # the newest complete checkpoint",
-        ]
-    )
+    steps = [
+        (f"spotray watch {flags}", "live progress; survives preemptions"),
+        (f"spotray status {flags}", "phase, attempts, last checkpoint"),
+        (f"spotray logs {flags}", "the current attempt's job logs"),
+        (f"spotray pull {flags} ./{name}-final", "the newest complete checkpoint"),
+    ]
+    width = max(len(command) for command, _ in steps)
+    return "\n".join(["next:", *(f"  {command.ljust(width)}   # {why}" for command, why in steps)])
 
 
 def submit_command(path: Path, kube: KubeOptions, *, watch: bool) -> int:

@@ -41,7 +41,7 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
         training_run = load_training_run(path)
         return RunLocation(training_run.name, training_run.spec.checkpoint.uri, f"manifest {path}")
     if path.is_dir():
-        return RunLocation(path.resolve().name, str(path.resolve()), f"directory {path}")
+        return RunLocation(path.resolve().name, str(parse_uri(str(path.resolve()))), f"directory {path}")
     if path.suffix in (".yaml", ".yml", ".json") and "://" not in run:
         raise NotFoundError(f"manifest {path} does not exist", "give the path of a TrainingRun manifest")
     if "://" in run or run.startswith("/"):

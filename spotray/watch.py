@@ -23,6 +23,13 @@ POLL_SECONDS = 2.0
 UNREACHABLE_GRACE_SECONDS = 60.0
 
 
+def _first_line(message: str | None, limit: int = 160) -> str:
+    """A status message fit for one line (the controller's may carry a log tail: `spotray status` shows it all)."""
+    lines = (message or "").strip().splitlines()
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def _attempt_entry(status: dict[str, Any], attempt: int) -> dict[str, Any]:
     entries: list[dict[str, Any]] = status.get("attempts") or []
     return next((entry for entry in entries if entry.get("attempt") == attempt), {})
@@ -49,13 +56,15 @@ class StatusFollower:
         attempt = int(status.get("attempt") or 0)
         if attempt and attempt != self.attempt:
             entry = _attempt_entry(status, attempt)
-            resumed = entry.get("resumedFrom")
+            # Until the controller writes the attempt's history entry, the last checkpoint is where it resumes.
+            last_checkpoint = (status.get("lastCheckpoint") or {}).get("step") if attempt > 1 else None
+            resumed = entry.get("resumedFrom", last_checkpoint)
             start = f"resuming from checkpoint-{resumed}" if resumed else "starting fresh"
             self.view.start_attempt(attempt, f"RayJob {status.get('rayJob') or entry.get('rayJob', '-')}, {start}")
         self.attempt = attempt
         phase = status.get("phase")
         if phase != self.phase:
-            message = status.get("message")
+            message = _first_line(status.get("message"))
             self.view.note(f"phase {phase or '-'}" + (f": {message}" if message else ""))
             self.phase = phase
         self._report_progress(status)
@@ -65,7 +74,8 @@ class StatusFollower:
             )
             return EXIT_OK
         if phase == "Failed":
-            self.view.note(f"failed; see: spotray status {self.name} -n {self.namespace}, spotray logs {self.name}")
+            flags = f"{self.name} -n {self.namespace}"
+            self.view.note(f"failed; see `spotray status {flags}` and `spotray logs {flags}`")
             return EXIT_FAILED
         return None
 
