@@ -21,6 +21,7 @@ BENCHMARKS = {
     "ray_vs_torchrun": "bench.ray_vs_torchrun",
     "streaming": "bench.streaming",
     "recovery": "bench.recovery",
+    "controller": "bench.controller",
 }
 
 

@@ -27,6 +27,9 @@ def main() -> int:
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=False, log_format=log_format)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    # kopf logs every handler and timer run ("Timer 'on_timer' succeeded.") at INFO: one line per
+    # run per second. Our own log says what changed; kopf's warnings and errors still show.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     import controller.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
 
     kopf.run(

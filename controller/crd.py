@@ -26,6 +26,7 @@ import yaml
 
 from train.runspec import (
     API_GROUP,
+    API_VERSION,
     CPU_PATTERN,
     KIND,
     MAX_NAME_LENGTH,
@@ -492,6 +493,48 @@ def crd_yaml() -> str:
     return _HEADER + body
 
 
+REFERENCE_PATH = CRD_PATH.parents[3] / "docs" / "trainingrun.md"
+
+
+def _reference_rows(schema: dict[str, Any], path: str) -> list[str]:
+    rows = []
+    required = set(schema.get("required", []))
+    for name, field_schema in schema.get("properties", {}).items():
+        field_path = f"{path}.{name}"
+        kind = field_schema.get("type") or ("int or string" if field_schema.get("x-kubernetes-int-or-string") else "")
+        default = field_schema.get("default")
+        shown_default = "" if default in (None, {}) else f"`{json.dumps(default)}`"
+        description = " ".join(str(field_schema.get("description", "")).split()).replace("|", "\\|")
+        mark = " (required)" if name in required else ""
+        rows.append(f"| `{field_path}`{mark} | {kind} | {shown_default} | {description} |")
+        if field_schema.get("type") == "object" and "properties" in field_schema:
+            rows += _reference_rows(field_schema, field_path)
+    return rows
+
+
+def reference_markdown() -> str:
+    """docs/trainingrun.md: every spec field with its type, default and description, from the CRD."""
+    version = training_run_crd()["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    lines = [
+        "# TrainingRun reference",
+        "",
+        "<!-- generated from the CRD by `make crd` (python -m controller.crd --write); do not edit -->",
+        "",
+        f"`apiVersion: {API_VERSION}`, `kind: TrainingRun` (short name `tr`). The same file runs on a cluster",
+        "(`kubectl apply`, `spotray submit`) and on one machine (`spotray run FILE --local`).",
+        "`kubectl explain trainingrun.spec` prints the same descriptions.",
+        "",
+        "| field | type | default | description |",
+        "|---|---|---|---|",
+        *_reference_rows(schema, "spec"),
+        "",
+        "Status fields and conditions: see [controller.md](controller.md).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m controller.crd", description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"write {CRD_PATH.relative_to(CRD_PATH.parents[3])}")
@@ -500,7 +543,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.write:
         CRD_PATH.parent.mkdir(parents=True, exist_ok=True)
         CRD_PATH.write_text(text)
-        print(f"wrote {CRD_PATH}", file=sys.stderr)
+        REFERENCE_PATH.write_text(reference_markdown())
+        print(f"wrote {CRD_PATH} and {REFERENCE_PATH}", file=sys.stderr)
     else:
         sys.stdout.write(text)
 

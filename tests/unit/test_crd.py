@@ -167,3 +167,10 @@ def test_status_is_a_defined_schema_with_standard_conditions() -> None:
     columns = {column["name"]: column["jsonPath"] for column in version["additionalPrinterColumns"]}
     assert columns["Step"] == ".status.progress.step"
     assert columns["Age"] == ".metadata.creationTimestamp"
+
+
+def test_the_trainingrun_reference_in_docs_is_generated_from_the_crd() -> None:
+    from controller.crd import REFERENCE_PATH, reference_markdown  # noqa: PLC0415
+
+    assert REFERENCE_PATH.read_text() == reference_markdown(), "docs/trainingrun.md is stale: run `make crd`"
+    assert "`spec.retry.maxFailures`" in reference_markdown()
