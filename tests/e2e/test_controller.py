@@ -9,11 +9,7 @@ submission to the local Ray head, and the head's jobs have the environment the p
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
+from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
 from train.checkpoint import latest_complete_checkpoint
 from train.local_s3 import LocalS3Server
 from train.store import RetryPolicy, S3ObjectStore, parse_uri
@@ -30,7 +26,6 @@ from train.store import RetryPolicy, S3ObjectStore, parse_uri
 pytestmark = pytest.mark.e2e
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
-SECRET = "s3-credentials"
 SUSPEND, UNSUSPEND = '{"spec": {"suspend": true}}', '{"spec": {"suspend": false}}'
 
 
@@ -38,68 +33,10 @@ def finished(status: dict[str, Any]) -> bool:
     return status.get("phase") in ("Succeeded", "Failed")
 
 
-class ControllerProcess:
-    """`python -m controller` watching one namespace; its log goes to a file the tests print on failure."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, extra_env: dict[str, str]) -> None:
-        self.log_path = log_path
-        self.health_port = tb.free_port()
-        self.env = {
-            **os.environ,
-            "KUBECONFIG": str(kubeconfig),
-            "SPOTRAY_NAMESPACES": namespace,
-            "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # no submitter pod: kwok runs no containers
-            "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "1",
-            "SPOTRAY_SETTLE_SECONDS": "2",
-            "SPOTRAY_METRICS_PORT": str(tb.free_port()),
-            "SPOTRAY_HEALTH_PORT": str(self.health_port),
-            **extra_env,
-        }
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> ControllerProcess:
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "controller"], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
-            )
-        tb.wait_until("the controller's /healthz", self.healthy, timeout=60, interval=0.5)
-        return self
-
-    def healthy(self) -> bool:
-        if self.proc is not None and self.proc.poll() is not None:
-            raise AssertionError(f"the controller exited with {self.proc.returncode}:\n{self.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-
 @pytest.fixture(scope="session")
 def training_run_crd(testbed: tb.Testbed) -> None:
     testbed.kubectl("apply", "--server-side", "-f", str(CRD))
     testbed.kubectl("wait", "--for=condition=Established", "crd/trainingruns.spotray.dev", "--timeout=60s")
-
-
-def create_s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Server) -> str:
-    env = s3_server.env()
-    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
-    literals = [f"--from-literal={key}={env[key]}" for key in keys]
-    testbed.kubectl("create", "secret", "generic", SECRET, "-n", namespace, *literals)
-    return SECRET
 
 
 @pytest.fixture
@@ -124,26 +61,6 @@ def start_controller(
     print(f"--- controller log ({tmp_path / 'controller.log'}) ---")
     if (tmp_path / "controller.log").exists():
         print(started[-1].log_tail(120) if started else "")
-
-
-def training_run(name: str, tmp_path: Path, *, max_steps: int, entrypoint: str | None = None) -> dict[str, Any]:
-    """The GPT-2 example's manifest, made small: one CPU worker, a checkpoint every 10 steps."""
-    document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
-    document["metadata"] = {"name": name}
-    spec = document["spec"]
-    spec["entrypoint"] = entrypoint or (
-        f"python -m jobs.gpt2 --max-steps {max_steps} --batch-size 8 --workdir {tmp_path / 'job'}"
-    )
-    spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi"}
-    spec["checkpoint"] = {
-        "uri": f"s3://{TEST_BUCKET}/{tmp_path.name}/{name}",
-        "everySteps": 10,
-        "keep": 3,
-        "secretRef": SECRET,
-    }
-    spec["data"] = {"uri": f"s3://{TEST_BUCKET}/datasets/gpt2-e2e"}
-    spec["retry"] = {"maxPreemptions": 3, "maxFailures": 1, "backoffSeconds": 1}
-    return document
 
 
 def get(testbed: tb.Testbed, kind: str, name: str, namespace: str) -> dict[str, Any]:
