@@ -102,7 +102,6 @@ def start_operator(argv: list[str], env: dict[str, str], log: Path) -> subproces
             return False
 
     tb.wait_until(f"{argv[-1]} healthy", healthy, timeout=60, interval=0.3)
-    time.sleep(1.0)  # kopf's watch on TrainingRuns is open once the first listing is done
     return proc
 
 
@@ -139,24 +138,28 @@ def one_variant(
             namespace,
             lambda name: name.removesuffix("-noop") if name.endswith("-noop") else None,
         )
-    operator = start_operator(argv, operator_env, work / f"{namespace}.log")
+    operator = start_operator(argv, operator_env, Path(os.environ.get("BENCH_LOG_DIR", work)) / f"{namespace}.log")
     created: dict[str, float] = {}
 
-    def create(index: int) -> None:
-        name = f"run-{index:03d}"
+    def create(name: str) -> None:
         created[name] = time.monotonic()
         custom.create_namespaced_custom_object("spotray.dev", "v1alpha1", namespace, "trainingruns", training_run(name))
 
     try:
+        # A warm-up run, not measured: the operator's watches are open and its clients made.
+        create("warmup")
+        tb.wait_until("the warm-up run's child", lambda: "warmup" in children.seen, timeout=120, interval=0.1)
+        del created["warmup"], children.seen["warmup"]
         with ThreadPoolExecutor(max_workers=runs) as pool:
-            list(pool.map(create, range(runs)))
+            list(pool.map(create, [f"run-{index:03d}" for index in range(runs)]))
         tb.wait_until(f"{runs} children in {namespace}", lambda: len(children.seen) >= runs, timeout=300, interval=0.2)
         return [children.seen[name] - created[name] for name in created]
     finally:
         children.close()
         operator.terminate()
         operator.wait(timeout=30)
-        bed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        # Every variant starts on a quiet cluster: KubeRay's work for this one's RayJobs is torn down first.
+        bed.kubectl("delete", "namespace", namespace, "--timeout=300s", check=False)
 
 
 def main() -> int:

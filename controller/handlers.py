@@ -1,8 +1,10 @@
 """kopf wiring: every handler is a few lines that call controller/reconcile.py.
 
-- TrainingRun created, resumed after a controller restart, or its spec changed -> reconcile now;
-- a timer reconciles every ``SPOTRAY_RECONCILE_INTERVAL_SECONDS`` (progress and checkpoints from S3,
-  the backoff before the next attempt);
+- a TrainingRun that is new or whose spec changed (generation != status.observedGeneration) ->
+  reconcile now;
+- every active run is reconciled every ``SPOTRAY_RECONCILE_INTERVAL_SECONDS`` (progress and
+  checkpoints from S3, the backoff before the next attempt) by controller/resync.py, or by a kopf
+  timer when replicas peer for HA;
 - a RayJob of ours finished -> reconcile its run at once (the attempt ended);
 - a pod of ours got a ``DisruptionTarget`` condition (node gone, evicted, spot reclaim) -> the fact
   is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends.
@@ -11,7 +13,9 @@ Handlers are synchronous: kopf runs them in its thread pool, and the Kubernetes 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -22,33 +26,55 @@ from controller.config import ControllerConfig
 from controller.kube import RUN_PLURAL, RUN_VERSION, Cluster
 from controller.rayjob import ATTEMPT_LABEL, RUN_LABEL, rayjob_name
 from controller.reconcile import DISRUPTION_ANNOTATION, disruption_note, reconcile
+from controller.resync import Resync
 from train.runspec import API_GROUP
 
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()
 _cluster: Cluster | None = None
+_resync: Resync | None = None
+EXECUTOR_THREADS = 50  # threads for reconciles triggered by events: a burst of new runs at once
+_handler_pool = ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="spotray-reconcile")
 
 
 def cluster() -> Cluster:
-    global _cluster  # noqa: PLW0603 - one API client per process, made once kopf has logged in
-    if _cluster is None:
-        try:
-            kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except kube_config.ConfigException:
-            kube_config.load_kube_config()  # type: ignore[no-untyped-call]
-        from kubernetes import client  # noqa: PLC0415 - after the config is loaded
-
-        _cluster = Cluster(client.ApiClient())
+    assert _cluster is not None, "the startup handler makes the API client before any other handler runs"
     return _cluster
+
+
+def _make_cluster() -> Cluster:
+    try:
+        kube_config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()  # type: ignore[no-untyped-call]
+    from kubernetes import client  # noqa: PLC0415 - after the config is loaded
+
+    configuration = client.Configuration.get_default_copy()
+    # One connection per handler thread: urllib3's default pool of 4 makes the other threads
+    # open (and TLS-handshake) a fresh connection per request under a burst of new runs.
+    configuration.connection_pool_maxsize = EXECUTOR_THREADS
+    return Cluster(client.ApiClient(configuration))
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _cluster  # noqa: PLW0603 - one API client per process, shared by the handler threads
+    _cluster = _make_cluster()
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would repeat it
-    settings.execution.max_workers = 20
+    settings.execution.max_workers = EXECUTOR_THREADS
     settings.watching.server_timeout = 300
     metrics.serve(CONFIG.metrics_port)
+    if not CONFIG.peering:
+        global _resync  # noqa: PLW0603 - one loop per process
+        _resync = Resync(_periodic, CONFIG.reconcile_interval_seconds)
+        _resync.start()
     log.info("spotray controller: %s", CONFIG)
+
+
+@kopf.on.cleanup()
+def stop_resync(**_: Any) -> None:
+    if _resync is not None:
+        _resync.stop()
 
 
 @kopf.on.probe(id="trainingruns")
@@ -56,16 +82,41 @@ def runs_known(**_: Any) -> int:
     return metrics.known_runs()
 
 
-@kopf.on.create(API_GROUP, RUN_VERSION, RUN_PLURAL)
-@kopf.on.resume(API_GROUP, RUN_VERSION, RUN_PLURAL)
-@kopf.on.update(API_GROUP, RUN_VERSION, RUN_PLURAL, field="spec")
-def on_run_changed(meta: kopf.Meta, **_: Any) -> None:
-    reconcile(cluster(), CONFIG, str(meta.namespace), str(meta.name))
+def _periodic(namespace: str, name: str) -> float | None:
+    return reconcile(cluster(), CONFIG, namespace, name)
 
 
-@kopf.timer(API_GROUP, RUN_VERSION, RUN_PLURAL, interval=CONFIG.reconcile_interval_seconds, initial_delay=1)
+@kopf.on.event(API_GROUP, RUN_VERSION, RUN_PLURAL)
+async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, status: kopf.Status, **_: Any) -> None:
+    """Every TrainingRun event: new runs and spec changes are reconciled at once, all are tracked.
+
+    An event handler rather than kopf's create/update handlers: those keep their state in an
+    annotation on each object, which is one more write per new run while a burst of them waits.
+    "Changed" is simply ``metadata.generation != status.observedGeneration``.
+    """
+    namespace, name = str(meta.namespace), str(meta.name)
+    if event["type"] == "DELETED":
+        if _resync is not None:
+            _resync.forget(namespace, name)
+        return
+    if _resync is not None:
+        _resync.track(namespace, name, status.get("phase"))
+    if meta.get("generation") != status.get("observedGeneration"):
+        # A new object's body is current; any other is read fresh (it may predate our own patches).
+        fresh = dict(body) if event["type"] == "ADDED" else None
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(_handler_pool, reconcile, cluster(), CONFIG, namespace, name, fresh)
+
+
 def on_timer(meta: kopf.Meta, **_: Any) -> None:
-    reconcile(cluster(), CONFIG, str(meta.namespace), str(meta.name))
+    _periodic(str(meta.namespace), str(meta.name))
+
+
+if CONFIG.peering:
+    # Standby replicas must not reconcile: kopf pauses its own timers there (see controller/resync.py).
+    kopf.timer(API_GROUP, RUN_VERSION, RUN_PLURAL, interval=CONFIG.reconcile_interval_seconds, initial_delay=1)(
+        on_timer
+    )
 
 
 def _finished(status: kopf.Status, **_: Any) -> bool:
@@ -78,8 +129,12 @@ def on_rayjob_finished(meta: kopf.Meta, **_: Any) -> None:
     reconcile(cluster(), CONFIG, str(meta.namespace), meta.labels[RUN_LABEL])
 
 
-@kopf.on.event("", "v1", "pods", labels={RUN_LABEL: kopf.PRESENT, ATTEMPT_LABEL: kopf.PRESENT})
-def on_pod_event(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+def _disrupted(body: kopf.Body, **_: Any) -> bool:
+    return disruption_note(dict(body)) is not None
+
+
+@kopf.on.event("", "v1", "pods", labels={RUN_LABEL: kopf.PRESENT, ATTEMPT_LABEL: kopf.PRESENT}, when=_disrupted)
+def on_pod_disrupted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
     note = disruption_note(dict(body))
     if note is None:
         return

@@ -273,7 +273,8 @@ def _plan_suspended(state: RunState, now: datetime) -> Plan:
         ended = _end_attempt(state, OUTCOME_SUSPENDED, "Suspended", "spec.suspend is true", now)
         new = replace(ended, phase=SUSPENDED, message=message)
         return Plan(new, delete_rayjob=current.rayJob, events=(Event("Normal", "Suspended", message),))
-    return Plan(replace(state, phase=SUSPENDED, message=message))
+    # Deleted again (a 404 when gone) in case the controller stopped between recording and deleting.
+    return Plan(replace(state, phase=SUSPENDED, message=message), delete_rayjob=current.rayJob if current else None)
 
 
 def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:

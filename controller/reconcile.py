@@ -1,11 +1,14 @@
-"""One reconcile of one TrainingRun: observe, plan (controller/lifecycle.py), persist, act.
+"""One reconcile of one TrainingRun: observe, plan (controller/lifecycle.py), create, persist, delete.
 
-Restart safety comes from the order: the new status (with attempt N+1 recorded) is written before
-RayJob N+1 is created, and RayJob names are deterministic. A controller killed between the two finds
-"attempt N+1 running, RayJob missing" on restart and creates it; killed after both, the create
-answers 409 and nothing is duplicated. Every reconcile reads the TrainingRun fresh from the API
-server (not from a watch cache that may lag its own last patch), under a per-run lock, so two
-triggers for one run never interleave.
+Restart safety comes from deterministic names: the next attempt's number is always "the last one
+in status.attempts + 1", and its RayJob is ``<run>-a<N>``. So the RayJob is created first (the
+user waits for it) and the status written after: a controller killed in between finds the status
+one attempt behind on restart, plans the same attempt N again, and its create answers 409; nothing
+is duplicated. Deletions go the other way round: the status says "Suspended" before the RayJob is
+deleted, and a suspended run's RayJob is deleted again at every reconcile until it is gone.
+Reconciles triggered by a change read the TrainingRun fresh from the API server (not from a watch
+cache that may lag its own last patch), under a per-run lock, so two triggers never interleave.
+Events are posted from a background thread: they are for people and must not slow the loop.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -45,12 +49,13 @@ DISRUPTION_ANNOTATION = "spotray.dev/disruption"
 
 _locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
+_EVENTS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotray-events")
 
 
 def crash_point(name: str) -> None:
     """Die here if SPOTRAY_CRASH_AT names this point: how the e2e tests kill the controller mid-reconcile.
 
-    A SIGKILL from outside cannot hit the window between writing the status and creating the RayJob
+    A SIGKILL from outside cannot hit the window between creating the RayJob and writing the status
     on demand; this can. Unset (always, outside tests) it does nothing.
     """
     if os.environ.get("SPOTRAY_CRASH_AT") == name:
@@ -130,10 +135,26 @@ def _markers(
         return AttemptMarkers()
 
 
+_SECRET_SEEN_TTL_S = 60.0
+_secrets_seen: dict[tuple[str, str], float] = {}
+
+
+def _secret_exists(cluster: Cluster, namespace: str, name: str) -> bool:
+    """Whether the Secret exists; a "yes" is remembered for a minute (many runs share one Secret),
+    a "no" never, so a Secret created to fix a waiting run is seen at once."""
+    key = (namespace, name)
+    if time.monotonic() - _secrets_seen.get(key, -_SECRET_SEEN_TTL_S) < _SECRET_SEEN_TTL_S:
+        return True
+    if cluster.read_secret(namespace, name) is None:
+        return False
+    _secrets_seen[key] = time.monotonic()
+    return True
+
+
 def _missing_secret(cluster: Cluster, run: TrainingRun, config: ControllerConfig) -> str | None:
     """A message naming the run's S3 Secret and how to create it, when it does not exist."""
     name = run.spec.checkpoint.secret_ref or config.s3_secret
-    if name is None or cluster.read_secret(run.namespace, name) is not None:
+    if name is None or _secret_exists(cluster, run.namespace, name):
         return None
     return (
         f"waiting for Secret {name} in namespace {run.namespace} (spec.checkpoint.secretRef): create it with "
@@ -142,12 +163,17 @@ def _missing_secret(cluster: Cluster, run: TrainingRun, config: ControllerConfig
     )
 
 
-def reconcile(cluster: Cluster, config: ControllerConfig, namespace: str, name: str) -> float | None:
-    """Bring one TrainingRun one step closer to done; returns seconds until it wants another look."""
+def reconcile(
+    cluster: Cluster, config: ControllerConfig, namespace: str, name: str, body: dict[str, Any] | None = None
+) -> float | None:
+    """Bring one TrainingRun one step closer to done; returns seconds until it wants another look.
+
+    ``body``: the object as just created (kopf's create event), which saves a read on the hot path.
+    """
     started = time.perf_counter()
     with _lock_for(namespace, name):
         try:
-            return _reconcile_locked(cluster, config, namespace, name)
+            return _reconcile_locked(cluster, config, namespace, name, body)
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             raise
@@ -155,8 +181,10 @@ def reconcile(cluster: Cluster, config: ControllerConfig, namespace: str, name: 
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
-def _reconcile_locked(cluster: Cluster, config: ControllerConfig, namespace: str, name: str) -> float | None:
-    body = cluster.get_run(namespace, name)
+def _reconcile_locked(
+    cluster: Cluster, config: ControllerConfig, namespace: str, name: str, body: dict[str, Any] | None
+) -> float | None:
+    body = body if body is not None else cluster.get_run(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
         metrics.forget_run(namespace, name)
         return None
@@ -185,10 +213,18 @@ def _reconcile_locked(cluster: Cluster, config: ControllerConfig, namespace: str
         now=now,
         starting=decided.create_attempt is not None,
     )
-    # Persist first, then act: see the module docstring.
+    # Create, persist, delete: see the module docstring.
+    if decided.create_attempt is not None:
+        created = cluster.create_rayjob(build_rayjob(run, decided.create_attempt, body["metadata"]["uid"], config))
+        if created:
+            metrics.ATTEMPTS_STARTED.inc()
+        crash_point("rayjob-created")
     cluster.patch_run_status(namespace, name, new_status)
-    crash_point("status-written")
-    _act(cluster, config, run, body=body, decided=decided, now=now)
+    if decided.delete_rayjob:
+        cluster.delete_rayjob(namespace, decided.delete_rayjob)
+    for event in decided.events:
+        _EVENTS.submit(cluster.post_event, body, event, now)
+        log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
     for attempt in decided.state.attempts:
         if attempt not in state.attempts and attempt.endTime:
             metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
@@ -237,20 +273,6 @@ def _status(
     if storage_error:
         status["message"] = f"{status['message']} (cannot read checkpoints: {storage_error})"
     return status
-
-
-def _act(
-    cluster: Cluster, config: ControllerConfig, run: TrainingRun, *, body: dict[str, Any], decided: Plan, now: datetime
-) -> None:
-    if decided.delete_rayjob:
-        cluster.delete_rayjob(run.namespace, decided.delete_rayjob)
-    if decided.create_attempt is not None:
-        created = cluster.create_rayjob(build_rayjob(run, decided.create_attempt, body["metadata"]["uid"], config))
-        if created:
-            metrics.ATTEMPTS_STARTED.inc()
-    for event in decided.events:
-        cluster.post_event(body, event, now)
-        log.info("%s/%s: %s: %s", run.namespace, run.name, event.reason, event.message)
 
 
 def disruption_note(pod: dict[str, Any]) -> str | None:
