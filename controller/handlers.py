@@ -63,6 +63,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would repeat it
     settings.execution.max_workers = EXECUTOR_THREADS
     settings.watching.server_timeout = 300
+    # Watch exactly the resources and namespaces we are told: no scanning of CRDs and namespaces,
+    # which would need cluster-wide list rights that a namespaced install does not grant.
+    settings.scanning.disabled = True
     metrics.serve(CONFIG.metrics_port)
     if not CONFIG.peering:
         global _resync  # noqa: PLW0603 - one loop per process

@@ -3,7 +3,8 @@ exist, the controller's ServiceAccount may do exactly what the controller needs 
 can-i`), and `helm uninstall` leaves nothing behind but the CRDs.
 
 The controller Deployment's pod becomes Running on a kwok node but runs nothing (pods never run a
-container here); the controller running as a process is another test's subject.
+container here); the last test runs the controller as a process, with the Deployment's settings and
+the chart's ServiceAccount token, through a training run that loses its spot node.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from tests.e2e.conftest import tb
+from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
+from train.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.e2e
 
@@ -176,3 +180,108 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
         assert release.leftovers() == []
     finally:
         testbed.kubectl("delete", "namespace", watched, "--wait=false", check=False)
+
+
+def service_account_kubeconfig(testbed: tb.Testbed, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (a token from the TokenRequest API)."""
+    token = testbed.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
+    admin = yaml.safe_load(testbed.kubeconfig.read_text())
+    cluster = admin["clusters"][0]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [cluster],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": account, "context": {"cluster": cluster["name"], "user": account}}],
+                "current-context": account,
+            }
+        )
+    )
+    return path
+
+
+def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_only_its_own_rights(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    release: Release,
+    namespace: str,
+    s3_server: LocalS3Server,
+    tmp_path: Path,
+) -> None:
+    """helm install -> the controller as a process with the Deployment's settings and the chart's
+    ServiceAccount token -> a TrainingRun -> its spot node deleted mid-run -> attempt 2 -> Succeeded
+    -> helm uninstall leaves only the CRDs."""
+    runs = f"{namespace[:50]}-runs"
+    testbed.kubectl("create", "namespace", runs)
+    try:
+        release.helm(
+            "install", release.name, str(CHART), "--wait",
+            "--set", f"controller.watchNamespaces={{{runs}}}", "--set", f"s3.existingSecret={SECRET}",
+        )  # fmt: skip
+        create_s3_secret(testbed, runs, s3_server)
+        deployment = json.loads(
+            testbed.kubectl(
+                "get", "deployment", f"{release.name}-spotray-controller", "-n", namespace, "-o", "json"
+            ).stdout
+        )
+        pod_spec = deployment["spec"]["template"]["spec"]
+        chart_env = {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"] if "value" in e}
+        kubeconfig = service_account_kubeconfig(
+            testbed, namespace, pod_spec["serviceAccountName"], tmp_path / "controller.kubeconfig"
+        )
+        # Ports are the machine's to give here (several controllers run side by side in the tests).
+        ports = ("SPOTRAY_HEALTH_PORT", "SPOTRAY_METRICS_PORT")
+        settings = {
+            **{name: value for name, value in chart_env.items() if name not in ports},
+            "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # kwok runs no submitter pod
+            "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "1",
+            "SPOTRAY_SETTLE_SECONDS": "2",
+        }
+        controller = ControllerProcess(kubeconfig, runs, tmp_path / "controller.log", settings).start()
+        try:
+            sleeper = "python -c 'import time; time.sleep(15)'"
+            testbed.apply(training_run("chart-run", tmp_path, max_steps=10, entrypoint=sleeper), namespace=runs)
+            running = tb.wait_until(
+                "attempt 1 to run",
+                lambda: (s := run_status(testbed, runs)).get("phase") == "Running" and s,
+                timeout=120,
+            )
+            job = json.loads(testbed.kubectl("get", "rayjob", running["rayJob"], "-n", runs, "-o", "json").stdout)
+            pods = json.loads(
+                testbed.kubectl("get", "pods", "-n", runs, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
+            )
+            spot = next(
+                p["spec"]["nodeName"] for p in pods["items"] if p["metadata"]["labels"]["ray.io/node-type"] == "worker"
+            )
+            testbed.preempt_node(spot)
+            try:
+                assert ray_head.kill_job(job["status"]["jobId"])
+                done = tb.wait_until(
+                    "the run to finish",
+                    lambda: (s := run_status(testbed, runs)).get("phase") in ("Succeeded", "Failed") and s,
+                    timeout=180,
+                )
+            finally:
+                testbed.restore_node(spot)
+        finally:
+            controller.stop()
+            print(controller.log_tail(40))
+        assert done["phase"] == "Succeeded", done
+        assert [(a["outcome"], a["reason"]) for a in done["attempts"]] == [
+            ("Preempted", "NodeLost"),
+            ("Succeeded", "TrainingFinished"),
+        ]
+        assert "Forbidden" not in controller.log_path.read_text()
+
+        release.helm("uninstall", release.name, "--wait")
+        assert release.leftovers() == []
+    finally:
+        testbed.kubectl("delete", "namespace", runs, "--wait=false", check=False)
+
+
+def run_status(testbed: tb.Testbed, namespace: str) -> dict[str, Any]:
+    run = json.loads(testbed.kubectl("get", "trainingrun", "chart-run", "-n", namespace, "-o", "json").stdout)
+    status: dict[str, Any] = run.get("status") or {}
+    return status
