@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -183,6 +185,14 @@ def test_training_failures_spend_the_failure_budget_and_end_in_failed(
     assert (failed["status"], failed["reason"]) == ("True", "FailureBudgetExhausted")
     assert "maxFailures=1" in failed["message"]
     assert rayjobs(testbed, namespace, "broken") == ["broken-a1", "broken-a2"]
+    # What the user runs next: the failed attempt's driver log, through the real CLI.
+    logs = subprocess.run(
+        [sys.executable, "-m", "spotray.cli", "logs", "broken", "--attempt", "2", "-n", namespace,
+         "--kubeconfig", str(testbed.kubeconfig), "--dashboard", ray_head.dashboard_url],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert logs.returncode == 0, logs.stderr
+    assert "loss is NaN" in logs.stdout
 
 
 def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_after_restart(
