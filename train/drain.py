@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 
 import ray
@@ -25,11 +26,15 @@ _POLL_S = 1.0
 
 
 def training_workers_on(node_id: str) -> int:
-    """Live Ray Train worker actors on the node (0 when the state API cannot tell)."""
-    from ray.util.state import list_actors  # noqa: PLC0415 (needs the dashboard; only used here)
-
-    actors = list_actors(filters=[("node_id", "=", node_id), ("state", "=", "ALIVE")], raise_on_missing_output=False)
-    return sum(1 for actor in actors if "TrainWorker" in (actor.class_name or ""))
+    """Live Ray Train worker actors on the node, from the GCS (a worker pod has no dashboard of its own)."""
+    actors = ray._private.state.actors()  # the GCS view: the state API would need the dashboard
+    return sum(
+        1
+        for actor in actors.values()
+        if actor.get("State") == "ALIVE"
+        and actor.get("Address", {}).get("NodeID") == node_id
+        and "TrainWorker" in (actor.get("ActorClassName") or "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s spotray.drain: %(message)s")
     started = time.monotonic()
-    ray.init(address="auto", logging_level=logging.WARNING)
+    # In a pod, "auto" finds the node's own Ray; RAY_ADDRESS wins where it is set (tests, local mode).
+    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level=logging.WARNING)
     node_id = ray.get_runtime_context().get_node_id()
     accepted = drain_nodes([node_id], "spotray: pod preStop (spot notice)", args.deadline_seconds)
     log.info("drain of node %s %s", node_id, "accepted" if accepted else "refused")

@@ -1,0 +1,58 @@
+"""`python -m train.drain`, the worker pods' preStop hook, against a real Ray node."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from ray.exceptions import GetTimeoutError, LocalRayletDiedError
+
+from spotray.local_ray import LocalRayCluster
+
+pytestmark = pytest.mark.integration
+
+
+@ray.remote(num_cpus=1)
+def one() -> int:
+    return 1
+
+
+@ray.remote(num_cpus=0)
+class RayTrainWorker:  # the class name Ray Train V2 gives its workers, which the hook waits for
+    def ready(self) -> bool:
+        return True
+
+
+def test_the_prestop_hook_drains_its_ray_node_so_it_takes_no_new_work(tmp_path: Path) -> None:
+    with LocalRayCluster(num_cpus=1, log_path=tmp_path / "ray.log") as cluster:
+        ray.init(address=cluster.address)
+        try:
+            assert ray.get(one.remote(), timeout=60) == 1  # the node works
+
+            worker = RayTrainWorker.remote()  # type: ignore[attr-defined]
+            assert ray.get(worker.ready.remote(), timeout=60)
+
+            hook = subprocess.Popen(
+                [sys.executable, "-m", "train.drain", "--deadline-seconds", "60"],
+                env={**os.environ, "RAY_ADDRESS": cluster.address},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            time.sleep(8)
+            assert hook.poll() is None, "the hook must wait while a training worker is still on the node"
+            started = time.monotonic()
+            ray.kill(worker)  # the worker checkpointed and stopped
+            output, _ = hook.communicate(timeout=30)
+
+            assert hook.returncode == 0, output
+            assert "accepted" in output, output
+            assert "no training worker left on this node" in output, output
+            assert time.monotonic() - started < 10, "the hook returns soon after the last worker leaves"
+            # Drained as a preemption, the only node takes no new work: the task waits, or the raylet,
+            # idle and drained, has already shut down.
+            with pytest.raises((GetTimeoutError, LocalRayletDiedError)):
+                ray.get(one.remote(), timeout=5)
+        finally:
+            ray.shutdown()
