@@ -128,14 +128,13 @@ def test_cluster_wide_install_with_ha_grants_the_controller_exactly_its_permissi
     testbed.kubectl("get", "clusterrolebinding", f"{release.name}-spotray")
     testbed.kubectl("get", "clusterkopfpeering", f"{release.name}-spotray")
 
-    # Cluster-wide: the same rights in any namespace, plus nodes and the peering objects.
+    # Cluster-wide: the same rights in any namespace, plus the peering objects; no nodes, no CRDs.
     other = "default"
     for verb, resource in ALLOWED_IN_NAMESPACE:
         assert release.can_i(verb, resource, release.namespace), (verb, resource)
         assert release.can_i(verb, resource, other), (verb, resource, other)
-    for verb in ("get", "list", "watch"):
-        assert release.can_i(verb, "nodes", None)
-        assert release.can_i(verb, "customresourcedefinitions.apiextensions.k8s.io", None)
+    assert not release.can_i("list", "nodes", None)
+    assert not release.can_i("list", "customresourcedefinitions.apiextensions.k8s.io", None)
     for verb in ("get", "list", "watch", "patch"):
         assert release.can_i(verb, "clusterkopfpeerings.kopf.dev", None)
     for verb, resource in DENIED:
@@ -168,11 +167,11 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
 
         for verb, resource in ALLOWED_IN_NAMESPACE:
             assert release.can_i(verb, resource, watched), (verb, resource)
-        # Not in its own namespace, not cluster-wide, no nodes; CRDs readable (kopf watches them).
+        # Not in its own namespace, not cluster-wide, no nodes, no CRDs.
         assert not release.can_i("list", "trainingruns.spotray.dev", namespace)
         assert not release.can_i("list", "trainingruns.spotray.dev", None)
         assert not release.can_i("list", "nodes", None)
-        assert release.can_i("list", "customresourcedefinitions.apiextensions.k8s.io", None)
+        assert not release.can_i("list", "customresourcedefinitions.apiextensions.k8s.io", None)
         for verb, resource in DENIED:
             assert not release.can_i(verb, resource, watched), (verb, resource)
 

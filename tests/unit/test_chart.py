@@ -72,13 +72,11 @@ EXPECTED_KINDS = {
         "PersistentVolumeClaim": 1,
         "Job": 1,
     },
-    # Two namespaces: a Role and a RoleBinding in each; the only ClusterRole reads CRDs.
+    # Two namespaces: a Role and a RoleBinding in each, nothing cluster-wide.
     "namespaced.yaml": {
         "ServiceAccount": 1,
         "Role": 2,
         "RoleBinding": 2,
-        "ClusterRole": 1,
-        "ClusterRoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
     },
@@ -94,8 +92,6 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "Role": 1,
         "RoleBinding": 1,
-        "ClusterRole": 1,
-        "ClusterRoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
         "KopfPeering": 1,
@@ -122,10 +118,6 @@ NAMESPACED_PERMISSIONS = {
     ("", "secrets"): {"get"},
     ("", "events"): {"create", "patch"},
     ("events.k8s.io", "events"): {"create", "patch"},
-}
-CLUSTER_ONLY_PERMISSIONS = {
-    ("", "nodes"): {"get", "list", "watch"},
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
 }
 
 
@@ -296,10 +288,10 @@ def test_controller_pod_is_hardened_probed_and_sized(helm: Path) -> None:
 def test_cluster_wide_rbac_grants_the_controllers_contract(helm: Path) -> None:
     objects = render("defaults.yaml")
     granted = permissions(only(objects, "ClusterRole"))
-    for key, verbs in {**NAMESPACED_PERMISSIONS, **CLUSTER_ONLY_PERMISSIONS}.items():
+    for key, verbs in NAMESPACED_PERMISSIONS.items():
         assert verbs <= granted.get(key, set()), key
     # Least privilege: nothing beyond the contract (no peering without HA, no writes to pods or secrets).
-    assert set(granted) == set(NAMESPACED_PERMISSIONS) | set(CLUSTER_ONLY_PERMISSIONS)
+    assert set(granted) == set(NAMESPACED_PERMISSIONS)  # no nodes, no CRDs: kopf's scanning is off
     assert granted[("", "secrets")] == {"get"}
     binding = only(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
@@ -317,12 +309,9 @@ def test_namespaced_rbac_uses_a_role_per_namespace_and_no_node_access(helm: Path
     bindings = [o for o in objects if o["kind"] == "RoleBinding"]
     assert {b["metadata"]["namespace"] for b in bindings} == {"team-a", "team-b"}
     assert all(b["subjects"][0]["namespace"] == NAMESPACE for b in bindings)
-    # The one ClusterRole only reads CRDs (kopf watches them); nodes are not readable.
-    crd_reader = only(objects, "ClusterRole")
-    assert permissions(crd_reader) == {("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"}}
+    # Nothing cluster-wide: no ClusterRole, no ClusterRoleBinding.
+    assert not [o for o in objects if o["kind"].startswith("Cluster")]
     assert controller_env(objects)["SPOTRAY_NAMESPACES"] == "team-a,team-b"
-    without_crd_read = render("namespaced.yaml", "rbac.readCRDs=false")
-    assert not [o for o in without_crd_read if o["kind"].startswith("Cluster")]
 
 
 def test_ha_enables_kopf_peering(helm: Path) -> None:
