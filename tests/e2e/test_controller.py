@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ def test_training_failures_spend_the_failure_budget_and_end_in_failed(
     start_controller: Callable[..., ControllerProcess],
     tmp_path: Path,
 ) -> None:
-    start_controller()
+    controller = start_controller()
     crash = "python -c 'import sys; print(\"loss is NaN\"); sys.exit(1)'"
     testbed.apply(training_run("broken", tmp_path, max_steps=10, entrypoint=crash), namespace=namespace)
 
@@ -193,6 +194,17 @@ def test_training_failures_spend_the_failure_budget_and_end_in_failed(
     )  # fmt: skip
     assert logs.returncode == 0, logs.stderr
     assert "loss is NaN" in logs.stdout
+
+    port = controller.env["SPOTRAY_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        metrics = response.read().decode()
+    assert 'spotray_attempt_outcomes_total{outcome="Failed"} 2.0' in metrics
+    assert 'spotray_trainingruns{phase="Failed"} 1.0' in metrics
+    assert "spotray_reconcile_seconds_count" in metrics
+
+    # Deleting the run deletes its RayJobs (owner references; the garbage collector does it).
+    testbed.kubectl("delete", "trainingrun", "broken", "-n", namespace)
+    tb.wait_until("the run's RayJobs to go", lambda: rayjobs(testbed, namespace, "broken") == [], timeout=60)
 
 
 def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_after_restart(
