@@ -13,11 +13,13 @@ Events are posted from a background thread: they are for people and must not slo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -43,6 +45,7 @@ from controller.rayjob import build_rayjob
 from controller.run_store import last_checkpoint_status, open_run_store, progress_status, read_markers
 from train.errors import SpotrayError
 from train.runspec import InvalidSpecError, TrainingRun, parse_training_run
+from train.store import ObjectStore
 
 log = logging.getLogger(__name__)
 DISRUPTION_ANNOTATION = "spotray.dev/disruption"
@@ -103,13 +106,13 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
     cluster.post_event(body, Event("Warning", "InvalidSpec", message), now)
 
 
-def _report(cluster: Cluster, run: TrainingRun, state: RunState, config: ControllerConfig) -> dict[str, Any]:
-    """status.progress and status.lastCheckpoint from S3; a read failure becomes a condition, not an error."""
+def _report(run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState) -> dict[str, Any]:
+    """status.progress and status.lastCheckpoint from S3; a read failure goes into the message, not an error."""
     current = state.current
     if current is None:
         return {}
     try:
-        store = open_run_store(run, cluster, config)
+        store = run_store()
         progress, resumed_from = progress_status(store, current.attempt)
         checkpoint = last_checkpoint_status(store)
     except (SpotrayError, OSError, ValueError) as error:
@@ -124,12 +127,12 @@ def _report(cluster: Cluster, run: TrainingRun, state: RunState, config: Control
 
 
 def _markers(
-    cluster: Cluster, run: TrainingRun, state: RunState, job: RayJobView | None, config: ControllerConfig
+    run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, job: RayJobView | None
 ) -> AttemptMarkers:
     if state.current is None or job is None or not job.finished or job.job_status == "SUCCEEDED":
         return AttemptMarkers()
     try:
-        return read_markers(open_run_store(run, cluster, config), state.current.attempt)
+        return read_markers(run_store(), state.current.attempt)
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read the attempt markers of %s/%s: %s", run.namespace, run.name, error)
         return AttemptMarkers()
@@ -198,15 +201,16 @@ def _reconcile_locked(
 
     status = body.get("status") or {}
     state = RunState.from_status(status)
-    decided = _decide(cluster, config, run, state=state, message=status.get("message"), now=now)
+    # Opened at most once per reconcile, and only when something needs S3.
+    run_store = functools.cache(functools.partial(open_run_store, run, cluster, config))
+    decided = _decide(cluster, config, run, run_store=run_store, state=state, message=status.get("message"), now=now)
     if state.phase in TERMINAL_PHASES and decided.state == state:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
     generation = body["metadata"].get("generation", 0)
     new_status = _status(
-        cluster,
-        config,
         run,
+        run_store,
         state=decided.state,
         previous_conditions=status.get("conditions") or [],
         generation=generation,
@@ -233,12 +237,19 @@ def _reconcile_locked(
 
 
 def _decide(
-    cluster: Cluster, config: ControllerConfig, run: TrainingRun, *, state: RunState, message: str | None, now: datetime
+    cluster: Cluster,
+    config: ControllerConfig,
+    run: TrainingRun,
+    *,
+    run_store: Callable[[], ObjectStore],
+    state: RunState,
+    message: str | None,
+    now: datetime,
 ) -> Plan:
     job = None
     if state.current is not None:
         job = rayjob_view(cluster.get_rayjob(run.namespace, state.current.rayJob))
-    markers = _markers(cluster, run, state, job, config)
+    markers = _markers(run_store, run, state, job)
     decided = plan(Observation(run, state, job, markers, settle_seconds=config.settle_seconds), now)
     missing = _missing_secret(cluster, run, config) if decided.create_attempt is not None else None
     if missing is None:
@@ -249,9 +260,8 @@ def _decide(
 
 
 def _status(
-    cluster: Cluster,
-    config: ControllerConfig,
     run: TrainingRun,
+    run_store: Callable[[], ObjectStore],
     *,
     state: RunState,
     previous_conditions: list[dict[str, Any]],
@@ -264,7 +274,7 @@ def _status(
     status["observedGeneration"] = generation
     status["conditions"] = conditions(state, previous_conditions, generation, now)
     # A new attempt has no progress yet, and its RayJob should not wait for S3 reads.
-    report = _report(cluster, run, state, config) if not starting else {}
+    report = _report(run_store, run, state) if not starting else {}
     resumed_from = report.pop("resumedFrom", None)
     storage_error = report.pop("storageError", None)
     status.update(report)

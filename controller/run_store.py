@@ -25,7 +25,7 @@ from controller.lifecycle import AttemptMarkers, timestamp
 from train.checkpoint import attempt_outcome_key, latest_complete_checkpoint, preemption_marker_key
 from train.progress_log import read_attempt_progress
 from train.runspec import TrainingRun
-from train.store import ObjectStore, RetryPolicy, StoreConfig, open_store
+from train.store import ObjectStore, RetryPolicy, StoreConfig, get_bytes_if_exists, open_store
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +57,10 @@ def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig)
 
 
 def _read_json(store: ObjectStore, key: str) -> dict[str, Any] | None:
-    if not any(info.key == key for info in store.list(key)):
+    raw = get_bytes_if_exists(store, key)
+    if raw is None:
         return None
-    data: dict[str, Any] = json.loads(store.get_bytes(key))
+    data: dict[str, Any] = json.loads(raw)
     return data
 
 

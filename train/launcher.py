@@ -43,7 +43,7 @@ from ray.train.torch import TorchTrainer
 from train.checkpoint import attempt_outcome_key, preemption_marker_key
 from train.errors import SpotrayError
 from train.runspec import RunContext
-from train.store import ObjectStore
+from train.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +89,10 @@ class AttemptOutcome:
 
 def outcome_after_fit(store: ObjectStore, attempt: int) -> AttemptOutcome:
     """A ``fit()`` that returned normally either finished or stopped on a notice (rank 0's marker says which)."""
-    key = preemption_marker_key(attempt)
-    if not any(info.key == key for info in store.list(key)):
+    raw = get_bytes_if_exists(store, preemption_marker_key(attempt))
+    if raw is None:
         return AttemptOutcome(EXIT_SUCCEEDED, None, "training finished")
-    marker = json.loads(store.get_bytes(key))
+    marker = json.loads(raw)
     return AttemptOutcome(
         EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
     )

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from train.checkpoint import RUN_STATE_PREFIX
-from train.store import ObjectStore
+from train.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +111,11 @@ class ProgressWriter:
 
 def read_attempt_progress(store: ObjectStore, attempt: int) -> AttemptProgress | None:
     """One attempt's progress; None if it wrote none (yet) or the object is unreadable."""
-    key = attempt_progress_key(attempt)
-    if not any(info.key == key for info in store.list(key)):
+    raw = get_bytes_if_exists(store, attempt_progress_key(attempt))
+    if raw is None:
         return None
     try:
-        return AttemptProgress.from_json(store.get_bytes(key))
+        return AttemptProgress.from_json(raw)
     except (ValueError, KeyError, TypeError) as error:
         log.warning("ignoring unreadable progress of attempt %d: %s", attempt, error)
         return None

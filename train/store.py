@@ -300,6 +300,14 @@ class ObjectStore(Protocol):
     def delete(self, keys: Sequence[str]) -> None: ...
 
 
+def get_bytes_if_exists(store: ObjectStore, key: str) -> bytes | None:
+    """The object's bytes, or None when there is no such object (a LIST first: stores differ in how a
+    missing key fails, and a marker that is simply not there is not an error)."""
+    if not any(info.key == key for info in store.list(key)):
+        return None
+    return store.get_bytes(key)
+
+
 def upload_dir(store: ObjectStore, local_dir: Path, prefix: str, *, exclude: Iterable[str] = ()) -> list[str]:
     """Upload every file under ``local_dir`` to ``prefix/``; returns the relative paths sent."""
     skip = set(exclude)
