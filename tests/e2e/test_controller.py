@@ -29,6 +29,7 @@ from train.store import RetryPolicy, S3ObjectStore, parse_uri
 pytestmark = pytest.mark.e2e
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
+SPOT_RUN_STEPS = 150
 SUSPEND, UNSUSPEND = '{"spec": {"suspend": true}}', '{"spec": {"suspend": false}}'
 
 
@@ -133,7 +134,9 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_from
     tmp_path: Path,
 ) -> None:
     start_controller()
-    manifest = training_run("spot", tmp_path, max_steps=60)
+    # Enough steps that the node is lost mid-run even on a fast machine: the first checkpoint (step
+    # 10) must reach the status and the test must find and delete the node before training ends.
+    manifest = training_run("spot", tmp_path, max_steps=SPOT_RUN_STEPS)
     testbed.apply(manifest, namespace=namespace)
     wait_status(testbed, namespace, "spot", "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
     job = get(testbed, "rayjob", "spot-a1", namespace)
@@ -162,7 +165,7 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_from
     )
     assert status["phase"] == "Succeeded", status
     assert status["attempts"][1]["resumedFrom"] == latest.step
-    assert status["progress"]["step"] == 60
+    assert status["progress"]["step"] == SPOT_RUN_STEPS
     assert rayjobs(testbed, namespace, "spot") == ["spot-a1", "spot-a2"]
 
 
