@@ -219,7 +219,7 @@ def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_
     tmp_path: Path,
 ) -> None:
     doomed = start_controller(SPOTRAY_CRASH_AT="rayjob-created")
-    sleeper = "python -c 'import time; time.sleep(20)'"
+    sleeper = "python -c 'import time; time.sleep(45)'"  # long enough to be seen Running after a restart
     testbed.apply(training_run("restart", tmp_path, max_steps=10, entrypoint=sleeper), namespace=namespace)
     assert doomed.proc is not None
     assert doomed.proc.wait(timeout=60) == 70, doomed.log_tail()
