@@ -8,7 +8,9 @@
 - a RayJob of ours finished -> reconcile its run at once (the attempt ended);
 - a pod of ours got a ``DisruptionTarget`` condition (node gone, evicted, spot reclaim) -> the fact
   is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends.
-Handlers are synchronous: kopf runs them in its thread pool, and the Kubernetes and S3 clients block.
+The Kubernetes and S3 clients block, so reconciles run on threads: the TrainingRun event handler is
+async and hands them to a pool of its own (a burst of new runs must not queue behind each other);
+the RayJob and pod handlers are synchronous and run in kopf's thread pool.
 """
 
 from __future__ import annotations
