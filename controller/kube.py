@@ -28,14 +28,18 @@ class Cluster:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
 
-    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def _get(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """A custom object, or None when it does not exist."""
         try:
-            run = self.custom.get_namespaced_custom_object(API_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name)
+            found = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return cast(dict[str, Any], run)
+        return cast(dict[str, Any], found)
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(API_GROUP, RUN_VERSION, RUN_PLURAL, namespace, name)
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
@@ -43,13 +47,7 @@ class Cluster:
         )
 
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            job = self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        return cast(dict[str, Any], job)
+        return self._get(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, namespace, name)
 
     def create_rayjob(self, body: dict[str, Any]) -> bool:
         """Create it; False when it already exists (the attempt's name is the idempotency key)."""
