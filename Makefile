@@ -9,14 +9,14 @@ CACHE_DIR ?= $(HOME)/.cache/spotray
 UV := $(CACHE_DIR)/tools/uv-$(UV_VERSION)/bin/uv
 VENV := .venv
 PY := $(VENV)/bin/python
-# Reinstall whenever pyproject.toml changes; otherwise setup is a no-op.
-STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-16)
+# Re-sync whenever the lock or pyproject.toml changes; otherwise setup is a no-op.
+STAMP := $(VENV)/.installed-$(shell cat uv.lock pyproject.toml | sha256sum | cut -c1-16)
 PYTEST_ARGS ?=
 # Never let uv fetch a Python build: only registries are reachable, and python3.11 is required anyway.
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -26,13 +26,18 @@ $(UV):
 	python$(PYTHON_VERSION) -m venv $(CACHE_DIR)/tools/uv-$(UV_VERSION)
 	$(CACHE_DIR)/tools/uv-$(UV_VERSION)/bin/pip install --quiet uv==$(UV_VERSION)
 
-$(STAMP): pyproject.toml | $(UV)
-	@echo ">> creating $(VENV) and installing spotray with its dev tools (first time: several GB, a few minutes)"
-	@test -x $(PY) || $(UV) venv --quiet --python $(PYTHON_VERSION) $(VENV)
-	$(UV) pip install --python $(PY) -e '.[dev]'
+# The exact versions come from uv.lock (`make lock` refreshes it from pyproject.toml's ranges);
+# --locked fails if the lock no longer matches pyproject.toml instead of silently re-resolving.
+$(STAMP): pyproject.toml uv.lock | $(UV)
+	@echo ">> creating $(VENV) from uv.lock: spotray (editable), every extra, the dev tools (first time: several GB)"
+	$(UV) sync --locked --all-extras --python $(PYTHON_VERSION)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP) ## create .venv and install everything needed (idempotent)
+
+lock: | $(UV) ## re-resolve uv.lock and docker/requirements.lock from pyproject.toml's ranges
+	$(UV) lock
+	UV=$(UV) docker/lock.sh
 
 # The demo's faults, by step: a Ray Train worker SIGKILLed, the whole head lost, a spot notice (SIGTERM).
 DEMO_FAULTS ?= --kill-worker-at 50 --kill-all-at 110 --preempt-at 150
@@ -74,7 +79,7 @@ format: setup ## apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
 
 crd: setup ## regenerate the TrainingRun CRD in charts/spotray/crds from train/runspec.py (controller/crd.py)
-	$(PY) -m controller.crd --write
+	$(PY) -m spotray.controller.crd --write
 
 bench: setup ## run the benchmarks; results land in bench/results/*.json
 	$(PY) bench/run_all.py

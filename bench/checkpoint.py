@@ -29,11 +29,11 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from bench.common import machine_details, write_result
-from jobs.gpt2.train import Gpt2JobConfig, build_trainer
-from train.callback import S3CheckpointCallback
-from train.checkpoint import latest_complete_checkpoint
-from train.local_s3 import LocalS3Server
-from train.store import S3ObjectStore, parse_uri
+from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
+from spotray.train.callback import S3CheckpointCallback
+from spotray.train.checkpoint import latest_complete_checkpoint
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import S3ObjectStore, parse_uri
 
 BUCKET = "bench"
 WARMUP_STEPS = 5

@@ -4,7 +4,7 @@ On the Docker-free test bed (real etcd, kube-apiserver, KubeRay; hack/testbed), 
 - baseline: bench/noop_operator.py watches a fresh namespace; 50 TrainingRuns are created at once
   (50 threads); for each, seconds from just before its create call to the moment a watch on the
   namespace sees the operator's child object (a ConfigMap) appear;
-- spotray: `python -m controller` on another fresh namespace; the same 50 TrainingRuns; seconds
+- spotray: `python -m spotray.controller` on another fresh namespace; the same 50 TrainingRuns; seconds
   until a watch sees each run's RayJob `<run>-a1`.
 Order alternates between rounds; p50 and p99 over all runs of all rounds. Ratio: spotray p99 /
 no-op p99. Goals (issue #6): ratio <= 3 and spotray p99 <= 1 s.
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 import testbed as tb  # noqa: E402 - shared with the e2e tests
 
-from train.local_s3 import LocalS3Server  # noqa: E402
+from spotray.train.local_s3 import LocalS3Server  # noqa: E402
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
 SECRET = "s3-credentials"  # noqa: S105 - the Secret's name, not a password
@@ -53,7 +53,7 @@ def training_run(name: str) -> dict[str, Any]:
         "kind": "TrainingRun",
         "metadata": {"name": name},
         "spec": {
-            "entrypoint": "python -m jobs.gpt2 --max-steps 10",
+            "entrypoint": "python -m spotray.jobs.gpt2 --max-steps 10",
             "workers": {"replicas": 1, "cpu": "1", "memory": "1Gi"},
             "checkpoint": {"uri": f"s3://bench/{name}", "secretRef": SECRET},
         },
@@ -125,7 +125,7 @@ def one_variant(
     }
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     if variant == "spotray":
-        argv = [sys.executable, "-m", "controller"]
+        argv = [sys.executable, "-m", "spotray.controller"]
         children = ChildWatch(
             lambda **kw: custom.list_namespaced_custom_object("ray.io", "v1", kw.pop("namespace"), "rayjobs", **kw),
             namespace,

@@ -10,14 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train.events import read_events
+from spotray.train.events import read_events
 
 
 def gpt2_command(
     checkpoint_uri: str, data_uri: str, workdir: Path, *, workers: int, max_steps: int, save_steps: int
 ) -> list[str]:
     return [
-        "-m", "jobs.gpt2",
+        "-m", "spotray.jobs.gpt2",
         "--checkpoint-uri", checkpoint_uri,
         "--data-uri", data_uri,
         "--workers", str(workers),

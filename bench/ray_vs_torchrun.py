@@ -1,8 +1,8 @@
 """Ray Train + HF Trainer (with S3 checkpoint sync) against the same job under plain torchrun DDP.
 
-Both sides run the same code (``python -m jobs.gpt2``: GPT-2 from config, MosaicML streaming from
+Both sides run the same code (``python -m spotray.jobs.gpt2``: GPT-2 from config, MosaicML streaming from
 S3, checkpoints synced to S3 every ``--save-steps``) with the same number of CPU workers; only the
-launcher differs. torchrun side: ``torchrun --standalone --nproc-per-node N -m jobs.gpt2``. Ray
+launcher differs. torchrun side: ``torchrun --standalone --nproc-per-node N -m spotray.jobs.gpt2``. Ray
 side: the job's own Ray Train launcher on a local Ray cluster started beforehand (cluster start is
 not counted; a RayJob finds its cluster running too). Speed is steps/s after the first ``--skip``
 steps, read from the job's step events. The sides alternate for ``--rounds`` rounds; each round's
@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import machine_details, write_result
 from bench.jobs import PYTHON, gpt2_command, python_env, steps_per_second
 from spotray.local_ray import LocalRayCluster
-from train.local_s3 import LocalS3Server
+from spotray.train.local_s3 import LocalS3Server
 
 BUCKET = "bench-ray"
 

@@ -1,6 +1,6 @@
 """How much later the first step comes when a run resumes from S3 than when it starts fresh.
 
-Both sides are the real job (``python -m jobs.gpt2``) started as a new process, timed from the
+Both sides are the real job (``python -m spotray.jobs.gpt2``) started as a new process, timed from the
 process start to its first ``step`` event: interpreter and library imports, model build, and for
 the resume side also finding the latest complete checkpoint, downloading it, verifying its
 checksums and loading model, optimizer, scheduler and RNG state. Fresh and resume alternate for
@@ -19,17 +19,17 @@ import time
 from pathlib import Path
 
 from bench.common import machine_details, write_result
-from train.checkpoint import latest_complete_checkpoint
-from train.events import read_events
-from train.local_s3 import LocalS3Server
-from train.store import S3ObjectStore, parse_uri
+from spotray.train.checkpoint import latest_complete_checkpoint
+from spotray.train.events import read_events
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import S3ObjectStore, parse_uri
 
 BUCKET = "bench-resume"
 
 
 def job_command(uri: str, workdir: Path, max_steps: int, args: argparse.Namespace) -> list[str]:
     return [
-        sys.executable, "-m", "jobs.gpt2",
+        sys.executable, "-m", "spotray.jobs.gpt2",
         "--checkpoint-uri", uri,
         "--data-uri", f"s3://{BUCKET}/data",
         "--workers", "1",

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import machine_details, write_result
-from train.data import NUM_CANONICAL_NODES, write_mds_dataset
-from train.local_s3 import LocalS3Server
-from train.store import S3ObjectStore, parse_uri
+from spotray.train.data import NUM_CANONICAL_NODES, write_mds_dataset
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import S3ObjectStore, parse_uri
 
 BUCKET = "bench-streaming"
 COLUMNS = {"sample_id": "int", "payload": "bytes"}

@@ -51,8 +51,8 @@ if __package__ in (None, ""):  # started as `python bench/transfer.py`: import f
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import goal_met, machine_details, write_result
-from train.local_s3 import LocalS3Server
-from train.store import S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
 
 BUCKET = "bench-transfer"
 GOAL = ">= 0.8"

@@ -1,4 +1,4 @@
-"""``python -m controller``: run the TrainingRun operator (what the chart's Deployment runs).
+"""``python -m spotray.controller``: run the TrainingRun operator (what the chart's Deployment runs).
 
 Settings come from the environment (controller/config.py). With SPOTRAY_NAMESPACES empty it
 watches every namespace; with SPOTRAY_PEERING set, replicas elect one active instance through kopf
@@ -11,17 +11,20 @@ import logging
 import secrets
 import sys
 
-import kopf
-
-from train.errors import SpotrayError
+from spotray.train.errors import SpotrayError
+from spotray.train.extras import MissingExtraError, extra_required
 
 
 def main() -> int:
-    from controller.config import ControllerConfig  # noqa: PLC0415 - parse settings before anything else
+    from spotray.controller.config import ControllerConfig  # noqa: PLC0415 - parse settings before anything else
 
     try:
         config = ControllerConfig.from_env()
-    except SpotrayError as error:
+        with extra_required("controller"):
+            import kopf  # noqa: PLC0415 - after the settings, so a bad setting is reported first
+
+            import spotray.controller.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
+    except (SpotrayError, MissingExtraError) as error:
         print(f"spotray controller: {error}", file=sys.stderr)
         return 2
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.PLAIN
@@ -30,8 +33,6 @@ def main() -> int:
     # kopf logs every handler and timer run ("Timer 'on_timer' succeeded.") at INFO: one line per
     # run per second. Our own log says what changed; kopf's warnings and errors still show.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    import controller.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
-
     kopf.run(
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,

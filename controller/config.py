@@ -1,7 +1,7 @@
 """The controller's settings: every one comes from an environment variable, read here and nowhere else.
 
 The Helm chart sets these on the controller Deployment (charts/spotray/values.yaml documents each);
-a developer running ``python -m controller`` against a test cluster sets the few they need.
+a developer running ``python -m spotray.controller`` against a test cluster sets the few they need.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.errors import SpotrayError
+from spotray.train.errors import SpotrayError
 
 SPOT_LABEL = "spotray.dev/capacity"
 SPOT_TAINT_KEY = "spotray.dev/spot"

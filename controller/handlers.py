@@ -23,13 +23,13 @@ from typing import Any
 import kopf
 from kubernetes import config as kube_config
 
-from controller import metrics
-from controller.config import ControllerConfig
-from controller.kube import RUN_PLURAL, RUN_VERSION, Cluster
-from controller.rayjob import ATTEMPT_LABEL, RUN_LABEL, rayjob_name
-from controller.reconcile import DISRUPTION_ANNOTATION, disruption_note, reconcile
-from controller.resync import Resync
-from train.runspec import API_GROUP
+from spotray.controller import metrics
+from spotray.controller.config import ControllerConfig
+from spotray.controller.kube import RUN_PLURAL, RUN_VERSION, Cluster
+from spotray.controller.rayjob import ATTEMPT_LABEL, RUN_LABEL, rayjob_name
+from spotray.controller.reconcile import DISRUPTION_ANNOTATION, disruption_note, reconcile
+from spotray.controller.resync import Resync
+from spotray.train.runspec import API_GROUP
 
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()

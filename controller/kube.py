@@ -10,8 +10,8 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller.lifecycle import Event, timestamp
-from train.runspec import API_GROUP, KIND
+from spotray.controller.lifecycle import Event, timestamp
+from spotray.train.runspec import API_GROUP, KIND
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from controller.rayjob import rayjob_name
-from train.runspec import TrainingRun
+from spotray.controller.rayjob import rayjob_name
+from spotray.train.runspec import TrainingRun
 
 PENDING, RUNNING, RESUMING, SUSPENDED, SUCCEEDED, FAILED = (
     "Pending",

@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from controller.config import ControllerConfig
-from train.runspec import API_VERSION, KIND, RunContext, TrainingRun
+from spotray.controller.config import ControllerConfig
+from spotray.train.runspec import API_VERSION, KIND, RunContext, TrainingRun
 
 RUN_LABEL = "spotray.dev/run"
 ATTEMPT_LABEL = "spotray.dev/attempt"
@@ -117,7 +117,7 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     # A spot notice reaches the pod as SIGTERM after preStop: drain first so Ray Train checkpoints.
     grace = config.worker_grace_seconds
     worker["lifecycle"] = {
-        "preStop": {"exec": {"command": ["python", "-m", "train.drain", "--deadline-seconds", str(grace)]}}
+        "preStop": {"exec": {"command": ["python", "-m", "spotray.train.drain", "--deadline-seconds", str(grace)]}}
     }
     worker_selector = config.spot_node_selector if workers.spot else config.head_node_selector
     worker_tolerations = config.spot_tolerations if workers.spot else config.head_tolerations

@@ -25,10 +25,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from controller import metrics
-from controller.config import ControllerConfig
-from controller.kube import Cluster
-from controller.lifecycle import (
+from spotray.controller import metrics
+from spotray.controller.config import ControllerConfig
+from spotray.controller.kube import Cluster
+from spotray.controller.lifecycle import (
     FAILED,
     TERMINAL_PHASES,
     AttemptMarkers,
@@ -41,11 +41,11 @@ from controller.lifecycle import (
     parse_timestamp,
     plan,
 )
-from controller.rayjob import build_rayjob
-from controller.run_store import last_checkpoint_status, open_run_store, progress_status, read_markers
-from train.errors import SpotrayError
-from train.runspec import InvalidSpecError, TrainingRun, parse_training_run
-from train.store import ObjectStore
+from spotray.controller.rayjob import build_rayjob
+from spotray.controller.run_store import last_checkpoint_status, open_run_store, progress_status, read_markers
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import InvalidSpecError, TrainingRun, parse_training_run
+from spotray.train.store import ObjectStore
 
 log = logging.getLogger(__name__)
 DISRUPTION_ANNOTATION = "spotray.dev/disruption"

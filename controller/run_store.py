@@ -19,13 +19,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from controller.config import ControllerConfig
-from controller.kube import Cluster
-from controller.lifecycle import AttemptMarkers, timestamp
-from train.checkpoint import attempt_outcome_key, latest_complete_checkpoint, preemption_marker_key
-from train.progress_log import read_attempt_progress
-from train.runspec import TrainingRun
-from train.store import ObjectStore, RetryPolicy, StoreConfig, get_bytes_if_exists, open_store
+from spotray.controller.config import ControllerConfig
+from spotray.controller.kube import Cluster
+from spotray.controller.lifecycle import AttemptMarkers, timestamp
+from spotray.train.checkpoint import attempt_outcome_key, latest_complete_checkpoint, preemption_marker_key
+from spotray.train.progress_log import read_attempt_progress
+from spotray.train.runspec import TrainingRun
+from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, get_bytes_if_exists, open_store
 
 log = logging.getLogger(__name__)
 

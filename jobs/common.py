@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Self
 
-from train.errors import SpotrayError
-from train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
 
 
 def add_run_flags(

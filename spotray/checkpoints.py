@@ -16,9 +16,9 @@ from typing import Any
 from spotray.errors import CommandFailedError, NotFoundError
 from spotray.output import emit, human_age, human_bytes, render_data, render_table
 from spotray.target import RunLocation, open_run_store
-from train.checkpoint import CheckpointInfo, download_checkpoint, list_checkpoints
-from train.errors import CorruptCheckpointError, SpotrayError
-from train.store import ObjectStore
+from spotray.train.checkpoint import CheckpointInfo, download_checkpoint, list_checkpoints
+from spotray.train.errors import CorruptCheckpointError, SpotrayError
+from spotray.train.store import ObjectStore
 
 
 def checkpoint_record(store: ObjectStore, info: CheckpointInfo) -> dict[str, Any]:

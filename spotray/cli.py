@@ -13,7 +13,7 @@ from pathlib import Path
 from spotray.cluster_options import KubeOptions, add_cluster_flags
 from spotray.errors import EXIT_INTERRUPTED, exit_code_for
 from spotray.output import FORMATS
-from train.errors import SpotrayError
+from spotray.train.errors import SpotrayError
 
 RUN_HELP = (
     "a TrainingRun manifest (its spec.checkpoint.uri is used), a checkpoint URI (s3://BUCKET/PREFIX, "
@@ -125,7 +125,7 @@ def run_command(args: argparse.Namespace) -> int:
         return submit_command(args)
     from spotray.local import Faults, LocalRun  # noqa: PLC0415
     from spotray.progress import ProgressView  # noqa: PLC0415
-    from train.runspec import load_training_run  # noqa: PLC0415
+    from spotray.train.runspec import load_training_run  # noqa: PLC0415
 
     training_run = load_training_run(args.file)
     workdir = args.workdir or Path("spotray-local") / training_run.name

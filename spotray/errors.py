@@ -7,7 +7,7 @@ wrong), 3 not found (no such run, checkpoint or bucket).
 
 from __future__ import annotations
 
-from train.errors import (
+from spotray.train.errors import (
     BucketMissingError,
     CheckpointUploadError,
     CorruptCheckpointError,

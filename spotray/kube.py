@@ -13,14 +13,17 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
 
 from spotray.cluster_options import KubeOptions
 from spotray.errors import CommandFailedError, NotFoundError
-from train.errors import SpotrayError
-from train.runspec import API_GROUP
+from spotray.train.errors import SpotrayError
+from spotray.train.extras import extra_required
+from spotray.train.runspec import API_GROUP
+
+with extra_required("controller"):
+    from kubernetes import client, config
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config.config_exception import ConfigException
 
 VERSION = "v1alpha1"
 PLURAL = "trainingruns"

@@ -28,15 +28,15 @@ from typing import Any
 
 from spotray.local_ray import LocalRayCluster
 from spotray.progress import ProgressView
-from train.checkpoint import download_checkpoint, latest_complete_checkpoint
-from train.errors import SpotrayError
-from train.events import read_events
-from train.launcher import DEFAULT_GRACE_SECONDS, EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_SUCCEEDED
-from train.local_s3 import LocalS3Server
-from train.plot import plot_loss_across_attempts, split_attempts
-from train.runspec import RunContext, TrainingRun
-from train.store import StoreConfig, open_store, parse_uri
-from train.subprocesses import die_with_parent
+from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
+from spotray.train.errors import SpotrayError
+from spotray.train.events import read_events
+from spotray.train.launcher import DEFAULT_GRACE_SECONDS, EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_SUCCEEDED
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.plot import plot_loss_across_attempts, split_attempts
+from spotray.train.runspec import RunContext, TrainingRun
+from spotray.train.store import StoreConfig, open_store, parse_uri
+from spotray.train.subprocesses import die_with_parent
 
 
 @dataclass(frozen=True)

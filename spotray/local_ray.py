@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from train.errors import SpotrayError
-from train.local_s3 import free_port
-from train.subprocesses import die_with_parent
+from spotray.train.errors import SpotrayError
+from spotray.train.local_s3 import free_port
+from spotray.train.subprocesses import die_with_parent
 
 DEFAULT_HOST = "127.0.0.2"
 STARTUP_ATTEMPTS = 3

@@ -8,8 +8,8 @@ from pathlib import Path
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.target import RunLocation, open_run_store
-from train.plot import attempts_from_progress, plot_loss_across_attempts
-from train.progress_log import read_run_progress
+from spotray.train.plot import attempts_from_progress, plot_loss_across_attempts
+from spotray.train.progress_log import read_run_progress
 
 
 def plot_command(location: RunLocation, png: Path | None) -> int:

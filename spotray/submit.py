@@ -16,9 +16,9 @@ import yaml
 from spotray.cluster_options import KubeOptions
 from spotray.errors import EXIT_OK
 from spotray.output import emit
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import API_GROUP, load_training_run
 from spotray.watch import watch_run
-from train.errors import SpotrayError
-from train.runspec import API_GROUP, load_training_run
 
 
 def manifest_namespace(document: dict[str, Any]) -> str | None:

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from spotray.cluster_options import KubeOptions
 from spotray.errors import NotFoundError
-from train.errors import SpotrayError
-from train.runspec import load_training_run
-from train.store import ObjectStore, RetryPolicy, StoreConfig, open_store, parse_uri
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import load_training_run
+from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, open_store, parse_uri
 
 _RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 # A wrong endpoint should fail within seconds at a terminal, not after the trainer's ten minutes.

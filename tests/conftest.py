@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from train.local_s3 import LocalS3Server
-from train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 
 TEST_BUCKET = "spotray-test"
 

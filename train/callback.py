@@ -19,10 +19,10 @@ from typing import Any
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from train.checkpoint import Manifest, checkpoint_dir_name
-from train.events import EventLog
-from train.store import ObjectStore, open_store
-from train.uploader import CheckpointUploader, stage_checkpoint
+from spotray.train.checkpoint import Manifest, checkpoint_dir_name
+from spotray.train.events import EventLog
+from spotray.train.store import ObjectStore, open_store
+from spotray.train.uploader import CheckpointUploader, stage_checkpoint
 
 log = logging.getLogger(__name__)
 

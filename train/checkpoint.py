@@ -29,8 +29,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from train.errors import CorruptCheckpointError
-from train.store import ObjectInfo, ObjectStore, upload_dir
+from spotray.train.errors import CorruptCheckpointError
+from spotray.train.store import ObjectInfo, ObjectStore, upload_dir
 
 log = logging.getLogger(__name__)
 

@@ -37,8 +37,9 @@ import torch
 from torch.utils.data import DataLoader
 from transformers import Trainer
 
-from train.errors import SpotrayError
-from train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
+from spotray.train.errors import SpotrayError
+from spotray.train.extras import extra_required
+from spotray.train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,8 @@ def write_mds_dataset(
     store: ObjectStore, samples: Iterable[dict[str, Any]], columns: dict[str, str], *, shard_bytes: int = 1 << 22
 ) -> int:
     """Write ``samples`` as MDS shards to ``store``'s prefix, ``index.json`` last; return the sample count."""
-    from streaming import MDSWriter  # noqa: PLC0415 (imports torchvision: only when preparing data)
+    with extra_required("streaming"):
+        from streaming import MDSWriter  # noqa: PLC0415 (imports torchvision: only when preparing data)
 
     with tempfile.TemporaryDirectory(prefix="spotray-mds-") as tmp:
         local = Path(tmp) / "mds"
@@ -114,8 +116,9 @@ def open_streaming_dataset(
     uri: StorageUri, cache_dir: Path, *, batch_size: int, position: DataPosition, shuffle_seed: int = 42
 ) -> Any:
     """A ``StreamingDataset`` over the MDS shards at ``uri``, set to continue at ``position``."""
-    from streaming import StreamingDataset  # noqa: PLC0415 (heavy import, only in training workers)
-    from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
+    with extra_required("streaming"):
+        from streaming import StreamingDataset  # noqa: PLC0415 (heavy import, only in training workers)
+        from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
 
     clean_stale_shared_memory()
     remote = str(uri) if uri.scheme == "s3" else uri.prefix

@@ -1,4 +1,4 @@
-"""``python -m train.drain``: a Ray worker pod's preStop hook for spot notices.
+"""``python -m spotray.train.drain``: a Ray worker pod's preStop hook for spot notices.
 
 Kubernetes runs the hook before it sends SIGTERM, and waits for it within the pod's grace period.
 The hook drains this pod's Ray node as a preemption (what ``ray drain-node --reason
@@ -15,9 +15,11 @@ import logging
 import os
 import time
 
-import ray
+from spotray.train.extras import extra_required
+from spotray.train.launcher import drain_nodes
 
-from train.launcher import drain_nodes
+with extra_required("ray"):
+    import ray
 
 log = logging.getLogger("spotray.drain")
 # Leave the last seconds of the grace period to Kubernetes' SIGTERM and Ray's own shutdown.

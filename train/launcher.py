@@ -36,14 +36,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import ray
-from ray.train import FailureConfig, RunConfig, ScalingConfig
-from ray.train.torch import TorchTrainer
+from spotray.train.checkpoint import attempt_outcome_key, preemption_marker_key
+from spotray.train.errors import SpotrayError
+from spotray.train.extras import extra_required
+from spotray.train.runspec import RunContext
+from spotray.train.store import ObjectStore, get_bytes_if_exists
 
-from train.checkpoint import attempt_outcome_key, preemption_marker_key
-from train.errors import SpotrayError
-from train.runspec import RunContext
-from train.store import ObjectStore, get_bytes_if_exists
+with extra_required("ray"):
+    import ray
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from types import TracebackType
 import boto3
 from botocore.config import Config
 
-from train.store import S3ObjectStore, StoreConfig, parse_uri
-from train.subprocesses import die_with_parent
+from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
+from spotray.train.subprocesses import die_with_parent
 
 DEFAULT_ACCESS_KEY = "spotray"
 DEFAULT_SECRET_KEY = "spotray-local-secret"  # noqa: S105 - a loopback-only test server's key

@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib as mpl
+from spotray.train.extras import extra_required
+from spotray.train.progress_log import AttemptProgress
 
-from train.progress_log import AttemptProgress
+with extra_required("plot"):
+    import matplotlib as mpl
 
-mpl.use("Agg")  # files only; never needs a display
-import matplotlib.pyplot as plt  # the backend is chosen before pyplot is imported
+    mpl.use("Agg")  # files only; never needs a display
+    import matplotlib.pyplot as plt  # the backend is chosen before pyplot is imported
 
 
 @dataclass

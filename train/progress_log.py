@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from train.checkpoint import RUN_STATE_PREFIX
-from train.store import ObjectStore, get_bytes_if_exists
+from spotray.train.checkpoint import RUN_STATE_PREFIX
+from spotray.train.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
 

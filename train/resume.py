@@ -11,9 +11,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.checkpoint import Manifest, complete_checkpoints, download_checkpoint
-from train.errors import CorruptCheckpointError
-from train.store import ObjectStore
+from spotray.train.checkpoint import Manifest, complete_checkpoints, download_checkpoint
+from spotray.train.errors import CorruptCheckpointError
+from spotray.train.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import yaml
 
-from train.errors import SpotrayError
-from train.store import parse_uri
+from spotray.train.errors import SpotrayError
+from spotray.train.store import parse_uri
 
 API_GROUP = "spotray.dev"
 API_VERSION = f"{API_GROUP}/v1alpha1"
@@ -307,7 +307,7 @@ def parse_spec(spec: Any, where: str = "TrainingRun") -> RunSpec:
     reader.unknown(spec, _SPEC_FIELDS, "spec")
     entrypoint = reader.string(spec, "entrypoint", "spec", None)
     if entrypoint is None and "entrypoint" not in spec:
-        reader.problems.append("spec.entrypoint: missing; write the command to run, e.g. `python -m jobs.gpt2`")
+        reader.problems.append("spec.entrypoint: missing; write the command to run, e.g. `python -m spotray.jobs.gpt2`")
     runtime_env = spec.get("runtimeEnv") or {}
     if not isinstance(runtime_env, dict):
         reader.problems.append(f"spec.runtimeEnv: must be a mapping (a Ray runtime_env), got {runtime_env!r}")

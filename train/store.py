@@ -39,7 +39,7 @@ from s3transfer.exceptions import RetriesExceededError, S3UploadFailedError
 from s3transfer.manager import TransferConfig, TransferManager
 from urllib3.exceptions import ProtocolError
 
-from train.errors import (
+from spotray.train.errors import (
     BucketMissingError,
     InvalidUriError,
     StoreCredentialsError,

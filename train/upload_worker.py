@@ -6,7 +6,7 @@ child process has its own GIL.
 
 Why not ``multiprocessing``: its spawn start method re-imports the parent's main script in the
 child, which for a training script means importing torch and transformers again (about 800 MB and
-seconds of CPU) just to upload files. This child runs ``python -m train.upload_worker`` and imports
+seconds of CPU) just to upload files. This child runs ``python -m spotray.train.upload_worker`` and imports
 only what uploading needs. Requests and replies are pickled over its stdin and stdout.
 """
 
@@ -22,15 +22,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
-from train.errors import CheckpointUploadError
-from train.store import ObjectStore
-from train.subprocesses import die_with_parent
+from spotray.train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
+from spotray.train.errors import CheckpointUploadError
+from spotray.train.store import ObjectStore
+from spotray.train.subprocesses import die_with_parent
 
 # The upload process runs at normal priority on purpose. At niceness 10 a CPU-bound training run
 # starved it: in a test, checkpoint-20 was still not in S3 thirteen steps later, so a kill lost two
 # intervals instead of one; and the niceness bought no measurable throughput (docs/benchmarks.md).
-_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The folder that holds the `spotray` package (site-packages, or a checkout), put first on the
+# child's path so that `-m spotray.train.upload_worker` finds this same copy of spotray even when
+# it was imported through a sys.path entry the child would not inherit.
+_SPOTRAY_PARENT = Path(__file__).parent.parent.parent
 
 
 @dataclass(frozen=True)
@@ -64,9 +68,9 @@ class UploadWorker:
         """Start the process now, so that its start-up (imports) is not paid by the first checkpoint."""
         if self._process is not None:
             return
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_SPOTRAY_PARENT), os.environ.get("PYTHONPATH", "")])}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "train.upload_worker"],
+            [sys.executable, "-m", "spotray.train.upload_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

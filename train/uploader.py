@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from train.checkpoint import Manifest
-from train.errors import CheckpointUploadError
-from train.store import ObjectStore
-from train.upload_worker import UploadJob, UploadWorker
+from spotray.train.checkpoint import Manifest
+from spotray.train.errors import CheckpointUploadError
+from spotray.train.store import ObjectStore
+from spotray.train.upload_worker import UploadJob, UploadWorker
 
 log = logging.getLogger(__name__)
 

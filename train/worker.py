@@ -30,18 +30,21 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import ray.train
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from train.callback import S3CheckpointCallback
-from train.checkpoint import CheckpointInfo, complete_checkpoints, download_checkpoint, preemption_marker_key
-from train.errors import CorruptCheckpointError
-from train.events import EventLog
-from train.progress_log import ProgressWriter
-from train.resume import ResumePoint, fetch_resume_checkpoint
-from train.store import ObjectStore
+from spotray.train.callback import S3CheckpointCallback
+from spotray.train.checkpoint import CheckpointInfo, complete_checkpoints, download_checkpoint, preemption_marker_key
+from spotray.train.errors import CorruptCheckpointError
+from spotray.train.events import EventLog
+from spotray.train.extras import extra_required
+from spotray.train.progress_log import ProgressWriter
+from spotray.train.resume import ResumePoint, fetch_resume_checkpoint
+from spotray.train.store import ObjectStore
+
+with extra_required("ray"):
+    import ray.train
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 import sys
 
-from jobs.cnn.train import main
+from spotray.jobs.cnn.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Train a small CNN on generated images with Ray Train and Ray Data, checkpointing every epoch to S3.
 
-    python -m jobs.cnn --checkpoint-uri s3://runs/cnn --data-uri s3://datasets/cnn-shapes --workers 2
+    python -m spotray.jobs.cnn --checkpoint-uri s3://runs/cnn --data-uri s3://datasets/cnn-shapes --workers 2
 
 Started by the controller or by ``spotray run --local``, the run's settings (checkpoint URI and
 keep, data URI, workers) come from the TrainingRun in ``SPOTRAY_RUN`` and the flags above are not
@@ -41,16 +41,16 @@ import torch.distributed as dist
 from ray.train.torch import prepare_model
 from torch import nn
 
-from jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
-from jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
-from train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
-from train.errors import SpotrayError
-from train.events import EventLog
-from train.launcher import EXIT_BAD_INPUT, launch
-from train.resume import ResumePoint
-from train.runspec import RunContext
-from train.store import ObjectStore, StoreConfig, open_store, parse_uri
-from train.worker import agree_on_resume_point, world_rank, world_size
+from spotray.jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
+from spotray.jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
+from spotray.train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
+from spotray.train.errors import SpotrayError
+from spotray.train.events import EventLog
+from spotray.train.launcher import EXIT_BAD_INPUT, launch
+from spotray.train.resume import ResumePoint
+from spotray.train.runspec import RunContext
+from spotray.train.store import ObjectStore, StoreConfig, open_store, parse_uri
+from spotray.train.worker import agree_on_resume_point, world_rank, world_size
 
 STATE_NAME = "state.pt"
 # Enough to mix the classes within a shard without holding much of it in memory.
@@ -275,13 +275,13 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             "end",
             step=step,
             final_uri=str(store.uri.join(checkpoint_dir_name(step))),
-            load="jobs.cnn.train.load_model(DIR)",
+            load="spotray.jobs.cnn.train.load_model(DIR)",
         )
 
 
 def build_job_config(args: argparse.Namespace, context: RunContext, data: ShapesSpec) -> CnnJobConfig:
     spec = context.spec
-    data_uri = required_data_uri(context, "jobs.cnn", "Parquet files", "s3://BUCKET/datasets/cnn-shapes")
+    data_uri = required_data_uri(context, "spotray.jobs.cnn", "Parquet files", "s3://BUCKET/datasets/cnn-shapes")
     workers = spec.workers.num_workers
     per_worker_batch(args.batch_size, workers)
     if data.num_samples // workers < args.batch_size // workers:
@@ -306,7 +306,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext, data: Shapes
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jobs.cnn", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m spotray.jobs.cnn", description=__doc__.split("\n\n")[0])
     add_run_flags(
         parser,
         run_name="cnn",

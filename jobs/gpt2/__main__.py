@@ -1,6 +1,6 @@
 import sys
 
-from jobs.gpt2.train import main
+from spotray.jobs.gpt2.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

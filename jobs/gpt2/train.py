@@ -1,6 +1,6 @@
 """Train a small GPT-2 (built from config) with Ray Train, streaming MDS shards from S3, resumable at any moment.
 
-    python -m jobs.gpt2 --checkpoint-uri s3://runs/gpt2 --data-uri s3://datasets/gpt2-bytes --workers 2
+    python -m spotray.jobs.gpt2 --checkpoint-uri s3://runs/gpt2 --data-uri s3://datasets/gpt2-bytes --workers 2
 
 Started by the controller or by ``spotray run --local``, the run's settings (checkpoint URI and
 interval, data URI, workers) come from the TrainingRun in ``SPOTRAY_RUN`` and the flags above are
@@ -9,7 +9,7 @@ not needed; hyperparameters (steps, batch size, model size) always come from the
 The same job runs without Ray under torchrun (detected from torchrun's environment), with the
 same checkpoints, data position and SIGTERM handling:
 
-    torchrun --nproc-per-node 2 -m jobs.gpt2 --checkpoint-uri ... --data-uri ...
+    torchrun --nproc-per-node 2 -m spotray.jobs.gpt2 --checkpoint-uri ... --data-uri ...
 
 The driver checks the store, prepares the dataset if it is not there yet, and starts one Ray Train
 worker per slot. Each worker fetches the newest complete checkpoint (the same one on every rank),
@@ -30,10 +30,10 @@ from typing import Any
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
-from jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
-from train.callback import S3CheckpointCallback
-from train.data import (
+from spotray.jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
+from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
+from spotray.train.callback import S3CheckpointCallback
+from spotray.train.data import (
     DataPosition,
     EpochLoader,
     SampleRecorder,
@@ -41,15 +41,21 @@ from train.data import (
     ensure_dataset,
     open_streaming_dataset,
 )
-from train.errors import SpotrayError
-from train.events import EventLog
-from train.launcher import EXIT_BAD_INPUT, launch, outcome_after_fit
-from train.progress_log import AttemptProgress, ProgressWriter
-from train.runspec import RunContext
-from train.store import ObjectStore, open_store, parse_uri
-from train.worker import PreemptionNoticeCallback, ProgressCallback, agree_on_resume_point, world_rank, world_size
+from spotray.train.errors import SpotrayError
+from spotray.train.events import EventLog
+from spotray.train.launcher import EXIT_BAD_INPUT, launch, outcome_after_fit
+from spotray.train.progress_log import AttemptProgress, ProgressWriter
+from spotray.train.runspec import RunContext
+from spotray.train.store import ObjectStore, open_store, parse_uri
+from spotray.train.worker import (
+    PreemptionNoticeCallback,
+    ProgressCallback,
+    agree_on_resume_point,
+    world_rank,
+    world_size,
+)
 
-log = logging.getLogger("jobs.gpt2")
+log = logging.getLogger("spotray.jobs.gpt2")
 
 
 @dataclass(frozen=True)
@@ -214,7 +220,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
 
 def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobConfig:
     spec = context.spec
-    data_uri = required_data_uri(context, "jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
+    data_uri = required_data_uri(context, "spotray.jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
     per_worker_batch(args.batch_size, spec.workers.num_workers)
     return Gpt2JobConfig(
         checkpoint_uri=spec.checkpoint.uri,
@@ -235,7 +241,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m jobs.gpt2", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m spotray.jobs.gpt2", description=__doc__.split("\n\n")[0])
     add_run_flags(parser, run_name="gpt2", data_help="where the MDS shards are (prepared there if missing)")
     parser.add_argument(
         "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-gpt2", help="local scratch directory"

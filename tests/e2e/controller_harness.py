@@ -12,15 +12,15 @@ from typing import Any
 
 import yaml
 
+from spotray.train.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
-from train.local_s3 import LocalS3Server
 
 SECRET = "s3-credentials"
 
 
 class ControllerProcess:
-    """`python -m controller` watching one namespace; its log goes to a file the tests print on failure."""
+    """`python -m spotray.controller` watching one namespace; its log goes to a file the tests print on failure."""
 
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, extra_env: dict[str, str]) -> None:
         self.log_path = log_path
@@ -41,7 +41,11 @@ class ControllerProcess:
     def start(self) -> ControllerProcess:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "controller"], cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT
+                [sys.executable, "-m", "spotray.controller"],
+                cwd=ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         tb.wait_until("the controller's /healthz", self.healthy, timeout=60, interval=0.5)
         return self
@@ -83,7 +87,7 @@ def training_run(name: str, tmp_path: Path, *, max_steps: int, entrypoint: str |
     document["metadata"] = {"name": name}
     spec = document["spec"]
     spec["entrypoint"] = entrypoint or (
-        f"python -m jobs.gpt2 --max-steps {max_steps} --batch-size 8 --workdir {tmp_path / 'job'}"
+        f"python -m spotray.jobs.gpt2 --max-steps {max_steps} --batch-size 8 --workdir {tmp_path / 'job'}"
     )
     spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi"}
     spec["checkpoint"] = {

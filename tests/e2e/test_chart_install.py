@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.train.local_s3 import LocalS3Server
 from tests.e2e.conftest import tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
-from train.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.e2e
 

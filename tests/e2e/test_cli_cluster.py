@@ -15,9 +15,9 @@ import pytest
 import yaml
 from PIL import Image
 
+from spotray.train.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
-from train.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.e2e
 def trainingrun_crd(testbed: tb.Testbed) -> None:
     """The TrainingRun CRD exactly as the controller generates it."""
     crd = subprocess.run(
-        [sys.executable, "-m", "controller.crd"], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-m", "spotray.controller.crd"], cwd=ROOT, capture_output=True, text=True, check=True
     ).stdout
     testbed.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", stdin=crd)
     testbed.kubectl("wait", "--for=condition=Established", "crd/trainingruns.spotray.dev", "--timeout=60s")

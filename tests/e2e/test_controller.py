@@ -1,7 +1,7 @@
 """The spotray controller on the real test bed: TrainingRun -> RayJob per attempt -> real KubeRay ->
 the job trains for real on the local Ray head (through the bridge) with checkpoints in SeaweedFS.
 
-The controller runs as a process (`python -m controller`), as the chart's Deployment would run it,
+The controller runs as a process (`python -m spotray.controller`), as the chart's Deployment would run it,
 against the test bed's API server; pods on kwok nodes run nothing, the bridge sends the RayJob's
 submission to the local Ray head, and the head's jobs have the environment the pods would have.
 """
@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.train.checkpoint import latest_complete_checkpoint
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
-from train.checkpoint import latest_complete_checkpoint
-from train.local_s3 import LocalS3Server
-from train.store import RetryPolicy, S3ObjectStore, parse_uri
 
 pytestmark = pytest.mark.e2e
 

@@ -25,9 +25,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controller.crd import CRD_NAME, CRD_PATH, PLURAL, VERSION, spec_schema
+from spotray.controller.crd import CRD_NAME, CRD_PATH, PLURAL, VERSION, spec_schema
+from spotray.train.runspec import API_GROUP, MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from tests.e2e.conftest import tb
-from train.runspec import API_GROUP, MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def base_manifest(name: str = "fuzz") -> dict[str, Any]:
         "apiVersion": f"{API_GROUP}/{VERSION}",
         "kind": "TrainingRun",
         "metadata": {"name": name},
-        "spec": {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/fuzz"}},
+        "spec": {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/fuzz"}},
     }
 
 

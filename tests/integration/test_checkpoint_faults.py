@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from spotray.train.checkpoint import MANIFEST_NAME, latest_complete_checkpoint, list_checkpoints, upload_checkpoint
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.resume import fetch_resume_checkpoint
+from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.train.uploader import CheckpointUploader
 from tests.conftest import TEST_BUCKET, write_files
-from train.checkpoint import MANIFEST_NAME, latest_complete_checkpoint, list_checkpoints, upload_checkpoint
-from train.local_s3 import LocalS3Server
-from train.resume import fetch_resume_checkpoint
-from train.store import RetryPolicy, S3ObjectStore, parse_uri
-from train.uploader import CheckpointUploader
 
 pytestmark = pytest.mark.integration
 
 UPLOAD_SCRIPT = """
 import sys
 from pathlib import Path
-from train.checkpoint import upload_checkpoint
-from train.store import open_store
+from spotray.train.checkpoint import upload_checkpoint
+from spotray.train.store import open_store
 upload_checkpoint(open_store(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), world_size=1)
 """
 

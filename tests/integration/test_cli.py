@@ -12,10 +12,10 @@ import pytest
 import yaml
 from PIL import Image
 
+from spotray.train.checkpoint import MANIFEST_NAME, upload_checkpoint
+from spotray.train.progress_log import AttemptProgress, ProgressWriter
+from spotray.train.store import ObjectStore
 from tests.conftest import write_files
-from train.checkpoint import MANIFEST_NAME, upload_checkpoint
-from train.progress_log import AttemptProgress, ProgressWriter
-from train.store import ObjectStore
 
 pytestmark = pytest.mark.integration
 

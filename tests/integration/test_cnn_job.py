@@ -15,9 +15,9 @@ import pytest
 import torch
 import yaml
 
-from jobs.cnn.data import NUM_CLASSES, ShapesSpec, generate
-from jobs.cnn.train import load_model
-from train.events import read_events
+from spotray.jobs.cnn.data import NUM_CLASSES, ShapesSpec, generate
+from spotray.jobs.cnn.train import load_model
+from spotray.train.events import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -33,7 +33,7 @@ def short_manifest(tmp_path: Path) -> Path:
     document = yaml.safe_load((REPO / "jobs/cnn/trainingrun.yaml").read_text())
     document["metadata"]["name"] = "cnn-test"
     document["spec"]["entrypoint"] = (
-        f"python -m jobs.cnn --epochs {EPOCHS} --batch-size {GLOBAL_BATCH} --workdir {tmp_path / 'scratch'}"
+        f"python -m spotray.jobs.cnn --epochs {EPOCHS} --batch-size {GLOBAL_BATCH} --workdir {tmp_path / 'scratch'}"
     )
     assert document["spec"]["workers"]["replicas"] == WORKERS
     path = tmp_path / "trainingrun.yaml"

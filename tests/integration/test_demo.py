@@ -15,7 +15,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from train.events import read_events
+from spotray.train.events import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -29,7 +29,9 @@ SAVE_STEPS = 10
 def short_manifest(tmp_path: Path) -> Path:
     document = yaml.safe_load((REPO / "jobs/gpt2/trainingrun.yaml").read_text())
     document["metadata"]["name"] = "demo-test"
-    document["spec"]["entrypoint"] = f"python -m jobs.gpt2 --max-steps {MAX_STEPS} --batch-size 8 --workdir {tmp_path}"
+    document["spec"]["entrypoint"] = (
+        f"python -m spotray.jobs.gpt2 --max-steps {MAX_STEPS} --batch-size 8 --workdir {tmp_path}"
+    )
     document["spec"]["checkpoint"]["everySteps"] = SAVE_STEPS
     path = tmp_path / "trainingrun.yaml"
     path.write_text(yaml.safe_dump(document))

@@ -1,6 +1,6 @@
 """Real Ray Train runs on a local Ray cluster with a real S3 server: head loss, resume with fewer workers.
 
-The driver (``python -m jobs.gpt2``) is killed with SIGKILL, which takes Ray Train's controller and
+The driver (``python -m spotray.jobs.gpt2``) is killed with SIGKILL, which takes Ray Train's controller and
 every worker with it (they are owned by the driver): what losing the head node does to a RayJob.
 Starting the job again resumes from the latest complete checkpoint, this time with one worker
 instead of two. Compared with an uninterrupted two-worker run of the same job: the same samples,
@@ -24,12 +24,12 @@ import torch
 from safetensors.torch import load_file
 
 from spotray.local_ray import LocalRayCluster
+from spotray.train.checkpoint import latest_complete_checkpoint, preemption_marker_key
+from spotray.train.events import read_events
+from spotray.train.launcher import EXIT_PREEMPTED, EXIT_SUCCEEDED, outcome_after_fit
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import S3ObjectStore, parse_uri
 from tests.conftest import TEST_BUCKET
-from train.checkpoint import latest_complete_checkpoint, preemption_marker_key
-from train.events import read_events
-from train.launcher import EXIT_PREEMPTED, EXIT_SUCCEEDED, outcome_after_fit
-from train.local_s3 import LocalS3Server
-from train.store import S3ObjectStore, parse_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -48,7 +48,7 @@ def ray_cluster(s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFacto
 
 def job_command(checkpoint_uri: str, data_uri: str, workdir: Path, workers: int) -> list[str]:
     return [
-        sys.executable, "-m", "jobs.gpt2",
+        sys.executable, "-m", "spotray.jobs.gpt2",
         "--checkpoint-uri", checkpoint_uri,
         "--data-uri", data_uri,
         "--workers", str(workers),

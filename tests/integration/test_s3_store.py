@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from spotray.train.errors import BucketMissingError, StoreCredentialsError, StoreUnreachableError
+from spotray.train.local_s3 import LocalS3Server, free_port
+from spotray.train.store import RetryPolicy, S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
 from tests.conftest import TEST_BUCKET, write_files
-from train.errors import BucketMissingError, StoreCredentialsError, StoreUnreachableError
-from train.local_s3 import LocalS3Server, free_port
-from train.store import RetryPolicy, S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
 
 pytestmark = pytest.mark.integration
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from jobs.gpt2.train import Gpt2JobConfig, build_trainer
-from train.callback import S3CheckpointCallback
-from train.errors import CheckpointUploadError
-from train.local_s3 import LocalS3Server
-from train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
+from spotray.train.callback import S3CheckpointCallback
+from spotray.train.errors import CheckpointUploadError
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

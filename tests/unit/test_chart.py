@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.config import ControllerConfig
+from spotray.controller.config import ControllerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
@@ -269,7 +269,7 @@ def test_controller_pod_is_hardened_probed_and_sized(helm: Path) -> None:
     objects = render("defaults.yaml")
     pod = only(objects, "Deployment")["spec"]["template"]["spec"]
     container = controller_container(objects)
-    assert container["command"] == ["python", "-m", "controller"]
+    assert container["command"] == ["python", "-m", "spotray.controller"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
@@ -429,7 +429,7 @@ def test_long_lived_ray_cluster_is_targeted_by_selector_and_keeps_its_dashboard_
     assert worker["terminationGracePeriodSeconds"] == 120
     assert worker["securityContext"]["fsGroup"] == 1000
     container = worker["containers"][0]
-    assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "train.drain"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "spotray.train.drain"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
     assert container["volumeMounts"] == [{"name": "shared", "mountPath": "/mnt/shared"}]

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import write_files
-from train.checkpoint import (
+from spotray.train.checkpoint import (
     MANIFEST_NAME,
     Manifest,
     build_manifest,
@@ -19,8 +18,9 @@ from train.checkpoint import (
     upload_checkpoint,
     verify_local_checkpoint,
 )
-from train.errors import CorruptCheckpointError
-from train.store import LocalObjectStore, parse_uri
+from spotray.train.errors import CorruptCheckpointError
+from spotray.train.store import LocalObjectStore, parse_uri
+from tests.conftest import write_files
 
 pytestmark = pytest.mark.unit
 

@@ -16,11 +16,11 @@ from spotray.output import human_age, human_bytes, render_table
 from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.target import locate_run
+from spotray.train.errors import CorruptCheckpointError, InvalidUriError, SpotrayError, StoreUnreachableError
+from spotray.train.plot import attempts_from_progress
+from spotray.train.progress_log import AttemptProgress
+from spotray.train.runspec import InvalidSpecError
 from spotray.watch import StatusFollower
-from train.errors import CorruptCheckpointError, InvalidUriError, SpotrayError, StoreUnreachableError
-from train.plot import attempts_from_progress
-from train.progress_log import AttemptProgress
-from train.runspec import InvalidSpecError
 
 pytestmark = pytest.mark.unit
 

@@ -13,12 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.crd import CRD_PATH, crd_yaml, spec_schema, training_run_crd
-from train.runspec import CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
+from spotray.controller.crd import CRD_PATH, crd_yaml, spec_schema, training_run_crd
+from spotray.train.runspec import CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
 
 pytestmark = pytest.mark.unit
 
-MINIMAL_SPEC: dict[str, Any] = {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/a"}}
+MINIMAL_SPEC: dict[str, Any] = {
+    "entrypoint": "python -m spotray.jobs.gpt2",
+    "checkpoint": {"uri": "s3://bucket/runs/a"},
+}
 # The sections of spec the parser reads field by field (runtimeEnv is free-form on purpose).
 SECTIONS = ["", "workers", "head", "checkpoint", "data", "retry"]
 
@@ -170,7 +173,7 @@ def test_status_is_a_defined_schema_with_standard_conditions() -> None:
 
 
 def test_the_trainingrun_reference_in_docs_is_generated_from_the_crd() -> None:
-    from controller.crd import REFERENCE_PATH, reference_markdown  # noqa: PLC0415
+    from spotray.controller.crd import REFERENCE_PATH, reference_markdown  # noqa: PLC0415
 
     assert REFERENCE_PATH.read_text() == reference_markdown(), "docs/trainingrun.md is stale: run `make crd`"
     assert "`spec.retry.maxFailures`" in reference_markdown()

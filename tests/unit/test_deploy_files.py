@@ -43,9 +43,10 @@ def pinned(requirement: str) -> tuple[str, str]:
     return re.sub(r"\[.*\]", "", name).lower(), version
 
 
-def pyproject_pins() -> dict[str, str]:
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    return dict(pinned(d) for d in deps if "==" in d)
+def uv_lock_versions() -> dict[str, str]:
+    """Every third-party package uv.lock pins (the project's own entry left out)."""
+    packages = tomllib.loads((ROOT / "uv.lock").read_text())["package"]
+    return {p["name"]: p["version"] for p in packages if p["name"] != "spotray"}
 
 
 def stages() -> list[list[str]]:
@@ -80,29 +81,34 @@ def test_dockerfile_is_multi_stage_pinned_and_runs_as_non_root() -> None:
     assert "COPY --from=build /opt/venv /opt/venv" in final
     assert final[-2] == "USER 1000:1000"
     assert "WORKDIR /app" in final
-    for package in ("train", "jobs", "controller", "spotray"):
-        assert f"COPY {package}/ {package}/" in final
-    assert "PYTHONPATH=/app" in final_text
+    # spotray is installed into the venv as a package: nothing of it is copied into the final stage
+    # or put on PYTHONPATH, where a job's own train.py could shadow it.
+    assert "PYTHONPATH" not in final_text
+    assert not [line for line in final if line.startswith("COPY") and "--from=build" not in line]
+    build_text = "\n".join(build)
+    for folder in ("spotray", "train", "jobs", "controller"):
+        assert f"COPY {folder}/ /src/{folder}/" in build
+    assert "pip install --no-cache-dir --no-deps /src && pip check" in build_text
     apt = re.findall(r"apt-get install[^&]*", final_text)
     assert all(re.search(r"\S+=\S+", line) for line in apt), "apt packages are pinned"
 
 
-def test_dockerfile_installs_the_lock_with_hashes_and_pyprojects_torch() -> None:
+def test_dockerfile_installs_the_lock_with_hashes_and_uv_locks_torch() -> None:
     text = DOCKERFILE.read_text()
     assert "--require-hashes -r /tmp/requirements.lock" in text
     assert "pip check" in text
-    pins = pyproject_pins()
-    assert f"ARG TORCH_VERSION={pins['torch']}" in text
-    assert f"ARG TORCHVISION_VERSION={pins['torchvision']}" in text
+    locked = uv_lock_versions()
+    assert f"ARG TORCH_VERSION={locked['torch']}" in text
+    assert f"ARG TORCHVISION_VERSION={locked['torchvision']}" in text
 
 
-def test_lock_matches_pyproject_and_leaves_out_cuda_only_wheels() -> None:
+def test_image_lock_matches_uv_lock_and_leaves_out_cuda_only_wheels() -> None:
     lock = dict(pinned(line.split()[0]) for line in LOCK.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line))
-    for name, version in pyproject_pins().items():
-        if name in ("torch", "torchvision"):
-            assert name not in lock
-        else:
-            assert lock.get(name) == version, f"{name}: lock {lock.get(name)}, pyproject {version} (run docker/lock.sh)"
+    locked = uv_lock_versions()
+    for name, version in lock.items():
+        assert locked.get(name) == version, f"{name}: image {version}, uv.lock {locked.get(name)} (run make lock)"
+    assert "torch" not in lock
+    assert "torchvision" not in lock
     assert not [name for name in lock if name.startswith(("nvidia-", "cuda-")) or name == "triton"]
     lines = LOCK.read_text().splitlines()
     for i, line in enumerate(lines):
@@ -114,7 +120,7 @@ def test_lock_matches_pyproject_and_leaves_out_cuda_only_wheels() -> None:
 def test_dockerignore_keeps_the_venv_out_of_the_build_context() -> None:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
     assert lines[lines.index("*") + 1 :]  # everything ignored, then the few paths the Dockerfile copies
-    assert "!train/" in lines
+    assert {"!train/", "!spotray/", "!pyproject.toml"} <= set(lines)
     assert not [line for line in lines if ".venv" in line and line.startswith("!")]
 
 

@@ -10,11 +10,11 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from spotray.local import EventCursor, needs_embedded_s3, ray_cpus_for
 from spotray.progress import ProgressView, format_duration
-from train.data import DataPosition, EpochLoader
-from train.events import EventLog
-from train.launcher import build_run_config, build_scaling_config, driver_env_vars, spotray_env_for_workers
-from train.runspec import RunContext, TrainingRun, parse_training_run
-from train.worker import PreemptionNoticeCallback
+from spotray.train.data import DataPosition, EpochLoader
+from spotray.train.events import EventLog
+from spotray.train.launcher import build_run_config, build_scaling_config, driver_env_vars, spotray_env_for_workers
+from spotray.train.runspec import RunContext, TrainingRun, parse_training_run
+from spotray.train.worker import PreemptionNoticeCallback
 
 pytestmark = pytest.mark.unit
 
@@ -25,7 +25,11 @@ def training_run(**spec: Any) -> TrainingRun:
             "apiVersion": "spotray.dev/v1alpha1",
             "kind": "TrainingRun",
             "metadata": {"name": "llm"},
-            "spec": {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/llm"}, **spec},
+            "spec": {
+                "entrypoint": "python -m spotray.jobs.gpt2",
+                "checkpoint": {"uri": "s3://bucket/runs/llm"},
+                **spec,
+            },
         }
     )
 
@@ -189,8 +193,8 @@ def test_progress_line_shows_step_loss_rate_eta_and_checkpoint() -> None:
 
 
 def test_job_configs_travel_to_workers_as_plain_values_and_back(tmp_path: Path) -> None:
-    from jobs.cnn.train import CnnJobConfig  # noqa: PLC0415 (imports Ray Data: only this test needs it)
-    from jobs.gpt2.train import Gpt2JobConfig  # noqa: PLC0415
+    from spotray.jobs.cnn.train import CnnJobConfig  # noqa: PLC0415 (imports Ray Data: only this test needs it)
+    from spotray.jobs.gpt2.train import Gpt2JobConfig  # noqa: PLC0415
 
     gpt2 = Gpt2JobConfig(checkpoint_uri="s3://bucket/run", workdir=tmp_path, events_path=tmp_path / "e.jsonl")
     plain = json.loads(json.dumps(gpt2.to_loop_config()))

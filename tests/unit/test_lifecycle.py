@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from controller.lifecycle import (
+from spotray.controller.lifecycle import (
     AttemptMarkers,
     Observation,
     RayJobView,
@@ -13,7 +13,7 @@ from controller.lifecycle import (
     conditions,
     plan,
 )
-from train.runspec import parse_training_run
+from spotray.train.runspec import parse_training_run
 
 pytestmark = pytest.mark.unit
 
@@ -21,7 +21,7 @@ NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 
 
 def run(**spec_overrides: object):
-    spec = {"entrypoint": "python -m jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/r"}}
+    spec = {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/r"}}
     spec["retry"] = {"maxPreemptions": 2, "maxFailures": 1, "backoffSeconds": 10}
     spec.update(spec_overrides)
     return parse_training_run(

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress, read_run_progress
-from train.store import open_store
+from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress, read_run_progress
+from spotray.train.store import open_store
 
 pytestmark = pytest.mark.unit
 

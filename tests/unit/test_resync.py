@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from controller.resync import Resync
+from spotray.controller.resync import Resync
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from typing import Any
 import pytest
 import yaml
 
-from train.errors import SpotrayError
-from train.runspec import (
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import (
     InvalidSpecError,
     RunContext,
     load_training_run,
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def manifest(**spec: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
-        "entrypoint": "python -m jobs.gpt2",
+        "entrypoint": "python -m spotray.jobs.gpt2",
         "checkpoint": {"uri": "s3://bucket/runs/a"},
     }
     base.update(spec)

@@ -3,13 +3,13 @@
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
-from train.errors import (
+from spotray.train.errors import (
     BucketMissingError,
     StoreCredentialsError,
     StoreRequestError,
     StoreUnreachableError,
 )
-from train.store import StoreConfig, describe_failure, is_transient, parse_uri
+from spotray.train.store import StoreConfig, describe_failure, is_transient, parse_uri
 
 pytestmark = pytest.mark.unit
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from spotray.train.checkpoint import latest_complete_checkpoint
+from spotray.train.errors import CheckpointUploadError, StoreRequestError
+from spotray.train.store import LocalObjectStore, parse_uri
+from spotray.train.uploader import CheckpointUploader, stage_checkpoint
 from tests.conftest import write_files
-from train.checkpoint import latest_complete_checkpoint
-from train.errors import CheckpointUploadError, StoreRequestError
-from train.store import LocalObjectStore, parse_uri
-from train.uploader import CheckpointUploader, stage_checkpoint
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 import pytest
 
-from train.errors import InvalidUriError
-from train.store import StorageUri, parse_uri
+from spotray.train.errors import InvalidUriError
+from spotray.train.store import StorageUri, parse_uri
 
 pytestmark = pytest.mark.unit
 
