@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo test test-unit test-integration lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo test test-unit test-integration test-compat lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -46,17 +46,26 @@ demo: setup ## GPT-2 on a local Ray cluster + S3; a worker killed, the head lost
 	rm -rf demo-output
 	$(VENV)/bin/spotray run jobs/gpt2/trainingrun.yaml --local --workdir demo-output $(DEMO_FAULTS)
 
-test: setup testbed ## run every test suite (unit, integration, e2e)
-	$(PY) -m pytest $(PYTEST_ARGS)
+# make test = the unit tests (two processes), then everything else, then the compat matrix.
+# Measured warm on 2 cores: see "Tests" in the README.
+test: setup testbed ## every suite: unit, integration and e2e, then the compat matrix (test-compat)
+	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not unit" $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-compat
 
-test-unit: setup ## the fast loop: unit tests only
-	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)
+	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)
 
 test-integration: setup ## integration tests (real SeaweedFS, real training processes)
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 test-e2e: setup testbed ## e2e tests only (the Docker-free Kubernetes test bed, real KubeRay and Ray)
 	$(PY) -m pytest -m e2e tests/e2e $(PYTEST_ARGS)
+
+# Fresh venvs with uv (Python 3.11 lowest bounds, 3.12 + transformers 5.0 + streaming-community,
+# 3.13 newest), spotray installed from its wheel with the core dependencies only.
+test-compat: setup ## the supported Pythons and transformers versions, each in a fresh venv (hack/compat.py)
+	UV=$(UV) $(PY) hack/compat.py
 
 # The test bed's binaries (etcd, Kubernetes, kwok, KubeRay, helm) are built from Go modules into
 # ~/.cache/spotray/testbed once (about 20 minutes on 2 cores) and reused: a warm check is instant.
@@ -85,4 +94,4 @@ bench: setup ## run the benchmarks; results land in bench/results/*.json
 	$(PY) bench/run_all.py
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
-	rm -rf $(VENV) demo-output bench/work .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) demo-output bench/work build .pytest_cache .mypy_cache .ruff_cache

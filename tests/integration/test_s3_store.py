@@ -12,7 +12,7 @@ from spotray.train.local_s3 import LocalS3Server, free_port
 from spotray.train.store import RetryPolicy, S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
 from tests.conftest import TEST_BUCKET, write_files
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.core]
 
 
 def digest(path: Path) -> str:

@@ -22,7 +22,7 @@ from spotray.train.errors import CorruptCheckpointError
 from spotray.train.store import LocalObjectStore, parse_uri
 from tests.conftest import write_files
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.core]
 
 FILES = {"model.safetensors": b"m" * 1000, "optimizer.pt": b"o" * 2000, "nested/rng_state.pth": b"r" * 10}
 

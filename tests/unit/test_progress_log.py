@@ -7,7 +7,7 @@ import pytest
 from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress, read_run_progress
 from spotray.train.store import open_store
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.core]
 
 
 def test_progress_is_written_every_interval_and_read_back_per_attempt(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from spotray.train.errors import (
 )
 from spotray.train.store import StoreConfig, describe_failure, is_transient, parse_uri
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.core]
 
 CONFIG = StoreConfig(endpoint_url="http://127.0.0.1:9000", access_key_id="key-id", secret_access_key="s")
 URI = parse_uri("s3://ckpts/run")

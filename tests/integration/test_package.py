@@ -1,0 +1,70 @@
+"""`python -m build` makes a wheel and an sdist that hold the library and nothing else, and twine accepts them.
+
+Installing the wheel and running it is `make test-compat`'s part: every compat venv installs this
+wheel, and its tests run `spotray --help` and the README's own script against it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import zipfile
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True, capture_output=True)
+    return out
+
+
+def test_the_wheel_holds_the_spotray_package_only(dist: Path) -> None:
+    (wheel,) = dist.glob("spotray-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert all(n.startswith(("spotray/", "spotray-")) for n in names), [n for n in names if not n.startswith("spotray")]
+    for module in ("spotray/cli.py", "spotray/train/callback.py", "spotray/controller/handlers.py"):
+        assert module in names
+    assert "spotray/jobs/gpt2/train.py" in names  # the example jobs: `python -m spotray.jobs.gpt2` in the image
+    assert "spotray/py.typed" in names
+    payload = [n for n in names if not n.startswith("spotray-0")]
+    assert all(n.endswith(".py") or n == "spotray/py.typed" for n in payload), "no data, manifests or tests"
+
+
+def test_the_sdist_holds_each_file_once_and_no_tests_or_benchmarks(dist: Path) -> None:
+    (sdist,) = dist.glob("spotray-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = archive.getmembers()
+    top = {Path(m.name).parts[1] for m in members if len(Path(m.name).parts) > 1}
+    assert top <= {"spotray", "spotray.egg-info", "pyproject.toml", "README.md", "MANIFEST.in", "PKG-INFO", "setup.cfg"}
+    assert not [m.name for m in members if m.issym()], "the symlinked folders are stored as real files"
+
+
+def test_metadata_names_the_pythons_the_ranges_and_the_extras(dist: Path) -> None:
+    (wheel,) = dist.glob("spotray-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = Parser().parsestr(archive.read(metadata_name).decode())
+    assert metadata["Requires-Python"] == ">=3.11"
+    assert {"ray", "streaming", "controller", "plot", "all"} <= set(metadata.get_all("Provides-Extra"))
+    core = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
+    assert not [r for r in core if "==" in r], f"the core dependencies are ranges, not pins: {core}"
+    assert {r.split(">")[0].split("<")[0] for r in core} == {"boto3", "pyyaml", "torch", "transformers", "accelerate"}
+
+
+def test_twine_accepts_both(dist: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *map(str, dist.iterdir())],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
