@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from spotray.train.errors import CorruptCheckpointError
+from spotray.train.errors import CorruptCheckpointError, ObjectTooLargeError
 from spotray.train.store import ObjectInfo, ObjectStore, upload_dir
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ MANIFEST_FORMAT = 1
 CHECKPOINT_DIR_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 # Normal while an upload is in flight, so it is not worth a warning; every other problem is.
 NO_MANIFEST = "no manifest (upload unfinished or interrupted)"
+# About 100 bytes per file: room for a hundred thousand files (sharded states), and a bound on what
+# a hostile bucket can make a reader hold in memory.
+MAX_MANIFEST_BYTES = 16 << 20
 _VERSIONED_PACKAGES = ("torch", "transformers", "ray", "mosaicml-streaming", "spotray")
 
 
@@ -103,6 +106,8 @@ class Manifest:
                 str(name): FileEntry(size=int(entry["size"]), sha256=str(entry["sha256"]))
                 for name, entry in raw["files"].items()
             }
+            for name in files:
+                _check_file_name(name, where)
             return cls(
                 step=int(raw["step"]),
                 world_size=int(raw["world_size"]),
@@ -117,6 +122,22 @@ class Manifest:
                 "nothing to do: this checkpoint is skipped and an older complete one is used; "
                 "delete it to silence this warning",
             ) from error
+
+
+def _check_file_name(name: str, where: str) -> None:
+    """Refuse a listed file that would land outside the checkpoint's directory when downloaded.
+
+    Anyone who can write to the bucket can write a manifest; downloads join its names to a local
+    directory, so only plain relative paths (no ``..``, ``.``, empty parts, leading ``/``,
+    backslashes or NUL) are accepted, and the manifest's own name is reserved.
+    """
+    parts = name.split("/")
+    plain = all(part not in ("", ".", "..") for part in parts) and "\\" not in name and "\0" not in name
+    if not plain or name == MANIFEST_NAME:
+        raise CorruptCheckpointError(
+            f"the manifest {where} names {name!r}, a path outside its checkpoint or not in plain relative form",
+            "spotray never writes such a name: check who can write to the bucket, and delete this checkpoint",
+        )
 
 
 def file_sha256(path: Path) -> str:
@@ -196,8 +217,9 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
         return found(None, NO_MANIFEST)
     where = str(store.uri.join(prefix, MANIFEST_NAME))
     try:
-        manifest = Manifest.from_json(store.get_bytes(f"{prefix}/{MANIFEST_NAME}"), where)
-    except CorruptCheckpointError as error:
+        raw_manifest = store.get_bytes(f"{prefix}/{MANIFEST_NAME}", max_bytes=MAX_MANIFEST_BYTES)
+        manifest = Manifest.from_json(raw_manifest, where)
+    except (CorruptCheckpointError, ObjectTooLargeError) as error:
         return found(None, error.problem)
     if manifest.step != step:
         return found(manifest, f"manifest says step {manifest.step}, directory says {step}")

@@ -45,5 +45,16 @@ class CorruptCheckpointError(SpotrayError):
     """A checkpoint's files do not match its manifest."""
 
 
+class ObjectTooLargeError(SpotrayError):
+    """A manifest or record is larger than any spotray writes: read no further, it was not ours."""
+
+    @classmethod
+    def for_object(cls, where: str, max_bytes: int) -> ObjectTooLargeError:
+        return cls(
+            f"{where} is more than the {max_bytes} bytes such an object can be, so it was not read",
+            "spotray never writes one this large: check who can write to the bucket, and delete the object",
+        )
+
+
 class CheckpointUploadError(SpotrayError):
     """A checkpoint could not be uploaded; training must not go on as if it were safe."""

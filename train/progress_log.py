@@ -109,9 +109,14 @@ class ProgressWriter:
             log.warning("could not write training progress to the store: %s", error)
 
 
+# A point is about 40 bytes and one is kept per logged step, so a long run's object can pass the
+# 1 MiB bound of other records; this bound still keeps a hostile object out of memory.
+MAX_PROGRESS_BYTES = 64 << 20
+
+
 def read_attempt_progress(store: ObjectStore, attempt: int) -> AttemptProgress | None:
     """One attempt's progress; None if it wrote none (yet) or the object is unreadable."""
-    raw = get_bytes_if_exists(store, attempt_progress_key(attempt))
+    raw = get_bytes_if_exists(store, attempt_progress_key(attempt), max_bytes=MAX_PROGRESS_BYTES)
     if raw is None:
         return None
     try:

@@ -18,6 +18,7 @@ import random
 import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -42,6 +43,7 @@ from urllib3.exceptions import ProtocolError
 from spotray.train.errors import (
     BucketMissingError,
     InvalidUriError,
+    ObjectTooLargeError,
     StoreCredentialsError,
     StoreRequestError,
     StoreUnreachableError,
@@ -294,18 +296,35 @@ class ObjectStore(Protocol):
     def check(self, *, create_bucket: bool = False) -> None: ...
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
     def put_bytes(self, key: str, data: bytes) -> None: ...
-    def get_bytes(self, key: str) -> bytes: ...
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        """The whole object; past ``max_bytes`` it raises ``ObjectTooLargeError`` without reading on."""
+        ...
+
     def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None: ...
     def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None: ...
     def delete(self, keys: Sequence[str]) -> None: ...
 
 
-def get_bytes_if_exists(store: ObjectStore, key: str) -> bytes | None:
+# Records (markers, outcomes, progress) are small JSON objects; a larger one was not written by us.
+MAX_RECORD_BYTES = 1 << 20
+
+
+def get_bytes_if_exists(store: ObjectStore, key: str, *, max_bytes: int = MAX_RECORD_BYTES) -> bytes | None:
     """The object's bytes, or None when there is no such object (a LIST first: stores differ in how a
-    missing key fails, and a marker that is simply not there is not an error)."""
+    missing key fails, and a marker that is simply not there is not an error). Bounded by ``max_bytes``."""
     if not any(info.key == key for info in store.list(key)):
         return None
-    return store.get_bytes(key)
+    return store.get_bytes(key, max_bytes=max_bytes)
+
+
+def _read_bounded(read: Callable[[int], bytes], where: str, max_bytes: int | None) -> bytes:
+    """Read a stream whole, or at most ``max_bytes`` of it: one byte more than that is an error."""
+    if max_bytes is None:
+        return read(-1)
+    data = read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ObjectTooLargeError.for_object(where, max_bytes)
+    return data
 
 
 def upload_dir(store: ObjectStore, local_dir: Path, prefix: str, *, exclude: Iterable[str] = ()) -> list[str]:
@@ -415,10 +434,11 @@ class S3ObjectStore:
             lambda: self._client.put_object(Bucket=self.uri.bucket, Key=self._key(key), Body=data),
         )
 
-    def get_bytes(self, key: str) -> bytes:
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
         def op() -> bytes:
             body = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key))["Body"]
-            return body.read()
+            with closing(body):
+                return _read_bounded(body.read, str(self.uri.join(key)), max_bytes)
 
         return self._with_retry(f"read {self.uri.join(key)}", op)
 
@@ -529,8 +549,9 @@ class LocalObjectStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write_atomically(key, lambda tmp: tmp.write_bytes(data))
 
-    def get_bytes(self, key: str) -> bytes:
-        return (self.root / key).read_bytes()
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        with (self.root / key).open("rb") as handle:
+            return _read_bounded(handle.read, str(self.uri.join(key)), max_bytes)
 
     def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
         for path, key in pairs:
