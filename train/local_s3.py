@@ -54,7 +54,7 @@ class LocalS3Server:
 
     data_dir: Path
     access_key: str = DEFAULT_ACCESS_KEY
-    secret_key: str = DEFAULT_SECRET_KEY
+    secret_key: str = field(default=DEFAULT_SECRET_KEY, repr=False)
     host: str = "127.0.0.1"
     port: int = 0
     startup_timeout_s: float = 60.0

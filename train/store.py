@@ -143,8 +143,9 @@ class StoreConfig:
     endpoint_url: str | None = None
     region: str = "us-east-1"
     access_key_id: str | None = None
-    secret_access_key: str | None = None
-    session_token: str | None = None
+    # Never in a repr, so never in a log line or traceback that prints the config.
+    secret_access_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     max_concurrency: int = 16
     multipart_chunk_bytes: int = 16 * 1024 * 1024
     connect_timeout_s: float = 5.0
@@ -242,8 +243,24 @@ def is_transient(error: BaseException) -> bool:
     return False
 
 
+# What of a server's error text reaches a message: it ends up in TrainingRun status and Events, and
+# the server (or whoever answers at its address) chooses it.
+_MAX_ERROR_TEXT = 300
+
+
+def masked_key_id(key_id: str | None) -> str:
+    """An access key id as consoles show it, by its last four characters only (none of a short one)."""
+    if not key_id:
+        return "<none>"
+    return f"...{key_id[-4:]}" if len(key_id) >= 12 else "..."
+
+
 def describe_failure(error: BaseException, config: StoreConfig, uri: StorageUri, action: str) -> Exception:
-    """Turn a boto/s3transfer exception into a ``SpotrayError`` that says what to fix."""
+    """Turn a boto/s3transfer exception into a ``SpotrayError`` that says what to fix.
+
+    The server's error text is cut to a bounded length, and the access key id shows only its last
+    four characters: these messages reach logs, TrainingRun status and Events.
+    """
     endpoint = config.describe_endpoint()
     if isinstance(error, NoCredentialsError):
         return StoreCredentialsError(
@@ -252,6 +269,8 @@ def describe_failure(error: BaseException, config: StoreConfig, uri: StorageUri,
             "spec.checkpoint.secretRef)",
         )
     text = str(error)
+    if len(text) > _MAX_ERROR_TEXT:
+        text = text[:_MAX_ERROR_TEXT] + " [cut]"
     code = _client_error_code(error)[0] if isinstance(error, ClientError) else ""
     if code in _MISSING_BUCKET_CODES or "NoSuchBucket" in text or (code == "404" and action.startswith("check")):
         return BucketMissingError(
@@ -260,7 +279,7 @@ def describe_failure(error: BaseException, config: StoreConfig, uri: StorageUri,
             "or `mc mb` for MinIO), or let spotray create it with create_bucket=True / --create-bucket",
         )
     if code in _CREDENTIAL_CODES or any(c in text for c in _CREDENTIAL_CODES if not c.isdigit()):
-        key = config.access_key_id or "<none>"
+        key = masked_key_id(config.access_key_id)
         return StoreCredentialsError(
             f"{endpoint} refused the credentials (access key '{key}') while trying to {action}: {code or text}",
             "check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (on the cluster: the secret named in "

@@ -49,11 +49,13 @@ def test_bytes_and_prefix_isolation(s3_server: LocalS3Server, s3_store: S3Object
 
 
 def test_wrong_credentials_are_named(s3_server: LocalS3Server, s3_uri: str) -> None:
-    config = replace(s3_server.config, secret_access_key="not-the-secret")
-    with pytest.raises(StoreCredentialsError) as caught:
-        S3ObjectStore(parse_uri(s3_uri), config).check()
-    assert "refused the credentials" in str(caught.value)
-    assert f"access key '{s3_server.access_key}'" in str(caught.value)
+    for key_id, shown in ((s3_server.access_key, "..."), ("AKIAIOSFODNN7EXAMPLE", "...MPLE")):
+        config = replace(s3_server.config, access_key_id=key_id, secret_access_key="not-the-secret")
+        with pytest.raises(StoreCredentialsError) as caught:
+            S3ObjectStore(parse_uri(s3_uri), config).check()
+        assert "refused the credentials" in str(caught.value)
+        assert f"access key '{shown}'" in str(caught.value), "only the last four characters of a long key id"
+        assert key_id not in str(caught.value)
 
 
 def test_missing_bucket_is_named_and_can_be_created(s3_server: LocalS3Server) -> None:

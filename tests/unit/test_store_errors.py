@@ -13,7 +13,7 @@ from spotray.train.store import StoreConfig, describe_failure, is_transient, par
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 
-CONFIG = StoreConfig(endpoint_url="http://127.0.0.1:9000", access_key_id="key-id", secret_access_key="s")
+CONFIG = StoreConfig(endpoint_url="http://127.0.0.1:9000", access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="s")
 URI = parse_uri("s3://ckpts/run")
 
 
@@ -67,7 +67,8 @@ def test_head_bucket_404_is_a_missing_bucket() -> None:
 def test_credentials(code: str) -> None:
     error = describe_failure(client_error(code, 403), CONFIG, URI, "write s3://ckpts/run/x")
     assert isinstance(error, StoreCredentialsError)
-    assert "key-id" in str(error)
+    assert "access key '...MPLE'" in str(error), "the key id by its last four characters"
+    assert "AKIAIOSFODNN7EXAMPLE" not in str(error)
     assert "AWS_SECRET_ACCESS_KEY" in str(error)
 
 
@@ -102,3 +103,19 @@ def test_config_from_env_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
     config = StoreConfig.from_env()
     assert config.endpoint_url == "http://aws-s3:3"
     assert config.region == "eu-west-1"
+
+
+def test_the_secret_key_and_session_token_never_appear_in_a_repr() -> None:
+    config = StoreConfig(access_key_id="AKIAIOSFODNN7EXAMPLE", secret_access_key="wJalrXUtnFEMI", session_token="tok3n")
+    assert "wJalrXUtnFEMI" not in repr(config)
+    assert "tok3n" not in repr(config)
+
+
+def test_a_servers_error_text_is_bounded_before_it_reaches_a_message() -> None:
+    hostile = ClientError(
+        {"Error": {"Code": "InvalidRequest", "Message": "x" * 50_000}, "ResponseMetadata": {"HTTPStatusCode": 400}},
+        "Op",
+    )
+    message = str(describe_failure(hostile, CONFIG, URI, "read s3://ckpts/run/a"))
+    assert len(message) < 1_000
+    assert "[cut]" in message
