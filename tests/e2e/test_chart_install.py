@@ -30,10 +30,10 @@ CHART = ROOT / "charts" / "spotray"
 
 # (verb, resource) the controller must be allowed in the namespaces it serves.
 ALLOWED_IN_NAMESPACE = [
-    *[(verb, "trainingruns.spotray.dev") for verb in ("get", "list", "watch", "patch", "update")],
-    *[(verb, "trainingruns.spotray.dev/status") for verb in ("get", "patch", "update")],
+    *[(verb, "trainingruns.spotray.dev") for verb in ("get", "list", "watch", "patch")],
+    *[(verb, "trainingruns.spotray.dev/status") for verb in ("get", "patch")],
+    ("update", "trainingruns.spotray.dev/finalizers"),
     *[(verb, "rayjobs.ray.io") for verb in ("get", "list", "watch", "create", "delete", "patch")],
-    *[(verb, "rayclusters.ray.io") for verb in ("get", "list", "watch")],
     *[(verb, "pods") for verb in ("get", "list", "watch")],
     ("get", "secrets"),
     ("create", "events"),
@@ -47,6 +47,9 @@ DENIED = [
     ("delete", "pods"),
     ("create", "pods"),
     ("create", "rayclusters.ray.io"),
+    ("list", "rayclusters.ray.io"),
+    ("update", "trainingruns.spotray.dev"),
+    ("update", "trainingruns.spotray.dev/status"),
     ("delete", "trainingruns.spotray.dev"),
     ("create", "deployments.apps"),
 ]

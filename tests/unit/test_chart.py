@@ -110,10 +110,10 @@ EXPECTED_KINDS = {
 
 # The controller's contract (controller/config.py): what it must be allowed to do.
 NAMESPACED_PERMISSIONS = {
-    ("spotray.dev", "trainingruns"): {"get", "list", "watch", "patch", "update"},
-    ("spotray.dev", "trainingruns/status"): {"get", "list", "watch", "patch", "update"},
+    ("spotray.dev", "trainingruns"): {"get", "list", "watch", "patch"},
+    ("spotray.dev", "trainingruns/status"): {"get", "list", "watch", "patch"},
+    ("spotray.dev", "trainingruns/finalizers"): {"update"},
     ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("ray.io", "rayclusters"): {"get", "list", "watch"},
     ("", "pods"): {"get", "list", "watch"},
     ("", "secrets"): {"get"},
     ("", "events"): {"create", "patch"},
