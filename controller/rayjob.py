@@ -11,6 +11,10 @@ of the same attempt is refused by the API server, never duplicated). What goes i
 - a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
   take an emergency checkpoint within the grace period (train/drain.py);
 - the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
+- Pod Security "restricted" on every pod (head, workers, and the submitter of K8sJobMode, which
+  KubeRay would otherwise make without a securityContext): non-root uid 1000, no privilege
+  escalation, no capabilities, the runtime's default seccomp profile. KubeRay copies the Ray
+  container's securityContext into the init container it injects into workers;
 - ``shutdownAfterJobFinishes`` + TTL so a finished attempt's cluster goes away, and
   ``backoffLimit: 0``: retries are the controller's (it tells preemptions from failures).
 """
@@ -30,6 +34,18 @@ ATTEMPT_LABEL = "spotray.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
 SHARED_VOLUME = "shared"
+# The uid of spotray's image and of the official Ray images; set explicitly because the kubelet
+# cannot check runAsNonRoot against an image whose USER is a name ("ray").
+RUN_AS_USER = 1000
+POD_SECURITY_CONTEXT: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS_USER,
+    "runAsGroup": RUN_AS_USER,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# What KubeRay gives its default submitter; ours differs only by the securityContext.
+SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
 def rayjob_name(run_name: str, attempt: int) -> str:
@@ -78,7 +94,7 @@ def _pod_template(
     tolerations: list[dict[str, Any]],
     grace_seconds: int | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [container]}
+    spec: dict[str, Any] = {"containers": [container], "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT)}
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:
@@ -86,7 +102,7 @@ def _pod_template(
     if grace_seconds is not None:
         spec["terminationGracePeriodSeconds"] = grace_seconds
     if config.shared_pvc:
-        spec["securityContext"] = {"fsGroup": config.fs_group}
+        spec["securityContext"]["fsGroup"] = config.fs_group
         spec["volumes"] = [{"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": config.shared_pvc}}]
         container["volumeMounts"] = [{"name": SHARED_VOLUME, "mountPath": config.shared_mount_path}]
     labels = {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY}
@@ -98,6 +114,7 @@ def _container(name: str, image: str, *, cpu: str, memory: str, env: list[Any], 
         "name": name,
         "image": image,
         "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     if env:
         container["env"] = copy.deepcopy(env)
@@ -155,6 +172,26 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     }
 
 
+def _submitter_template(image: str) -> dict[str, Any]:
+    """KubeRay's default submitter pod (it fills in the `ray job submit` command), made restricted.
+
+    It gets no S3 Secret: it only submits the job to the head's dashboard.
+    """
+    container = {
+        "name": "ray-job-submitter",
+        "image": image,
+        "resources": copy.deepcopy(SUBMITTER_RESOURCES),
+        "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
+    }
+    return {
+        "spec": {
+            "restartPolicy": "Never",
+            "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+            "containers": [container],
+        }
+    }
+
+
 def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
     """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it)."""
     spec: dict[str, Any] = {
@@ -163,6 +200,8 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
         "submissionMode": config.submission_mode,
         "backoffLimit": 0,
     }
+    if config.submission_mode == "K8sJobMode":
+        spec["submitterPodTemplate"] = _submitter_template(run.spec.image or config.default_image)
     if config.ray_cluster_selector:
         # A long-lived RayCluster (the chart's optional one): nothing to create or shut down.
         spec["clusterSelector"] = dict(config.ray_cluster_selector)

@@ -9,7 +9,8 @@ operator, and one real Ray head on loopback that the operator reaches through th
     ray_head     a real `ray start --head` on 127.0.0.7 (or the next free address up to
                  127.0.0.16, .address); every RayCluster without its own bridge
                  entry is routed to it. .kill_job(submission_id) kills a job's processes.
-    namespace    a fresh namespace per test, deleted afterwards
+    namespace    a fresh namespace per test, deleted afterwards; with the `restricted` marker (every
+                 test of spotray's own pods), Pod Security "restricted" is enforced in it
 
 See docs/testbed.md.
 """
@@ -66,11 +67,23 @@ def ray_head(
         testbed.set_default_ray_head(None)
 
 
+RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
+
+
+def create_restricted_namespace(testbed: tb.Testbed, name: str) -> None:
+    """A namespace where the API server's PodSecurity admission refuses any pod that is not "restricted"."""
+    testbed.kubectl("create", "namespace", name)
+    testbed.kubectl("label", "namespace", name, RESTRICTED)
+
+
 @pytest.fixture
 def namespace(testbed: tb.Testbed, request: pytest.FixtureRequest) -> Iterator[str]:
     # Namespace names are DNS labels: lower case, digits and '-', at most 63 characters.
     name = f"{re.sub('[^a-z0-9-]+', '-', request.node.name.lower())[:40].strip('-')}-{uuid.uuid4().hex[:6]}"
-    testbed.kubectl("create", "namespace", name)
+    if request.node.get_closest_marker("restricted"):
+        create_restricted_namespace(testbed, name)
+    else:  # the test bed's own tests make plain pods on purpose
+        testbed.kubectl("create", "namespace", name)
     tb.wait_until(
         f"service account default in {name}",
         lambda: testbed.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0,

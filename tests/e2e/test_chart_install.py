@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from spotray.train.local_s3 import LocalS3Server
-from tests.e2e.conftest import tb
+from tests.e2e.conftest import create_restricted_namespace, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "spotray"
@@ -155,7 +155,7 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
     testbed: tb.Testbed, release: Release, namespace: str
 ) -> None:
     watched = f"{namespace[:50]}-runs"
-    testbed.kubectl("create", "namespace", watched)
+    create_restricted_namespace(testbed, watched)
     try:
         release.helm(
             "install", release.name, str(CHART), "--set", f"controller.watchNamespaces={{{watched}}}", "--wait"
@@ -216,7 +216,7 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
     ServiceAccount token -> a TrainingRun -> its spot node deleted mid-run -> attempt 2 -> Succeeded
     -> helm uninstall leaves only the CRDs."""
     runs = f"{namespace[:50]}-runs"
-    testbed.kubectl("create", "namespace", runs)
+    create_restricted_namespace(testbed, runs)
     try:
         release.helm(
             "install", release.name, str(CHART), "--wait",
@@ -287,3 +287,16 @@ def run_status(testbed: tb.Testbed, namespace: str) -> dict[str, Any]:
     run = json.loads(testbed.kubectl("get", "trainingrun", "chart-run", "-n", namespace, "-o", "json").stdout)
     status: dict[str, Any] = run.get("status") or {}
     return status
+
+
+def test_a_restricted_namespace_refuses_a_pod_that_is_not_restricted(testbed: tb.Testbed, namespace: str) -> None:
+    """The label is real: the test bed's API server enforces it, so the runs above prove our pods pass."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }
+    created = testbed.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(pod), check=False)
+    assert created.returncode != 0
+    assert "violates PodSecurity" in created.stderr, created.stderr

@@ -19,7 +19,7 @@ from spotray.train.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
 SPOT_RUN_STEPS = 150

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from spotray.controller.config import ControllerConfig
+from tests.pod_security import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
@@ -508,3 +509,29 @@ def test_kuberay_bundle_pins_the_operator_chart_and_points_at_this_chart() -> No
     assert deps["spotray"]["version"] == yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     # The KubeRay version the test bed runs (hack/testbed/versions.env) is the one pinned here.
     assert tb.versions()["KUBERAY_VERSION"] == "v" + deps["kuberay-operator"]["version"]
+
+
+def pod_specs(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Every pod spec the chart renders, by '<Kind>/<name>[/<group>]'."""
+    pods = {}
+    for obj in objects:
+        name = f"{obj['kind']}/{obj['metadata']['name']}"
+        if obj["kind"] in ("Deployment", "StatefulSet", "Job"):
+            pods[name] = obj["spec"]["template"]["spec"]
+        elif obj["kind"] == "RayCluster":
+            pods[f"{name}/head"] = obj["spec"]["headGroupSpec"]["template"]["spec"]
+            for group in obj["spec"]["workerGroupSpecs"]:
+                pods[f"{name}/{group['groupName']}"] = group["template"]["spec"]
+    return pods
+
+
+# The shared volume's permissions hook chowns the volume once, as root with CHOWN and FOWNER only
+# (charts/spotray/README.md): the one pod that cannot be "restricted"; it runs at install time.
+NOT_RESTRICTED = {f"Job/{FULLNAME}-shared-permissions"}
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_every_pod_meets_pod_security_restricted(helm: Path, values_file: str) -> None:
+    for name, pod in pod_specs(render(values_file)).items():
+        if name not in NOT_RESTRICTED:
+            assert restricted_violations(pod) == [], name

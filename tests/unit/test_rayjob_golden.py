@@ -15,6 +15,7 @@ import yaml
 from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import build_rayjob
 from spotray.train.runspec import RUN_ENV_VAR, RunContext, parse_training_run
+from tests.pod_security import restricted_violations
 
 pytestmark = pytest.mark.unit
 
@@ -69,3 +70,30 @@ def test_workers_drain_their_ray_node_before_sigterm() -> None:
     assert worker["terminationGracePeriodSeconds"] == 30
     command = worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert command == ["python", "-m", "spotray.train.drain", "--deadline-seconds", "30"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_pod_of_the_rayjob_meets_pod_security_restricted(case: str) -> None:
+    spec = build(case)["spec"]
+    pods = {"submitter": spec.get("submitterPodTemplate", {}).get("spec")}
+    if "rayClusterSpec" in spec:
+        cluster = spec["rayClusterSpec"]
+        pods["head"] = cluster["headGroupSpec"]["template"]["spec"]
+        pods |= {group["groupName"]: group["template"]["spec"] for group in cluster["workerGroupSpecs"]}
+    for role, pod in pods.items():
+        if pod is not None:
+            assert restricted_violations(pod) == [], f"{case} {role}"
+
+
+def test_k8s_job_mode_gets_a_restricted_submitter_without_the_s3_secret() -> None:
+    document = yaml.safe_load((DATA / "defaults.input.yaml").read_text())
+    config = ControllerConfig.from_env({**document["controllerEnv"], "SPOTRAY_SUBMISSION_MODE": "K8sJobMode"})
+    spec = build_rayjob(parse_training_run(document["trainingRun"]), 1, "uid", config)["spec"]
+    (submitter,) = spec["submitterPodTemplate"]["spec"]["containers"]
+    assert "command" not in submitter, "KubeRay fills in its `ray job submit` command"
+    assert "envFrom" not in submitter
+    assert submitter["image"] == spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
+    http = ControllerConfig.from_env({**document["controllerEnv"], "SPOTRAY_SUBMISSION_MODE": "HTTPMode"})
+    assert (
+        "submitterPodTemplate" not in build_rayjob(parse_training_run(document["trainingRun"]), 1, "uid", http)["spec"]
+    )

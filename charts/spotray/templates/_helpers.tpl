@@ -107,6 +107,12 @@ seccompProfile:
 {{- define "spotray.rayContainerCommon" -}}
 image: {{ include "spotray.rayImage" . }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
+# Pod Security "restricted", as the controller's RayJob pods (controller/rayjob.py); KubeRay copies
+# it into the init container it injects. The root filesystem stays writable: Ray writes /tmp/ray.
+securityContext:
+  allowPrivilegeEscalation: false
+  capabilities:
+    drop: [ALL]
 {{- with (include "spotray.s3Endpoint" .) }}
 env:
   - name: AWS_ENDPOINT_URL
@@ -130,6 +136,11 @@ volumeMounts:
 {{- define "spotray.rayPodCommon" -}}
 securityContext:
   fsGroup: {{ .Values.ray.fsGroup }}
+  runAsNonRoot: true
+  runAsUser: 1000
+  runAsGroup: 1000
+  seccompProfile:
+    type: RuntimeDefault
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
