@@ -32,6 +32,11 @@ def _json_env(environ: dict[str, str], name: str, default: Any, kind: type) -> A
     return value
 
 
+def _list_env(environ: dict[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list; blanks around and between items ignored."""
+    return tuple(item.strip() for item in environ.get(name, "").split(",") if item.strip())
+
+
 def _int_env(environ: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
     raw = environ.get(name, "").strip()
     if not raw:
@@ -63,6 +68,10 @@ class ControllerConfig:
     )
     s3_secret: str | None = None  # default Secret with AWS_* keys when a run names none
     s3_endpoint: str | None = None  # given to pods, and used here to read checkpoints
+    # Secrets runs may use without the opt-in label, and endpoints the controller may connect to
+    # besides s3_endpoint (controller/s3_access.py).
+    allowed_s3_secrets: tuple[str, ...] = ()
+    allowed_s3_endpoints: tuple[str, ...] = ()
     shared_pvc: str | None = None
     shared_mount_path: str = "/mnt/shared"
     fs_group: int = 1000
@@ -78,6 +87,11 @@ class ControllerConfig:
     peering: str | None = None
     log_format: str = "text"
 
+    @property
+    def s3_endpoints_allowed(self) -> tuple[str, ...]:
+        """Where the controller may send S3 requests, besides AWS S3 itself."""
+        return tuple(e for e in (self.s3_endpoint, *self.allowed_s3_endpoints) if e)
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> ControllerConfig:
         env = dict(os.environ if environ is None else environ)
@@ -91,7 +105,7 @@ class ControllerConfig:
         log_format = env.get("SPOTRAY_LOG_FORMAT", defaults.log_format)
         if log_format not in ("text", "json"):
             raise SpotrayError(f"SPOTRAY_LOG_FORMAT must be text or json, got {log_format!r}", "use json or text")
-        namespaces = tuple(ns.strip() for ns in env.get("SPOTRAY_NAMESPACES", "").split(",") if ns.strip())
+        namespaces = _list_env(env, "SPOTRAY_NAMESPACES")
         return cls(
             namespaces=namespaces,
             default_image=env.get("SPOTRAY_DEFAULT_IMAGE") or defaults.default_image,
@@ -103,6 +117,8 @@ class ControllerConfig:
             spot_tolerations=_json_env(env, "SPOTRAY_SPOT_TOLERATIONS", defaults.spot_tolerations, list),
             s3_secret=env.get("SPOTRAY_S3_SECRET") or None,
             s3_endpoint=env.get("SPOTRAY_S3_ENDPOINT") or None,
+            allowed_s3_secrets=_list_env(env, "SPOTRAY_ALLOWED_S3_SECRETS"),
+            allowed_s3_endpoints=_list_env(env, "SPOTRAY_ALLOWED_S3_ENDPOINTS"),
             shared_pvc=env.get("SPOTRAY_SHARED_PVC") or None,
             shared_mount_path=env.get("SPOTRAY_SHARED_MOUNT_PATH") or defaults.shared_mount_path,
             fs_group=_int_env(env, "SPOTRAY_FS_GROUP", defaults.fs_group),

@@ -11,6 +11,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spotray.controller.lifecycle import Event, timestamp
+from spotray.controller.s3_access import SecretView
 from spotray.train.runspec import API_GROUP, KIND
 
 log = logging.getLogger(__name__)
@@ -76,15 +77,18 @@ class Cluster:
             if error.status != 404:
                 raise
 
-    def read_secret(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data, decoded; None when it does not exist."""
+    def read_secret(self, namespace: str, name: str) -> SecretView | None:
+        """The Secret's labels and decoded data; None when it does not exist. Whether its data may be
+        used is controller/s3_access.py's decision, made before any use."""
         try:
             secret = self.core.read_namespaced_secret(name, namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        return {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+        data = {key: base64.b64decode(value).decode() for key, value in (secret.data or {}).items()}
+        labels = secret.metadata.labels if secret.metadata else None
+        return SecretView(name, dict(labels or {}), data)
 
     def post_event(self, run: dict[str, Any], event: Event, now: datetime) -> None:
         """A core/v1 Event on the TrainingRun: what `kubectl describe trainingrun` shows."""

@@ -42,7 +42,13 @@ from spotray.controller.lifecycle import (
     plan,
 )
 from spotray.controller.rayjob import build_rayjob
-from spotray.controller.run_store import last_checkpoint_status, open_run_store, progress_status, read_markers
+from spotray.controller.run_store import (
+    last_checkpoint_status,
+    open_run_store,
+    progress_status,
+    read_markers,
+    s3_access_refusal,
+)
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import InvalidSpecError, TrainingRun, parse_training_run
 from spotray.train.store import ObjectStore
@@ -142,28 +148,22 @@ _SECRET_SEEN_TTL_S = 60.0
 _secrets_seen: dict[tuple[str, str], float] = {}
 
 
-def _secret_exists(cluster: Cluster, namespace: str, name: str) -> bool:
-    """Whether the Secret exists; a "yes" is remembered for a minute (many runs share one Secret),
-    a "no" never, so a Secret created to fix a waiting run is seen at once."""
-    key = (namespace, name)
-    if time.monotonic() - _secrets_seen.get(key, -_SECRET_SEEN_TTL_S) < _SECRET_SEEN_TTL_S:
-        return True
-    if cluster.read_secret(namespace, name) is None:
-        return False
-    _secrets_seen[key] = time.monotonic()
-    return True
+def _s3_refusal(cluster: Cluster, run: TrainingRun, config: ControllerConfig) -> tuple[str, str] | None:
+    """(reason, message) when the run's Secret is missing or may not be used (controller/s3_access.py).
 
-
-def _missing_secret(cluster: Cluster, run: TrainingRun, config: ControllerConfig) -> str | None:
-    """A message naming the run's S3 Secret and how to create it, when it does not exist."""
+    An allowed Secret is remembered for a minute (many runs share one), a refusal never, so a
+    Secret created or labelled to fix a waiting run is seen at once.
+    """
     name = run.spec.checkpoint.secret_ref or config.s3_secret
-    if name is None or _secret_exists(cluster, run.namespace, name):
+    if name is None:
         return None
-    return (
-        f"waiting for Secret {name} in namespace {run.namespace} (spec.checkpoint.secretRef): create it with "
-        f"`kubectl create secret generic {name} -n {run.namespace} --from-literal=AWS_ACCESS_KEY_ID=... "
-        "--from-literal=AWS_SECRET_ACCESS_KEY=...` (and AWS_ENDPOINT_URL for MinIO)"
-    )
+    key = (run.namespace, name)
+    if time.monotonic() - _secrets_seen.get(key, -_SECRET_SEEN_TTL_S) < _SECRET_SEEN_TTL_S:
+        return None
+    refused = s3_access_refusal(run, cluster.read_secret(run.namespace, name), config)
+    if refused is None:
+        _secrets_seen[key] = time.monotonic()
+    return refused
 
 
 def reconcile(
@@ -251,12 +251,13 @@ def _decide(
         job = rayjob_view(cluster.get_rayjob(run.namespace, state.current.rayJob))
     markers = _markers(run_store, run, state, job)
     decided = plan(Observation(run, state, job, markers, settle_seconds=config.settle_seconds), now)
-    missing = _missing_secret(cluster, run, config) if decided.create_attempt is not None else None
-    if missing is None:
+    refused = _s3_refusal(cluster, run, config) if decided.create_attempt is not None else None
+    if refused is None:
         return decided
-    # Nothing could run without credentials: wait (no attempt spent) and say how to fix it.
-    events = (Event("Warning", "SecretMissing", missing),) if message != missing else ()
-    return Plan(replace(state, message=missing), events=events, requeue_after_s=config.reconcile_interval_seconds)
+    # Nothing may run without usable credentials: wait (no attempt spent) and say how to fix it.
+    reason, refusal = refused
+    events = (Event("Warning", reason, refusal),) if message != refusal else ()
+    return Plan(replace(state, message=refusal), events=events, requeue_after_s=config.reconcile_interval_seconds)
 
 
 def _status(

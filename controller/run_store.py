@@ -6,9 +6,9 @@ there and matches its files), the job needs no Kubernetes credentials, and the s
 even when the job died mid-report. The cost is one LIST and a few small GETs per run and reconcile.
 
 Credentials come from the run's Secret (``spec.checkpoint.secretRef``, or the chart's default),
-the same one the pods get by reference; the endpoint from that Secret's ``AWS_ENDPOINT_URL`` or the
-controller's ``SPOTRAY_S3_ENDPOINT``. Without a Secret, the controller's own environment applies
-(an IAM role, for example).
+the same one the pods get by reference, once controller/s3_access.py allows it; the endpoint from
+that Secret's ``AWS_ENDPOINT_URL`` or the controller's ``SPOTRAY_S3_ENDPOINT``, once allowed. A run
+with no Secret is read with unsigned requests: never with the controller's own identity.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ from typing import Any
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import AttemptMarkers, timestamp
+from spotray.controller.s3_access import SecretView, endpoint_refusal, secret_refusal
 from spotray.train.checkpoint import attempt_outcome_key, latest_complete_checkpoint, preemption_marker_key
+from spotray.train.errors import SpotrayError
 from spotray.train.progress_log import read_attempt_progress
 from spotray.train.runspec import TrainingRun
 from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, get_bytes_if_exists, open_store
@@ -30,20 +32,52 @@ from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, get_bytes
 log = logging.getLogger(__name__)
 
 
+def s3_access_refusal(run: TrainingRun, secret: SecretView | None, config: ControllerConfig) -> tuple[str, str] | None:
+    """(Event reason, message) when the run may not use its Secret or its endpoint; None when it may.
+
+    ``secret`` is the run's Secret as read (None: missing); a run that names none always may.
+    """
+    name = run.spec.checkpoint.secret_ref or config.s3_secret
+    if name is None:
+        return None
+    refused = secret_refusal(
+        run.namespace, name, secret, default_secret=config.s3_secret, allowed=config.allowed_s3_secrets
+    )
+    if refused is not None:
+        return ("SecretMissing" if secret is None else "SecretNotAllowed", refused)
+    assert secret is not None
+    endpoint = secret.data.get("AWS_ENDPOINT_URL")
+    refused = endpoint_refusal(endpoint, name, allowed=config.s3_endpoints_allowed)
+    return ("EndpointNotAllowed", refused) if refused is not None else None
+
+
 def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> StoreConfig:
-    base = replace(StoreConfig.from_env(), connect_timeout_s=2.0, read_timeout_s=10.0)
-    secret_name = run.spec.checkpoint.secret_ref or config.s3_secret
-    secret = cluster.read_secret(run.namespace, secret_name) if secret_name else None
+    """How the controller reaches the run's store; raises SpotrayError when s3_access refuses it."""
+    # The controller's environment gives settings (region, endpoint), never credentials.
+    base = replace(
+        StoreConfig.from_env(),
+        access_key_id=None,
+        secret_access_key=None,
+        session_token=None,
+        connect_timeout_s=2.0,
+        read_timeout_s=10.0,
+    )
     endpoint = config.s3_endpoint or base.endpoint_url
-    if secret is None:
-        return replace(base, endpoint_url=endpoint)
+    secret_name = run.spec.checkpoint.secret_ref or config.s3_secret
+    if secret_name is None:
+        return replace(base, endpoint_url=endpoint, anonymous=True)
+    secret = cluster.read_secret(run.namespace, secret_name)
+    refused = s3_access_refusal(run, secret, config)
+    if refused is not None:
+        raise SpotrayError(refused[1], "the controller reads nothing for this run until then")
+    assert secret is not None
     return replace(
         base,
-        endpoint_url=secret.get("AWS_ENDPOINT_URL") or endpoint,
-        region=secret.get("AWS_REGION") or base.region,
-        access_key_id=secret.get("AWS_ACCESS_KEY_ID"),
-        secret_access_key=secret.get("AWS_SECRET_ACCESS_KEY"),
-        session_token=secret.get("AWS_SESSION_TOKEN"),
+        endpoint_url=secret.data.get("AWS_ENDPOINT_URL") or endpoint,
+        region=secret.data.get("AWS_REGION") or base.region,
+        access_key_id=secret.data.get("AWS_ACCESS_KEY_ID"),
+        secret_access_key=secret.data.get("AWS_SECRET_ACCESS_KEY"),
+        session_token=secret.data.get("AWS_SESSION_TOKEN"),
     )
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 from urllib.parse import urlparse
 
 import boto3
+from botocore import UNSIGNED
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -146,6 +147,9 @@ class StoreConfig:
     # Never in a repr, so never in a log line or traceback that prints the config.
     secret_access_key: str | None = field(default=None, repr=False)
     session_token: str | None = field(default=None, repr=False)
+    # Unsigned requests, with no credentials from anywhere (not even boto3's chain of environment,
+    # files, instance profile): how the controller reads for a run that names no Secret.
+    anonymous: bool = False
     max_concurrency: int = 16
     multipart_chunk_bytes: int = 16 * 1024 * 1024
     connect_timeout_s: float = 5.0
@@ -389,6 +393,7 @@ class S3ObjectStore:
             # top of it only costs CPU that training needs.
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
+            **({"signature_version": UNSIGNED} if self.config.anonymous else {}),
         )
         self._client: S3Client = session.client("s3", endpoint_url=self.config.endpoint_url, config=botocore_config)
         self._transfer_config = TransferConfig(

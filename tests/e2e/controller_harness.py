@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from spotray.controller.s3_access import OPT_IN_LABEL
 from spotray.train.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
@@ -73,12 +74,20 @@ class ControllerProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
-def create_s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Server) -> str:
+def create_s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Server, *, opt_in: bool = True) -> str:
+    """The run's S3 Secret; ``opt_in`` labels it for use by spotray (controller/s3_access.py)."""
     env = s3_server.env()
     keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
     literals = [f"--from-literal={key}={env[key]}" for key in keys]
     testbed.kubectl("create", "secret", "generic", SECRET, "-n", namespace, *literals)
+    if opt_in:
+        testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
     return SECRET
+
+
+def allowed_endpoint(s3_server: LocalS3Server) -> dict[str, str]:
+    """The controller setting that lets it connect to the test's S3 server (the chart's s3.allowedEndpoints)."""
+    return {"SPOTRAY_ALLOWED_S3_ENDPOINTS": s3_server.endpoint_url}
 
 
 def training_run(name: str, tmp_path: Path, *, max_steps: int, entrypoint: str | None = None) -> dict[str, Any]:

@@ -135,10 +135,16 @@ def test_watch_follows_a_run_to_success_with_the_real_controller(
     tmp_path: Path,
 ) -> None:
     # The controller process and the small GPT-2 run, as the controller's own e2e tests use them.
-    from tests.e2e.controller_harness import ControllerProcess, create_s3_secret, training_run  # noqa: PLC0415
+    from tests.e2e.controller_harness import (  # noqa: PLC0415
+        ControllerProcess,
+        allowed_endpoint,
+        create_s3_secret,
+        training_run,
+    )
 
     create_s3_secret(testbed, namespace, s3_server)
-    controller = ControllerProcess(testbed.kubeconfig, namespace, tmp_path / "controller.log", {}).start()
+    log = tmp_path / "controller.log"
+    controller = ControllerProcess(testbed.kubeconfig, namespace, log, allowed_endpoint(s3_server)).start()
     try:
         manifest = tmp_path / "gpt2.yaml"
         manifest.write_text(yaml.safe_dump(training_run("gpt2", tmp_path, max_steps=20)))

@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.controller.s3_access import OPT_IN_LABEL
 from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.local_s3 import LocalS3Server
 from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 from tests.e2e.conftest import ROOT, tb
-from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
+from tests.e2e.controller_harness import SECRET, ControllerProcess, allowed_endpoint, create_s3_secret, training_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
@@ -50,12 +51,13 @@ def s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Server) -> 
 
 @pytest.fixture
 def start_controller(
-    testbed: tb.Testbed, namespace: str, training_run_crd: None, tmp_path: Path
+    testbed: tb.Testbed, namespace: str, training_run_crd: None, s3_server: LocalS3Server, tmp_path: Path
 ) -> Iterator[Callable[..., ControllerProcess]]:
     started: list[ControllerProcess] = []
 
     def start(**extra_env: str) -> ControllerProcess:
-        process = ControllerProcess(testbed.kubeconfig, namespace, tmp_path / "controller.log", extra_env)
+        env = {**allowed_endpoint(s3_server), **extra_env}
+        process = ControllerProcess(testbed.kubeconfig, namespace, tmp_path / "controller.log", env)
         started.append(process.start())
         return process
 
@@ -269,7 +271,7 @@ def test_suspend_stops_the_attempt_and_resume_starts_the_next(
     tb.wait_until("attempt 2's RayJob", lambda: rayjobs(testbed, namespace, "pausable") == ["pausable-a2"], 60)
 
 
-def test_a_missing_s3_secret_is_named_with_the_fix_and_the_run_starts_once_it_exists(
+def test_a_missing_then_unlabelled_s3_secret_is_named_with_the_fix_and_the_run_starts_once_it_is_usable(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
     namespace: str,
@@ -286,6 +288,37 @@ def test_a_missing_s3_secret_is_named_with_the_fix_and_the_run_starts_once_it_ex
     assert status.get("attempt", 0) == 0
     assert rayjobs(testbed, namespace, "no-secret") == []
 
-    create_s3_secret(testbed, namespace, s3_server)
+    # A Secret that does not opt in is neither read nor injected: the run keeps waiting and says why.
+    create_s3_secret(testbed, namespace, s3_server, opt_in=False)
+    status = wait_status(testbed, namespace, "no-secret", "refused", lambda s: "not marked" in s.get("message", ""), 60)
+    assert f"kubectl label secret {SECRET} -n {namespace} {OPT_IN_LABEL}=true" in status["message"]
+    assert status.get("attempt", 0) == 0
+    assert rayjobs(testbed, namespace, "no-secret") == []
+
+    testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
     wait_status(testbed, namespace, "no-secret", "Succeeded", lambda s: s.get("phase") == "Succeeded", 120)
     assert rayjobs(testbed, namespace, "no-secret") == ["no-secret-a1"]
+
+
+def test_a_secret_pointing_the_controller_at_another_endpoint_is_refused(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_server: LocalS3Server,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """Server-side request forgery: the Secret's AWS_ENDPOINT_URL is not one the operator allowed."""
+    testbed.kubectl(
+        "create", "secret", "generic", SECRET, "-n", namespace,
+        "--from-literal=AWS_ENDPOINT_URL=http://127.0.0.1:1/latest/meta-data", "--from-literal=AWS_ACCESS_KEY_ID=x",
+        "--from-literal=AWS_SECRET_ACCESS_KEY=y",
+    )  # fmt: skip
+    testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
+    start_controller()
+    testbed.apply(training_run("forged", tmp_path, max_steps=10), namespace=namespace)
+    status = wait_status(
+        testbed, namespace, "forged", "refused", lambda s: "not one the controller" in s.get("message", ""), 60
+    )
+    assert "s3.allowedEndpoints" in status["message"]
+    assert status.get("attempt", 0) == 0
+    assert rayjobs(testbed, namespace, "forged") == []

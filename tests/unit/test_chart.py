@@ -241,6 +241,8 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_FS_GROUP": "1000",
         "SPOTRAY_S3_SECRET": "",
         "SPOTRAY_S3_ENDPOINT": "",
+        "SPOTRAY_ALLOWED_S3_SECRETS": "",
+        "SPOTRAY_ALLOWED_S3_ENDPOINTS": "",
         "SPOTRAY_SHARED_PVC": "",
         "SPOTRAY_SHARED_MOUNT_PATH": "/mnt/shared",
         "SPOTRAY_RAY_CLUSTER_SELECTOR": "",
@@ -535,3 +537,24 @@ def test_every_pod_meets_pod_security_restricted(helm: Path, values_file: str) -
     for name, pod in pod_specs(render(values_file)).items():
         if name not in NOT_RESTRICTED:
             assert restricted_violations(pod) == [], name
+
+
+def test_allowed_secrets_and_endpoints_reach_the_controller(helm: Path) -> None:
+    objects = render(None, "s3.allowedSecrets={team-a,team-b}", "s3.allowedEndpoints={http://minio.storage:9000}")
+    config = ControllerConfig.from_env(controller_env(objects))
+    assert config.allowed_s3_secrets == ("team-a", "team-b")
+    assert config.s3_endpoints_allowed == ("http://minio.storage:9000",)
+    # Without rbac.secretsByName the controller may get any Secret (to see the opt-in label).
+    assert not [r for r in only(objects, "ClusterRole")["rules"] if "resourceNames" in r]
+
+
+def test_secrets_by_name_narrows_rbac_to_the_named_secrets(helm: Path) -> None:
+    objects = render(None, "rbac.secretsByName=true", "s3.existingSecret=s3-credentials", "s3.allowedSecrets={team-a}")
+    (rule,) = [r for r in only(objects, "ClusterRole")["rules"] if "secrets" in r["resources"]]
+    assert rule == {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "verbs": ["get"],
+        "resourceNames": ["s3-credentials", "team-a"],
+    }
+    assert "rbac.secretsByName needs s3.existingSecret or s3.allowedSecrets" in refused("rbac.secretsByName=true")
