@@ -172,10 +172,11 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     }
 
 
-def _submitter_template(image: str) -> dict[str, Any]:
+def _submitter_template(run: TrainingRun, attempt: int, image: str) -> dict[str, Any]:
     """KubeRay's default submitter pod (it fills in the `ray job submit` command), made restricted.
 
-    It gets no S3 Secret: it only submits the job to the head's dashboard.
+    It gets no S3 Secret: it only submits the job to the head's dashboard. It carries the run's
+    labels, which the chart's NetworkPolicy admits to the run's Ray ports.
     """
     container = {
         "name": "ray-job-submitter",
@@ -184,6 +185,7 @@ def _submitter_template(image: str) -> dict[str, Any]:
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     return {
+        "metadata": {"labels": {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY}},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
@@ -201,7 +203,7 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
         "backoffLimit": 0,
     }
     if config.submission_mode == "K8sJobMode":
-        spec["submitterPodTemplate"] = _submitter_template(run.spec.image or config.default_image)
+        spec["submitterPodTemplate"] = _submitter_template(run, attempt, run.spec.image or config.default_image)
     if config.ray_cluster_selector:
         # A long-lived RayCluster (the chart's optional one): nothing to create or shut down.
         spec["clusterSelector"] = dict(config.ray_cluster_selector)

@@ -49,6 +49,7 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "ClusterRole": 1,
         "ClusterRoleBinding": 1,
+        "NetworkPolicy": 1,  # who may reach Ray and MinIO ports
         "Deployment": 1,
         "Service": 2,
         "StatefulSet": 1,
@@ -78,6 +79,7 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "Role": 2,
         "RoleBinding": 2,
+        "NetworkPolicy": 2,  # who may reach Ray and MinIO ports
         "Deployment": 1,
         "Service": 1,
     },
@@ -93,6 +95,7 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "Role": 1,
         "RoleBinding": 1,
+        "NetworkPolicy": 1,  # who may reach Ray and MinIO ports
         "Deployment": 1,
         "Service": 1,
         "KopfPeering": 1,
@@ -101,6 +104,7 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "ClusterRole": 1,
         "ClusterRoleBinding": 1,
+        "NetworkPolicy": 2,  # who may reach Ray and MinIO ports
         "Deployment": 1,
         "Service": 2,
         "StatefulSet": 1,
@@ -357,7 +361,7 @@ def test_in_cluster_minio_takes_its_credentials_from_the_existing_secret(helm: P
     objects = render("minio.yaml")
     statefulset = only(objects, "StatefulSet")
     pod = statefulset["spec"]["template"]["spec"]
-    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"] if "valueFrom" in e}
     assert env == {
         "MINIO_ROOT_USER": {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
         "MINIO_ROOT_PASSWORD": {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
@@ -558,3 +562,45 @@ def test_secrets_by_name_narrows_rbac_to_the_named_secrets(helm: Path) -> None:
         "resourceNames": ["s3-credentials", "team-a"],
     }
     assert "rbac.secretsByName needs s3.existingSecret or s3.allowedSecrets" in refused("rbac.secretsByName=true")
+
+
+def network_policies(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {
+        (o["metadata"]["namespace"], o["metadata"]["name"]): o["spec"] for o in objects if o["kind"] == "NetworkPolicy"
+    }
+
+
+def test_run_pods_accept_only_spotray_ray_pods_of_their_namespace_and_the_kuberay_operator(helm: Path) -> None:
+    policies = network_policies(render(None, "controller.watchNamespaces={ml,cv}"))
+    assert set(policies) == {("ml", f"{FULLNAME}-ray-runs"), ("cv", f"{FULLNAME}-ray-runs")}
+    spec = policies[("ml", f"{FULLNAME}-ray-runs")]
+    run_pods = {"matchLabels": {"app.kubernetes.io/managed-by": "spotray"}}
+    assert spec["podSelector"] == run_pods
+    assert spec["policyTypes"] == ["Ingress"]
+    (rule,) = spec["ingress"]
+    assert rule["from"] == [
+        {"podSelector": run_pods},
+        {
+            "namespaceSelector": {"matchLabels": {}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
+        },
+    ]
+    assert "ports" not in rule  # every Ray port, for these peers only
+
+
+def test_minio_and_the_long_lived_cluster_get_policies_and_the_console_is_off(helm: Path) -> None:
+    objects = render("raycluster.yaml")
+    policies = network_policies(objects)
+    minio = policies[(NAMESPACE, f"{FULLNAME}-minio")]
+    (rule,) = minio["ingress"]
+    assert rule["ports"] == [{"port": 9000}]
+    assert (NAMESPACE, f"{FULLNAME}-raycluster") in policies
+    service = only(objects, "Service", f"{FULLNAME}-minio")
+    assert [p["port"] for p in service["spec"]["ports"]] == [9000]
+    (container,) = only(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"]
+    assert {"name": "MINIO_BROWSER", "value": "off"} in container["env"]
+    assert [p["containerPort"] for p in container["ports"]] == [9000]
+
+
+def test_network_policies_can_be_turned_off(helm: Path) -> None:
+    assert not network_policies(render("raycluster.yaml", "networkPolicy.enabled=false"))
