@@ -90,7 +90,12 @@ class Release:
 
     def leftovers(self) -> list[str]:
         """Objects of this release still in the cluster (labelled by the chart, or helm's own records)."""
-        kinds = "all,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,secrets,configmaps,pvc,pv"
+        kinds = ",".join(
+            [
+                *("all", "serviceaccounts", "roles", "rolebindings", "clusterroles", "clusterrolebindings"),
+                *("secrets", "configmaps", "pvc", "pv", "networkpolicies"),
+            ]
+        )
         selector = f"app.kubernetes.io/instance={self.name}"
         found = self.testbed.kubectl("get", kinds, "-A", "-l", selector, "-o", "name").stdout.split()
         found += self.testbed.kubectl(
@@ -167,6 +172,13 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
             ).stdout
         )["spec"]["template"]["spec"]["containers"][0]["env"]
         assert {"name": "SPOTRAY_NAMESPACES", "value": watched} in env
+        # The run pods' NetworkPolicy, accepted by the API server (no CNI here enforces it).
+        policy = json.loads(
+            testbed.kubectl(
+                "get", "networkpolicy", f"{release.name}-spotray-ray-runs", "-n", watched, "-o", "json"
+            ).stdout
+        )
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "spotray"}}
 
         for verb, resource in ALLOWED_IN_NAMESPACE:
             assert release.can_i(verb, resource, watched), (verb, resource)
@@ -278,6 +290,16 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
             ("Succeeded", "TrainingFinished"),
         ]
         assert "Forbidden" not in controller.log_path.read_text()
+        # No credential anywhere a person or another tenant reads: the controller's log, the run's
+        # status, Events and RayJobs (which name the Secret, never copy it).
+        readable = [
+            controller.log_path.read_text(),
+            json.dumps(done),
+            testbed.kubectl("get", "events", "-n", runs, "-o", "json").stdout,
+            testbed.kubectl("get", "rayjobs", "-n", runs, "-o", "json").stdout,
+        ]
+        # (The test server's access key id is the word "spotray"; ids are masked by unit tests.)
+        assert not [text[:200] for text in readable if s3_server.secret_key in text]
 
         release.helm("uninstall", release.name, "--wait")
         assert release.leftovers() == []
