@@ -82,6 +82,7 @@ class ControllerConfig:
     # A failed RayJob is judged only this long after it ended, so that a pod's disruption that
     # caused it (reported on its own watch stream) is seen first.
     settle_seconds: int = 5
+    start_deadline_seconds: int = 900  # controller/lifecycle.py: Observation.start_deadline_seconds
     metrics_port: int = 9090
     health_port: int = 8080
     peering: str | None = None
@@ -129,6 +130,7 @@ class ControllerConfig:
                 env, "SPOTRAY_RECONCILE_INTERVAL_SECONDS", defaults.reconcile_interval_seconds, 1
             ),
             settle_seconds=_int_env(env, "SPOTRAY_SETTLE_SECONDS", defaults.settle_seconds),
+            start_deadline_seconds=_int_env(env, "SPOTRAY_START_DEADLINE_SECONDS", defaults.start_deadline_seconds),
             metrics_port=_int_env(env, "SPOTRAY_METRICS_PORT", defaults.metrics_port),
             health_port=_int_env(env, "SPOTRAY_HEALTH_PORT", defaults.health_port),
             peering=env.get("SPOTRAY_PEERING") or None,

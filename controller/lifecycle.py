@@ -181,6 +181,9 @@ class Observation:
     job: RayJobView | None
     markers: AttemptMarkers = field(default_factory=AttemptMarkers)
     settle_seconds: float = 5.0
+    # An attempt whose Ray cluster has not started this long after it began ends as a failure
+    # (pods refused by admission, a quota, no capacity): it must never wait for ever. 0: no deadline.
+    start_deadline_seconds: float = 0.0
 
 
 def classify_end(job: RayJobView, markers: AttemptMarkers) -> tuple[str, str, str]:
@@ -298,6 +301,8 @@ def _plan_running_attempt(obs: Observation, current: AttemptRecord, now: datetim
         return Plan(replace(state, phase=PENDING), create_attempt=current.attempt)
     if not job.finished:
         running = job.job_status == "RUNNING"
+        if not running and _past_start_deadline(obs, current, now):
+            return _start_deadline_exceeded(obs, current, job, now)
         message = f"attempt {current.attempt} {'running' if running else 'starting'}"
         return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
 
@@ -312,6 +317,25 @@ def _plan_running_attempt(obs: Observation, current: AttemptRecord, now: datetim
         new = replace(ended, phase=SUCCEEDED, message=f"training finished in attempt {current.attempt}")
         return Plan(new, events=(Event("Normal", "Succeeded", new.message),))
     return _after_failure_or_preemption(obs, ended, outcome, now)
+
+
+def _past_start_deadline(obs: Observation, current: AttemptRecord, now: datetime) -> bool:
+    started = parse_timestamp(current.startTime)
+    if not obs.start_deadline_seconds or started is None:
+        return False
+    return (now - started).total_seconds() > obs.start_deadline_seconds
+
+
+def _start_deadline_exceeded(obs: Observation, current: AttemptRecord, job: RayJobView, now: datetime) -> Plan:
+    """End an attempt that never started as a failure, and delete its RayJob (and so its pods)."""
+    where = f"{job.deployment_status or 'no status yet'}" + (f": {job.message}" if job.message else "")
+    message = (
+        f"the Ray cluster of attempt {current.attempt} did not start within {obs.start_deadline_seconds:.0f} s "
+        f"(RayJob {current.rayJob}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "
+        "refused by admission (Pod Security, a quota), an image that cannot be pulled, or no node with capacity"
+    )
+    ended = _end_attempt(obs.state, OUTCOME_FAILED, "StartDeadlineExceeded", message, now)
+    return replace(_after_failure_or_preemption(obs, ended, OUTCOME_FAILED, now), delete_rayjob=current.rayJob)
 
 
 def conditions(state: RunState, previous: list[dict[str, Any]], generation: int, now: datetime) -> list[dict[str, Any]]:

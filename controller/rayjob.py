@@ -190,7 +190,7 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str) -> dict[str,
             "restartPolicy": "Never",
             "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
             "containers": [container],
-        }
+        },
     }
 
 

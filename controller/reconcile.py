@@ -250,7 +250,15 @@ def _decide(
     if state.current is not None:
         job = rayjob_view(cluster.get_rayjob(run.namespace, state.current.rayJob))
     markers = _markers(run_store, run, state, job)
-    decided = plan(Observation(run, state, job, markers, settle_seconds=config.settle_seconds), now)
+    observed = Observation(
+        run,
+        state,
+        job,
+        markers,
+        settle_seconds=config.settle_seconds,
+        start_deadline_seconds=config.start_deadline_seconds,
+    )
+    decided = plan(observed, now)
     refused = _s3_refusal(cluster, run, config) if decided.create_attempt is not None else None
     if refused is None:
         return decided

@@ -322,3 +322,33 @@ def test_a_secret_pointing_the_controller_at_another_endpoint_is_refused(
     assert "s3.allowedEndpoints" in status["message"]
     assert status.get("attempt", 0) == 0
     assert rayjobs(testbed, namespace, "forged") == []
+
+
+def test_an_attempt_whose_pods_are_refused_ends_at_the_start_deadline_not_never(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """A quota of zero pods: the API server refuses every pod KubeRay makes, and the RayJob would
+    stay Initializing for ever. The attempt ends at the deadline, spends a failure, and is deleted."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods"},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    testbed.apply(quota, namespace=namespace)
+    start_controller(SPOTRAY_START_DEADLINE_SECONDS="15")
+    document = training_run("stuck", tmp_path, max_steps=10)
+    document["spec"]["retry"] = {"maxFailures": 0, "backoffSeconds": 1}
+    testbed.apply(document, namespace=namespace)
+
+    status = wait_status(testbed, namespace, "stuck", "Failed", lambda s: s.get("phase") == "Failed", 120)
+    (attempt,) = status["attempts"]
+    assert (attempt["outcome"], attempt["reason"]) == ("Failed", "StartDeadlineExceeded")
+    assert "did not start within 15 s" in attempt["message"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "FailureBudgetExhausted"
+    tb.wait_until("the stuck RayJob to be deleted", lambda: rayjobs(testbed, namespace, "stuck") == [], 60)

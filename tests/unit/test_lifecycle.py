@@ -187,3 +187,34 @@ def test_condition_transition_time_changes_only_when_the_status_does() -> None:
     assert progressing["lastTransitionTime"] == "2026-11-23T12:00:00Z"
     assert progressing["reason"] == "Running"
     assert progressing["observedGeneration"] == 2
+
+
+INITIALIZING_JOB = RayJobView(job_status=None, deployment_status="Initializing")
+
+
+def with_deadline(state: RunState, job: RayJobView, seconds_later: float):
+    observation = Observation(run(), state, job, AttemptMarkers(), settle_seconds=5, start_deadline_seconds=600)
+    return plan(observation, NOW + timedelta(seconds=seconds_later))
+
+
+def test_an_attempt_that_never_starts_ends_as_a_failure_at_the_start_deadline() -> None:
+    waiting = with_deadline(started(), INITIALIZING_JOB, 599)
+    assert waiting.state.phase == "Pending"
+    assert waiting.delete_rayjob is None
+
+    result = with_deadline(started(), INITIALIZING_JOB, 601)
+    ended = result.state.attempts[-1]
+    assert (ended.outcome, ended.reason) == ("Failed", "StartDeadlineExceeded")
+    assert "did not start within 600 s (RayJob r-a1: Initializing)" in ended.message
+    assert "kubectl get events" in ended.message
+    assert result.delete_rayjob == "r-a1", "its pods (or their refusals) go with it"
+    assert result.state.phase == "Resuming"
+    assert result.state.failures == 1
+
+
+def test_a_running_attempt_is_never_cut_by_the_start_deadline() -> None:
+    assert with_deadline(started(), RUNNING_JOB, 10_000).state.phase == "Running"
+
+
+def test_no_deadline_means_waiting() -> None:
+    assert step(started(), INITIALIZING_JOB, now=NOW + timedelta(days=3)).state.phase == "Pending"
