@@ -7,8 +7,10 @@ checkpoints`` never pay for torch, Ray or the kubernetes client they do not use.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 from spotray.cluster_options import KubeOptions, add_cluster_flags
 from spotray.errors import EXIT_INTERRUPTED, exit_code_for
@@ -132,7 +134,15 @@ def run_command(args: argparse.Namespace) -> int:
     faults = Faults(kill_worker_at=args.kill_worker_at, kill_all_at=args.kill_all_at, preempt_at=args.preempt_at)
     progress = ProgressView()
     progress.note(f"spotray: running TrainingRun {training_run.name!r} locally; logs and data in {workdir}")
+    # `kill`, `timeout` (SIGTERM) and a closed terminal (SIGHUP) stop the run as Ctrl-C does: an
+    # emergency checkpoint, then every process local mode started is stopped.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
     return LocalRun(training_run, workdir, faults, progress=progress).run()
+
+
+def _interrupt(_signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
 
 
 def submit_command(args: argparse.Namespace) -> int:

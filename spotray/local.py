@@ -28,6 +28,7 @@ from typing import Any
 
 from spotray.local_ray import LocalRayCluster
 from spotray.progress import ProgressView
+from spotray.reaper import Reaper
 from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
 from spotray.train.errors import SpotrayError
 from spotray.train.events import read_events
@@ -115,13 +116,20 @@ class LocalRun:
         self.events_path = self.workdir / "events.jsonl"
         self.s3_env: dict[str, str] = {}
         self.store_config = StoreConfig.from_env()
+        self.reaper = Reaper()
 
     def run(self) -> int:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # The watchdog outlives this process by a moment: whatever ends local mode, it ends what
+        # local mode started (spotray/reaper.py).
+        with self.reaper:
+            return self._run_with_s3()
+
+    def _run_with_s3(self) -> int:
         server = None
         try:
             if needs_embedded_s3(self.run_spec, dict(os.environ)):
-                server = LocalS3Server(self.workdir / "s3").start()
+                server = LocalS3Server(self.workdir / "s3", on_launch=self.reaper.watch_session).start()
                 self.s3_env = server.env()
                 self.store_config = server.config
                 for uri in s3_uris(self.run_spec):
@@ -169,7 +177,10 @@ class LocalRun:
         cursor = EventCursor(self.events_path)
         cursor.new_events()  # only this attempt's events from here on
         cluster = LocalRayCluster(
-            num_cpus=ray_cpus_for(self.run_spec), log_path=self.workdir / "ray.log", env=self.s3_env
+            num_cpus=ray_cpus_for(self.run_spec),
+            log_path=self.workdir / "ray.log",
+            env=self.s3_env,
+            on_launch=self.reaper.watch_session,
         ).start()
         try:
             env = {
@@ -192,6 +203,7 @@ class LocalRun:
                     start_new_session=True,  # its own group: a head loss is one killpg
                     preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
                 )
+                self.reaper.watch_session(driver.pid)
                 try:
                     return self._watch(driver, cluster, cursor)
                 except KeyboardInterrupt:

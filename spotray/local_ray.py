@@ -24,13 +24,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from spotray.train.errors import SpotrayError
 from spotray.train.local_s3 import free_port
-from spotray.train.subprocesses import die_with_parent
+from spotray.train.subprocesses import die_with_parent, session_members
 
 DEFAULT_HOST = "127.0.0.2"
 STARTUP_ATTEMPTS = 3
@@ -81,6 +82,8 @@ class LocalRayCluster:
     gcs_port: int = 0
     # Given to Ray's processes, so every worker has it, as a pod's env does on Kubernetes (S3 settings).
     env: dict[str, str] = field(default_factory=dict)
+    # Called with the cluster's session id as soon as `ray start` exists (local mode's watchdog).
+    on_launch: Callable[[int], None] | None = field(default=None, repr=False)
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="spotray-ray-", dir="/tmp")))
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _output: Path = field(default=Path("/dev/null"), init=False, repr=False)
@@ -158,6 +161,8 @@ class LocalRayCluster:
                 env=env,
                 preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
             )
+        if self.on_launch is not None:
+            self.on_launch(self._process.pid)
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -199,7 +204,7 @@ class LocalRayCluster:
         if self._process is None:
             return
         # Ray's own daemons stay in the session of `ray start`; drivers we start join it too (see launch).
-        for pid in _session_members(self._process.pid):
+        for pid in session_members(self._process.pid):
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:
@@ -220,20 +225,3 @@ def _accepts(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
-
-
-def _session_members(session_id: int) -> list[int]:
-    """PIDs whose session id is ``session_id`` (read from /proc, so nothing outside the session is touched)."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after the command name (which may hold spaces) start after the last ')'.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[3]) == session_id:  # fields: state, ppid, pgrp, session, ...
-            members.append(int(entry.name))
-    return members

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -58,6 +59,8 @@ class LocalS3Server:
     host: str = "127.0.0.1"
     port: int = 0
     startup_timeout_s: float = 60.0
+    # Called with the server's session id as soon as its process exists (local mode's watchdog).
+    on_launch: Callable[[int], None] | None = field(default=None, repr=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _ports: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _grpc_ports: dict[str, int] = field(default_factory=dict, init=False, repr=False)
@@ -126,6 +129,8 @@ class LocalS3Server:
             preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
         )
         log_file.close()
+        if self.on_launch is not None:
+            self.on_launch(self._process.pid)
         self._wait_ready()
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import signal
+from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
 
@@ -16,3 +17,29 @@ def die_with_parent() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (which may hold spaces); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def session_members(session_id: int) -> list[int]:
+    """PIDs whose session id is ``session_id`` (read from /proc, so nothing outside the session is touched)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields is not None and int(fields[3]) == session_id:  # state, ppid, pgrp, session, ...
+                members.append(int(entry.name))
+    return members
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot): with the pid, it names one process, never a reused pid."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None else None  # field 22 of stat; the first two are cut

@@ -98,5 +98,5 @@ def test_worker_killed_mid_epoch_resumes_from_the_last_epoch(tmp_path: Path) -> 
     assert len(end) == 1
     assert end[0]["step"] == EPOCHS * STEPS_PER_EPOCH
     final_dir = workdir / "final" / f"checkpoint-{EPOCHS * STEPS_PER_EPOCH}"
-    assert f"load it with         jobs.cnn.train.load_model('{final_dir}')" in output
+    assert f"load it with         spotray.jobs.cnn.train.load_model('{final_dir}')" in output
     assert held_out_accuracy(final_dir) > 4 / NUM_CLASSES
