@@ -1,0 +1,131 @@
+"""`spotray run --local` leaves no process behind, whatever stops it, and a stopped run resumes.
+
+The command is stopped mid-training, once the S3 server, the Ray cluster (``ray start``, gcs_server,
+raylet, the workers), the job driver and the upload process all exist: by SIGTERM (`kill`,
+`timeout`), by SIGHUP (a closed terminal) and by SIGKILL of the command itself, which can run no
+cleanup of its own. Every process of its tree, read from /proc before the signal, must be gone
+soon after. SIGTERM stops the run as Ctrl-C does, with an emergency checkpoint, and the same
+command started again in the same work directory resumes from it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotray.errors import EXIT_INTERRUPTED
+from spotray.train.events import read_events
+from spotray.train.subprocesses import start_time
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+SAVE_STEPS = 10
+
+
+def manifest(tmp_path: Path, max_steps: int) -> Path:
+    document = yaml.safe_load((REPO / "jobs/gpt2/trainingrun.yaml").read_text())
+    document["metadata"]["name"] = "cleanup-test"
+    document["spec"]["entrypoint"] = (
+        f"python -m spotray.jobs.gpt2 --max-steps {max_steps} --batch-size 8 --workdir {tmp_path}"
+    )
+    document["spec"]["checkpoint"]["everySteps"] = SAVE_STEPS
+    path = tmp_path / f"trainingrun-{max_steps}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def run_command(path: Path, workdir: Path) -> list[str]:
+    return [sys.executable, "-m", "spotray.cli", "run", str(path), "--local", "--workdir", str(workdir)]
+
+
+def process_tree(root: int) -> dict[int, tuple[int, str]]:
+    """Every descendant of ``root``: pid -> (start time, command line)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+    tree, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                started = start_time(pid)
+                try:
+                    command = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode()[:120]
+                except OSError:
+                    continue
+                if started is not None:
+                    tree[pid] = (started, command)
+                    frontier.append(pid)
+    return tree
+
+
+def alive(tree: dict[int, tuple[int, str]]) -> list[str]:
+    return [f"{pid} {command}" for pid, (started, command) in tree.items() if start_time(pid) == started]
+
+
+def wait_for_step(events: Path, step: int, process: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"local mode ended early with {process.returncode}"
+        if events.exists() and any(e["event"] == "step" and e["step"] >= step for e in read_events(events)):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(
+    "signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["SIGTERM", "SIGHUP", "SIGKILL"]
+)
+def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: signal.Signals) -> None:
+    workdir = tmp_path / "run"
+    log = (tmp_path / "cli.log").open("wb")
+    # A session of its own, as a terminal would give it: the signal goes to the command alone.
+    cli = subprocess.Popen(
+        run_command(manifest(tmp_path, 100_000), workdir), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_for_step(workdir / "events.jsonl", SAVE_STEPS + 5, cli)
+        tree = process_tree(cli.pid)
+        commands = " ".join(command for _, command in tree.values())
+        for part in ("weed", "ray start", "gcs_server", "raylet", "spotray.jobs.gpt2", "spotray.train.upload_worker"):
+            assert part in commands, f"{part} not running: {commands}"
+
+        os.kill(cli.pid, signum)
+        cli.wait(timeout=180)
+        if signum != signal.SIGKILL:
+            assert cli.returncode == EXIT_INTERRUPTED, (tmp_path / "cli.log").read_text()[-3000:]
+        deadline = time.monotonic() + 60
+        while alive(tree) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert alive(tree) == [], "left behind"
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+        log.close()
+
+    if signum != signal.SIGTERM:
+        return
+    notice = [e for e in read_events(workdir / "events.jsonl") if e["event"] == "emergency_checkpoint"]
+    assert notice, "SIGTERM stops the run on an emergency checkpoint, as Ctrl-C does"
+    step = notice[-1]["step"]
+    before = len([e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"])
+    again = subprocess.run(
+        run_command(manifest(tmp_path, step + 5), workdir), capture_output=True, text=True, timeout=600, check=False
+    )
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    starts = [e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"]
+    assert starts[before]["resumed_from"] == step, "the second run resumes from the emergency checkpoint"
