@@ -134,11 +134,18 @@ def run_command(args: argparse.Namespace) -> int:
     faults = Faults(kill_worker_at=args.kill_worker_at, kill_all_at=args.kill_all_at, preempt_at=args.preempt_at)
     progress = ProgressView()
     progress.note(f"spotray: running TrainingRun {training_run.name!r} locally; logs and data in {workdir}")
-    # `kill`, `timeout` (SIGTERM) and a closed terminal (SIGHUP) stop the run as Ctrl-C does: an
-    # emergency checkpoint, then every process local mode started is stopped.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _interrupt)
+    stop_like_ctrl_c()
     return LocalRun(training_run, workdir, faults, progress=progress).run()
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_like_ctrl_c() -> None:
+    """`kill`, `timeout` (SIGTERM) and a closed terminal (SIGHUP) stop a local run as Ctrl-C does: an
+    emergency checkpoint, then every process local mode started is stopped."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _interrupt)
 
 
 def _interrupt(_signum: int, _frame: FrameType | None) -> None:

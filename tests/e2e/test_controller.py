@@ -94,39 +94,7 @@ def wait_status(
     return result
 
 
-def test_training_run_succeeds_with_progress_and_checkpoint_in_status(
-    testbed: tb.Testbed,
-    ray_head: tb.RayHead,
-    namespace: str,
-    s3_secret: str,
-    start_controller: Callable[..., ControllerProcess],
-    tmp_path: Path,
-) -> None:
-    start_controller()
-    testbed.apply(training_run("gpt2", tmp_path, max_steps=20), namespace=namespace)
-
-    status = wait_status(
-        testbed, namespace, "gpt2", "Succeeded", lambda s: s.get("phase") in ("Succeeded", "Failed"), 600
-    )
-
-    assert status["phase"] == "Succeeded", status
-    assert status["attempt"] == 1
-    assert (status["preemptions"], status["failures"]) == (0, 0)
-    assert status["progress"]["step"] == 20
-    assert status["progress"]["totalSteps"] == 20
-    assert status["lastCheckpoint"]["step"] == 20
-    assert status["lastCheckpoint"]["uri"].endswith("/gpt2/checkpoint-20")
-    assert rayjobs(testbed, namespace, "gpt2") == ["gpt2-a1"]
-    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
-    assert succeeded["status"] == "True"
-    job = get(testbed, "rayjob", "gpt2-a1", namespace)
-    assert job["metadata"]["ownerReferences"][0]["kind"] == "TrainingRun"
-    events = testbed.kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=gpt2").stdout
-    assert "AttemptStarted" in events
-    assert "Succeeded" in events
-
-
-def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_from_the_last_checkpoint(
+def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then_succeeds_with_status(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
     namespace: str,
@@ -167,8 +135,17 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_from
     )
     assert status["phase"] == "Succeeded", status
     assert status["attempts"][1]["resumedFrom"] == latest.step
-    assert status["progress"]["step"] == SPOT_RUN_STEPS
+    # What a finished run's status says, from S3: progress, the last complete checkpoint.
+    assert status["progress"]["step"] == status["progress"]["totalSteps"] == SPOT_RUN_STEPS
+    assert status["lastCheckpoint"]["step"] == SPOT_RUN_STEPS
+    assert status["lastCheckpoint"]["uri"].endswith(f"/spot/checkpoint-{SPOT_RUN_STEPS}")
+    succeeded = next(c for c in status["conditions"] if c["type"] == "Succeeded")
+    assert succeeded["status"] == "True"
     assert rayjobs(testbed, namespace, "spot") == ["spot-a1", "spot-a2"]
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "TrainingRun"
+    events = testbed.kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=spot").stdout
+    for reason in ("AttemptStarted", "NodeLost", "Succeeded"):
+        assert reason in events
 
 
 def test_training_failures_spend_the_failure_budget_and_end_in_failed(

@@ -16,7 +16,7 @@ from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 from spotray.train.uploader import CheckpointUploader
 from tests.conftest import TEST_BUCKET, write_files
 
-pytestmark = [pytest.mark.integration, pytest.mark.core]
+pytestmark = pytest.mark.integration
 
 UPLOAD_SCRIPT = """
 import sys

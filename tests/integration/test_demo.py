@@ -38,7 +38,11 @@ def short_manifest(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.timeout(1800)  # three recoveries; on a quiet 2-core machine about 5 minutes
+# Three recoveries in one run, about 6 minutes: a campaign (make test-campaign). make test covers
+# each path on its own: the head loss (test_ray_training), a worker kill (test_cnn_job), a notice
+# and the resume after it (test_local_cleanup).
+@pytest.mark.campaign
+@pytest.mark.timeout(1800)
 def test_local_run_recovers_from_every_kind_of_loss(tmp_path: Path) -> None:
     workdir = tmp_path / "run"
     command = [

@@ -207,3 +207,22 @@ def test_run_resolution_without_a_cluster(tmp_path: Path) -> None:
         locate_run(str(tmp_path / "missing.yaml"), no_cluster)
     with pytest.raises(SpotrayError, match="no usable kube config"):
         locate_run("gpt2", no_cluster)
+
+
+def test_sigterm_and_sighup_stop_a_local_run_as_ctrl_c_does() -> None:
+    import signal  # noqa: PLC0415
+
+    from spotray.cli import STOP_SIGNALS, stop_like_ctrl_c  # noqa: PLC0415
+
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    try:
+        stop_like_ctrl_c()
+        handlers = {signal.getsignal(signum) for signum in STOP_SIGNALS}
+        assert len(handlers) == 1
+        (handler,) = handlers
+        assert callable(handler)
+        with pytest.raises(KeyboardInterrupt):
+            handler(signal.SIGHUP, None)
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
