@@ -29,14 +29,21 @@ def _stat_fields(pid: int) -> list[str] | None:
 
 
 def session_members(session_id: int) -> list[int]:
-    """PIDs whose session id is ``session_id`` (read from /proc, so nothing outside the session is touched)."""
+    """Running PIDs whose session id is ``session_id`` (read from /proc, so nothing outside the session
+    is touched; zombies, dead already, are left out)."""
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
-            fields = _stat_fields(int(entry.name))
-            if fields is not None and int(fields[3]) == session_id:  # state, ppid, pgrp, session, ...
+            fields = _stat_fields(int(entry.name))  # state, ppid, pgrp, session, ...
+            if fields is not None and int(fields[3]) == session_id and fields[0] not in ("Z", "X"):
                 members.append(int(entry.name))
     return members
+
+
+def is_running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie, dead but not yet reaped, is not running)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
 
 
 def start_time(pid: int) -> int | None:
