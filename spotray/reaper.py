@@ -7,11 +7,11 @@ so that an injected fault can kill it as a unit. A child dies with its parent on
 did not handle, used to leave a whole Ray cluster running.
 
 The watchdog is a small child process (``python -m spotray.reaper``) in a session of its own that
-ignores the signals a terminal sends. Local mode writes to its stdin each session and process it
-starts. When that pipe closes (local mode finished, or its process died in any way, SIGKILL
-included, since the kernel closes a dead process's pipes) it SIGKILLs whatever of them is still
-alive and exits. On a normal exit local mode has stopped everything itself, so there is nothing
-left to kill.
+ignores the signals a terminal sends. Local mode writes to its stdin each session it starts (the
+S3 server's, the Ray cluster's, each driver's). When that pipe closes (local mode finished, or its
+process died in any way, SIGKILL included, since the kernel closes a dead process's pipes) it
+SIGKILLs whatever of them is still alive and exits. On a normal exit local mode has stopped
+everything itself, so there is nothing left to kill.
 """
 
 from __future__ import annotations

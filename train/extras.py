@@ -25,9 +25,6 @@ EXTRAS = {
 class MissingExtraError(SpotrayError, ImportError):
     """A package of an optional extra is not installed. Also an ``ImportError``, for callers that test for one."""
 
-    def __init__(self, problem: str, fix: str) -> None:
-        SpotrayError.__init__(self, problem, fix)
-
 
 @contextmanager
 def extra_required(extra: str) -> Iterator[None]:
