@@ -25,11 +25,21 @@ from kubernetes import config as kube_config
 
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
-from spotray.controller.kube import RUN_PLURAL, RUN_VERSION, Cluster
-from spotray.controller.rayjob import ATTEMPT_LABEL, RUN_LABEL, rayjob_name
-from spotray.controller.reconcile import DISRUPTION_ANNOTATION, disruption_note, reconcile
+from spotray.controller.kube import Cluster
+from spotray.controller.reconcile import disruption_note, reconcile
 from spotray.controller.resync import Resync
-from spotray.train.runspec import API_GROUP
+from spotray.train.api_names import (
+    ATTEMPT_LABEL,
+    DISRUPTION_ANNOTATION,
+    GROUP,
+    PLURAL,
+    RAY_GROUP,
+    RAY_VERSION,
+    RAYJOB_PLURAL,
+    RUN_LABEL,
+    VERSION,
+    rayjob_name,
+)
 
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()
@@ -64,7 +74,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _cluster = _make_cluster()
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would repeat it
     settings.execution.max_workers = EXECUTOR_THREADS
+    # A watch that goes quiet is restarted: the API server ends it after server_timeout, and the
+    # client gives up client_timeout later (a half-open connection would otherwise block for ever).
     settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 10
     # Watch exactly the resources and namespaces we are told: no scanning of CRDs and namespaces,
     # which would need cluster-wide list rights that a namespaced install does not grant.
     settings.scanning.disabled = True
@@ -91,7 +105,7 @@ def _periodic(namespace: str, name: str) -> float | None:
     return reconcile(cluster(), CONFIG, namespace, name)
 
 
-@kopf.on.event(API_GROUP, RUN_VERSION, RUN_PLURAL)
+@kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, status: kopf.Status, **_: Any) -> None:
     """Every TrainingRun event: new runs and spec changes are reconciled at once, all are tracked.
 
@@ -119,9 +133,7 @@ def on_timer(meta: kopf.Meta, **_: Any) -> None:
 
 if CONFIG.peering:
     # Standby replicas must not reconcile: kopf pauses its own timers there (see controller/resync.py).
-    kopf.timer(API_GROUP, RUN_VERSION, RUN_PLURAL, interval=CONFIG.reconcile_interval_seconds, initial_delay=1)(
-        on_timer
-    )
+    kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.reconcile_interval_seconds, initial_delay=1)(on_timer)
 
 
 def _finished(status: kopf.Status, **_: Any) -> bool:
@@ -129,7 +141,7 @@ def _finished(status: kopf.Status, **_: Any) -> bool:
 
 
 # An event handler, not a change handler: kopf then keeps no state on RayJobs, which KubeRay owns.
-@kopf.on.event("ray.io", "v1", "rayjobs", labels={RUN_LABEL: kopf.PRESENT}, when=_finished)
+@kopf.on.event(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, when=_finished)
 def on_rayjob_finished(meta: kopf.Meta, **_: Any) -> None:
     reconcile(cluster(), CONFIG, str(meta.namespace), meta.labels[RUN_LABEL])
 

@@ -1,4 +1,8 @@
-"""The few Kubernetes calls the controller makes, over the official client, with 404/409 made explicit."""
+"""The few Kubernetes calls the controller makes, over the official client, with 404/409 made explicit.
+
+Every call carries a request timeout (``REQUEST_TIMEOUT``: connect, read): a half-open connection
+to the API server must fail one reconcile, which is retried, not hang it and its run for ever.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +16,13 @@ from kubernetes.client.exceptions import ApiException
 
 from spotray.controller.lifecycle import Event, timestamp
 from spotray.controller.s3_access import SecretView
-from spotray.train.runspec import API_GROUP, KIND
+from spotray.train.api_names import API_VERSION, GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 
-RUN_VERSION = "v1alpha1"
-RUN_PLURAL = "trainingruns"
-RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL = "ray.io", "v1", "rayjobs"
 COMPONENT = "spotray-controller"
+# (connect, read) seconds for every API call.
+REQUEST_TIMEOUT = (5.0, 30.0)
 
 
 class Cluster:
@@ -32,7 +35,9 @@ class Cluster:
     def _get(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A custom object, or None when it does not exist."""
         try:
-            found = self.custom.get_namespaced_custom_object(group, version, namespace, plural, name)
+            found = self.custom.get_namespaced_custom_object(
+                group, version, namespace, plural, name, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -40,30 +45,39 @@ class Cluster:
         return cast(dict[str, Any], found)
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self._get(API_GROUP, RUN_VERSION, RUN_PLURAL, namespace, name)
+        return self._get(GROUP, VERSION, PLURAL, namespace, name)
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
-            API_GROUP, RUN_VERSION, namespace, RUN_PLURAL, name, {"status": status}
+            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
         )
 
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, namespace, name)
 
-    def create_rayjob(self, body: dict[str, Any]) -> bool:
-        """Create it; False when it already exists (the attempt's name is the idempotency key)."""
-        namespace = body["metadata"]["namespace"]
+    def create_rayjob(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create it; None when created, else the RayJob that already has its name.
+
+        The caller decides whether that one is its own (the owner reference's UID), never this.
+        """
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
-            self.custom.create_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body)
+            self.custom.create_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as error:
-            if error.status == 409:
-                return False
-            raise
-        return True
+            if error.status != 409:
+                raise
+            existing = self.get_rayjob(namespace, name)
+            # Gone between the 409 and the read: say "exists" with no owner, and the next reconcile retries.
+            return existing if existing is not None else {"metadata": {"name": name}}
+        return None
 
     def delete_rayjob(self, namespace: str, name: str) -> None:
         try:
-            self.custom.delete_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+            self.custom.delete_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, _request_timeout=REQUEST_TIMEOUT
+            )
         except ApiException as error:
             if error.status != 404:
                 raise
@@ -71,7 +85,13 @@ class Cluster:
     def annotate_rayjob(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         try:
             self.custom.patch_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, {"metadata": {"annotations": annotations}}
+                RAY_GROUP,
+                RAY_VERSION,
+                namespace,
+                RAYJOB_PLURAL,
+                name,
+                {"metadata": {"annotations": annotations}},
+                _request_timeout=REQUEST_TIMEOUT,
             )
         except ApiException as error:
             if error.status != 404:
@@ -81,7 +101,7 @@ class Cluster:
         """The Secret's labels and decoded data; None when it does not exist. Whether its data may be
         used is controller/s3_access.py's decision, made before any use."""
         try:
-            secret = self.core.read_namespaced_secret(name, namespace)
+            secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -96,7 +116,7 @@ class Cluster:
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {
-                "apiVersion": f"{API_GROUP}/{RUN_VERSION}",
+                "apiVersion": API_VERSION,
                 "kind": KIND,
                 "name": meta["name"],
                 "namespace": meta["namespace"],
@@ -111,6 +131,12 @@ class Cluster:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)  # type: ignore[arg-type] # a dict is accepted
-        except ApiException as error:  # an event is a courtesy: never fail a reconcile over one
-            log.warning("could not post event %s on %s: %s", event.reason, meta["name"], error.reason)
+            self.core.create_namespaced_event(
+                meta["namespace"],
+                body,  # type: ignore[arg-type] # a dict is accepted
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except (ApiException, OSError) as error:  # an event is a courtesy: never fail a reconcile over one
+            log.warning(
+                "could not post event %s on %s: %s", event.reason, meta["name"], getattr(error, "reason", error)
+            )

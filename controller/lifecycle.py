@@ -9,12 +9,18 @@
 
 How an attempt ended is decided from facts, in this order:
 1. the RayJob succeeded -> Succeeded;
-2. the job's own markers in S3 (train/launcher.py): ``attempt-N.preempted.json`` or exit code 143
-   -> Preempted (it saw the spot notice and checkpointed);
+2. the job's own records in S3 for this very attempt (train/attempts.py: run UID + attempt number):
+   a preemption record or exit code 143 -> Preempted (it saw the spot notice and checkpointed);
 3. a pod of the attempt was disrupted (``DisruptionTarget``: node deleted, evicted, spot reclaim),
    recorded on the RayJob by the pod watcher -> Preempted;
-4. otherwise -> Failed (the training code failed; exit code 2 means bad input).
-Preemptions never spend the failure budget: retrying a spot loss is the normal case.
+4. otherwise -> Failed (the training code failed or gave up on a crash loop; exit code 2 means bad
+   input, which fails the run at once).
+Preemptions never spend the failure budget: retrying a spot loss is the normal case. A fact that
+cannot be read is never taken as an answer: when the store cannot be read at the end of an
+attempt, nothing is decided and no budget is spent; the run waits, says why, and after
+``STORAGE_PATIENCE_S`` shows a ``StorageUnreachable`` condition. A RayJob with the attempt's name
+that another TrainingRun owns (a deleted namesake's) is never adopted. ``end_attempt`` is the one
+budget decision; local mode (spotray/local.py) calls it too.
 
 Everything here is deterministic given its inputs (``now`` included), so the unit tests cover every
 transition without a cluster; controller/reconcile.py gathers the inputs and applies the plan.
@@ -26,29 +32,44 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotray.controller.rayjob import rayjob_name
+from spotray.train.api_names import (
+    FAILED,
+    PENDING,
+    RESUMING,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    TERMINAL_PHASES,
+    rayjob_name,
+)
+from spotray.train.attempts import (
+    EXIT_BAD_INPUT,
+    EXIT_PREEMPTED,
+    OUTCOME_FAILED,
+    OUTCOME_PREEMPTED,
+    OUTCOME_RUNNING,
+    OUTCOME_SUCCEEDED,
+    OUTCOME_SUSPENDED,
+    AttemptRecords,
+)
 from spotray.train.runspec import TrainingRun
 
-PENDING, RUNNING, RESUMING, SUSPENDED, SUCCEEDED, FAILED = (
-    "Pending",
-    "Running",
-    "Resuming",
-    "Suspended",
-    "Succeeded",
-    "Failed",
-)
-TERMINAL_PHASES = (SUCCEEDED, FAILED)
-# Outcomes of one attempt (status.attempts[].outcome).
-OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED = (
-    "Running",
-    "Succeeded",
-    "Preempted",
-    "Failed",
-    "Suspended",
-)
-EXIT_PREEMPTED = 143
-EXIT_BAD_INPUT = 2
 MAX_FAILURE_BACKOFF_S = 600
+# status stays small whatever the job says: the API server refuses a condition message over 32 kB
+# (one 40 kB traceback would make every status patch fail), and a long run has many attempts.
+MAX_MESSAGE_CHARS = 4096
+MAX_ATTEMPTS_KEPT = 20
+# An attempt's end whose records cannot be read is decided later; past this, the run says so loudly.
+STORAGE_PATIENCE_S = 600.0
+STORAGE_RETRY_S = 15.0
+
+
+def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` cut to ``limit`` characters with a marker that says how much went (its head names the cause)."""
+    if len(text) <= limit:
+        return text
+    marker = f" ...[{len(text) - limit} more characters cut; `spotray logs RUN` has all]"
+    return text[: limit - len(marker)] + marker
 
 
 def timestamp(moment: datetime) -> str:
@@ -62,7 +83,7 @@ def parse_timestamp(text: str | None) -> datetime | None:
 
 
 @dataclass(frozen=True)
-class AttemptRecord:
+class AttemptEntry:
     """One entry of status.attempts."""
 
     attempt: int
@@ -75,38 +96,38 @@ class AttemptRecord:
     resumedFrom: int | None = None  # noqa: N815
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttemptRecord:
+    def from_dict(cls, data: dict[str, Any]) -> AttemptEntry:
         known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
         return cls(**known)
 
 
 @dataclass(frozen=True)
 class RunState:
-    """The part of status.* that the lifecycle owns (progress and checkpoints are reported beside it)."""
+    """The part of status.* that the lifecycle owns (progress and checkpoints are reported beside it).
+
+    ``attempts`` keeps the last ``MAX_ATTEMPTS_KEPT``; the budgets are counted in ``preemptions``
+    and ``failures``, kept apart, so dropping old entries never gives a budget back.
+    """
 
     phase: str = PENDING
-    attempts: tuple[AttemptRecord, ...] = ()
+    attempts: tuple[AttemptEntry, ...] = ()
     message: str = ""
     next_attempt_time: str | None = None
     failure_reason: str = ""  # why the run Failed: the Failed condition's reason
+    preemptions: int = 0
+    failures: int = 0
+    storage_unreachable_since: str | None = None  # an attempt ended and its records cannot be read
 
     @property
-    def current(self) -> AttemptRecord | None:
+    def current(self) -> AttemptEntry | None:
         return self.attempts[-1] if self.attempts else None
-
-    @property
-    def preemptions(self) -> int:
-        return sum(1 for a in self.attempts if a.outcome == OUTCOME_PREEMPTED)
-
-    @property
-    def failures(self) -> int:
-        return sum(1 for a in self.attempts if a.outcome == OUTCOME_FAILED)
 
     @classmethod
     def from_status(cls, status: dict[str, Any]) -> RunState:
+        attempts = tuple(AttemptEntry.from_dict(a) for a in status.get("attempts") or [])
         return cls(
             phase=status.get("phase") or PENDING,
-            attempts=tuple(AttemptRecord.from_dict(a) for a in status.get("attempts") or []),
+            attempts=attempts,
             message=status.get("message") or "",
             next_attempt_time=status.get("nextAttemptTime"),
             failure_reason=next(
@@ -117,6 +138,9 @@ class RunState:
                 ),
                 "",
             ),
+            preemptions=int(status.get("preemptions") or sum(a.outcome == OUTCOME_PREEMPTED for a in attempts)),
+            failures=int(status.get("failures") or sum(a.outcome == OUTCOME_FAILED for a in attempts)),
+            storage_unreachable_since=status.get("storageUnreachableSince"),
         )
 
     def to_status(self) -> dict[str, Any]:
@@ -127,9 +151,13 @@ class RunState:
             "rayJob": current.rayJob if current else None,
             "preemptions": self.preemptions,
             "failures": self.failures,
-            "message": self.message,
+            "message": bounded(self.message),
             "nextAttemptTime": self.next_attempt_time,
-            "attempts": [{k: v for k, v in asdict(a).items() if v is not None} for a in self.attempts],
+            "storageUnreachableSince": self.storage_unreachable_since,
+            "attempts": [
+                {k: bounded(v) if k == "message" else v for k, v in asdict(a).items() if v is not None}
+                for a in self.attempts[-MAX_ATTEMPTS_KEPT:]
+            ],
         }
 
 
@@ -142,18 +170,11 @@ class RayJobView:
     message: str = ""
     end_time: datetime | None = None
     disruption: str | None = None  # set by the pod watcher: "pod P on node N: reason"
+    owner_uid: str | None = None  # the TrainingRun that owns it (its controller owner reference)
 
     @property
     def finished(self) -> bool:
         return self.deployment_status in ("Complete", "Failed") or self.job_status in ("SUCCEEDED", "FAILED", "STOPPED")
-
-
-@dataclass(frozen=True)
-class AttemptMarkers:
-    """What the job wrote about attempt N next to its checkpoints (train/launcher.py)."""
-
-    outcome: dict[str, Any] | None = None  # _spotray/attempt-N.json
-    preempted: dict[str, Any] | None = None  # _spotray/attempt-N.preempted.json
 
 
 @dataclass(frozen=True)
@@ -176,85 +197,126 @@ class Plan:
 
 @dataclass(frozen=True)
 class Observation:
+    """Every fact one decision needs, gathered before it (controller/reconcile.py)."""
+
     run: TrainingRun
     state: RunState
     job: RayJobView | None
-    markers: AttemptMarkers = field(default_factory=AttemptMarkers)
+    # What the job wrote about the current attempt; None: the store could not be read (unknown,
+    # which is not "nothing written": the decision waits for it).
+    records: AttemptRecords | None = field(default_factory=AttemptRecords)
+    run_uid: str | None = None  # the TrainingRun's metadata.uid: a RayJob owned by another UID is not ours
+    storage_error: str = ""
     settle_seconds: float = 5.0
     # An attempt whose Ray cluster has not started this long after it began ends as a failure
     # (pods refused by admission, a quota, no capacity): it must never wait for ever. 0: no deadline.
     start_deadline_seconds: float = 0.0
 
 
-def classify_end(job: RayJobView, markers: AttemptMarkers) -> tuple[str, str, str]:
-    """(outcome, reason, message) for a finished attempt, from the facts (see the module docstring)."""
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended: its outcome (Succeeded, Preempted, Failed), a CamelCase reason, words."""
+
+    outcome: str
+    reason: str
+    message: str
+
+
+def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
+    """How a finished attempt ended, from the facts (see the module docstring)."""
     if job.job_status == "SUCCEEDED":
-        return OUTCOME_SUCCEEDED, "TrainingFinished", "the job finished"
-    exit_code = (markers.outcome or {}).get("exit_code")
-    if markers.preempted is not None or exit_code == EXIT_PREEMPTED:
-        step = (markers.preempted or markers.outcome or {}).get("step")
+        return AttemptEnd(OUTCOME_SUCCEEDED, "TrainingFinished", "the job finished")
+    exit_code = records.exit_code
+    if records.preempted is not None or exit_code == EXIT_PREEMPTED:
+        step = (records.preempted or records.outcome or {}).get("step")
         where = f" at step {step}" if step is not None else ""
-        return OUTCOME_PREEMPTED, "SpotNotice", f"stopped on a preemption notice after an emergency checkpoint{where}"
+        return AttemptEnd(
+            OUTCOME_PREEMPTED, "SpotNotice", f"stopped on a preemption notice after an emergency checkpoint{where}"
+        )
     if job.disruption:
-        return OUTCOME_PREEMPTED, "NodeLost", job.disruption
-    detail = (markers.outcome or {}).get("detail") or job.message or "the job failed without a message"
+        return AttemptEnd(OUTCOME_PREEMPTED, "NodeLost", job.disruption)
+    detail = str((records.outcome or {}).get("detail") or job.message or "the job failed without a message")
     if exit_code == EXIT_BAD_INPUT:
-        return OUTCOME_FAILED, "BadInput", detail
-    return OUTCOME_FAILED, "TrainingFailed", detail
+        return AttemptEnd(OUTCOME_FAILED, "BadInput", detail)
+    return AttemptEnd(OUTCOME_FAILED, "TrainingFailed", detail)
 
 
-def _start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) -> Plan:
+def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) -> Plan:
+    """Record the next attempt (number: the last one + 1) and ask for it to be created."""
     number = (state.current.attempt if state.current else 0) + 1
-    record = AttemptRecord(
+    entry = AttemptEntry(
         attempt=number, rayJob=rayjob_name(run.name, number), outcome=OUTCOME_RUNNING, startTime=timestamp(now)
     )
     resumes = "starts fresh or resumes from the latest complete checkpoint"
     new = replace(
         state,
         phase=PENDING,
-        attempts=(*state.attempts, record),
+        attempts=(*state.attempts, entry)[-MAX_ATTEMPTS_KEPT:],
         message=f"attempt {number} {resumes}",
         next_attempt_time=None,
     )
     return Plan(new, create_attempt=number, events=(Event("Normal", "AttemptStarted", f"attempt {number}: {why}"),))
 
 
-def _end_attempt(state: RunState, outcome: str, reason: str, message: str, now: datetime) -> RunState:
+def _record_end(state: RunState, end: AttemptEnd, now: datetime) -> RunState:
     assert state.current is not None
-    ended = replace(state.current, outcome=outcome, reason=reason, message=message, endTime=timestamp(now))
-    return replace(state, attempts=(*state.attempts[:-1], ended))
+    ended = replace(
+        state.current, outcome=end.outcome, reason=end.reason, message=bounded(end.message), endTime=timestamp(now)
+    )
+    return replace(
+        state,
+        attempts=(*state.attempts[:-1], ended),
+        preemptions=state.preemptions + (end.outcome == OUTCOME_PREEMPTED),
+        failures=state.failures + (end.outcome == OUTCOME_FAILED),
+        storage_unreachable_since=None,
+    )
 
 
-def _after_failure_or_preemption(obs: Observation, state: RunState, outcome: str, now: datetime) -> Plan:
-    retry = obs.run.spec.retry
+def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetime) -> Plan:
+    """The budget decision, made once for the controller and local mode: the run after an attempt ended.
+
+    Succeeded ends the run. A preemption spends ``maxPreemptions``, a failure ``maxFailures``; past
+    its budget the run fails, else the next attempt follows after the backoff (doubling with each
+    failure). Bad input (the job refused its spec or storage, and said what to fix) fails the run
+    at once: the same input would be refused the same way.
+    """
     current = state.current
     assert current is not None
-    what = f"attempt {current.attempt} {outcome.lower()} ({current.reason}): {current.message}"
-    if state.preemptions > retry.max_preemptions:
-        message = f"{what}; {state.preemptions} preemptions exceed spec.retry.maxPreemptions={retry.max_preemptions}"
+    ended = _record_end(state, end, now)
+    if end.outcome == OUTCOME_SUCCEEDED:
+        new = replace(ended, phase=SUCCEEDED, message=f"training finished in attempt {current.attempt}")
+        return Plan(new, events=(Event("Normal", "Succeeded", new.message),))
+    retry = run.spec.retry
+    what = f"attempt {current.attempt} {end.outcome.lower()} ({end.reason}): {end.message}"
+    if end.reason == "BadInput":
+        message = f"{what}. Fix what it names, then create the run again (a retry would be refused the same way)."
+        new = replace(ended, phase=FAILED, message=message, failure_reason="BadInput")
+        return Plan(new, events=(Event("Warning", "BadInput", bounded(message)),))
+    if ended.preemptions > retry.max_preemptions:
+        message = f"{what}; {ended.preemptions} preemptions exceed spec.retry.maxPreemptions={retry.max_preemptions}"
         new = replace(
-            state,
+            ended,
             phase=FAILED,
             message=message + ". Raise the budget or use on-demand workers.",
             failure_reason="PreemptionBudgetExhausted",
         )
-        return Plan(new, events=(Event("Warning", "PreemptionBudgetExhausted", new.message),))
-    if state.failures > retry.max_failures:
-        message = f"{what}; {state.failures} failures exceed spec.retry.maxFailures={retry.max_failures}"
+        return Plan(new, events=(Event("Warning", "PreemptionBudgetExhausted", bounded(new.message)),))
+    if ended.failures > retry.max_failures:
+        message = f"{what}; {ended.failures} failures exceed spec.retry.maxFailures={retry.max_failures}"
         hint = " Read the job's logs (`spotray logs RUN`), fix the code or input, and create the run again."
-        new = replace(state, phase=FAILED, message=message + "." + hint, failure_reason="FailureBudgetExhausted")
-        return Plan(new, events=(Event("Warning", "FailureBudgetExhausted", new.message),))
+        new = replace(ended, phase=FAILED, message=message + "." + hint, failure_reason="FailureBudgetExhausted")
+        return Plan(new, events=(Event("Warning", "FailureBudgetExhausted", bounded(new.message)),))
     delay = retry.backoff_seconds
-    if outcome == OUTCOME_FAILED:
-        delay = min(retry.backoff_seconds * 2 ** (state.failures - 1), MAX_FAILURE_BACKOFF_S)
+    if end.outcome == OUTCOME_FAILED:
+        delay = min(retry.backoff_seconds * 2 ** (ended.failures - 1), MAX_FAILURE_BACKOFF_S)
     new = replace(
-        state,
+        ended,
         phase=RESUMING,
         message=f"{what}; attempt {current.attempt + 1} starts in {delay} s",
         next_attempt_time=timestamp(now + timedelta(seconds=delay)),
     )
-    kind = "Warning" if outcome == OUTCOME_FAILED else "Normal"
-    return Plan(new, events=(Event(kind, current.reason, what),), requeue_after_s=delay)
+    kind = "Warning" if end.outcome == OUTCOME_FAILED else "Normal"
+    return Plan(new, events=(Event(kind, end.reason, bounded(what)),), requeue_after_s=delay)
 
 
 def plan(obs: Observation, now: datetime) -> Plan:
@@ -273,7 +335,7 @@ def _plan_suspended(state: RunState, now: datetime) -> Plan:
     message = "suspended; set spec.suspend to false to resume"
     current = state.current
     if current is not None and current.outcome == OUTCOME_RUNNING:
-        ended = _end_attempt(state, OUTCOME_SUSPENDED, "Suspended", "spec.suspend is true", now)
+        ended = _record_end(state, AttemptEnd(OUTCOME_SUSPENDED, "Suspended", "spec.suspend is true"), now)
         new = replace(ended, phase=SUSPENDED, message=message)
         return Plan(new, delete_rayjob=current.rayJob, events=(Event("Normal", "Suspended", message),))
     # Deleted again (a 404 when gone) in case the controller stopped between recording and deleting.
@@ -283,50 +345,76 @@ def _plan_suspended(state: RunState, now: datetime) -> Plan:
 def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:
     state, current = obs.state, obs.state.current
     if current is None:
-        return _start_attempt(state, obs.run, now, "first attempt")
+        return start_attempt(state, obs.run, now, "first attempt")
     if state.phase == SUSPENDED:
-        return _start_attempt(state, obs.run, now, "resumed after suspension")
+        return start_attempt(state, obs.run, now, "resumed after suspension")
     due = parse_timestamp(state.next_attempt_time)
     if due is not None and now < due:
         return Plan(state, requeue_after_s=(due - now).total_seconds())
-    return _start_attempt(state, obs.run, now, f"after attempt {current.attempt} was {current.outcome.lower()}")
+    return start_attempt(state, obs.run, now, f"after attempt {current.attempt} was {current.outcome.lower()}")
 
 
-def _plan_running_attempt(obs: Observation, current: AttemptRecord, now: datetime) -> Plan:
+def _plan_running_attempt(obs: Observation, current: AttemptEntry, now: datetime) -> Plan:  # noqa: PLR0911
     state, job = obs.state, obs.job
     if job is None:
         # Status says the attempt runs but its RayJob is missing: the controller stopped between
         # recording the attempt and creating it (or someone deleted it). Create it; the name makes
         # this idempotent.
         return Plan(replace(state, phase=PENDING), create_attempt=current.attempt)
+    if obs.run_uid is not None and job.owner_uid != obs.run_uid:
+        return wait_for_foreign_rayjob(state, obs.run, current.rayJob, current.attempt, job.owner_uid)
     if not job.finished:
         running = job.job_status == "RUNNING"
         if not running and _past_start_deadline(obs, current, now):
             return _start_deadline_exceeded(obs, current, job, now)
         message = f"attempt {current.attempt} {'running' if running else 'starting'}"
         return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
-
-    outcome, reason, message = classify_end(job, obs.markers)
-    if outcome == OUTCOME_FAILED and job.end_time is not None:
+    if obs.records is None and job.job_status != "SUCCEEDED" and not job.disruption:
+        return _wait_for_storage(obs, current, now)
+    end = classify_end(job, obs.records or AttemptRecords())
+    if end.outcome == OUTCOME_FAILED and job.end_time is not None:
         waited = (now - job.end_time).total_seconds()
         if waited < obs.settle_seconds:
             # A disruption that caused the failure may still be on its way from the pod watcher.
             return Plan(state, requeue_after_s=obs.settle_seconds - waited)
-    ended = _end_attempt(state, outcome, reason, message, now)
-    if outcome == OUTCOME_SUCCEEDED:
-        new = replace(ended, phase=SUCCEEDED, message=f"training finished in attempt {current.attempt}")
-        return Plan(new, events=(Event("Normal", "Succeeded", new.message),))
-    return _after_failure_or_preemption(obs, ended, outcome, now)
+    return end_attempt(state, obs.run, end, now)
 
 
-def _past_start_deadline(obs: Observation, current: AttemptRecord, now: datetime) -> bool:
+def wait_for_foreign_rayjob(state: RunState, run: TrainingRun, rayjob: str, attempt: int, owner: str | None) -> Plan:
+    """A RayJob with the attempt's name that another TrainingRun owns: never adopt it, wait for it to go."""
+    message = (
+        f"RayJob {rayjob} belongs to another TrainingRun (owner UID {owner or 'none'}), probably a deleted run "
+        f"of the same name still being garbage-collected; attempt {attempt} starts once it is gone "
+        f"(`kubectl delete rayjob {rayjob} -n {run.namespace}` if it stays)"
+    )
+    events = (Event("Warning", "RayJobNotOurs", message),) if state.message != message else ()
+    return Plan(replace(state, message=message), events=events, requeue_after_s=5.0)
+
+
+def _wait_for_storage(obs: Observation, current: AttemptEntry, now: datetime) -> Plan:
+    """The attempt ended but its records cannot be read: decide nothing, spend nothing, say why, retry."""
+    since = parse_timestamp(obs.state.storage_unreachable_since) or now
+    waited = (now - since).total_seconds()
+    reason = "StorageUnreachable" if waited >= STORAGE_PATIENCE_S else "WaitingForStorage"
+    message = (
+        f"{reason}: attempt {current.attempt} ended, and how it ended cannot be read from "
+        f"{obs.run.spec.checkpoint.uri} for {waited:.0f} s ({obs.storage_error or 'unknown error'}); no budget is "
+        "spent until it can be read: check the S3 endpoint, the bucket and the credentials in the run's Secret"
+    )
+    new = replace(obs.state, message=message, storage_unreachable_since=timestamp(since))
+    news = not obs.state.message.startswith(f"{reason}:")  # one event when waiting starts, one when it is too long
+    events = (Event("Warning", reason, bounded(message)),) if news else ()
+    return Plan(new, events=events, requeue_after_s=STORAGE_RETRY_S)
+
+
+def _past_start_deadline(obs: Observation, current: AttemptEntry, now: datetime) -> bool:
     started = parse_timestamp(current.startTime)
     if not obs.start_deadline_seconds or started is None:
         return False
     return (now - started).total_seconds() > obs.start_deadline_seconds
 
 
-def _start_deadline_exceeded(obs: Observation, current: AttemptRecord, job: RayJobView, now: datetime) -> Plan:
+def _start_deadline_exceeded(obs: Observation, current: AttemptEntry, job: RayJobView, now: datetime) -> Plan:
     """End an attempt that never started as a failure, and delete its RayJob (and so its pods)."""
     where = f"{job.deployment_status or 'no status yet'}" + (f": {job.message}" if job.message else "")
     message = (
@@ -334,8 +422,8 @@ def _start_deadline_exceeded(obs: Observation, current: AttemptRecord, job: RayJ
         f"(RayJob {current.rayJob}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "
         "refused by admission (Pod Security, a quota), an image that cannot be pulled, or no node with capacity"
     )
-    ended = _end_attempt(obs.state, OUTCOME_FAILED, "StartDeadlineExceeded", message, now)
-    return replace(_after_failure_or_preemption(obs, ended, OUTCOME_FAILED, now), delete_rayjob=current.rayJob)
+    decided = end_attempt(obs.state, obs.run, AttemptEnd(OUTCOME_FAILED, "StartDeadlineExceeded", message), now)
+    return replace(decided, delete_rayjob=current.rayJob)
 
 
 def conditions(state: RunState, previous: list[dict[str, Any]], generation: int, now: datetime) -> list[dict[str, Any]]:
@@ -345,6 +433,8 @@ def conditions(state: RunState, previous: list[dict[str, Any]], generation: int,
         "Succeeded": (state.phase == SUCCEEDED, "TrainingFinished" if state.phase == SUCCEEDED else state.phase),
         "Failed": (state.phase == FAILED, state.failure_reason or state.phase),
         "Suspended": (state.phase == SUSPENDED, state.phase),
+        # True once an ended attempt's records stayed unreadable past STORAGE_PATIENCE_S.
+        "StorageUnreachable": (_storage_unreachable(state, now), "StorageUnreachable"),
     }
     old = {c.get("type"): c for c in previous}
     result = []
@@ -357,9 +447,14 @@ def conditions(state: RunState, previous: list[dict[str, Any]], generation: int,
                 "type": kind,
                 "status": status,
                 "reason": why,
-                "message": state.message if true else "",
+                "message": bounded(state.message) if true else "",
                 "lastTransitionTime": timestamp(now) if changed else before.get("lastTransitionTime", timestamp(now)),
                 "observedGeneration": generation,
             }
         )
     return result
+
+
+def _storage_unreachable(state: RunState, now: datetime) -> bool:
+    since = parse_timestamp(state.storage_unreachable_since)
+    return since is not None and (now - since).total_seconds() >= STORAGE_PATIENCE_S

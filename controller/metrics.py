@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from spotray.controller.lifecycle import FAILED, PENDING, RESUMING, RUNNING, SUCCEEDED, SUSPENDED
+from spotray.train.api_names import FAILED, PENDING, RESUMING, RUNNING, SUCCEEDED, SUSPENDED
 
 REGISTRY = CollectorRegistry()
 ATTEMPTS_STARTED = Counter("spotray_attempts_started", "RayJobs created, one per attempt", registry=REGISTRY)

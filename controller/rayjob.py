@@ -27,10 +27,9 @@ from typing import Any
 import yaml
 
 from spotray.controller.config import ControllerConfig
-from spotray.train.runspec import API_VERSION, KIND, RunContext, TrainingRun
+from spotray.train.api_names import API_VERSION, ATTEMPT_LABEL, KIND, RUN_LABEL, rayjob_name
+from spotray.train.runspec import RunContext, TrainingRun
 
-RUN_LABEL = "spotray.dev/run"
-ATTEMPT_LABEL = "spotray.dev/attempt"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
 SHARED_VOLUME = "shared"
@@ -48,10 +47,6 @@ CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {"allowPrivilegeEscalation": False,
 SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
 
 
-def rayjob_name(run_name: str, attempt: int) -> str:
-    return f"{run_name}-a{attempt}"
-
-
 def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
     return {
         "apiVersion": API_VERSION,
@@ -63,10 +58,11 @@ def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
     }
 
 
-def _runtime_env(run: TrainingRun, attempt: int) -> dict[str, Any]:
+def _runtime_env(run: TrainingRun, attempt: int, run_uid: str) -> dict[str, Any]:
     user = dict(run.spec.runtime_env)
     env_vars = {str(k): str(v) for k, v in (user.pop("env_vars", None) or {}).items()}
-    env_vars.update(RunContext(name=run.name, attempt=attempt, spec=run.spec).to_env())
+    # The attempt's identity: the run's UID and the number (train/attempts.py).
+    env_vars.update(RunContext(name=run.name, run_id=run_uid, attempt=attempt, spec=run.spec).to_env())
     return {**user, "env_vars": env_vars}
 
 
@@ -198,7 +194,7 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
     """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it)."""
     spec: dict[str, Any] = {
         "entrypoint": run.spec.entrypoint,
-        "runtimeEnvYAML": yaml.safe_dump(_runtime_env(run, attempt), sort_keys=True),
+        "runtimeEnvYAML": yaml.safe_dump(_runtime_env(run, attempt, run_uid), sort_keys=True),
         "submissionMode": config.submission_mode,
         "backoffLimit": 0,
     }

@@ -29,32 +29,31 @@ from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import (
-    FAILED,
-    TERMINAL_PHASES,
-    AttemptMarkers,
     Event,
     Observation,
     Plan,
     RayJobView,
     RunState,
+    bounded,
     conditions,
     parse_timestamp,
     plan,
+    wait_for_foreign_rayjob,
 )
 from spotray.controller.rayjob import build_rayjob
 from spotray.controller.run_store import (
     last_checkpoint_status,
     open_run_store,
     progress_status,
-    read_markers,
     s3_access_refusal,
 )
+from spotray.train.api_names import DISRUPTION_ANNOTATION, FAILED, TERMINAL_PHASES
+from spotray.train.attempts import AttemptId, AttemptRecords, read_attempt_records
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import InvalidSpecError, TrainingRun, parse_training_run
 from spotray.train.store import ObjectStore
 
 log = logging.getLogger(__name__)
-DISRUPTION_ANNOTATION = "spotray.dev/disruption"
 
 _locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
@@ -81,7 +80,9 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
     if job is None:
         return None
     status = job.get("status") or {}
-    annotations = job.get("metadata", {}).get("annotations") or {}
+    meta = job.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    owner = next((ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
     end = status.get("endTime")
     return RayJobView(
         job_status=status.get("jobStatus") or None,
@@ -89,6 +90,7 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
         message=status.get("message") or "",
         end_time=parse_timestamp(end) if end else None,
         disruption=annotations.get(DISRUPTION_ANNOTATION),
+        owner_uid=owner,
     )
 
 
@@ -112,14 +114,14 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
     cluster.post_event(body, Event("Warning", "InvalidSpec", message), now)
 
 
-def _report(run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState) -> dict[str, Any]:
+def _report(run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, run_uid: str) -> dict[str, Any]:
     """status.progress and status.lastCheckpoint from S3; a read failure goes into the message, not an error."""
     current = state.current
     if current is None:
         return {}
     try:
         store = run_store()
-        progress, resumed_from = progress_status(store, current.attempt)
+        progress, resumed_from = progress_status(store, AttemptId(run_uid, current.attempt))
         checkpoint = last_checkpoint_status(store)
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read %s for %s/%s: %s", run.spec.checkpoint.uri, run.namespace, run.name, error)
@@ -132,16 +134,15 @@ def _report(run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunSt
     return report
 
 
-def _markers(
-    run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, job: RayJobView | None
-) -> AttemptMarkers:
-    if state.current is None or job is None or not job.finished or job.job_status == "SUCCEEDED":
-        return AttemptMarkers()
+def _records(
+    run_store: Callable[[], ObjectStore], run: TrainingRun, attempt: AttemptId
+) -> tuple[AttemptRecords | None, str]:
+    """(the attempt's records, "") or (None, why) when the store cannot be read: unknown, not empty."""
     try:
-        return read_markers(run_store(), state.current.attempt)
+        return read_attempt_records(run_store(), attempt), ""
     except (SpotrayError, OSError, ValueError) as error:
-        log.warning("cannot read the attempt markers of %s/%s: %s", run.namespace, run.name, error)
-        return AttemptMarkers()
+        log.warning("cannot read the records of %s/%s %s: %s", run.namespace, run.name, attempt, error)
+        return None, str(error)
 
 
 _SECRET_SEEN_TTL_S = 60.0
@@ -198,31 +199,99 @@ def _reconcile_locked(
         _refuse_invalid(cluster, body, error, now)
         metrics.set_phase(namespace, name, FAILED)
         return None
-
     status = body.get("status") or {}
     state = RunState.from_status(status)
-    # Opened at most once per reconcile, and only when something needs S3.
-    run_store = functools.cache(functools.partial(open_run_store, run, cluster, config))
-    decided = _decide(cluster, config, run, run_store=run_store, state=state, message=status.get("message"), now=now)
-    if state.phase in TERMINAL_PHASES and decided.state == state:
+    if state.phase in TERMINAL_PHASES:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
-    generation = body["metadata"].get("generation", 0)
+    # Opened at most once per reconcile, and only when something needs S3.
+    run_store = functools.cache(functools.partial(open_run_store, run, cluster, config))
+
+    # Observe: every fact the decision needs, an unreadable one marked unknown.
+    observation = _observe(cluster, config, run, body["metadata"]["uid"], state, run_store)
+    # Decide: a pure function of the facts (controller/lifecycle.py).
+    decided = plan(observation, now)
+    if decided.create_attempt is not None:
+        decided = _hold_without_credentials(cluster, config, run, state, decided, status.get("message"))
+    # Act: create, persist, delete (see the module docstring).
+    return _act(cluster, config, run, body, state, decided, run_store, now)
+
+
+def _observe(  # noqa: PLR0917 - the facts' sources, each named
+    cluster: Cluster,
+    config: ControllerConfig,
+    run: TrainingRun,
+    run_uid: str,
+    state: RunState,
+    run_store: Callable[[], ObjectStore],
+) -> Observation:
+    current = state.current
+    job = rayjob_view(cluster.get_rayjob(run.namespace, current.rayJob)) if current is not None else None
+    records: AttemptRecords | None = AttemptRecords()
+    storage_error = ""
+    ended = job is not None and job.finished and job.job_status != "SUCCEEDED" and job.owner_uid == run_uid
+    if current is not None and ended:
+        records, storage_error = _records(run_store, run, AttemptId(run_uid, current.attempt))
+    return Observation(
+        run,
+        state,
+        job,
+        records,
+        run_uid=run_uid,
+        storage_error=storage_error,
+        settle_seconds=config.settle_seconds,
+        start_deadline_seconds=config.start_deadline_seconds,
+    )
+
+
+def _hold_without_credentials(  # noqa: PLR0917
+    cluster: Cluster, config: ControllerConfig, run: TrainingRun, state: RunState, decided: Plan, message: str | None
+) -> Plan:
+    """A plan that starts an attempt, unless the run may not use its Secret: then wait, spending nothing.
+
+    The Secret is looked at only here, when an attempt is about to start, not on every reconcile.
+    """
+    refused = _s3_refusal(cluster, run, config)
+    if refused is None:
+        return decided
+    reason, refusal = refused
+    events = (Event("Warning", reason, refusal),) if message != refusal else ()
+    return Plan(replace(state, message=refusal), events=events, requeue_after_s=config.reconcile_interval_seconds)
+
+
+def _act(  # noqa: PLR0917
+    cluster: Cluster,
+    config: ControllerConfig,
+    run: TrainingRun,
+    body: dict[str, Any],
+    state: RunState,
+    decided: Plan,
+    run_store: Callable[[], ObjectStore],
+    now: datetime,
+) -> float | None:
+    namespace, name, uid = run.namespace, run.name, body["metadata"]["uid"]
+    if decided.create_attempt is not None:
+        existing = cluster.create_rayjob(build_rayjob(run, decided.create_attempt, uid, config))
+        if existing is None:
+            metrics.ATTEMPTS_STARTED.inc()
+        else:
+            owner = rayjob_view(existing).owner_uid  # type: ignore[union-attr] # existing is not None here
+            if owner != uid:
+                # Another run's RayJob with this attempt's name: adopt nothing, record nothing, wait.
+                job_name = existing["metadata"]["name"]
+                decided = wait_for_foreign_rayjob(state, run, job_name, decided.create_attempt, owner)
+        crash_point("rayjob-created")
+    status = body.get("status") or {}
     new_status = _status(
         run,
         run_store,
+        uid,
         state=decided.state,
         previous_conditions=status.get("conditions") or [],
-        generation=generation,
+        generation=body["metadata"].get("generation", 0),
         now=now,
         starting=decided.create_attempt is not None,
     )
-    # Create, persist, delete: see the module docstring.
-    if decided.create_attempt is not None:
-        created = cluster.create_rayjob(build_rayjob(run, decided.create_attempt, body["metadata"]["uid"], config))
-        if created:
-            metrics.ATTEMPTS_STARTED.inc()
-        crash_point("rayjob-created")
     cluster.patch_run_status(namespace, name, new_status)
     if decided.delete_rayjob:
         cluster.delete_rayjob(namespace, decided.delete_rayjob)
@@ -236,41 +305,10 @@ def _reconcile_locked(
     return decided.requeue_after_s
 
 
-def _decide(
-    cluster: Cluster,
-    config: ControllerConfig,
-    run: TrainingRun,
-    *,
-    run_store: Callable[[], ObjectStore],
-    state: RunState,
-    message: str | None,
-    now: datetime,
-) -> Plan:
-    job = None
-    if state.current is not None:
-        job = rayjob_view(cluster.get_rayjob(run.namespace, state.current.rayJob))
-    markers = _markers(run_store, run, state, job)
-    observed = Observation(
-        run,
-        state,
-        job,
-        markers,
-        settle_seconds=config.settle_seconds,
-        start_deadline_seconds=config.start_deadline_seconds,
-    )
-    decided = plan(observed, now)
-    refused = _s3_refusal(cluster, run, config) if decided.create_attempt is not None else None
-    if refused is None:
-        return decided
-    # Nothing may run without usable credentials: wait (no attempt spent) and say how to fix it.
-    reason, refusal = refused
-    events = (Event("Warning", reason, refusal),) if message != refusal else ()
-    return Plan(replace(state, message=refusal), events=events, requeue_after_s=config.reconcile_interval_seconds)
-
-
 def _status(
     run: TrainingRun,
     run_store: Callable[[], ObjectStore],
+    run_uid: str,
     *,
     state: RunState,
     previous_conditions: list[dict[str, Any]],
@@ -283,14 +321,14 @@ def _status(
     status["observedGeneration"] = generation
     status["conditions"] = conditions(state, previous_conditions, generation, now)
     # A new attempt has no progress yet, and its RayJob should not wait for S3 reads.
-    report = _report(run_store, run, state) if not starting else {}
+    report = _report(run_store, run, state, run_uid) if not starting else {}
     resumed_from = report.pop("resumedFrom", None)
     storage_error = report.pop("storageError", None)
     status.update(report)
     if resumed_from is not None and status["attempts"]:
         status["attempts"][-1]["resumedFrom"] = resumed_from
     if storage_error:
-        status["message"] = f"{status['message']} (cannot read checkpoints: {storage_error})"
+        status["message"] = bounded(f"{status['message']} (cannot read checkpoints: {storage_error})")
     return status
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from spotray.controller.lifecycle import TERMINAL_PHASES
+from spotray.train.api_names import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)

@@ -13,7 +13,6 @@ with no Secret is read with unsigned requests: never with the controller's own i
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -21,13 +20,14 @@ from typing import Any
 
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
-from spotray.controller.lifecycle import AttemptMarkers, timestamp
+from spotray.controller.lifecycle import timestamp
 from spotray.controller.s3_access import SecretView, endpoint_refusal, secret_refusal
-from spotray.train.checkpoint import attempt_outcome_key, latest_complete_checkpoint, preemption_marker_key
+from spotray.train.attempts import AttemptId
+from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.errors import SpotrayError
 from spotray.train.progress_log import read_attempt_progress
 from spotray.train.runspec import TrainingRun
-from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, get_bytes_if_exists, open_store
+from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, open_store
 
 log = logging.getLogger(__name__)
 
@@ -90,22 +90,7 @@ def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig)
     return open_store(run.spec.checkpoint.uri, store_config(run, cluster, config), CONTROLLER_RETRY)
 
 
-def _read_json(store: ObjectStore, key: str) -> dict[str, Any] | None:
-    raw = get_bytes_if_exists(store, key)
-    if raw is None:
-        return None
-    data: dict[str, Any] = json.loads(raw)
-    return data
-
-
-def read_markers(store: ObjectStore, attempt: int) -> AttemptMarkers:
-    return AttemptMarkers(
-        outcome=_read_json(store, attempt_outcome_key(attempt)),
-        preempted=_read_json(store, preemption_marker_key(attempt)),
-    )
-
-
-def progress_status(store: ObjectStore, attempt: int) -> tuple[dict[str, Any] | None, int | None]:
+def progress_status(store: ObjectStore, attempt: AttemptId) -> tuple[dict[str, Any] | None, int | None]:
     """(status.progress, the step the attempt resumed from) from the attempt's progress object."""
     progress = read_attempt_progress(store, attempt)
     if progress is None or progress.last_step is None:

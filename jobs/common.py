@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Self
 
+from spotray.train.attempts import new_run_id
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
 
@@ -52,7 +53,19 @@ def run_context(args: argparse.Namespace, *, workers: int | None = None) -> RunC
         workers=WorkerSpec(replicas=workers or args.workers, cpu=str(args.cpu_per_worker)),
         data=DataSpec(uri=args.data_uri),
     )
-    return RunContext(name=args.run_name, attempt=1, spec=spec)
+    # Started by hand: a run of its own, so no record of an earlier hand-started run is read as ours.
+    return RunContext(name=args.run_name, run_id=new_run_id("manual"), attempt=1, spec=spec)
+
+
+def worker_context() -> RunContext:
+    """The run context inside a training worker: launch() (or the torchrun path) always exports it."""
+    context = RunContext.from_env()
+    if context is None:
+        raise SpotrayError(
+            "SPOTRAY_RUN is not set in this training worker",
+            "start the job's main() (it exports the run context to every worker), not its train_loop alone",
+        )
+    return context
 
 
 def required_data_uri(context: RunContext, job: str, what: str, example: str) -> str:

@@ -159,24 +159,24 @@ def submit_command(args: argparse.Namespace) -> int:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from spotray.kube import Cluster  # noqa: PLC0415
+    from spotray.kube import ClusterConnection  # noqa: PLC0415
     from spotray.status import status_command as status  # noqa: PLC0415
 
-    return status(Cluster(KubeOptions.from_args(args)), args.run, args.output)
+    return status(ClusterConnection(KubeOptions.from_args(args)), args.run, args.output)
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from spotray.kube import Cluster  # noqa: PLC0415
+    from spotray.kube import ClusterConnection  # noqa: PLC0415
     from spotray.watch import watch_run  # noqa: PLC0415
 
-    return watch_run(Cluster(KubeOptions.from_args(args)), args.run)
+    return watch_run(ClusterConnection(KubeOptions.from_args(args)), args.run)
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from spotray.kube import Cluster  # noqa: PLC0415
+    from spotray.kube import ClusterConnection  # noqa: PLC0415
     from spotray.logs import logs_command as logs  # noqa: PLC0415
 
-    return logs(Cluster(KubeOptions.from_args(args)), args.run, args.attempt, args.dashboard)
+    return logs(ClusterConnection(KubeOptions.from_args(args)), args.run, args.attempt, args.dashboard)
 
 
 def checkpoints_command(args: argparse.Namespace) -> int:

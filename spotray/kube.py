@@ -16,30 +16,20 @@ import urllib3
 
 from spotray.cluster_options import KubeOptions
 from spotray.errors import CommandFailedError, NotFoundError
+from spotray.train.api_names import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
-from spotray.train.runspec import API_GROUP
 
 with extra_required("controller"):
     from kubernetes import client, config
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
 
-VERSION = "v1alpha1"
-PLURAL = "trainingruns"
-RAY_GROUP = "ray.io"
-RAY_VERSION = "v1"
-RAYJOB_PLURAL = "rayjobs"
 FIELD_MANAGER = "spotray-cli"
 _CONTEXT_FIX = (
     "check that the cluster is up and that `kubectl get nodes` works; pick another cluster with "
     "--context NAME or --kubeconfig FILE (`kubectl config get-contexts` lists them)"
 )
-
-
-def ray_job_name(run: str, attempt: int) -> str:
-    """The RayJob the controller creates for attempt N of a run."""
-    return f"{run}-a{attempt}"
 
 
 def _api_message(error: ApiException) -> str:
@@ -49,7 +39,7 @@ def _api_message(error: ApiException) -> str:
         return str(error.reason)
 
 
-class Cluster:
+class ClusterConnection:
     """A connection to one cluster and a default namespace."""
 
     def __init__(self, options: KubeOptions) -> None:
@@ -98,7 +88,7 @@ class Cluster:
         if error.status in (401, 403):
             return CommandFailedError(
                 f"the cluster refused to let you {what}: {message}",
-                f"check your credentials and RBAC: `kubectl auth can-i get {PLURAL}.{API_GROUP} -n {namespace}`",
+                f"check your credentials and RBAC: `kubectl auth can-i get {PLURAL}.{GROUP} -n {namespace}`",
             )
         if error.status in (400, 422):
             return SpotrayError(f"the cluster refused to {what}: {message}", "fix the manifest as the message says")
@@ -109,13 +99,13 @@ class Cluster:
     def get_run(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         namespace = namespace or self.namespace
         with self._call(f"get TrainingRun {name}", namespace):
-            run = self.custom.get_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, name)
+            run = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
         return cast("dict[str, Any]", run)
 
     def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         namespace = namespace or self.namespace
         with self._call("list TrainingRuns", namespace):
-            listing = self.custom.list_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL)
+            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
         items: list[dict[str, Any]] = cast("dict[str, Any]", listing).get("items", [])
         return sorted(items, key=lambda item: item["metadata"]["name"])
 
@@ -129,7 +119,7 @@ class Cluster:
             before = None
         with self._call(f"apply TrainingRun {name}", namespace):
             after = self.custom.patch_namespaced_custom_object(
-                API_GROUP,
+                GROUP,
                 VERSION,
                 namespace,
                 PLURAL,

@@ -11,6 +11,13 @@ Faults can be injected at a chosen step so a user sees recovery for themselves:
   cluster and a new attempt start and resume;
 - ``--preempt-at N``: SIGTERM the driver, as a spot notice would: the workers take an emergency
   checkpoint, the attempt ends with exit code 143, and the next attempt resumes from it.
+
+How an attempt ended and what comes next is decided by the controller's own functions
+(controller/lifecycle.py ``classify_end`` and ``end_attempt``), from the same records in the store:
+the budgets mean the same here as on a cluster. Only the backoff differs: local mode starts the
+next attempt at once, since there is no capacity to wait for. The run's state (its id, attempts and
+budgets spent, in the status' own shape) is kept in ``<workdir>/run-state.json``, so the same
+command run again goes on from where the run stopped, and a finished run is not trained again.
 """
 
 from __future__ import annotations
@@ -22,17 +29,30 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotray.controller.lifecycle import AttemptEnd, RayJobView, RunState, classify_end, end_attempt, start_attempt
 from spotray.local_ray import LocalRayCluster
-from spotray.progress import ProgressView
+from spotray.progress import ProgressView, RunTally
 from spotray.reaper import Reaper
+from spotray.train.api_names import FAILED, SUCCEEDED, TERMINAL_PHASES
+from spotray.train.attempts import (
+    EXIT_BAD_INPUT,
+    EXIT_SUCCEEDED,
+    OUTCOME_RUNNING,
+    OUTCOME_SUSPENDED,
+    AttemptId,
+    check_run_id,
+    new_run_id,
+    read_attempt_records,
+)
 from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
 from spotray.train.errors import SpotrayError
 from spotray.train.events import read_events
-from spotray.train.launcher import DEFAULT_GRACE_SECONDS, EXIT_BAD_INPUT, EXIT_PREEMPTED, EXIT_SUCCEEDED
+from spotray.train.launcher import DEFAULT_GRACE_SECONDS
 from spotray.train.local_s3 import LocalS3Server
 from spotray.train.plot import plot_loss_across_attempts, split_attempts
 from spotray.train.runspec import RunContext, TrainingRun
@@ -45,16 +65,6 @@ class Faults:
     kill_worker_at: int | None = None
     kill_all_at: int | None = None
     preempt_at: int | None = None
-
-
-@dataclass
-class RunTally:
-    """What happened across the attempts, for the summary and the exit code."""
-
-    attempts: int = 0
-    preemptions: int = 0
-    failures: int = 0
-    injected: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -141,39 +151,101 @@ class LocalRun:
                 server.stop()
 
     def _attempts(self) -> int:
-        retry = self.run_spec.spec.retry
+        run = self.run_spec
+        run_id, state = self._load_state()
+        if state.phase in TERMINAL_PHASES:
+            return self._already_over(state)
+        if state.current is not None and state.current.outcome == OUTCOME_RUNNING:
+            # The previous `spotray run` was stopped mid-attempt: no budget is spent on that.
+            end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "the command running it was stopped")
+            state = end_attempt(state, run, end, datetime.now(UTC)).state
         while True:
-            self.tally.attempts += 1
-            code = self._one_attempt(self.tally.attempts)
-            if code == EXIT_SUCCEEDED:
+            why = "first attempt" if state.current is None else f"after attempt {state.current.attempt}"
+            state = start_attempt(state, run, datetime.now(UTC), why).state
+            self._save_state(run_id, state)
+            assert state.current is not None
+            attempt = AttemptId(run_id, state.current.attempt)
+            try:
+                code, disruption = self._one_attempt(attempt)
+            except KeyboardInterrupt:
+                end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "stopped on Ctrl-C or SIGTERM")
+                self._save_state(run_id, end_attempt(state, run, end, datetime.now(UTC)).state)
+                raise
+            end = self._classify(attempt, code, disruption)
+            state = end_attempt(state, run, end, datetime.now(UTC)).state
+            self._save_state(run_id, state)
+            self.tally.attempts = attempt.attempt
+            self.tally.preemptions, self.tally.failures = state.preemptions, state.failures
+            if state.phase == SUCCEEDED:
                 self._finish()
                 return 0
-            if code == EXIT_BAD_INPUT:
-                self.progress.note("the job refused its input (see the message above); not retrying")
-                return EXIT_BAD_INPUT
-            if code == EXIT_PREEMPTED:
-                self.tally.preemptions += 1
-                if self.tally.preemptions > retry.max_preemptions:
-                    self.progress.note(f"preempted {self.tally.preemptions} times, more than maxPreemptions")
-                    return 1
-                self.progress.note(f"attempt {self.tally.attempts} was preempted; the next one resumes")
-                continue
-            self.tally.failures += 1
-            if self.tally.failures > retry.max_failures:
-                self.progress.note(
-                    f"attempt {self.tally.attempts} failed (exit code {code}); "
-                    f"{self.tally.failures} failures exceed maxFailures={retry.max_failures}: giving up. "
-                    f"Log: {self._log_path(self.tally.attempts)}"
-                )
-                return 1
-            self.progress.note(f"attempt {self.tally.attempts} failed (exit code {code}); retrying")
+            self.progress.note(state.message)
+            if state.phase == FAILED:
+                self.progress.note(f"  log: {self._log_path(attempt.attempt)}")
+                return EXIT_BAD_INPUT if state.failure_reason == "BadInput" else 1
+
+    def _classify(self, attempt: AttemptId, code: int, disruption: str | None) -> AttemptEnd:
+        """How the attempt ended, from its exit code and its records, as the controller decides it."""
+        store = open_store(self.run_spec.spec.checkpoint.uri, self.store_config)
+        job = RayJobView(
+            job_status="SUCCEEDED" if code == EXIT_SUCCEEDED and disruption is None else "FAILED",
+            deployment_status="Complete",
+            message=f"the driver exited with code {code} (log: {self._log_path(attempt.attempt)})",
+            disruption=disruption,
+        )
+        try:
+            records = read_attempt_records(store, attempt)
+        except SpotrayError as error:
+            raise SpotrayError(
+                f"attempt {attempt.attempt} ended (exit code {code}), but its records cannot be read: {error.problem}",
+                "nothing was counted against the run's budgets; fix the storage and run the same command again",
+            ) from error
+        return classify_end(job, records)
+
+    def _state_path(self) -> Path:
+        return self.workdir / "run-state.json"
+
+    def _load_state(self) -> tuple[str, RunState]:
+        """This work directory's run: its id and status, or a new run when there is none (or another's)."""
+        path = self._state_path()
+        if path.exists():
+            saved = json.loads(path.read_text())
+            if saved.get("run") == self.run_spec.name:
+                return check_run_id(str(saved["run_id"])), RunState.from_status(saved["status"])
+            self.progress.note(f"{path} is run {saved.get('run')!r}'s, not {self.run_spec.name!r}: starting a new run")
+        return new_run_id("local"), RunState()
+
+    def _save_state(self, run_id: str, state: RunState) -> None:
+        path = self._state_path()
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps({"run": self.run_spec.name, "run_id": run_id, "status": state.to_status()}))
+        partial.replace(path)  # a kill mid-write leaves the previous state, never half a file
+
+    def _already_over(self, state: RunState) -> int:
+        where = self.workdir
+        if state.phase == SUCCEEDED:
+            self.progress.note(
+                f"{self.run_spec.name} is already complete in {where} ({state.message}); nothing to train. "
+                f"The final model is in {where / 'final'}; to train again, use another --workdir."
+            )
+            return 0
+        self.progress.note(
+            f"{self.run_spec.name} already failed in {where}: {state.message}\n"
+            f"To start over, fix the cause and use another --workdir (or delete {where})."
+        )
+        return EXIT_BAD_INPUT if state.failure_reason == "BadInput" else 1
 
     def _log_path(self, attempt: int) -> Path:
         return self.workdir / f"attempt-{attempt}.log"
 
-    def _one_attempt(self, attempt: int) -> int:
-        """Start a Ray cluster and the entrypoint for one attempt; watch it; inject faults. Returns its exit code."""
-        context = RunContext(name=self.run_spec.name, attempt=attempt, spec=self.run_spec.spec)
+    def _one_attempt(self, attempt: AttemptId) -> tuple[int, str | None]:
+        """Start a Ray cluster and the entrypoint for one attempt; watch it; inject faults.
+
+        Returns (the driver's exit code, what was lost when the whole cluster was killed, else None).
+        """
+        context = RunContext(
+            name=self.run_spec.name, run_id=attempt.run_id, attempt=attempt.attempt, spec=self.run_spec.spec
+        )
         cursor = EventCursor(self.events_path)
         cursor.new_events()  # only this attempt's events from here on
         cluster = LocalRayCluster(
@@ -193,8 +265,8 @@ class LocalRun:
                 # `python` in the entrypoint is this interpreter, with spotray installed.
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             }
-            self.progress.start_attempt(attempt, self.run_spec.spec.entrypoint)
-            with self._log_path(attempt).open("ab") as log_file:
+            self.progress.start_attempt(attempt.attempt, self.run_spec.spec.entrypoint)
+            with self._log_path(attempt.attempt).open("ab") as log_file:
                 driver = subprocess.Popen(
                     ["bash", "-c", self.run_spec.spec.entrypoint],
                     env=env,
@@ -212,7 +284,9 @@ class LocalRun:
         finally:
             cluster.stop()
 
-    def _watch(self, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, cursor: EventCursor) -> int:
+    def _watch(
+        self, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, cursor: EventCursor
+    ) -> tuple[int, str | None]:
         workers: dict[int, int] = {}
         while True:
             for event in cursor.new_events():
@@ -220,13 +294,13 @@ class LocalRun:
                 if event["event"] == "worker_start":
                     workers[int(event["rank"])] = int(event["pid"])
                 if event["event"] == "step":
-                    code = self._maybe_inject(int(event["step"]), driver, cluster, workers)
-                    if code is not None:
-                        return code
+                    lost = self._maybe_inject(int(event["step"]), driver, cluster, workers)
+                    if lost is not None:
+                        return driver.returncode, lost
             if driver.poll() is not None:
                 for event in cursor.new_events():
                     self.progress.on_event(event)
-                return driver.returncode
+                return driver.returncode, None
             time.sleep(0.2)
 
     def _stop_gracefully(self, driver: subprocess.Popen[bytes]) -> None:
@@ -241,7 +315,8 @@ class LocalRun:
 
     def _maybe_inject(
         self, step: int, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, workers: dict[int, int]
-    ) -> int | None:
+    ) -> str | None:
+        """Inject the fault due at ``step``; returns what was lost when it was the whole cluster (a node loss)."""
         faults = self.faults
         if faults.kill_worker_at is not None and step >= faults.kill_worker_at and workers:
             rank = max(workers)
@@ -252,9 +327,10 @@ class LocalRun:
             os.killpg(driver.pid, signal.SIGKILL)
             cluster.kill()
             driver.wait()
-            self._injected(f"SIGKILL to the driver and the whole Ray cluster (head lost) at step {step}")
+            what = f"SIGKILL to the driver and the whole Ray cluster (head lost) at step {step}"
+            self._injected(what)
             self.faults = Faults(faults.kill_worker_at, None, faults.preempt_at)
-            return EXIT_PREEMPTED  # the node is gone: to the controller this is a preemption
+            return what  # the node is gone: to the controller this is a preemption
         elif faults.preempt_at is not None and step >= faults.preempt_at:
             driver.send_signal(signal.SIGTERM)
             self._injected(f"SIGTERM to the driver (a spot notice) at step {step}")

@@ -14,10 +14,10 @@ import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from spotray.errors import EXIT_OK, CommandFailedError, NotFoundError
-from spotray.kube import ray_job_name
+from spotray.train.api_names import rayjob_name
 
 if TYPE_CHECKING:
-    from spotray.kube import Cluster
+    from spotray.kube import ClusterConnection
 
 DASHBOARD_PORT = 8265
 TIMEOUT_SECONDS = 10.0
@@ -42,7 +42,7 @@ def fetch_job_logs(dashboard: str, job_id: str) -> str:
         return str(json.loads(response.read())["logs"])
 
 
-def logs_command(cluster: Cluster, run: str, attempt: int | None, dashboard: str | None) -> int:
+def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dashboard: str | None) -> int:
     namespace = cluster.namespace
     if attempt is None:
         attempt = int((cluster.get_run(run).get("status") or {}).get("attempt") or 0)
@@ -51,7 +51,7 @@ def logs_command(cluster: Cluster, run: str, attempt: int | None, dashboard: str
                 f"TrainingRun {namespace}/{run} has not started an attempt yet",
                 f"wait for it to start: spotray watch {run} -n {namespace}",
             )
-    job_name = ray_job_name(run, attempt)
+    job_name = rayjob_name(run, attempt)
     job = cluster.get_ray_job(job_name)
     job_id = (job.get("status") or {}).get("jobId")
     if not job_id:

@@ -10,12 +10,19 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
-
-if TYPE_CHECKING:
-    from spotray.local import RunTally
+from typing import Any, TextIO
 
 BAR_WIDTH = 24
+
+
+@dataclass
+class RunTally:
+    """What happened across a run's attempts, for the summary."""
+
+    attempts: int = 0
+    preemptions: int = 0
+    failures: int = 0
+    injected: list[str] = field(default_factory=list)
 
 
 def format_duration(seconds: float) -> str:

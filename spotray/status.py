@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from spotray.output import age_since, emit, render_data, render_table
 
 if TYPE_CHECKING:
-    from spotray.kube import Cluster
+    from spotray.kube import ClusterConnection
 
 COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "age")
 
@@ -146,7 +146,7 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
     return "\n".join(lines)
 
 
-def status_command(cluster: Cluster, name: str | None, fmt: str) -> int:
+def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> int:
     if name is not None:
         run = cluster.get_run(name)
         emit(describe_run(run) if fmt == "table" else render_data(run, fmt))

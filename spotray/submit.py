@@ -16,8 +16,9 @@ import yaml
 from spotray.cluster_options import KubeOptions
 from spotray.errors import EXIT_OK
 from spotray.output import emit
+from spotray.train.api_names import GROUP
 from spotray.train.errors import SpotrayError
-from spotray.train.runspec import API_GROUP, load_training_run
+from spotray.train.runspec import load_training_run
 from spotray.watch import watch_run
 
 
@@ -48,12 +49,12 @@ def submit_command(path: Path, kube: KubeOptions, *, watch: bool) -> int:
             f"{path} says metadata.namespace {namespace}, but --namespace says {kube.namespace}",
             "leave out one of them, or make them agree",
         )
-    from spotray.kube import Cluster  # noqa: PLC0415 - the kubernetes client loads only once the manifest is valid
+    from spotray.kube import ClusterConnection  # noqa: PLC0415 - the kubernetes client loads only once the manifest is valid
 
-    cluster = Cluster(replace(kube, namespace=namespace or kube.namespace))
+    cluster = ClusterConnection(replace(kube, namespace=namespace or kube.namespace))
     _, verb = cluster.apply_run(document, cluster.namespace)
     where = f"namespace {cluster.namespace}, context {cluster.context_name}"
-    emit(f"trainingrun.{API_GROUP}/{training_run.name} {verb} ({where})")
+    emit(f"trainingrun.{GROUP}/{training_run.name} {verb} ({where})")
     if watch:
         return watch_run(cluster, training_run.name)
     emit(next_steps(training_run.name, cluster.namespace))

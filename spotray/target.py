@@ -52,9 +52,9 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
             f"RUN {run!r} is not a manifest file, a checkpoint URI or a TrainingRun name",
             "give a TrainingRun YAML file, s3://BUCKET/PREFIX, an absolute directory, or a TrainingRun's name",
         )
-    from spotray.kube import Cluster  # noqa: PLC0415 - the kubernetes client loads only when a cluster is asked
+    from spotray.kube import ClusterConnection  # noqa: PLC0415 - the kubernetes client loads only when a cluster is asked
 
-    cluster = Cluster(kube)
+    cluster = ClusterConnection(kube)
     document = cluster.get_run(run)
     uri = str(document.get("spec", {}).get("checkpoint", {}).get("uri", ""))
     if not uri:

@@ -16,7 +16,7 @@ from spotray.output import parse_time
 from spotray.progress import ProgressView
 
 if TYPE_CHECKING:
-    from spotray.kube import Cluster
+    from spotray.kube import ClusterConnection
 
 POLL_SECONDS = 2.0
 # How long the API may stay unreachable (a control plane upgrade, a laptop's Wi-Fi) before giving up.
@@ -113,7 +113,7 @@ class StatusFollower:
             )
 
 
-def watch_run(cluster: Cluster, name: str, poll_seconds: float = POLL_SECONDS) -> int:
+def watch_run(cluster: ClusterConnection, name: str, poll_seconds: float = POLL_SECONDS) -> int:
     namespace = cluster.namespace
     view = ProgressView()
     follower = StatusFollower(view, name, namespace)

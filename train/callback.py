@@ -19,6 +19,7 @@ from typing import Any
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.events import EventLog
 from spotray.train.store import ObjectStore, open_store
@@ -33,6 +34,8 @@ class S3CheckpointCallback(TrainerCallback):
     With ``save_final`` the last step is always checkpointed, even when ``max_steps`` is not a
     multiple of ``save_steps``, so the finished model is in the store too. ``data_position``, when
     given, returns where the data stream stands; it is recorded in the manifest for an exact resume.
+    ``attempt``, when given, fences uploads and prunes: once a newer attempt has claimed the
+    checkpoint URI (train/attempts.py), this one raises instead of writing.
     """
 
     def __init__(
@@ -45,6 +48,7 @@ class S3CheckpointCallback(TrainerCallback):
         save_final: bool = True,
         events: EventLog | None = None,
         data_position: Callable[[], dict[str, Any]] | None = None,
+        attempt: AttemptId | None = None,
     ) -> None:
         self.store = store or open_store(checkpoint_uri)
         self.data_position = data_position
@@ -55,10 +59,13 @@ class S3CheckpointCallback(TrainerCallback):
         self._staging_root = staging_dir
         self._owns_staging = staging_dir is None
         self._uploader: CheckpointUploader | None = None
+        self.attempt = attempt
 
     def _get_uploader(self) -> CheckpointUploader:
         if self._uploader is None:
-            self._uploader = CheckpointUploader(self.store, self.keep, on_uploaded=self._report_uploaded)
+            self._uploader = CheckpointUploader(
+                self.store, self.keep, on_uploaded=self._report_uploaded, attempt=self.attempt
+            )
         return self._uploader
 
     def _report_uploaded(self, manifest: Manifest, seconds: float) -> None:

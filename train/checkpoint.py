@@ -4,8 +4,7 @@ Layout under a run's checkpoint URI::
 
     checkpoint-<step>/<files written by the trainer>
     checkpoint-<step>/spotray-manifest.json      <- written LAST
-    _spotray/attempt-<N>.json                    <- how attempt N ended (written by the driver)
-    _spotray/attempt-<N>.preempted.json          <- attempt N stopped on a preemption notice (rank 0)
+    _spotray/...                                 <- the attempts' records (train/attempts.py)
 
 The manifest lists every file with its size and SHA-256, plus the step, world size, library
 versions and what resume needs. A checkpoint is complete when its manifest parses and every file it
@@ -29,6 +28,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from spotray.train.attempts import AttemptId, check_fence
 from spotray.train.errors import CorruptCheckpointError, ObjectTooLargeError
 from spotray.train.store import ObjectInfo, ObjectStore, upload_dir
 
@@ -43,17 +43,6 @@ NO_MANIFEST = "no manifest (upload unfinished or interrupted)"
 # a hostile bucket can make a reader hold in memory.
 MAX_MANIFEST_BYTES = 16 << 20
 _VERSIONED_PACKAGES = ("torch", "transformers", "ray", "mosaicml-streaming", "spotray")
-
-
-RUN_STATE_PREFIX = "_spotray"
-
-
-def attempt_outcome_key(attempt: int) -> str:
-    return f"{RUN_STATE_PREFIX}/attempt-{attempt}.json"
-
-
-def preemption_marker_key(attempt: int) -> str:
-    return f"{RUN_STATE_PREFIX}/attempt-{attempt}.preempted.json"
 
 
 def checkpoint_dir_name(step: int) -> str:
@@ -274,9 +263,21 @@ def delete_checkpoint(store: ObjectStore, info: CheckpointInfo, objects: list[Ob
 
 
 def upload_checkpoint(
-    store: ObjectStore, local_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None
+    store: ObjectStore,
+    local_dir: Path,
+    step: int,
+    world_size: int,
+    resume: dict[str, Any] | None = None,
+    *,
+    attempt: AttemptId | None = None,
 ) -> Manifest:
-    """Upload ``local_dir`` as ``checkpoint-<step>/``: drop any old manifest, send files, manifest last."""
+    """Upload ``local_dir`` as ``checkpoint-<step>/``: drop any old manifest, send files, manifest last.
+
+    With ``attempt``, the fence is checked before the first write and again before the manifest
+    (the commit): a superseded attempt raises ``SupersededError`` and never completes a checkpoint.
+    """
+    if attempt is not None:
+        check_fence(store, attempt)
     prefix = checkpoint_dir_name(step)
     existing = store.list(prefix + "/")
     if existing:
@@ -284,6 +285,8 @@ def upload_checkpoint(
         delete_checkpoint(store, CheckpointInfo(step, prefix, 0, None, "replaced"), existing)
     manifest = build_manifest(local_dir, step, world_size, resume)
     upload_dir(store, local_dir, prefix, exclude={MANIFEST_NAME})
+    if attempt is not None:
+        check_fence(store, attempt)
     store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json())
     return manifest
 
@@ -317,20 +320,29 @@ def download_checkpoint(store: ObjectStore, info: CheckpointInfo, dest_root: Pat
     return final
 
 
-def prune_checkpoints(store: ObjectStore, keep: int) -> list[int]:
+def prune_checkpoints(
+    store: ObjectStore, keep: int, *, attempt: AttemptId | None = None, just_uploaded: int | None = None
+) -> list[int]:
     """Keep the newest ``keep`` complete checkpoints; delete older ones. Returns the steps deleted.
 
     Incomplete checkpoints older than the newest complete one are abandoned uploads and go too;
     anything newer than the newest complete one may be an upload in flight and is left alone.
+    Never deleted, whatever ``keep`` says: ``just_uploaded`` (its bytes were hashed from the local
+    files a moment ago, while a newer-numbered checkpoint may be complete by its sizes and still
+    corrupt) and the step the running attempt resumed from (the fence's ``resumed_from``). With
+    ``attempt``, a superseded attempt raises ``SupersededError`` and deletes nothing.
     """
     if keep < 1:
         raise ValueError("keep must be >= 1: pruning must never delete the last complete checkpoint")
+    fence = check_fence(store, attempt) if attempt is not None else None
+    protected = {just_uploaded, fence.resumed_from if fence else None} - {None}
     checkpoints = list_checkpoints(store)
     complete = [c for c in checkpoints if c.complete]
     if not complete:
         return []
     newest_complete = complete[0].step
     doomed = complete[keep:] + [c for c in checkpoints if not c.complete and c.step < newest_complete]
+    doomed = [c for c in doomed if c.step not in protected]
     for info in sorted(doomed, key=lambda c: c.step):
         delete_checkpoint(store, info)
         log.info("pruned %s", store.uri.join(info.prefix))

@@ -5,20 +5,19 @@ What each part of the spec becomes:
   CPU workers, each asking for its share of the replica's CPUs;
 - the run name -> ``RunConfig(name=...)``, stable across attempts, so Ray's run directory is reused;
 - worker failures -> ``FailureConfig(max_failures=-1)`` by default: a worker process or node that
-  dies is replaced and training goes on from the latest complete checkpoint in our store (seed 003).
+  dies is replaced and training goes on from the latest complete checkpoint in our store (seed 003);
+  a training loop that raises again and again is not (train/crash_loop.py).
 
 Ray Train V2 (the default in Ray 2.60) has no ``TorchTrainer.restore``: a new attempt is a new
 ``fit()``, and resume comes from our own S3 checkpoints, which each worker fetches at start. We
 never hand checkpoints to Ray (``ray.train.report`` carries metrics only), so Ray's storage path
 holds only small run metadata and may be a local directory.
 
-Exit codes, for the controller and local mode:
-- 0: training finished;
-- 143 (128 + SIGTERM): the attempt stopped on a preemption notice after its emergency checkpoint
-  was complete in the store: start the next attempt. Rank 0 leaves a marker in the store when it
-  stops on a notice (Ray Train hands the driver only checkpoint-attached metrics, and we attach
-  no checkpoints to Ray), and the driver records every attempt's outcome there too, for the controller;
-- 1: training failed; 2: bad input (the message says what to fix).
+Exit codes and the records an attempt leaves: train/attempts.py. A ``fit()`` that returns normally
+either finished or stopped on a preemption notice (rank 0's record says which), or gave up on a
+training loop that kept raising (train/crash_loop.py); one that raises is a failure. Before
+``fit()`` the driver claims the checkpoint URI (the fence, train/attempts.py): older attempts
+still draining stop uploading and pruning.
 """
 
 from __future__ import annotations
@@ -31,16 +30,26 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from spotray.train.checkpoint import attempt_outcome_key, preemption_marker_key
+from spotray.train.attempts import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILED,
+    EXIT_PREEMPTED,
+    EXIT_SUCCEEDED,
+    AttemptId,
+    AttemptOutcome,
+    read_record,
+    write_fence,
+    write_outcome,
+)
+from spotray.train.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
 from spotray.train.runspec import RunContext
-from spotray.train.store import ObjectStore, get_bytes_if_exists
+from spotray.train.store import ObjectStore
 
 with extra_required("ray"):
     import ray
@@ -49,10 +58,6 @@ with extra_required("ray"):
 
 log = logging.getLogger(__name__)
 
-EXIT_SUCCEEDED = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_PREEMPTED = 128 + signal.SIGTERM
 # Ray Train polls for draining nodes every 5 s by default; a 15 s notice cannot spare that much.
 RAY_TRAIN_SETTINGS = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 # How long a preemption notice gives (GKE gives 15 s, AWS 120 s); the drain deadline we announce.
@@ -80,37 +85,17 @@ def default_storage_path() -> str:
     return os.environ.get("SPOTRAY_RAY_STORAGE", str(Path(tempfile.gettempdir()) / "spotray-ray-results"))
 
 
-@dataclass(frozen=True)
-class AttemptOutcome:
-    """How an attempt ended: the exit code and what a person should read about it."""
-
-    exit_code: int
-    step: int | None
-    detail: str
-
-
-def outcome_after_fit(store: ObjectStore, attempt: int) -> AttemptOutcome:
-    """A ``fit()`` that returned normally either finished or stopped on a notice (rank 0's marker says which)."""
-    raw = get_bytes_if_exists(store, preemption_marker_key(attempt))
-    if raw is None:
+def outcome_after_fit(store: ObjectStore, attempt: AttemptId, crash_loop: CrashLoop | None = None) -> AttemptOutcome:
+    """How a ``fit()`` that returned normally ended: gave up on a crash loop, preempted, or finished."""
+    if crash_loop is not None:
+        code = EXIT_BAD_INPUT if crash_loop.bad_input else EXIT_FAILED
+        return AttemptOutcome(code, crash_loop.checkpoint_step, crash_loop.message)
+    marker = read_record(store, attempt.preemption_key, attempt)
+    if marker is None:
         return AttemptOutcome(EXIT_SUCCEEDED, None, "training finished")
-    marker = json.loads(raw)
     return AttemptOutcome(
         EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
     )
-
-
-def write_attempt_marker(store: ObjectStore, context: RunContext, outcome: AttemptOutcome) -> None:
-    """Record how the attempt ended next to the checkpoints, for the controller to read."""
-    marker = {
-        "run": context.name,
-        "attempt": context.attempt,
-        "exit_code": outcome.exit_code,
-        "step": outcome.step,
-        "detail": outcome.detail,
-        "time": time.time(),
-    }
-    store.put_bytes(attempt_outcome_key(context.attempt), json.dumps(marker, sort_keys=True).encode())
 
 
 def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) -> int:
@@ -189,16 +174,26 @@ def launch(
     when each worker group starts) are split across the workers; each worker reads its part with
     ``ray.train.get_dataset_shard(name)``.
     """
+    # The workers read the run context (their attempt's identity included) from SPOTRAY_RUN,
+    # also when this driver was started by hand and made its own.
+    worker_env = {**spotray_env_for_workers(), **context.to_env(), **RAY_TRAIN_SETTINGS}
     if not ray.is_initialized():
         # RAY_ADDRESS is set by the RayJob (KubeRay) and by local mode; without it Ray starts its own.
         ray.init(
             address=os.environ.get("RAY_ADDRESS"),
             logging_level=logging.WARNING,
-            runtime_env={"env_vars": driver_env_vars({**spotray_env_for_workers(), **RAY_TRAIN_SETTINGS})},
+            runtime_env={"env_vars": driver_env_vars(worker_env)},
         )
     install_sigterm_drain(grace_seconds)
+    # From here on, older attempts of this checkpoint URI stop uploading and pruning (train/attempts.py).
+    try:
+        write_fence(store, context.attempt_id)
+    except SpotrayError as error:
+        print(f"error: cannot claim the checkpoint URI for this attempt: {error}", file=sys.stderr)
+        return EXIT_FAILED
+    ledger = start_ledger(context.attempt_id)
     trainer = TorchTrainer(
-        train_loop,
+        guard_against_crash_loops(train_loop),
         train_loop_config=loop_config,
         scaling_config=build_scaling_config(context),
         run_config=build_run_config(context, storage_path or default_storage_path()),
@@ -213,9 +208,9 @@ def launch(
         print(f"error: training failed: {error}", file=sys.stderr)
         outcome = AttemptOutcome(EXIT_FAILED, None, f"training failed: {type(error).__name__}: {error}")
     else:
-        outcome = outcome_after_fit(store, context.attempt)
+        outcome = outcome_after_fit(store, context.attempt_id, ledger_verdict(ledger))
     try:
-        write_attempt_marker(store, context, outcome)
+        write_outcome(store, context.attempt_id, outcome)
     except SpotrayError as error:
         log.warning("could not record the attempt's outcome in the store: %s", error)
     return outcome.exit_code

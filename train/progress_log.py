@@ -1,15 +1,20 @@
 """Training progress kept next to the checkpoints, so anyone with the checkpoint URI can follow a run.
 
-Rank 0 of each attempt rewrites one small object, ``_spotray/attempt-<N>.progress.json``::
+Rank 0 of each attempt rewrites one small object, ``_spotray/<run id>/attempt-<N>.progress.json``
+(train/attempts.py)::
 
-    {"attempt": 2, "resumed_from": 30, "max_steps": 100, "world_size": 2, "updated": 1763870000.0,
-     "points": [[31, 3.21, 1763869990.5], [32, 3.19, 1763869990.6], ...]}   # [step, loss, unix time]
+    {"run_id": "...", "attempt": 2, "resumed_from": 30, "max_steps": 100, "world_size": 2,
+     "updated": 1763870000.0, "points": [[31, 3.21, 1763869990.5], ...]}   # [step, loss, unix time]
 
-at most every ``interval_s`` seconds and once more when training ends. Objects, not appends,
-because S3 cannot append; one per attempt, so a new attempt never rewrites an old one's history.
-The controller reads the newest attempt's last point for ``status.progress``; ``spotray plot``
-joins every attempt's points and marks where each resumed. Writing is best effort: progress that
-cannot be written is logged and training goes on.
+Objects, not appends, because S3 cannot append; one per attempt, so a new attempt never rewrites
+an old one's history. The controller reads the newest attempt's last point for ``status.progress``;
+``spotray plot`` joins every attempt's points and marks where each resumed.
+
+The training thread never waits for S3: ``ProgressWriter.record`` appends to memory, and a
+background thread writes the newest snapshot at most every ``interval_s`` seconds (writes coalesce:
+an S3 outage delays progress, never a step). The object is bounded: past ``MAX_POINTS`` points,
+every other point of the older half is dropped, so a long run keeps its whole curve, thinned.
+Writing is best effort: progress that cannot be written is logged and training goes on.
 """
 
 from __future__ import annotations
@@ -17,21 +22,22 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotray.train.checkpoint import RUN_STATE_PREFIX
+from spotray.train.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
 from spotray.train.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
 
-_PROGRESS_KEY_PATTERN = re.compile(rf"^{RUN_STATE_PREFIX}/attempt-(\d+)\.progress\.json$")
+_PROGRESS_KEY_PATTERN = re.compile(
+    rf"^{RECORDS_PREFIX}/({RUN_ID_PATTERN.pattern[1:-1]})/attempt-(\d+)\.progress\.json$"
+)
 DEFAULT_INTERVAL_S = 5.0
-
-
-def attempt_progress_key(attempt: int) -> str:
-    return f"{RUN_STATE_PREFIX}/attempt-{attempt}.progress.json"
+# About 40 bytes a point: the object stays under 400 kB however long the run.
+MAX_POINTS = 10_000
 
 
 @dataclass
@@ -39,6 +45,7 @@ class AttemptProgress:
     """What one attempt trained: every logged (step, loss, time), where it started, its target."""
 
     attempt: int
+    run_id: str
     resumed_from: int | None = None
     max_steps: int | None = None
     world_size: int | None = None
@@ -63,6 +70,7 @@ class AttemptProgress:
     def to_json(self) -> bytes:
         return json.dumps(
             {
+                "run_id": self.run_id,
                 "attempt": self.attempt,
                 "resumed_from": self.resumed_from,
                 "max_steps": self.max_steps,
@@ -77,6 +85,7 @@ class AttemptProgress:
         raw: dict[str, Any] = json.loads(data)
         return cls(
             attempt=int(raw["attempt"]),
+            run_id=str(raw["run_id"]),
             resumed_from=raw.get("resumed_from"),
             max_steps=raw.get("max_steps"),
             world_size=raw.get("world_size"),
@@ -84,29 +93,78 @@ class AttemptProgress:
             points=[(int(step), float(loss), float(when)) for step, loss, when in raw.get("points", [])],
         )
 
+    @property
+    def attempt_id(self) -> AttemptId:
+        return AttemptId(self.run_id, self.attempt)
+
+    def thin(self, max_points: int = MAX_POINTS) -> None:
+        """Past ``max_points``, drop every other point of the older half (the newest stay dense)."""
+        if len(self.points) > max_points:
+            half = len(self.points) // 2
+            self.points = self.points[:half:2] + self.points[half:]
+
 
 class ProgressWriter:
-    """Collects (step, loss) on rank 0 and rewrites the attempt's progress object now and then."""
+    """Collects (step, loss) on rank 0; a background thread writes the attempt's progress object."""
 
     def __init__(self, store: ObjectStore, progress: AttemptProgress, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.store = store
         self.progress = progress
         self.interval_s = interval_s
-        self._last_write = 0.0
+        self._lock = threading.Lock()
+        self._dirty = threading.Event()  # points not written yet
+        self._hurry = threading.Event()  # a flush: do not wait out the interval
+        self._written = threading.Condition(self._lock)
+        self._generation = 0  # snapshots taken; a flush waits for the one it asked for
+        self._writes_done = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="spotray-progress", daemon=True)
+        self._thread.start()
 
     def record(self, step: int, loss: float) -> None:
-        now = time.time()
-        self.progress.points.append((step, loss, now))
-        if now - self._last_write >= self.interval_s:
-            self.flush()
+        """Append a point; returns at once (the write happens on the writer's thread)."""
+        with self._lock:
+            self.progress.points.append((step, loss, time.time()))
+            self.progress.thin()
+            self._generation += 1
+        self._dirty.set()
 
-    def flush(self) -> None:
-        self.progress.updated = time.time()
-        self._last_write = self.progress.updated
-        try:
-            self.store.put_bytes(attempt_progress_key(self.progress.attempt), self.progress.to_json())
-        except Exception as error:  # noqa: BLE001 - progress is best effort; training must go on
-            log.warning("could not write training progress to the store: %s", error)
+    def flush(self, timeout_s: float = 30.0) -> bool:
+        """Write what was recorded and wait up to ``timeout_s`` for it; False if it did not land in time."""
+        with self._lock:
+            wanted = self._generation
+        self._hurry.set()
+        self._dirty.set()
+        with self._written:
+            return self._written.wait_for(lambda: self._writes_done >= wanted, timeout=timeout_s)
+
+    def close(self, timeout_s: float = 30.0) -> bool:
+        written = self.flush(timeout_s)
+        self._closed = True
+        self._hurry.set()
+        self._dirty.set()
+        return written
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._dirty.wait()
+            if self._closed:
+                return
+            self._dirty.clear()
+            with self._lock:
+                generation = self._generation
+                self.progress.updated = time.time()
+                snapshot = self.progress.to_json()
+            try:
+                self.store.put_bytes(self.progress.attempt_id.progress_key, snapshot)
+            except Exception as error:  # noqa: BLE001 - progress is best effort; training must go on
+                log.warning("could not write training progress to the store: %s", error)
+            with self._written:
+                self._writes_done = max(self._writes_done, generation)
+                self._written.notify_all()
+            # Coalesce: the next write carries every point recorded meanwhile; a flush cuts the pause short.
+            if self._hurry.wait(self.interval_s):
+                self._hurry.clear()
 
 
 # A point is about 40 bytes and one is kept per logged step, so a long run's object can pass the
@@ -114,24 +172,36 @@ class ProgressWriter:
 MAX_PROGRESS_BYTES = 64 << 20
 
 
-def read_attempt_progress(store: ObjectStore, attempt: int) -> AttemptProgress | None:
-    """One attempt's progress; None if it wrote none (yet) or the object is unreadable."""
-    raw = get_bytes_if_exists(store, attempt_progress_key(attempt), max_bytes=MAX_PROGRESS_BYTES)
+def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProgress | None:
+    """One attempt's progress; None if it wrote none (yet), or the object is unreadable or not this attempt's."""
+    raw = get_bytes_if_exists(store, attempt.progress_key, max_bytes=MAX_PROGRESS_BYTES)
     if raw is None:
         return None
     try:
-        return AttemptProgress.from_json(raw)
+        progress = AttemptProgress.from_json(raw)
     except (ValueError, KeyError, TypeError) as error:
-        log.warning("ignoring unreadable progress of attempt %d: %s", attempt, error)
+        log.warning("ignoring unreadable progress of %s: %s", attempt, error)
         return None
+    return progress if progress.attempt_id == attempt else None
 
 
-def read_run_progress(store: ObjectStore) -> list[AttemptProgress]:
-    """Every attempt's progress under the run's checkpoint URI, oldest attempt first."""
-    attempts = sorted(
-        int(match.group(1))
-        for info in store.list(f"{RUN_STATE_PREFIX}/")
-        if (match := _PROGRESS_KEY_PATTERN.match(info.key))
-    )
-    found = (read_attempt_progress(store, attempt) for attempt in attempts)
-    return [progress for progress in found if progress is not None]
+def read_run_progress(store: ObjectStore, run_id: str | None = None) -> list[AttemptProgress]:
+    """Every attempt's progress of one run, oldest attempt first.
+
+    ``run_id`` None: the run that wrote progress last (a checkpoint URI may hold an older run's too).
+    """
+    found: dict[str, list[int]] = {}
+    for info in store.list(f"{RECORDS_PREFIX}/"):
+        match = _PROGRESS_KEY_PATTERN.match(info.key)
+        if match:
+            found.setdefault(match.group(1), []).append(int(match.group(2)))
+    runs = {
+        run: [p for p in (read_attempt_progress(store, AttemptId(run, n)) for n in sorted(numbers)) if p is not None]
+        for run, numbers in found.items()
+        if run_id is None or run == run_id
+    }
+    runs = {run: history for run, history in runs.items() if history}
+    if not runs:
+        return []
+    newest = max(runs, key=lambda run: max(p.updated for p in runs[run]))
+    return runs[newest]

@@ -21,12 +21,11 @@ from typing import Any
 
 import yaml
 
+from spotray.train.api_names import API_VERSION, KIND
+from spotray.train.attempts import AttemptId, check_run_id
 from spotray.train.errors import SpotrayError
 from spotray.train.store import parse_uri
 
-API_GROUP = "spotray.dev"
-API_VERSION = f"{API_GROUP}/v1alpha1"
-KIND = "TrainingRun"
 RUN_ENV_VAR = "SPOTRAY_RUN"
 # The CRD (controller/crd.py) reuses these, so the API server and this parser agree.
 # Kubernetes object names (RFC 1123 subdomain, shortened): they become Ray run names and S3 keys too.
@@ -132,14 +131,24 @@ class TrainingRun:
 
 @dataclass(frozen=True)
 class RunContext:
-    """What a job needs to know about the run it belongs to: set by whoever starts the attempt."""
+    """What a job needs to know about the run it belongs to: set by whoever starts the attempt.
+
+    ``run_id`` and ``attempt`` are the attempt's identity (train/attempts.py): the TrainingRun's UID
+    under the controller, the work directory's run id in local mode.
+    """
 
     name: str
+    run_id: str
     attempt: int
     spec: RunSpec
 
+    @property
+    def attempt_id(self) -> AttemptId:
+        return AttemptId(self.run_id, self.attempt)
+
     def to_env(self) -> dict[str, str]:
-        return {RUN_ENV_VAR: json.dumps({"name": self.name, "attempt": self.attempt, "spec": asdict(self.spec)})}
+        fields = {"name": self.name, "run_id": self.run_id, "attempt": self.attempt, "spec": asdict(self.spec)}
+        return {RUN_ENV_VAR: json.dumps(fields)}
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> RunContext | None:
@@ -151,6 +160,7 @@ class RunContext:
         spec = data["spec"]
         return cls(
             name=data["name"],
+            run_id=check_run_id(str(data["run_id"])),
             attempt=int(data["attempt"]),
             spec=RunSpec(
                 entrypoint=spec["entrypoint"],

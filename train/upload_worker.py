@@ -22,6 +22,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
 from spotray.train.errors import CheckpointUploadError
 from spotray.train.store import ObjectStore
@@ -45,14 +46,15 @@ class UploadJob:
     step: int
     world_size: int
     resume: dict[str, Any]
+    attempt: AttemptId | None = None  # fences the upload and the prune (train/attempts.py)
 
 
 def upload_and_prune(store: ObjectStore, job: UploadJob, keep: int) -> tuple[Manifest, float]:
     """The work of one checkpoint: upload (manifest last), then prune to ``keep``."""
     started = time.monotonic()
-    manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume)
+    manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume, attempt=job.attempt)
     seconds = time.monotonic() - started
-    prune_checkpoints(store, keep)
+    prune_checkpoints(store, keep, attempt=job.attempt, just_uploaded=job.step)
     return manifest, seconds
 
 

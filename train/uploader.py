@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest
 from spotray.train.errors import CheckpointUploadError
 from spotray.train.store import ObjectStore
@@ -58,11 +59,13 @@ class CheckpointUploader:
         store: ObjectStore,
         keep: int,
         on_uploaded: Callable[[Manifest, float], None] | None = None,
+        attempt: AttemptId | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
         self.store = store
         self.keep = keep
+        self.attempt = attempt  # fences every upload and prune (train/attempts.py)
         self._on_uploaded = on_uploaded
         self._jobs: queue.Queue[UploadJob | None] = queue.Queue()
         self._failure: BaseException | None = None
@@ -82,7 +85,7 @@ class CheckpointUploader:
                 "checkpoint uploads are falling behind (%d waiting); checkpoint less often or use faster storage",
                 backlog,
             )
-        self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}))
+        self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}, self.attempt))
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:

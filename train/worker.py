@@ -21,7 +21,6 @@ Only ``ray.train`` calls need Ray; ranks come from ``torch.distributed``, which 
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import time
@@ -34,8 +33,9 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from spotray.train.attempts import AttemptId, write_fence, write_preemption
 from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import CheckpointInfo, complete_checkpoints, download_checkpoint, preemption_marker_key
+from spotray.train.checkpoint import CheckpointInfo, complete_checkpoints, download_checkpoint
 from spotray.train.errors import CorruptCheckpointError
 from spotray.train.events import EventLog
 from spotray.train.extras import extra_required
@@ -87,7 +87,8 @@ def default_notice() -> Callable[[], object | None]:
     return ray.train.get_preemption_info if in_ray_train() else SigtermNotice()
 
 
-def _broadcast(value: Any) -> Any:
+def broadcast_from_rank0(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (itself when there is no process group)."""
     if not (dist.is_available() and dist.is_initialized()):
         return value
     box = [value]
@@ -95,10 +96,16 @@ def _broadcast(value: Any) -> Any:
     return box[0]
 
 
-def agree_on_resume_point(store: ObjectStore, dest_root: Path) -> ResumePoint | None:
-    """The same verified checkpoint on every rank (each downloads its own copy), or None on a fresh start."""
+def agree_on_resume_point(store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> ResumePoint | None:
+    """The same verified checkpoint on every rank (each downloads its own copy), or None on a fresh start.
+
+    With ``attempt``, rank 0 records the step in the fence (train/attempts.py): pruning never
+    deletes the checkpoint a running attempt resumed from.
+    """
     chosen = fetch_resume_checkpoint(store, dest_root) if world_rank() == 0 else None
-    step = _broadcast(chosen.step if chosen else None)
+    if world_rank() == 0 and attempt is not None and chosen is not None:
+        write_fence(store, attempt, resumed_from=chosen.step)
+    step = broadcast_from_rank0(chosen.step if chosen else None)
     if step is None or chosen is not None:
         return chosen
     info = _find_complete(store, step)
@@ -151,8 +158,8 @@ class ProgressCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if self.progress is not None:
-            self.progress.flush()
+        if self.progress is not None and not self.progress.close():
+            log.warning("the last training progress did not reach the store in time (it is best effort)")
         if not self.report_to_ray:
             return
         # Runs after the S3 callback's on_train_end (it comes first in the list), so the final
@@ -171,7 +178,7 @@ class PreemptionNoticeCallback(TrainerCallback):
         sync: S3CheckpointCallback,
         events: EventLog,
         *,
-        attempt: int,
+        attempt: AttemptId,
         target_interval_s: float = 1.0,
         calibration_steps: int = 5,
         notice: Callable[[], object | None] | None = None,
@@ -196,7 +203,7 @@ class PreemptionNoticeCallback(TrainerCallback):
         elif self.steps_seen == self.calibration_steps + 1 and self.calibration_started is not None:
             step_s = (time.monotonic() - self.calibration_started) / self.calibration_steps
             every = max(1, min(100, round(self.target_interval_s / max(step_s, 1e-6))))
-            self.check_every_steps = int(_broadcast(every))
+            self.check_every_steps = int(broadcast_from_rank0(every))
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._calibrate()
@@ -224,7 +231,6 @@ class PreemptionNoticeCallback(TrainerCallback):
         self.stopped_at_step = state.global_step
         if state.is_world_process_zero:
             seconds = time.monotonic() - self.noticed_at
-            marker = {"step": state.global_step, "seconds_after_notice": round(seconds, 3), "time": time.time()}
-            self.sync.store.put_bytes(preemption_marker_key(self.attempt), json.dumps(marker).encode())
+            write_preemption(self.sync.store, self.attempt, state.global_step, seconds)
             self.events.emit("emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3))
             log.warning("emergency checkpoint-%d complete %.1f s after the notice", state.global_step, seconds)

@@ -42,11 +42,20 @@ from ray.train.torch import prepare_model
 from torch import nn
 
 from spotray.jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
-from spotray.jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
+from spotray.jobs.common import (
+    LoopConfig,
+    add_run_flags,
+    events_path,
+    per_worker_batch,
+    required_data_uri,
+    run_context,
+    worker_context,
+)
+from spotray.train.attempts import EXIT_BAD_INPUT
 from spotray.train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
 from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
-from spotray.train.launcher import EXIT_BAD_INPUT, launch
+from spotray.train.launcher import launch
 from spotray.train.resume import ResumePoint
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, StoreConfig, open_store, parse_uri
@@ -135,8 +144,10 @@ def save_checkpoint(store: ObjectStore, local_root: Path, state: dict[str, Any],
     local_dir = local_root / checkpoint_dir_name(step)
     local_dir.mkdir(parents=True, exist_ok=True)
     torch.save(state, local_dir / STATE_NAME)
-    manifest = upload_checkpoint(store, local_dir, step, world_size(), resume={"epochs_done": int(state["epoch"]) + 1})
-    prune_checkpoints(store, keep)
+    attempt = worker_context().attempt_id
+    resume = {"epochs_done": int(state["epoch"]) + 1}
+    manifest = upload_checkpoint(store, local_dir, step, world_size(), resume, attempt=attempt)
+    prune_checkpoints(store, keep, attempt=attempt, just_uploaded=step)
     return manifest.total_bytes
 
 
@@ -208,7 +219,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(config.checkpoint_uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, rank_dir / "resume")
+    resume_point = agree_on_resume_point(store, rank_dir / "resume", worker_context().attempt_id)
     model, optimizer, start_epoch = restore(config, resume_point)
     unwrapped = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 

@@ -19,6 +19,7 @@ continues at the exact next sample, and syncs every checkpoint to the store in t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -30,8 +31,17 @@ from typing import Any
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from spotray.jobs.common import LoopConfig, add_run_flags, events_path, per_worker_batch, required_data_uri, run_context
+from spotray.jobs.common import (
+    LoopConfig,
+    add_run_flags,
+    events_path,
+    per_worker_batch,
+    required_data_uri,
+    run_context,
+    worker_context,
+)
 from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
+from spotray.train.attempts import EXIT_BAD_INPUT
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.data import (
     DataPosition,
@@ -43,7 +53,7 @@ from spotray.train.data import (
 )
 from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
-from spotray.train.launcher import EXIT_BAD_INPUT, launch, outcome_after_fit
+from spotray.train.launcher import launch, outcome_after_fit
 from spotray.train.progress_log import AttemptProgress, ProgressWriter
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, open_store, parse_uri
@@ -51,6 +61,7 @@ from spotray.train.worker import (
     PreemptionNoticeCallback,
     ProgressCallback,
     agree_on_resume_point,
+    broadcast_from_rank0,
     world_rank,
     world_size,
 )
@@ -142,12 +153,12 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = Gpt2JobConfig.from_loop_config(loop_config)
     rank, size = world_rank(), world_size()
-    attempt = RunContext.from_env()
+    context = worker_context()
     events = EventLog(config.events_path)
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(config.checkpoint_uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, rank_dir / "resume")
+    resume_point = agree_on_resume_point(store, rank_dir / "resume", context.attempt_id)
     position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
     start_step = resume_point.step if resume_point else 0
     if rank == 0:
@@ -174,9 +185,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         batch_size=per_device,
         world_size=size,
         start=position,
-        collate_fn=SampleRecorder(
-            to_features, rank=rank, start_step=start_step, attempt=attempt.attempt if attempt else 1
-        ),
+        collate_fn=SampleRecorder(to_features, rank=rank, start_step=start_step, attempt=context.attempt),
     )
     sync = S3CheckpointCallback(
         config.checkpoint_uri,
@@ -185,20 +194,22 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         events=events if rank == 0 else None,
         staging_dir=rank_dir / "staging",
         data_position=lambda: loader.position.to_dict(),  # noqa: PLW0108 (reads the position at save time)
+        attempt=context.attempt_id,
     )
     progress = None
     if rank == 0:
         progress = ProgressWriter(
             store,
             AttemptProgress(
-                attempt=attempt.attempt if attempt else 1,
+                attempt=context.attempt,
+                run_id=context.run_id,
                 resumed_from=resume_point.step if resume_point else None,
                 max_steps=config.max_steps,
                 world_size=size,
             ),
         )
     report = ProgressCallback(sync, events, progress)
-    notice = PreemptionNoticeCallback(sync, events, attempt=attempt.attempt if attempt else 1)
+    notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id)
     set_seed(config.seed)
     trainer = StreamingTrainer(
         model=build_model(config),
@@ -278,9 +289,12 @@ def run_under_torchrun(config: Gpt2JobConfig, context: RunContext) -> int:
     dist.init_process_group("nccl" if config.use_gpu else "gloo")
     try:
         store = prepare(config) if dist.get_rank() == 0 else open_store(config.checkpoint_uri)
+        # Every rank made its own context; rank 0's identity is the run's, and train_loop reads it.
+        context = dataclasses.replace(context, run_id=broadcast_from_rank0(context.run_id))
+        os.environ.update(context.to_env())
         dist.barrier()
         train_loop(config.to_loop_config())
-        return outcome_after_fit(store, context.attempt).exit_code
+        return outcome_after_fit(store, context.attempt_id).exit_code
     finally:
         dist.destroy_process_group()
 

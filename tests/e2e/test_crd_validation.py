@@ -25,8 +25,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from spotray.controller.crd import CRD_NAME, CRD_PATH, PLURAL, VERSION, spec_schema
-from spotray.train.runspec import API_GROUP, MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
+from spotray.controller.crd import CRD_PATH, spec_schema
+from spotray.train.api_names import CRD_NAME, PLURAL, VERSION
+from spotray.train.api_names import GROUP as API_GROUP
+from spotray.train.runspec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from tests.e2e.conftest import tb
 
 pytestmark = pytest.mark.e2e

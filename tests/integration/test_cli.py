@@ -155,11 +155,11 @@ def test_pull_refuses_a_dir_that_has_files(s3_uri: str, s3_env: dict[str, str], 
 
 
 def write_progress(store: ObjectStore, attempt: int, resumed_from: int | None, steps: range) -> None:
-    progress = AttemptProgress(attempt=attempt, resumed_from=resumed_from, max_steps=100, world_size=2)
+    progress = AttemptProgress(attempt=attempt, run_id="run-1", resumed_from=resumed_from, max_steps=100, world_size=2)
     writer = ProgressWriter(store, progress, interval_s=3600)
     for step in steps:
         writer.record(step, 5.0 - step / 40)
-    writer.flush()
+    writer.close()
 
 
 def test_plot_joins_every_attempt_and_marks_the_resumes(

@@ -24,9 +24,10 @@ import torch
 from safetensors.torch import load_file
 
 from spotray.local_ray import LocalRayCluster
-from spotray.train.checkpoint import latest_complete_checkpoint, preemption_marker_key
+from spotray.train.attempts import EXIT_PREEMPTED, EXIT_SUCCEEDED, AttemptId, write_preemption
+from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.events import read_events
-from spotray.train.launcher import EXIT_PREEMPTED, EXIT_SUCCEEDED, outcome_after_fit
+from spotray.train.launcher import outcome_after_fit
 from spotray.train.local_s3 import LocalS3Server
 from spotray.train.store import S3ObjectStore, parse_uri
 from tests.conftest import TEST_BUCKET
@@ -212,10 +213,13 @@ def test_head_lost_then_resumed_with_fewer_workers_matches_an_uninterrupted_run(
     assert worst < 1e-3, f"weights differ by up to {worst}"
 
 
-def test_attempt_outcome_comes_from_the_preemption_marker(s3_store: S3ObjectStore) -> None:
-    assert outcome_after_fit(s3_store, attempt=3).exit_code == EXIT_SUCCEEDED
-    s3_store.put_bytes(preemption_marker_key(3), json.dumps({"step": 47}).encode())
-    outcome = outcome_after_fit(s3_store, attempt=3)
+def test_attempt_outcome_comes_from_this_attempts_preemption_record(s3_store: S3ObjectStore) -> None:
+    third = AttemptId("run-a", 3)
+    assert outcome_after_fit(s3_store, third).exit_code == EXIT_SUCCEEDED
+    write_preemption(s3_store, third, 47, 2.0)
+    outcome = outcome_after_fit(s3_store, third)
     assert outcome.exit_code == EXIT_PREEMPTED
     assert outcome.step == 47
-    assert outcome_after_fit(s3_store, attempt=4).exit_code == EXIT_SUCCEEDED
+    assert outcome_after_fit(s3_store, AttemptId("run-a", 4)).exit_code == EXIT_SUCCEEDED
+    # The same attempt number of another run (re-created with the same URI) finished normally.
+    assert outcome_after_fit(s3_store, AttemptId("run-b", 3)).exit_code == EXIT_SUCCEEDED

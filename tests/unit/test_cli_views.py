@@ -171,9 +171,9 @@ def test_watch_says_when_an_attempt_is_preempted_and_the_next_resumes() -> None:
 
 def test_attempts_from_progress_keep_the_resume_points() -> None:
     progress = [
-        AttemptProgress(1, None, 100, 2, 0.0, [(1, 5.0, 0.0), (45, 4.0, 1.0)]),
-        AttemptProgress(2, 40, 100, 2, 0.0, []),  # started, never logged a step: left out
-        AttemptProgress(3, 40, 100, 2, 0.0, [(41, 4.1, 2.0), (100, 3.0, 3.0)]),
+        AttemptProgress(1, "r", None, 100, 2, 0.0, [(1, 5.0, 0.0), (45, 4.0, 1.0)]),
+        AttemptProgress(2, "r", 40, 100, 2, 0.0, []),  # started, never logged a step: left out
+        AttemptProgress(3, "r", 40, 100, 2, 0.0, [(41, 4.1, 2.0), (100, 3.0, 3.0)]),
     ]
     attempts = attempts_from_progress(progress)
     assert [(a.number, a.resumed_from, a.last_step, a.finished) for a in attempts] == [

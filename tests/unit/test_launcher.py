@@ -36,7 +36,7 @@ def training_run(**spec: Any) -> TrainingRun:
 
 def context(**spec: Any) -> RunContext:
     run = training_run(**spec)
-    return RunContext(name=run.name, attempt=2, spec=run.spec)
+    return RunContext(name=run.name, run_id="uid-1", attempt=2, spec=run.spec)
 
 
 def test_cpu_workers_one_per_replica() -> None:

@@ -6,13 +6,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from spotray.controller.lifecycle import (
-    AttemptMarkers,
+    MAX_ATTEMPTS_KEPT,
+    MAX_MESSAGE_CHARS,
+    STORAGE_PATIENCE_S,
     Observation,
     RayJobView,
     RunState,
     conditions,
     plan,
 )
+from spotray.train.attempts import AttemptRecords
 from spotray.train.runspec import parse_training_run
 
 pytestmark = pytest.mark.unit
@@ -29,8 +32,8 @@ def run(**spec_overrides: object):
     )
 
 
-def step(state: RunState, job: RayJobView | None, markers: AttemptMarkers | None = None, now=NOW, **spec):
-    return plan(Observation(run(**spec), state, job, markers or AttemptMarkers(), settle_seconds=5), now)
+def step(state: RunState, job: RayJobView | None, markers: AttemptRecords | None = None, now=NOW, **spec):
+    return plan(Observation(run(**spec), state, job, markers or AttemptRecords(), settle_seconds=5), now)
 
 
 RUNNING_JOB = RayJobView(job_status="RUNNING", deployment_status="Running")
@@ -70,9 +73,9 @@ def test_success_ends_the_run() -> None:
 @pytest.mark.parametrize(
     ("job", "markers", "reason"),
     [
-        (FAILED_JOB, AttemptMarkers(preempted={"step": 40}), "SpotNotice"),
-        (FAILED_JOB, AttemptMarkers(outcome={"exit_code": 143, "step": 40}), "SpotNotice"),
-        (replace(FAILED_JOB, disruption="pod w on node spot-1: DeletionByPodGC"), AttemptMarkers(), "NodeLost"),
+        (FAILED_JOB, AttemptRecords(preempted={"step": 40}), "SpotNotice"),
+        (FAILED_JOB, AttemptRecords(outcome={"exit_code": 143, "step": 40}), "SpotNotice"),
+        (replace(FAILED_JOB, disruption="pod w on node spot-1: DeletionByPodGC"), AttemptRecords(), "NodeLost"),
     ],
 )
 def test_preemption_facts_count_as_preemptions_not_failures(job, markers, reason) -> None:
@@ -92,9 +95,69 @@ def test_a_failure_without_facts_of_preemption_counts_against_the_failure_budget
     assert (result.state.preemptions, result.state.failures) == (0, 1)
 
 
-def test_bad_input_exit_code_is_named() -> None:
-    result = step(started(), FAILED_JOB, AttemptMarkers(outcome={"exit_code": 2, "detail": "bucket x missing"}))
+def test_bad_input_fails_the_run_at_once_naming_the_fix() -> None:
+    result = step(started(), FAILED_JOB, AttemptRecords(outcome={"exit_code": 2, "detail": "bucket x missing"}))
     assert (result.state.current.reason, result.state.current.message) == ("BadInput", "bucket x missing")
+    assert result.state.phase == "Failed"
+    assert result.state.failure_reason == "BadInput"
+    assert "bucket x missing" in result.state.message
+
+
+def test_an_unreadable_store_at_the_end_of_an_attempt_decides_nothing_and_spends_nothing() -> None:
+    before = started()
+    unknown = Observation(run(), before, FAILED_JOB, None, storage_error="connect timeout", settle_seconds=5)
+    waiting = plan(unknown, NOW)
+    assert waiting.state.current.outcome == "Running"  # no outcome recorded
+    assert (waiting.state.preemptions, waiting.state.failures) == (0, 0)
+    assert waiting.create_attempt is None
+    assert waiting.requeue_after_s is not None
+    assert "connect timeout" in waiting.state.message
+    assert [e.reason for e in waiting.events] == ["WaitingForStorage"]
+    later = NOW + timedelta(seconds=STORAGE_PATIENCE_S + 1)
+    still = plan(replace(unknown, state=waiting.state), later)
+    assert (still.state.preemptions, still.state.failures) == (0, 0)
+    assert [e.reason for e in still.events] == ["StorageUnreachable"]
+    shown = {c["type"]: c for c in conditions(still.state, [], 1, later)}
+    assert shown["StorageUnreachable"]["status"] == "True"
+    # Readable again: decided from the records as usual, and the condition clears.
+    readable = plan(replace(unknown, state=still.state, records=AttemptRecords(preempted={"step": 3})), later)
+    assert readable.state.current.reason == "SpotNotice"
+    assert readable.state.storage_unreachable_since is None
+
+
+def test_a_rayjob_owned_by_another_run_is_never_adopted() -> None:
+    old_success = RayJobView("SUCCEEDED", "Complete", owner_uid="uid-of-the-deleted-run")
+    obs = Observation(run(), started(), old_success, run_uid="uid-of-this-run", settle_seconds=5)
+    result = plan(obs, NOW)
+    assert result.state.phase == "Pending"  # not Succeeded
+    assert result.state.current.outcome == "Running"
+    assert "belongs to another TrainingRun" in result.state.message
+    assert result.requeue_after_s == 5.0
+    ours = plan(replace(obs, job=replace(old_success, owner_uid="uid-of-this-run")), NOW)
+    assert ours.state.phase == "Succeeded"
+
+
+def test_a_40_kb_detail_is_cut_everywhere_the_status_shows_it() -> None:
+    trace = "Traceback (most recent call last):\n" + "  frame\n" * 5000 + "RuntimeError: boom"
+    result = step(started(), FAILED_JOB, AttemptRecords(outcome={"exit_code": 1, "detail": trace}))
+    status = result.state.to_status()
+    assert len(status["message"]) <= MAX_MESSAGE_CHARS
+    assert "more characters cut" in status["message"]
+    assert len(status["attempts"][-1]["message"]) <= MAX_MESSAGE_CHARS
+    assert all(len(c["message"]) <= MAX_MESSAGE_CHARS for c in conditions(result.state, [], 1, NOW))
+    assert all(len(e.message) <= MAX_MESSAGE_CHARS for e in result.events)
+
+
+def test_attempts_keep_the_last_n_and_the_budgets_count_them_all() -> None:
+    budget = {"maxPreemptions": 100, "maxFailures": 0, "backoffSeconds": 1}
+    state = started()
+    for n in range(MAX_ATTEMPTS_KEPT + 10):
+        state = step(state, FAILED_JOB, AttemptRecords(preempted={"step": n}), retry=budget).state
+        state = step(state, None, now=NOW + timedelta(seconds=5), retry=budget).state
+        state = RunState.from_status(state.to_status())  # through the API server's shape, every time
+    assert len(state.to_status()["attempts"]) == MAX_ATTEMPTS_KEPT
+    assert state.preemptions == MAX_ATTEMPTS_KEPT + 10
+    assert state.current.attempt == MAX_ATTEMPTS_KEPT + 11
 
 
 def test_a_fresh_failure_waits_for_disruption_reports_to_settle() -> None:
@@ -105,7 +168,7 @@ def test_a_fresh_failure_waits_for_disruption_reports_to_settle() -> None:
 
 
 def test_the_next_attempt_waits_for_the_backoff_then_starts() -> None:
-    resuming = step(started(), FAILED_JOB, AttemptMarkers(preempted={"step": 4})).state
+    resuming = step(started(), FAILED_JOB, AttemptRecords(preempted={"step": 4})).state
     early = step(resuming, None, now=NOW + timedelta(seconds=5))
     assert early.create_attempt is None
     assert early.requeue_after_s == pytest.approx(5)
@@ -138,7 +201,7 @@ def test_exhausting_the_failure_budget_fails_the_run_with_a_clear_condition() ->
 
 def test_preemptions_have_their_own_budget() -> None:
     state = started()
-    preempted = AttemptMarkers(preempted={"step": 1})
+    preempted = AttemptRecords(preempted={"step": 1})
     for attempt in range(3):  # maxPreemptions=2: the third preemption ends the run
         now = NOW + timedelta(minutes=attempt)
         state = step(state, FAILED_JOB, preempted, now=now).state
@@ -171,7 +234,7 @@ def test_a_run_created_suspended_starts_nothing() -> None:
 
 
 def test_state_round_trips_through_the_status() -> None:
-    state = step(started(), FAILED_JOB, AttemptMarkers(preempted={"step": 4})).state
+    state = step(started(), FAILED_JOB, AttemptRecords(preempted={"step": 4})).state
     status = state.to_status()
     status["conditions"] = conditions(state, [], 3, NOW)
     assert RunState.from_status(status) == state
@@ -193,7 +256,7 @@ INITIALIZING_JOB = RayJobView(job_status=None, deployment_status="Initializing")
 
 
 def with_deadline(state: RunState, job: RayJobView, seconds_later: float):
-    observation = Observation(run(), state, job, AttemptMarkers(), settle_seconds=5, start_deadline_seconds=600)
+    observation = Observation(run(), state, job, AttemptRecords(), settle_seconds=5, start_deadline_seconds=600)
     return plan(observation, NOW + timedelta(seconds=seconds_later))
 
 

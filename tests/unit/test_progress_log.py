@@ -1,24 +1,27 @@
 """train/progress_log.py: each attempt's progress object, written and read back through a store."""
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from spotray.train.attempts import AttemptId
 from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress, read_run_progress
-from spotray.train.store import open_store
+from spotray.train.store import ObjectStore, open_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 
 
-def test_progress_is_written_every_interval_and_read_back_per_attempt(tmp_path: Path) -> None:
+def test_progress_is_written_off_the_training_thread_and_read_back_per_attempt(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "ckpt"))
-    first = ProgressWriter(store, AttemptProgress(attempt=1, max_steps=100, world_size=2), interval_s=3600)
+    first = ProgressWriter(store, AttemptProgress(attempt=1, run_id="r1", max_steps=100, world_size=2), interval_s=3600)
     first.record(1, 5.0)  # the first point is written at once (nothing written yet)
-    first.record(2, 4.0)  # within the interval: kept in memory only
-    assert read_attempt_progress(store, 1).points == [(1, 5.0, pytest.approx(first.progress.points[0][2]))]
-    first.flush()
-    second = ProgressWriter(store, AttemptProgress(attempt=2, resumed_from=2, max_steps=100), interval_s=0)
+    first.record(2, 4.0)  # within the interval: kept in memory until a flush
+    assert first.flush(timeout_s=10)
+    second = ProgressWriter(store, AttemptProgress(attempt=2, run_id="r1", resumed_from=2, max_steps=100), interval_s=0)
     second.record(3, 3.5)
+    assert second.close(timeout_s=10)
 
     history = read_run_progress(store)
 
@@ -26,18 +29,61 @@ def test_progress_is_written_every_interval_and_read_back_per_attempt(tmp_path: 
     assert [step for step, _, _ in history[0].points] == [1, 2]
     assert history[1].resumed_from == 2
     assert (history[1].last_step, history[1].last_loss) == (3, 3.5)
-    assert read_attempt_progress(store, 3) is None
+    assert read_attempt_progress(store, AttemptId("r1", 3)) is None
+    assert read_attempt_progress(store, AttemptId("another-run", 1)) is None
+
+
+class StalledStore:
+    """A store whose writes hang until released: an S3 outage as the training thread would meet it."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.release = threading.Event()
+        self.writes = 0
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.release.wait(timeout=30)
+        self.writes += 1
+        self.inner.put_bytes(key, data)
+
+
+def test_a_stalled_store_never_blocks_a_step_and_writes_coalesce(tmp_path: Path) -> None:
+    store = StalledStore(open_store(str(tmp_path / "ckpt")))
+    writer = ProgressWriter(store, AttemptProgress(attempt=1, run_id="r1"), interval_s=0)  # type: ignore[arg-type]
+    started = time.monotonic()
+    for step in range(1, 2001):
+        writer.record(step, 1.0)
+    assert time.monotonic() - started < 2.0  # 2,000 steps recorded while the store hangs
+    assert not writer.flush(timeout_s=0.2)  # says so when it cannot land in time
+    store.release.set()
+    assert writer.close(timeout_s=10)
+    assert store.writes <= 3  # the hung first write, then one or two snapshots with every point
+    assert read_attempt_progress(store.inner, AttemptId("r1", 1)).last_step == 2000
+
+
+def test_the_progress_object_stays_bounded_and_keeps_the_whole_curve() -> None:
+    progress = AttemptProgress(attempt=1, run_id="r1")
+    for step in range(1, 50_001):
+        progress.points.append((step, 1.0, float(step)))
+        progress.thin(max_points=1000)
+    assert len(progress.points) <= 1000
+    assert progress.points[0][0] == 1 and progress.points[-1][0] == 50_000
+    assert len(progress.to_json()) < 64_000
 
 
 def test_speed_needs_two_points() -> None:
-    progress = AttemptProgress(attempt=1, points=[(10, 1.0, 100.0)])
+    progress = AttemptProgress(attempt=1, run_id="r1", points=[(10, 1.0, 100.0)])
     assert progress.steps_per_second() is None
     progress.points.append((30, 0.9, 110.0))
     assert progress.steps_per_second() == pytest.approx(2.0)
 
 
-def test_an_unreadable_progress_object_is_ignored(tmp_path: Path) -> None:
+def test_an_unreadable_or_foreign_progress_object_is_ignored(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "ckpt"))
-    store.put_bytes("_spotray/attempt-1.progress.json", b"{not json")
-    assert read_attempt_progress(store, 1) is None
+    attempt = AttemptId("r1", 1)
+    store.put_bytes(attempt.progress_key, b"{not json")
+    assert read_attempt_progress(store, attempt) is None
     assert read_run_progress(store) == []
+    # An older run's object copied under this run's key: its identity says whose it is.
+    store.put_bytes(attempt.progress_key, AttemptProgress(attempt=1, run_id="old", points=[(5, 1.0, 1.0)]).to_json())
+    assert read_attempt_progress(store, attempt) is None

@@ -136,7 +136,7 @@ def test_workers_per_gpu() -> None:
 
 def test_run_context_round_trips_through_the_environment() -> None:
     run = parse_training_run(manifest(workers={"replicas": 3, "cpu": "500m"}, runtimeEnv={"env_vars": {"A": "1"}}))
-    context = RunContext(name=run.name, attempt=4, spec=run.spec)
+    context = RunContext(name=run.name, run_id="3f0c-uid", attempt=4, spec=run.spec)
     assert RunContext.from_env(context.to_env()) == context
     assert RunContext.from_env({}) is None
 

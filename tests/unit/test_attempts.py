@@ -1,0 +1,88 @@
+"""train/attempts.py and its users: identity-checked records, the fence, and what pruning never deletes."""
+
+from pathlib import Path
+
+import pytest
+
+from spotray.train.attempts import (
+    AttemptId,
+    AttemptOutcome,
+    SupersededError,
+    read_attempt_records,
+    read_fence,
+    write_fence,
+    write_outcome,
+    write_preemption,
+)
+from spotray.train.checkpoint import latest_complete_checkpoint, list_checkpoints, prune_checkpoints, upload_checkpoint
+from spotray.train.errors import SpotrayError
+from spotray.train.store import ObjectStore, open_store
+
+pytestmark = [pytest.mark.unit, pytest.mark.core]
+
+
+def store_at(tmp_path: Path) -> ObjectStore:
+    return open_store(str(tmp_path / "ckpt"))
+
+
+def checkpoint_files(tmp_path: Path, step: int) -> Path:
+    local = tmp_path / "local" / f"checkpoint-{step}"
+    local.mkdir(parents=True)
+    (local / "model.bin").write_bytes(bytes([step % 256]) * 64)
+    return local
+
+
+def test_records_are_read_only_by_the_attempt_that_wrote_them(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    old_run, new_run = AttemptId("uid-old", 1), AttemptId("uid-new", 1)
+    write_preemption(store, old_run, step=30, seconds_after_notice=1.0)
+    write_outcome(store, old_run, AttemptOutcome(143, 30, "preempted"))
+    assert read_attempt_records(store, old_run).exit_code == 143
+    assert read_attempt_records(store, new_run) == read_attempt_records(store, AttemptId("uid-old", 2))
+    assert read_attempt_records(store, new_run).preempted is None
+    # A record copied under another attempt's key still names its writer, and is ignored.
+    store.put_bytes(new_run.preemption_key, store.get_bytes(old_run.preemption_key))
+    assert read_attempt_records(store, new_run).preempted is None
+
+
+@pytest.mark.parametrize("run_id", ["../x", "a/b", "", "x" * 65, "-lead"])
+def test_a_run_id_must_be_a_plain_key_segment(run_id: str) -> None:
+    with pytest.raises(SpotrayError, match="not a plain name"):
+        AttemptId(run_id, 1)
+
+
+def test_a_superseded_attempt_completes_no_checkpoint_and_prunes_nothing(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    old, new = AttemptId("uid-1", 1), AttemptId("uid-1", 2)
+    write_fence(store, old)
+    upload_checkpoint(store, checkpoint_files(tmp_path, 10), 10, 1, attempt=old)
+    write_fence(store, new, resumed_from=10)  # the next attempt started while the old one drains
+    with pytest.raises(SupersededError, match="attempt 2 of run uid-1 now owns"):
+        upload_checkpoint(store, checkpoint_files(tmp_path, 20), 20, 1, attempt=old)
+    with pytest.raises(SupersededError):
+        prune_checkpoints(store, keep=1, attempt=old)
+    assert [c.step for c in list_checkpoints(store)] == [10]
+    assert read_fence(store).resumed_from == 10
+
+
+def test_prune_keeps_the_step_the_running_attempt_resumed_from(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    attempt = AttemptId("uid-1", 2)
+    for step in (10, 20):
+        upload_checkpoint(store, checkpoint_files(tmp_path, step), step, 1)
+    write_fence(store, attempt, resumed_from=10)
+    upload_checkpoint(store, checkpoint_files(tmp_path, 30), 30, 1, attempt=attempt)
+    deleted = prune_checkpoints(store, keep=1, attempt=attempt, just_uploaded=30)
+    assert deleted == [20]
+    assert sorted(c.step for c in list_checkpoints(store)) == [10, 30]
+
+
+def test_a_corrupt_newer_checkpoint_never_makes_prune_delete_the_one_just_uploaded(tmp_path: Path) -> None:
+    """keep=1 with a newest checkpoint whose sizes are right and bytes wrong: the new good one must stay."""
+    store = store_at(tmp_path)
+    upload_checkpoint(store, checkpoint_files(tmp_path, 60), 60, 1)
+    store.put_bytes("checkpoint-60/model.bin", b"\xff" * 64)  # same size, bad bytes: "complete" by sizes
+    upload_checkpoint(store, checkpoint_files(tmp_path, 55), 55, 1)  # resumed from an older one, trained on
+    prune_checkpoints(store, keep=1, just_uploaded=55)
+    assert sorted(c.step for c in list_checkpoints(store)) == [55, 60]
+    assert latest_complete_checkpoint(store).step == 60  # by sizes; resume verifies and falls back to 55

@@ -1,0 +1,171 @@
+"""Crash-loop detection: a training loop that keeps raising ends its attempt as a failure.
+
+Ray Train replaces a worker group whose worker failed (``FailureConfig(max_failures=-1)``), which
+is right when a process or node was lost: the new group resumes from the latest complete
+checkpoint. It is wrong when the training code itself raises the same way every time (a bug, an
+out-of-memory error, a deleted bucket): the group is replaced for ever, the RayJob stays RUNNING
+and ``spec.retry.maxFailures`` is never spent.
+
+So every worker's loop runs under ``guard_against_crash_loops``. An exception from the training
+code is reported, before it propagates, to a small actor the driver owns for the attempt (the
+``CrashLedger``), with the newest complete checkpoint at that moment (None when the store cannot
+say) and the traceback's last lines. The ledger lives in Ray, not in the store, because a deleted
+bucket or revoked credentials is one of the loops to catch. When a new worker group starts and the
+last ``MAX_CRASHES_WITHOUT_PROGRESS`` crashes all saw the same newest checkpoint (no progress in
+between), every rank returns without training; ``fit()`` then returns normally and the driver
+reads the verdict as a failure of the attempt, with the last error in its message. A worker lost
+to SIGKILL or a node loss reports nothing, so it is retried without limit, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from spotray.train.attempts import AttemptId
+from spotray.train.checkpoint import latest_complete_checkpoint
+from spotray.train.errors import SpotrayError
+from spotray.train.extras import extra_required
+from spotray.train.runspec import RunContext
+from spotray.train.store import open_store
+
+with extra_required("ray"):
+    import ray
+
+log = logging.getLogger(__name__)
+
+MAX_CRASHES_WITHOUT_PROGRESS = 3
+# The traceback's tail kept per crash, and so in the run's status message.
+MAX_ERROR_CHARS = 2000
+
+
+def error_tail(error: BaseException, max_chars: int = MAX_ERROR_CHARS) -> str:
+    """The last lines of ``error``'s traceback, at most ``max_chars`` (the end is what names the cause)."""
+    text = "".join(traceback.format_exception(error)).rstrip()
+    return text if len(text) <= max_chars else "..." + text[-(max_chars - 3) :]
+
+
+@dataclass(frozen=True)
+class Crash:
+    rank: int
+    checkpoint_step: int | None  # the newest complete checkpoint when it raised; None: unknown or none
+    error: str
+    bad_input: bool = False  # a SpotrayError: the job refused its input, and says what to fix
+
+
+@dataclass(frozen=True)
+class CrashLoop:
+    crashes: int
+    checkpoint_step: int | None
+    last_error: str
+    bad_input: bool = False
+
+    @property
+    def message(self) -> str:
+        since = f"checkpoint-{self.checkpoint_step}" if self.checkpoint_step is not None else "the start"
+        return (
+            f"the training code raised {self.crashes} times with no new checkpoint since {since}; "
+            f"gave up instead of retrying for ever. Last error:\n{self.last_error}"
+        )
+
+
+def crash_loop_verdict(crashes: list[Crash], bound: int = MAX_CRASHES_WITHOUT_PROGRESS) -> CrashLoop | None:
+    """A ``CrashLoop`` when the last ``bound`` crashes all saw the same newest checkpoint; else None."""
+    if len(crashes) < bound:
+        return None
+    last = crashes[-1]
+    stuck = 0
+    for crash in reversed(crashes):
+        if crash.checkpoint_step != last.checkpoint_step:
+            break
+        stuck += 1
+    return CrashLoop(stuck, last.checkpoint_step, last.error, last.bad_input) if stuck >= bound else None
+
+
+class CrashLedger:
+    """The attempt's crash records, held by one actor that the driver owns (see the module docstring).
+
+    One record per worker group: when several ranks of a group raise, the first report counts.
+    """
+
+    def __init__(self) -> None:
+        self.crashes: list[Crash] = []
+        self.groups_started = 0
+        self.groups_crashed: set[int] = set()
+
+    def new_group(self) -> tuple[int, CrashLoop | None]:
+        """A number for a worker group that starts, and the verdict it must respect."""
+        self.groups_started += 1
+        return self.groups_started, crash_loop_verdict(self.crashes)
+
+    def report(self, group: int, crash: Crash) -> None:
+        if group not in self.groups_crashed:
+            self.groups_crashed.add(group)
+            self.crashes.append(crash)
+
+    def verdict(self) -> CrashLoop | None:
+        return crash_loop_verdict(self.crashes)
+
+
+def ledger_name(attempt: AttemptId) -> str:
+    return f"spotray-crash-ledger-{attempt.run_id}-{attempt.attempt}"
+
+
+def start_ledger(attempt: AttemptId) -> Any:
+    """The driver's ledger actor for this attempt (a handle; it lives as long as the driver)."""
+    actor = ray.remote(num_cpus=0)(CrashLedger)
+    return actor.options(name=ledger_name(attempt), get_if_exists=True).remote()
+
+
+def ledger_verdict(ledger: Any) -> CrashLoop | None:
+    """The ledger's verdict after ``fit()``; None (and a warning) when the actor cannot answer."""
+    try:
+        verdict: CrashLoop | None = ray.get(ledger.verdict.remote(), timeout=30)
+    except Exception as error:  # noqa: BLE001 - a lost ledger must not turn a finished fit into a failure
+        log.warning("cannot read the crash ledger: %s", error)
+        return None
+    return verdict
+
+
+def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """``train_loop`` for Ray Train, with crash reports and the give-up rule (see the module docstring)."""
+
+    @functools.wraps(train_loop)
+    def guarded(loop_config: dict[str, Any]) -> None:
+        from spotray.train.worker import broadcast_from_rank0, world_rank  # noqa: PLC0415 - torch, only in workers
+
+        context = RunContext.from_env()
+        if context is None:  # launch() always sets it; a loop run some other way is not guarded
+            train_loop(loop_config)
+            return
+        ledger = ray.get_actor(ledger_name(context.attempt_id))
+        rank = world_rank()
+        group, verdict = 0, cast("CrashLoop | None", None)
+        if rank == 0:
+            group, verdict = ray.get(ledger.new_group.remote())
+        group, give_up = broadcast_from_rank0((group, verdict is not None))
+        if give_up:
+            if verdict is not None:
+                log.error("not training: %s", verdict.message)
+            return
+        try:
+            train_loop(loop_config)
+        except Exception as error:
+            crash = Crash(rank, _newest_checkpoint_step(context), error_tail(error), isinstance(error, SpotrayError))
+            ray.get(ledger.report.remote(group, crash))
+            raise
+
+    return guarded
+
+
+def _newest_checkpoint_step(context: RunContext) -> int | None:
+    try:
+        latest = latest_complete_checkpoint(open_store(context.spec.checkpoint.uri))
+    except Exception as error:  # noqa: BLE001 - an unreadable store is one of the loops we catch
+        log.warning("cannot list checkpoints to record the crash against: %s", error)
+        return None
+    return latest.step if latest else None
