@@ -1,5 +1,10 @@
-"""The kopf controller for TrainingRun resources: not written yet (issue #6).
+"""The kopf controller for TrainingRun resources (``python -m spotray.controller``).
 
-It will watch TrainingRuns, create one KubeRay RayJob per attempt, and resume from the latest
-complete checkpoint in S3 (see train/checkpoint.py) after a spot preemption.
+It watches TrainingRuns and creates one KubeRay RayJob per attempt; when an attempt ends it reads
+the attempt's records in the run's checkpoint store (train/attempts.py), decides with the pure
+lifecycle (lifecycle.py) whether the run succeeded, failed or starts another attempt that resumes
+from the latest complete checkpoint, and reports progress and checkpoints in status. Wiring:
+handlers.py (kopf), reconcile.py (observe -> decide -> act), kube.py and run_store.py (the reads
+and writes), rayjob.py (the RayJob), crd.py (the CRD), s3_access.py (which Secrets and endpoints a
+run may use).
 """

@@ -339,6 +339,10 @@ def status_schema() -> dict[str, Any]:
             "rayJob": _string("Name of the current attempt's RayJob (<run>-a<attempt>)."),
             "message": _string("The latest news in one line, for people."),
             "nextAttemptTime": _time("When the next attempt starts, while waiting out retry.backoffSeconds."),
+            "storageUnreachableSince": _time(
+                "Since when the ended attempt's records cannot be read from the checkpoint URI (no budget is "
+                "spent meanwhile); unset once they can."
+            ),
             "observedGeneration": _integer("The metadata.generation this status describes.", format="int64", minimum=0),
             "progress": {
                 "type": "object",
@@ -362,7 +366,7 @@ def status_schema() -> dict[str, Any]:
             },
             "attempts": {
                 "type": "array",
-                "description": "Every attempt so far, oldest first.",
+                "description": "The last 20 attempts, oldest first (preemptions and failures count them all).",
                 "items": {
                     "type": "object",
                     "description": "One attempt: one RayJob from start to end.",

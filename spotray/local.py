@@ -130,12 +130,15 @@ class LocalRun:
 
     def run(self) -> int:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        run_id, state = self._load_state()
+        if state.phase in TERMINAL_PHASES:
+            return self._already_over(state)
         # The watchdog outlives this process by a moment: whatever ends local mode, it ends what
         # local mode started (spotray/reaper.py).
         with self.reaper:
-            return self._run_with_s3()
+            return self._run_with_s3(run_id, state)
 
-    def _run_with_s3(self) -> int:
+    def _run_with_s3(self, run_id: str, state: RunState) -> int:
         server = None
         try:
             if needs_embedded_s3(self.run_spec, dict(os.environ)):
@@ -145,16 +148,13 @@ class LocalRun:
                 for uri in s3_uris(self.run_spec):
                     server.create_bucket(parse_uri(uri).bucket)
                 self.progress.note(f"embedded S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}")
-            return self._attempts()
+            return self._attempts(run_id, state)
         finally:
             if server is not None:
                 server.stop()
 
-    def _attempts(self) -> int:
+    def _attempts(self, run_id: str, state: RunState) -> int:
         run = self.run_spec
-        run_id, state = self._load_state()
-        if state.phase in TERMINAL_PHASES:
-            return self._already_over(state)
         if state.current is not None and state.current.outcome == OUTCOME_RUNNING:
             # The previous `spotray run` was stopped mid-attempt: no budget is spent on that.
             end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "the command running it was stopped")
@@ -179,10 +179,11 @@ class LocalRun:
             if state.phase == SUCCEEDED:
                 self._finish()
                 return 0
-            self.progress.note(state.message)
             if state.phase == FAILED:
+                self.progress.note(state.message)
                 self.progress.note(f"  log: {self._log_path(attempt.attempt)}")
                 return EXIT_BAD_INPUT if state.failure_reason == "BadInput" else 1
+            self.progress.note(f"attempt {attempt.attempt} {end.outcome.lower()} ({end.reason}): {end.message}")
 
     def _classify(self, attempt: AttemptId, code: int, disruption: str | None) -> AttemptEnd:
         """How the attempt ended, from its exit code and its records, as the controller decides it."""

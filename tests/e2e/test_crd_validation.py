@@ -18,6 +18,7 @@ import dataclasses
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -26,6 +27,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spotray.controller.crd import CRD_PATH, spec_schema
+from spotray.controller.lifecycle import (
+    MAX_MESSAGE_CHARS,
+    AttemptEnd,
+    RunState,
+    conditions,
+    end_attempt,
+    start_attempt,
+)
 from spotray.train.api_names import CRD_NAME, PLURAL, VERSION
 from spotray.train.api_names import GROUP as API_GROUP
 from spotray.train.runspec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
@@ -442,3 +451,40 @@ def test_status_subresource_keeps_what_the_controller_writes(
     )  # fmt: skip
     assert refused.returncode != 0
     assert "status.phase" in refused.stderr
+
+
+def test_a_40_kb_job_detail_reaches_the_status_cut_instead_of_freezing_the_run(
+    custom_objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    """A traceback in the job's detail used to go into status unbounded: the API server refused the
+    patch (422, a condition message is at most 32 kB) and the run froze. Now it is cut first."""
+    custom_objects.create_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, base_manifest("long-detail"))
+    run = parse_training_run(base_manifest("long-detail"))
+    now = datetime.now(UTC)
+    started = start_attempt(RunState(), run, now, "first attempt").state
+    detail = "Traceback (most recent call last):\n" + "  File 'train.py', line 1, in loop\n" * 1200 + "ValueError: boom"
+    assert len(detail) > 40_000
+    ended = end_attempt(started, run, AttemptEnd("Failed", "TrainingFailed", detail), now).state
+    status = {**ended.to_status(), "conditions": conditions(ended, [], 1, now)}
+
+    def patch(body: dict[str, Any]) -> None:
+        custom_objects.patch_namespaced_custom_object_status(
+            API_GROUP, VERSION, namespace, PLURAL, "long-detail", {"status": body}
+        )
+
+    patch(status)
+    stored = cast(
+        "dict[str, Any]",
+        custom_objects.get_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, "long-detail"),
+    )["status"]
+    assert stored["phase"] == "Resuming"
+    assert len(stored["message"]) <= MAX_MESSAGE_CHARS
+    assert "more characters cut" in stored["attempts"][-1]["message"]
+    # What the controller wrote before: the same detail uncut. The API server refuses it.
+    uncut = copy.deepcopy(status)
+    for condition in uncut["conditions"]:
+        if condition["status"] == "True":
+            condition["message"] = detail
+    with pytest.raises(ApiException) as refused:
+        patch(uncut)
+    assert refused.value.status == 422

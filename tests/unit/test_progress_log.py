@@ -67,7 +67,8 @@ def test_the_progress_object_stays_bounded_and_keeps_the_whole_curve() -> None:
         progress.points.append((step, 1.0, float(step)))
         progress.thin(max_points=1000)
     assert len(progress.points) <= 1000
-    assert progress.points[0][0] == 1 and progress.points[-1][0] == 50_000
+    assert progress.points[0][0] == 1
+    assert progress.points[-1][0] == 50_000
     assert len(progress.to_json()) < 64_000
 
 

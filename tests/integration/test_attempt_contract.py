@@ -1,0 +1,89 @@
+"""The attempt contract through real local runs: a finished run is not trained again, and a training
+loop that keeps raising ends as a failure instead of being retried for ever (issue 13)."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spotray.train.events import read_events
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def manifest(tmp_path: Path, name: str, entrypoint: str, **spec: object) -> Path:
+    document = yaml.safe_load((REPO / "jobs/gpt2/trainingrun.yaml").read_text())
+    document["metadata"]["name"] = name
+    document["spec"]["entrypoint"] = entrypoint
+    document["spec"].update(spec)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(document))
+    return path
+
+
+def run_local(path: Path, workdir: Path, *flags: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "spotray.cli", "run", str(path), "--local", "--workdir", str(workdir), *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.timeout(1200)
+def test_a_finished_run_started_again_is_a_no_op_that_says_so(tmp_path: Path) -> None:
+    """The issue's reproduction: it used to print `steps 62/60` and count the first run's preemption again."""
+    entrypoint = f"python -m spotray.jobs.gpt2 --max-steps 60 --batch-size 8 --workdir {tmp_path}"
+    path = manifest(tmp_path, "rerun", entrypoint, checkpoint={"uri": "s3://spotray-demo/runs/rerun", "everySteps": 10})
+    workdir = tmp_path / "wd"
+
+    first = run_local(path, workdir, "--preempt-at", "30")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "steps                60/60" in first.stdout
+    assert "attempts             2 (1 preempted, 0 failed)" in first.stdout
+    starts = len([e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"])
+
+    again = run_local(path, workdir)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "already complete" in again.stdout
+    assert len([e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"]) == starts, "trained again"
+
+
+BUGGY_JOB = textwrap.dedent(
+    """
+    import sys
+
+    from spotray.train.launcher import launch
+    from spotray.train.runspec import RunContext
+    from spotray.train.store import open_store
+
+
+    def train_loop(config):
+        raise ValueError("a deterministic bug in the training code")
+
+
+    context = RunContext.from_env()
+    sys.exit(launch(train_loop, {}, context, open_store(context.spec.checkpoint.uri)))
+    """
+)
+
+
+@pytest.mark.timeout(900)
+def test_a_training_loop_that_keeps_raising_fails_the_attempt_within_the_bound(tmp_path: Path) -> None:
+    script = tmp_path / "buggy.py"
+    script.write_text(BUGGY_JOB)
+    path = manifest(
+        tmp_path,
+        "buggy",
+        f"python {script}",
+        workers={"replicas": 1, "cpu": "1", "memory": "1Gi", "gpu": 0},
+        checkpoint={"uri": "s3://spotray-demo/runs/buggy"},
+        retry={"maxFailures": 0, "maxPreemptions": 5, "backoffSeconds": 1},
+    )
+    result = run_local(path, tmp_path / "wd", timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]
+    assert "raised 3 times with no new checkpoint" in output
+    assert "ValueError: a deterministic bug in the training code" in output
+    assert "1 failures exceed spec.retry.maxFailures=0" in output
