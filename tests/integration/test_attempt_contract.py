@@ -33,15 +33,15 @@ def run_local(path: Path, workdir: Path, *flags: str, timeout: float = 900) -> s
 
 @pytest.mark.timeout(1200)
 def test_a_finished_run_started_again_is_a_no_op_that_says_so(tmp_path: Path) -> None:
-    """The issue's reproduction (there with 60 steps): a second run printed `steps 62/60` and counted
+    """The issue's reproduction: a second run printed `steps 62/60` and counted
     the first run's preemption again."""
-    entrypoint = f"python -m spotray.jobs.gpt2 --max-steps 40 --batch-size 8 --workdir {tmp_path}"
+    entrypoint = f"python -m spotray.jobs.gpt2 --max-steps 60 --batch-size 8 --workdir {tmp_path}"
     path = manifest(tmp_path, "rerun", entrypoint, checkpoint={"uri": "s3://spotray-demo/runs/rerun", "everySteps": 10})
     workdir = tmp_path / "wd"
 
     first = run_local(path, workdir, "--preempt-at", "12")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert "steps                40/40" in first.stdout
+    assert "steps                60/60" in first.stdout
     assert "attempts             2 (1 preempted, 0 failed)" in first.stdout
     starts = len([e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"])
 
