@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo chaos test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -55,6 +55,9 @@ test: setup testbed ## every suite: unit, integration and e2e, then the compat m
 
 test-campaign: setup testbed ## long fault campaigns left out of make test (the 3-fault local run, SIGHUP)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
+
+chaos: setup ## fault campaign: 200 random kills of uploads, prunes, downloads, stale attempts (~10 min)
+	$(PY) -m bench.chaos --trials 200
 
 test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)

@@ -344,6 +344,8 @@ def prune_checkpoints(
     doomed = complete[keep:] + [c for c in checkpoints if not c.complete and c.step < newest_complete]
     doomed = [c for c in doomed if c.step not in protected]
     for info in sorted(doomed, key=lambda c: c.step):
+        if attempt is not None:
+            check_fence(store, attempt)  # again before each deletion: the fence may have moved meanwhile
         delete_checkpoint(store, info)
         log.info("pruned %s", store.uri.join(info.prefix))
     return sorted(c.step for c in doomed)

@@ -1,0 +1,269 @@
+"""Chaos campaign, cheap trials: SIGKILL at a random moment of an upload, a prune, a download; a stale
+attempt racing the fence; a corrupted newest checkpoint. Each against a real S3 server (SeaweedFS).
+
+Every trial starts from a known set of complete checkpoints under a fresh prefix, injects one fault
+at a random point, and then checks what a resuming attempt would see:
+- every checkpoint that lists as complete downloads and verifies (no torn checkpoint is complete);
+- the resume point is at most one checkpoint interval behind the newest checkpoint whose upload
+  had begun (nothing older than that is ever lost);
+- a superseded attempt completes no checkpoint after the fence moved, and prunes nothing;
+- the checkpoint the running attempt resumed from, and the one just uploaded, survive pruning.
+
+Full runs (a real local training run killed at random points) are not part of this script yet.
+
+    .venv/bin/python -m bench.chaos --trials 200      # make chaos
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.common import machine_details, write_result
+from spotray.train.attempts import AttemptId, SupersededError, write_fence
+from spotray.train.checkpoint import (
+    complete_checkpoints,
+    download_checkpoint,
+    prune_checkpoints,
+    upload_checkpoint,
+)
+from spotray.train.errors import CorruptCheckpointError
+from spotray.train.local_s3 import LocalS3Server
+from spotray.train.resume import fetch_resume_checkpoint
+from spotray.train.store import RetryPolicy, S3ObjectStore, StoreConfig, parse_uri
+
+BUCKET = "chaos"
+INTERVAL = 10  # steps between checkpoints in every trial
+FILE_BYTES = 2 << 20
+FILES = 4
+_FORK = multiprocessing.get_context("fork")
+
+
+@dataclass(frozen=True)
+class Trial:
+    kind: str
+    passed: bool
+    steps_lost: int
+    problem: str = ""
+
+
+def store_for(config: StoreConfig, prefix: str) -> S3ObjectStore:
+    return S3ObjectStore(parse_uri(f"s3://{BUCKET}/{prefix}"), config, RetryPolicy(deadline_s=20))
+
+
+def local_checkpoint(root: Path, step: int, seed: int) -> Path:
+    path = root / f"checkpoint-{step}"
+    path.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed * 1000 + step)
+    for index in range(FILES):
+        (path / f"shard-{index}.bin").write_bytes(rng.randbytes(FILE_BYTES))
+    return path
+
+
+def seed_checkpoints(store: S3ObjectStore, root: Path, steps: list[int], attempt: AttemptId | None = None) -> None:
+    for step in steps:
+        upload_checkpoint(store, local_checkpoint(root, step, 1), step, 1, attempt=attempt)
+
+
+def killed_at_random(target: Callable[[], None], max_delay_s: float, rng: random.Random) -> float:
+    """Run ``target`` in a forked child and SIGKILL it at a random moment; returns the delay used."""
+    child = _FORK.Process(target=target)
+    child.start()
+    delay = rng.uniform(0, max_delay_s)
+    child.join(timeout=delay)
+    if child.is_alive():
+        os.kill(child.pid, signal.SIGKILL)  # type: ignore[arg-type]
+    child.join()
+    return delay
+
+
+def check_complete_ones_verify(store: S3ObjectStore, scratch: Path) -> str:
+    for info in complete_checkpoints(store):
+        try:
+            download_checkpoint(store, info, scratch / "verify")
+        except CorruptCheckpointError as error:
+            return f"checkpoint-{info.step} lists as complete but does not verify: {error.problem}"
+    return ""
+
+
+def resume_step(store: S3ObjectStore, scratch: Path) -> int | None:
+    point = fetch_resume_checkpoint(store, scratch / "resume")
+    return point.step if point else None
+
+
+def judge(kind: str, store: S3ObjectStore, scratch: Path, newest_begun: int, floor: int) -> Trial:
+    """The common checks: complete means verified; resume no older than ``floor`` (one interval back)."""
+    problem = check_complete_ones_verify(store, scratch)
+    step = resume_step(store, scratch)
+    if not problem and (step is None or step < floor):
+        problem = f"resumes from {step}, older than checkpoint-{floor}: more than one interval lost"
+    lost = newest_begun - (step or 0)
+    return Trial(kind, not problem, lost, problem)
+
+
+# ----------------------------------------------------------------------------------- trial kinds
+
+
+def trial_kill_upload(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    store = store_for(config, prefix)
+    attempt = AttemptId("chaos", 1)
+    write_fence(store, attempt)
+    seed_checkpoints(store, scratch / "seed", [10, 20], attempt)
+    source = local_checkpoint(scratch / "next", 30, 2)
+
+    def upload() -> None:
+        child_store = store_for(config, prefix)
+        upload_checkpoint(child_store, source, 30, 1, attempt=attempt)
+        prune_checkpoints(child_store, keep=1, attempt=attempt, just_uploaded=30)
+
+    killed_at_random(upload, 1.5, rng)
+    return judge("kill-upload", store, scratch, newest_begun=30, floor=20)
+
+
+def trial_kill_prune(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    store = store_for(config, prefix)
+    seed_checkpoints(store, scratch / "seed", [10, 20, 30])
+    killed_at_random(lambda: prune_checkpoints(store_for(config, prefix), keep=1, just_uploaded=30), 0.3, rng)
+    return judge("kill-prune", store, scratch, newest_begun=30, floor=30)
+
+
+def trial_kill_download(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    store = store_for(config, prefix)
+    seed_checkpoints(store, scratch / "seed", [10, 20])
+    dest = scratch / "dest"
+    killed_at_random(lambda: fetch_resume_checkpoint(store_for(config, prefix), dest), 0.6, rng)
+    # A second attempt on the same node reuses or replaces what the killed download left.
+    point = fetch_resume_checkpoint(store, dest)
+    if point is None or point.step != 20:
+        return Trial("kill-download", False, 20, f"after a killed download the resume point is {point}")
+    leftovers = [p.name for p in dest.iterdir() if p.name.startswith("checkpoint-") and p.name != "checkpoint-20"]
+    if leftovers:
+        return Trial("kill-download", False, 0, f"a torn download was taken as a checkpoint: {leftovers}")
+    return Trial("kill-download", True, 0)
+
+
+def trial_stale_attempt(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    """Attempt 1 still uploads checkpoint-30 while attempt 2 starts and claims the fence."""
+    store = store_for(config, prefix)
+    old, new = AttemptId("chaos", 1), AttemptId("chaos", 2)
+    write_fence(store, old)
+    seed_checkpoints(store, scratch / "seed", [10, 20], old)
+    source = local_checkpoint(scratch / "next", 30, 2)
+    result = _FORK.SimpleQueue()
+
+    def old_attempt_uploads() -> None:
+        child_store = store_for(config, prefix)
+        try:
+            upload_checkpoint(child_store, source, 30, 1, attempt=old)
+            prune_checkpoints(child_store, keep=1, attempt=old, just_uploaded=30)
+            result.put("completed")
+        except SupersededError:
+            result.put("superseded")
+
+    child = _FORK.Process(target=old_attempt_uploads)
+    child.start()
+    time.sleep(rng.uniform(0, 1.0))
+    write_fence(store, new)  # as the new attempt's driver does before fit() ...
+    fenced_at = time.time()
+    resumed = resume_step(store, scratch)  # ... then its rank 0 picks the resume point and records it
+    write_fence(store, new, resumed_from=resumed)
+    child.join()
+    outcome = result.get()
+    names = {info.step: info for info in complete_checkpoints(store)}
+    if resumed is not None and resumed not in names:
+        return Trial("stale-attempt", False, 30, f"checkpoint-{resumed}, being resumed from, was deleted")
+    late = names.get(30)
+    if outcome == "superseded" and late is not None and late.manifest and late.manifest.created_at > fenced_at:
+        return Trial("stale-attempt", False, 0, "a superseded attempt completed checkpoint-30 after the fence")
+    return judge("stale-attempt", store, scratch, newest_begun=30, floor=20)
+
+
+def trial_corrupt_newest(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    """The newest checkpoint has the right sizes and bad bytes; keep=1; the next checkpoint must survive."""
+    store = store_for(config, prefix)
+    seed_checkpoints(store, scratch / "seed", [10, 20])
+    shard = f"checkpoint-20/shard-{rng.randrange(FILES)}.bin"
+    store.put_bytes(shard, bytes(FILE_BYTES))  # same size, wrong bytes
+    resumed = resume_step(store, scratch)
+    if resumed != 10:
+        return Trial("corrupt-newest", False, 20, f"resumed from {resumed}, not the verified checkpoint-10")
+    upload_checkpoint(store, local_checkpoint(scratch / "next", 15, 3), 15, 1)  # trained on from 10
+    prune_checkpoints(store, keep=1, just_uploaded=15)
+    after = resume_step(store, scratch / "again")
+    if after != 15:
+        return Trial("corrupt-newest", False, 15 - (after or 0), f"after pruning, resumes from {after}, not 15")
+    return Trial("corrupt-newest", True, 5)
+
+
+KINDS: dict[str, Callable[[StoreConfig, str, Path, random.Random], Trial]] = {
+    "kill-upload": trial_kill_upload,
+    "kill-prune": trial_kill_prune,
+    "kill-download": trial_kill_download,
+    "stale-attempt": trial_stale_attempt,
+    "corrupt-newest": trial_corrupt_newest,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument("--name", default="chaos", help="bench/results/<name>.json")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    work = Path(tempfile.mkdtemp(prefix="spotray-chaos-"))
+    trials: list[Trial] = []
+    started = time.monotonic()
+    try:
+        with LocalS3Server(work / "s3") as server:
+            server.create_bucket(BUCKET)
+            for number in range(args.trials):
+                kind = rng.choice(sorted(KINDS))
+                scratch = work / f"trial-{number}"
+                trial = KINDS[kind](server.config, f"trial-{number}", scratch, rng)
+                shutil.rmtree(scratch, ignore_errors=True)
+                trials.append(trial)
+                mark = "ok  " if trial.passed else "FAIL"
+                print(f"{mark} {number:4d} {kind:15s} steps lost {trial.steps_lost:3d} {trial.problem}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    passes = sum(t.passed for t in trials)
+    lost: dict[str, list[int]] = {}
+    for trial in trials:
+        lost.setdefault(trial.kind, []).append(trial.steps_lost)
+    details = {
+        "trials": len(trials),
+        "passes": passes,
+        "full_runs": 0,
+        "faults": dict(Counter(t.kind for t in trials)),
+        "max_steps_lost": {kind: max(values) for kind, values in lost.items()},
+        "checkpoint_interval_steps": INTERVAL,
+        "failures": [f"{t.kind}: {t.problem}" for t in trials if not t.passed][:20],
+        "seconds": round(time.monotonic() - started, 1),
+        "seed": args.seed,
+        **machine_details(),
+    }
+    path = write_result(
+        args.name,
+        ratio=passes / max(len(trials), 1),
+        goal=">= 1.0",
+        baseline="every trial passes its invariants (passes / trials)",
+        command=f"make chaos  (or: .venv/bin/python -m bench.chaos --trials {args.trials})",
+        details=details,
+    )
+    print(f"{passes}/{len(trials)} trials passed in {details['seconds']} s; wrote {path}")
+    return 0 if passes == len(trials) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
