@@ -74,11 +74,15 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _cluster = _make_cluster()
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would repeat it
     settings.execution.max_workers = EXECUTOR_THREADS
-    # A watch that goes quiet is restarted: the API server ends it after server_timeout, and the
-    # client gives up client_timeout later (a half-open connection would otherwise block for ever).
+    # A watch that goes quiet is restarted: the API server ends it after server_timeout, the client
+    # gives up client_timeout later, and kopf reconnects a stream with no event or bookmark for
+    # watching.inactivity_timeout (70 s by default): a half-open connection never blocks for ever.
+    # kopf's own calls (status patches, events) get a bound too; ours have theirs (controller/kube.py).
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 10
     # Watch exactly the resources and namespaces we are told: no scanning of CRDs and namespaces,
     # which would need cluster-wide list rights that a namespaced install does not grant.
     settings.scanning.disabled = True
