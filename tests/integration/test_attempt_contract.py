@@ -31,6 +31,10 @@ def run_local(path: Path, workdir: Path, *flags: str, timeout: float = 900) -> s
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+# Two local runs, about 4 minutes: a campaign (make test-campaign). make test covers the same rule in
+# parts: records read by identity (tests/unit/test_attempts.py) and outcome_after_fit by run id
+# (test_ray_training), local mode's state file through the SIGTERM case of test_local_cleanup.
+@pytest.mark.campaign
 @pytest.mark.timeout(1200)
 def test_a_finished_run_started_again_is_a_no_op_that_says_so(tmp_path: Path) -> None:
     """The issue's reproduction: a second run printed `steps 62/60` and counted

@@ -11,6 +11,7 @@ second run costs minutes) the same command started again in the same work direct
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -138,6 +139,10 @@ def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: si
 
     if signum == signal.SIGKILL:
         return
+    # The stopped attempt is on record as interrupted, spending no budget (spotray/local.py).
+    state = json.loads((workdir / "run-state.json").read_text())["status"]
+    assert (state["attempts"][-1]["outcome"], state["attempts"][-1]["reason"]) == ("Suspended", "Interrupted")
+    assert (state["preemptions"], state["failures"]) == (0, 0)
     notice = [e for e in read_events(workdir / "events.jsonl") if e["event"] == "emergency_checkpoint"]
     assert notice, "the run stops on an emergency checkpoint, as on Ctrl-C"
     step = notice[-1]["step"]
