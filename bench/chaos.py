@@ -230,7 +230,10 @@ def main(argv: list[str] | None = None) -> int:
             for number in range(args.trials):
                 kind = rng.choice(sorted(KINDS))
                 scratch = work / f"trial-{number}"
-                trial = KINDS[kind](server.config, f"trial-{number}", scratch, rng)
+                try:
+                    trial = KINDS[kind](server.config, f"trial-{number}", scratch, rng)
+                except Exception as error:  # noqa: BLE001 - a trial that raises is a failed trial, not the end
+                    trial = Trial(kind, False, 0, f"raised {type(error).__name__}: {error}"[:500])
                 shutil.rmtree(scratch, ignore_errors=True)
                 trials.append(trial)
                 mark = "ok  " if trial.passed else "FAIL"

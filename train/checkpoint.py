@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from spotray.train.attempts import AttemptId, check_fence
-from spotray.train.errors import CorruptCheckpointError, ObjectTooLargeError
+from spotray.train.errors import CorruptCheckpointError, ObjectTooLargeError, StoreRequestError
 from spotray.train.store import ObjectInfo, ObjectStore, upload_dir
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,9 @@ MANIFEST_FORMAT = 1
 CHECKPOINT_DIR_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 # Normal while an upload is in flight, so it is not worth a warning; every other problem is.
 NO_MANIFEST = "no manifest (upload unfinished or interrupted)"
+# Listed, then gone before it could be read: pruned or replaced meanwhile (by another attempt, or the controller
+# reading while the job prunes). As normal as NO_MANIFEST: the checkpoint is simply not there any more.
+VANISHED = "deleted while being read (pruned or replaced meanwhile)"
 # About 100 bytes per file: room for a hundred thousand files (sharded states), and a bound on what
 # a hostile bucket can make a reader hold in memory.
 MAX_MANIFEST_BYTES = 16 << 20
@@ -198,7 +201,7 @@ class CheckpointInfo:
         return self.problem is None
 
 
-def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> CheckpointInfo:
+def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> CheckpointInfo:  # noqa: PLR0911 - one per verdict
     prefix = checkpoint_dir_name(step)
     sizes = {o.key[len(prefix) + 1 :]: o.size for o in objects}
     found = partial(CheckpointInfo, step, prefix, sum(sizes.values()), file_count=len(sizes))
@@ -210,6 +213,10 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
         manifest = Manifest.from_json(raw_manifest, where)
     except (CorruptCheckpointError, ObjectTooLargeError) as error:
         return found(None, error.problem)
+    except (StoreRequestError, FileNotFoundError):
+        if not manifest_exists(store, prefix):
+            return found(None, VANISHED)
+        raise
     if manifest.step != step:
         return found(manifest, f"manifest says step {manifest.step}, directory says {step}")
     for name, entry in manifest.files.items():
@@ -218,6 +225,11 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
         if sizes[name] != entry.size:
             return found(manifest, f"file {name} has {sizes[name]} bytes, the manifest says {entry.size}")
     return found(manifest, None)
+
+
+def manifest_exists(store: ObjectStore, prefix: str) -> bool:
+    key = f"{prefix}/{MANIFEST_NAME}"
+    return any(info.key == key for info in store.list(key))
 
 
 def list_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
@@ -237,7 +249,7 @@ def complete_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
     for info in list_checkpoints(store):
         if info.complete:
             result.append(info)
-        elif info.problem == NO_MANIFEST:
+        elif info.problem in (NO_MANIFEST, VANISHED):
             log.info("skipping %s: %s", store.uri.join(info.prefix), info.problem)
         else:
             log.warning("skipping %s: %s", store.uri.join(info.prefix), info.problem)

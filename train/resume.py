@@ -11,8 +11,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotray.train.checkpoint import Manifest, complete_checkpoints, download_checkpoint
-from spotray.train.errors import CorruptCheckpointError
+from spotray.train.checkpoint import Manifest, complete_checkpoints, download_checkpoint, manifest_exists
+from spotray.train.errors import CorruptCheckpointError, StoreRequestError
 from spotray.train.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,11 @@ def fetch_resume_checkpoint(store: ObjectStore, dest_root: Path) -> ResumePoint 
             local_dir = download_checkpoint(store, info, dest_root)
         except CorruptCheckpointError as error:
             log.warning("skipping %s: %s", store.uri.join(info.prefix), error.problem)
+            continue
+        except (StoreRequestError, FileNotFoundError):
+            if manifest_exists(store, info.prefix):
+                raise  # still there: a real fault, not a race with a prune
+            log.info("skipping %s: deleted while being downloaded (pruned meanwhile)", store.uri.join(info.prefix))
             continue
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
     return None

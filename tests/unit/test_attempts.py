@@ -16,6 +16,7 @@ from spotray.train.attempts import (
 )
 from spotray.train.checkpoint import latest_complete_checkpoint, list_checkpoints, prune_checkpoints, upload_checkpoint
 from spotray.train.errors import SpotrayError
+from spotray.train.resume import fetch_resume_checkpoint
 from spotray.train.store import ObjectStore, open_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
@@ -86,3 +87,32 @@ def test_a_corrupt_newer_checkpoint_never_makes_prune_delete_the_one_just_upload
     prune_checkpoints(store, keep=1, just_uploaded=55)
     assert sorted(c.step for c in list_checkpoints(store)) == [55, 60]
     assert latest_complete_checkpoint(store).step == 60  # by sizes; resume verifies and falls back to 55
+
+
+class PrunedWhileListed:
+    """The store as a reader meets it while another process prunes: checkpoint-20 goes right after the LIST."""
+
+    def __init__(self, inner: ObjectStore) -> None:
+        self.inner = inner
+        self.pruned = False
+
+    def list(self, prefix: str):
+        listed = self.inner.list(prefix)
+        if prefix == "checkpoint-" and not self.pruned:
+            self.pruned = True
+            self.inner.delete([o.key for o in self.inner.list("checkpoint-20/")])
+        return listed
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_checkpoint_pruned_between_list_and_read_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """Found by make chaos: resume listed checkpoint-20, an old attempt's prune deleted it, the read crashed."""
+    store = store_at(tmp_path)
+    for step in (10, 20):
+        upload_checkpoint(store, checkpoint_files(tmp_path, step), step, 1)
+    racing = PrunedWhileListed(store)
+    point = fetch_resume_checkpoint(racing, tmp_path / "resume")  # type: ignore[arg-type]
+    assert point is not None
+    assert point.step == 10
