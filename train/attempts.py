@@ -13,7 +13,6 @@ Layout under the run's checkpoint URI (checkpoints themselves: train/checkpoint.
     _spotray/<run id>/attempt-<N>.preempted.json  rank 0 stopped on a preemption notice, its
                                                   emergency checkpoint complete (train/worker.py)
     _spotray/<run id>/attempt-<N>.progress.json   training progress (rank 0, train/progress_log.py)
-    _spotray/<run id>/attempt-<N>.crash-<G>.json  worker group G of attempt N raised (train/crash_loop.py)
     _spotray/fence.json                           the newest attempt to start; older ones stop writing
 
 Exit codes of the job's driver and outcomes of an attempt are defined here too, once.
@@ -96,22 +95,11 @@ class AttemptId:
     def progress_key(self) -> str:
         return self._key(".progress.json")
 
-    @property
-    def crash_prefix(self) -> str:
-        return self._key(".crash-")
-
-    def crash_key(self, group: int) -> str:
-        return f"{self.crash_prefix}{group}.json"
-
     def identity(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "attempt": self.attempt}
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of run {self.run_id}"
-
-
-def run_records_prefix(run_id: str) -> str:
-    return f"{RECORDS_PREFIX}/{check_run_id(run_id)}/"
 
 
 # ------------------------------------------------------------------------------------------ records
