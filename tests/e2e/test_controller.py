@@ -329,3 +329,58 @@ def test_an_attempt_whose_pods_are_refused_ends_at_the_start_deadline_not_never(
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "FailureBudgetExhausted"
     tb.wait_until("the stuck RayJob to be deleted", lambda: rayjobs(testbed, namespace, "stuck") == [], 60)
+
+
+def test_a_rayjob_left_by_another_run_of_the_same_name_is_never_adopted(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """A run deleted and created again before garbage collection used to adopt the old run's RayJob on
+    the 409 (and a SUCCEEDED one made the new run Succeeded without training). Here the old RayJob's
+    owner is a ConfigMap standing in for the deleted run, so it stays until that owner goes."""
+    testbed.apply({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "old-run"}}, namespace=namespace)
+    owner_uid = get(testbed, "configmap", "old-run", namespace)["metadata"]["uid"]
+    foreign = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {
+            "name": "reborn-a1",
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "ConfigMap", "name": "old-run", "uid": owner_uid, "controller": True}
+            ],
+        },
+        # Suspended, so KubeRay starts no cluster for it.
+        "spec": {"entrypoint": "python -c 'print(1)'", "suspend": True, "rayClusterSpec": {"headGroupSpec": {
+            "rayStartParams": {}, "template": {"spec": {"containers": [{"name": "ray-head", "image": "none"}]}}}}},
+    }  # fmt: skip
+    testbed.apply(foreign, namespace=namespace)
+    start_controller()
+    testbed.apply(training_run("reborn", tmp_path, max_steps=10), namespace=namespace)
+
+    status = wait_status(
+        testbed,
+        namespace,
+        "reborn",
+        "waiting for the old RayJob",
+        lambda s: "belongs to another" in s.get("message", ""),
+        60,
+    )
+    assert status.get("phase") != "Succeeded"
+    assert not status.get("attempts"), "no attempt is recorded while the name is taken"
+
+    testbed.kubectl("delete", "configmap", "old-run", "-n", namespace)  # the old run is gone: GC takes its RayJob
+    run_uid = get(testbed, "trainingrun", "reborn", namespace)["metadata"]["uid"]
+
+    def ours() -> bool:
+        try:
+            job = get(testbed, "rayjob", "reborn-a1", namespace)
+        except subprocess.CalledProcessError:
+            return False
+        return [ref["uid"] for ref in job["metadata"].get("ownerReferences", [])] == [run_uid]
+
+    tb.wait_until("attempt 1's own RayJob", ours, timeout=120)
+    status = wait_status(testbed, namespace, "reborn", "attempt 1", lambda s: s.get("attempt") == 1, 60)
+    assert [a["rayJob"] for a in status["attempts"]] == ["reborn-a1"]
