@@ -258,7 +258,8 @@ def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) ->
     return Plan(new, create_attempt=number, events=(Event("Normal", "AttemptStarted", f"attempt {number}: {why}"),))
 
 
-def _record_end(state: RunState, end: AttemptEnd, now: datetime) -> RunState:
+def record_end(state: RunState, end: AttemptEnd, now: datetime) -> RunState:
+    """The current attempt ended as ``end``; its budget counted. No decision about what comes next."""
     assert state.current is not None
     ended = replace(
         state.current, outcome=end.outcome, reason=end.reason, message=bounded(end.message), endTime=timestamp(now)
@@ -282,7 +283,7 @@ def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetim
     """
     current = state.current
     assert current is not None
-    ended = _record_end(state, end, now)
+    ended = record_end(state, end, now)
     if end.outcome == OUTCOME_SUCCEEDED:
         new = replace(ended, phase=SUCCEEDED, message=f"training finished in attempt {current.attempt}")
         return Plan(new, events=(Event("Normal", "Succeeded", new.message),))
@@ -335,7 +336,7 @@ def _plan_suspended(state: RunState, now: datetime) -> Plan:
     message = "suspended; set spec.suspend to false to resume"
     current = state.current
     if current is not None and current.outcome == OUTCOME_RUNNING:
-        ended = _record_end(state, AttemptEnd(OUTCOME_SUSPENDED, "Suspended", "spec.suspend is true"), now)
+        ended = record_end(state, AttemptEnd(OUTCOME_SUSPENDED, "Suspended", "spec.suspend is true"), now)
         new = replace(ended, phase=SUSPENDED, message=message)
         return Plan(new, delete_rayjob=current.rayJob, events=(Event("Normal", "Suspended", message),))
     # Deleted again (a 404 when gone) in case the controller stopped between recording and deleting.

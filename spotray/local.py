@@ -34,7 +34,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from spotray.controller.lifecycle import AttemptEnd, RayJobView, RunState, classify_end, end_attempt, start_attempt
+from spotray.controller.lifecycle import (
+    AttemptEnd,
+    RayJobView,
+    RunState,
+    classify_end,
+    end_attempt,
+    record_end,
+    start_attempt,
+)
 from spotray.local_ray import LocalRayCluster
 from spotray.progress import ProgressView, RunTally
 from spotray.reaper import Reaper
@@ -158,7 +166,7 @@ class LocalRun:
         if state.current is not None and state.current.outcome == OUTCOME_RUNNING:
             # The previous `spotray run` was stopped mid-attempt: no budget is spent on that.
             end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "the command running it was stopped")
-            state = end_attempt(state, run, end, datetime.now(UTC)).state
+            state = record_end(state, end, datetime.now(UTC))
         while True:
             why = "first attempt" if state.current is None else f"after attempt {state.current.attempt}"
             state = start_attempt(state, run, datetime.now(UTC), why).state
@@ -169,7 +177,7 @@ class LocalRun:
                 code, disruption = self._one_attempt(attempt)
             except KeyboardInterrupt:
                 end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "stopped on Ctrl-C or SIGTERM")
-                self._save_state(run_id, end_attempt(state, run, end, datetime.now(UTC)).state)
+                self._save_state(run_id, record_end(state, end, datetime.now(UTC)))
                 raise
             end = self._classify(attempt, code, disruption)
             state = end_attempt(state, run, end, datetime.now(UTC)).state

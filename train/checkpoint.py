@@ -30,7 +30,7 @@ from typing import Any
 
 from spotray.train.attempts import AttemptId, check_fence
 from spotray.train.errors import CorruptCheckpointError, ObjectTooLargeError, StoreRequestError
-from spotray.train.store import ObjectInfo, ObjectStore, upload_dir
+from spotray.train.store import ObjectInfo, ObjectStore, object_exists, upload_dir
 
 log = logging.getLogger(__name__)
 
@@ -228,8 +228,7 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
 
 
 def manifest_exists(store: ObjectStore, prefix: str) -> bool:
-    key = f"{prefix}/{MANIFEST_NAME}"
-    return any(info.key == key for info in store.list(key))
+    return object_exists(store, f"{prefix}/{MANIFEST_NAME}")
 
 
 def list_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:

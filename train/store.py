@@ -332,10 +332,15 @@ class ObjectStore(Protocol):
 MAX_RECORD_BYTES = 1 << 20
 
 
+def object_exists(store: ObjectStore, key: str) -> bool:
+    """Whether ``key`` exists, by a LIST: stores differ in how a missing key fails a read."""
+    return any(info.key == key for info in store.list(key))
+
+
 def get_bytes_if_exists(store: ObjectStore, key: str, *, max_bytes: int = MAX_RECORD_BYTES) -> bytes | None:
-    """The object's bytes, or None when there is no such object (a LIST first: stores differ in how a
-    missing key fails, and a marker that is simply not there is not an error). Bounded by ``max_bytes``."""
-    if not any(info.key == key for info in store.list(key)):
+    """The object's bytes, or None when there is no such object (a marker that is simply not there is
+    not an error). Bounded by ``max_bytes``."""
+    if not object_exists(store, key):
         return None
     return store.get_bytes(key, max_bytes=max_bytes)
 
