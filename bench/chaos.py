@@ -9,9 +9,13 @@ at a random point, and then checks what a resuming attempt would see:
 - a superseded attempt completes no checkpoint after the fence moved, and prunes nothing;
 - the checkpoint the running attempt resumed from, and the one just uploaded, survive pruning.
 
-Full runs (a real local training run killed at random points) are not part of this script yet.
+Then full runs (bench/chaos_runs.py): a real ``spotray run --local`` hit by one or two faults at
+random steps (a worker, the driver, the head, a spot notice, the upload process, a 30 s S3 outage),
+checked against an uninterrupted run: Succeeded, the budgets spent are the faults', the same batch
+at every step, the same final weights, nothing complete lost at any restart.
 
-    .venv/bin/python -m bench.chaos --trials 200      # make chaos
+    .venv/bin/python -m bench.chaos --trials 200 --full-runs 20     # make chaos
+    .venv/bin/python -m bench.chaos --trials 0 --full-runs 3        # only a few full runs
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bench import chaos_runs
 from bench.common import machine_details, write_result
 from spotray.train.attempts import AttemptId, SupersededError, write_fence
 from spotray.train.checkpoint import (
@@ -51,10 +56,11 @@ _FORK = multiprocessing.get_context("fork")
 
 @dataclass(frozen=True)
 class Trial:
-    kind: str
+    kind: str  # a cheap trial's kind, or "run:" and the faults of a full run
     passed: bool
     steps_lost: int
     problem: str = ""
+    faults: tuple[str, ...] = ()  # the faults injected (a cheap trial's is its kind)
 
 
 def store_for(config: StoreConfig, prefix: str) -> S3ObjectStore:
@@ -75,7 +81,7 @@ def seed_checkpoints(store: S3ObjectStore, root: Path, steps: list[int], attempt
         upload_checkpoint(store, local_checkpoint(root, step, 1), step, 1, attempt=attempt)
 
 
-def killed_at_random(target: Callable[[], None], max_delay_s: float, rng: random.Random) -> float:
+def killed_at_random(target: Callable[[], object], max_delay_s: float, rng: random.Random) -> float:
     """Run ``target`` in a forked child and SIGKILL it at a random moment; returns the delay used."""
     child = _FORK.Process(target=target)
     child.start()
@@ -214,42 +220,91 @@ KINDS: dict[str, Callable[[StoreConfig, str, Path, random.Random], Trial]] = {
 }
 
 
+def report(number: int, trial: Trial) -> None:
+    mark = "ok  " if trial.passed else "FAIL"
+    print(f"{mark} {number:4d} {trial.kind:30s} steps lost {trial.steps_lost:3d} {trial.problem}", flush=True)
+
+
+def cheap_trials(count: int, rng: random.Random, work: Path) -> list[Trial]:
+    trials: list[Trial] = []
+    with LocalS3Server(work / "s3") as server:
+        server.create_bucket(BUCKET)
+        for number in range(count):
+            kind = rng.choice(sorted(KINDS))
+            scratch = work / f"trial-{number}"
+            try:
+                trial = KINDS[kind](server.config, f"trial-{number}", scratch, rng)
+            except Exception as error:  # noqa: BLE001 - a trial that raises is a failed trial, not the end
+                trial = Trial(kind, False, 0, f"raised {type(error).__name__}: {error}"[:500])
+            shutil.rmtree(scratch, ignore_errors=True)
+            trials.append(replace(trial, faults=(kind,)))
+            report(number, trials[-1])
+    return trials
+
+
+def full_run_trials(count: int, rng: random.Random, work: Path) -> tuple[list[Trial], dict[str, list[int]]]:
+    """``count`` full runs; also the steps lost at each restart, by the faults of its run."""
+    if not count:
+        return [], {}
+    print("the uninterrupted reference run ...", flush=True)
+    reference = chaos_runs.reference_run(work)
+    print(f"  done in {reference.seconds:.0f} s", flush=True)
+    trials: list[Trial] = []
+    lost_by_faults: dict[str, list[int]] = {}
+    for number in range(count):
+        run = chaos_runs.full_run_trial(work, number, rng, reference)
+        kinds = tuple(fault.kind for fault in run.faults)
+        name = "run:" + "+".join(f"{fault.kind}@{fault.step}" for fault in run.faults)
+        problem = "; ".join(run.problems)[:1000]
+        trials.append(Trial(name, not run.problems, max(run.steps_lost, default=0), problem, kinds))
+        lost_by_faults.setdefault("+".join(kinds), []).extend(run.steps_lost)
+        report(number, trials[-1])
+        print(f"       {run.seconds:.0f} s; injected: {'; '.join(run.injected)}; lost {run.steps_lost}", flush=True)
+        if not run.problems:
+            shutil.rmtree(work / f"run-{number}", ignore_errors=True)  # a failed run's files are kept to read
+    return trials, lost_by_faults
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument("--trials", type=int, default=200, help="cheap trials (seconds each)")
+    parser.add_argument("--full-runs", type=int, default=20, help="full local runs (a minute or two each)")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--name", default="chaos", help="bench/results/<name>.json")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory (failed runs are kept anyway)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="spotray-chaos-"))
-    trials: list[Trial] = []
     started = time.monotonic()
-    try:
-        with LocalS3Server(work / "s3") as server:
-            server.create_bucket(BUCKET)
-            for number in range(args.trials):
-                kind = rng.choice(sorted(KINDS))
-                scratch = work / f"trial-{number}"
-                try:
-                    trial = KINDS[kind](server.config, f"trial-{number}", scratch, rng)
-                except Exception as error:  # noqa: BLE001 - a trial that raises is a failed trial, not the end
-                    trial = Trial(kind, False, 0, f"raised {type(error).__name__}: {error}"[:500])
-                shutil.rmtree(scratch, ignore_errors=True)
-                trials.append(trial)
-                mark = "ok  " if trial.passed else "FAIL"
-                print(f"{mark} {number:4d} {kind:15s} steps lost {trial.steps_lost:3d} {trial.problem}", flush=True)
-    finally:
+    cheap = cheap_trials(args.trials, rng, work)
+    full, lost_by_faults = full_run_trials(args.full_runs, rng, work)
+    trials = cheap + full
+    failed_runs = [t for t in full if not t.passed]
+    if args.keep or failed_runs:
+        print(f"kept {work} (the failed runs' logs, events and samples)")
+    else:
         shutil.rmtree(work, ignore_errors=True)
     passes = sum(t.passed for t in trials)
     lost: dict[str, list[int]] = {}
-    for trial in trials:
+    for trial in cheap:
         lost.setdefault(trial.kind, []).append(trial.steps_lost)
     details = {
         "trials": len(trials),
         "passes": passes,
-        "full_runs": 0,
-        "faults": dict(Counter(t.kind for t in trials)),
+        "full_runs": len(full),
+        "full_run_passes": sum(t.passed for t in full),
+        "faults": dict(
+            Counter(kind for t in cheap for kind in t.faults)
+            + Counter(f"run:{kind}" for t in full for kind in t.faults)
+        ),
         "max_steps_lost": {kind: max(values) for kind, values in lost.items()},
+        "full_run_steps_lost_per_restart": lost_by_faults,
+        "full_run_setup": {
+            "steps": chaos_runs.MAX_STEPS,
+            "checkpoint_every": chaos_runs.INTERVAL,
+            "workers": 2,
+            "s3_outage_s": chaos_runs.OUTAGE_S,
+        },
         "checkpoint_interval_steps": INTERVAL,
         "failures": [f"{t.kind}: {t.problem}" for t in trials if not t.passed][:20],
         "seconds": round(time.monotonic() - started, 1),
@@ -261,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio=passes / max(len(trials), 1),
         goal=">= 1.0",
         baseline="every trial passes its invariants (passes / trials)",
-        command=f"make chaos  (or: .venv/bin/python -m bench.chaos --trials {args.trials})",
+        command=f"make chaos  (.venv/bin/python -m bench.chaos --trials {args.trials} --full-runs {args.full_runs})",
         details=details,
     )
     print(f"{passes}/{len(trials)} trials passed in {details['seconds']} s; wrote {path}")

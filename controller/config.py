@@ -83,6 +83,9 @@ class ControllerConfig:
     # caused it (reported on its own watch stream) is seen first.
     settle_seconds: int = 5
     start_deadline_seconds: int = 900  # controller/lifecycle.py: Observation.start_deadline_seconds
+    # /healthz fails when the TrainingRun watch has not delivered a listed change for this long
+    # (controller/watch_health.py); the check LISTs the runs every third of it.
+    watch_grace_seconds: int = 180
     metrics_port: int = 9090
     health_port: int = 8080
     peering: str | None = None
@@ -131,6 +134,7 @@ class ControllerConfig:
             ),
             settle_seconds=_int_env(env, "SPOTRAY_SETTLE_SECONDS", defaults.settle_seconds),
             start_deadline_seconds=_int_env(env, "SPOTRAY_START_DEADLINE_SECONDS", defaults.start_deadline_seconds),
+            watch_grace_seconds=_int_env(env, "SPOTRAY_WATCH_GRACE_SECONDS", defaults.watch_grace_seconds, 3),
             metrics_port=_int_env(env, "SPOTRAY_METRICS_PORT", defaults.metrics_port),
             health_port=_int_env(env, "SPOTRAY_HEALTH_PORT", defaults.health_port),
             peering=env.get("SPOTRAY_PEERING") or None,

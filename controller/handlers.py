@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -28,6 +29,7 @@ from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import disruption_note, reconcile
 from spotray.controller.resync import Resync
+from spotray.controller.watch_health import WatchChecker, WatchHealth
 from spotray.train.api_names import (
     ATTEMPT_LABEL,
     DISRUPTION_ANNOTATION,
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()
 _cluster: Cluster | None = None
 _resync: Resync | None = None
+_watch_health = WatchHealth(CONFIG.watch_grace_seconds)
+_watch_checker: WatchChecker | None = None
 EXECUTOR_THREADS = 50  # threads for reconciles triggered by events: a burst of new runs at once
 _handler_pool = ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="spotray-reconcile")
 
@@ -88,9 +92,13 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.scanning.disabled = True
     metrics.serve(CONFIG.metrics_port)
     if not CONFIG.peering:
-        global _resync  # noqa: PLW0603 - one loop per process
+        global _resync, _watch_checker  # noqa: PLW0603 - one loop of each per process
         _resync = Resync(_periodic, CONFIG.reconcile_interval_seconds)
         _resync.start()
+        _watch_checker = WatchChecker(
+            _watch_health, lambda: cluster().list_runs(CONFIG.namespaces), CONFIG.watch_grace_seconds / 3
+        )
+        _watch_checker.start()
     log.info("spotray controller: %s", CONFIG)
 
 
@@ -98,11 +106,21 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def stop_resync(**_: Any) -> None:
     if _resync is not None:
         _resync.stop()
+    if _watch_checker is not None:
+        _watch_checker.stop()
 
 
 @kopf.on.probe(id="trainingruns")
 def runs_known(**_: Any) -> int:
     return metrics.known_runs()
+
+
+@kopf.on.probe(id="watch")
+def watch_delivering(**_: Any) -> str:
+    """Fails /healthz (HTTP 500) while the TrainingRun watch is stalled (controller/watch_health.py)."""
+    if _watch_health.problem:
+        raise kopf.PermanentError(_watch_health.problem)  # permanent: kopf would otherwise retry the probe
+    return "ok"
 
 
 def _periodic(namespace: str, name: str) -> float | None:
@@ -119,9 +137,11 @@ async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, s
     """
     namespace, name = str(meta.namespace), str(meta.name)
     if event["type"] == "DELETED":
+        _watch_health.forget((namespace, name))
         if _resync is not None:
             _resync.forget(namespace, name)
         return
+    _watch_health.saw((namespace, name), str(meta.get("resourceVersion")), time.monotonic())
     if _resync is not None:
         _resync.track(namespace, name, status.get("phase"))
     if meta.get("generation") != status.get("observedGeneration"):

@@ -47,6 +47,22 @@ class Cluster:
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(GROUP, VERSION, PLURAL, namespace, name)
 
+    def list_runs(self, namespaces: tuple[str, ...]) -> dict[tuple[str, str], str]:
+        """(namespace, name) -> resourceVersion of every TrainingRun in ``namespaces`` (all when empty)."""
+        custom, timeout = self.custom, REQUEST_TIMEOUT
+        if namespaces:
+            pages = [
+                custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, _request_timeout=timeout)
+                for ns in namespaces
+            ]
+        else:
+            pages = [custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, _request_timeout=timeout)]
+        return {
+            (item["metadata"]["namespace"], item["metadata"]["name"]): item["metadata"]["resourceVersion"]
+            for page in pages
+            for item in cast(dict[str, Any], page).get("items", [])
+        }
+
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT

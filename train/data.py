@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +198,8 @@ class SampleRecorder:
     """The collate function: turns samples into tensors and can record which sample ids each rank trained on.
 
     Recording (for the no-duplicate, no-gap proof) is on when ``SPOTRAY_SAMPLE_LOG`` names a
-    directory: each rank appends ``{"step": n, "ids": [...]}`` lines to its own file per attempt.
+    directory: each rank appends ``{"step": n, "rank": r, "t": unix time, "ids": [...]}`` lines to
+    its own file per attempt and start step. ``trained_batches`` reads them back.
     """
 
     def __init__(
@@ -212,6 +214,7 @@ class SampleRecorder:
         directory = os.environ.get("SPOTRAY_SAMPLE_LOG")
         self.path = Path(directory) / f"attempt-{attempt}-start-{start_step}-rank-{rank}.jsonl" if directory else None
         self.step = start_step
+        self.rank = rank
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -220,6 +223,30 @@ class SampleRecorder:
         if self.path:
             ids = [int(sample["sample_id"]) for sample in samples]
             with self.path.open("a") as handle:
-                handle.write(json.dumps({"step": self.step, "ids": ids}) + "\n")
+                record = {"step": self.step, "rank": self.rank, "t": time.time(), "ids": ids}
+                handle.write(json.dumps(record) + "\n")
         features = [self.to_features(sample) for sample in samples]
         return {key: torch.stack([feature[key] for feature in features]) for key in features[0]}
+
+
+def trained_batches(sample_log: Path) -> dict[int, list[int]]:
+    """Step -> the sample ids (every rank's, sorted) of the batch that counts for that step.
+
+    A step trained more than once (a worker group or an attempt that resumed from an older
+    checkpoint trains it again) counts as its newest record, per rank: attempts never overlap in
+    time, so the newest is the one the final weights descend from. A line cut off by a kill is skipped.
+    """
+    newest: dict[tuple[int, int], tuple[float, list[int]]] = {}
+    for path in sorted(sample_log.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            key = (int(record["step"]), int(record["rank"]))
+            if key not in newest or record["t"] >= newest[key][0]:
+                newest[key] = (float(record["t"]), [int(i) for i in record["ids"]])
+    batches: dict[int, list[int]] = {}
+    for (step, _rank), (_t, ids) in newest.items():
+        batches.setdefault(step, []).extend(ids)
+    return {step: sorted(ids) for step, ids in sorted(batches.items())}

@@ -12,6 +12,7 @@ only what uploading needs. Requests and replies are pickled over its stdin and s
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -36,6 +37,11 @@ from spotray.train.subprocesses import die_with_parent
 # child's path so that `-m spotray.train.upload_worker` finds this same copy of spotray even when
 # it was imported through a sys.path entry the child would not inherit.
 _SPOTRAY_PARENT = Path(__file__).parent.parent.parent
+
+# Processes tried per checkpoint: a process lost once is replaced; lost twice, the upload fails.
+UPLOAD_PROCESS_TRIES = 2
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,13 +90,34 @@ class UploadWorker:
         self._replies = Connection(os.dup(self._process.stdout.fileno()), writable=False)
 
     def run(self, store: ObjectStore, job: UploadJob, keep: int) -> tuple[Manifest, float]:
-        """Upload and prune in the child; its exception, if any, is raised here."""
+        """Upload and prune in the child; its exception, if any, is raised here.
+
+        A child that dies mid-request (a stray SIGKILL, the OOM killer) is replaced and the request
+        sent again: uploading is idempotent (the manifest goes last) and the staged files are still
+        here, so one lost process costs no checkpoint. A child that dies twice on the same
+        checkpoint is reported: that is a cause to look at, not bad luck.
+        """
+        for tries_left in reversed(range(UPLOAD_PROCESS_TRIES)):
+            try:
+                status, payload, trace = self._request(store, job, keep)
+                break
+            except CheckpointUploadError:
+                if not tries_left:
+                    raise
+                log.warning("the upload process died uploading checkpoint-%d; starting a new one", job.step)
+        if status == "error":
+            payload.add_note(f"in the upload process:\n{trace}")
+            raise payload
+        result: tuple[Manifest, float] = payload
+        return result
+
+    def _request(self, store: ObjectStore, job: UploadJob, keep: int) -> tuple[str, Any, str]:
         self.start()
         assert self._requests is not None
         assert self._replies is not None
         try:
             self._requests.send((store, job, keep))
-            status, payload, trace = self._replies.recv()
+            reply: tuple[str, Any, str] = self._replies.recv()
         except (EOFError, OSError) as error:
             code = self._process.poll() if self._process else None
             self.close()
@@ -98,11 +125,7 @@ class UploadWorker:
                 f"the upload process died while uploading checkpoint-{job.step} (exit code {code})",
                 "look for an out-of-memory kill or a crash above; the last complete checkpoint is still safe",
             ) from error
-        if status == "error":
-            payload.add_note(f"in the upload process:\n{trace}")
-            raise payload
-        result: tuple[Manifest, float] = payload
-        return result
+        return reply
 
     def close(self) -> None:
         for connection in (self._requests, self._replies):

@@ -35,6 +35,9 @@ class ControllerProcess:
             "SPOTRAY_SETTLE_SECONDS": "2",
             "SPOTRAY_METRICS_PORT": str(tb.free_port()),
             "SPOTRAY_HEALTH_PORT": str(self.health_port),
+            # Short, so that every e2e test would catch the watch check failing a busy, healthy
+            # controller (a false alarm restarts it in production); stop() asserts it stayed green.
+            "SPOTRAY_WATCH_GRACE_SECONDS": "15",
             **extra_env,
         }
         self.proc: subprocess.Popen[bytes] | None = None
@@ -61,14 +64,23 @@ class ControllerProcess:
             return False
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it; first assert /healthz is still green (the watch check never cried wolf)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        green = self.healthy() or self._green_again_within(6)  # one slow answer is not a failure
         self.proc.send_signal(sig)
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        assert green, f"the controller's /healthz failed while it was working:\n{self.log_tail()}"
+
+    def _green_again_within(self, seconds: float) -> bool:
+        try:
+            return bool(tb.wait_until("/healthz", self.healthy, timeout=seconds, interval=1))
+        except TimeoutError:
+            return False
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

@@ -92,8 +92,35 @@ class CrashingStore(LocalObjectStore):
         os._exit(137)
 
 
-def test_a_dead_upload_process_is_reported(tmp_path: Path) -> None:
+def test_an_upload_process_that_dies_every_time_is_reported(tmp_path: Path) -> None:
     uploader = CheckpointUploader(CrashingStore(parse_uri(str(tmp_path / "store"))), keep=1)
     uploader.submit(write_files(tmp_path / "staging/checkpoint-3", {"w.bin": b"w"}), 3, world_size=1)
     with pytest.raises(CheckpointUploadError, match=r"upload process died .* checkpoint-3 \(exit code 137\)"):
         uploader.flush(timeout_s=30)
+
+
+@dataclass
+class CrashingOnceStore(LocalObjectStore):
+    """Kills the first upload process it runs in (a stray SIGKILL, the OOM killer), then works."""
+
+    crashed_marker: Path = Path("/nonexistent")
+
+    def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None:
+        if not self.crashed_marker.exists():
+            self.crashed_marker.touch()
+            os._exit(137)
+        super().upload_files(pairs)
+
+
+def test_an_upload_process_killed_once_is_replaced_and_the_checkpoint_lands(tmp_path: Path) -> None:
+    store = CrashingOnceStore(parse_uri(str(tmp_path / "store")), tmp_path / "crashed")
+    uploader = CheckpointUploader(store, keep=1)
+    uploader.submit(write_files(tmp_path / "staging/checkpoint-3", {"w.bin": b"w"}), 3, world_size=1)
+    uploader.flush(timeout_s=30)
+    assert (tmp_path / "crashed").exists()
+    latest = latest_complete_checkpoint(store)
+    assert latest is not None
+    assert latest.step == 3
+    uploader.submit(write_files(tmp_path / "staging/checkpoint-4", {"w.bin": b"x"}), 4, world_size=1)
+    uploader.close()
+    assert uploader.last_uploaded_step == 4

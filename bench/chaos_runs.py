@@ -1,0 +1,342 @@
+"""Chaos campaign, full runs: a real ``spotray run --local`` hit by faults at random steps.
+
+Each trial trains the GPT-2 job (jobs/gpt2: 2 Ray Train workers, ``MAX_STEPS`` steps, a checkpoint
+every ``INTERVAL``) with its own embedded S3 server and Ray cluster, and injects one or two of:
+
+- ``kill-worker``: SIGKILL one Ray Train worker (Ray Train starts a new worker group in the attempt);
+- ``kill-driver``: SIGKILL the job's driver process (the attempt fails: one of ``maxFailures``);
+- ``kill-head``: the driver and the whole Ray cluster SIGKILLed, as when the head's node is lost
+  (local mode's ``--kill-all-at``: one of ``maxPreemptions``);
+- ``spot-notice``: SIGTERM to the driver (``--preempt-at``: an emergency checkpoint, a preemption);
+- ``kill-upload``: SIGKILL the checkpoint upload process (replaced; the checkpoint still lands);
+- ``s3-outage``: the S3 server frozen (SIGSTOP) for ``OUTAGE_S`` seconds, then let go.
+
+Checked against an uninterrupted run of the same job, made first:
+- the run ends Succeeded (exit code 0, ``run-state.json``);
+- the budgets spent are the faults injected (preemptions and failures, each by kind);
+- every step's batch is the uninterrupted run's: no sample trained twice, none skipped;
+- the final weights are the uninterrupted run's (up to ``WEIGHT_TOLERANCE``: float noise);
+- every restart resumed from the newest checkpoint that was complete when it was hit (nothing
+  complete is lost), and after a spot notice from its emergency checkpoint (nothing lost at all).
+Steps lost per restart are reported by fault kind.
+
+The faults this script injects itself find their process by an environment marker that every
+process of the trial inherits (``SPOTRAY_CHAOS_TRIAL``), so nothing outside the trial is touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from spotray.train.data import trained_batches
+from spotray.train.events import read_events
+
+MAX_STEPS = 40
+INTERVAL = 10  # steps between checkpoints
+BATCH = 8
+OUTAGE_S = 30.0
+WEIGHT_TOLERANCE = 1e-3
+TRIAL_TIMEOUT_S = 900
+MARKER = "SPOTRAY_CHAOS_TRIAL"
+
+# (preemptions, failures) each fault spends: the product's promise, written down once.
+BUDGET_SPENT: dict[str, tuple[int, int]] = {
+    "kill-worker": (0, 0),
+    "kill-driver": (0, 1),
+    "kill-head": (1, 0),
+    "spot-notice": (1, 0),
+    "kill-upload": (0, 0),
+    "s3-outage": (0, 0),
+}
+FULL_RUN_KINDS = sorted(BUDGET_SPENT)
+CLI_FAULTS = {"kill-head": "--kill-all-at", "spot-notice": "--preempt-at"}  # local mode injects these itself
+
+MANIFEST = """\
+apiVersion: spotray.dev/v1alpha1
+kind: TrainingRun
+metadata:
+  name: chaos-run
+spec:
+  entrypoint: python -m spotray.jobs.gpt2 --max-steps {max_steps} --batch-size {batch} --workdir {job_dir}
+  workers: {{replicas: 2, cpu: "1", memory: 2Gi, gpu: 0}}
+  checkpoint: {{uri: "s3://chaos/runs/chaos-run", everySteps: {interval}, keep: 2}}
+  data: {{uri: "s3://chaos/datasets/gpt2-bytes"}}
+  retry: {{maxPreemptions: 5, maxFailures: 3, backoffSeconds: 1}}
+"""
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+
+
+@dataclass
+class RunResult:
+    """What one full run left behind, read back after it ended."""
+
+    workdir: Path
+    exit_code: int
+    seconds: float
+    injected: list[str] = field(default_factory=list)
+
+    @property
+    def state(self) -> dict[str, Any]:
+        path = self.workdir / "run-state.json"
+        return json.loads(path.read_text())["status"] if path.exists() else {}
+
+    def batches(self) -> dict[int, list[int]]:
+        return trained_batches(self.workdir / "samples")
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return load_file(self.workdir / "final" / "model.safetensors")
+
+    def log_tail(self) -> str:
+        path = self.workdir / "cli.log"
+        return path.read_text()[-1500:] if path.exists() else ""
+
+
+def schedule(rng: random.Random) -> list[Fault]:
+    """One or two faults at distinct random steps; each local-mode fault at most once."""
+    count = rng.choice([1, 1, 2])
+    kinds: list[str] = []
+    while len(kinds) < count:
+        kind = rng.choice(FULL_RUN_KINDS)
+        if kind in CLI_FAULTS and kind in kinds:
+            continue
+        kinds.append(kind)
+    steps = sorted(rng.sample(range(3, MAX_STEPS - 4), count))
+    return [Fault(kind, step) for kind, step in zip(kinds, steps, strict=True)]
+
+
+# ------------------------------------------------------------------------------- the processes
+
+
+def trial_processes(token: str) -> Iterator[tuple[int, str]]:
+    """(pid, command line) of every live process carrying this trial's marker."""
+    wanted = f"{MARKER}={token}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if wanted not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            yield int(entry.name), (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone, or not ours
+
+
+def find_process(token: str, needle: str) -> int | None:
+    """The trial's process whose program (a module run with -m, or a binary) is ``needle``."""
+    for pid, cmdline in trial_processes(token):
+        words = cmdline.split()
+        if words and (Path(words[0]).name == needle or f"-m {needle}" in cmdline) and Path(words[0]).name != "bash":
+            return pid
+    return None
+
+
+def signal_quietly(pid: int, signum: int) -> bool:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Injector:
+    """Injects this script's own faults when the run reaches their step (local mode does the others)."""
+
+    def __init__(self, token: str, faults: list[Fault]) -> None:
+        self.token = token
+        self.pending = [fault for fault in faults if fault.kind not in CLI_FAULTS]
+        self.workers: dict[int, int] = {}  # rank -> pid, from the newest worker group's worker_start events
+        self.injected: list[str] = []
+        self.resume_timers: list[threading.Timer] = []
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event["event"] == "worker_start":
+            self.workers[int(event["rank"])] = int(event["pid"])
+        due = event["event"] == "step" and self.pending and int(event["step"]) >= self.pending[0].step
+        if due and self._inject(self.pending[0], int(event["step"])):
+            self.pending.pop(0)
+
+    def _inject(self, fault: Fault, step: int) -> bool:
+        pid: int | None
+        if fault.kind == "kill-worker":
+            pid = self.workers.get(max(self.workers)) if self.workers else None
+        elif fault.kind == "kill-driver":
+            pid = find_process(self.token, "spotray.jobs.gpt2")
+        elif fault.kind == "kill-upload":
+            pid = find_process(self.token, "spotray.train.upload_worker")
+        else:  # s3-outage
+            pid = find_process(self.token, "weed")
+        if pid is None:
+            return False  # not up yet (or between worker groups): try again at the next step
+        if fault.kind == "s3-outage":
+            if not signal_quietly(pid, signal.SIGSTOP):
+                return False
+            timer = threading.Timer(OUTAGE_S, signal_quietly, (pid, signal.SIGCONT))
+            timer.start()
+            self.resume_timers.append(timer)
+        elif not signal_quietly(pid, signal.SIGKILL):
+            return False
+        self.injected.append(f"{fault.kind} at step {step} (pid {pid})")
+        return True
+
+    def release(self) -> None:
+        """Let a frozen S3 server go now (the trial is over or failed)."""
+        for timer in self.resume_timers:
+            timer.cancel()
+            timer.function(*timer.args)
+
+
+def follow(events_path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    try:
+        with events_path.open("rb") as handle:
+            handle.seek(offset)
+            chunk = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    events = []
+    for line in complete.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events, offset + len(complete)
+
+
+def run_local(workdir: Path, faults: list[Fault], token: str) -> RunResult:
+    """``spotray run chaos.yaml --local`` in ``workdir``, with ``faults``; waits for it to end."""
+    workdir.mkdir(parents=True)
+    manifest = workdir / "chaos.yaml"
+    manifest.write_text(MANIFEST.format(max_steps=MAX_STEPS, batch=BATCH, interval=INTERVAL, job_dir=workdir / "job"))
+    command = [sys.executable, "-m", "spotray.cli", "run", str(manifest), "--local", "--workdir", str(workdir)]
+    for fault in faults:
+        if fault.kind in CLI_FAULTS:
+            command += [CLI_FAULTS[fault.kind], str(fault.step)]
+    env = {**os.environ, MARKER: token, "SPOTRAY_SAMPLE_LOG": str(workdir / "samples"), "PYTHONUNBUFFERED": "1"}
+    injector = Injector(token, faults)
+    started = time.monotonic()
+    offset = 0
+    with (workdir / "cli.log").open("wb") as log:
+        cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while cli.poll() is None:
+                if time.monotonic() - started > TRIAL_TIMEOUT_S:
+                    os.killpg(cli.pid, signal.SIGKILL)  # its reaper then ends what it started
+                    cli.wait()
+                    break
+                events, offset = follow(workdir / "events.jsonl", offset)
+                for event in events:
+                    injector.on_event(event)
+                time.sleep(0.1)
+        finally:
+            injector.release()
+    output = (workdir / "cli.log").read_text(errors="replace")
+    by_cli = [line.split("injected:", 1)[1].strip() for line in output.splitlines() if "injected:" in line]
+    return RunResult(workdir, cli.returncode, time.monotonic() - started, injector.injected + by_cli)
+
+
+# ------------------------------------------------------------------------------- the checks
+
+
+def restarts(events_path: Path) -> list[dict[str, Any]]:
+    """Each time training started again: the step reached, the resume point, and what was complete then."""
+    found = []
+    reached, complete, emergency, started = 0, 0, None, False
+    for event in read_events(events_path):
+        kind = event["event"]
+        if kind == "step":
+            reached = max(reached, int(event["step"]))
+        elif kind == "checkpoint_complete":
+            complete = max(complete, int(event["step"]))
+        elif kind == "emergency_checkpoint":
+            emergency = int(event["step"])
+        elif kind == "start":
+            if started:
+                resumed = int(event["resumed_from"] or 0)
+                found.append({"reached": reached, "resumed": resumed, "complete": complete, "emergency": emergency})
+                complete = max(complete, emergency or 0)
+                reached, emergency = resumed, None
+            started = True
+    return found
+
+
+def judge(result: RunResult, faults: list[Fault], reference: RunResult) -> list[str]:
+    """Every broken promise of this run, as sentences; empty when it kept them all."""
+    problems = []
+    state = result.state
+    if result.exit_code != 0 or state.get("phase") != "Succeeded":
+        return [f"exit code {result.exit_code}, phase {state.get('phase')}: {result.log_tail()}"]
+    if len(result.injected) != len(faults):
+        problems.append(f"injected {result.injected}, planned {[f.kind for f in faults]}")
+    want = tuple(sum(BUDGET_SPENT[f.kind][i] for f in faults) for i in (0, 1))
+    spent = (int(state.get("preemptions", 0)), int(state.get("failures", 0)))
+    if spent != want:
+        problems.append(f"budgets spent (preemptions, failures) {spent}, the faults account for {want}")
+    batches, expected = result.batches(), reference.batches()
+    if batches != expected:
+        wrong = [step for step in expected if batches.get(step) != expected[step]]
+        ids = [i for step in range(1, MAX_STEPS + 1) for i in batches.get(step, [])]
+        problems.append(
+            f"batches differ from the uninterrupted run at steps {wrong[:10]}; "
+            f"{len(ids) - len(set(ids))} samples trained twice"
+        )
+    final, baseline = result.weights(), reference.weights()
+    worst = max(float((final[name] - baseline[name]).abs().max()) for name in baseline)
+    if worst > WEIGHT_TOLERANCE:
+        problems.append(f"final weights differ from the uninterrupted run's by up to {worst:.2e}")
+    for restart in restarts(result.workdir / "events.jsonl"):
+        if restart["resumed"] < restart["complete"]:
+            problems.append(f"resumed from {restart['resumed']}, but checkpoint-{restart['complete']} was complete")
+        if restart["emergency"] is not None and restart["resumed"] != restart["emergency"]:
+            problems.append(f"resumed from {restart['resumed']}, not the emergency checkpoint {restart['emergency']}")
+    return problems
+
+
+def steps_lost(result: RunResult) -> list[int]:
+    return [r["reached"] - r["resumed"] for r in restarts(result.workdir / "events.jsonl")]
+
+
+def reference_run(work: Path) -> RunResult:
+    """The uninterrupted run every trial is compared with."""
+    result = run_local(work / "reference", [], f"reference-{os.getpid()}")
+    if result.exit_code != 0:
+        raise SystemExit(f"the uninterrupted reference run failed (exit code {result.exit_code}):\n{result.log_tail()}")
+    return result
+
+
+@dataclass(frozen=True)
+class FullRun:
+    faults: list[Fault]
+    injected: list[str]
+    problems: list[str]
+    steps_lost: list[int]
+    seconds: float
+
+
+def full_run_trial(work: Path, number: int, rng: random.Random, reference: RunResult) -> FullRun:
+    faults = schedule(rng)
+    result = run_local(work / f"run-{number}", faults, f"run-{number}-{os.getpid()}")
+    try:
+        problems = judge(result, faults, reference)
+    except (OSError, KeyError, ValueError) as error:  # a missing final model, a torn state file
+        problems = [f"could not read what the run left: {type(error).__name__}: {error}"]
+    lost = steps_lost(result) if (result.workdir / "events.jsonl").exists() else []
+    return FullRun(faults, result.injected, problems, lost, result.seconds)
