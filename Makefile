@@ -56,8 +56,8 @@ test: setup testbed ## every suite: unit, integration and e2e, then the compat m
 test-campaign: setup testbed ## long fault campaigns left out of make test (the 3-fault local run, SIGHUP)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
-chaos: setup ## fault campaign: 200 random kills of uploads, prunes, downloads, stale attempts (~10 min)
-	$(PY) -m bench.chaos --trials 200
+chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)
+	$(PY) -m bench.chaos --trials 200 --full-runs 20
 
 test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)

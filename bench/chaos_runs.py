@@ -103,7 +103,7 @@ class RunResult:
         return trained_batches(self.workdir / "samples")
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return load_file(self.workdir / "final" / "model.safetensors")
+        return load_file(self.workdir / "final" / f"checkpoint-{MAX_STEPS}" / "model.safetensors")
 
     def log_tail(self) -> str:
         path = self.workdir / "cli.log"

@@ -184,14 +184,31 @@ class StreamingTrainer(Trainer):
     The stock Trainer wraps an iterable dataset in accelerate's sharding, which would split
     streaming's per-rank partitions again; and it skips already-seen batches on resume, which the
     data position makes unnecessary (run with ``ignore_data_skip=True``).
+
+    Not skipping has a cost the Trainer does not make up for: it restores the checkpoint's RNG
+    state (dropout masks, each rank's) only on the path that skips batches. So this class restores
+    it at the first step after a resume, where the Trainer would have: without it a resumed run
+    draws other dropout masks than an uninterrupted one and ends with other weights.
     """
 
     def __init__(self, *args: Any, epoch_loader: EpochLoader, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.epoch_loader = epoch_loader
+        self._rng_checkpoint: str | None = None
 
     def get_train_dataloader(self) -> Any:
         return self.epoch_loader
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
+        self._rng_checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if self._rng_checkpoint is not None:
+            self._load_rng_state(self._rng_checkpoint)  # type: ignore[no-untyped-call]
+            self._rng_checkpoint = None
+        loss: torch.Tensor = super().training_step(*args, **kwargs)
+        return loss
 
 
 class SampleRecorder:
