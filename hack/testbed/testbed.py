@@ -318,6 +318,7 @@ class Testbed:
         self.ray_heads_file = workdir / "ray-heads.json"
         self.logs = workdir / "logs"
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.commands: dict[str, tuple[list[str], dict[str, str] | None]] = {}  # to start one again
 
     # -- processes ----------------------------------------------------------------------------
 
@@ -335,6 +336,7 @@ class Testbed:
                 preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
             )
         self.procs[name] = proc
+        self.commands[name] = (argv, env)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         path = self.logs / f"{name}.log"
@@ -581,6 +583,20 @@ class Testbed:
             self.kubectl("delete", "pod", meta["name"], "-n", meta["namespace"], "--force", "--grace-period=0",
                          check=False)  # fmt: skip
         return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods]
+
+    def restart_apiserver(self, down_s: float) -> None:
+        """Lose the API server: SIGKILL it, keep it down ``down_s`` seconds, start it again.
+
+        Same port, certificates and etcd, so every client (controllers, kwok, tests) reconnects to
+        the same address and finds the same objects, as after a control-plane crash.
+        """
+        proc = self.procs["kube-apiserver"]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        time.sleep(down_s)
+        self._spawn("kube-apiserver", *self.commands["kube-apiserver"])
+        wait_until("kube-apiserver /readyz after its restart", lambda: self._check_alive() or self._readyz(), 120)
 
     def add_node(self, node: Node) -> None:
         self.apply(node.manifest())

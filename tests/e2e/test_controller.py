@@ -220,6 +220,33 @@ def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_
     assert rayjobs(testbed, namespace, "restart") == ["restart-a1"]
 
 
+def test_the_api_server_lost_mid_attempt_changes_no_outcome(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """The kube-apiserver SIGKILLed while an attempt runs, and back 8 s later: no attempt lost or added."""
+    controller = start_controller()
+    sleeper = "python -c 'import time; time.sleep(40)'"
+    testbed.apply(training_run("apiserver-lost", tmp_path, max_steps=10, entrypoint=sleeper), namespace=namespace)
+    wait_status(testbed, namespace, "apiserver-lost", "running", lambda s: s.get("phase") == "Running", 120)
+
+    testbed.restart_apiserver(down_s=8)
+    status = wait_status(
+        testbed, namespace, "apiserver-lost", "Succeeded", lambda s: s.get("phase") == "Succeeded", 240
+    )
+    assert status["attempt"] == 1
+    assert [a["outcome"] for a in status["attempts"]] == ["Succeeded"]
+    assert (status["preemptions"], status["failures"]) == (0, 0)
+    assert rayjobs(testbed, namespace, "apiserver-lost") == ["apiserver-lost-a1"]
+    assert controller.proc is not None
+    assert controller.proc.poll() is None, f"the controller died with the API server:\n{controller.log_tail()}"
+    # (the fixture's stop() then asserts /healthz is green: the watch caught up after the restart)
+
+
 def test_suspend_stops_the_attempt_and_resume_starts_the_next(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
