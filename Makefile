@@ -50,7 +50,7 @@ demo: setup ## GPT-2 on a local Ray cluster + S3; a worker killed, the head lost
 # Measured warm on 2 cores: see "Tests" in the README.
 test: setup testbed ## every suite: unit, integration and e2e, then the compat matrix (test-compat)
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)
-	$(PY) -m pytest -m "not unit and not campaign" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not unit and not campaign" --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-compat
 
 test-campaign: setup testbed ## long fault campaigns left out of make test (the 3-fault local run, SIGHUP)
