@@ -42,6 +42,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from spotray.local import EventCursor
 from spotray.train.data import trained_batches
 from spotray.train.events import read_events
 
@@ -204,23 +205,6 @@ class Injector:
             timer.function(*timer.args)
 
 
-def follow(events_path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
-    try:
-        with events_path.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read()
-    except FileNotFoundError:
-        return [], offset
-    complete = chunk[: chunk.rfind(b"\n") + 1]
-    events = []
-    for line in complete.splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events, offset + len(complete)
-
-
 def run_local(workdir: Path, faults: list[Fault], token: str) -> RunResult:
     """``spotray run chaos.yaml --local`` in ``workdir``, with ``faults``; waits for it to end."""
     workdir.mkdir(parents=True)
@@ -232,8 +216,8 @@ def run_local(workdir: Path, faults: list[Fault], token: str) -> RunResult:
             command += [CLI_FAULTS[fault.kind], str(fault.step)]
     env = {**os.environ, MARKER: token, "SPOTRAY_SAMPLE_LOG": str(workdir / "samples"), "PYTHONUNBUFFERED": "1"}
     injector = Injector(token, faults)
+    cursor = EventCursor(workdir / "events.jsonl")
     started = time.monotonic()
-    offset = 0
     with (workdir / "cli.log").open("wb") as log:
         cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         try:
@@ -242,8 +226,7 @@ def run_local(workdir: Path, faults: list[Fault], token: str) -> RunResult:
                     os.killpg(cli.pid, signal.SIGKILL)  # its reaper then ends what it started
                     cli.wait()
                     break
-                events, offset = follow(workdir / "events.jsonl", offset)
-                for event in events:
+                for event in cursor.new_events():
                     injector.on_event(event)
                 time.sleep(0.1)
         finally:
