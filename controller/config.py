@@ -86,6 +86,9 @@ class ControllerConfig:
     # /healthz fails when the TrainingRun watch has not delivered a listed change for this long
     # (controller/watch_health.py); the check LISTs the runs every third of it.
     watch_grace_seconds: int = 180
+    # An attempt ended and its records cannot be read: the run waits (no budget spent) and after
+    # this long shows a StorageUnreachable condition (controller/lifecycle.py).
+    storage_patience_seconds: int = 600
     metrics_port: int = 9090
     health_port: int = 8080
     peering: str | None = None
@@ -134,6 +137,9 @@ class ControllerConfig:
             ),
             settle_seconds=_int_env(env, "SPOTRAY_SETTLE_SECONDS", defaults.settle_seconds),
             start_deadline_seconds=_int_env(env, "SPOTRAY_START_DEADLINE_SECONDS", defaults.start_deadline_seconds),
+            storage_patience_seconds=_int_env(
+                env, "SPOTRAY_STORAGE_PATIENCE_SECONDS", defaults.storage_patience_seconds, 1
+            ),
             watch_grace_seconds=_int_env(env, "SPOTRAY_WATCH_GRACE_SECONDS", defaults.watch_grace_seconds, 3),
             metrics_port=_int_env(env, "SPOTRAY_METRICS_PORT", defaults.metrics_port),
             health_port=_int_env(env, "SPOTRAY_HEALTH_PORT", defaults.health_port),

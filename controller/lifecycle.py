@@ -18,7 +18,8 @@ How an attempt ended is decided from facts, in this order:
 Preemptions never spend the failure budget: retrying a spot loss is the normal case. A fact that
 cannot be read is never taken as an answer: when the store cannot be read at the end of an
 attempt, nothing is decided and no budget is spent; the run waits, says why, and after
-``STORAGE_PATIENCE_S`` shows a ``StorageUnreachable`` condition. A RayJob with the attempt's name
+``Observation.storage_patience_seconds`` (``SPOTRAY_STORAGE_PATIENCE_SECONDS``, 600 by default) shows a
+``StorageUnreachable`` condition. A RayJob with the attempt's name
 that another TrainingRun owns (a deleted namesake's) is never adopted. ``end_attempt`` is the one
 budget decision; local mode (spotray/local.py) calls it too.
 
@@ -211,6 +212,8 @@ class Observation:
     # An attempt whose Ray cluster has not started this long after it began ends as a failure
     # (pods refused by admission, a quota, no capacity): it must never wait for ever. 0: no deadline.
     start_deadline_seconds: float = 0.0
+    # How long an ended attempt's records may stay unreadable before the run shows StorageUnreachable.
+    storage_patience_seconds: float = STORAGE_PATIENCE_S
 
 
 @dataclass(frozen=True)
@@ -396,7 +399,7 @@ def _wait_for_storage(obs: Observation, current: AttemptEntry, now: datetime) ->
     """The attempt ended but its records cannot be read: decide nothing, spend nothing, say why, retry."""
     since = parse_timestamp(obs.state.storage_unreachable_since) or now
     waited = (now - since).total_seconds()
-    reason = "StorageUnreachable" if waited >= STORAGE_PATIENCE_S else "WaitingForStorage"
+    reason = "StorageUnreachable" if waited >= obs.storage_patience_seconds else "WaitingForStorage"
     message = (
         f"{reason}: attempt {current.attempt} ended, and how it ended cannot be read from "
         f"{obs.run.spec.checkpoint.uri} for {waited:.0f} s ({obs.storage_error or 'unknown error'}); no budget is "
@@ -427,15 +430,21 @@ def _start_deadline_exceeded(obs: Observation, current: AttemptEntry, job: RayJo
     return replace(decided, delete_rayjob=current.rayJob)
 
 
-def conditions(state: RunState, previous: list[dict[str, Any]], generation: int, now: datetime) -> list[dict[str, Any]]:
+def conditions(
+    state: RunState,
+    previous: list[dict[str, Any]],
+    generation: int,
+    now: datetime,
+    storage_patience_s: float = STORAGE_PATIENCE_S,
+) -> list[dict[str, Any]]:
     """status.conditions (metav1.Condition shape) for the state; a transition time changes only on a change."""
     wanted = {
         "Progressing": (state.phase in (PENDING, RUNNING, RESUMING), state.phase),
         "Succeeded": (state.phase == SUCCEEDED, "TrainingFinished" if state.phase == SUCCEEDED else state.phase),
         "Failed": (state.phase == FAILED, state.failure_reason or state.phase),
         "Suspended": (state.phase == SUSPENDED, state.phase),
-        # True once an ended attempt's records stayed unreadable past STORAGE_PATIENCE_S.
-        "StorageUnreachable": (_storage_unreachable(state, now), "StorageUnreachable"),
+        # True once an ended attempt's records stayed unreadable past the patience.
+        "StorageUnreachable": (_storage_unreachable(state, now, storage_patience_s), "StorageUnreachable"),
     }
     old = {c.get("type"): c for c in previous}
     result = []
@@ -456,6 +465,6 @@ def conditions(state: RunState, previous: list[dict[str, Any]], generation: int,
     return result
 
 
-def _storage_unreachable(state: RunState, now: datetime) -> bool:
+def _storage_unreachable(state: RunState, now: datetime, patience_s: float) -> bool:
     since = parse_timestamp(state.storage_unreachable_since)
-    return since is not None and (now - since).total_seconds() >= STORAGE_PATIENCE_S
+    return since is not None and (now - since).total_seconds() >= patience_s

@@ -241,6 +241,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         storage_error=storage_error,
         settle_seconds=config.settle_seconds,
         start_deadline_seconds=config.start_deadline_seconds,
+        storage_patience_seconds=config.storage_patience_seconds,
     )
 
 
@@ -291,6 +292,7 @@ def _act(  # noqa: PLR0917
         generation=body["metadata"].get("generation", 0),
         now=now,
         starting=decided.create_attempt is not None,
+        storage_patience_s=config.storage_patience_seconds,
     )
     cluster.patch_run_status(namespace, name, new_status)
     if decided.delete_rayjob:
@@ -315,11 +317,12 @@ def _status(
     generation: int,
     now: datetime,
     starting: bool,
+    storage_patience_s: float,
 ) -> dict[str, Any]:
     """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
     status = state.to_status()
     status["observedGeneration"] = generation
-    status["conditions"] = conditions(state, previous_conditions, generation, now)
+    status["conditions"] = conditions(state, previous_conditions, generation, now, storage_patience_s)
     # A new attempt has no progress yet, and its RayJob should not wait for S3 reads.
     report = _report(run_store, run, state, run_uid) if not starting else {}
     resumed_from = report.pop("resumedFrom", None)

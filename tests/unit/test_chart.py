@@ -253,6 +253,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_RAYJOB_TTL_SECONDS": "600",
         "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "10",
         "SPOTRAY_START_DEADLINE_SECONDS": "900",
+        "SPOTRAY_STORAGE_PATIENCE_SECONDS": "600",
         "SPOTRAY_WATCH_GRACE_SECONDS": "180",
         "SPOTRAY_METRICS_PORT": "9090",
         "SPOTRAY_HEALTH_PORT": "8080",

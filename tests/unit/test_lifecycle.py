@@ -103,6 +103,20 @@ def test_bad_input_fails_the_run_at_once_naming_the_fix() -> None:
     assert "bucket x missing" in result.state.message
 
 
+def test_the_storage_patience_is_the_operators_setting() -> None:
+    unknown = Observation(run(), started(), FAILED_JOB, None, storage_error="403", storage_patience_seconds=30)
+    waiting = plan(unknown, NOW)
+    assert [e.reason for e in waiting.events] == ["WaitingForStorage"]
+    later = NOW + timedelta(seconds=31)
+    still = plan(replace(unknown, state=waiting.state), later)
+    assert [e.reason for e in still.events] == ["StorageUnreachable"]
+    assert (still.state.preemptions, still.state.failures) == (0, 0)
+    shown = {c["type"]: c["status"] for c in conditions(still.state, [], 1, later, storage_patience_s=30)}
+    assert shown["StorageUnreachable"] == "True"
+    default = {c["type"]: c["status"] for c in conditions(still.state, [], 1, later)}
+    assert default["StorageUnreachable"] == "False"  # 31 s is within the default 600
+
+
 def test_an_unreadable_store_at_the_end_of_an_attempt_decides_nothing_and_spends_nothing() -> None:
     before = started()
     unknown = Observation(run(), before, FAILED_JOB, None, storage_error="connect timeout", settle_seconds=5)
