@@ -261,6 +261,27 @@ def restarts(events_path: Path) -> list[dict[str, Any]]:
     return found
 
 
+def budgets_due(result: RunResult, faults: list[Fault]) -> tuple[tuple[int, int], list[str]]:
+    """(preemptions, failures) the faults must spend, and the problems seen working it out.
+
+    A spot notice that reaches the driver after the last step stops nothing: the job finishes, the
+    attempt succeeds and spends no budget, as on a cluster. The training acts on a notice it gets in
+    time (a ``preemption_notice`` event); one it never acts on is allowed only when it was sent in
+    the last checkpoint interval, where the remaining steps can take less time than the signal.
+    """
+    acted = sum(1 for e in read_events(result.workdir / "events.jsonl") if e["event"] == "preemption_notice")
+    preemptions = failures = 0
+    problems = []
+    for fault in faults:
+        if fault.kind == "spot-notice" and not acted:
+            if fault.step < MAX_STEPS - INTERVAL:
+                problems.append(f"the spot notice at step {fault.step} was never acted on")
+            continue
+        preemptions += BUDGET_SPENT[fault.kind][0]
+        failures += BUDGET_SPENT[fault.kind][1]
+    return (preemptions, failures), problems
+
+
 def judge(result: RunResult, faults: list[Fault], reference: RunResult) -> list[str]:
     """Every broken promise of this run, as sentences; empty when it kept them all."""
     problems = []
@@ -269,7 +290,8 @@ def judge(result: RunResult, faults: list[Fault], reference: RunResult) -> list[
         return [f"exit code {result.exit_code}, phase {state.get('phase')}: {result.log_tail()}"]
     if len(result.injected) != len(faults):
         problems.append(f"injected {result.injected}, planned {[f.kind for f in faults]}")
-    want = tuple(sum(BUDGET_SPENT[f.kind][i] for f in faults) for i in (0, 1))
+    want, late = budgets_due(result, faults)
+    problems += late
     spent = (int(state.get("preemptions", 0)), int(state.get("failures", 0)))
     if spent != want:
         problems.append(f"budgets spent (preemptions, failures) {spent}, the faults account for {want}")
