@@ -157,6 +157,10 @@ def uninterrupted(
     return FinishedRun(S3ObjectStore(parse_uri(f"{uri}/run"), s3_server.config), data_uri, workdir)
 
 
+# About 3 minutes with its baseline run: a campaign (make test-campaign), to keep make test within 30
+# minutes. A lost head with the same worker count is checked sample-exact by the chaos full runs (make
+# chaos); this one adds the resume with fewer workers.
+@pytest.mark.campaign
 def test_head_lost_then_resumed_with_fewer_workers_matches_an_uninterrupted_run(
     ray_cluster: LocalRayCluster, s3_server: LocalS3Server, uninterrupted: FinishedRun, s3_uri: str, tmp_path: Path
 ) -> None:
