@@ -201,8 +201,9 @@ class Injector:
     def release(self) -> None:
         """Let a frozen S3 server go now (the trial is over or failed)."""
         for timer in self.resume_timers:
-            timer.cancel()
-            timer.function(*timer.args)
+            if timer.is_alive():  # not fired yet; a fired one's pid may belong to another process by now
+                timer.cancel()
+                timer.function(*timer.args)
 
 
 def run_local(workdir: Path, faults: list[Fault], token: str) -> RunResult:
