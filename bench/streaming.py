@@ -38,9 +38,10 @@ def samples(count: int, size: int) -> list[dict[str, object]]:
 def read_epoch(remote: str | None, local: str) -> None:
     """Child process: iterate one epoch, print samples/s as JSON."""
     from streaming import StreamingDataset  # noqa: PLC0415 (only the measuring child needs it)
-    from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
 
-    clean_stale_shared_memory()
+    from spotray.train.streaming_memory import release_streaming_memory  # noqa: PLC0415
+
+    release_streaming_memory(Path(local))
     dataset = StreamingDataset(
         remote=remote, local=local, shuffle=True, shuffle_seed=7, batch_size=32, num_canonical_nodes=NUM_CANONICAL_NODES
     )

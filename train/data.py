@@ -16,8 +16,9 @@ The known traps, handled here:
   loop to dodge it): ``EpochLoader`` keeps one iterator at a time, in the training process
   (``num_workers=0``, so no persistent loader workers hold the old epoch open), and starts the next
   epoch only after the previous one ran out;
-- shared memory left in /dev/shm by a killed process makes the next run fail or hang:
-  ``clean_stale_shared_memory`` runs before the dataset is built (all ranks of a node take part);
+- shared memory left in /dev/shm by a killed reader makes the next one fail ("Reused local
+  directory"): local rank 0 releases what was registered for the cache directory before the dataset
+  is built and after training (train/streaming_memory.py says why not streaming's own cleanup);
 - each rank must read its own partition: streaming partitions by RANK / WORLD_SIZE / LOCAL_WORLD_SIZE,
   which Ray Train's TorchTrainer sets; accelerate's own iterable sharding is bypassed (it would shard twice).
 """
@@ -41,6 +42,7 @@ from transformers import Trainer
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
 from spotray.train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
+from spotray.train.streaming_memory import release_streaming_memory
 
 log = logging.getLogger(__name__)
 
@@ -119,9 +121,8 @@ def open_streaming_dataset(
     """A ``StreamingDataset`` over the MDS shards at ``uri``, set to continue at ``position``."""
     with extra_required("streaming"):
         from streaming import StreamingDataset  # noqa: PLC0415 (heavy import, only in training workers)
-        from streaming.base.util import clean_stale_shared_memory  # noqa: PLC0415
 
-    clean_stale_shared_memory()
+    on_each_node_once(lambda: release_streaming_memory(cache_dir), barrier_first=False)
     remote = str(uri) if uri.scheme == "s3" else uri.prefix
     dataset = StreamingDataset(
         remote=remote,
@@ -142,6 +143,23 @@ def open_streaming_dataset(
             }
         )
     return dataset
+
+
+def release_after_training(cache_dir: Path) -> None:
+    """After every rank's last step: release the cache directory's shared memory (a Ray worker is
+    killed at the end, so streaming's own finalizers never run). All ranks call it."""
+    on_each_node_once(lambda: release_streaming_memory(cache_dir), barrier_first=True)
+
+
+def on_each_node_once(action: Callable[[], object], *, barrier_first: bool) -> None:
+    """``action`` on local rank 0 while the node's other ranks wait (all ranks call this)."""
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if distributed and barrier_first:
+        torch.distributed.barrier()
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        action()
+    if distributed and not barrier_first:
+        torch.distributed.barrier()
 
 
 class EpochLoader:

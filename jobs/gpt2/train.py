@@ -50,6 +50,7 @@ from spotray.train.data import (
     StreamingTrainer,
     ensure_dataset,
     open_streaming_dataset,
+    release_after_training,
 )
 from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
@@ -173,9 +174,10 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         )
     per_device = config.batch_size // size
     assert config.data_uri is not None  # the driver checked
+    cache_dir = config.workdir / "mds-cache"
     dataset = open_streaming_dataset(
         parse_uri(config.data_uri),
-        config.workdir / "mds-cache",
+        cache_dir,
         batch_size=per_device,
         position=position,
         shuffle_seed=config.seed,
@@ -219,6 +221,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         epoch_loader=loader,
     )
     trainer.train(resume_from_checkpoint=str(resume_point.local_dir) if resume_point else None)
+    release_after_training(cache_dir)
     step = trainer.state.global_step
     if rank == 0 and notice.stopped_at_step is None:
         events.emit(

@@ -8,6 +8,9 @@ cannot install next to transformers 5: this is the test that decides whether the
 from __future__ import annotations
 
 import importlib.metadata
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +70,65 @@ def _installed(distribution: str) -> bool:
     except importlib.metadata.PackageNotFoundError:
         return False
     return True
+
+
+# A reader SIGKILLed with its process group, as a Ray Train worker lost during start-up (a preemption)
+# is: no atexit handler runs, and Python's resource tracker (the child that would unlink the segments
+# the reader created) dies with it, as Ray kills a dead worker's child processes.
+# "registered": killed inside StreamingDataset's constructor, after it
+# registered its shared-memory prefix and before it made that prefix's file locks (the call below is
+# the constructor's own first step); "one-batch": killed after reading a batch; "exit": ends normally.
+READER = """
+import os, signal, sys
+from pathlib import Path
+from spotray.train.data import DataPosition, EpochLoader, open_streaming_dataset
+from spotray.train.store import parse_uri
+uri, cache, how = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
+if how == "registered":
+    from streaming.base.shared.prefix import get_shm_prefix
+    from streaming.base.world import World
+    get_shm_prefix([str(cache)], [uri], World.detect())
+    os.killpg(0, signal.SIGKILL)
+dataset = open_streaming_dataset(parse_uri(uri), cache, batch_size=4, position=DataPosition())
+next(iter(EpochLoader(dataset, batch_size=4, world_size=1, start=DataPosition(), collate_fn=lambda samples: samples)))
+if how == "one-batch":
+    os.killpg(0, signal.SIGKILL)
+"""
+
+
+def read_in_subprocess(uri: str, cache: Path, how: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", READER, uri, str(cache), how],
+        check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        start_new_session=True,
+    )
+
+
+def streaming_registrations_of(cache: Path) -> list[str]:
+    """The /dev/shm entries streaming registered for ``cache`` (its LOCALS segments) that still exist."""
+    found = []
+    for entry in Path("/dev/shm").glob("*_locals"):
+        try:
+            if str(cache).encode() in entry.read_bytes():
+                found.append(entry.name)
+        except OSError:
+            continue  # another user's, or gone meanwhile
+    return found
+
+
+def test_readers_killed_one_after_another_leave_nothing_the_next_trips_over(
+    s3_server: LocalS3Server, s3_store: ObjectStore, s3_uri: str, tmp_path: Path, s3_env: dict[str, str]
+) -> None:
+    write_mds_dataset(s3_store, ({"sample_id": i} for i in range(SAMPLES)), {"sample_id": "int"})
+    cache = tmp_path / "mds-cache"
+    for how in ("registered", "one-batch"):
+        killed = read_in_subprocess(s3_uri, cache, how, s3_env)
+        assert killed.returncode == -signal.SIGKILL, f"a reader ({how}) died of its own error:\n{killed.stderr[-3000:]}"
+        assert streaming_registrations_of(cache), "the killed reader left its shared memory (the fault is real)"
+    survivor = read_in_subprocess(s3_uri, cache, "exit", s3_env)
+    assert survivor.returncode == 0, survivor.stderr[-3000:]
+    assert streaming_registrations_of(cache) == [], "the survivor released what the dead readers left, and its own"
