@@ -26,6 +26,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -242,7 +243,9 @@ def cheap_trials(count: int, rng: random.Random, work: Path) -> list[Trial]:
     return trials
 
 
-def full_run_trials(count: int, rng: random.Random, work: Path) -> tuple[list[Trial], dict[str, list[int]]]:
+def full_run_trials(
+    count: int, rng: random.Random, work: Path, choices: list[str]
+) -> tuple[list[Trial], dict[str, list[int]]]:
     """``count`` full runs; also the steps lost at each restart, by the faults of its run."""
     if not count:
         return [], {}
@@ -252,7 +255,7 @@ def full_run_trials(count: int, rng: random.Random, work: Path) -> tuple[list[Tr
     trials: list[Trial] = []
     lost_by_faults: dict[str, list[int]] = {}
     for number in range(count):
-        run = chaos_runs.full_run_trial(work, number, rng, reference)
+        run = chaos_runs.full_run_trial(work, number, rng, reference, choices)
         kinds = tuple(fault.kind for fault in run.faults)
         name = "run:" + "+".join(f"{fault.kind}@{fault.step}" for fault in run.faults)
         problem = "; ".join(run.problems)[:1000]
@@ -269,15 +272,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=200, help="cheap trials (seconds each)")
     parser.add_argument("--full-runs", type=int, default=20, help="full local runs (a minute or two each)")
+    parser.add_argument(
+        "--full-run-kinds",
+        default=",".join(chaos_runs.FULL_RUN_KINDS),
+        help=f"comma-separated faults for the full runs, taking turns (default: all of {chaos_runs.FULL_RUN_KINDS})",
+    )
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--name", default="chaos", help="bench/results/<name>.json")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (failed runs are kept anyway)")
     args = parser.parse_args(argv)
+    choices = [kind.strip() for kind in args.full_run_kinds.split(",") if kind.strip()]
+    if unknown := sorted(set(choices) - set(chaos_runs.FULL_RUN_KINDS)):
+        parser.error(f"unknown full-run faults {unknown}; choose from {chaos_runs.FULL_RUN_KINDS}")
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="spotray-chaos-"))
     started = time.monotonic()
     cheap = cheap_trials(args.trials, rng, work)
-    full, lost_by_faults = full_run_trials(args.full_runs, rng, work)
+    full, lost_by_faults = full_run_trials(args.full_runs, rng, work, choices)
     trials = cheap + full
     failed_runs = [t for t in full if not t.passed]
     if args.keep or failed_runs:
@@ -316,7 +327,9 @@ def main(argv: list[str] | None = None) -> int:
         ratio=passes / max(len(trials), 1),
         goal=">= 1.0",
         baseline="every trial passes its invariants (passes / trials)",
-        command=f"make chaos  (.venv/bin/python -m bench.chaos --trials {args.trials} --full-runs {args.full_runs})",
+        command="make chaos  (.venv/bin/python -m bench.chaos "
+        + " ".join(argv if argv is not None else sys.argv[1:])
+        + ")",
         details=details,
     )
     print(f"{passes}/{len(trials)} trials passed in {details['seconds']} s; wrote {path}")

@@ -4,15 +4,23 @@ Each trial trains the GPT-2 job (jobs/gpt2: 2 Ray Train workers, ``MAX_STEPS`` s
 every ``INTERVAL``) with its own embedded S3 server and Ray cluster, and injects one or two of:
 
 - ``kill-worker``: SIGKILL one Ray Train worker (Ray Train starts a new worker group in the attempt);
+- ``kill-worker-starting``: as ``kill-worker``, then SIGKILL a worker of the new group at a random
+  moment of its start-up (0-3 s after it starts: downloading the checkpoint, building the dataset or
+  the model), which must not stop the group after it from coming back;
 - ``kill-driver``: SIGKILL the job's driver process (the attempt fails: one of ``maxFailures``);
 - ``kill-head``: the driver and the whole Ray cluster SIGKILLed, as when the head's node is lost
   (local mode's ``--kill-all-at``: one of ``maxPreemptions``);
 - ``spot-notice``: SIGTERM to the driver (``--preempt-at``: an emergency checkpoint, a preemption);
 - ``kill-upload``: SIGKILL the checkpoint upload process (replaced; the checkpoint still lands);
-- ``s3-outage``: the S3 server frozen (SIGSTOP) for ``OUTAGE_S`` seconds, then let go.
+- ``s3-outage``: the S3 server frozen (SIGSTOP) for ``OUTAGE_S`` seconds, then let go;
+- ``stop-cli-term``, ``stop-cli-hup``, ``stop-cli-kill``: SIGTERM, SIGHUP or SIGKILL to the
+  ``spotray run`` command itself; then the same command again in the same work directory. A trial has
+  at most one, and it comes first.
 
 Checked against an uninterrupted run of the same job, made first:
 - the run ends Succeeded (exit code 0, ``run-state.json``);
+- a stopped ``spotray run`` leaves no process of the trial alive (read from /proc) within
+  ``LEFTOVER_GRACE_S``, and a finished run leaves no shared memory registered for its dataset cache;
 - the budgets spent are the faults injected (preemptions and failures, each by kind);
 - every step's batch is the uninterrupted run's: no sample trained twice, none skipped;
 - the final weights are the uninterrupted run's (up to ``WEIGHT_TOLERANCE``: float noise);
@@ -45,6 +53,7 @@ from safetensors.torch import load_file
 from spotray.local import EventCursor
 from spotray.train.data import trained_batches
 from spotray.train.events import read_events
+from spotray.train.streaming_memory import owns, registrations
 
 MAX_STEPS = 40
 INTERVAL = 10  # steps between checkpoints
@@ -52,6 +61,8 @@ BATCH = 8
 OUTAGE_S = 30.0
 WEIGHT_TOLERANCE = 1e-3
 TRIAL_TIMEOUT_S = 900
+LEFTOVER_GRACE_S = 60.0  # how long a stopped run's processes may take to end
+STARTUP_KILL_WINDOW_S = 3.0  # a worker in start-up is killed this long after its start, at most
 MARKER = "SPOTRAY_CHAOS_TRIAL"
 
 # (preemptions, failures) each fault spends: the product's promise, written down once.
@@ -62,9 +73,15 @@ BUDGET_SPENT: dict[str, tuple[int, int]] = {
     "spot-notice": (1, 0),
     "kill-upload": (0, 0),
     "s3-outage": (0, 0),
+    "kill-worker-starting": (0, 0),
+    # A stopped `spotray run` records the attempt as interrupted: no budget (spotray/local.py).
+    "stop-cli-term": (0, 0),
+    "stop-cli-hup": (0, 0),
+    "stop-cli-kill": (0, 0),
 }
 FULL_RUN_KINDS = sorted(BUDGET_SPENT)
 CLI_FAULTS = {"kill-head": "--kill-all-at", "spot-notice": "--preempt-at"}  # local mode injects these itself
+CLI_STOPS = {"stop-cli-term": signal.SIGTERM, "stop-cli-hup": signal.SIGHUP, "stop-cli-kill": signal.SIGKILL}
 
 MANIFEST = """\
 apiVersion: spotray.dev/v1alpha1
@@ -94,6 +111,7 @@ class RunResult:
     exit_code: int
     seconds: float
     injected: list[str] = field(default_factory=list)
+    left_behind: list[str] = field(default_factory=list)  # processes alive after a stopped leg, then killed
 
     @property
     def state(self) -> dict[str, Any]:
@@ -111,16 +129,20 @@ class RunResult:
         return path.read_text()[-1500:] if path.exists() else ""
 
 
-def schedule(rng: random.Random) -> list[Fault]:
-    """One or two faults at distinct random steps; each local-mode fault at most once."""
+def schedule(rng: random.Random, choices: list[str], lead: str | None = None) -> list[Fault]:
+    """One or two faults of ``choices`` at distinct random steps (``lead`` among them when given); each
+    local-mode fault at most once, and at most one stop of the command, first (the second command gets
+    the rest)."""
     count = rng.choice([1, 1, 2])
-    kinds: list[str] = []
+    kinds: list[str] = [lead] if lead else []
     while len(kinds) < count:
-        kind = rng.choice(FULL_RUN_KINDS)
-        if kind in CLI_FAULTS and kind in kinds:
+        kind = rng.choice(choices)
+        if (kind in CLI_FAULTS and kind in kinds) or (kind in CLI_STOPS and any(k in CLI_STOPS for k in kinds)):
             continue
         kinds.append(kind)
-    steps = sorted(rng.sample(range(3, MAX_STEPS - 4), count))
+    kinds.sort(key=lambda kind: kind not in CLI_STOPS)
+    # A stop comes early enough to land before training ends (a checkpoint interval before the last step).
+    steps = sorted(rng.sample(range(3, MAX_STEPS - INTERVAL), count))
     return [Fault(kind, step) for kind, step in zip(kinds, steps, strict=True)]
 
 
@@ -161,23 +183,47 @@ def signal_quietly(pid: int, signum: int) -> bool:
 class Injector:
     """Injects this script's own faults when the run reaches their step (local mode does the others)."""
 
-    def __init__(self, token: str, faults: list[Fault]) -> None:
+    def __init__(self, token: str, faults: list[Fault], rng: random.Random) -> None:
         self.token = token
+        self.rng = rng
         self.pending = [fault for fault in faults if fault.kind not in CLI_FAULTS]
         self.workers: dict[int, int] = {}  # rank -> pid, from the newest worker group's worker_start events
         self.injected: list[str] = []
-        self.resume_timers: list[threading.Timer] = []
+        self.timers: list[threading.Timer] = []
+        self.cli_pid: int | None = None  # the running `spotray run`, for the stop faults
+        self.stopped_cli = False
+        self.kill_next_starting: Fault | None = None  # kill-worker-starting, waiting for the next group
 
     def on_event(self, event: dict[str, Any]) -> None:
         if event["event"] == "worker_start":
             self.workers[int(event["rank"])] = int(event["pid"])
+            if self.kill_next_starting is not None:
+                self._kill_during_start_up(self.kill_next_starting, int(event["pid"]))
+                self.kill_next_starting = None
         due = event["event"] == "step" and self.pending and int(event["step"]) >= self.pending[0].step
         if due and self._inject(self.pending[0], int(event["step"])):
             self.pending.pop(0)
 
+    def _kill_during_start_up(self, fault: Fault, pid: int) -> None:
+        delay = self.rng.uniform(0, STARTUP_KILL_WINDOW_S)
+
+        def kill() -> None:
+            if signal_quietly(pid, signal.SIGKILL):
+                self.injected.append(f"{fault.kind} at step {fault.step} (then pid {pid}, {delay:.1f} s into start-up)")
+
+        timer = threading.Timer(delay, kill)
+        timer.start()
+        self.timers.append(timer)
+
     def _inject(self, fault: Fault, step: int) -> bool:
         pid: int | None
-        if fault.kind == "kill-worker":
+        if fault.kind in CLI_STOPS:
+            if self.cli_pid is None or not signal_quietly(self.cli_pid, CLI_STOPS[fault.kind]):
+                return False
+            self.stopped_cli = True
+            self.injected.append(f"{fault.kind} at step {step}")
+            return True
+        if fault.kind in ("kill-worker", "kill-worker-starting"):
             pid = self.workers.get(max(self.workers)) if self.workers else None
         elif fault.kind == "kill-driver":
             pid = find_process(self.token, "spotray.jobs.gpt2")
@@ -192,49 +238,92 @@ class Injector:
                 return False
             timer = threading.Timer(OUTAGE_S, signal_quietly, (pid, signal.SIGCONT))
             timer.start()
-            self.resume_timers.append(timer)
+            self.timers.append(timer)
         elif not signal_quietly(pid, signal.SIGKILL):
             return False
+        if fault.kind == "kill-worker-starting":
+            self.kill_next_starting = fault  # counted as injected when the second kill lands
+            return True
         self.injected.append(f"{fault.kind} at step {step} (pid {pid})")
         return True
 
     def release(self) -> None:
-        """Let a frozen S3 server go now (the trial is over or failed)."""
-        for timer in self.resume_timers:
+        """Let a frozen S3 server go now and drop start-up kills not yet made (the leg or trial is over)."""
+        for timer in self.timers:
             if timer.is_alive():  # not fired yet; a fired one's pid may belong to another process by now
                 timer.cancel()
-                timer.function(*timer.args)
+                if timer.function is signal_quietly:  # the outage's end
+                    timer.function(*timer.args)
+        self.timers = []
 
 
-def run_local(workdir: Path, faults: list[Fault], token: str) -> RunResult:
-    """``spotray run chaos.yaml --local`` in ``workdir``, with ``faults``; waits for it to end."""
+def run_local(workdir: Path, faults: list[Fault], token: str, rng: random.Random | None = None) -> RunResult:
+    """``spotray run chaos.yaml --local`` in ``workdir``, with ``faults``; waits for it to end.
+
+    When a fault stops the command, waits for the trial's processes to end (killing and reporting any
+    still alive after ``LEFTOVER_GRACE_S``) and runs the same command again, with the faults left.
+    """
     workdir.mkdir(parents=True)
     manifest = workdir / "chaos.yaml"
     manifest.write_text(MANIFEST.format(max_steps=MAX_STEPS, batch=BATCH, interval=INTERVAL, job_dir=workdir / "job"))
-    command = [sys.executable, "-m", "spotray.cli", "run", str(manifest), "--local", "--workdir", str(workdir)]
-    for fault in faults:
-        if fault.kind in CLI_FAULTS:
-            command += [CLI_FAULTS[fault.kind], str(fault.step)]
+    base = [sys.executable, "-m", "spotray.cli", "run", str(manifest), "--local", "--workdir", str(workdir)]
     env = {**os.environ, MARKER: token, "SPOTRAY_SAMPLE_LOG": str(workdir / "samples"), "PYTHONUNBUFFERED": "1"}
-    injector = Injector(token, faults)
+    injector = Injector(token, faults, rng or random.Random(0))
     cursor = EventCursor(workdir / "events.jsonl")
+    stops = any(fault.kind in CLI_STOPS for fault in faults)
+    local_mode_faults = [arg for f in faults if f.kind in CLI_FAULTS for arg in (CLI_FAULTS[f.kind], str(f.step))]
     started = time.monotonic()
+    left_behind: list[str] = []
     with (workdir / "cli.log").open("wb") as log:
-        cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            while cli.poll() is None:
-                if time.monotonic() - started > TRIAL_TIMEOUT_S:
-                    os.killpg(cli.pid, signal.SIGKILL)  # its reaper then ends what it started
-                    cli.wait()
-                    break
-                for event in cursor.new_events():
-                    injector.on_event(event)
-                time.sleep(0.1)
-        finally:
-            injector.release()
+        # Local mode's own faults go to the command that is not stopped: a stop comes first.
+        code = run_leg(base + ([] if stops else local_mode_faults), env, log, injector, cursor, started)
+        if injector.stopped_cli:
+            left_behind = wait_for_trial_to_end(token)
+            code = run_leg(base + local_mode_faults, env, log, injector, cursor, started)
     output = (workdir / "cli.log").read_text(errors="replace")
     by_cli = [line.split("injected:", 1)[1].strip() for line in output.splitlines() if "injected:" in line]
-    return RunResult(workdir, cli.returncode, time.monotonic() - started, injector.injected + by_cli)
+    return RunResult(workdir, code, time.monotonic() - started, injector.injected + by_cli, left_behind)
+
+
+def run_leg(
+    command: list[str], env: dict[str, str], log: Any, injector: Injector, cursor: EventCursor, started: float
+) -> int:
+    """One ``spotray run``, with the injector following its events; its exit code."""
+    cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    injector.cli_pid = cli.pid
+    try:
+        while cli.poll() is None:
+            if time.monotonic() - started > TRIAL_TIMEOUT_S:
+                os.killpg(cli.pid, signal.SIGKILL)  # its reaper then ends what it started
+                cli.wait()
+                break
+            for event in cursor.new_events():
+                injector.on_event(event)
+            time.sleep(0.1)
+    finally:
+        injector.cli_pid = None
+        injector.release()
+    return cli.returncode
+
+
+def wait_for_trial_to_end(token: str) -> list[str]:
+    """Wait until no process of the trial is alive; the command lines of those still alive after the
+    grace (then killed, so that the next leg starts clean)."""
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while time.monotonic() < deadline:
+        if not any(True for _ in trial_processes(token)):
+            return []
+        time.sleep(0.5)
+    leftovers = list(trial_processes(token))
+    for pid, _ in leftovers:
+        signal_quietly(pid, signal.SIGKILL)
+    return [f"{pid}: {command[:120]}" for pid, command in leftovers]
+
+
+def shared_memory_left(result: RunResult) -> list[int]:
+    """Streaming prefixes still registered for the run's dataset cache."""
+    cache = result.workdir / "job" / "chaos-run" / "mds-cache"
+    return [r.prefix for r in registrations() if any(owns(cache, local_dir) for local_dir in r.local_dirs)]
 
 
 # ------------------------------------------------------------------------------- the checks
@@ -289,6 +378,10 @@ def judge(result: RunResult, faults: list[Fault], reference: RunResult) -> list[
     state = result.state
     if result.exit_code != 0 or state.get("phase") != "Succeeded":
         return [f"exit code {result.exit_code}, phase {state.get('phase')}: {result.log_tail()}"]
+    if result.left_behind:
+        problems.append(f"alive {LEFTOVER_GRACE_S:.0f} s after the command was stopped: {result.left_behind}")
+    if leaked := shared_memory_left(result):
+        problems.append(f"shared memory still registered for the dataset cache: prefixes {leaked}")
     if len(result.injected) != len(faults):
         problems.append(f"injected {result.injected}, planned {[f.kind for f in faults]}")
     want, late = budgets_due(result, faults)
@@ -337,9 +430,12 @@ class FullRun:
     seconds: float
 
 
-def full_run_trial(work: Path, number: int, rng: random.Random, reference: RunResult) -> FullRun:
-    faults = schedule(rng)
-    result = run_local(work / f"run-{number}", faults, f"run-{number}-{os.getpid()}")
+def full_run_trial(
+    work: Path, number: int, rng: random.Random, reference: RunResult, choices: list[str] = FULL_RUN_KINDS
+) -> FullRun:
+    """Run ``number`` of a campaign: the kinds of ``choices`` take turns leading, so each is tried."""
+    faults = schedule(rng, choices, lead=choices[number % len(choices)] if len(choices) < len(FULL_RUN_KINDS) else None)
+    result = run_local(work / f"run-{number}", faults, f"run-{number}-{os.getpid()}", rng)
     try:
         problems = judge(result, faults, reference)
     except (OSError, KeyError, ValueError) as error:  # a missing final model, a torn state file

@@ -62,6 +62,17 @@ def versions() -> dict[str, str]:
     return result
 
 
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: [system:serviceaccounts]
+  - level: None
+"""
+
+
 def binary(name: str) -> Path:
     v = versions()
     component = {
@@ -378,6 +389,8 @@ class Testbed:
             # A throwaway store: no fsync per write keeps it fast on a loaded machine.
             "--unsafe-no-fsync", "--log-level", "warn",
         ])  # fmt: skip
+        self.audit_log.parent.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "audit-policy.yaml").write_text(AUDIT_POLICY)
         self._spawn("kube-apiserver", [
             str(binary("kube-apiserver")),
             "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
@@ -395,6 +408,10 @@ class Testbed:
             "--endpoint-reconciler-type", "none",
             "--allow-privileged=true",
             "--profiling=false",
+            # Every request a ServiceAccount makes, in metadata (verb, resource, user, code): the
+            # controller's rights are compared with what it really called (tests/e2e/test_chart_install.py).
+            "--audit-policy-file", str(self.workdir / "audit-policy.yaml"),
+            "--audit-log-path", str(self.audit_log),
         ])  # fmt: skip
         self._write_kubeconfig(pki, api_port)
         wait_until("kube-apiserver /readyz", lambda: self._check_alive() or self._readyz(), timeout=120)
@@ -412,6 +429,20 @@ class Testbed:
         self._spawn("kube-scheduler", [str(binary("kube-scheduler")), *common, "--secure-port", "0"])
         # Pods need their namespace's `default` service account, which the controller-manager makes.
         wait_until("the default service account", lambda: self._check_alive() or self._has_default_sa(), timeout=90)
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit" / "audit.log"
+
+    def requests_by(self, username: str) -> list[dict[str, Any]]:
+        """The audit log's record of every request ``username`` made (ServiceAccounts only are logged)."""
+        found = []
+        with self.audit_log.open() as log:
+            for line in log:
+                event = json.loads(line)
+                if event.get("user", {}).get("username") == username:
+                    found.append(event)
+        return found
 
     def _has_default_sa(self) -> bool:
         return self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0

@@ -116,13 +116,12 @@ EXPECTED_KINDS = {
 # The controller's contract (controller/config.py): what it must be allowed to do.
 NAMESPACED_PERMISSIONS = {
     ("spotray.dev", "trainingruns"): {"get", "list", "watch", "patch"},
-    ("spotray.dev", "trainingruns/status"): {"get", "list", "watch", "patch"},
+    ("spotray.dev", "trainingruns/status"): {"patch"},
     ("spotray.dev", "trainingruns/finalizers"): {"update"},
     ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "pods"): {"get", "list", "watch"},
+    ("", "pods"): {"list", "watch"},
     ("", "secrets"): {"get"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
+    ("", "events"): {"create"},
 }
 
 
