@@ -327,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio=passes / max(len(trials), 1),
         goal=">= 1.0",
         baseline="every trial passes its invariants (passes / trials)",
-        command="make chaos  (.venv/bin/python -m bench.chaos "
-        + " ".join(argv if argv is not None else sys.argv[1:])
-        + ")",
+        command=" ".join([".venv/bin/python -m bench.chaos", *(argv if argv is not None else sys.argv[1:])]),
         details=details,
     )
     print(f"{passes}/{len(trials)} trials passed in {details['seconds']} s; wrote {path}")

@@ -299,7 +299,7 @@ class LocalRun:
         workers: dict[int, int] = {}
         while True:
             for event in cursor.new_events():
-                self.progress.on_event(event)
+                self._on_event(event)
                 if event["event"] == "worker_start":
                     workers[int(event["rank"])] = int(event["pid"])
                 if event["event"] == "step":
@@ -308,9 +308,14 @@ class LocalRun:
                         return driver.returncode, lost
             if driver.poll() is not None:
                 for event in cursor.new_events():
-                    self.progress.on_event(event)
+                    self._on_event(event)
                 return driver.returncode, None
             time.sleep(0.2)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        self.progress.on_event(event)
+        if event["event"] == "start" and isinstance(event.get("dataset_cache"), str):
+            self.reaper.release_dataset_cache(event["dataset_cache"])
 
     def _stop_gracefully(self, driver: subprocess.Popen[bytes]) -> None:
         """Ctrl-C: treat it as a spot notice, so the run stops on a complete checkpoint and resumes next time."""

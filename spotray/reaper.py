@@ -12,6 +12,11 @@ S3 server's, the Ray cluster's, each driver's). When that pipe closes (local mod
 process died in any way, SIGKILL included, since the kernel closes a dead process's pipes) it
 SIGKILLs whatever of them is still alive and exits. On a normal exit local mode has stopped
 everything itself, so there is nothing left to kill.
+
+Local mode also sends the dataset cache directories its jobs announce (the ``start`` event's
+``dataset_cache``): once every process is gone, the watchdog releases the streaming shared memory
+registered for them (spotray/train/streaming_memory.py), which a Ray worker killed at the end of a
+run, or with the run, never releases itself.
 """
 
 from __future__ import annotations
@@ -21,8 +26,10 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from types import TracebackType
 
+from spotray.train.streaming_memory import release_streaming_memory
 from spotray.train.subprocesses import session_members, start_time
 
 
@@ -41,6 +48,11 @@ class Reaper:
     def watch_session(self, session_id: int) -> None:
         """Kill every process of this session (its leader's pid) if local mode ends without doing it."""
         self._send(f"session {session_id} {start_time(session_id) or 0}")
+
+    def release_dataset_cache(self, cache_dir: str) -> None:
+        """Release streaming's shared memory for this cache directory once local mode's processes are gone."""
+        if "\n" not in cache_dir:
+            self._send(f"cache {cache_dir}")
 
     def _send(self, line: str) -> None:
         assert self._process is not None
@@ -81,13 +93,19 @@ def main() -> int:
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     sessions: dict[int, int] = {}
+    caches: set[str] = set()
     for line in sys.stdin:
-        kind, session_id, started = line.split()
+        kind, _, rest = line.rstrip("\n").partition(" ")
         if kind == "session":
+            session_id, started = rest.split()
             sessions[int(session_id)] = int(started)
+        elif kind == "cache":
+            caches.add(rest)
     killed = reap(sessions)
     if killed:
         print(f"spotray: stopped {len(killed)} process(es) local mode left behind", file=sys.stderr)
+    for cache in sorted(caches):
+        release_streaming_memory(Path(cache))  # unlinking what a dying process still maps is safe
     return 0
 
 

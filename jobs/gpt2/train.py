@@ -162,6 +162,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     resume_point = agree_on_resume_point(store, rank_dir / "resume", context.attempt_id)
     position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
     start_step = resume_point.step if resume_point else 0
+    cache_dir = config.workdir / "mds-cache"
     if rank == 0:
         events.emit(
             "start",
@@ -171,10 +172,10 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             max_steps=config.max_steps,
             world_size=size,
             data_position=position.to_dict(),
+            dataset_cache=str(cache_dir),  # local mode releases its shared memory when it ends (spotray/reaper.py)
         )
     per_device = config.batch_size // size
     assert config.data_uri is not None  # the driver checked
-    cache_dir = config.workdir / "mds-cache"
     dataset = open_streaming_dataset(
         parse_uri(config.data_uri),
         cache_dir,
@@ -239,7 +240,8 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
     return Gpt2JobConfig(
         checkpoint_uri=spec.checkpoint.uri,
         data_uri=data_uri,
-        workdir=args.workdir / context.name,
+        # Absolute: Ray Train workers run in a directory of Ray's, not the driver's.
+        workdir=(args.workdir / context.name).absolute(),
         max_steps=args.max_steps,
         save_steps=spec.checkpoint.every_steps,
         keep=spec.checkpoint.keep,

@@ -27,6 +27,7 @@ from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.events import read_events
 from spotray.train.local_s3 import LocalS3Server
 from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.train.streaming_memory import owns, registrations
 from spotray.train.subprocesses import is_running, start_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -132,6 +133,9 @@ def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: si
         while alive(tree) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert alive(tree) == [], "left behind"
+        # ... and no shared memory: the dataset cache's streaming segments are released too.
+        job_cache = tmp_path / "cleanup-test" / "mds-cache"
+        assert [r.prefix for r in registrations() if any(owns(job_cache, d) for d in r.local_dirs)] == []
     finally:
         if cli.poll() is None:
             cli.kill()

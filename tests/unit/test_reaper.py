@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from spotray.reaper import Reaper, reap
+from spotray.train.streaming_memory import SHM_DIR
 from spotray.train.subprocesses import session_members, start_time
 
 pytestmark = pytest.mark.unit
@@ -57,3 +60,18 @@ def test_the_watchdog_kills_what_its_owner_left_when_the_pipe_closes() -> None:
     while session_members(leader.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert session_members(leader.pid) == []
+
+
+def test_the_watchdog_releases_the_announced_dataset_caches_shared_memory(tmp_path: Path) -> None:
+    """A run's Ray workers are killed at its end, so streaming never unlinks its segments itself."""
+    cache = tmp_path / "job dir" / "mds-cache"  # a space in the path survives the pipe
+    prefix = 900_000 + os.getpid() % 99_999  # far above any prefix streaming hands out (it counts up from 0)
+    segment = SHM_DIR / f"{prefix:06}_locals"
+    data = f"{cache}\0{prefix}".encode()
+    segment.write_bytes((4 + len(data)).to_bytes(4, sys.byteorder) + data)
+    try:
+        with Reaper() as reaper:
+            reaper.release_dataset_cache(str(cache))
+        assert not segment.exists()
+    finally:
+        segment.unlink(missing_ok=True)
