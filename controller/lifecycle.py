@@ -29,6 +29,7 @@ transition without a cluster; controller/reconcile.py gathers the inputs and app
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -63,6 +64,11 @@ MAX_ATTEMPTS_KEPT = 20
 # An attempt's end whose records cannot be read is decided later; past this, the run says so loudly.
 STORAGE_PATIENCE_S = 600.0
 STORAGE_RETRY_S = 15.0
+# Ray's job supervisor says how the entrypoint ended in the job's message, which KubeRay copies into
+# the RayJob's status.message: "Job entrypoint command failed with exit code N, last available logs ...".
+RAY_EXIT_CODE = re.compile(r"^Job entrypoint command failed with exit code (-?\d+)\b")
+# How much of the end of a job's log a message keeps when the job left no record of its own.
+LOG_TAIL_CHARS = 1500
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -172,6 +178,15 @@ class RayJobView:
     end_time: datetime | None = None
     disruption: str | None = None  # set by the pod watcher: "pod P on node N: reason"
     owner_uid: str | None = None  # the TrainingRun that owns it (its controller owner reference)
+    exit_code: int | None = None  # the driver's, where known first-hand (local mode)
+
+    @property
+    def driver_exit_code(self) -> int | None:
+        """The driver's exit code: known first-hand, or as Ray's job supervisor wrote it in the message."""
+        if self.exit_code is not None:
+            return self.exit_code
+        found = RAY_EXIT_CODE.match(self.message)
+        return int(found.group(1)) if found else None
 
     @property
     def finished(self) -> bool:
@@ -230,6 +245,11 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
     if job.job_status == "SUCCEEDED":
         return AttemptEnd(OUTCOME_SUCCEEDED, "TrainingFinished", "the job finished")
     exit_code = records.exit_code
+    if exit_code is None and job.driver_exit_code == EXIT_BAD_INPUT:
+        # A job that refused its input before it could write a record (no credentials, no bucket):
+        # the driver's exit code as Ray saw it, so bad input ends the run at once here too. Only
+        # this code: a bare 143 (SIGTERM) without the job's record is no proof of an emergency checkpoint.
+        exit_code = EXIT_BAD_INPUT
     if records.preempted is not None or exit_code == EXIT_PREEMPTED:
         step = (records.preempted or records.outcome or {}).get("step")
         where = f" at step {step}" if step is not None else ""
@@ -238,10 +258,22 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
         )
     if job.disruption:
         return AttemptEnd(OUTCOME_PREEMPTED, "NodeLost", job.disruption)
-    detail = str((records.outcome or {}).get("detail") or job.message or "the job failed without a message")
+    recorded = (records.outcome or {}).get("detail")
+    detail = str(recorded or log_summary(job.message) or "the job failed without a message")
     if exit_code == EXIT_BAD_INPUT:
         return AttemptEnd(OUTCOME_FAILED, "BadInput", detail)
     return AttemptEnd(OUTCOME_FAILED, "TrainingFailed", detail)
+
+
+def log_summary(message: str) -> str:
+    """A job's message with a long log cut in the middle: its first line says what ended, and the
+    log's end says why (a job's error is its last words)."""
+    if len(message) <= 2 * LOG_TAIL_CHARS:
+        return message
+    head = message.split("\n", 1)[0][:LOG_TAIL_CHARS]
+    tail = message[-LOG_TAIL_CHARS:]
+    tail = tail.split("\n", 1)[1] if "\n" in tail else tail  # from a whole line
+    return f"{head}\n[... {len(message) - len(head) - len(tail)} characters of the log cut ...]\n{tail}"
 
 
 def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) -> Plan:

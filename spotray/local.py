@@ -201,6 +201,7 @@ class LocalRun:
             deployment_status="Complete",
             message=f"the driver exited with code {code} (log: {self._log_path(attempt.attempt)})",
             disruption=disruption,
+            exit_code=code,
         )
         try:
             records = read_attempt_records(store, attempt)

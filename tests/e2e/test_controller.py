@@ -188,6 +188,15 @@ def test_training_failures_spend_the_failure_budget_and_end_in_failed(
     testbed.kubectl("delete", "trainingrun", "broken", "-n", namespace)
     tb.wait_until("the run's RayJobs to go", lambda: rayjobs(testbed, namespace, "broken") == [], timeout=60)
 
+    # Bad input the job could not record (exit code 2 before it reached the store): read from the
+    # RayJob's message, where KubeRay copies Ray's "failed with exit code 2", it fails the run at once.
+    refuse = "python -c 'import sys; print(\"error: no S3 credentials were found\"); sys.exit(2)'"
+    testbed.apply(training_run("refused", tmp_path, max_steps=10, entrypoint=refuse), namespace=namespace)
+    status = wait_status(testbed, namespace, "refused", "Failed", lambda s: s.get("phase") == "Failed", 300)
+    assert [(a["outcome"], a["reason"]) for a in status["attempts"]] == [("Failed", "BadInput")]
+    assert "error: no S3 credentials were found" in status["message"]
+    assert rayjobs(testbed, namespace, "refused") == ["refused-a1"], "no second attempt for bad input"
+
 
 def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_after_restart(
     testbed: tb.Testbed,

@@ -103,6 +103,48 @@ def test_bad_input_fails_the_run_at_once_naming_the_fix() -> None:
     assert "bucket x missing" in result.state.message
 
 
+# What Ray's job supervisor writes (and KubeRay copies into status.message) when the entrypoint fails.
+RAY_BAD_INPUT_MESSAGE = (
+    "Job entrypoint command failed with exit code 2, last available logs (truncated to 20,000 chars):\n"
+    + "loading the TrainingRun spec\n" * 300
+    + "error: no S3 credentials were found for s3://runs/x\n  fix: create the Secret and name it (exit code 2)\n"
+)
+
+
+def test_bad_input_the_job_could_not_record_is_read_from_the_ray_job_and_fails_the_run_at_once() -> None:
+    """The job could not write its record (no credentials to write it with): its exit code is in Ray's message."""
+    job = RayJobView("FAILED", "Failed", RAY_BAD_INPUT_MESSAGE, end_time=NOW - timedelta(seconds=30))
+    result = step(started(), job, AttemptRecords())
+    assert result.state.current.reason == "BadInput"
+    assert result.state.phase == "Failed"
+    assert result.state.failure_reason == "BadInput"
+    assert "error: no S3 credentials were found" in result.state.message, "the job's own words, from the log's end"
+    assert (result.state.preemptions, result.state.failures) == (0, 1)
+
+
+def test_a_driver_that_died_of_sigterm_without_the_jobs_record_is_no_preemption() -> None:
+    """143 is the job's code for "stopped after an emergency checkpoint" only with its record to prove it."""
+    message = "Job entrypoint command failed with exit code 143, last available logs (truncated to 20,000 chars):\nx"
+    result = step(
+        started(), RayJobView("FAILED", "Failed", message, end_time=NOW - timedelta(seconds=30)), AttemptRecords()
+    )
+    assert (result.state.current.outcome, result.state.current.reason) == ("Failed", "TrainingFailed")
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        (RAY_BAD_INPUT_MESSAGE, 2),
+        ("Job entrypoint command failed with exit code 1. No logs available.", 1),
+        ("Job entrypoint command failed with exit code -9, last available logs (truncated to 20,000 chars):\nx", -9),
+        ("the driver exited", None),
+        ("", None),
+    ],
+)
+def test_the_drivers_exit_code_is_read_from_rays_message(message: str, code: int | None) -> None:
+    assert RayJobView("FAILED", "Failed", message).driver_exit_code == code
+
+
 def test_the_storage_patience_is_the_operators_setting() -> None:
     unknown = Observation(run(), started(), FAILED_JOB, None, storage_error="403", storage_patience_seconds=30)
     waiting = plan(unknown, NOW)
