@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo chaos test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -81,7 +81,10 @@ testbed: ## build the Kubernetes test bed binaries if missing (needs Go 1.26; se
 cluster-up: setup testbed ## start a test bed cluster (with KubeRay and a local Ray head) and print its KUBECONFIG
 	$(PY) hack/testbed/testbed.py up
 
-cluster-down: setup ## stop the cluster started by cluster-up
+cluster-demo: setup testbed ## the cluster story: helm install, kubectl apply a TrainingRun, a spot node lost, resumed (KEEP=1 leaves it up)
+	$(PY) hack/cluster_demo.py $(if $(KEEP),--keep)
+
+cluster-down: setup ## stop the cluster started by cluster-up or cluster-demo (the demo's S3 server included)
 	$(PY) hack/testbed/testbed.py down
 
 lint: setup ## ruff and mypy

@@ -444,6 +444,25 @@ class Testbed:
                     found.append(event)
         return found
 
+    def service_account_kubeconfig(self, namespace: str, account: str, path: Path) -> Path:
+        """A kubeconfig that authenticates as a ServiceAccount (a token from the TokenRequest API)."""
+        token = self.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
+        admin = yaml.safe_load(self.kubeconfig.read_text())
+        cluster = admin["clusters"][0]
+        path.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [cluster],
+                    "users": [{"name": account, "user": {"token": token}}],
+                    "contexts": [{"name": account, "context": {"cluster": cluster["name"], "user": account}}],
+                    "current-context": account,
+                }
+            )
+        )
+        return path
+
     def _has_default_sa(self) -> bool:
         return self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0
 

@@ -205,26 +205,6 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
         testbed.kubectl("delete", "namespace", watched, "--wait=false", check=False)
 
 
-def service_account_kubeconfig(testbed: tb.Testbed, namespace: str, account: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the chart's ServiceAccount (a token from the TokenRequest API)."""
-    token = testbed.kubectl("create", "token", account, "-n", namespace, "--duration=1h").stdout.strip()
-    admin = yaml.safe_load(testbed.kubeconfig.read_text())
-    cluster = admin["clusters"][0]
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [cluster],
-                "users": [{"name": account, "user": {"token": token}}],
-                "contexts": [{"name": account, "context": {"cluster": cluster["name"], "user": account}}],
-                "current-context": account,
-            }
-        )
-    )
-    return path
-
-
 def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_only_its_own_rights(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
@@ -253,8 +233,8 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
         )
         pod_spec = deployment["spec"]["template"]["spec"]
         chart_env = {e["name"]: e["value"] for e in pod_spec["containers"][0]["env"] if "value" in e}
-        kubeconfig = service_account_kubeconfig(
-            testbed, namespace, pod_spec["serviceAccountName"], tmp_path / "controller.kubeconfig"
+        kubeconfig = testbed.service_account_kubeconfig(
+            namespace, pod_spec["serviceAccountName"], tmp_path / "controller.kubeconfig"
         )
         # Ports are the machine's to give here (several controllers run side by side in the tests).
         ports = ("SPOTRAY_HEALTH_PORT", "SPOTRAY_METRICS_PORT")
