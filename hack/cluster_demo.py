@@ -54,9 +54,9 @@ NAMESPACE = "spotray-demo"
 SECRET = "spotray-demo-s3"  # noqa: S105 (the Secret's name; its keys are the S3 server's own)
 BUCKET = "spotray"
 RUN = "gpt2-demo"
-MAX_STEPS = 60
-CHECKPOINT_EVERY = 10
-PREEMPT_AT_STEP = 25  # the spot node goes between two checkpoints: 5 steps are lost, 20 are kept
+MAX_STEPS = 200
+CHECKPOINT_EVERY = 20
+PREEMPT_AT_STEP = 50  # seen in status a few seconds late (status is refreshed every 2 s): mid-run all the same
 RUN_TIMEOUT_S = 900
 
 

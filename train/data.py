@@ -37,7 +37,9 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Trainer
+from transformers import Trainer, TrainerState
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import TrainOutput
 
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
@@ -219,7 +221,21 @@ class StreamingTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         self._rng_checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        if self._rng_checkpoint is not None and self._already_finished(self._rng_checkpoint):
+            # Resumed from the final checkpoint (an attempt lost after it was complete): the Trainer
+            # would still train one step, since it checks max_steps only after a step.
+            self._load_from_checkpoint(self._rng_checkpoint)  # type: ignore[no-untyped-call]
+            self.state = TrainerState.load_from_json(str(Path(self._rng_checkpoint) / TRAINER_STATE_NAME))
+            log.info("resumed at step %d of %d: nothing left to train", self.state.global_step, self.args.max_steps)
+            return TrainOutput(self.state.global_step, 0.0, {})
         return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def _already_finished(self, checkpoint: str) -> bool:
+        state_file = Path(checkpoint) / TRAINER_STATE_NAME
+        if self.args.max_steps <= 0 or not state_file.exists():
+            return False
+        finished: bool = TrainerState.load_from_json(str(state_file)).global_step >= self.args.max_steps
+        return finished
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self._rng_checkpoint is not None:

@@ -21,7 +21,9 @@ STEPS, SAVE_AT, BATCH, SEED = 6, 3, 2, 7
 
 def samples() -> list[dict[str, Any]]:
     generator = torch.Generator().manual_seed(0)
-    return [{"input_ids": torch.randint(0, 32, (8,), generator=generator)} for _ in range(STEPS * BATCH)]
+    # An epoch longer than the run, as a real dataset is: the Trainer then counts the resumed steps as
+    # trained within the current epoch, and nothing stops it before its first step.
+    return [{"input_ids": torch.randint(0, 32, (8,), generator=generator)} for _ in range(3 * STEPS * BATCH)]
 
 
 def collate(batch: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
@@ -40,7 +42,10 @@ class StopAt(TrainerCallback):
         return control
 
 
-def train(output: Path, *, stop_at: int | None = None, resume_from: int | None = None) -> dict[str, torch.Tensor]:
+def train(
+    output: Path, *, stop_at: int | None = None, resume_from: int | None = None
+) -> tuple[dict[str, torch.Tensor], int]:
+    """The weights at the end, and the number of steps this call trained."""
     set_seed(SEED)
     config = GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.5, embd_pdrop=0.5)
     model = GPT2LMHeadModel(config)
@@ -64,12 +69,23 @@ def train(output: Path, *, stop_at: int | None = None, resume_from: int | None =
     )
     checkpoint = str(output / f"checkpoint-{resume_from}") if resume_from else None
     trainer.train(resume_from_checkpoint=checkpoint)
-    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    trained = trainer.state.global_step - (resume_from or 0)
+    return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}, trained
 
 
 def test_a_resumed_run_with_dropout_ends_with_the_uninterrupted_runs_weights(tmp_path: Path) -> None:
-    uninterrupted = train(tmp_path / "a")
+    uninterrupted, _ = train(tmp_path / "a")
     train(tmp_path / "b", stop_at=SAVE_AT)
-    resumed = train(tmp_path / "b", resume_from=SAVE_AT)
+    resumed, _ = train(tmp_path / "b", resume_from=SAVE_AT)
     differing = [name for name in uninterrupted if not torch.equal(uninterrupted[name], resumed[name])]
     assert not differing, f"{len(differing)} tensors differ after resume, e.g. {differing[0]}"
+
+
+def test_a_run_resumed_from_its_last_step_trains_nothing(tmp_path: Path) -> None:
+    """An attempt that ended after its final checkpoint was complete (a node lost before the driver
+    reported success) resumes there: it must not train step max_steps + 1 (the cluster demo did)."""
+    finished, trained = train(tmp_path / "a", stop_at=STEPS)
+    assert trained == STEPS
+    resumed, trained_again = train(tmp_path / "a", resume_from=STEPS)
+    assert trained_again == 0
+    assert all(torch.equal(finished[name], resumed[name]) for name in finished)
