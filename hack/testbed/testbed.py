@@ -27,6 +27,8 @@ from typing import Any
 
 import yaml
 
+from spotray.train.subprocesses import is_running
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 CACHE = Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "spotray" / "testbed"))
@@ -933,7 +935,8 @@ def main() -> None:
         pid = int(pid_file.read_text().strip())
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
-        wait_until("the test bed to stop", lambda: not Path(f"/proc/{pid}").exists(), timeout=60)
+        # Ended, not gone: a supervisor whose parent has not reaped it yet (a zombie) has stopped.
+        wait_until("the test bed to stop", lambda: not is_running(pid), timeout=60)
         pid_file.unlink(missing_ok=True)
         print(f"test bed in {args.dir} stopped")
 

@@ -1,10 +1,11 @@
-"""`make cluster-demo` end to end (hack/cluster_demo.py): minutes, so in make test-e2e / test-campaign;
-make test keeps the smoke in tests/unit/test_cluster_demo.py."""
+"""`make cluster-demo KEEP=1` then `make cluster-down`, end to end (hack/cluster_demo.py): minutes, so
+in make test-e2e / test-campaign; make test keeps the smoke in tests/unit/test_cluster_demo.py."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,21 +13,42 @@ import pytest
 pytestmark = [pytest.mark.e2e, pytest.mark.campaign]
 
 ROOT = Path(__file__).resolve().parents[2]
+KEPT_UP = "kept up:"
 
 
-def test_the_cluster_demo_loses_a_spot_node_resumes_and_leaves_a_model_and_a_plot(tmp_path: Path) -> None:
+def test_the_cluster_demo_loses_a_spot_node_resumes_and_cluster_down_stops_it_all(tmp_path: Path) -> None:
     workdir = tmp_path / "demo"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "cluster_demo.py"), "--dir", str(workdir)],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    assert "attempt 1: Preempted (NodeLost)" in output, output[-6000:]
-    assert "attempt 2: Succeeded (TrainingFinished)" in output, output[-6000:]
-    assert (workdir / "model" / "model.safetensors").exists()
-    assert (workdir / "loss.png").stat().st_size > 0
-    assert not (workdir / "supervisor.pid").exists(), "the demo stopped what it started"
+    log_path = tmp_path / "demo.log"
+    with log_path.open("wb") as log:
+        demo = subprocess.Popen(
+            [sys.executable, str(ROOT / "hack" / "cluster_demo.py"), "--dir", str(workdir), "--keep"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 1500
+        while KEPT_UP not in log_path.read_text() and demo.poll() is None and time.monotonic() < deadline:
+            time.sleep(2)
+        output = log_path.read_text()
+        assert KEPT_UP in output, output[-6000:]
+        assert "attempt 1: Preempted (NodeLost)" in output
+        assert "attempt 2: Succeeded (TrainingFinished)" in output
+        assert (workdir / "model" / "model.safetensors").exists()
+        assert (workdir / "loss.png").stat().st_size > 0
+
+        down = subprocess.run(
+            [sys.executable, str(ROOT / "hack" / "testbed" / "testbed.py"), "down", "--dir", str(workdir)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert demo.wait(timeout=60) == 130, "stopped by make cluster-down"
+        assert not (workdir / "supervisor.pid").exists()
+        leftovers = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True, check=False)
+        assert leftovers.stdout.split() == [], "a process of the demo outlived cluster-down"
+    finally:
+        if demo.poll() is None:
+            demo.terminate()
+            demo.wait(timeout=60)
