@@ -221,21 +221,23 @@ class StreamingTrainer(Trainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
         self._rng_checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        if self._rng_checkpoint is not None and self._already_finished(self._rng_checkpoint):
+        finished = self._finished_state(self._rng_checkpoint) if self._rng_checkpoint is not None else None
+        if finished is not None:
             # Resumed from the final checkpoint (an attempt lost after it was complete): the Trainer
             # would still train one step, since it checks max_steps only after a step.
             self._load_from_checkpoint(self._rng_checkpoint)  # type: ignore[no-untyped-call]
-            self.state = TrainerState.load_from_json(str(Path(self._rng_checkpoint) / TRAINER_STATE_NAME))
-            log.info("resumed at step %d of %d: nothing left to train", self.state.global_step, self.args.max_steps)
-            return TrainOutput(self.state.global_step, 0.0, {})
+            self.state = finished
+            log.info("resumed at step %d of %d: nothing left to train", finished.global_step, self.args.max_steps)
+            return TrainOutput(finished.global_step, 0.0, {})
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
-    def _already_finished(self, checkpoint: str) -> bool:
+    def _finished_state(self, checkpoint: str) -> TrainerState | None:
+        """The checkpoint's trainer state when it is at or past max_steps; else None."""
         state_file = Path(checkpoint) / TRAINER_STATE_NAME
         if self.args.max_steps <= 0 or not state_file.exists():
-            return False
-        finished: bool = TrainerState.load_from_json(str(state_file)).global_step >= self.args.max_steps
-        return finished
+            return None
+        state = TrainerState.load_from_json(str(state_file))
+        return state if state.global_step >= self.args.max_steps else None
 
     def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self._rng_checkpoint is not None:
