@@ -24,6 +24,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global API  # noqa: PLW0603 - one client per process, as in the controller
     settings.posting.level = logging.WARNING  # same settings as controller/handlers.py
     settings.execution.max_workers = 20
+    settings.scanning.disabled = True  # namespaced rights only, as the controller runs with
     config.load_kube_config()  # type: ignore[no-untyped-call]
     API = client.CoreV1Api()
 

@@ -79,6 +79,9 @@ class ControllerConfig:
     rayjob_ttl_seconds: int = 600
     worker_grace_seconds: int = 120
     reconcile_interval_seconds: int = 10
+    # The periodic refreshes of all active runs start at most this often (controller/work_queue.py):
+    # with more runs than interval x rate, each run's interval grows instead of the load.
+    refreshes_per_second: int = 10
     # A failed RayJob is judged only this long after it ended, so that a pod's disruption that
     # caused it (reported on its own watch stream) is seen first.
     settle_seconds: int = 5
@@ -135,6 +138,7 @@ class ControllerConfig:
             reconcile_interval_seconds=_int_env(
                 env, "SPOTRAY_RECONCILE_INTERVAL_SECONDS", defaults.reconcile_interval_seconds, 1
             ),
+            refreshes_per_second=_int_env(env, "SPOTRAY_REFRESHES_PER_SECOND", defaults.refreshes_per_second, 1),
             settle_seconds=_int_env(env, "SPOTRAY_SETTLE_SECONDS", defaults.settle_seconds),
             start_deadline_seconds=_int_env(env, "SPOTRAY_START_DEADLINE_SECONDS", defaults.start_deadline_seconds),
             storage_patience_seconds=_int_env(

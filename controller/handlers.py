@@ -1,24 +1,20 @@
-"""kopf wiring: every handler is a few lines that call controller/reconcile.py.
+"""kopf wiring: every handler is a few lines that hand a run to controller/work_queue.py.
 
 - a TrainingRun that is new or whose spec changed (generation != status.observedGeneration) ->
-  reconcile now;
-- every active run is reconciled every ``SPOTRAY_RECONCILE_INTERVAL_SECONDS`` (progress and
-  checkpoints from S3, the backoff before the next attempt) by controller/resync.py, or by a kopf
-  timer when replicas peer for HA;
-- a RayJob of ours finished -> reconcile its run at once (the attempt ended);
+  reconcile it first thing (an urgent request on the work queue);
+- a RayJob of ours finished -> reconcile its run first thing too (the attempt ended);
+- every active run is refreshed periodically (progress and checkpoints from S3, a start deadline)
+  by the work queue, at a bounded rate, or by a kopf timer when replicas peer for HA;
 - a pod of ours got a ``DisruptionTarget`` condition (node gone, evicted, spot reclaim) -> the fact
   is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends.
-The Kubernetes and S3 clients block, so reconciles run on threads: the TrainingRun event handler is
-async and hands them to a pool of its own (a burst of new runs must not queue behind each other);
-the RayJob and pod handlers are synchronous and run in kopf's thread pool.
+The Kubernetes and S3 clients block, so reconciles run on the queue's worker threads; the handlers
+only enqueue and return, so kopf's watch streams never wait on a reconcile.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -28,8 +24,8 @@ from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import disruption_note, reconcile
-from spotray.controller.resync import Resync
 from spotray.controller.watch_health import WatchChecker, WatchHealth
+from spotray.controller.work_queue import WorkQueue
 from spotray.train.api_names import (
     ATTEMPT_LABEL,
     DISRUPTION_ANNOTATION,
@@ -46,11 +42,23 @@ from spotray.train.api_names import (
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()
 _cluster: Cluster | None = None
-_resync: Resync | None = None
 _watch_health = WatchHealth(CONFIG.watch_grace_seconds)
 _watch_checker: WatchChecker | None = None
-EXECUTOR_THREADS = 50  # threads for reconciles triggered by events: a burst of new runs at once
-_handler_pool = ThreadPoolExecutor(max_workers=EXECUTOR_THREADS, thread_name_prefix="spotray-reconcile")
+WORKERS = 16  # reconcile threads: enough to keep the API server busy with a burst of new runs
+REFRESH_WORKERS = 2  # of which at most this many refresh; the others are kept for urgent work
+
+
+def _reconcile_one(namespace: str, name: str, body: dict[str, Any] | None) -> float | None:
+    return reconcile(cluster(), CONFIG, namespace, name, body)
+
+
+_queue = WorkQueue(
+    _reconcile_one,
+    interval_s=CONFIG.reconcile_interval_seconds,
+    refreshes_per_second=CONFIG.refreshes_per_second,
+    workers=WORKERS,
+    refresh_workers=REFRESH_WORKERS,
+)
 
 
 def cluster() -> Cluster:
@@ -68,7 +76,7 @@ def _make_cluster() -> Cluster:
     configuration = client.Configuration.get_default_copy()
     # One connection per handler thread: urllib3's default pool of 4 makes the other threads
     # open (and TLS-handshake) a fresh connection per request under a burst of new runs.
-    configuration.connection_pool_maxsize = EXECUTOR_THREADS
+    configuration.connection_pool_maxsize = WORKERS
     return Cluster(client.ApiClient(configuration))
 
 
@@ -77,7 +85,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _cluster  # noqa: PLW0603 - one API client per process, shared by the handler threads
     _cluster = _make_cluster()
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would repeat it
-    settings.execution.max_workers = EXECUTOR_THREADS
+    settings.execution.max_workers = 4  # only the pod handler runs there: it makes one call
     # A watch that goes quiet is restarted: the API server ends it after server_timeout, the client
     # gives up client_timeout later, and kopf reconnects a stream with no event or bookmark for
     # watching.inactivity_timeout (70 s by default): a half-open connection never blocks for ever.
@@ -91,10 +99,9 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # which would need cluster-wide list rights that a namespaced install does not grant.
     settings.scanning.disabled = True
     metrics.serve(CONFIG.metrics_port)
+    _queue.start()
     if not CONFIG.peering:
-        global _resync, _watch_checker  # noqa: PLW0603 - one loop of each per process
-        _resync = Resync(_periodic, CONFIG.reconcile_interval_seconds)
-        _resync.start()
+        global _watch_checker  # noqa: PLW0603 - one loop per process
         _watch_checker = WatchChecker(
             _watch_health, lambda: cluster().list_runs(CONFIG.namespaces), CONFIG.watch_grace_seconds / 3
         )
@@ -103,9 +110,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 
 
 @kopf.on.cleanup()
-def stop_resync(**_: Any) -> None:
-    if _resync is not None:
-        _resync.stop()
+def stop_workers(**_: Any) -> None:
+    _queue.stop()
     if _watch_checker is not None:
         _watch_checker.stop()
 
@@ -123,10 +129,6 @@ def watch_delivering(**_: Any) -> str:
     return "ok"
 
 
-def _periodic(namespace: str, name: str) -> float | None:
-    return reconcile(cluster(), CONFIG, namespace, name)
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, status: kopf.Status, **_: Any) -> None:
     """Every TrainingRun event: new runs and spec changes are reconciled at once, all are tracked.
@@ -138,25 +140,22 @@ async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, s
     namespace, name = str(meta.namespace), str(meta.name)
     if event["type"] == "DELETED":
         _watch_health.forget((namespace, name))
-        if _resync is not None:
-            _resync.forget(namespace, name)
+        _queue.forget(namespace, name)
         return
     _watch_health.saw((namespace, name), str(meta.get("resourceVersion")), time.monotonic())
-    if _resync is not None:
-        _resync.track(namespace, name, status.get("phase"))
+    if not CONFIG.peering:
+        _queue.track(namespace, name, status.get("phase"))
     if meta.get("generation") != status.get("observedGeneration"):
         # A new object's body is current; any other is read fresh (it may predate our own patches).
-        fresh = dict(body) if event["type"] == "ADDED" else None
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(_handler_pool, reconcile, cluster(), CONFIG, namespace, name, fresh)
+        _queue.add(namespace, name, dict(body) if event["type"] == "ADDED" else None)
 
 
 def on_timer(meta: kopf.Meta, **_: Any) -> None:
-    _periodic(str(meta.namespace), str(meta.name))
+    reconcile(cluster(), CONFIG, str(meta.namespace), str(meta.name))
 
 
 if CONFIG.peering:
-    # Standby replicas must not reconcile: kopf pauses its own timers there (see controller/resync.py).
+    # Standby replicas must not reconcile: kopf pauses its own timers there (see controller/work_queue.py).
     kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.reconcile_interval_seconds, initial_delay=1)(on_timer)
 
 
@@ -166,8 +165,8 @@ def _finished(status: kopf.Status, **_: Any) -> bool:
 
 # An event handler, not a change handler: kopf then keeps no state on RayJobs, which KubeRay owns.
 @kopf.on.event(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, labels={RUN_LABEL: kopf.PRESENT}, when=_finished)
-def on_rayjob_finished(meta: kopf.Meta, **_: Any) -> None:
-    reconcile(cluster(), CONFIG, str(meta.namespace), meta.labels[RUN_LABEL])
+async def on_rayjob_finished(meta: kopf.Meta, **_: Any) -> None:
+    _queue.add(str(meta.namespace), meta.labels[RUN_LABEL])
 
 
 def _disrupted(body: kopf.Body, **_: Any) -> bool:

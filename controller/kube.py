@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import logging
+import threading
+import time
 from datetime import datetime
 from typing import Any, cast
 
@@ -31,6 +33,8 @@ class Cluster:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self._secrets: dict[tuple[str, str], tuple[float, SecretView]] = {}  # (namespace, name) -> (read at, it)
+        self._secrets_lock = threading.Lock()
 
     def _get(self, group: str, version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         """A custom object, or None when it does not exist."""
@@ -113,9 +117,26 @@ class Cluster:
             if error.status != 404:
                 raise
 
-    def read_secret(self, namespace: str, name: str) -> SecretView | None:
+    def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> SecretView | None:
         """The Secret's labels and decoded data; None when it does not exist. Whether its data may be
-        used is controller/s3_access.py's decision, made before any use."""
+        used is controller/s3_access.py's decision, made before any use.
+
+        ``max_age_s``: a copy read that recently will do (a missing Secret is never remembered).
+        """
+        key, now = (namespace, name), time.monotonic()
+        with self._secrets_lock:
+            seen = self._secrets.get(key)
+        if seen is not None and now - seen[0] < max_age_s:
+            return seen[1]
+        secret = self._read_secret(namespace, name)
+        with self._secrets_lock:
+            if secret is None:
+                self._secrets.pop(key, None)
+            else:
+                self._secrets[key] = (now, secret)
+        return secret
+
+    def _read_secret(self, namespace: str, name: str) -> SecretView | None:
         try:
             secret = self.core.read_namespaced_secret(name, namespace, _request_timeout=REQUEST_TIMEOUT)
         except ApiException as error:

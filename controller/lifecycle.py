@@ -192,6 +192,16 @@ class RayJobView:
     def finished(self) -> bool:
         return self.deployment_status in ("Complete", "Failed") or self.job_status in ("SUCCEEDED", "FAILED", "STOPPED")
 
+    @property
+    def submitted(self) -> bool:
+        """The job was handed to Ray, so it may have written progress; not still waiting for its cluster."""
+        waiting = self.deployment_status in (None, "", "New", "Initializing") and self.job_status in (
+            None,
+            "",
+            "PENDING",
+        )
+        return self.finished or not waiting
+
 
 @dataclass(frozen=True)
 class Event:

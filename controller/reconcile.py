@@ -8,7 +8,7 @@ is duplicated. Deletions go the other way round: the status says "Suspended" bef
 deleted, and a suspended run's RayJob is deleted again at every reconcile until it is gone.
 Reconciles triggered by a change read the TrainingRun fresh from the API server (not from a watch
 cache that may lag its own last patch), under a per-run lock, so two triggers never interleave.
-Events are posted from a background thread: they are for people and must not slow the loop.
+Events are posted from a background thread, each once (controller/events.py): they are for people.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
+from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import (
     Event,
@@ -42,9 +42,8 @@ from spotray.controller.lifecycle import (
 )
 from spotray.controller.rayjob import build_rayjob
 from spotray.controller.run_store import (
-    last_checkpoint_status,
+    StoreReports,
     open_run_store,
-    progress_status,
     s3_access_refusal,
 )
 from spotray.train.api_names import DISRUPTION_ANNOTATION, FAILED, TERMINAL_PHASES
@@ -57,7 +56,8 @@ log = logging.getLogger(__name__)
 
 _locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
-_EVENTS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="spotray-events")
+EVENTS = EventPoster()
+REPORTS = StoreReports()
 
 
 def crash_point(name: str) -> None:
@@ -114,23 +114,23 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
     cluster.post_event(body, Event("Warning", "InvalidSpec", message), now)
 
 
-def _report(run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, run_uid: str) -> dict[str, Any]:
+def _report(
+    run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, run_uid: str, *, ended: bool
+) -> dict[str, Any]:
     """status.progress and status.lastCheckpoint from S3; a read failure goes into the message, not an error."""
     current = state.current
     if current is None:
         return {}
     try:
-        store = run_store()
-        progress, resumed_from = progress_status(store, AttemptId(run_uid, current.attempt))
-        checkpoint = last_checkpoint_status(store)
+        found = REPORTS.read(run_store(), AttemptId(run_uid, current.attempt), ended=ended)
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read %s for %s/%s: %s", run.spec.checkpoint.uri, run.namespace, run.name, error)
         return {"storageError": str(error)}
-    report: dict[str, Any] = {"resumedFrom": resumed_from}
-    if progress is not None:
-        report["progress"] = progress
-    if checkpoint is not None:
-        report["lastCheckpoint"] = checkpoint
+    report: dict[str, Any] = {"resumedFrom": found.resumed_from}
+    if found.progress is not None:
+        report["progress"] = found.progress
+    if found.last_checkpoint is not None:
+        report["lastCheckpoint"] = found.last_checkpoint
     return report
 
 
@@ -214,7 +214,7 @@ def _reconcile_locked(
     if decided.create_attempt is not None:
         decided = _hold_without_credentials(cluster, config, run, state, decided, status.get("message"))
     # Act: create, persist, delete (see the module docstring).
-    return _act(cluster, config, run, body, state, decided, run_store, now)
+    return _act(cluster, config, run, body, state, decided, run_store, now, job=observation.job)
 
 
 def _observe(  # noqa: PLR0917 - the facts' sources, each named
@@ -269,6 +269,8 @@ def _act(  # noqa: PLR0917
     decided: Plan,
     run_store: Callable[[], ObjectStore],
     now: datetime,
+    *,
+    job: RayJobView | None,
 ) -> float | None:
     namespace, name, uid = run.namespace, run.name, body["metadata"]["uid"]
     if decided.create_attempt is not None:
@@ -291,20 +293,30 @@ def _act(  # noqa: PLR0917
         previous_conditions=status.get("conditions") or [],
         generation=body["metadata"].get("generation", 0),
         now=now,
-        starting=decided.create_attempt is not None,
+        job=job if decided.create_attempt is None else None,  # a new attempt has no progress yet
         storage_patience_s=config.storage_patience_seconds,
     )
-    cluster.patch_run_status(namespace, name, new_status)
+    if status_changed(status, new_status):
+        cluster.patch_run_status(namespace, name, new_status)
     if decided.delete_rayjob:
         cluster.delete_rayjob(namespace, decided.delete_rayjob)
     for event in decided.events:
-        _EVENTS.submit(cluster.post_event, body, event, now)
-        log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
+        if EVENTS.post(cluster.post_event, body, event, now):
+            log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
     for attempt in decided.state.attempts:
         if attempt not in state.attempts and attempt.endTime:
             metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
     metrics.set_phase(namespace, name, decided.state.phase)
     return decided.requeue_after_s
+
+
+def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
+    """Whether merge-patching ``new`` onto ``old`` would change anything (a null removes a field).
+
+    Most periodic refreshes change nothing; skipping their patch spares the API server a write and
+    the controller the watch event that the write would send back to it.
+    """
+    return any(old.get(key) != value for key, value in new.items())
 
 
 def _status(
@@ -316,15 +328,17 @@ def _status(
     previous_conditions: list[dict[str, Any]],
     generation: int,
     now: datetime,
-    starting: bool,
+    job: RayJobView | None,
     storage_patience_s: float,
 ) -> dict[str, Any]:
     """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
     status = state.to_status()
     status["observedGeneration"] = generation
     status["conditions"] = conditions(state, previous_conditions, generation, now, storage_patience_s)
-    # A new attempt has no progress yet, and its RayJob should not wait for S3 reads.
-    report = _report(run_store, run, state, run_uid) if not starting else {}
+    # Progress and checkpoints can only have moved once the attempt's job was handed to Ray: until
+    # then (a Ray cluster waiting for nodes: most runs on a busy cluster) S3 is not read, and the
+    # fields keep their last value (the status is merge-patched).
+    report = _report(run_store, run, state, run_uid, ended=job.finished) if job is not None and job.submitted else {}
     resumed_from = report.pop("resumedFrom", None)
     storage_error = report.pop("storageError", None)
     status.update(report)

@@ -9,14 +9,22 @@ Credentials come from the run's Secret (``spec.checkpoint.secretRef``, or the ch
 the same one the pods get by reference, once controller/s3_access.py allows it; the endpoint from
 that Secret's ``AWS_ENDPOINT_URL`` or the controller's ``SPOTRAY_S3_ENDPOINT``, once allowed. A run
 with no Secret is read with unsigned requests: never with the controller's own identity.
+
+At a thousand runs this is on the hot path, so a Secret as read is remembered for
+``SECRET_TTL_S`` (rotated credentials are used within that), and runs that reach S3 the same way
+share one boto3 client (making one costs tens of milliseconds of CPU).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import replace
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
@@ -25,9 +33,20 @@ from spotray.controller.s3_access import SecretView, endpoint_refusal, secret_re
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.errors import SpotrayError
-from spotray.train.progress_log import read_attempt_progress
+from spotray.train.progress_log import MAX_PROGRESS_BYTES, AttemptProgress, parse_attempt_progress
 from spotray.train.runspec import TrainingRun
-from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, open_store
+from spotray.train.store import (
+    ObjectStore,
+    RetryPolicy,
+    S3ObjectStore,
+    StoreConfig,
+    make_s3_client,
+    open_store,
+    parse_uri,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3 import S3Client
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +70,14 @@ def s3_access_refusal(run: TrainingRun, secret: SecretView | None, config: Contr
     return ("EndpointNotAllowed", refused) if refused is not None else None
 
 
+SECRET_TTL_S = 60.0
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_client(config: StoreConfig) -> S3Client:
+    return make_s3_client(config)
+
+
 def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> StoreConfig:
     """How the controller reaches the run's store; raises SpotrayError when s3_access refuses it."""
     # The controller's environment gives settings (region, endpoint), never credentials.
@@ -66,7 +93,7 @@ def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -
     secret_name = run.spec.checkpoint.secret_ref or config.s3_secret
     if secret_name is None:
         return replace(base, endpoint_url=endpoint, anonymous=True)
-    secret = cluster.read_secret(run.namespace, secret_name)
+    secret = cluster.read_secret(run.namespace, secret_name, max_age_s=SECRET_TTL_S)
     refused = s3_access_refusal(run, secret, config)
     if refused is not None:
         raise SpotrayError(refused[1], "the controller reads nothing for this run until then")
@@ -87,12 +114,73 @@ CONTROLLER_RETRY = RetryPolicy(deadline_s=5.0, first_delay_s=0.2, max_delay_s=1.
 
 
 def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> ObjectStore:
-    return open_store(run.spec.checkpoint.uri, store_config(run, cluster, config), CONTROLLER_RETRY)
+    uri = parse_uri(run.spec.checkpoint.uri)
+    reach = store_config(run, cluster, config)
+    if uri.scheme != "s3":
+        return open_store(uri, reach, CONTROLLER_RETRY)
+    return S3ObjectStore(uri, reach, CONTROLLER_RETRY, client=_shared_client(reach))
 
 
-def progress_status(store: ObjectStore, attempt: AttemptId) -> tuple[dict[str, Any] | None, int | None]:
+@dataclass(frozen=True)
+class StoreReport:
+    """What S3 says about one attempt: status.progress, the step it resumed from, status.lastCheckpoint."""
+
+    progress: dict[str, Any] | None
+    resumed_from: int | None
+    last_checkpoint: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    etag: str
+    read_at: float
+    report: StoreReport
+
+
+class StoreReports:
+    """Each running attempt's report, read in full only when its progress object changed.
+
+    A refresh first LISTs the attempt's progress object (one request); when its ETag is the one
+    seen last time, nothing was trained since, so the progress, the checkpoint LIST and the manifest
+    GET are not read again. A full read still happens every ``max_age_s`` (a checkpoint upload can
+    finish after the last progress write) and whenever the caller says the attempt ended.
+    """
+
+    def __init__(self, max_age_s: float = 300.0, remembered: int = 10_000) -> None:
+        self._max_age_s = max_age_s
+        self._remembered = remembered
+        self._seen: OrderedDict[AttemptId, _Remembered] = OrderedDict()
+        self._lock = threading.Lock()
+        self.full_reads = 0
+
+    def read(self, store: ObjectStore, attempt: AttemptId, *, ended: bool) -> StoreReport:
+        key = attempt.progress_key
+        etag = next((info.etag for info in store.list(key) if info.key == key), None)
+        now = time.monotonic()
+        with self._lock:
+            seen = self._seen.get(attempt)
+        if (
+            not ended
+            and seen is not None
+            and etag  # an object that is not there, or a store that gives no ETag: read in full
+            and seen.etag == etag
+            and now - seen.read_at < self._max_age_s
+        ):
+            return seen.report
+        raw = store.get_bytes(key, max_bytes=MAX_PROGRESS_BYTES) if etag is not None else None
+        progress = parse_attempt_progress(raw, attempt) if raw is not None else None
+        report = StoreReport(*progress_status(progress), last_checkpoint_status(store))
+        with self._lock:
+            self.full_reads += 1
+            self._seen[attempt] = _Remembered(etag or "", now, report)
+            self._seen.move_to_end(attempt)
+            while len(self._seen) > self._remembered:
+                self._seen.popitem(last=False)
+        return report
+
+
+def progress_status(progress: AttemptProgress | None) -> tuple[dict[str, Any] | None, int | None]:
     """(status.progress, the step the attempt resumed from) from the attempt's progress object."""
-    progress = read_attempt_progress(store, attempt)
     if progress is None or progress.last_step is None:
         return None, progress.resumed_from if progress else None
     status: dict[str, Any] = {

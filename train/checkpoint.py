@@ -22,6 +22,7 @@ import platform
 import re
 import shutil
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from importlib import metadata
@@ -231,34 +232,45 @@ def manifest_exists(store: ObjectStore, prefix: str) -> bool:
     return object_exists(store, f"{prefix}/{MANIFEST_NAME}")
 
 
-def list_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
-    """Every checkpoint under the store's root, newest first, each marked complete or not (and why)."""
+def _assessed_newest_first(store: ObjectStore) -> Iterator[CheckpointInfo]:
+    """Every checkpoint under the store's root, newest first, assessed (one manifest read) as it is reached."""
     by_step: dict[int, list[ObjectInfo]] = {}
     for obj in store.list("checkpoint-"):
         head, _, rest = obj.key.partition("/")
         step = parse_checkpoint_step(head)
         if step is not None and rest:
             by_step.setdefault(step, []).append(obj)
-    return [_assess(store, step, by_step[step]) for step in sorted(by_step, reverse=True)]
+    for step in sorted(by_step, reverse=True):
+        yield _assess(store, step, by_step[step])
 
 
-def complete_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
-    """Complete checkpoints, newest first; each incomplete one is logged with its reason."""
-    result = []
-    for info in list_checkpoints(store):
+def list_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
+    """Every checkpoint under the store's root, newest first, each marked complete or not (and why)."""
+    return list(_assessed_newest_first(store))
+
+
+def _complete_newest_first(store: ObjectStore) -> Iterator[CheckpointInfo]:
+    for info in _assessed_newest_first(store):
         if info.complete:
-            result.append(info)
+            yield info
         elif info.problem in (NO_MANIFEST, VANISHED):
             log.info("skipping %s: %s", store.uri.join(info.prefix), info.problem)
         else:
             log.warning("skipping %s: %s", store.uri.join(info.prefix), info.problem)
-    return result
+
+
+def complete_checkpoints(store: ObjectStore) -> list[CheckpointInfo]:
+    """Complete checkpoints, newest first; each incomplete one is logged with its reason."""
+    return list(_complete_newest_first(store))
 
 
 def latest_complete_checkpoint(store: ObjectStore) -> CheckpointInfo | None:
-    """The newest complete checkpoint, or None when there is none (a fresh start)."""
-    complete = complete_checkpoints(store)
-    return complete[0] if complete else None
+    """The newest complete checkpoint, or None when there is none (a fresh start).
+
+    Older checkpoints are not assessed: one LIST and one manifest read when the newest is complete
+    (the controller asks this of every running run at every refresh).
+    """
+    return next(_complete_newest_first(store), None)
 
 
 # --------------------------------------------------------------------------- upload, fetch, prune

@@ -175,8 +175,11 @@ MAX_PROGRESS_BYTES = 64 << 20
 def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProgress | None:
     """One attempt's progress; None if it wrote none (yet), or the object is unreadable or not this attempt's."""
     raw = get_bytes_if_exists(store, attempt.progress_key, max_bytes=MAX_PROGRESS_BYTES)
-    if raw is None:
-        return None
+    return None if raw is None else parse_attempt_progress(raw, attempt)
+
+
+def parse_attempt_progress(raw: bytes, attempt: AttemptId) -> AttemptProgress | None:
+    """The progress object's content; None if it is unreadable or not this attempt's."""
     try:
         progress = AttemptProgress.from_json(raw)
     except (ValueError, KeyError, TypeError) as error:

@@ -309,6 +309,9 @@ class ObjectInfo:
 
     key: str
     size: int
+    # Changes whenever the content may have (S3: the ETag; a directory: mtime and size): what a
+    # reader compares to skip reading an object again.
+    etag: str = ""
 
 
 class ObjectStore(Protocol):
@@ -372,6 +375,30 @@ def download_dir(store: ObjectStore, prefix: str, local_dir: Path) -> list[str]:
     return rel_paths
 
 
+def make_s3_client(config: StoreConfig) -> S3Client:
+    """A boto3 S3 client for ``config``: path-style addressing (MinIO), our timeouts, no extra checksums."""
+    session = boto3.session.Session(
+        aws_access_key_id=config.access_key_id,
+        aws_secret_access_key=config.secret_access_key,
+        aws_session_token=config.session_token,
+        region_name=config.region,
+    )
+    botocore_config = Config(
+        s3={"addressing_style": "path"},
+        # A couple of quick retries inside botocore; the long, deadline-bound retry is ours.
+        retries={"mode": "standard", "max_attempts": 3},
+        max_pool_connections=config.max_concurrency + 4,
+        connect_timeout=config.connect_timeout_s,
+        read_timeout=config.read_timeout_s,
+        # Integrity is checked end to end with the manifest's SHA-256; a CRC per request on
+        # top of it only costs CPU that training needs.
+        request_checksum_calculation="when_required",
+        response_checksum_validation="when_required",
+        **({"signature_version": UNSIGNED} if config.anonymous else {}),
+    )
+    return session.client("s3", endpoint_url=config.endpoint_url, config=botocore_config)
+
+
 @dataclass
 class S3ObjectStore:
     """An S3 bucket (AWS, MinIO, SeaweedFS) seen from ``uri``; path-style addressing for MinIO."""
@@ -379,28 +406,12 @@ class S3ObjectStore:
     uri: StorageUri
     config: StoreConfig = field(default_factory=StoreConfig.from_env)
     retry: RetryPolicy = DEFAULT_RETRY
+    # A client made from this same config, to share: the controller reads many runs' stores with
+    # one Secret's credentials, and making a client costs tens of milliseconds of CPU. None: make one.
+    client: S3Client | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        session = boto3.session.Session(
-            aws_access_key_id=self.config.access_key_id,
-            aws_secret_access_key=self.config.secret_access_key,
-            aws_session_token=self.config.session_token,
-            region_name=self.config.region,
-        )
-        botocore_config = Config(
-            s3={"addressing_style": "path"},
-            # A couple of quick retries inside botocore; the long, deadline-bound retry is ours.
-            retries={"mode": "standard", "max_attempts": 3},
-            max_pool_connections=self.config.max_concurrency + 4,
-            connect_timeout=self.config.connect_timeout_s,
-            read_timeout=self.config.read_timeout_s,
-            # Integrity is checked end to end with the manifest's SHA-256; a CRC per request on
-            # top of it only costs CPU that training needs.
-            request_checksum_calculation="when_required",
-            response_checksum_validation="when_required",
-            **({"signature_version": UNSIGNED} if self.config.anonymous else {}),
-        )
-        self._client: S3Client = session.client("s3", endpoint_url=self.config.endpoint_url, config=botocore_config)
+        self._client: S3Client = self.client or make_s3_client(self.config)
         self._transfer_config = TransferConfig(
             multipart_threshold=self.config.multipart_chunk_bytes,
             multipart_chunksize=self.config.multipart_chunk_bytes,
@@ -410,7 +421,7 @@ class S3ObjectStore:
 
     def __getstate__(self) -> dict[str, object]:
         # A boto3 client cannot be pickled; the upload process builds its own from the config.
-        return {"uri": self.uri, "config": self.config, "retry": self.retry}
+        return {"uri": self.uri, "config": self.config, "retry": self.retry, "client": None}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -452,7 +463,7 @@ class S3ObjectStore:
             paginator = self._client.get_paginator("list_objects_v2")
             for page in paginator.paginate(Bucket=self.uri.bucket, Prefix=root + prefix):
                 for item in page.get("Contents", []):
-                    found.append(ObjectInfo(item["Key"][len(root) :], int(item["Size"])))
+                    found.append(ObjectInfo(item["Key"][len(root) :], int(item["Size"]), item.get("ETag", "")))
             return found
 
         return self._with_retry(f"list {self.uri.join(prefix)}", op)
@@ -565,7 +576,8 @@ class LocalObjectStore:
         for path in self.root.rglob("*"):
             key = path.relative_to(self.root).as_posix()
             if path.is_file() and key.startswith(prefix) and not path.name.endswith(".spotray-tmp"):
-                found.append(ObjectInfo(key, path.stat().st_size))
+                stat = path.stat()
+                found.append(ObjectInfo(key, stat.st_size, f"{stat.st_mtime_ns}-{stat.st_size}"))
         return sorted(found, key=lambda o: o.key)
 
     def _write_atomically(self, key: str, write: Callable[[Path], object]) -> None:

@@ -10,6 +10,7 @@ hack/testbed/build.sh.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import ctypes
 import json
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -446,6 +448,18 @@ class Testbed:
                     found.append(event)
         return found
 
+    def request_counts(self, username: str, since: float, until: float) -> collections.Counter[str]:
+        """How many requests of each kind ("get trainingruns", "patch trainingruns/status") ``username``
+        made from ``since`` to ``until`` (Unix times, by when the API server received them)."""
+        counts: collections.Counter[str] = collections.Counter()
+        for event in self.requests_by(username):
+            at = datetime.fromisoformat(event["requestReceivedTimestamp"].replace("Z", "+00:00")).timestamp()
+            if event.get("stage") == "ResponseComplete" and since <= at < until:
+                ref = event.get("objectRef") or {}
+                subresource = f"/{ref['subresource']}" if ref.get("subresource") else ""
+                counts[f"{event['verb']} {ref.get('resource', '?')}{subresource}"] += 1
+        return counts
+
     def service_account_kubeconfig(self, namespace: str, account: str, path: Path) -> Path:
         """A kubeconfig that authenticates as a ServiceAccount (a token from the TokenRequest API)."""
         token = self.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
@@ -464,6 +478,19 @@ class Testbed:
             )
         )
         return path
+
+    def namespace_admin_kubeconfig(self, namespace: str, account: str, path: Path) -> tuple[Path, str]:
+        """A kubeconfig for a new ServiceAccount with every right in ``namespace`` and none outside it.
+
+        Returns it and the account's user name: its requests are in the audit log (``requests_by``),
+        which is how a test or benchmark counts what an operator asked of the API server.
+        """
+        self.kubectl("create", "serviceaccount", account, "-n", namespace)
+        self.kubectl(
+            "create", "rolebinding", account, "-n", namespace,
+            "--clusterrole=cluster-admin", f"--serviceaccount={namespace}:{account}",
+        )  # fmt: skip
+        return self.service_account_kubeconfig(namespace, account, path), f"system:serviceaccount:{namespace}:{account}"
 
     def _has_default_sa(self) -> bool:
         return self.kubectl("get", "serviceaccount", "default", check=False).returncode == 0

@@ -12,6 +12,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,9 +56,10 @@ def start_controller(
 ) -> Iterator[Callable[..., ControllerProcess]]:
     started: list[ControllerProcess] = []
 
-    def start(**extra_env: str) -> ControllerProcess:
+    def start(kubeconfig: Path | None = None, **extra_env: str) -> ControllerProcess:
         env = {**allowed_endpoint(s3_server), **extra_env}
-        process = ControllerProcess(testbed.kubeconfig, namespace, tmp_path / "controller.log", env)
+        config = kubeconfig or testbed.kubeconfig
+        process = ControllerProcess(config, namespace, tmp_path / "controller.log", env)
         started.append(process.start())
         return process
 
@@ -420,3 +422,50 @@ def test_a_rayjob_left_by_another_run_of_the_same_name_is_never_adopted(
     tb.wait_until("attempt 1's own RayJob", ours, timeout=120)
     status = wait_status(testbed, namespace, "reborn", "attempt 1", lambda s: s.get("attempt") == 1, 60)
     assert [a["rayJob"] for a in status["attempts"]] == ["reborn-a1"]
+
+
+def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """Issue #17: with runs active and nothing changing, the controller only reads, at its refresh rate.
+
+    16 runs whose Ray clusters never start (their workers ask for more CPU than any node has), an
+    interval of 1 s but 4 refreshes a second: each run is looked at every 4 s, not every second, and
+    no status patch, Event or Secret read is made while nothing changes. Counted in the API server's
+    audit log: the controller runs as its own ServiceAccount.
+    """
+    kubeconfig, account = testbed.namespace_admin_kubeconfig(namespace, "controller", tmp_path / "sa.kubeconfig")
+    start_controller(kubeconfig, SPOTRAY_REFRESHES_PER_SECOND="4")
+    names = [f"idle-{index:02d}" for index in range(16)]
+    documents = []
+    for name in names:
+        document = training_run(name, tmp_path, max_steps=10)
+        document["spec"]["workers"]["cpu"] = "500"  # pending for ever: nothing about the run changes
+        documents.append(document)
+    testbed.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(documents))
+
+    def all_refreshed() -> bool:
+        found = json.loads(testbed.kubectl("get", "trainingruns", "-n", namespace, "-o", "json").stdout)["items"]
+        return len(found) == len(names) and all(
+            (item.get("status") or {}).get("message") == "attempt 1 starting" for item in found
+        )
+
+    tb.wait_until("every run's first refresh", all_refreshed, timeout=90, interval=1)
+    time.sleep(2)  # the last refresh's requests are logged
+    started = time.time()
+    time.sleep(12)
+    ended = time.time()
+    kinds = testbed.request_counts(account, started, ended)
+    print(f"requests in {ended - started:.1f} s: {dict(kinds)}")
+    writes = {
+        kind: count for kind, count in kinds.items() if kind.split()[0] in ("create", "patch", "update", "delete")
+    }
+    assert writes == {}, "nothing changed, so nothing may be written"
+    assert kinds["get secrets"] == 0
+    # One GET of the run per refresh: 16 runs every 4 s is 48 in 12 s (at most 4 a second, plus a
+    # burst of 4); with the plain 1 s interval it would be 192.
+    assert 30 <= kinds["get trainingruns"] <= 4 * 12 + 4

@@ -158,3 +158,23 @@ def test_prune_never_deletes_when_nothing_newer_is_complete(store: RecordingStor
     assert [c.step for c in list_checkpoints(store)] == [20, 10]
     with pytest.raises(ValueError, match="keep must be >= 1"):
         prune_checkpoints(store, keep=0)
+
+
+def test_the_latest_complete_checkpoint_reads_no_manifest_older_than_it(
+    store: RecordingStore, local_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller asks this of every running run: one LIST and one manifest read, not one per checkpoint."""
+    for step in (10, 20, 30):
+        upload_checkpoint(store, local_checkpoint, step, world_size=1)
+    read: list[str] = []
+    original = LocalObjectStore.get_bytes
+
+    def recording_get_bytes(self: LocalObjectStore, key: str, **kwargs: object) -> bytes:
+        read.append(key)
+        return original(self, key, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LocalObjectStore, "get_bytes", recording_get_bytes)
+    latest = latest_complete_checkpoint(store)
+    assert latest is not None
+    assert latest.step == 30
+    assert read == [f"checkpoint-30/{MANIFEST_NAME}"]

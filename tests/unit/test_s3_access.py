@@ -37,7 +37,7 @@ class OneSecret:
     def __init__(self, secret: SecretView | None) -> None:
         self.secret = secret
 
-    def read_secret(self, namespace: str, name: str) -> SecretView | None:
+    def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> SecretView | None:
         return self.secret
 
 

@@ -1,0 +1,214 @@
+"""The controller's work queue: which TrainingRun is reconciled next, on which thread, how often.
+
+Two kinds of work share one pool of worker threads:
+- urgent: a new run or a spec change (from the watch), a RayJob that finished, and a timer the
+  lifecycle asked for (a backoff that ran out, a settle wait). These create or end attempts, so
+  any free worker takes them first, in arrival order.
+- refresh: the periodic look at every active run (progress and checkpoints from S3, the start
+  deadline, a missed event). At most ``refresh_workers`` refreshes run at once and at most
+  ``refreshes_per_second`` start, so a thousand active runs never crowd out a new one. Each run is
+  refreshed every ``max(interval_s, active runs / refreshes_per_second)`` seconds with +-10%
+  jitter: the rate holds as runs are added (1,000 runs at 10/s: every 100 s), and runs created in
+  one burst do not come back in one wave.
+A run is queued at most once and reconciled by one worker at a time. A request for a run that is
+being reconciled is kept and done right after, as in client-go's workqueue: a burst of events for
+one run costs one or two reconciles, and no change is lost. A failed reconcile is retried with a
+per-run backoff (1 s doubling up to the interval), not dropped.
+
+kopf's own timers would do the periodic part, but a kopf timer puts a finalizer on every object:
+each new run then waits for an extra write and watch round trip before its first handler, and
+deleting a run hangs whenever the controller is down. With kopf peering (HA, several replicas)
+the handlers use kopf's timer instead, which kopf pauses on the standby replicas
+(controller/handlers.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from spotray.train.api_names import TERMINAL_PHASES
+
+log = logging.getLogger(__name__)
+Key = tuple[str, str]  # (namespace, name)
+Body = dict[str, Any] | None  # the object as the watch delivered it, or None: read it fresh
+Reconcile = Callable[[str, str, Body], float | None]  # -> seconds until it wants another look, or None
+JITTER = 0.1
+FIRST_RETRY_S = 1.0
+
+
+@dataclass
+class _Tracked:
+    """An active run: when it is next looked at, and whether that look is the lifecycle's own timer."""
+
+    due: float
+    timer: bool = False
+    failures: int = 0
+
+
+class WorkQueue:
+    """Reconciles runs on ``workers`` threads: urgent requests first, then rate-limited refreshes."""
+
+    def __init__(
+        self,
+        reconcile: Reconcile,
+        *,
+        interval_s: float,
+        refreshes_per_second: float = 10.0,
+        workers: int = 16,
+        refresh_workers: int = 2,
+        tick_s: float = 0.5,
+        rng: random.Random | None = None,
+    ) -> None:
+        if refresh_workers >= workers:
+            raise ValueError("refresh_workers must leave at least one worker for urgent reconciles")
+        self._reconcile = reconcile
+        self._interval_s = interval_s
+        self._rate = refreshes_per_second
+        self._refresh_workers = refresh_workers
+        self._tick_s = tick_s
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
+        self._urgent: dict[Key, Body] = {}  # insertion order is arrival order
+        self._tracked: dict[Key, _Tracked] = {}
+        self._heap: list[tuple[float, Key]] = []  # (due, key); stale entries are skipped when popped
+        self._busy: set[Key] = set()
+        self._refreshing = 0
+        self._tokens = 1.0
+        self._tokens_at = time.monotonic()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"spotray-worker-{index}", daemon=True) for index in range(workers)
+        ]
+        self.refreshes = 0  # started since the queue was made; the benchmark and the tests read it
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    # ------------------------------------------------------------------ what the handlers call
+
+    def add(self, namespace: str, name: str, body: Body = None) -> None:
+        """Reconcile this run as soon as a worker is free (a new run, a spec change, a finished RayJob)."""
+        key = (namespace, name)
+        with self._cond:
+            # Two requests pending for one run: the body of the first may be stale, so read it fresh.
+            self._urgent[key] = None if key in self._urgent else body
+            self._cond.notify()
+
+    def track(self, namespace: str, name: str, phase: str | None) -> None:
+        """A run seen on the watch: refresh it within one interval, unless it is finished."""
+        key = (namespace, name)
+        with self._cond:
+            if phase in TERMINAL_PHASES:
+                self._tracked.pop(key, None)
+            elif key not in self._tracked:
+                # Spread over the interval: runs created in one burst are not refreshed in one wave.
+                self._schedule(key, _Tracked(0.0), self.interval_s() * self._rng.uniform(0.5, 1.0), timer=False)
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._cond:
+            self._tracked.pop((namespace, name), None)
+
+    def active(self) -> int:
+        with self._cond:
+            return len(self._tracked)
+
+    def interval_s(self) -> float:
+        """Seconds between two refreshes of one run: the configured interval, longer with many runs."""
+        return max(self._interval_s, len(self._tracked) / self._rate)
+
+    # ------------------------------------------------------------------ the workers
+
+    def _schedule(self, key: Key, entry: _Tracked, delay_s: float, *, timer: bool) -> None:
+        entry.due, entry.timer = time.monotonic() + delay_s, timer
+        self._tracked[key] = entry
+        heapq.heappush(self._heap, (entry.due, key))
+
+    def _take_token(self, now: float) -> bool:
+        self._tokens = min(max(1.0, self._rate), self._tokens + (now - self._tokens_at) * self._rate)
+        self._tokens_at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def _next(self) -> tuple[Key, Body, bool] | None:
+        """(key, body, is_refresh) of the next reconcile, or None; called with the lock held."""
+        for key in self._urgent:
+            if key not in self._busy:
+                return key, self._urgent.pop(key), False
+        now = time.monotonic()
+        while self._heap and self._heap[0][0] <= now:
+            due, key = self._heap[0]
+            entry = self._tracked.get(key)
+            if entry is None or entry.due != due:
+                heapq.heappop(self._heap)  # forgotten or rescheduled since
+                continue
+            if key in self._busy:
+                heapq.heappop(self._heap)  # being reconciled now; rescheduled when that ends
+                entry.due = float("inf")
+                continue
+            if not entry.timer and (self._refreshing >= self._refresh_workers or not self._take_token(now)):
+                return None
+            heapq.heappop(self._heap)
+            entry.due = float("inf")  # taken: not due again until rescheduled
+            return key, None, not entry.timer
+        return None
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                item = self._next()
+                while item is None and not self._stopping:
+                    self._cond.wait(self._tick_s)
+                    item = self._next()
+                if item is None or self._stopping:
+                    return
+                key, body, refresh = item
+                self._busy.add(key)
+                self._refreshing += int(refresh)
+                self.refreshes += int(refresh)
+            delay: float | None = None
+            failed = False
+            try:
+                delay = self._reconcile(key[0], key[1], body)
+            except Exception:  # one run's bad moment must not stop the queue for the others
+                log.exception("reconcile of %s/%s failed", *key)
+                failed = True
+            with self._cond:
+                self._busy.discard(key)
+                self._refreshing -= int(refresh)
+                self._after(key, delay, failed=failed)
+                self._cond.notify_all()
+
+    def _after(self, key: Key, delay: float | None, *, failed: bool) -> None:
+        entry = self._tracked.get(key)
+        if entry is None:
+            return
+        interval = self.interval_s()
+        if failed:
+            entry.failures += 1
+            retry = min(interval, FIRST_RETRY_S * 2 ** (entry.failures - 1))
+            log.info("trying %s/%s again in %.0f s", *key, retry)
+            self._schedule(key, entry, retry, timer=True)
+            return
+        entry.failures = 0
+        if delay is not None and delay < interval:
+            self._schedule(key, entry, max(delay, 0.0), timer=True)
+        else:
+            self._schedule(key, entry, interval * self._rng.uniform(1 - JITTER, 1 + JITTER), timer=False)

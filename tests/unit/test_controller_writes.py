@@ -1,0 +1,197 @@
+"""What the controller reads and writes, and how often: status patches only on a change, each Event once,
+Secrets read once a minute at most, S3 read in full only when an attempt moved (controller/*.py)."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from spotray.controller.events import EventPoster
+from spotray.controller.kube import Cluster
+from spotray.controller.lifecycle import Event, RayJobView
+from spotray.controller.reconcile import status_changed
+from spotray.controller.run_store import StoreReport, StoreReports
+from spotray.train.attempts import AttemptId
+from spotray.train.checkpoint import upload_checkpoint
+from spotray.train.progress_log import AttemptProgress
+from spotray.train.store import LocalObjectStore, ObjectInfo, parse_uri
+from tests.conftest import write_files
+
+pytestmark = pytest.mark.unit
+NOW = datetime(2026, 11, 23, tzinfo=UTC)
+
+
+@pytest.fixture
+def local_checkpoint_dir(tmp_path: Path) -> Path:
+    return write_files(tmp_path / "local", {"model.safetensors": b"m" * 100})
+
+
+def test_a_status_is_changed_only_by_a_field_that_differs() -> None:
+    old = {"phase": "Pending", "attempts": [{"attempt": 1}], "progress": {"step": 5}}
+    assert not status_changed(old, {"phase": "Pending", "attempts": [{"attempt": 1}]})
+    assert not status_changed(old, {"phase": "Pending", "nextAttemptTime": None})  # null: absent either way
+    assert status_changed(old, {"phase": "Running"})
+    assert status_changed(old, {"attempts": [{"attempt": 1}, {"attempt": 2}]})
+    assert status_changed(old, {"progress": None})  # a merge patch would remove it
+
+
+class Posts:
+    def __init__(self) -> None:
+        self.posted: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, run: dict[str, Any], event: Event, now: datetime) -> None:
+        with self.lock:
+            self.posted.append((run["metadata"]["uid"], event.reason))
+
+
+def run_body(uid: str) -> dict[str, Any]:
+    return {"metadata": {"name": uid, "namespace": "ns", "uid": uid}}
+
+
+def test_the_same_event_on_the_same_run_is_posted_once_per_repeat_interval() -> None:
+    posts, poster = Posts(), EventPoster(repeat_after_s=3600)
+    waiting = Event("Warning", "SecretMissing", "Secret s3 is missing")
+    for _ in range(50):  # a reconcile every interval while the Secret stays missing
+        poster.post(posts, run_body("a"), waiting, NOW)
+    poster.post(posts, run_body("b"), waiting, NOW)  # another run: its own event
+    poster.post(posts, run_body("a"), Event("Normal", "AttemptStarted", "attempt 1"), NOW)
+    poster.drain()
+    assert posts.posted == [("a", "SecretMissing"), ("b", "SecretMissing"), ("a", "AttemptStarted")]
+    assert poster.skipped == 49
+
+
+def test_an_event_is_posted_again_after_the_repeat_interval_and_memory_is_bounded() -> None:
+    posts, poster = Posts(), EventPoster(repeat_after_s=0.0, remembered=3)
+    for index in range(10):
+        poster.post(posts, run_body(f"run-{index}"), Event("Normal", "R", "m"), NOW)
+        poster.post(posts, run_body(f"run-{index}"), Event("Normal", "R", "m"), NOW)
+    poster.drain()
+    assert len(posts.posted) == 20
+    assert len(poster._posted) == 3
+
+
+@pytest.mark.parametrize(
+    ("deployment", "job", "submitted"),
+    [
+        (None, None, False),
+        ("Initializing", None, False),  # the Ray cluster waits for nodes: nothing can have been written
+        ("Initializing", "PENDING", False),
+        ("Running", "PENDING", True),
+        ("Running", "RUNNING", True),
+        ("Complete", "SUCCEEDED", True),
+        ("Failed", None, True),  # e.g. the start deadline: the records are read to classify the end
+    ],
+)
+def test_s3_is_read_only_once_the_job_was_handed_to_ray(
+    deployment: str | None, job: str | None, submitted: bool
+) -> None:
+    assert RayJobView(job_status=job, deployment_status=deployment).submitted is submitted
+
+
+class SecretsApi:
+    def __init__(self) -> None:
+        self.reads = 0
+        self.exists = True
+
+    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException  # noqa: PLC0415
+
+        self.reads += 1
+        if not self.exists:
+            raise ApiException(status=404)
+        data = {"AWS_ACCESS_KEY_ID": base64.b64encode(b"key").decode()}
+        return SimpleNamespace(data=data, metadata=SimpleNamespace(labels={"spotray.dev/s3-credentials": "true"}))
+
+
+def test_a_secret_read_within_max_age_is_not_read_again_and_a_missing_one_is_never_remembered() -> None:
+    cluster = Cluster(api_client=None)  # type: ignore[arg-type] # the client's default; no call is made
+    api = SecretsApi()
+    cluster.core = api  # type: ignore[assignment]
+    first = cluster.read_secret("ns", "s3", max_age_s=60)
+    assert first is not None
+    assert first.data == {"AWS_ACCESS_KEY_ID": "key"}
+    assert cluster.read_secret("ns", "s3", max_age_s=60) == first
+    assert api.reads == 1
+    assert cluster.read_secret("ns", "s3") == first  # no max age: read now
+    assert api.reads == 2
+    api.exists = False
+    assert cluster.read_secret("ns", "s3", max_age_s=0) is None
+    api.exists = True
+    cluster.read_secret("ns", "s3", max_age_s=60)
+    assert api.reads == 4  # the miss was not remembered, so the Secret created since is read
+
+
+class CountingStore(LocalObjectStore):
+    """A directory store that counts the requests an S3 store would make."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(parse_uri(str(root)))
+        self.requests: Counter[str] = Counter()
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self.requests["list"] += 1
+        return super().list(prefix)
+
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> bytes:
+        self.requests["get"] += 1
+        return super().get_bytes(key, max_bytes=max_bytes)
+
+
+def write_progress(store: LocalObjectStore, attempt: AttemptId, steps: int) -> None:
+    points = [(step, 1.0 / step, 1000.0 + step) for step in range(1, steps + 1)]
+    progress = AttemptProgress(attempt.attempt, attempt.run_id, max_steps=100, updated=1000.0 + steps, points=points)
+    store.put_bytes(attempt.progress_key, progress.to_json())
+
+
+def test_a_running_attempt_is_read_in_full_only_when_its_progress_changed(
+    tmp_path: Path, local_checkpoint_dir: Path
+) -> None:
+    store, reports, attempt = CountingStore(tmp_path / "store"), StoreReports(), AttemptId("uid-1", 1)
+    upload_checkpoint(store, local_checkpoint_dir, 10, world_size=1)
+    write_progress(store, attempt, 12)
+    first = reports.read(store, attempt, ended=False)
+    assert first.progress is not None
+    assert first.progress["step"] == 12
+    assert first.last_checkpoint is not None
+    assert first.last_checkpoint["step"] == 10
+    store.requests.clear()
+    assert reports.read(store, attempt, ended=False) == first
+    assert store.requests == {"list": 1}  # the progress object's ETag only: nothing trained since
+    write_progress(store, attempt, 20)
+    upload_checkpoint(store, local_checkpoint_dir, 20, world_size=1)
+    moved = reports.read(store, attempt, ended=False)
+    assert moved.progress is not None
+    assert moved.progress["step"] == 20
+    assert moved.last_checkpoint is not None
+    assert moved.last_checkpoint["step"] == 20
+    store.requests.clear()
+    upload_checkpoint(store, local_checkpoint_dir, 30, world_size=1)  # the final upload, after the last progress
+    ended = reports.read(store, attempt, ended=True)
+    assert ended.last_checkpoint is not None
+    assert ended.last_checkpoint["step"] == 30  # an attempt that ended is read in full
+    assert reports.full_reads == 3
+
+
+def test_a_missing_progress_object_is_looked_for_again_every_time(tmp_path: Path) -> None:
+    store, reports, attempt = CountingStore(tmp_path / "store"), StoreReports(), AttemptId("uid-1", 2)
+    assert reports.read(store, attempt, ended=False) == StoreReport(None, None, None)
+    write_progress(store, attempt, 3)
+    found = reports.read(store, attempt, ended=False)
+    assert found.progress is not None
+    assert found.progress["step"] == 3
+
+
+def test_a_remembered_report_is_read_again_after_max_age(tmp_path: Path) -> None:
+    store, reports, attempt = CountingStore(tmp_path / "store"), StoreReports(max_age_s=0.0), AttemptId("u", 1)
+    write_progress(store, attempt, 5)
+    reports.read(store, attempt, ended=False)
+    reports.read(store, attempt, ended=False)
+    assert reports.full_reads == 2
