@@ -245,6 +245,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="spotray-bench-controller-") as tmp:
         work = Path(tmp)
         with tb.Testbed(work / "testbed") as bed, LocalS3Server(work / "s3") as s3:
+            s3.create_bucket("bench")  # the runs' checkpoint bucket: the controller reads it once a job starts
             bed.kubectl("apply", "--server-side", "-f", str(CRD))
             bed.kubectl("wait", "--for=condition=Established", "crd/trainingruns.spotray.dev", "--timeout=60s")
             api = config.new_client_from_config(str(bed.kubeconfig))

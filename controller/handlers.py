@@ -46,10 +46,14 @@ _watch_health = WatchHealth(CONFIG.watch_grace_seconds)
 _watch_checker: WatchChecker | None = None
 WORKERS = 16  # reconcile threads: enough to keep the API server busy with a burst of new runs
 REFRESH_WORKERS = 2  # of which at most this many refresh; the others are kept for urgent work
+KOPF_THREADS = 4
 
 
 def _reconcile_one(namespace: str, name: str, body: dict[str, Any] | None) -> float | None:
-    return reconcile(cluster(), CONFIG, namespace, name, body)
+    # Under a burst of new runs, each reconcile creates its RayJob and leaves the status write for
+    # later (controller/reconcile.py). Not with peering: the queue then tracks no runs to come back to.
+    burst = not CONFIG.peering and _queue.backlog() > 0
+    return reconcile(cluster(), CONFIG, namespace, name, body, defer_status=burst)
 
 
 _queue = WorkQueue(
@@ -74,9 +78,10 @@ def _make_cluster() -> Cluster:
     from kubernetes import client  # noqa: PLC0415 - after the config is loaded
 
     configuration = client.Configuration.get_default_copy()
-    # One connection per handler thread: urllib3's default pool of 4 makes the other threads
-    # open (and TLS-handshake) a fresh connection per request under a burst of new runs.
-    configuration.connection_pool_maxsize = WORKERS
+    # One connection per thread that calls the API server (the queue's workers, kopf's threads for
+    # the pod handler, the event poster, the watch check): urllib3's default pool of 4 makes the
+    # others open (and TLS-handshake) a fresh connection per request under a burst of new runs.
+    configuration.connection_pool_maxsize = WORKERS + KOPF_THREADS + 2
     return Cluster(client.ApiClient(configuration))
 
 
@@ -85,7 +90,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _cluster  # noqa: PLW0603 - one API client per process, shared by the handler threads
     _cluster = _make_cluster()
     settings.posting.level = logging.WARNING  # our own events say what happened; kopf's would repeat it
-    settings.execution.max_workers = 4  # only the pod handler runs there: it makes one call
+    settings.execution.max_workers = KOPF_THREADS  # only the pod handler runs there: one call each
     # A watch that goes quiet is restarted: the API server ends it after server_timeout, the client
     # gives up client_timeout later, and kopf reconnects a stream with no event or bookmark for
     # watching.inactivity_timeout (70 s by default): a half-open connection never blocks for ever.

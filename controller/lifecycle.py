@@ -292,12 +292,13 @@ def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) ->
     entry = AttemptEntry(
         attempt=number, rayJob=rayjob_name(run.name, number), outcome=OUTCOME_RUNNING, startTime=timestamp(now)
     )
-    resumes = "starts fresh or resumes from the latest complete checkpoint"
     new = replace(
         state,
         phase=PENDING,
         attempts=(*state.attempts, entry)[-MAX_ATTEMPTS_KEPT:],
-        message=f"attempt {number} {resumes}",
+        # The words the next reconciles use while its Ray cluster starts: no status write just to
+        # reword it (whether it resumes shows in status.attempts[].resumedFrom once the job says).
+        message=f"attempt {number} starting",
         next_attempt_time=None,
     )
     return Plan(new, create_attempt=number, events=(Event("Normal", "AttemptStarted", f"attempt {number}: {why}"),))

@@ -145,6 +145,8 @@ def _records(
         return None, str(error)
 
 
+# (run UID, attempt) of RayJobs created by a reconcile that left the status write to the next one.
+_created_awaiting_status: set[tuple[str, int]] = set()
 _SECRET_SEEN_TTL_S = 60.0
 _secrets_seen: dict[tuple[str, str], float] = {}
 
@@ -168,16 +170,24 @@ def _s3_refusal(cluster: Cluster, run: TrainingRun, config: ControllerConfig) ->
 
 
 def reconcile(
-    cluster: Cluster, config: ControllerConfig, namespace: str, name: str, body: dict[str, Any] | None = None
+    cluster: Cluster,
+    config: ControllerConfig,
+    namespace: str,
+    name: str,
+    body: dict[str, Any] | None = None,
+    *,
+    defer_status: bool = False,
 ) -> float | None:
     """Bring one TrainingRun one step closer to done; returns seconds until it wants another look.
 
     ``body``: the object as just created (kopf's create event), which saves a read on the hot path.
+    ``defer_status``: other runs wait for their RayJob (a burst): create this run's RayJob now and
+    leave its status write and Events to a second reconcile, asked for by returning 0 (see ``_act``).
     """
     started = time.perf_counter()
     with _lock_for(namespace, name):
         try:
-            return _reconcile_locked(cluster, config, namespace, name, body)
+            return _reconcile_locked(cluster, config, namespace, name, body, defer_status)
         except Exception:
             metrics.RECONCILE_ERRORS.inc()
             raise
@@ -185,8 +195,13 @@ def reconcile(
             metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
 
 
-def _reconcile_locked(
-    cluster: Cluster, config: ControllerConfig, namespace: str, name: str, body: dict[str, Any] | None
+def _reconcile_locked(  # noqa: PLR0917
+    cluster: Cluster,
+    config: ControllerConfig,
+    namespace: str,
+    name: str,
+    body: dict[str, Any] | None,
+    defer_status: bool,
 ) -> float | None:
     body = body if body is not None else cluster.get_run(namespace, name)
     if body is None or body["metadata"].get("deletionTimestamp"):
@@ -214,7 +229,9 @@ def _reconcile_locked(
     if decided.create_attempt is not None:
         decided = _hold_without_credentials(cluster, config, run, state, decided, status.get("message"))
     # Act: create, persist, delete (see the module docstring).
-    return _act(cluster, config, run, body, state, decided, run_store, now, job=observation.job)
+    return _act(
+        cluster, config, run, body, state, decided, run_store, now, job=observation.job, defer_status=defer_status
+    )
 
 
 def _observe(  # noqa: PLR0917 - the facts' sources, each named
@@ -271,19 +288,14 @@ def _act(  # noqa: PLR0917
     now: datetime,
     *,
     job: RayJobView | None,
+    defer_status: bool,
 ) -> float | None:
     namespace, name, uid = run.namespace, run.name, body["metadata"]["uid"]
     if decided.create_attempt is not None:
-        existing = cluster.create_rayjob(build_rayjob(run, decided.create_attempt, uid, config))
-        if existing is None:
-            metrics.ATTEMPTS_STARTED.inc()
-        else:
-            owner = rayjob_view(existing).owner_uid  # type: ignore[union-attr] # existing is not None here
-            if owner != uid:
-                # Another run's RayJob with this attempt's name: adopt nothing, record nothing, wait.
-                job_name = existing["metadata"]["name"]
-                decided = wait_for_foreign_rayjob(state, run, job_name, decided.create_attempt, owner)
-        crash_point("rayjob-created")
+        created = _create_attempt(cluster, config, run, uid, state, decided, defer_status=defer_status)
+        if created is None:
+            return 0.0  # the status write is deferred: come back once no new run waits
+        decided = created
     status = body.get("status") or {}
     new_status = _status(
         run,
@@ -317,6 +329,43 @@ def status_changed(old: dict[str, Any], new: dict[str, Any]) -> bool:
     the controller the watch event that the write would send back to it.
     """
     return any(old.get(key) != value for key, value in new.items())
+
+
+def _create_attempt(  # noqa: PLR0917
+    cluster: Cluster,
+    config: ControllerConfig,
+    run: TrainingRun,
+    uid: str,
+    state: RunState,
+    decided: Plan,
+    *,
+    defer_status: bool,
+) -> Plan | None:
+    """Create the planned attempt's RayJob; the plan to carry out, or None when the rest is deferred."""
+    attempt = decided.create_attempt
+    assert attempt is not None
+    if (uid, attempt) in _created_awaiting_status:
+        # Created by the reconcile that deferred this status write: no second create (a 409 costs
+        # the API server as much as a create). Used once: a RayJob deleted since is made again.
+        _created_awaiting_status.discard((uid, attempt))
+        return decided
+    existing = cluster.create_rayjob(build_rayjob(run, attempt, uid, config))
+    if existing is None:
+        metrics.ATTEMPTS_STARTED.inc()
+        crash_point("rayjob-created")
+        if defer_status:
+            # New attempts first: under a burst the API server is the bottleneck, and this run's
+            # status patch and Event would delay the next runs' RayJobs. A crash before the deferred
+            # write is the restart case of the module docstring (same attempt, the create answers 409).
+            _created_awaiting_status.add((uid, attempt))
+            return None
+        return decided
+    owner = rayjob_view(existing).owner_uid  # type: ignore[union-attr] # existing is not None here
+    if owner != uid:
+        # Another run's RayJob with this attempt's name: adopt nothing, record nothing, wait.
+        return wait_for_foreign_rayjob(state, run, existing["metadata"]["name"], attempt, owner)
+    crash_point("rayjob-created")
+    return decided
 
 
 def _status(

@@ -5,8 +5,9 @@ Two kinds of work share one pool of worker threads:
   lifecycle asked for (a backoff that ran out, a settle wait). These create or end attempts, so
   any free worker takes them first, in arrival order.
 - refresh: the periodic look at every active run (progress and checkpoints from S3, the start
-  deadline, a missed event). At most ``refresh_workers`` refreshes run at once and at most
-  ``refreshes_per_second`` start, so a thousand active runs never crowd out a new one. Each run is
+  deadline, a missed event). At most ``refresh_workers`` refreshes run at once, at most
+  ``refreshes_per_second`` start, and none starts while urgent requests wait, so a thousand active
+  runs never crowd out a new one. Each run is
   refreshed every ``max(interval_s, active runs / refreshes_per_second)`` seconds with +-10%
   jitter: the rate holds as runs are added (1,000 runs at 10/s: every 100 s), and runs created in
   one burst do not come back in one wave.
@@ -128,6 +129,11 @@ class WorkQueue:
         with self._cond:
             return len(self._tracked)
 
+    def backlog(self) -> int:
+        """Urgent requests waiting for a worker: a burst of new runs is under way while this is not 0."""
+        with self._cond:
+            return len(self._urgent)
+
     def interval_s(self) -> float:
         """Seconds between two refreshes of one run: the configured interval, longer with many runs."""
         return max(self._interval_s, len(self._tracked) / self._rate)
@@ -163,7 +169,10 @@ class WorkQueue:
                 heapq.heappop(self._heap)  # being reconciled now; rescheduled when that ends
                 entry.due = float("inf")
                 continue
-            if not entry.timer and (self._refreshing >= self._refresh_workers or not self._take_token(now)):
+            if not entry.timer and (
+                # While new runs wait, their API calls go first: refreshes pause (timers do not).
+                self._urgent or self._refreshing >= self._refresh_workers or not self._take_token(now)
+            ):
                 return None
             heapq.heappop(self._heap)
             entry.due = float("inf")  # taken: not due again until rescheduled

@@ -440,6 +440,7 @@ def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
     """
     kubeconfig, account = testbed.namespace_admin_kubeconfig(namespace, "controller", tmp_path / "sa.kubeconfig")
     start_controller(kubeconfig, SPOTRAY_REFRESHES_PER_SECOND="4")
+    test_started = time.time()
     names = [f"idle-{index:02d}" for index in range(16)]
     documents = []
     for name in names:
@@ -469,3 +470,8 @@ def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
     # One GET of the run per refresh: 16 runs every 4 s is 48 in 12 s (at most 4 a second, plus a
     # burst of 4); with the plain 1 s interval it would be 192.
     assert 30 <= kinds["get trainingruns"] <= 4 * 12 + 4
+    # From the start: one RayJob create and one status write per run, whether the burst made the
+    # controller defer the status writes or not (a deferred write must not create the RayJob again).
+    whole = testbed.request_counts(account, test_started, time.time())
+    assert whole["create rayjobs"] == len(names)
+    assert whole["patch trainingruns/status"] == len(names)

@@ -161,3 +161,35 @@ def test_a_lifecycle_timer_is_not_held_back_by_the_refresh_limit() -> None:
 def test_refresh_workers_must_leave_room_for_urgent_work() -> None:
     with pytest.raises(ValueError, match="refresh_workers"):
         WorkQueue(Recorder(), interval_s=1, workers=2, refresh_workers=2)
+
+
+def test_refreshes_wait_while_new_runs_are_queued_and_the_backlog_is_counted() -> None:
+    """While urgent requests wait for a worker, no refresh starts: their API calls go first."""
+    started_refreshes: list[float] = []
+    release = threading.Event()
+
+    def reconcile(namespace: str, name: str, body: dict[str, Any] | None) -> float | None:
+        if name.startswith("new"):
+            release.wait(2)  # the one urgent worker is busy until released
+        else:
+            started_refreshes.append(time.monotonic())
+        return None
+
+    queue = make_queue(reconcile, interval_s=0.01, workers=3, refresh_workers=2)
+    queue.track("ns", "old", "Running")
+    queue.start()
+    time.sleep(0.2)
+    assert started_refreshes  # refreshing while nothing is urgent
+    queue.add("ns", "new")
+    time.sleep(0.05)
+    queue.add("ns", "new")  # waits for the first to end; two workers are free meanwhile
+    assert queue.backlog() == 1
+    paused_at = time.monotonic()
+    time.sleep(0.3)
+    during = [at for at in started_refreshes if at > paused_at]
+    release.set()
+    time.sleep(0.3)
+    queue.stop()
+    assert during == []
+    assert queue.backlog() == 0
+    assert started_refreshes[-1] > paused_at  # and they resume after
