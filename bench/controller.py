@@ -131,19 +131,40 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def steady_state(bed: tb.Testbed, operator: subprocess.Popen[bytes], account: str, seconds: float) -> dict[str, Any]:
+def scrape(url: str) -> dict[str, float]:
+    """The spotray_* samples of a Prometheus text page (the controller's /metrics)."""
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - http://127.0.0.1 built above
+        text = response.read().decode()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+        if name.startswith("spotray_") and not name.startswith(("spotray_reconcile_seconds", "spotray_trainingruns"))
+    }
+
+
+def steady_state(
+    bed: tb.Testbed, operator: subprocess.Popen[bytes], account: str, seconds: float, metrics_url: str | None
+) -> dict[str, Any]:
     """The operator's API requests and CPU over ``seconds`` with nothing being created."""
+    before = scrape(metrics_url) if metrics_url else {}
     cpu_before, started = cpu_seconds(operator.pid), time.time()
     time.sleep(seconds)
     cpu_after, ended = cpu_seconds(operator.pid), time.time()
+    after = scrape(metrics_url) if metrics_url else {}
     requests = bed.request_counts(account, started, ended)
     span = ended - started
-    return {
+    found: dict[str, Any] = {
         "seconds": round(span, 1),
         "api_requests_per_second": round(sum(requests.values()) / span, 2),
         "api_requests_by_kind": dict(requests.most_common()),
         "cpu_cores": round((cpu_after - cpu_before) / span, 3),
     }
+    if after:  # the controller's own counters over the window, and its refresh interval at the end
+        found["controller_metrics"] = {
+            name: round(value - before.get(name, 0.0), 3) if name.endswith("_total") else value
+            for name, value in after.items()
+        }
+    return found
 
 
 def one_variant(
@@ -217,7 +238,10 @@ def one_variant(
         extra: dict[str, Any] = {"children": len(children.seen), "runs": runs}
         if args.steady_seconds > 0:
             time.sleep(args.settle_seconds)
-            extra["steady"] = steady_state(bed, operator, account, args.steady_seconds)
+            metrics_url = f"http://127.0.0.1:{operator_env['SPOTRAY_METRICS_PORT']}/metrics"
+            extra["steady"] = steady_state(
+                bed, operator, account, args.steady_seconds, metrics_url if variant == "spotray" else None
+            )
             print(f"  {variant} steady state: {extra['steady']}", flush=True)
         return latencies, extra
     finally:

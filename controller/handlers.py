@@ -103,6 +103,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Watch exactly the resources and namespaces we are told: no scanning of CRDs and namespaces,
     # which would need cluster-wide list rights that a namespaced install does not grant.
     settings.scanning.disabled = True
+    metrics.REFRESH_INTERVAL.set_function(_queue.interval_s)
+    metrics.URGENT_BACKLOG.set_function(_queue.backlog)
     metrics.serve(CONFIG.metrics_port)
     _queue.start()
     if not CONFIG.peering:

@@ -3,7 +3,12 @@
 - ``spotray_trainingruns{phase}``: runs this controller knows, by phase (from its last reconcile);
 - ``spotray_attempts_started_total``, ``spotray_attempt_outcomes_total{outcome}``: attempts, and how
   they ended (Preempted vs Failed is the number to watch on spot capacity);
-- ``spotray_reconcile_seconds``: reconcile latency; ``spotray_reconcile_errors_total``: failed ones.
+- ``spotray_reconcile_seconds``: reconcile latency; ``spotray_reconcile_errors_total``: failed ones;
+- ``spotray_refreshes_total``, ``spotray_refresh_interval_seconds``, ``spotray_urgent_backlog``: the
+  work queue (controller/work_queue.py): periodic refreshes started, how often each active run is
+  refreshed now (it grows past ``runs / SPOTRAY_REFRESHES_PER_SECOND``), urgent requests waiting;
+- ``spotray_store_reads_total{kind}``: S3 reports of running attempts, ``full`` or ``unchanged``
+  (the progress object's ETag had not moved, so only one LIST was made).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import threading
 from collections import Counter as Tally
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -28,6 +33,12 @@ RECONCILE_SECONDS = Histogram(
     registry=REGISTRY,
 )
 RECONCILE_ERRORS = Counter("spotray_reconcile_errors", "Reconciles that raised", registry=REGISTRY)
+REFRESHES = Counter("spotray_refreshes", "Periodic refreshes of active runs started", registry=REGISTRY)
+STORE_READS = Counter("spotray_store_reads", "S3 reports of running attempts, by kind", ["kind"], registry=REGISTRY)
+REFRESH_INTERVAL = Gauge(
+    "spotray_refresh_interval_seconds", "Seconds between two refreshes of one active run", registry=REGISTRY
+)
+URGENT_BACKLOG = Gauge("spotray_urgent_backlog", "Urgent reconciles waiting for a worker", registry=REGISTRY)
 
 _phases: dict[str, str] = {}
 _phases_lock = threading.Lock()

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import timestamp
@@ -159,20 +160,24 @@ class StoreReports:
         now = time.monotonic()
         with self._lock:
             seen = self._seen.get(attempt)
+        # "" for an object that is not there yet: the attempt wrote nothing since, so that holds too.
+        found = "" if etag is None else etag
         if (
             not ended
             and seen is not None
-            and etag  # an object that is not there, or a store that gives no ETag: read in full
-            and seen.etag == etag
+            and (etag is None or etag)  # a store that gives no ETag is read in full
+            and seen.etag == found
             and now - seen.read_at < self._max_age_s
         ):
+            metrics.STORE_READS.labels(kind="unchanged").inc()
             return seen.report
         raw = store.get_bytes(key, max_bytes=MAX_PROGRESS_BYTES) if etag is not None else None
         progress = parse_attempt_progress(raw, attempt) if raw is not None else None
         report = StoreReport(*progress_status(progress), last_checkpoint_status(store))
+        metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:
             self.full_reads += 1
-            self._seen[attempt] = _Remembered(etag or "", now, report)
+            self._seen[attempt] = _Remembered(found, now, report)
             self._seen.move_to_end(attempt)
             while len(self._seen) > self._remembered:
                 self._seen.popitem(last=False)

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spotray.controller import metrics
 from spotray.train.api_names import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,6 @@ class WorkQueue:
         self._threads = [
             threading.Thread(target=self._work, name=f"spotray-worker-{index}", daemon=True) for index in range(workers)
         ]
-        self.refreshes = 0  # started since the queue was made; the benchmark and the tests read it
 
     def start(self) -> None:
         for thread in self._threads:
@@ -191,7 +191,8 @@ class WorkQueue:
                 key, body, refresh = item
                 self._busy.add(key)
                 self._refreshing += int(refresh)
-                self.refreshes += int(refresh)
+                if refresh:
+                    metrics.REFRESHES.inc()
             delay: float | None = None
             failed = False
             try:

@@ -180,9 +180,12 @@ def test_a_running_attempt_is_read_in_full_only_when_its_progress_changed(
     assert reports.full_reads == 3
 
 
-def test_a_missing_progress_object_is_looked_for_again_every_time(tmp_path: Path) -> None:
+def test_a_missing_progress_object_is_looked_for_with_one_list_until_it_appears(tmp_path: Path) -> None:
     store, reports, attempt = CountingStore(tmp_path / "store"), StoreReports(), AttemptId("uid-1", 2)
     assert reports.read(store, attempt, ended=False) == StoreReport(None, None, None)
+    store.requests.clear()
+    assert reports.read(store, attempt, ended=False) == StoreReport(None, None, None)
+    assert store.requests == {"list": 1}
     write_progress(store, attempt, 3)
     found = reports.read(store, attempt, ended=False)
     assert found.progress is not None
