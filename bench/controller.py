@@ -138,7 +138,9 @@ def scrape(url: str) -> dict[str, float]:
     return {
         name: float(value)
         for name, _, value in (line.rpartition(" ") for line in text.splitlines())
-        if name.startswith("spotray_") and not name.startswith(("spotray_reconcile_seconds", "spotray_trainingruns"))
+        if name.startswith("spotray_")
+        and "_created" not in name  # the counters' creation times
+        and not name.startswith(("spotray_reconcile_seconds", "spotray_trainingruns"))
     }
 
 
