@@ -46,7 +46,7 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
-from spotray.train.api_names import DISRUPTION_ANNOTATION, FAILED, TERMINAL_PHASES
+from spotray.train.api_names import DISRUPTION_ANNOTATION, FAILED, TERMINAL_PHASES, rayjob_name
 from spotray.train.attempts import AttemptId, AttemptRecords, read_attempt_records
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import InvalidSpecError, TrainingRun, parse_training_run
@@ -145,8 +145,8 @@ def _records(
         return None, str(error)
 
 
-# (run UID, attempt) of RayJobs created by a reconcile that left the status write to the next one.
-_created_awaiting_status: set[tuple[str, int]] = set()
+# run UID -> the attempt whose RayJob a reconcile created while leaving the status write to the next.
+_created_awaiting_status: dict[str, int] = {}
 _SECRET_SEEN_TTL_S = 60.0
 _secrets_seen: dict[tuple[str, str], float] = {}
 
@@ -291,6 +291,13 @@ def _act(  # noqa: PLR0917
     defer_status: bool,
 ) -> float | None:
     namespace, name, uid = run.namespace, run.name, body["metadata"]["uid"]
+    unrecorded = _created_awaiting_status.get(uid)
+    if unrecorded is not None and decided.create_attempt != unrecorded:
+        # The plan changed before the deferred status write (the run was suspended, its Secret
+        # withdrawn): the RayJob that reconcile created was never recorded, so nothing would ever
+        # end it. Delete it; the run's checkpoints are untouched.
+        del _created_awaiting_status[uid]
+        cluster.delete_rayjob(namespace, rayjob_name(name, unrecorded))
     if decided.create_attempt is not None:
         created = _create_attempt(cluster, config, run, uid, state, decided, defer_status=defer_status)
         if created is None:
@@ -344,10 +351,10 @@ def _create_attempt(  # noqa: PLR0917
     """Create the planned attempt's RayJob; the plan to carry out, or None when the rest is deferred."""
     attempt = decided.create_attempt
     assert attempt is not None
-    if (uid, attempt) in _created_awaiting_status:
+    if _created_awaiting_status.get(uid) == attempt:
         # Created by the reconcile that deferred this status write: no second create (a 409 costs
         # the API server as much as a create). Used once: a RayJob deleted since is made again.
-        _created_awaiting_status.discard((uid, attempt))
+        del _created_awaiting_status[uid]
         return decided
     existing = cluster.create_rayjob(build_rayjob(run, attempt, uid, config))
     if existing is None:
@@ -357,7 +364,7 @@ def _create_attempt(  # noqa: PLR0917
             # New attempts first: under a burst the API server is the bottleneck, and this run's
             # status patch and Event would delay the next runs' RayJobs. A crash before the deferred
             # write is the restart case of the module docstring (same attempt, the create answers 409).
-            _created_awaiting_status.add((uid, attempt))
+            _created_awaiting_status[uid] = attempt
             return None
         return decided
     owner = rayjob_view(existing).owner_uid  # type: ignore[union-attr] # existing is not None here

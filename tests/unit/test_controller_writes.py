@@ -4,6 +4,7 @@ Secrets read once a minute at most, S3 read in full only when an attempt moved (
 from __future__ import annotations
 
 import base64
+import json
 import threading
 from collections import Counter
 from datetime import UTC, datetime
@@ -13,10 +14,11 @@ from typing import Any
 
 import pytest
 
+from spotray.controller.config import ControllerConfig
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import Event, RayJobView
-from spotray.controller.reconcile import status_changed
+from spotray.controller.reconcile import EVENTS, reconcile, status_changed
 from spotray.controller.run_store import StoreReport, StoreReports
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import upload_checkpoint
@@ -151,6 +153,11 @@ def write_progress(store: LocalObjectStore, attempt: AttemptId, steps: int) -> N
     store.put_bytes(attempt.progress_key, progress.to_json())
 
 
+def steps(report: StoreReport) -> tuple[int | None, int | None]:
+    """(status.progress.step, status.lastCheckpoint.step) of a report."""
+    return (report.progress or {}).get("step"), (report.last_checkpoint or {}).get("step")
+
+
 def test_a_running_attempt_is_read_in_full_only_when_its_progress_changed(
     tmp_path: Path, local_checkpoint_dir: Path
 ) -> None:
@@ -158,25 +165,15 @@ def test_a_running_attempt_is_read_in_full_only_when_its_progress_changed(
     upload_checkpoint(store, local_checkpoint_dir, 10, world_size=1)
     write_progress(store, attempt, 12)
     first = reports.read(store, attempt, ended=False)
-    assert first.progress is not None
-    assert first.progress["step"] == 12
-    assert first.last_checkpoint is not None
-    assert first.last_checkpoint["step"] == 10
+    assert steps(first) == (12, 10)
     store.requests.clear()
     assert reports.read(store, attempt, ended=False) == first
     assert store.requests == {"list": 1}  # the progress object's ETag only: nothing trained since
     write_progress(store, attempt, 20)
     upload_checkpoint(store, local_checkpoint_dir, 20, world_size=1)
-    moved = reports.read(store, attempt, ended=False)
-    assert moved.progress is not None
-    assert moved.progress["step"] == 20
-    assert moved.last_checkpoint is not None
-    assert moved.last_checkpoint["step"] == 20
-    store.requests.clear()
+    assert steps(reports.read(store, attempt, ended=False)) == (20, 20)
     upload_checkpoint(store, local_checkpoint_dir, 30, world_size=1)  # the final upload, after the last progress
-    ended = reports.read(store, attempt, ended=True)
-    assert ended.last_checkpoint is not None
-    assert ended.last_checkpoint["step"] == 30  # an attempt that ended is read in full
+    assert steps(reports.read(store, attempt, ended=True)) == (20, 30)  # an attempt that ended is read in full
     assert reports.full_reads == 3
 
 
@@ -198,3 +195,77 @@ def test_a_remembered_report_is_read_again_after_max_age(tmp_path: Path) -> None
     reports.read(store, attempt, ended=False)
     reports.read(store, attempt, ended=False)
     assert reports.full_reads == 2
+
+
+class FakeCluster:
+    """The calls reconcile makes, over dicts: enough to follow one run through a deferred status write.
+
+    (The e2e tests run the same code against the real API server and KubeRay; this one pins what is
+    written when, which a real burst cannot do on demand.)
+    """
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        self.run = run
+        self.rayjobs: dict[str, dict[str, Any]] = {}
+        self.calls: list[str] = []
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return json.loads(json.dumps(self.run))
+
+    def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.rayjobs.get(name)
+
+    def create_rayjob(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(f"create {body['metadata']['name']}")
+        name = body["metadata"]["name"]
+        if name in self.rayjobs:
+            return self.rayjobs[name]
+        self.rayjobs[name] = body
+        return None
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.calls.append(f"patch {status['phase']} attempt {status['attempt']}")
+        merged = {**(self.run.get("status") or {}), **status}
+        self.run["status"] = {key: value for key, value in merged.items() if value is not None}
+
+    def delete_rayjob(self, namespace: str, name: str) -> None:
+        self.calls.append(f"delete {name}")
+        self.rayjobs.pop(name, None)
+
+    def post_event(self, run: dict[str, Any], event: Event, now: datetime) -> None:
+        self.calls.append(f"event {event.reason}")
+
+    def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> None:
+        return None
+
+
+def new_run(uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "spotray.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "burst", "namespace": "ns", "uid": uid, "generation": 1},
+        "spec": {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/burst"}},
+    }
+
+
+def test_under_a_burst_the_rayjob_is_created_first_and_the_status_written_once_after() -> None:
+    fake = FakeCluster(new_run("uid-burst-1"))
+    cluster: Any = fake
+    assert reconcile(cluster, ControllerConfig(), "ns", "burst", fake.get_run("ns", "burst"), defer_status=True) == 0.0
+    assert fake.calls == ["create burst-a1"]  # no status patch, no Event yet
+    reconcile(cluster, ControllerConfig(), "ns", "burst")  # the queue's follow-up, once no new run waits
+    EVENTS.drain()
+    assert fake.calls == ["create burst-a1", "patch Pending attempt 1", "event AttemptStarted"]
+    assert fake.run["status"]["attempts"][0]["rayJob"] == "burst-a1"
+
+
+def test_a_rayjob_created_before_a_deferred_status_write_is_deleted_if_the_run_was_suspended_meanwhile() -> None:
+    fake = FakeCluster(new_run("uid-burst-2"))
+    cluster: Any = fake
+    reconcile(cluster, ControllerConfig(), "ns", "burst", fake.get_run("ns", "burst"), defer_status=True)
+    fake.run["spec"]["suspend"] = True  # before the follow-up wrote anything
+    fake.run["metadata"]["generation"] = 2
+    reconcile(cluster, ControllerConfig(), "ns", "burst")
+    assert fake.calls[:2] == ["create burst-a1", "delete burst-a1"]  # never recorded, so never left running
+    assert fake.rayjobs == {}
+    assert fake.run["status"]["phase"] == "Suspended"
