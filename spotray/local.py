@@ -60,9 +60,10 @@ from spotray.train.attempts import (
 from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
 from spotray.train.errors import SpotrayError
 from spotray.train.events import read_events
+from spotray.train.goodput import ledger, split_lifetimes
 from spotray.train.launcher import DEFAULT_GRACE_SECONDS
 from spotray.train.local_s3 import LocalS3Server
-from spotray.train.plot import plot_loss_across_attempts, split_attempts
+from spotray.train.plot import plot_loss_across_attempts
 from spotray.train.runspec import RunContext, TrainingRun
 from spotray.train.store import StoreConfig, open_store, parse_uri
 from spotray.train.subprocesses import die_with_parent
@@ -364,10 +365,11 @@ class LocalRun:
             self.progress.note("finished, but no complete checkpoint is in the store")
             return
         local_dir = download_checkpoint(store, final, self.workdir / "final")
+        lifetimes, first_event, last_event = split_lifetimes(read_events(self.events_path))
+        spent = ledger(lifetimes, first_event or 0.0, last_event or 0.0)
         png = plot_loss_across_attempts(
-            split_attempts(read_events(self.events_path)),
-            self.workdir / "loss.png",
-            f"{self.run_spec.name}: loss across worker restarts and attempts",
+            lifetimes, self.workdir / "loss.png", f"{self.run_spec.name}: {spent.summary()}"
         )
         self.progress.summary(self.tally, str(store.uri.join(final.prefix)), local_dir)
         self.progress.note(f"  loss curve           {png}")
+        self.progress.note(f"  time                 {spent.summary()}")

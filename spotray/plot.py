@@ -22,8 +22,8 @@ def plot_command(location: RunLocation, png: Path | None) -> int:
         )
     png = png or Path(f"{location.name}-loss.png")
     plot_loss_across_attempts(attempts, png, f"{location.name}: training loss across attempts")
-    first, last = attempts[0].losses[0][0], attempts[-1].last_step
-    resumes = [f"attempt {a.number} from step {a.resumed_from}" for a in attempts if a.resumed_from]
+    first, last = attempts[0].points[0][0], attempts[-1].last_step
+    resumes = [f"attempt {a.attempt} from step {a.resumed_from}" for a in attempts if a.resumed_from]
     emit(f"wrote {png}: {len(attempts)} attempt(s), steps {first}-{last}")
     if resumes:
         emit(f"resumed: {', '.join(resumes)}")

@@ -1,17 +1,18 @@
-"""Loss across attempts: one PNG that shows where a run was killed, what was lost, and the resume.
+"""Loss across attempts: one PNG that shows each attempt, each worker restart inside one, each spot
+notice and loss, and the steps redone after each resume.
 
-The attempts come from a local run's event log (``split_attempts``) or from the progress objects
-every attempt keeps next to the checkpoints (``attempts_from_progress``, for ``spotray plot``).
+The lifetimes come from a local run's event log (train/goodput.py ``split_lifetimes``) or from the
+progress objects every attempt keeps next to the checkpoints (``attempts_from_progress``, for
+``spotray plot``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from spotray.train.extras import extra_required
+from spotray.train.goodput import Lifetime
 from spotray.train.progress_log import AttemptProgress
 
 with extra_required("plot"):
@@ -21,99 +22,91 @@ with extra_required("plot"):
     import matplotlib.pyplot as plt  # the backend is chosen before pyplot is imported
 
 
-@dataclass
-class Attempt:
-    """One process lifetime of a run, as told by its event log."""
+def attempts_from_progress(progress: Iterable[AttemptProgress]) -> list[Lifetime]:
+    """Attempts as the run's progress objects tell them; only the newest may still be going (or done).
 
-    number: int
-    resumed_from: int | None
-    losses: list[tuple[int, float]] = field(default_factory=list)
-    checkpoints: list[int] = field(default_factory=list)
-    finished: bool = False
-
-    @property
-    def last_step(self) -> int:
-        return self.losses[-1][0] if self.losses else (self.resumed_from or 0)
+    Progress objects are per controller attempt: a worker restart inside one is not visible there.
+    """
+    lifetimes = [Lifetime(p.attempt, p.resumed_from, list(p.points)) for p in progress if p.points]
+    if lifetimes:
+        lifetimes[-1].finished = True  # nothing came after it, so nothing shows it was cut short
+    return lifetimes
 
 
-def split_attempts(events: Iterable[dict[str, Any]]) -> list[Attempt]:
-    """Group events into attempts; each ``start`` event opens a new one."""
-    attempts: list[Attempt] = []
-    for event in events:
-        kind = event.get("event")
-        if kind == "start":
-            attempts.append(Attempt(len(attempts) + 1, event.get("resumed_from")))
-        elif not attempts:
-            continue
-        elif kind == "step":
-            attempts[-1].losses.append((int(event["step"]), float(event["loss"])))
-        elif kind == "checkpoint_complete":
-            attempts[-1].checkpoints.append(int(event["step"]))
-        elif kind == "end":
-            attempts[-1].finished = True
-    return attempts
+def _end_mark(lifetime: Lifetime, nxt: Lifetime | None) -> tuple[str, str] | None:
+    """(words, color) for where a lifetime stopped, or None when it finished the run."""
+    if lifetime.notice_step is not None:
+        return f" spot notice at step {lifetime.notice_step}: checkpoint", "darkorange"
+    if lifetime.finished:
+        return None
+    if nxt is not None and nxt.restart:
+        return f" a worker lost at step {lifetime.last_step}", "red"
+    return f" attempt {lifetime.attempt} lost at step {lifetime.last_step}", "red"
 
 
-def attempts_from_progress(progress: Iterable[AttemptProgress]) -> list[Attempt]:
-    """Attempts as the run's progress objects tell them; only the newest may still be going (or done)."""
-    attempts = [
-        Attempt(p.attempt, p.resumed_from, [(step, loss) for step, loss, _ in p.points]) for p in progress if p.points
-    ]
-    if attempts:
-        attempts[-1].finished = True  # nothing came after it, so nothing shows it was cut short
-    return attempts
-
-
-def plot_loss_across_attempts(attempts: list[Attempt], png_path: Path, title: str) -> Path:
-    """Draw each attempt's loss, mark kills and resumes, shade the steps that had to be redone."""
-    figure, axes = plt.subplots(figsize=(10, 5), dpi=110)
+def plot_loss_across_attempts(lifetimes: list[Lifetime], png_path: Path, title: str) -> Path:
+    """Draw each attempt's loss (one color per attempt), mark worker restarts, spot notices and
+    losses where they happened, and shade the steps that had to be redone. The legend sits outside
+    the axes, so no mark is drawn under it."""
+    figure, axes = plt.subplots(figsize=(12, 5), dpi=110)
     colors = plt.get_cmap("tab10")
     redone_labelled = False
-    for index, attempt in enumerate(attempts):
-        if not attempt.losses:
+    labelled: set[int] = set()
+    for index, lifetime in enumerate(lifetimes):
+        if not lifetime.points:
             continue
-        steps, losses = zip(*attempt.losses, strict=True)
-        label = f"attempt {attempt.number}" + (
-            f" (resumed from step {attempt.resumed_from})" if attempt.resumed_from else " (fresh start)"
-        )
-        axes.plot(steps, losses, color=colors(index), linewidth=1.2, label=label)
-        if attempt.resumed_from:
-            axes.axvline(attempt.resumed_from, color=colors(index), linestyle=":", linewidth=1)
+        color = colors((lifetime.attempt - 1) % 10)
+        steps = [step for step, _, _ in lifetime.points]
+        losses = [loss for _, loss, _ in lifetime.points]
+        label = "_same attempt"  # "_" labels stay out of the legend
+        if lifetime.attempt not in labelled:
+            labelled.add(lifetime.attempt)
+            start = f"resumed from step {lifetime.resumed_from}" if lifetime.resumed_from else "fresh start"
+            label = f"attempt {lifetime.attempt} ({start})"
+        axes.plot(steps, losses, color=color, linewidth=1.2, label=label)
+        if lifetime.resumed_from:
+            what = "workers restarted" if lifetime.restart else f"attempt {lifetime.attempt} resumed"
+            axes.axvline(lifetime.resumed_from, color=color, linestyle=":", linewidth=1)
             axes.text(
-                attempt.resumed_from,
+                lifetime.resumed_from,
                 0.97,
-                f" attempt {attempt.number} resumed from step {attempt.resumed_from}",
-                transform=axes.get_xaxis_transform(),
-                rotation=90,
-                verticalalignment="top",
-                color=colors(index),
-                fontsize=9,
-            )
-        if not attempt.finished:
-            axes.axvline(attempt.last_step, color="red", linestyle="--", linewidth=1)
-            axes.text(
-                attempt.last_step,
-                0.03,
-                f" killed at step {attempt.last_step}",
+                f" {what} from step {lifetime.resumed_from}",
                 transform=axes.get_xaxis_transform(),  # x in data, y in axes fraction
                 rotation=90,
-                verticalalignment="bottom",
-                color="red",
-                fontsize=9,
+                verticalalignment="top",
+                horizontalalignment="left",  # right of its line; a stop at the same step is on the left
+                color=color,
+                fontsize=8,  # a resume (from the top) and a stop (from the bottom) never meet
             )
-        nxt = attempts[index + 1] if index + 1 < len(attempts) else None
-        if nxt is not None and nxt.resumed_from is not None and not attempt.finished:
-            # One legend entry for all the shaded spans ("_" labels stay out of the legend).
-            label = "_redone" if redone_labelled else "steps redone after resume"
-            axes.axvspan(nxt.resumed_from, attempt.last_step, color="red", alpha=0.12, label=label)
+        nxt = lifetimes[index + 1] if index + 1 < len(lifetimes) else None
+        mark = _end_mark(lifetime, nxt)
+        if mark is not None:
+            words, mark_color = mark
+            at = lifetime.notice_step if lifetime.notice_step is not None else lifetime.last_step
+            axes.axvline(at, color=mark_color, linestyle="--", linewidth=1)
+            axes.text(
+                at,
+                0.03,
+                words,
+                transform=axes.get_xaxis_transform(),
+                rotation=90,
+                verticalalignment="bottom",
+                horizontalalignment="right",
+                color=mark_color,
+                fontsize=8,  # a resume (from the top) and a stop (from the bottom) never meet
+            )
+        if nxt is not None and nxt.resumed_from is not None and lifetime.last_step > nxt.resumed_from:
+            label = "_redone" if redone_labelled else "steps redone after a resume"
+            axes.axvspan(nxt.resumed_from, lifetime.last_step, color="red", alpha=0.12, label=label)
             redone_labelled = True
-        for step in attempt.checkpoints:
-            axes.plot(step, dict(attempt.losses).get(step, losses[-1]), marker="o", color=colors(index), markersize=3)
+        loss_at = {step: loss for step, loss, _ in lifetime.points}
+        for step in lifetime.checkpoints:
+            axes.plot(step, loss_at.get(step, losses[-1]), marker="o", color=color, markersize=3)
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
-    axes.set_title(title)
+    axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3)
-    axes.legend(loc="best")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=9)
     figure.tight_layout()
     png_path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(png_path)

@@ -233,6 +233,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         events.emit(
             "start",
             pid=os.getpid(),
+            attempt=worker_context().attempt_id.attempt,  # kept by a restart of the workers inside it
             resumed_from=resume_point.step if resume_point else None,
             checkpoint_uri=config.checkpoint_uri,
             max_steps=max_steps,

@@ -167,6 +167,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         events.emit(
             "start",
             pid=os.getpid(),
+            attempt=context.attempt_id.attempt,  # a restart of the workers inside an attempt keeps its number
             resumed_from=resume_point.step if resume_point else None,
             checkpoint_uri=config.checkpoint_uri,
             max_steps=config.max_steps,

@@ -176,7 +176,7 @@ def test_attempts_from_progress_keep_the_resume_points() -> None:
         AttemptProgress(3, "r", 40, 100, 2, 0.0, [(41, 4.1, 2.0), (100, 3.0, 3.0)]),
     ]
     attempts = attempts_from_progress(progress)
-    assert [(a.number, a.resumed_from, a.last_step, a.finished) for a in attempts] == [
+    assert [(a.attempt, a.resumed_from, a.last_step, a.finished) for a in attempts] == [
         (1, None, 45, False),
         (3, 40, 100, True),
     ]
