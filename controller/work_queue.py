@@ -2,8 +2,10 @@
 
 Two kinds of work share one pool of worker threads:
 - urgent: a new run or a spec change (from the watch), a RayJob that finished, and a timer the
-  lifecycle asked for (a backoff that ran out, a settle wait). These create or end attempts, so
-  any free worker takes them first, in arrival order.
+  lifecycle asked for (a backoff that ran out, a settle wait; one asked for later than the next
+  refresh is left to that refresh). These create or end attempts, so any free worker takes them
+  first: requests in arrival order, then timers, each on a heap of its own so that refreshes held
+  back by their limits never hold a timer up.
 - refresh: the periodic look at every active run (progress and checkpoints from S3, the start
   deadline, a missed event). At most ``refresh_workers`` refreshes run at once, at most
   ``refreshes_per_second`` start, and none starts while urgent requests wait, so a thousand active
@@ -78,7 +80,10 @@ class WorkQueue:
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not a secret
         self._urgent: dict[Key, Body] = {}  # insertion order is arrival order
         self._tracked: dict[Key, _Tracked] = {}
-        self._heap: list[tuple[float, Key]] = []  # (due, key); stale entries are skipped when popped
+        # (due, key) of the lifecycle's timers and of refreshes, apart so that a refresh held back by
+        # its limits never holds a timer up; stale entries are skipped when they come up.
+        self._timers: list[tuple[float, Key]] = []
+        self._refreshes: list[tuple[float, Key]] = []
         self._busy: set[Key] = set()
         self._refreshing = 0
         self._tokens = 1.0
@@ -143,7 +148,7 @@ class WorkQueue:
     def _schedule(self, key: Key, entry: _Tracked, delay_s: float, *, timer: bool) -> None:
         entry.due, entry.timer = time.monotonic() + delay_s, timer
         self._tracked[key] = entry
-        heapq.heappush(self._heap, (entry.due, key))
+        heapq.heappush(self._timers if timer else self._refreshes, (entry.due, key))
 
     def _take_token(self, now: float) -> bool:
         self._tokens = min(max(1.0, self._rate), self._tokens + (now - self._tokens_at) * self._rate)
@@ -159,24 +164,32 @@ class WorkQueue:
             if key not in self._busy:
                 return key, self._urgent.pop(key), False
         now = time.monotonic()
-        while self._heap and self._heap[0][0] <= now:
-            due, key = self._heap[0]
+        timer = self._pop_due(self._timers, now, timer=True)
+        if timer is not None:
+            return timer, None, False
+        # While new runs wait, their API calls go first: refreshes pause (timers do not).
+        if self._urgent or self._refreshing >= self._refresh_workers:
+            return None
+        refresh = self._pop_due(self._refreshes, now, timer=False)
+        return (refresh, None, True) if refresh is not None else None
+
+    def _pop_due(self, heap: list[tuple[float, Key]], now: float, *, timer: bool) -> Key | None:
+        """The first run due in ``heap`` (a refresh only if the rate allows one now), or None."""
+        while heap and heap[0][0] <= now:
+            due, key = heap[0]
             entry = self._tracked.get(key)
-            if entry is None or entry.due != due:
-                heapq.heappop(self._heap)  # forgotten or rescheduled since
+            if entry is None or entry.due != due or entry.timer != timer:
+                heapq.heappop(heap)  # forgotten or rescheduled since
                 continue
             if key in self._busy:
-                heapq.heappop(self._heap)  # being reconciled now; rescheduled when that ends
+                heapq.heappop(heap)  # being reconciled now; rescheduled when that ends
                 entry.due = float("inf")
                 continue
-            if not entry.timer and (
-                # While new runs wait, their API calls go first: refreshes pause (timers do not).
-                self._urgent or self._refreshing >= self._refresh_workers or not self._take_token(now)
-            ):
+            if not timer and not self._take_token(now):
                 return None
-            heapq.heappop(self._heap)
+            heapq.heappop(heap)
             entry.due = float("inf")  # taken: not due again until rescheduled
-            return key, None, not entry.timer
+            return key
         return None
 
     def _work(self) -> None:

@@ -193,3 +193,28 @@ def test_refreshes_wait_while_new_runs_are_queued_and_the_backlog_is_counted() -
     assert during == []
     assert queue.backlog() == 0
     assert started_refreshes[-1] > paused_at  # and they resume after
+
+
+def test_refreshes_held_back_by_their_limits_never_hold_up_a_timer_due_after_them() -> None:
+    """Refreshes are overdue but both refresh workers are busy; a backoff that ran out later than
+    they fell due still starts at once on a free worker (no head-of-line blocking)."""
+    times: list[float] = []
+
+    def reconcile(namespace: str, name: str, body: dict[str, Any] | None) -> float | None:
+        if name != "timer":
+            time.sleep(0.3)  # a slow refresh (S3 far away)
+            return None
+        times.append(time.monotonic())
+        return 0.1 if len(times) == 1 else None  # the lifecycle asks for another look in 0.1 s
+
+    queue = make_queue(reconcile, interval_s=0.2, refreshes_per_second=1000, workers=4, refresh_workers=2)
+    for index in range(20):
+        queue.track("ns", f"old-{index}", "Running")
+    queue.start()
+    time.sleep(0.3)  # two refreshes run (0.3 s each), the others are due and wait for a refresh worker
+    queue.track("ns", "timer", "Resuming")
+    queue.add("ns", "timer")
+    time.sleep(0.5)
+    queue.stop()
+    assert len(times) == 2
+    assert times[1] - times[0] < 0.2
