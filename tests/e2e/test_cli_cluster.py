@@ -167,6 +167,6 @@ def test_watch_follows_a_run_to_success_with_the_real_controller(
         assert "pulled checkpoint-20" in pulled.stdout
         assert spotray("plot", "gpt2", "-n", namespace, "-o", str(tmp_path / "loss.png")).returncode == 0
         with Image.open(tmp_path / "loss.png") as image:
-            assert image.size == (1100, 550)
+            assert image.size == (1320, 550)  # the legend sits beside the axes
     finally:
         controller.stop()

@@ -175,7 +175,7 @@ def test_plot_joins_every_attempt_and_marks_the_resumes(
     assert "attempt 2 from step 40, attempt 3 from step 80" in result.stdout
     with Image.open(png) as image:
         assert image.format == "PNG"
-        assert image.size == (1100, 550)  # 10 x 5 inches at 110 dpi
+        assert image.size == (1320, 550)  # 12 x 5 inches at 110 dpi: the legend sits beside the axes
         colors = image.convert("RGB").getcolors(maxcolors=1 << 20) or []
         assert len(colors) > 50  # lines, labels and shading, not a blank canvas
 
