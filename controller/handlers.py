@@ -50,9 +50,10 @@ KOPF_THREADS = 4
 
 
 def _reconcile_one(namespace: str, name: str, body: dict[str, Any] | None) -> float | None:
-    # Under a burst of new runs, each reconcile creates its RayJob and leaves the status write for
-    # later (controller/reconcile.py). Not with peering: the queue then tracks no runs to come back to.
-    burst = not CONFIG.peering and _queue.backlog() > 0
+    # Under a burst of new runs (other requests waiting or in progress besides this one), each
+    # reconcile creates its RayJob and leaves the status write for later (controller/reconcile.py).
+    # Not with peering: the queue then tracks no runs to come back to.
+    burst = not CONFIG.peering and _queue.backlog() > 1
     return reconcile(cluster(), CONFIG, namespace, name, body, defer_status=burst)
 
 

@@ -44,6 +44,7 @@ Key = tuple[str, str]  # (namespace, name)
 Body = dict[str, Any] | None  # the object as the watch delivered it, or None: read it fresh
 Reconcile = Callable[[str, str, Body], float | None]  # -> seconds until it wants another look, or None
 JITTER = 0.1
+REQUEST, TIMER, REFRESH = "request", "timer", "refresh"  # the kinds of work, most urgent first
 FIRST_RETRY_S = 1.0
 
 
@@ -86,6 +87,7 @@ class WorkQueue:
         self._refreshes: list[tuple[float, Key]] = []
         self._busy: set[Key] = set()
         self._refreshing = 0
+        self._urgent_running = 0  # requests (not timers) being reconciled now
         self._tokens = 1.0
         self._tokens_at = time.monotonic()
         self._cond = threading.Condition()
@@ -135,9 +137,11 @@ class WorkQueue:
             return len(self._tracked)
 
     def backlog(self) -> int:
-        """Urgent requests waiting for a worker: a burst of new runs is under way while this is not 0."""
+        """Urgent requests waiting for a worker or being reconciled: more than the caller's own one
+        means a burst of new runs is under way (whether they queue depends on how fast kopf hands
+        them over, so the ones in progress count too)."""
         with self._cond:
-            return len(self._urgent)
+            return len(self._urgent) + self._urgent_running
 
     def interval_s(self) -> float:
         """Seconds between two refreshes of one run: the configured interval, longer with many runs."""
@@ -158,20 +162,20 @@ class WorkQueue:
         self._tokens -= 1.0
         return True
 
-    def _next(self) -> tuple[Key, Body, bool] | None:
-        """(key, body, is_refresh) of the next reconcile, or None; called with the lock held."""
+    def _next(self) -> tuple[Key, Body, str] | None:
+        """(key, body, REQUEST | TIMER | REFRESH) of the next reconcile, or None; called with the lock held."""
         for key in self._urgent:
             if key not in self._busy:
-                return key, self._urgent.pop(key), False
+                return key, self._urgent.pop(key), REQUEST
         now = time.monotonic()
         timer = self._pop_due(self._timers, now, timer=True)
         if timer is not None:
-            return timer, None, False
+            return timer, None, TIMER
         # While new runs wait, their API calls go first: refreshes pause (timers do not).
         if self._urgent or self._refreshing >= self._refresh_workers:
             return None
         refresh = self._pop_due(self._refreshes, now, timer=False)
-        return (refresh, None, True) if refresh is not None else None
+        return (refresh, None, REFRESH) if refresh is not None else None
 
     def _pop_due(self, heap: list[tuple[float, Key]], now: float, *, timer: bool) -> Key | None:
         """The first run due in ``heap`` (a refresh only if the rate allows one now), or None."""
@@ -201,10 +205,11 @@ class WorkQueue:
                     item = self._next()
                 if item is None or self._stopping:
                     return
-                key, body, refresh = item
+                key, body, kind = item
                 self._busy.add(key)
-                self._refreshing += int(refresh)
-                if refresh:
+                self._refreshing += kind == REFRESH
+                self._urgent_running += kind == REQUEST
+                if kind == REFRESH:
                     metrics.REFRESHES.inc()
             delay: float | None = None
             failed = False
@@ -215,7 +220,8 @@ class WorkQueue:
                 failed = True
             with self._cond:
                 self._busy.discard(key)
-                self._refreshing -= int(refresh)
+                self._refreshing -= kind == REFRESH
+                self._urgent_running -= kind == REQUEST
                 self._after(key, delay, failed=failed)
                 self._cond.notify_all()
 
