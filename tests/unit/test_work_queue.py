@@ -57,7 +57,7 @@ def test_active_runs_are_refreshed_about_every_interval_and_finished_ones_never(
     queue.track("ns", "active", "Running")
     queue.track("ns", "done", "Succeeded")
     run_for(queue, 0.75)
-    assert 3 <= recorder.names().count("active") <= 6
+    assert 2 <= recorder.names().count("active") <= 6  # about 3-4; 2 on a loaded machine
     assert "done" not in recorder.names()
 
 
@@ -90,7 +90,7 @@ def test_new_runs_go_first_even_when_every_refresh_is_due() -> None:
     body, started = new_calls[0]
     assert body == {"metadata": {"name": "new"}}  # the watch's body, saving a read
     # Two workers are free for urgent work, so it starts without waiting for a refresh to end.
-    assert started - added < 0.1  # a refresh takes 0.2 s
+    assert started - added < 0.15  # a refresh takes 0.2 s: it did not wait for one
     assert recorder.most_running <= 3  # two refreshes and the new run, never more refreshes
 
 
