@@ -46,6 +46,7 @@ import testbed as tb  # noqa: E402 - shared with the e2e tests
 
 from spotray.controller.s3_access import OPT_IN_LABEL  # noqa: E402
 from spotray.train.local_s3 import LocalS3Server  # noqa: E402
+from spotray.train.subprocesses import cpu_seconds  # noqa: E402
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
 SECRET = "s3-credentials"  # noqa: S105 - the Secret's name, not a password
@@ -125,12 +126,6 @@ def start_operator(argv: list[str], env: dict[str, str], log: Path) -> subproces
     return proc
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def scrape(url: str) -> dict[str, float]:
     """The spotray_* samples of a Prometheus text page (the controller's /metrics)."""
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - http://127.0.0.1 built above
@@ -152,6 +147,8 @@ def steady_state(
     cpu_before, started = cpu_seconds(operator.pid), time.time()
     time.sleep(seconds)
     cpu_after, ended = cpu_seconds(operator.pid), time.time()
+    if cpu_before is None or cpu_after is None:
+        raise RuntimeError(f"the operator (pid {operator.pid}) exited during the steady-state window")
     after = scrape(metrics_url) if metrics_url else {}
     requests = bed.request_counts(account, started, ended)
     span = ended - started

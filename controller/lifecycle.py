@@ -195,12 +195,8 @@ class RayJobView:
     @property
     def submitted(self) -> bool:
         """The job was handed to Ray, so it may have written progress; not still waiting for its cluster."""
-        waiting = self.deployment_status in (None, "", "New", "Initializing") and self.job_status in (
-            None,
-            "",
-            "PENDING",
-        )
-        return self.finished or not waiting
+        cluster_starting = self.deployment_status in (None, "", "New", "Initializing")
+        return self.finished or not cluster_starting or self.job_status not in (None, "", "PENDING")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@
 - ``spotray_reconcile_seconds``: reconcile latency; ``spotray_reconcile_errors_total``: failed ones;
 - ``spotray_refreshes_total``, ``spotray_refresh_interval_seconds``, ``spotray_urgent_backlog``: the
   work queue (controller/work_queue.py): periodic refreshes started, how often each active run is
-  refreshed now (it grows past ``runs / SPOTRAY_REFRESHES_PER_SECOND``), urgent requests waiting;
+  refreshed now (it grows past ``runs / SPOTRAY_REFRESHES_PER_SECOND``), urgent requests waiting
+  or being reconciled;
 - ``spotray_store_reads_total{kind}``: S3 reports of running attempts, ``full`` or ``unchanged``
   (the progress object's ETag had not moved, so only one LIST was made).
 """
@@ -38,7 +39,9 @@ STORE_READS = Counter("spotray_store_reads", "S3 reports of running attempts, by
 REFRESH_INTERVAL = Gauge(
     "spotray_refresh_interval_seconds", "Seconds between two refreshes of one active run", registry=REGISTRY
 )
-URGENT_BACKLOG = Gauge("spotray_urgent_backlog", "Urgent reconciles waiting for a worker", registry=REGISTRY)
+URGENT_BACKLOG = Gauge(
+    "spotray_urgent_backlog", "Urgent reconcile requests waiting for a worker or in progress", registry=REGISTRY
+)
 
 _phases: dict[str, str] = {}
 _phases_lock = threading.Lock()

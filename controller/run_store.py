@@ -165,7 +165,7 @@ class StoreReports:
         if (
             not ended
             and seen is not None
-            and (etag is None or etag)  # a store that gives no ETag is read in full
+            and etag != ""  # an object whose store gives no ETag is read in full
             and seen.etag == found
             and now - seen.read_at < self._max_age_s
         ):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 from pathlib import Path
 
@@ -26,6 +27,12 @@ def _stat_fields(pid: int) -> list[str] | None:
     except OSError:
         return None
     return stat[stat.rfind(")") + 2 :].split()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far, all its threads; None if it is gone."""
+    fields = _stat_fields(pid)  # utime and stime are the 12th and 13th after the command name
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def session_members(session_id: int) -> list[int]:
