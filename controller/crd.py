@@ -127,6 +127,12 @@ _SPEC_FIELDS: dict[str, dict[str, Any]] = {
     "checkpoint": {
         "description": "Where checkpoints go and how often. Every attempt resumes from the latest complete "
         "checkpoint there, so a preempted run loses at most everySteps steps.",
+        "x-kubernetes-validations": [
+            {
+                "rule": "self.minEverySteps <= self.maxEverySteps",
+                "message": "minEverySteps must be <= maxEverySteps",
+            }
+        ],
     },
     "checkpoint.uri": {
         "description": "Where checkpoints are written: s3://BUCKET/PREFIX, or a path on a volume every pod mounts "
@@ -138,7 +144,24 @@ _SPEC_FIELDS: dict[str, dict[str, Any]] = {
         ],
     },
     "checkpoint.everySteps": {
-        "description": "Take a checkpoint every this many training steps (also one on a spot notice).",
+        "description": "Take a checkpoint every this many training steps (also one on a spot notice), or auto: "
+        "the interval that maximises expected goodput from the measured checkpoint cost and the observed "
+        "interruption rate (Young/Daly), within minEverySteps and maxEverySteps; status.checkpointInterval "
+        "shows the choice and its numbers.",
+        "x-kubernetes-int-or-string": True,
+        "x-kubernetes-validations": [
+            {
+                "rule": "type(self) == string ? self == 'auto' : self >= 1",
+                "message": 'must be a number of steps (>= 1) or "auto"',
+            }
+        ],
+    },
+    "checkpoint.minEverySteps": {
+        "description": "With everySteps: auto, the shortest interval it may choose.",
+        "minimum": 1,
+    },
+    "checkpoint.maxEverySteps": {
+        "description": "With everySteps: auto, the longest interval it may choose.",
         "minimum": 1,
     },
     "checkpoint.keep": {
@@ -293,6 +316,60 @@ def _time(description: str) -> dict[str, Any]:
     return _string(description, format="date-time")
 
 
+def _number(description: str) -> dict[str, Any]:
+    return {"type": "number", "description": description}
+
+
+def _goodput_schema() -> dict[str, Any]:
+    seconds = {
+        "waitingForCapacity": "From an attempt's RayJob being created to its workers training: nodes, pods, Ray.",
+        "startUp": "The first attempt's time before its first step.",
+        "restarts": "Between a lost worker group's last step and the next group's first, less waiting.",
+        "redoneSteps": "Time of steps trained again after a resume from an earlier checkpoint.",
+        "checkpointBlocking": "Time the training loop waited for the saves of surviving steps.",
+        "other": "The rest: mostly after the last step (the final upload, shutting down).",
+    }
+    return {
+        "type": "object",
+        "description": "The goodput ledger: where the run's wall time went (docs/goodput.md).",
+        "properties": {
+            "ratio": _number("Goodput: the time of the steps that survived over the wall time (0 to 1)."),
+            "wallSeconds": _integer("From the first attempt's creation to the latest step (or the end).", minimum=0),
+            "survivingStepSeconds": _integer("Time of the steps whose results the model carries.", minimum=0),
+            "lostSeconds": {
+                "type": "object",
+                "description": "The rest of the wall time, by cause.",
+                "properties": {cause: _integer(text, minimum=0) for cause, text in seconds.items()},
+            },
+            "stepsRedone": {
+                "type": "array",
+                "description": "Steps trained again after each resume, in order.",
+                "items": {"type": "integer", "description": "Steps redone after one resume."},
+            },
+            "workerRestarts": _integer("Worker groups Ray Train restarted inside an attempt.", minimum=0),
+        },
+    }
+
+
+def _checkpoint_interval_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "With spec.checkpoint.everySteps: auto, the interval in use and the numbers it came from "
+        "(Young/Daly: about sqrt(2 x checkpoint cost x mean time between interruptions)).",
+        "properties": {
+            "steps": _integer("The interval in use, in steps.", minimum=1),
+            "targetSeconds": _number("The interval Young/Daly gives, in seconds of training."),
+            "checkpointSeconds": _number("The measured cost of one checkpoint: how long the loop waits for it."),
+            "stepSeconds": _number("The measured time of one step."),
+            "meanSecondsBetweenInterruptions": _number("The estimated mean training time between interruptions."),
+            "interruptions": _integer("Interruptions observed so far (lost attempts and worker groups).", minimum=0),
+            "observedSeconds": _number("Training time observed so far, which the estimate rests on."),
+            "minSteps": _integer("The lower bound (spec.checkpoint.minEverySteps).", minimum=1),
+            "maxSteps": _integer("The upper bound (spec.checkpoint.maxEverySteps).", minimum=1),
+        },
+    }
+
+
 def _condition_schema() -> dict[str, Any]:
     """Shaped exactly like metav1.Condition, so generic tools (kubectl wait, kstatus) read it."""
     return {
@@ -364,6 +441,8 @@ def status_schema() -> dict[str, Any]:
                     "time": _time("When the checkpoint completed."),
                 },
             },
+            "goodput": _goodput_schema(),
+            "checkpointInterval": _checkpoint_interval_schema(),
             "attempts": {
                 "type": "array",
                 "description": "The last 20 attempts, oldest first (preemptions and failures count them all).",
@@ -447,6 +526,7 @@ def training_run_crd() -> dict[str, Any]:
         _printer_column("Total", ".status.progress.totalSteps", "integer", "Steps in all."),
         _printer_column("Checkpoint", ".status.lastCheckpoint.step", "integer", "Step of the latest checkpoint."),
         _printer_column("Preemptions", ".status.preemptions", "integer", "Spot preemptions so far."),
+        _printer_column("Goodput", ".status.goodput.ratio", "number", "Surviving step time over wall time."),
         _printer_column("Failures", ".status.failures", "integer", "Job failures so far.", priority=1),
         _printer_column("Age", ".metadata.creationTimestamp", "date", "Time since the run was created."),
     ]

@@ -121,8 +121,18 @@ def _report(
     current = state.current
     if current is None:
         return {}
+    requested = {
+        entry.attempt: moment.timestamp() for entry in state.attempts if (moment := parse_timestamp(entry.startTime))
+    }
+    ended_at = parse_timestamp(current.endTime)
     try:
-        found = REPORTS.read(run_store(), AttemptId(run_uid, current.attempt), ended=ended)
+        found = REPORTS.read(
+            run_store(),
+            AttemptId(run_uid, current.attempt),
+            ended=ended,
+            requested=requested,
+            ended_at=ended_at.timestamp() if ended_at else None,
+        )
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read %s for %s/%s: %s", run.spec.checkpoint.uri, run.namespace, run.name, error)
         return {"storageError": str(error)}
@@ -131,6 +141,10 @@ def _report(
         report["progress"] = found.progress
     if found.last_checkpoint is not None:
         report["lastCheckpoint"] = found.last_checkpoint
+    if found.goodput is not None:
+        report["goodput"] = found.goodput
+    if found.checkpoint_interval is not None:
+        report["checkpointInterval"] = found.checkpoint_interval
     return report
 
 

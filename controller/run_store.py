@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,13 @@ from spotray.controller.s3_access import SecretView, endpoint_refusal, secret_re
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.errors import SpotrayError
-from spotray.train.progress_log import MAX_PROGRESS_BYTES, AttemptProgress, parse_attempt_progress
+from spotray.train.goodput import Tally, attempts_from_progress, kept_up_to, ledger_of, tally
+from spotray.train.progress_log import (
+    MAX_PROGRESS_BYTES,
+    AttemptProgress,
+    parse_attempt_progress,
+    read_attempt_progress,
+)
 from spotray.train.runspec import TrainingRun
 from spotray.train.store import (
     ObjectStore,
@@ -124,11 +131,14 @@ def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig)
 
 @dataclass(frozen=True)
 class StoreReport:
-    """What S3 says about one attempt: status.progress, the step it resumed from, status.lastCheckpoint."""
+    """What S3 says about one attempt: status.progress, the step it resumed from, status.lastCheckpoint,
+    status.goodput (the run's ledger so far) and status.checkpointInterval (everySteps: auto's choice)."""
 
     progress: dict[str, Any] | None
     resumed_from: int | None
     last_checkpoint: dict[str, Any] | None
+    goodput: dict[str, Any] | None = None
+    checkpoint_interval: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,19 @@ class _Remembered:
     etag: str
     read_at: float
     report: StoreReport
+
+
+@dataclass(frozen=True)
+class _EndedAttempt:
+    """An ended attempt's part of the run's ledger, kept instead of its progress object's points.
+
+    ``tallies`` hold for ``kept_after``: the lowest step any later attempt resumed from. A later
+    attempt that resumes lower still (its newest checkpoint was unusable) makes it read again.
+    """
+
+    lowest_resume: float  # the lowest step this attempt's lifetimes resumed from (inf: it has none)
+    kept_after: float
+    tallies: tuple[Tally, ...]
 
 
 class StoreReports:
@@ -151,10 +174,21 @@ class StoreReports:
         self._max_age_s = max_age_s
         self._remembered = remembered
         self._seen: OrderedDict[AttemptId, _Remembered] = OrderedDict()
+        self._ended: OrderedDict[AttemptId, _EndedAttempt] = OrderedDict()
         self._lock = threading.Lock()
         self.full_reads = 0
 
-    def read(self, store: ObjectStore, attempt: AttemptId, *, ended: bool) -> StoreReport:
+    def read(
+        self,
+        store: ObjectStore,
+        attempt: AttemptId,
+        *,
+        ended: bool,
+        requested: Mapping[int, float] | None = None,
+        ended_at: float | None = None,
+    ) -> StoreReport:
+        """The attempt's report; ``requested``: when each attempt was asked for (attempt -> unix time),
+        ``ended_at``: when the attempt ended, if it did (the ledger's wall time ends there)."""
         key = attempt.progress_key
         etag = next((info.etag for info in store.list(key) if info.key == key), None)
         now = time.monotonic()
@@ -173,7 +207,12 @@ class StoreReports:
             return seen.report
         raw = store.get_bytes(key, max_bytes=MAX_PROGRESS_BYTES) if etag is not None else None
         progress = parse_attempt_progress(raw, attempt) if raw is not None else None
-        report = StoreReport(*progress_status(progress), last_checkpoint_status(store))
+        report = StoreReport(
+            *progress_status(progress),
+            last_checkpoint_status(store),
+            goodput=self._goodput(store, progress, requested or {}, ended_at),
+            checkpoint_interval=progress.checkpoint_interval if progress is not None else None,
+        )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:
             self.full_reads += 1
@@ -182,6 +221,52 @@ class StoreReports:
             while len(self._seen) > self._remembered:
                 self._seen.popitem(last=False)
         return report
+
+    def _goodput(
+        self,
+        store: ObjectStore,
+        progress: AttemptProgress | None,
+        requested: Mapping[int, float],
+        ended_at: float | None,
+    ) -> dict[str, Any] | None:
+        """status.goodput: the ledger (train/goodput.py) of every attempt so far, the current one included."""
+        if progress is None or not progress.points:
+            return None
+        current = attempts_from_progress([progress], requested)
+        tallies = [tally(lt, kept) for lt, kept in zip(current, kept_up_to(current), strict=True)]
+        kept_after = min((lt.resumed_from or 0 for lt in current), default=float("inf"))
+        for number in range(progress.attempt - 1, 0, -1):
+            earlier = self._ended_attempt(store, AttemptId(progress.run_id, number), requested, kept_after)
+            tallies[:0] = earlier.tallies
+            kept_after = min(kept_after, earlier.lowest_resume)
+        starts = [t.requested_at or t.started_at or t.first_point_at for t in tallies]
+        first = min((at for at in starts if at is not None), default=progress.points[0][2])
+        last = max(progress.points[-1][2], ended_at or 0.0)
+        return ledger_of(tallies, first, last).to_status()
+
+    def _ended_attempt(
+        self, store: ObjectStore, attempt: AttemptId, requested: Mapping[int, float], kept_after: float
+    ) -> _EndedAttempt:
+        with self._lock:
+            known = self._ended.get(attempt)
+        if known is not None and known.kept_after == kept_after:
+            return known
+        found = read_attempt_progress(store, attempt)
+        lifetimes = attempts_from_progress([found], requested) if found is not None else []
+        for lifetime in lifetimes:
+            lifetime.finished = False  # it ended, and a later attempt carried on
+        kept = [min(k, kept_after) for k in kept_up_to(lifetimes)]
+        entry = _EndedAttempt(
+            lowest_resume=min((lt.resumed_from or 0 for lt in lifetimes), default=float("inf")),
+            kept_after=kept_after,
+            tallies=tuple(tally(lt, k) for lt, k in zip(lifetimes, kept, strict=True)),
+        )
+        with self._lock:
+            self._ended[attempt] = entry
+            self._ended.move_to_end(attempt)
+            while len(self._ended) > self._remembered:
+                self._ended.popitem(last=False)
+        return entry
 
 
 def progress_status(progress: AttemptProgress | None) -> tuple[dict[str, Any] | None, int | None]:

@@ -8,7 +8,8 @@ from pathlib import Path
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.target import RunLocation, open_run_store
-from spotray.train.plot import attempts_from_progress, plot_loss_across_attempts
+from spotray.train.goodput import attempts_from_progress
+from spotray.train.plot import plot_loss_across_attempts
 from spotray.train.progress_log import read_run_progress
 
 

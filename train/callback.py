@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,8 @@ class S3CheckpointCallback(TrainerCallback):
         self._owns_staging = staging_dir is None
         self._uploader: CheckpointUploader | None = None
         self.attempt = attempt
+        self._step_ended_at = time.monotonic()
+        self.last_stall: tuple[int, float] | None = None  # (step, seconds the loop waited for its save)
 
     def _get_uploader(self) -> CheckpointUploader:
         if self._uploader is None:
@@ -96,6 +99,8 @@ class S3CheckpointCallback(TrainerCallback):
             self._uploader.raise_if_failed()
         if self.save_final and state.global_step >= state.max_steps > 0:
             control.should_save = True
+        # The Trainer saves right after the step's callbacks: the stall is measured from here to staged.
+        self._step_ended_at = time.monotonic()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -116,7 +121,9 @@ class S3CheckpointCallback(TrainerCallback):
         if self.data_position is not None:
             resume["data_position"] = self.data_position()
         self._get_uploader().submit(staged, step, args.world_size, resume)
-        self.events.emit("checkpoint_saved", step=step)
+        blocked_s = time.monotonic() - self._step_ended_at
+        self.last_stall = (step, blocked_s)
+        self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4))
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

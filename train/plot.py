@@ -8,29 +8,16 @@ progress objects every attempt keeps next to the checkpoints (``attempts_from_pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
 
 from spotray.train.extras import extra_required
 from spotray.train.goodput import Lifetime
-from spotray.train.progress_log import AttemptProgress
 
 with extra_required("plot"):
     import matplotlib as mpl
 
     mpl.use("Agg")  # files only; never needs a display
     import matplotlib.pyplot as plt  # the backend is chosen before pyplot is imported
-
-
-def attempts_from_progress(progress: Iterable[AttemptProgress]) -> list[Lifetime]:
-    """Attempts as the run's progress objects tell them; only the newest may still be going (or done).
-
-    Progress objects are per controller attempt: a worker restart inside one is not visible there.
-    """
-    lifetimes = [Lifetime(p.attempt, p.resumed_from, list(p.points)) for p in progress if p.points]
-    if lifetimes:
-        lifetimes[-1].finished = True  # nothing came after it, so nothing shows it was cut short
-    return lifetimes
 
 
 def _end_mark(lifetime: Lifetime, nxt: Lifetime | None) -> tuple[str, str] | None:

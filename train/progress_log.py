@@ -4,10 +4,16 @@ Rank 0 of each attempt rewrites one small object, ``_spotray/<run id>/attempt-<N
 (train/attempts.py)::
 
     {"run_id": "...", "attempt": 2, "resumed_from": 30, "max_steps": 100, "world_size": 2,
-     "updated": 1763870000.0, "points": [[31, 3.21, 1763869990.5], ...]}   # [step, loss, unix time]
+     "started": 1763869980.0, "updated": 1763870000.0,
+     "points": [[31, 3.21, 1763869990.5], ...],          # [step, loss, unix time]
+     "restarts": [[40, 1763870100.0]],                  # workers restarted inside the attempt: [from step, time]
+     "checkpoint_stalls": [[40, 0.8, 1763870090.0]],    # [step, seconds the loop waited for the save, time]
+     "checkpoint_interval": {...}}                      # everySteps: auto's latest choice
 
 Objects, not appends, because S3 cannot append; one per attempt, so a new attempt never rewrites
-an old one's history. The controller reads the newest attempt's last point for ``status.progress``;
+an old one's history. A worker group that Ray Train restarts inside the attempt continues its
+attempt's object (``continue_attempt_progress``) and marks where it resumed in ``restarts``.
+The controller reads the newest attempt's last point for ``status.progress``;
 ``spotray plot`` joins every attempt's points and marks where each resumed.
 
 The training thread never waits for S3: ``ProgressWriter.record`` appends to memory, and a
@@ -24,6 +30,7 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +58,10 @@ class AttemptProgress:
     world_size: int | None = None
     updated: float = 0.0
     points: list[tuple[int, float, float]] = field(default_factory=list)
+    started: float | None = None  # when the (first) worker group began training: its nodes were there
+    restarts: list[tuple[int, float]] = field(default_factory=list)  # (resumed from step, time)
+    checkpoint_stalls: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, time)
+    checkpoint_interval: dict[str, Any] | None = None
 
     @property
     def last_step(self) -> int | None:
@@ -75,8 +86,12 @@ class AttemptProgress:
                 "resumed_from": self.resumed_from,
                 "max_steps": self.max_steps,
                 "world_size": self.world_size,
+                "started": self.started,
                 "updated": self.updated,
                 "points": [list(point) for point in self.points],
+                "restarts": [list(restart) for restart in self.restarts],
+                "checkpoint_stalls": [list(stall) for stall in self.checkpoint_stalls],
+                "checkpoint_interval": self.checkpoint_interval,
             }
         ).encode()
 
@@ -89,8 +104,14 @@ class AttemptProgress:
             resumed_from=raw.get("resumed_from"),
             max_steps=raw.get("max_steps"),
             world_size=raw.get("world_size"),
+            started=float(raw["started"]) if raw.get("started") is not None else None,
             updated=float(raw.get("updated", 0.0)),
             points=[(int(step), float(loss), float(when)) for step, loss, when in raw.get("points", [])],
+            restarts=[(int(step), float(when)) for step, when in raw.get("restarts") or []],
+            checkpoint_stalls=[
+                (int(s), float(seconds), float(at)) for s, seconds, at in raw.get("checkpoint_stalls") or []
+            ],
+            checkpoint_interval=raw.get("checkpoint_interval"),
         )
 
     @property
@@ -98,10 +119,19 @@ class AttemptProgress:
         return AttemptId(self.run_id, self.attempt)
 
     def thin(self, max_points: int = MAX_POINTS) -> None:
-        """Past ``max_points``, drop every other point of the older half (the newest stay dense)."""
+        """Past ``max_points``, drop every other point of the older half (the newest stay dense).
+
+        Checkpoint stalls are thinned the same way (a run with a checkpoint every few steps has many);
+        each kept one then stands for the one dropped beside it, so their sum stays about right.
+        """
         if len(self.points) > max_points:
             half = len(self.points) // 2
             self.points = self.points[:half:2] + self.points[half:]
+        if len(self.checkpoint_stalls) > max_points:
+            half = len(self.checkpoint_stalls) // 2
+            older = self.checkpoint_stalls[: half - half % 2]
+            pairs = [(a[0], a[1] + b[1], a[2]) for a, b in zip(older[::2], older[1::2], strict=True)]
+            self.checkpoint_stalls = pairs + self.checkpoint_stalls[len(older) :]
 
 
 class ProgressWriter:
@@ -123,8 +153,19 @@ class ProgressWriter:
 
     def record(self, step: int, loss: float) -> None:
         """Append a point; returns at once (the write happens on the writer's thread)."""
+        self._change(lambda progress: progress.points.append((step, loss, time.time())))
+
+    def record_checkpoint_stall(self, step: int, seconds: float) -> None:
+        """The training loop waited ``seconds`` for the checkpoint of ``step`` (the goodput ledger's cost)."""
+        self._change(lambda progress: progress.checkpoint_stalls.append((step, round(seconds, 4), time.time())))
+
+    def record_checkpoint_interval(self, decision: dict[str, Any]) -> None:
+        """everySteps: auto's newest choice and the numbers it came from (the controller shows it in status)."""
+        self._change(lambda progress: setattr(progress, "checkpoint_interval", decision))
+
+    def _change(self, change: Callable[[AttemptProgress], None]) -> None:
         with self._lock:
-            self.progress.points.append((step, loss, time.time()))
+            change(self.progress)
             self.progress.thin()
             self._generation += 1
         self._dirty.set()
@@ -176,6 +217,25 @@ def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProg
     """One attempt's progress; None if it wrote none (yet), or the object is unreadable or not this attempt's."""
     raw = get_bytes_if_exists(store, attempt.progress_key, max_bytes=MAX_PROGRESS_BYTES)
     return None if raw is None else parse_attempt_progress(raw, attempt)
+
+
+def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> AttemptProgress:
+    """``fresh``, or this attempt's object so far when an earlier worker group of the attempt wrote one.
+
+    Ray Train restarts the worker group inside an attempt after a worker is lost; the new group's
+    rank 0 continues the attempt's object, so what the earlier group trained stays in the curve and
+    the ledger, and records where it resumed.
+    """
+    try:
+        earlier = read_attempt_progress(store, fresh.attempt_id)
+    except Exception as error:  # noqa: BLE001 - progress is best effort; an unreadable store must not stop training
+        log.warning("could not read this attempt's earlier progress: %s", error)
+        earlier = None
+    if earlier is None or not (earlier.points or earlier.restarts):
+        return fresh
+    earlier.restarts.append((fresh.resumed_from or 0, time.time()))
+    earlier.world_size = fresh.world_size
+    return earlier
 
 
 def parse_attempt_progress(raw: bytes, attempt: AttemptId) -> AttemptProgress | None:

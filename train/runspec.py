@@ -89,12 +89,26 @@ class HeadSpec:
     memory: str = "4Gi"
 
 
+AUTO = "auto"
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     uri: str
-    every_steps: int = 100
+    every_steps: int | str = 100  # or AUTO: chosen while training (train/checkpoint_interval.py)
+    min_every_steps: int = 10
+    max_every_steps: int = 5000
     keep: int = 3
     secret_ref: str | None = None
+
+    @property
+    def auto_interval(self) -> bool:
+        return self.every_steps == AUTO
+
+    @property
+    def fixed_every_steps(self) -> int | None:
+        """The fixed interval; None with everySteps: auto."""
+        return None if isinstance(self.every_steps, str) else self.every_steps
 
 
 @dataclass(frozen=True)
@@ -281,14 +295,26 @@ def _read_checkpoint(reader: _Reader, spec: dict[str, Any]) -> CheckpointSpec:
     if "checkpoint" not in spec:
         reader.problems.append(f"{path}: missing; add `checkpoint: {{uri: s3://BUCKET/PREFIX}}`")
     data = reader.section(spec, "checkpoint", "spec")
-    reader.unknown(data, {"uri", "everySteps", "keep", "secretRef"}, path)
+    reader.unknown(data, {"uri", "everySteps", "minEverySteps", "maxEverySteps", "keep", "secretRef"}, path)
     uri = reader.string(data, "uri", path, None)
     if uri is None and "checkpoint" in spec:
         reader.problems.append(f"{path}.uri: missing; write where checkpoints go, e.g. s3://BUCKET/PREFIX")
     reader.uri(uri, f"{path}.uri")
+    every = data.get("everySteps")
+    every_steps: int | str = AUTO
+    if isinstance(every, str) and every != AUTO:
+        reader.problems.append(f'{path}.everySteps: must be a number of steps or "auto", got {every!r}')
+    elif every != AUTO:
+        every_steps = reader.integer(data, "everySteps", path, 100, 1)
+    shortest = reader.integer(data, "minEverySteps", path, CheckpointSpec.min_every_steps, 1)
+    longest = reader.integer(data, "maxEverySteps", path, CheckpointSpec.max_every_steps, 1)
+    if 1 <= longest < shortest:  # (a bound below 1 is reported on its own)
+        reader.problems.append(f"{path}.minEverySteps ({shortest}) must be <= maxEverySteps ({longest})")
     return CheckpointSpec(
         uri=uri or "",
-        every_steps=reader.integer(data, "everySteps", path, 100, 1),
+        every_steps=every_steps,
+        min_every_steps=shortest,
+        max_every_steps=longest,
         keep=reader.integer(data, "keep", path, 3, 1),
         secret_ref=reader.string(data, "secretRef", path, None),
     )

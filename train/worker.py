@@ -155,6 +155,11 @@ class ProgressCallback(TrainerCallback):
             if self.progress is not None:
                 self.progress.record(state.global_step, logs["loss"])
 
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        # After the S3 callback's on_save (it comes first in the list), which measured the stall.
+        if self.progress is not None and self.sync.last_stall is not None:
+            self.progress.record_checkpoint_stall(*self.sync.last_stall)
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:

@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,7 @@ from spotray.jobs.common import (
 from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
 from spotray.train.attempts import EXIT_BAD_INPUT
 from spotray.train.callback import S3CheckpointCallback
+from spotray.train.checkpoint_interval import AutoCheckpointInterval, run_history
 from spotray.train.data import (
     DataPosition,
     EpochLoader,
@@ -55,7 +57,7 @@ from spotray.train.data import (
 from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
 from spotray.train.launcher import launch, outcome_after_fit
-from spotray.train.progress_log import AttemptProgress, ProgressWriter
+from spotray.train.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, open_store, parse_uri
 from spotray.train.worker import (
@@ -153,6 +155,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     """What each Ray Train worker runs: resume, stream, train, sync."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = Gpt2JobConfig.from_loop_config(loop_config)
+    started = time.time()  # this worker group is up: its nodes were there (the ledger's waiting ends here)
     rank, size = world_rank(), world_size()
     context = worker_context()
     events = EventLog(config.events_path)
@@ -202,24 +205,27 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     )
     progress = None
     if rank == 0:
-        progress = ProgressWriter(
-            store,
-            AttemptProgress(
-                attempt=context.attempt,
-                run_id=context.run_id,
-                resumed_from=resume_point.step if resume_point else None,
-                max_steps=config.max_steps,
-                world_size=size,
-            ),
+        fresh = AttemptProgress(
+            attempt=context.attempt,
+            run_id=context.run_id,
+            resumed_from=resume_point.step if resume_point else None,
+            max_steps=config.max_steps,
+            world_size=size,
+            started=started,
         )
+        progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     report = ProgressCallback(sync, events, progress)
     notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id)
+    callbacks: list[TrainerCallback] = [sync, report, notice]
+    if context.spec.checkpoint.auto_interval:
+        history = run_history(store, progress.progress) if progress is not None else None
+        callbacks.append(AutoCheckpointInterval(context.spec.checkpoint, sync, history, progress))
     set_seed(config.seed)
     trainer = StreamingTrainer(
         model=build_model(config),
         # One output dir for all ranks of a node: each rank writes its RNG state into the same checkpoint.
         args=build_training_args(config, per_device_batch=per_device),
-        callbacks=[sync, report, notice],
+        callbacks=callbacks,
         epoch_loader=loader,
     )
     trainer.train(resume_from_checkpoint=str(resume_point.local_dir) if resume_point else None)
@@ -244,7 +250,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         # Absolute: Ray Train workers run in a directory of Ray's, not the driver's.
         workdir=(args.workdir / context.name).absolute(),
         max_steps=args.max_steps,
-        save_steps=spec.checkpoint.every_steps,
+        save_steps=spec.checkpoint.fixed_every_steps or 0,  # 0: no fixed interval (everySteps: auto)
         keep=spec.checkpoint.keep,
         seed=args.seed,
         batch_size=args.batch_size,

@@ -17,7 +17,7 @@ from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.target import locate_run
 from spotray.train.errors import CorruptCheckpointError, InvalidUriError, SpotrayError, StoreUnreachableError
-from spotray.train.plot import attempts_from_progress
+from spotray.train.goodput import attempts_from_progress
 from spotray.train.progress_log import AttemptProgress
 from spotray.train.runspec import InvalidSpecError
 from spotray.watch import StatusFollower
@@ -172,12 +172,13 @@ def test_watch_says_when_an_attempt_is_preempted_and_the_next_resumes() -> None:
 def test_attempts_from_progress_keep_the_resume_points() -> None:
     progress = [
         AttemptProgress(1, "r", None, 100, 2, 0.0, [(1, 5.0, 0.0), (45, 4.0, 1.0)]),
-        AttemptProgress(2, "r", 40, 100, 2, 0.0, []),  # started, never logged a step: left out
+        AttemptProgress(2, "r", 40, 100, 2, 0.0, []),  # started, never logged a step: kept (it waited)
         AttemptProgress(3, "r", 40, 100, 2, 0.0, [(41, 4.1, 2.0), (100, 3.0, 3.0)]),
     ]
     attempts = attempts_from_progress(progress)
     assert [(a.attempt, a.resumed_from, a.last_step, a.finished) for a in attempts] == [
         (1, None, 45, False),
+        (2, 40, 40, False),
         (3, 40, 100, True),
     ]
 

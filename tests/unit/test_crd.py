@@ -126,11 +126,13 @@ def test_every_default_is_valid_for_the_parser() -> None:
 def test_schema_minimums_are_the_parser_minimums(path: str) -> None:
     minimum = dict(properties(spec_schema()))[path]["minimum"]
     section, name = path.split(".")
+    # The one rule across fields: minEverySteps <= maxEverySteps; at the minimum, both are 1.
+    others = {"minEverySteps": 1} if name == "maxEverySteps" else {}
     ok = copy.deepcopy(MINIMAL_SPEC)
-    ok.setdefault(section, {})[name] = minimum
+    ok.setdefault(section, {}).update({**others, name: minimum})
     parse_spec(ok)
     too_small = copy.deepcopy(MINIMAL_SPEC)
-    too_small.setdefault(section, {})[name] = minimum - 1
+    too_small.setdefault(section, {}).update({**others, name: minimum - 1})
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(too_small)
     assert caught.value.problems == [f"spec.{path}: must be >= {minimum}, got {minimum - 1}"]
