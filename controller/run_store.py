@@ -239,8 +239,8 @@ class StoreReports:
             earlier = self._ended_attempt(store, AttemptId(progress.run_id, number), requested, kept_after)
             tallies[:0] = earlier.tallies
             kept_after = min(kept_after, earlier.lowest_resume)
-        starts = [t.requested_at or t.started_at or t.first_point_at for t in tallies]
-        first = min((at for at in starts if at is not None), default=progress.points[0][2])
+        starts = [at for t in tallies for at in (t.requested_at, t.started_at, t.first_point_at) if at is not None]
+        first = min(starts, default=progress.points[0][2])
         last = max(progress.points[-1][2], ended_at or 0.0)
         return ledger_of(tallies, first, last).to_status()
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from spotray.train.goodput import Lifetime, ledger, split_lifetimes
+from spotray.train.goodput import Lifetime, attempts_from_progress, ledger, split_lifetimes
+from spotray.train.progress_log import AttemptProgress
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +116,66 @@ def test_the_plot_names_what_happened(tmp_path: Path, monkeypatch: pytest.Monkey
         "spot notice at step 156: checkpoint",
         "attempt 3 resumed from step 156",
     ]
+
+
+def test_lost_time_by_cause_adds_up_to_the_wall_time() -> None:
+    spent = ledger(*split_lifetimes(demo_events()))
+    lost = spent.lost_s
+    assert lost["startUp"] == pytest.approx(10.0)  # first event at 0, first step at 10
+    # 45 at t=54 -> 41 at t=80; 110 at t=149 -> 101 at t=180; 156 at t=235 -> 157 at t=270.
+    assert lost["restarts"] == pytest.approx(26.0 + 31.0 + 35.0)
+    assert lost["redoneSteps"] == pytest.approx(5.0 + 10.0)  # steps 41-45 and 101-110
+    assert lost["waitingForCapacity"] == 0.0  # a local run asks for no nodes
+    assert lost["other"] == pytest.approx(7.0)  # after the last step (t=313) to the end event (t=320)
+    assert spent.surviving_step_s + sum(lost.values()) == pytest.approx(spent.wall_s)
+    assert spent.redone_per_resume == (5, 10, 0)
+
+
+def test_checkpoint_stalls_of_surviving_steps_are_lost_time_and_the_others_are_redone() -> None:
+    lifetimes = [
+        Lifetime(
+            1, None, [(s, 1.0, float(s)) for s in range(1, 31)], checkpoint_stalls=[(10, 0.5), (20, 0.5), (25, 0.5)]
+        ),
+        Lifetime(2, 20, [(s, 1.0, float(s + 10)) for s in range(21, 41)], checkpoint_stalls=[(30, 0.5)], finished=True),
+    ]
+    spent = ledger(lifetimes, 0.0, 50.0)
+    assert spent.lost_s["checkpointBlocking"] == pytest.approx(1.5)  # steps 10, 20 and 30; 25 was redone
+    assert spent.surviving_step_s == pytest.approx(19.0 + 19.0 - 1.5)
+    assert spent.surviving_step_s + sum(spent.lost_s.values()) == pytest.approx(spent.wall_s)
+
+
+def test_waiting_for_capacity_is_the_time_from_asking_for_an_attempt_to_its_workers_starting() -> None:
+    """Attempt 2 was asked for at t=100 and its workers started at t=400: 300 s waiting for nodes."""
+    progress = [
+        AttemptProgress(1, "r", None, 60, 2, 0.0, [(s, 1.0, 10.0 + s) for s in range(1, 31)], started=5.0),
+        AttemptProgress(2, "r", 30, 60, 2, 0.0, [(s, 1.0, 400.0 + s) for s in range(31, 61)], started=400.0),
+    ]
+    lifetimes = attempts_from_progress(progress, {1: 0.0, 2: 100.0})
+    spent = ledger(lifetimes, 0.0, 460.0)
+    assert spent.lost_s["waitingForCapacity"] == pytest.approx(5.0 + 300.0)
+    assert spent.lost_s["startUp"] == pytest.approx(11.0 - 5.0)  # workers up at 5, first step at 11
+    assert spent.lost_s["restarts"] == pytest.approx((431.0 - 40.0) - 300.0)
+    assert spent.to_status()["lostSeconds"]["waitingForCapacity"] == 305
+    assert spent.to_status()["ratio"] == pytest.approx(spent.goodput, abs=1e-3)
+
+
+def test_a_worker_restart_recorded_in_the_progress_object_is_its_own_lifetime() -> None:
+    """A worker group restarted inside attempt 1 at t=50 from step 20: the points and stalls after it are its own."""
+    progress = AttemptProgress(
+        1,
+        "r",
+        None,
+        60,
+        2,
+        0.0,
+        [(s, 1.0, float(s)) for s in range(1, 26)] + [(s, 1.0, 40.0 + s) for s in range(21, 61)],
+        started=0.0,
+        restarts=[(20, 50.0)],
+        checkpoint_stalls=[(20, 0.4, 20.5), (40, 0.6, 80.5)],
+    )
+    first, second = attempts_from_progress([progress])
+    assert (first.resumed_from, first.last_step, first.checkpoint_stalls) == (None, 25, [(20, 0.4)])
+    assert (second.resumed_from, second.last_step, second.restart, second.started_at) == (20, 60, True, 50.0)
+    assert second.checkpoint_stalls == [(40, 0.6)]
+    spent = ledger([first, second], 0.0, 100.0)
+    assert (spent.attempts, spent.worker_restarts, spent.redone_per_resume) == (1, 1, (5,))

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from spotray.train.attempts import AttemptId
-from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress, read_run_progress
+from spotray.train.progress_log import (
+    AttemptProgress,
+    ProgressWriter,
+    continue_attempt_progress,
+    read_attempt_progress,
+    read_run_progress,
+)
 from spotray.train.store import ObjectStore, open_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
@@ -88,3 +94,43 @@ def test_an_unreadable_or_foreign_progress_object_is_ignored(tmp_path: Path) -> 
     # An older run's object copied under this run's key: its identity says whose it is.
     store.put_bytes(attempt.progress_key, AttemptProgress(attempt=1, run_id="old", points=[(5, 1.0, 1.0)]).to_json())
     assert read_attempt_progress(store, attempt) is None
+
+
+def test_a_restarted_worker_group_continues_its_attempts_object(tmp_path: Path) -> None:
+    """Ray Train restarted the workers inside attempt 1: the first group's points stay, the restart is marked."""
+    store = open_store(str(tmp_path / "ckpt"))
+    first = ProgressWriter(store, AttemptProgress(attempt=1, run_id="r1", world_size=2, started=100.0), interval_s=0)
+    for step in (1, 2, 3):
+        first.record(step, 5.0 - step)
+    first.record_checkpoint_stall(2, 0.25)
+    assert first.close(timeout_s=10)
+
+    fresh = AttemptProgress(attempt=1, run_id="r1", resumed_from=2, world_size=1, started=200.0)
+    continued = continue_attempt_progress(store, fresh)
+    assert [step for step, _, _ in continued.points] == [1, 2, 3]
+    assert [step for step, _ in continued.restarts] == [2]
+    assert (continued.started, continued.world_size, continued.checkpoint_stalls[0][:2]) == (100.0, 1, (2, 0.25))
+    # A new attempt (another number) starts its own object.
+    assert continue_attempt_progress(store, AttemptProgress(attempt=2, run_id="r1")).points == []
+
+
+def test_the_new_fields_survive_a_round_trip_and_old_objects_still_read() -> None:
+    progress = AttemptProgress(
+        attempt=3,
+        run_id="r1",
+        points=[(5, 1.0, 10.0)],
+        started=9.0,
+        restarts=[(4, 9.5)],
+        checkpoint_stalls=[(5, 0.5, 10.1)],
+        checkpoint_interval={"steps": 40},
+    )
+    assert AttemptProgress.from_json(progress.to_json()) == progress
+    old = b'{"run_id": "r1", "attempt": 1, "points": [[1, 2.0, 3.0]]}'  # written before these fields existed
+    assert AttemptProgress.from_json(old).restarts == []
+
+
+def test_checkpoint_stalls_stay_bounded_and_keep_their_sum() -> None:
+    progress = AttemptProgress(attempt=1, run_id="r1", checkpoint_stalls=[(s, 1.0, float(s)) for s in range(100)])
+    progress.thin(max_points=50)
+    assert len(progress.checkpoint_stalls) == 75
+    assert sum(seconds for _, seconds, _ in progress.checkpoint_stalls) == pytest.approx(100.0)
