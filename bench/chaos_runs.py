@@ -257,15 +257,24 @@ class Injector:
         self.timers = []
 
 
-def run_local(workdir: Path, faults: list[Fault], token: str, rng: random.Random | None = None) -> RunResult:
+def run_local(
+    workdir: Path,
+    faults: list[Fault],
+    token: str,
+    rng: random.Random | None = None,
+    manifest_text: str | None = None,
+    timeout_s: float = TRIAL_TIMEOUT_S,
+) -> RunResult:
     """``spotray run chaos.yaml --local`` in ``workdir``, with ``faults``; waits for it to end.
 
     When a fault stops the command, waits for the trial's processes to end (killing and reporting any
     still alive after ``LEFTOVER_GRACE_S``) and runs the same command again, with the faults left.
+    ``manifest_text``: another TrainingRun than the campaign's, a template as ``MANIFEST`` is.
     """
     workdir.mkdir(parents=True)
     manifest = workdir / "chaos.yaml"
-    manifest.write_text(MANIFEST.format(max_steps=MAX_STEPS, batch=BATCH, interval=INTERVAL, job_dir=workdir / "job"))
+    template = manifest_text or MANIFEST
+    manifest.write_text(template.format(max_steps=MAX_STEPS, batch=BATCH, interval=INTERVAL, job_dir=workdir / "job"))
     base = [sys.executable, "-m", "spotray.cli", "run", str(manifest), "--local", "--workdir", str(workdir)]
     env = {**os.environ, MARKER: token, "SPOTRAY_SAMPLE_LOG": str(workdir / "samples"), "PYTHONUNBUFFERED": "1"}
     injector = Injector(token, faults, rng or random.Random(0))
@@ -276,24 +285,30 @@ def run_local(workdir: Path, faults: list[Fault], token: str, rng: random.Random
     left_behind: list[str] = []
     with (workdir / "cli.log").open("wb") as log:
         # Local mode's own faults go to the command that is not stopped: a stop comes first.
-        code = run_leg(base + ([] if stops else local_mode_faults), env, log, injector, cursor, started)
+        code = run_leg(base + ([] if stops else local_mode_faults), env, log, injector, cursor, started, timeout_s)
         if injector.stopped_cli:
             left_behind = wait_for_trial_to_end(token)
-            code = run_leg(base + local_mode_faults, env, log, injector, cursor, started)
+            code = run_leg(base + local_mode_faults, env, log, injector, cursor, started, timeout_s)
     output = (workdir / "cli.log").read_text(errors="replace")
     by_cli = [line.split("injected:", 1)[1].strip() for line in output.splitlines() if "injected:" in line]
     return RunResult(workdir, code, time.monotonic() - started, injector.injected + by_cli, left_behind)
 
 
 def run_leg(
-    command: list[str], env: dict[str, str], log: Any, injector: Injector, cursor: EventCursor, started: float
+    command: list[str],
+    env: dict[str, str],
+    log: Any,
+    injector: Injector,
+    cursor: EventCursor,
+    started: float,
+    timeout_s: float = TRIAL_TIMEOUT_S,
 ) -> int:
     """One ``spotray run``, with the injector following its events; its exit code."""
     cli = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     injector.cli_pid = cli.pid
     try:
         while cli.poll() is None:
-            if time.monotonic() - started > TRIAL_TIMEOUT_S:
+            if time.monotonic() - started > timeout_s:
                 os.killpg(cli.pid, signal.SIGKILL)  # its reaper then ends what it started
                 cli.wait()
                 break

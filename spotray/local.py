@@ -373,3 +373,4 @@ class LocalRun:
         self.progress.summary(self.tally, str(store.uri.join(final.prefix)), local_dir)
         self.progress.note(f"  loss curve           {png}")
         self.progress.note(f"  time                 {spent.summary()}")
+        self.progress.note(f"  time lost            {spent.lost_summary()}")

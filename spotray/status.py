@@ -15,7 +15,7 @@ from spotray.output import age_since, emit, render_data, render_table
 if TYPE_CHECKING:
     from spotray.kube import ClusterConnection
 
-COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "age")
+COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "goodput", "age")
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -34,6 +34,7 @@ def run_summary(run: dict[str, Any]) -> dict[str, Any]:
         "lastCheckpointStep": checkpoint.get("step"),
         "preemptions": status.get("preemptions", 0),
         "failures": status.get("failures", 0),
+        "goodput": (status.get("goodput") or {}).get("ratio"),
         "created": run["metadata"].get("creationTimestamp"),
     }
 
@@ -66,10 +67,37 @@ def status_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
                 _dash(row["lastCheckpointStep"]),
                 row["preemptions"],
                 row["failures"],
+                "-" if row["goodput"] is None else f"{row['goodput']:.2f}",
                 age_since(row["created"], now),
             )
         )
     return render_table(COLUMNS, rows)
+
+
+def goodput_line(goodput: dict[str, Any]) -> str:
+    """status.goodput in words: the ratio, the surviving time, the lost time by cause (biggest first)."""
+    lost = sorted(((s, cause) for cause, s in (goodput.get("lostSeconds") or {}).items() if s), reverse=True)
+    redone = goodput.get("stepsRedone") or []
+    return (
+        f"{goodput.get('ratio', 0):.2f} ({goodput.get('survivingStepSeconds', 0)} s of "
+        f"{goodput.get('wallSeconds', 0)} s in steps that survived; lost: "
+        + (", ".join(f"{cause} {seconds} s" for seconds, cause in lost) or "nothing")
+        + (f"; steps redone after each resume: {', '.join(map(str, redone))}" if redone else "")
+        + ")"
+    )
+
+
+def interval_line(chosen: dict[str, Any]) -> str:
+    """status.checkpointInterval in words: the interval and the numbers it came from."""
+    if chosen.get("targetSeconds") is None:
+        return f"every {chosen.get('steps')} steps (auto: the shortest allowed, until a checkpoint's cost is measured)"
+    return (
+        f"every {chosen.get('steps')} steps (auto: sqrt(2 x {chosen.get('checkpointSeconds')} s per checkpoint x "
+        f"{chosen.get('meanSecondsBetweenInterruptions'):.0f} s between interruptions) = "
+        f"{chosen['targetSeconds']:.0f} s at {chosen.get('stepSeconds')} s a step; "
+        f"{chosen.get('interruptions')} interruption(s) in {chosen.get('observedSeconds', 0):.0f} s seen; "
+        f"bounds {chosen.get('minSteps')}-{chosen.get('maxSteps')})"
+    )
 
 
 def _ago(time: str | None, now: datetime) -> str:
@@ -112,6 +140,10 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
                 f"step {checkpoint['step']} at {checkpoint.get('uri', '-')} ({_ago(checkpoint.get('time'), now)})",
             )
         )
+    if status.get("checkpointInterval"):
+        fields.append(("Checkpoints", interval_line(status["checkpointInterval"])))
+    if status.get("goodput"):
+        fields.append(("Goodput", goodput_line(status["goodput"])))
     fields += [
         ("Preemptions", status.get("preemptions", 0)),
         ("Failures", status.get("failures", 0)),

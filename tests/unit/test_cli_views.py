@@ -93,6 +93,24 @@ RUNNING = {
         "updateTime": "2026-01-01T11:59:55Z",
     },
     "lastCheckpoint": {"step": 120, "uri": "s3://b/runs/gpt2/checkpoint-120", "time": "2026-01-01T11:58:00Z"},
+    "goodput": {
+        "ratio": 0.812,
+        "wallSeconds": 3500,
+        "survivingStepSeconds": 2842,
+        "lostSeconds": {"waitingForCapacity": 400, "restarts": 58, "redoneSteps": 180, "checkpointBlocking": 20},
+        "stepsRedone": [60],
+    },
+    "checkpointInterval": {
+        "steps": 120,
+        "targetSeconds": 14.6,
+        "checkpointSeconds": 0.05,
+        "stepSeconds": 0.119,
+        "meanSecondsBetweenInterruptions": 2121.0,
+        "interruptions": 1,
+        "observedSeconds": 642.0,
+        "minSteps": 10,
+        "maxSteps": 5000,
+    },
     "attempts": [
         PREEMPTED_ATTEMPT,
         {
@@ -121,10 +139,11 @@ def test_status_table_and_summary() -> None:
         "CHECKPOINT",
         "PREEMPTIONS",
         "FAILURES",
+        "GOODPUT",
         "AGE",
     ]
-    assert running.split() == ["gpt2", "Running", "2", "130/200", "3.214", "120", "1", "0", "60m"]
-    assert fresh.split() == ["gpt2", "-", "-", "-", "-", "-", "0", "0", "60m"]
+    assert running.split() == ["gpt2", "Running", "2", "130/200", "3.214", "120", "1", "0", "0.81", "60m"]
+    assert fresh.split() == ["gpt2", "-", "-", "-", "-", "-", "0", "0", "-", "60m"]
     assert run_summary(training_run(RUNNING))["lastCheckpointStep"] == 120
 
 
@@ -133,6 +152,11 @@ def test_detail_view_shows_attempts_checkpoint_and_conditions() -> None:
     assert "Phase:           Running" in text
     assert "Progress:        step 130/200, loss 3.214, 8.40 steps/s (updated 5s ago)" in text
     assert "Last checkpoint: step 120 at s3://b/runs/gpt2/checkpoint-120 (2m ago)" in text
+    assert (
+        "Goodput:         0.81 (2842 s of 3500 s in steps that survived; lost: waitingForCapacity 400 s, "
+        "redoneSteps 180 s, restarts 58 s, checkpointBlocking 20 s; steps redone after each resume: 60)"
+    ) in text
+    assert "Checkpoints:     every 120 steps (auto: sqrt(2 x 0.05 s per checkpoint x 2121 s between" in text
     attempts = text.split("Attempts:")[1].split("Conditions:")[0].splitlines()
     assert attempts[2].split()[:5] == ["1", "gpt2-a1", "Preempted", "NodeLost", "-"]
     assert attempts[3].split()[:5] == ["2", "gpt2-a2", "Running", "-", "60"]
