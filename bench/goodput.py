@@ -16,8 +16,8 @@ first rate (goal >= 0.90).
 
 Elastic worker counts (issue #16, item 1) are not built yet, so there is no elastic leg.
 
-    .venv/bin/python -m bench.goodput                                   # make bench-goodput
-    .venv/bin/python -m bench.goodput --steps 600 --rates 0.1 --modes fixed
+    .venv/bin/python -m bench.goodput            # make bench-goodput: 20,000 steps, interval 1,000 (~1 h)
+    .venv/bin/python -m bench.goodput --steps 1500 --interval 50 --rates 0.1,0.2 --name goodput_short
 """
 
 from __future__ import annotations
@@ -94,12 +94,13 @@ def describe(result: RunResult, reference: RunResult, faults: list[Fault]) -> di
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=1500, help="training steps of every run")
-    parser.add_argument("--interval", type=int, default=50, help="the fixed checkpoint interval, in steps")
-    parser.add_argument("--rates", default="0.1,0.2", help="preemptions per fixed checkpoint interval")
+    parser.add_argument("--steps", type=int, default=20_000, help="training steps of every run")
+    parser.add_argument("--interval", type=int, default=1000, help="the fixed checkpoint interval, in steps")
+    parser.add_argument("--rates", default="0.1", help="preemptions per fixed checkpoint interval")
     parser.add_argument("--modes", default="fixed,auto", help="fixed, auto, or both")
     parser.add_argument("--kind", default="kill-worker", choices=["kill-worker", "spot-notice"])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--name", default="goodput", help="the result's name: bench/results/NAME.json")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
@@ -150,7 +151,7 @@ def main() -> int:
     }
     command = "python -m bench.goodput " + " ".join(sys.argv[1:])
     path = write_result(
-        "goodput",
+        args.name,
         headline["goodput"],
         ">= 0.90",
         f"{headline['mode']} interval at {headline['rate']} preemptions per interval; "

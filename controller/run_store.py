@@ -253,8 +253,6 @@ class StoreReports:
             return known
         found = read_attempt_progress(store, attempt)
         lifetimes = attempts_from_progress([found], requested) if found is not None else []
-        for lifetime in lifetimes:
-            lifetime.finished = False  # it ended, and a later attempt carried on
         kept = [min(k, kept_after) for k in kept_up_to(lifetimes)]
         entry = _EndedAttempt(
             lowest_resume=min((lt.resumed_from or 0 for lt in lifetimes), default=float("inf")),

@@ -159,6 +159,15 @@ def test_watch_follows_a_run_to_success_with_the_real_controller(
         detail = spotray("status", "gpt2", "-n", namespace)
         assert "Phase:           Succeeded" in detail.stdout
         assert "Attempts:" in detail.stdout
+        # The goodput ledger (issue #16): in status, in kubectl's table and in `spotray status`.
+        run = json.loads(testbed.kubectl("get", "trainingrun", "gpt2", "-n", namespace, "-o", "json").stdout)
+        goodput = run["status"]["goodput"]
+        assert 0 < goodput["ratio"] <= 1
+        assert goodput["lostSeconds"]["waitingForCapacity"] >= 0
+        accounted = goodput["survivingStepSeconds"] + sum(goodput["lostSeconds"].values())
+        assert accounted == pytest.approx(goodput["wallSeconds"], abs=4)  # each part rounded to whole seconds
+        assert "GOODPUT" in testbed.kubectl("get", "trainingruns", "-n", namespace).stdout.splitlines()[0]
+        assert "Goodput:         " in detail.stdout
 
         assert spotray("watch", "gpt2", "-n", namespace).returncode == 0  # an ended run: at once
 
