@@ -130,7 +130,8 @@ _SPEC_FIELDS: dict[str, dict[str, Any]] = {
         "x-kubernetes-validations": [
             {
                 "rule": "self.minEverySteps <= self.maxEverySteps",
-                "message": "minEverySteps must be <= maxEverySteps",
+                "message": "maxEverySteps must be >= minEverySteps",
+                "fieldPath": ".maxEverySteps",
             }
         ],
     },

@@ -309,7 +309,7 @@ def _read_checkpoint(reader: _Reader, spec: dict[str, Any]) -> CheckpointSpec:
     shortest = reader.integer(data, "minEverySteps", path, CheckpointSpec.min_every_steps, 1)
     longest = reader.integer(data, "maxEverySteps", path, CheckpointSpec.max_every_steps, 1)
     if 1 <= longest < shortest:  # (a bound below 1 is reported on its own)
-        reader.problems.append(f"{path}.minEverySteps ({shortest}) must be <= maxEverySteps ({longest})")
+        reader.problems.append(f"{path}.maxEverySteps: must be >= minEverySteps ({shortest}), got {longest}")
     return CheckpointSpec(
         uri=uri or "",
         every_steps=every_steps,

@@ -157,8 +157,9 @@ class ProgressCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         # After the S3 callback's on_save (it comes first in the list), which measured the stall.
-        if self.progress is not None and self.sync.last_stall is not None:
-            self.progress.record_checkpoint_stall(*self.sync.last_stall)
+        stall = self.sync.last_stall
+        if self.progress is not None and stall is not None and stall[0] == state.global_step:
+            self.progress.record_checkpoint_stall(*stall)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

@@ -96,6 +96,7 @@ def test_submit_creates_then_updates_and_status_lists_it(
         "CHECKPOINT",
         "PREEMPTIONS",
         "FAILURES",
+        "GOODPUT",
         "AGE",
     ]
     assert row.split()[0] == "cli-run"

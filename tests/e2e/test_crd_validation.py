@@ -159,6 +159,9 @@ def malformed_cases() -> list[Case]:
         add("uri", "spec.checkpoint.uri", uri)
         add("uri", "spec.data.uri", uri)
 
+    add("auto", "spec.checkpoint.everySteps", "often")  # a string, but not "auto"
+    add("bounds", "spec.checkpoint.maxEverySteps", 5)  # below minEverySteps' default, 10
+
     for path in ("entrypoint", "image", "checkpoint.secretRef"):
         add("blank", f"spec.{path}", "")
         add("blank", f"spec.{path}", "  ")
@@ -207,6 +210,8 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("spec.checkpoint.secretRef", "s3-credentials"),
     ("spec.runtimeEnv", {"env_vars": {"A": "1"}, "pip": ["x"], "nested": {"any": [1, {"thing": True}]}}),
     ("spec.suspend", True),
+    ("spec.checkpoint.everySteps", "auto"),
+    ("spec.checkpoint.maxEverySteps", 10),
     ("metadata.name", "a" * MAX_NAME_LENGTH),
     ("metadata.name", "0-numeric-start"),
 ]
@@ -378,6 +383,7 @@ def test_printer_columns(testbed: tb.Testbed, crd: dict[str, Any], namespace: st
         "TOTAL",
         "CHECKPOINT",
         "PREEMPTIONS",
+        "GOODPUT",
         "FAILURES",
         "AGE",
     ]
@@ -408,6 +414,32 @@ def test_status_subresource_keeps_what_the_controller_writes(
             "updateTime": "2026-11-23T02:59:00Z",
         },
         "lastCheckpoint": {"step": 100, "uri": "s3://bucket/runs/fuzz/step-100", "time": "2026-11-23T02:58:00Z"},
+        "goodput": {
+            "ratio": 0.612,
+            "wallSeconds": 600,
+            "survivingStepSeconds": 367,
+            "lostSeconds": {
+                "waitingForCapacity": 60,
+                "startUp": 20,
+                "restarts": 90,
+                "redoneSteps": 40,
+                "checkpointBlocking": 3,
+                "other": 20,
+            },
+            "stepsRedone": [20],
+            "workerRestarts": 0,
+        },
+        "checkpointInterval": {
+            "steps": 40,
+            "targetSeconds": 12.5,
+            "checkpointSeconds": 0.4,
+            "stepSeconds": 0.31,
+            "meanSecondsBetweenInterruptions": 195.3,
+            "interruptions": 1,
+            "observedSeconds": 30.6,
+            "minSteps": 10,
+            "maxSteps": 5000,
+        },
         "attempts": [
             {
                 "attempt": 1,

@@ -10,6 +10,7 @@ from spotray.train.runspec import (
     RunContext,
     load_training_run,
     parse_cpu,
+    parse_spec,
     parse_training_run,
 )
 
@@ -69,6 +70,14 @@ def test_shipped_manifests_are_valid(path: Path) -> None:
         ({"checkpoint": {"uri": "s3:/bucket/x"}}, "spec.checkpoint.uri:"),
         ({"checkpoint": {"uri": "s3://bucket/x", "keep": 0}}, "spec.checkpoint.keep: must be >= 1, got 0"),
         ({"checkpoint": {"uri": "s3://bucket/x", "everySteps": -5}}, "spec.checkpoint.everySteps: must be >= 1"),
+        (
+            {"checkpoint": {"uri": "s3://bucket/x", "everySteps": "often"}},
+            'spec.checkpoint.everySteps: must be a number of steps or "auto"',
+        ),
+        (
+            {"checkpoint": {"uri": "s3://bucket/x", "minEverySteps": 50, "maxEverySteps": 20}},
+            "spec.checkpoint.maxEverySteps: must be >= minEverySteps (50), got 20",
+        ),
         ({"checkpoint": {}}, "spec.checkpoint.uri: missing"),
         ({"data": {"uri": "s3://"}}, "spec.data.uri:"),
         ({"retry": {"maxFailures": -1}}, "spec.retry.maxFailures: must be >= 0"),
@@ -151,3 +160,17 @@ def test_unreadable_files(tmp_path: Path) -> None:
     valid = tmp_path / "ok.yaml"
     valid.write_text(yaml.safe_dump(manifest()))
     assert load_training_run(valid).name == "run-a"
+
+
+def test_every_steps_auto_with_its_bounds() -> None:
+    spec = parse_spec(
+        {
+            "entrypoint": "python train.py",
+            "checkpoint": {"uri": "s3://bucket/x", "everySteps": "auto", "minEverySteps": 5, "maxEverySteps": 50},
+        }
+    )
+    assert spec.checkpoint.auto_interval
+    assert spec.checkpoint.fixed_every_steps is None
+    assert (spec.checkpoint.min_every_steps, spec.checkpoint.max_every_steps) == (5, 50)
+    fixed = parse_spec({"entrypoint": "python train.py", "checkpoint": {"uri": "s3://bucket/x", "everySteps": 40}})
+    assert (fixed.checkpoint.auto_interval, fixed.checkpoint.fixed_every_steps) == (False, 40)
