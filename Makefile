@@ -105,7 +105,7 @@ bench: setup ## run the benchmarks; results land in bench/results/*.json
 bench-controller-scale: setup testbed ## 1,000 TrainingRuns at once vs a no-op operator, then the steady state (~20 min)
 	$(PY) -m bench.controller --runs 1000 --rounds 1 --settle-seconds 120
 
-bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, fixed vs auto checkpoint interval (~1 h)
+bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs fixed checkpoint interval (~40 min)
 	$(PY) -m bench.goodput
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
