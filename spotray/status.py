@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spotray.output import age_since, emit, render_data, render_table
+from spotray.train.goodput import lost_time_summary
 
 if TYPE_CHECKING:
     from spotray.kube import ClusterConnection
@@ -76,12 +77,11 @@ def status_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
 
 def goodput_line(goodput: dict[str, Any]) -> str:
     """status.goodput in words: the ratio, the surviving time, the lost time by cause (biggest first)."""
-    lost = sorted(((s, cause) for cause, s in (goodput.get("lostSeconds") or {}).items() if s), reverse=True)
     redone = goodput.get("stepsRedone") or []
     return (
         f"{goodput.get('ratio', 0):.2f} ({goodput.get('survivingStepSeconds', 0)} s of "
         f"{goodput.get('wallSeconds', 0)} s in steps that survived; lost: "
-        + (", ".join(f"{cause} {seconds} s" for seconds, cause in lost) or "nothing")
+        + lost_time_summary(goodput.get("lostSeconds") or {})
         + (f"; steps redone after each resume: {', '.join(map(str, redone))}" if redone else "")
         + ")"
     )

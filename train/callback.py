@@ -62,7 +62,11 @@ class S3CheckpointCallback(TrainerCallback):
         self._uploader: CheckpointUploader | None = None
         self.attempt = attempt
         self._step_ended_at = time.monotonic()
-        self.last_stall: tuple[int, float] | None = None  # (step, seconds the loop waited for its save)
+        self._last_stall: tuple[int, float] | None = None  # (step, seconds the loop waited for its save)
+
+    def stall_at(self, step: int) -> float | None:
+        """Seconds the training loop waited for the save of ``step``; None if this rank did not stage it."""
+        return self._last_stall[1] if self._last_stall is not None and self._last_stall[0] == step else None
 
     def _get_uploader(self) -> CheckpointUploader:
         if self._uploader is None:
@@ -122,7 +126,7 @@ class S3CheckpointCallback(TrainerCallback):
             resume["data_position"] = self.data_position()
         self._get_uploader().submit(staged, step, args.world_size, resume)
         blocked_s = time.monotonic() - self._step_ended_at
-        self.last_stall = (step, blocked_s)
+        self._last_stall = (step, blocked_s)
         self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4))
 
     def on_train_end(

@@ -214,7 +214,8 @@ class AutoCheckpointInterval(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         # After the S3 callback's on_save (it comes first in the list), which measured this save's stall.
-        if self.sync.last_stall is not None and self.sync.last_stall[0] == state.global_step:
-            self._stalls.append(self.sync.last_stall[1])
+        stall = self.sync.stall_at(state.global_step)
+        if stall is not None:
+            self._stalls.append(stall)
         self._last_step_end = None  # the next step's gap would include the save
         self._plan_next(state.global_step)

@@ -109,18 +109,20 @@ def attempts_from_progress(
         for index, (resumed_from, started) in enumerate(cuts):
             until = cuts[index + 1][1] if index + 1 < len(cuts) else None
             since = started if index else None
+
+            def within(at: float, since: float | None = since, until: float | None = until) -> bool:
+                return (since is None or at >= since) and (until is None or at < until)
+
             lifetimes.append(
                 Lifetime(
                     attempt.attempt,
                     resumed_from,
-                    [p for p in attempt.points if (since is None or p[2] >= since) and (until is None or p[2] < until)],
+                    [point for point in attempt.points if within(point[2])],
                     restart=index > 0,
                     requested_at=(requested or {}).get(attempt.attempt) if index == 0 else None,
                     started_at=started,
                     checkpoint_stalls=[
-                        (step, seconds)
-                        for step, seconds, at in attempt.checkpoint_stalls
-                        if (since is None or at >= since) and (until is None or at < until)
+                        (step, seconds) for step, seconds, at in attempt.checkpoint_stalls if within(at)
                     ],
                 )
             )
@@ -189,6 +191,15 @@ def kept_up_to(lifetimes: list[Lifetime]) -> list[float]:
     return kept[::-1]
 
 
+def lost_time_summary(lost_s: Mapping[str, float]) -> str:
+    """Lost time by cause, biggest first: "restarts 41 s, redoneSteps 12 s, ..." (what rounds to 0 s is left out).
+
+    For a ``Ledger`` and for status.goodput's lostSeconds alike.
+    """
+    parts = sorted(((seconds, cause) for cause, seconds in lost_s.items() if seconds >= 0.5), reverse=True)
+    return ", ".join(f"{cause} {seconds:.0f} s" for seconds, cause in parts) or "nothing"
+
+
 @dataclass(frozen=True)
 class Ledger:
     """Where a run's wall time went."""
@@ -219,9 +230,7 @@ class Ledger:
         )
 
     def lost_summary(self) -> str:
-        """The lost time by cause, biggest first: "restarts 41 s, redoneSteps 12 s, ..."."""
-        parts = sorted(((s, cause) for cause, s in self.lost_s.items() if s >= 0.5), reverse=True)
-        return ", ".join(f"{cause} {seconds:.0f} s" for seconds, cause in parts) or "nothing"
+        return lost_time_summary(self.lost_s)
 
     def to_status(self) -> dict[str, Any]:
         """status.goodput: whole seconds (sub-second changes would be a status write for nothing)."""

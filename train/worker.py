@@ -157,9 +157,9 @@ class ProgressCallback(TrainerCallback):
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         # After the S3 callback's on_save (it comes first in the list), which measured the stall.
-        stall = self.sync.last_stall
-        if self.progress is not None and stall is not None and stall[0] == state.global_step:
-            self.progress.record_checkpoint_stall(*stall)
+        stall = self.sync.stall_at(state.global_step)
+        if self.progress is not None and stall is not None:
+            self.progress.record_checkpoint_stall(state.global_step, stall)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
