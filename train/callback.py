@@ -5,6 +5,10 @@ for every rank to finish writing (each rank saves its own RNG state), then world
 hard-links the directory into a staging area and hands it to the background uploader. Training
 continues at once. A failed upload is raised on the next step; ``on_train_end`` waits for the
 last upload, so a run that ends normally has its final checkpoint in S3.
+
+With ``async_save=True`` and an ``AsyncSaveTrainer`` (train/async_checkpoint.py) the Trainer's
+save only copies the state into host memory; ``on_save`` hands that snapshot to a background
+writer, which writes the same files and then stages and submits them as above.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from spotray.train.async_checkpoint import SnapshotWriter, WhenBusy
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.events import EventLog
@@ -36,7 +41,9 @@ class S3CheckpointCallback(TrainerCallback):
     multiple of ``save_steps``, so the finished model is in the store too. ``data_position``, when
     given, returns where the data stream stands; it is recorded in the manifest for an exact resume.
     ``attempt``, when given, fences uploads and prunes: once a newer attempt has claimed the
-    checkpoint URI (train/attempts.py), this one raises instead of writing.
+    checkpoint URI (train/attempts.py), this one raises instead of writing. ``async_save`` makes an
+    ``AsyncSaveTrainer`` block only for a copy to host memory; ``when_busy`` says what a save does
+    while the previous one is still being written from that memory ("wait" or "skip").
     """
 
     def __init__(
@@ -50,8 +57,11 @@ class S3CheckpointCallback(TrainerCallback):
         events: EventLog | None = None,
         data_position: Callable[[], dict[str, Any]] | None = None,
         attempt: AttemptId | None = None,
+        async_save: bool = False,
+        when_busy: WhenBusy = "wait",
     ) -> None:
         self.store = store or open_store(checkpoint_uri)
+        self.snapshot_writer = SnapshotWriter(when_busy) if async_save else None
         self.data_position = data_position
         self.last_complete_step: int | None = None
         self.keep = keep
@@ -63,6 +73,7 @@ class S3CheckpointCallback(TrainerCallback):
         self.attempt = attempt
         self._step_ended_at = time.monotonic()
         self._last_stall: tuple[int, float] | None = None  # (step, seconds the loop waited for its save)
+        self._skips_reported = 0
 
     def stall_at(self, step: int) -> float | None:
         """Seconds the training loop waited for the save of ``step``; None if this rank did not stage it."""
@@ -101,6 +112,8 @@ class S3CheckpointCallback(TrainerCallback):
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._uploader is not None:
             self._uploader.raise_if_failed()
+        if self.snapshot_writer is not None:
+            self.snapshot_writer.raise_if_failed()
         if self.save_final and state.global_step >= state.max_steps > 0:
             control.should_save = True
         # The Trainer saves right after the step's callbacks: the stall is measured from here to staged.
@@ -112,9 +125,6 @@ class S3CheckpointCallback(TrainerCallback):
         if not state.is_world_process_zero:
             return
         step = state.global_step
-        source = Path(str(args.output_dir)) / checkpoint_dir_name(step)
-        assert self._staging_root is not None
-        staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step))
         samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
         resume = {
             "global_step": step,
@@ -123,15 +133,36 @@ class S3CheckpointCallback(TrainerCallback):
             "seed": args.seed,
         }
         if self.data_position is not None:
-            resume["data_position"] = self.data_position()
-        self._get_uploader().submit(staged, step, args.world_size, resume)
+            resume["data_position"] = self.data_position()  # read now: the next step moves it
+        writer = self.snapshot_writer
+        snapshot = writer.pending if writer is not None else None
+        if writer is not None and snapshot is not None and snapshot.step == step:
+            writer.pending = None
+            writer.write_in_background(snapshot, lambda written: self._submit(written.output_dir, step, args, resume))
+        elif writer is not None and writer.skipped > self._skips_reported:
+            self._skips_reported = writer.skipped
+            self.events.emit("checkpoint_skipped", step=step, skipped=writer.skipped, reason="previous still writing")
+            return
+        else:
+            self._submit(Path(str(args.output_dir)) / checkpoint_dir_name(step), step, args, resume)
         blocked_s = time.monotonic() - self._step_ended_at
         self._last_stall = (step, blocked_s)
         self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4))
 
+    def _submit(self, source: Path, step: int, args: TrainingArguments, resume: dict[str, Any]) -> None:
+        """Stage ``source`` and queue its upload; a checkpoint still waiting for its upload is dropped."""
+        assert self._staging_root is not None
+        staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step))
+        dropped = self._get_uploader().submit(staged, step, args.world_size, resume)
+        if dropped:
+            total = self._get_uploader().dropped
+            self.events.emit("checkpoint_dropped", steps=dropped, newer=step, dropped_total=total)
+
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        if self.snapshot_writer is not None:
+            self.snapshot_writer.wait()  # the last snapshot is written and queued for upload
         if self._uploader is not None:
             self._uploader.close()  # waits for the last upload (raises if it failed), ends the upload process
             self._uploader = None
@@ -140,6 +171,8 @@ class S3CheckpointCallback(TrainerCallback):
             self._staging_root = None
 
     def flush(self) -> None:
-        """Wait for every queued upload; raises if one failed."""
+        """Wait for the checkpoint being written and every queued upload; raises if one failed."""
+        if self.snapshot_writer is not None:
+            self.snapshot_writer.wait()
         if self._uploader is not None:
             self._uploader.flush()

@@ -71,21 +71,43 @@ class CheckpointUploader:
         self._failure: BaseException | None = None
         self._failed_step: int | None = None
         self.last_uploaded_step: int | None = None
+        self.dropped = 0  # checkpoints dropped unuploaded because a newer one came (see submit)
         self._worker = UploadWorker()
         self._worker.start()
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
 
-    def submit(self, staged_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None) -> None:
-        """Queue a staged checkpoint; the uploader owns ``staged_dir`` from now on and deletes it."""
+    def submit(self, staged_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None) -> list[int]:
+        """Queue a staged checkpoint; the uploader owns ``staged_dir`` from now on and deletes it.
+
+        The newest checkpoint wins: one still waiting for its upload (not started) is dropped, its
+        staged files deleted, so staging holds at most the one uploading and the one waiting.
+        Returns the steps dropped.
+        """
         self.raise_if_failed()
-        backlog = self._jobs.qsize()
-        if backlog:
+        dropped = self._drop_waiting()
+        if dropped:
+            self.dropped += len(dropped)
             log.warning(
-                "checkpoint uploads are falling behind (%d waiting); checkpoint less often or use faster storage",
-                backlog,
+                "checkpoint uploads are falling behind: dropped checkpoint-%s (not uploaded) for checkpoint-%d; "
+                "checkpoint less often or use faster storage",
+                ", checkpoint-".join(map(str, dropped)),
+                step,
             )
         self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}, self.attempt))
+        return dropped
+
+    def _drop_waiting(self) -> list[int]:
+        dropped: list[int] = []
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return dropped
+            if job is not None:
+                shutil.rmtree(job.staged_dir, ignore_errors=True)
+                dropped.append(job.step)
+            self._jobs.task_done()
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:

@@ -34,6 +34,7 @@ def test_uploads_in_order_prunes_and_cleans_staging(tmp_path: Path) -> None:
     for step in (1, 2, 3):
         staged = write_files(tmp_path / f"staging/checkpoint-{step}", {"w.bin": bytes([step]) * 10})
         uploader.submit(staged, step, world_size=1)
+        uploader.flush(timeout_s=30)  # one at a time: a checkpoint still waiting would be dropped for the next
     uploader.close()
     assert uploaded == [1, 2, 3]
     latest = latest_complete_checkpoint(store)
@@ -124,3 +125,27 @@ def test_an_upload_process_killed_once_is_replaced_and_the_checkpoint_lands(tmp_
     uploader.submit(write_files(tmp_path / "staging/checkpoint-4", {"w.bin": b"x"}), 4, world_size=1)
     uploader.close()
     assert uploader.last_uploaded_step == 4
+
+
+def test_when_uploads_fall_behind_the_newest_checkpoint_wins(tmp_path: Path) -> None:
+    """Staging holds the one uploading and the newest waiting; older waiting ones are dropped, counted."""
+    gate = tmp_path / "gate"
+    store = GatedStore(parse_uri(str(tmp_path / "store")), gate)
+    uploaded: list[int] = []
+    uploader = CheckpointUploader(store, keep=3, on_uploaded=lambda m, _s: uploaded.append(m.step))
+    staging = tmp_path / "staging"
+    uploader.submit(write_files(staging / "checkpoint-1", {"w.bin": b"1"}), 1, world_size=1)
+    deadline = time.monotonic() + 30
+    while uploader._jobs.qsize() and time.monotonic() < deadline:  # checkpoint-1 taken: it is uploading
+        time.sleep(0.01)
+    assert uploader.submit(write_files(staging / "checkpoint-2", {"w.bin": b"2"}), 2, world_size=1) == []
+    assert uploader.submit(write_files(staging / "checkpoint-3", {"w.bin": b"3"}), 3, world_size=1) == [2]
+    assert uploader.submit(write_files(staging / "checkpoint-4", {"w.bin": b"4"}), 4, world_size=1) == [3]
+    assert sorted(p.name for p in staging.iterdir()) == ["checkpoint-1", "checkpoint-4"]  # bounded
+    assert uploader.dropped == 2
+    gate.touch()
+    uploader.close()
+    assert uploaded == [1, 4]
+    latest = latest_complete_checkpoint(store)
+    assert latest is not None
+    assert latest.step == 4

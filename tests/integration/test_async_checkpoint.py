@@ -1,0 +1,196 @@
+"""Asynchronous checkpoints (train/async_checkpoint.py) against the Trainer's own synchronous save.
+
+Correct before fast: the same training with the same seed saves the same checkpoint either way
+(every tensor equal, the same trainer state, the same files), and a run resumed from an async
+checkpoint ends with the weights of an uninterrupted run. Real Trainer, real files, a real
+upload process; the store is a directory.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch.utils.data import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
+
+from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers, Snapshot, SnapshotWriter
+from spotray.train.callback import S3CheckpointCallback
+from spotray.train.checkpoint import MANIFEST_NAME, latest_complete_checkpoint
+from spotray.train.store import LocalObjectStore, parse_uri
+
+pytestmark = [pytest.mark.integration, pytest.mark.core]
+
+VOCAB, BLOCK = 64, 16
+
+
+class RandomTokens(Dataset[dict[str, torch.Tensor]]):
+    def __init__(self, count: int = 256) -> None:
+        generator = torch.Generator().manual_seed(0)
+        self.blocks = torch.randint(0, VOCAB, (count, BLOCK), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    config = GPT2Config(vocab_size=VOCAB, n_positions=BLOCK, n_embd=32, n_layer=2, n_head=2)  # type: ignore[no-untyped-call]
+    return GPT2LMHeadModel(config)  # type: ignore[no-untyped-call]
+
+
+def make_trainer(
+    trainer_class: type[Trainer], workdir: Path, callbacks: list[TrainerCallback], max_steps: int = 6
+) -> Trainer:
+    set_seed(7)
+    args = TrainingArguments(
+        output_dir=str(workdir / "checkpoints"),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        lr_scheduler_type="cosine",
+        warmup_steps=1,
+        save_strategy="steps",
+        save_steps=3,
+        save_total_limit=2,
+        logging_steps=1,
+        seed=7,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+    )
+    return trainer_class(model=tiny_gpt2(), args=args, train_dataset=RandomTokens(), callbacks=callbacks)
+
+
+def sync_callback(workdir: Path, *, async_save: bool) -> S3CheckpointCallback:
+    store = LocalObjectStore(parse_uri(str(workdir / "store")))
+    return S3CheckpointCallback(
+        str(workdir / "store"), store=store, keep=3, staging_dir=workdir / "staging", async_save=async_save
+    )
+
+
+def assert_same(left: Any, right: Any, where: str) -> None:
+    if isinstance(left, torch.Tensor):
+        assert isinstance(right, torch.Tensor), where
+        assert left.dtype == right.dtype, where
+        assert torch.equal(left, right), where
+    elif isinstance(left, dict):
+        assert isinstance(right, dict), where
+        assert left.keys() == right.keys(), where
+        for key in left:
+            assert_same(left[key], right[key], f"{where}/{key}")
+    elif isinstance(left, list | tuple):
+        assert type(left) is type(right), where
+        for index, (a, b) in enumerate(zip(left, right, strict=True)):
+            assert_same(a, b, f"{where}/{index}")
+    elif isinstance(left, np.ndarray):
+        assert np.array_equal(left, right), where
+    else:
+        assert left == right, where
+
+
+def assert_same_checkpoint(sync_dir: Path, async_dir: Path) -> None:
+    def names(root: Path) -> list[str]:
+        return sorted(p.name for p in root.iterdir() if p.name != MANIFEST_NAME)
+
+    assert names(sync_dir) == names(async_dir)
+    assert_same(load_file(sync_dir / "model.safetensors"), load_file(async_dir / "model.safetensors"), "model")
+    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        assert_same(
+            torch.load(sync_dir / name, weights_only=False), torch.load(async_dir / name, weights_only=False), name
+        )
+    sync_state = json.loads((sync_dir / "trainer_state.json").read_text())
+    async_state = json.loads((async_dir / "trainer_state.json").read_text())
+    assert sync_state == async_state
+    assert (sync_dir / "config.json").read_text() == (async_dir / "config.json").read_text()
+
+
+def test_an_async_checkpoint_holds_what_the_synchronous_save_writes(tmp_path: Path) -> None:
+    plain = make_trainer(Trainer, tmp_path / "sync", [sync_callback(tmp_path / "sync", async_save=False)])
+    plain.train()
+    taking = sync_callback(tmp_path / "async", async_save=True)
+    fast = make_trainer(AsyncSaveTrainer, tmp_path / "async", [taking])
+    fast.train()
+    assert taking.snapshot_writer is not None
+    assert taking.snapshot_writer.buffers.nbytes > 0  # the async path ran, not the Trainer's own save
+    for step in (3, 6):
+        name = f"checkpoint-{step}"
+        assert_same_checkpoint(tmp_path / "sync/checkpoints" / name, tmp_path / "async/checkpoints" / name)
+    latest = latest_complete_checkpoint(taking.store)
+    assert latest is not None
+    assert latest.step == 6
+    stored = tmp_path / "async/store/checkpoint-6"
+    assert_same_checkpoint(tmp_path / "sync/checkpoints/checkpoint-6", stored)  # the uploaded copy too
+    assert not any((tmp_path / "async/staging").iterdir())
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            control.should_training_stop = True
+
+
+def test_a_run_resumed_from_an_async_checkpoint_ends_with_the_uninterrupted_weights(tmp_path: Path) -> None:
+    whole = make_trainer(AsyncSaveTrainer, tmp_path / "whole", [sync_callback(tmp_path / "whole", async_save=True)])
+    whole.train()
+    first = make_trainer(
+        AsyncSaveTrainer, tmp_path / "cut", [sync_callback(tmp_path / "cut", async_save=True), StopAt(3)]
+    )
+    first.train()  # stops after the save at step 3: a preempted attempt
+    random.seed(12345)  # a new process would not share the first attempt's RNG states
+    torch.manual_seed(12345)
+    resumed = make_trainer(AsyncSaveTrainer, tmp_path / "cut", [sync_callback(tmp_path / "cut", async_save=True)])
+    resumed.train(resume_from_checkpoint=str(tmp_path / "cut/checkpoints/checkpoint-3"))
+    assert resumed.state.global_step == 6
+    assert_same(whole.model.state_dict(), resumed.model.state_dict(), "final weights")
+
+
+def test_host_buffers_are_reused_and_keep_tied_weights_tied() -> None:
+    model = tiny_gpt2()
+    buffers = HostBuffers()
+    first = buffers.copy("model", model.state_dict())
+    assert first["lm_head.weight"] is first["transformer.wte.weight"]  # tied in the model, one buffer here
+    size = buffers.nbytes
+    with torch.no_grad():
+        model.transformer.wte.weight.add_(1.0)
+    second = buffers.copy("model", model.state_dict())
+    assert second["transformer.wte.weight"].data_ptr() == first["transformer.wte.weight"].data_ptr()
+    assert buffers.nbytes == size  # nothing new allocated
+    assert torch.equal(second["transformer.wte.weight"], model.transformer.wte.weight)
+
+
+def test_a_save_while_the_previous_is_written_waits_or_is_skipped() -> None:
+    skipping = SnapshotWriter("skip")
+    waiting = SnapshotWriter("wait")
+    release = time.monotonic() + 0.5
+
+    def slow_write() -> None:
+        time.sleep(max(0.0, release - time.monotonic()))
+
+    for writer in (skipping, waiting):
+        assert writer.begin(must_save=False)
+        writer.write_in_background(_snapshot(1, slow_write), lambda _s: None)
+    assert not skipping.begin(must_save=False)  # busy: this checkpoint is skipped, counted
+    assert skipping.skipped == 1
+    assert skipping.begin(must_save=True)  # the last save before stopping waits instead
+    assert time.monotonic() >= release - 0.01
+    assert waiting.begin(must_save=False)  # already written by now
+    assert waiting.skipped == 0
+    with pytest.raises(ValueError, match="when_busy"):
+        SnapshotWriter("drop")  # type: ignore[arg-type]
+
+
+def _snapshot(step: int, write: Any) -> Snapshot:
+    return Snapshot(step, Path("unused"), write, 0.0)
