@@ -48,6 +48,14 @@ WhenBusy = Literal["wait", "skip"]
 WHEN_BUSY_CHOICES: tuple[WhenBusy, ...] = ("wait", "skip")
 
 
+def when_busy_policy(value: str) -> WhenBusy:
+    """``value`` as a policy, or a ValueError that lists the choices."""
+    for choice in WHEN_BUSY_CHOICES:
+        if value == choice:
+            return choice
+    raise ValueError(f"when_busy must be one of {', '.join(WHEN_BUSY_CHOICES)}, not {value!r}")
+
+
 class HostBuffers:
     """Host copies of a training state's tensors, allocated at the first snapshot and reused after.
 
@@ -126,10 +134,8 @@ class SnapshotWriter:
     failure is kept and raised on the training thread's next call.
     """
 
-    def __init__(self, when_busy: WhenBusy = "wait") -> None:
-        if when_busy not in WHEN_BUSY_CHOICES:
-            raise ValueError(f"when_busy must be one of {WHEN_BUSY_CHOICES}, not {when_busy!r}")
-        self.when_busy = when_busy
+    def __init__(self, when_busy: str = "wait") -> None:
+        self.when_busy = when_busy_policy(when_busy)
         self.buffers = HostBuffers()
         self.skipped = 0
         self.waited_s = 0.0  # time saves spent waiting for the previous write (when_busy="wait")

@@ -24,7 +24,7 @@ from typing import Any
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from spotray.train.async_checkpoint import SnapshotWriter, WhenBusy
+from spotray.train.async_checkpoint import SnapshotWriter
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.events import EventLog
@@ -58,7 +58,7 @@ class S3CheckpointCallback(TrainerCallback):
         data_position: Callable[[], dict[str, Any]] | None = None,
         attempt: AttemptId | None = None,
         async_save: bool = False,
-        when_busy: WhenBusy = "wait",
+        when_busy: str = "wait",
     ) -> None:
         self.store = store or open_store(checkpoint_uri)
         self.snapshot_writer = SnapshotWriter(when_busy) if async_save else None

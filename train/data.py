@@ -37,10 +37,11 @@ from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
-from transformers import Trainer, TrainerState
+from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
+from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
 from spotray.train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
@@ -198,8 +199,10 @@ class EpochLoader:
             yield batch
 
 
-class StreamingTrainer(Trainer):
+class StreamingTrainer(AsyncSaveTrainer):
     """A ``Trainer`` that takes its batches from an ``EpochLoader`` as they are.
+
+    Its checkpoints are asynchronous when its ``S3CheckpointCallback`` says so (``AsyncSaveTrainer``).
 
     The stock Trainer wraps an iterable dataset in accelerate's sharding, which would split
     streaming's per-rank partitions again; and it skips already-seen batches on resume, which the

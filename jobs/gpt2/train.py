@@ -42,6 +42,7 @@ from spotray.jobs.common import (
     worker_context,
 )
 from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
+from spotray.train.async_checkpoint import WHEN_BUSY_CHOICES, AsyncSaveTrainer
 from spotray.train.attempts import EXIT_BAD_INPUT
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint_interval import AutoCheckpointInterval, run_history
@@ -91,6 +92,8 @@ class Gpt2JobConfig(LoopConfig):
     create_bucket: bool = False
     events_path: Path | None = None
     use_gpu: bool = False
+    async_checkpoints: bool = True  # the loop waits only for a copy to host memory (train/async_checkpoint.py)
+    when_busy: str = "wait"  # a save while the previous one is still being written: "wait" or "skip"
 
 
 def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
@@ -139,10 +142,12 @@ def build_trainer(config: Gpt2JobConfig, callbacks: list[TrainerCallback], *, sa
     """A single-process Trainer over the in-memory corpus: no Ray, no data store.
 
     The benchmarks of the checkpoint core and its tests use it to measure and fault the checkpoint
-    path alone; the job itself trains through ``train_loop`` below.
+    path alone; the job itself trains through ``train_loop`` below. With ``async_checkpoints`` it
+    is an ``AsyncSaveTrainer`` (asynchronous only with a callback made with ``async_save=True``).
     """
     set_seed(config.seed)
-    trainer: Trainer = Trainer(
+    trainer_class = AsyncSaveTrainer if config.async_checkpoints else Trainer
+    trainer: Trainer = trainer_class(
         model=build_model(config),
         args=build_training_args(config, save_steps=save_steps),
         train_dataset=ByteBlocks(corpus_bytes(), config.block_size),
@@ -202,6 +207,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         staging_dir=rank_dir / "staging",
         data_position=lambda: loader.position.to_dict(),  # noqa: PLW0108 (reads the position at save time)
         attempt=context.attempt_id,
+        async_save=config.async_checkpoints,
+        when_busy=config.when_busy,
     )
     progress = None
     if rank == 0:
@@ -260,6 +267,8 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         create_bucket=args.create_bucket,
         events_path=events_path(args),
         use_gpu=spec.workers.gpu > 0,
+        async_checkpoints=args.checkpoint_mode == "async",
+        when_busy=args.when_busy,
     )
 
 
@@ -276,6 +285,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
     parser.add_argument(
         "--dropout", type=float, default=0.1, help="0 makes runs with different worker counts numerically equal"
+    )
+    parser.add_argument(
+        "--checkpoint-mode",
+        choices=("async", "sync"),
+        default="async",
+        help="async: a save blocks training only for a copy to host memory; sync: the Trainer's own save",
+    )
+    parser.add_argument(
+        "--when-busy",
+        choices=WHEN_BUSY_CHOICES,
+        default="wait",
+        help="async: a save that comes while the previous one is still being written waits for it, or is skipped",
     )
     args = parser.parse_args(argv)
     for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd", "workers"):

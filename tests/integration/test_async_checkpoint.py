@@ -189,7 +189,7 @@ def test_a_save_while_the_previous_is_written_waits_or_is_skipped() -> None:
     assert waiting.begin(must_save=False)  # already written by now
     assert waiting.skipped == 0
     with pytest.raises(ValueError, match="when_busy"):
-        SnapshotWriter("drop")  # type: ignore[arg-type]
+        SnapshotWriter("drop")
 
 
 def _snapshot(step: int, write: Any) -> Snapshot:

@@ -180,6 +180,10 @@ def test_head_lost_then_resumed_with_fewer_workers_matches_an_uninterrupted_run(
     os.killpg(first.pid, signal.SIGKILL)
     first.wait()
     killed_at = max(e["step"] for e in read_events(events) if e["event"] == "step")
+    # The newest checkpoint complete in S3 when the head was lost: the one the next attempt must resume
+    # from. (Not "less than one interval lost": a checkpoint saved just before the kill may still be
+    # uploading, and then two intervals are lost; issue #15's goal is complete before the next save.)
+    complete_at_kill = max(e["step"] for e in read_events(events) if e["event"] == "checkpoint_complete")
 
     # 2) the same command with one worker: resumes from the newest complete checkpoint and finishes.
     second = subprocess.run(
@@ -196,7 +200,8 @@ def test_head_lost_then_resumed_with_fewer_workers_matches_an_uninterrupted_run(
     assert [s["world_size"] for s in starts] == [2, 1]
     resumed_at = starts[1]["resumed_from"]
     assert 2 * SAVE_STEPS <= resumed_at <= killed_at
-    assert killed_at - resumed_at < SAVE_STEPS, "lost more than one checkpoint interval"
+    assert resumed_at == complete_at_kill, "did not resume from the newest complete checkpoint"
+    assert killed_at - resumed_at < 2 * SAVE_STEPS, "lost more than the interval being uploaded and the next"
     assert starts[1]["data_position"] == {"epoch": 0, "sample_in_epoch": resumed_at * GLOBAL_BATCH}
 
     # every sample the uninterrupted run trained, each exactly once: no duplicates, no gaps
