@@ -200,7 +200,8 @@ def test_head_lost_then_resumed_with_fewer_workers_matches_an_uninterrupted_run(
     assert [s["world_size"] for s in starts] == [2, 1]
     resumed_at = starts[1]["resumed_from"]
     assert 2 * SAVE_STEPS <= resumed_at <= killed_at
-    assert resumed_at == complete_at_kill, "did not resume from the newest complete checkpoint"
+    # (the next one may have become complete in S3 just before its event could be written)
+    assert resumed_at in (complete_at_kill, complete_at_kill + SAVE_STEPS), "not the newest complete checkpoint"
     assert killed_at - resumed_at < 2 * SAVE_STEPS, "lost more than the interval being uploaded and the next"
     assert starts[1]["data_position"] == {"epoch": 0, "sample_in_epoch": resumed_at * GLOBAL_BATCH}
 
