@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos bench-controller-scale bench-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos bench-controller-scale bench-gpu-carry bench-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -104,6 +104,9 @@ bench: setup ## run the benchmarks; results land in bench/results/*.json
 
 bench-controller-scale: setup testbed ## 1,000 TrainingRuns at once vs a no-op operator, then the steady state (~20 min)
 	$(PY) -m bench.controller --runs 1000 --rounds 1 --settle-seconds 120
+
+bench-gpu-carry: setup ## put boto3 wheels and SeaweedFS (xz) under .device/ for bench/gpu_checkpoint.py on a lent GPU machine
+	hack/device_carry.sh
 
 bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs fixed checkpoint interval (~40 min)
 	$(PY) -m bench.goodput

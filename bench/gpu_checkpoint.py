@@ -21,11 +21,13 @@ Without CUDA it says so and exits 0 (CI and this project's own machines have no 
 runs the same code on a tiny model on the CPU, to check the script itself.
 
 On a machine lent by the `device` tool (torch and transformers are there, boto3 and SeaweedFS are
-not): ``hack/device_carry.sh`` puts boto3's wheels and the ``weed`` binary under ``.device/``, then
+not): ``hack/device_carry.sh`` puts boto3's wheels and the compressed ``weed`` binary under
+``.device/``, then
 
     run(command="python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl
-         && PYTHONPATH=/tmp/site:. PATH=$PWD/.device/bin:$PATH python3 -m bench.gpu_checkpoint
-         --models 124m 350m --out $OUT", carry=[".device"])
+         && mkdir -p /tmp/bin && xz -dc .device/weed.xz > /tmp/bin/weed && chmod +x /tmp/bin/weed
+         && PYTHONPATH=/tmp/site:. PATH=/tmp/bin:$PATH python3 -m bench.gpu_checkpoint
+         --models 124m --out $OUT", carry=[".device"])
 
 One model per call keeps each command inside the tool's 10 minutes (1.5B: ``--checkpoints 2``).
 """

@@ -17,6 +17,8 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = {
     "transfer": "bench.transfer",
     "checkpoint": "bench.checkpoint",
+    "notice_checkpoint": "bench.notice_checkpoint",
+    "gpu_checkpoint": "bench.gpu_checkpoint",  # says so and exits 0 without CUDA
     "resume": "bench.resume",
     "ray_vs_torchrun": "bench.ray_vs_torchrun",
     "streaming": "bench.streaming",

@@ -9,7 +9,10 @@ upload process; the store is a directory.
 from __future__ import annotations
 
 import json
+import os
 import random
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from spotray.train.store import LocalObjectStore, parse_uri
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
 VOCAB, BLOCK = 64, 16
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class RandomTokens(Dataset[dict[str, torch.Tensor]]):
@@ -98,13 +102,14 @@ def assert_same(left: Any, right: Any, where: str) -> None:
         assert left == right, where
 
 
-def assert_same_checkpoint(sync_dir: Path, async_dir: Path) -> None:
+def assert_same_checkpoint(sync_dir: Path, async_dir: Path, rng_files: tuple[str, ...] = ("rng_state.pth",)) -> None:
     def names(root: Path) -> list[str]:
         return sorted(p.name for p in root.iterdir() if p.name != MANIFEST_NAME)
 
     assert names(sync_dir) == names(async_dir)
+    assert set(rng_files) <= set(names(async_dir))
     assert_same(load_file(sync_dir / "model.safetensors"), load_file(async_dir / "model.safetensors"), "model")
-    for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
+    for name in ("optimizer.pt", "scheduler.pt", *rng_files):
         assert_same(
             torch.load(sync_dir / name, weights_only=False), torch.load(async_dir / name, weights_only=False), name
         )
@@ -131,6 +136,28 @@ def test_an_async_checkpoint_holds_what_the_synchronous_save_writes(tmp_path: Pa
     stored = tmp_path / "async/store/checkpoint-6"
     assert_same_checkpoint(tmp_path / "sync/checkpoints/checkpoint-6", stored)  # the uploaded copy too
     assert not any((tmp_path / "async/staging").iterdir())
+
+
+def test_under_ddp_every_ranks_rng_state_is_in_the_async_checkpoint(tmp_path: Path) -> None:
+    """Two CPU processes (torchrun, gloo): the async checkpoint equals the synchronous one, both ranks' RNG too."""
+    script = Path(__file__).with_name("ddp_checkpoint_script.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for mode in ("sync", "async"):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        result = subprocess.run(
+            [*command, str(script), str(tmp_path / mode), mode],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rng_files = ("rng_state_0.pth", "rng_state_1.pth")
+    for step in (3, 6):
+        name = f"checkpoint-{step}"
+        assert_same_checkpoint(tmp_path / "sync/checkpoints" / name, tmp_path / "async/checkpoints" / name, rng_files)
+    assert_same_checkpoint(tmp_path / "sync/store/checkpoint-6", tmp_path / "async/store/checkpoint-6", rng_files)
 
 
 class StopAt(TrainerCallback):
