@@ -98,7 +98,11 @@ def run_once(mode: str, server: LocalS3Server, args: argparse.Namespace, round_i
     assert notice.noticed_at is not None
     logged = read_events(workdir / "events.jsonl")
     seconds = next(e["seconds"] for e in logged if e["event"] == "emergency_checkpoint")
-    return {"seconds": seconds, "step": notice.stopped_at_step, "checkpoint_gb": round(latest.total_bytes / 1e9, 3)}
+    return {
+        "seconds": seconds,
+        "step": notice.stopped_at_step,
+        "checkpoint_gb": round(latest.manifest.total_bytes / 1e9, 3) if latest.manifest else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
