@@ -119,13 +119,22 @@ class UploadWorker:
             self._requests.send((store, job, keep))
             reply: tuple[str, Any, str] = self._replies.recv()
         except (EOFError, OSError) as error:
-            code = self._process.poll() if self._process else None
+            code = self._exit_code()
             self.close()
             raise CheckpointUploadError(
                 f"the upload process died while uploading checkpoint-{job.step} (exit code {code})",
                 "look for an out-of-memory kill or a crash above; the last complete checkpoint is still safe",
             ) from error
         return reply
+
+    def _exit_code(self) -> int | None:
+        """The exit code of a process whose pipe just closed: it may take a moment to be reaped."""
+        if self._process is None:
+            return None
+        try:
+            return self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None  # its pipe closed but it lives on: close() kills it
 
     def close(self) -> None:
         for connection in (self._requests, self._replies):

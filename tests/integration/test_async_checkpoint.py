@@ -14,6 +14,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers, Snapshot, SnapshotWriter
 from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import MANIFEST_NAME, latest_complete_checkpoint
+from spotray.train.checkpoint import MANIFEST_NAME, complete_checkpoints, latest_complete_checkpoint
+from spotray.train.events import EventLog, read_events
 from spotray.train.store import LocalObjectStore, parse_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
@@ -182,6 +184,43 @@ def test_a_run_resumed_from_an_async_checkpoint_ends_with_the_uninterrupted_weig
     resumed.train(resume_from_checkpoint=str(tmp_path / "cut/checkpoints/checkpoint-3"))
     assert resumed.state.global_step == 6
     assert_same(whole.model.state_dict(), resumed.model.state_dict(), "final weights")
+
+
+class SlowWriteTrainer(AsyncSaveTrainer):
+    """Writes each snapshot a second late: a disk slower than the save interval (the fault, injected)."""
+
+    def _capture(self, buffers: HostBuffers, output_dir: Path) -> Callable[[], None]:
+        write = super()._capture(buffers, output_dir)
+
+        def slow_write() -> None:
+            time.sleep(1.0)
+            write()
+
+        return slow_write
+
+
+def test_with_when_busy_skip_saves_during_a_write_are_skipped_but_never_the_last(tmp_path: Path) -> None:
+    events = EventLog(tmp_path / "events.jsonl")
+    store = LocalObjectStore(parse_uri(str(tmp_path / "store")))
+    sync = S3CheckpointCallback(
+        str(tmp_path / "store"),
+        store=store,
+        keep=10,
+        staging_dir=tmp_path / "staging",
+        events=events,
+        async_save=True,
+        when_busy="skip",
+    )
+    trainer = make_trainer(SlowWriteTrainer, tmp_path, [sync], max_steps=9)
+    trainer.train()
+    logged = list(read_events(tmp_path / "events.jsonl"))
+    saved = [e["step"] for e in logged if e["event"] == "checkpoint_saved"]
+    skipped = [e for e in logged if e["event"] == "checkpoint_skipped"]
+    assert saved == [3, 9]  # 6 came while 3 was still being written; 9, the last, waited
+    assert [e["step"] for e in skipped] == [6]
+    assert sync.snapshot_writer is not None
+    assert sync.snapshot_writer.skipped == 1
+    assert [c.step for c in complete_checkpoints(store)] == [9, 3]
 
 
 def test_host_buffers_are_reused_and_keep_tied_weights_tied() -> None:
