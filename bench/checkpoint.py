@@ -34,8 +34,8 @@ from typing import Any
 from transformers import Trainer, TrainerCallback
 
 from bench.common import machine_details, write_result
+from bench.copy_floor import copy_floor_s
 from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
-from spotray.train.async_checkpoint import HostBuffers
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.local_s3 import LocalS3Server
@@ -70,20 +70,6 @@ def time_save_starts(trainer: Trainer) -> list[float]:
 
     trainer._save_checkpoint = timed  # type: ignore[method-assign]
     return starts
-
-
-def copy_floor_s(trainer: Trainer, repeats: int = 3) -> float:
-    """The fastest copy of the checkpoint's tensors (model + optimizer) into warm host buffers."""
-    assert trainer.model is not None
-    assert trainer.optimizer is not None
-    buffers = HostBuffers()
-    timings = []
-    for _ in range(repeats + 1):  # the first allocates the buffers: not counted
-        started = time.perf_counter()
-        buffers.copy("model", trainer.model.state_dict())
-        buffers.copy("optimizer", trainer.optimizer.state_dict())
-        timings.append(time.perf_counter() - started)
-    return min(timings[1:])
 
 
 def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index: int) -> dict[str, Any]:

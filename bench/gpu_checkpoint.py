@@ -51,7 +51,8 @@ from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 from bench.common import machine_details, write_result
-from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers
+from bench.copy_floor import copy_floor_s
+from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint import Manifest
 from spotray.train.local_s3 import LocalS3Server
@@ -165,20 +166,6 @@ def time_save_starts(trainer: Trainer) -> dict[int, float]:
 
     trainer._save_checkpoint = timed  # type: ignore[method-assign]
     return starts
-
-
-def copy_floor_s(trainer: Trainer, repeats: int = 3) -> float:
-    """The fastest copy of the model and optimizer tensors into warm (pinned, with CUDA) host buffers."""
-    assert trainer.model is not None
-    assert trainer.optimizer is not None
-    buffers = HostBuffers()
-    timings = []
-    for _ in range(repeats + 1):  # the first allocates: not counted
-        started = time.perf_counter()
-        buffers.copy("model", trainer.model.state_dict())
-        buffers.copy("optimizer", trainer.optimizer.state_dict())
-        timings.append(time.perf_counter() - started)
-    return min(timings[1:])
 
 
 def run_mode(
