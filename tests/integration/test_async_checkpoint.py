@@ -29,6 +29,7 @@ from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers, Snapsh
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint import MANIFEST_NAME, complete_checkpoints, latest_complete_checkpoint
 from spotray.train.events import EventLog, read_events
+from spotray.train.resume import fetch_resume_checkpoint
 from spotray.train.store import LocalObjectStore, parse_uri
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
@@ -160,6 +161,36 @@ def test_under_ddp_every_ranks_rng_state_is_in_the_async_checkpoint(tmp_path: Pa
         name = f"checkpoint-{step}"
         assert_same_checkpoint(tmp_path / "sync/checkpoints" / name, tmp_path / "async/checkpoints" / name, rng_files)
     assert_same_checkpoint(tmp_path / "sync/store/checkpoint-6", tmp_path / "async/store/checkpoint-6", rng_files)
+
+
+def test_a_process_killed_while_writing_a_snapshot_resumes_from_the_previous_checkpoint(tmp_path: Path) -> None:
+    """SIGKILL inside the background write: nothing of that checkpoint is taken for complete, resume is exact."""
+    script = Path(__file__).with_name("killed_write_script.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    workdir = tmp_path / "cut"
+    store = LocalObjectStore(parse_uri(str(workdir / "store")))
+    command = [sys.executable, str(script), str(workdir)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    try:
+        # The Trainer prints its logs there too; the line comes once the write of checkpoint-6 stalls.
+        assert any("STALLED" in line for line in process.stdout), "the write of checkpoint-6 never started"
+        deadline = time.monotonic() + 60  # checkpoint-3's upload goes on in the upload process meanwhile
+        while not complete_checkpoints(store) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        process.kill()
+        process.wait()
+    assert (workdir / "checkpoints/checkpoint-6/model.safetensors").exists()  # half-written locally
+    assert [c.step for c in complete_checkpoints(store)] == [3]
+    resume = fetch_resume_checkpoint(store, workdir / "resume")
+    assert resume is not None
+    assert resume.step == 3
+    resumed = make_trainer(AsyncSaveTrainer, workdir, [sync_callback(workdir, async_save=True)], max_steps=9)
+    resumed.train(resume_from_checkpoint=str(resume.local_dir))
+    whole = make_trainer(AsyncSaveTrainer, tmp_path / "whole", [sync_callback(tmp_path / "whole", async_save=True)], 9)
+    whole.train()
+    assert_same(whole.model.state_dict(), resumed.model.state_dict(), "final weights")
 
 
 class StopAt(TrainerCallback):
