@@ -36,7 +36,7 @@ from typing import Any, Literal, cast
 
 import torch
 import torch.distributed as dist
-from transformers import Trainer
+from transformers import Trainer, trainer_utils
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
@@ -287,9 +287,22 @@ class AsyncSaveTrainer(Trainer):
                 torch.save(optimizer_state, output_dir / OPTIMIZER_NAME)
                 torch.save(scheduler_state, output_dir / SCHEDULER_NAME)
             trainer_state.save_to_json(str(output_dir / TRAINER_STATE_NAME))
-            self._rotate_checkpoints(use_mtime=True, output_dir=run_dir)
+            self._rotate_local_checkpoints(run_dir)
 
         return write
+
+    def _rotate_local_checkpoints(self, run_dir: str) -> None:
+        """The Trainer's own ``save_total_limit`` rotation: a method before transformers 5.x, a function after."""
+        rotate_method = getattr(self, "_rotate_checkpoints", None)
+        if rotate_method is not None:
+            rotate_method(use_mtime=True, output_dir=run_dir)
+            return
+        trainer_utils.rotate_checkpoints(  # type: ignore[attr-defined]
+            output_dir=run_dir,
+            save_total_limit=self.args.save_total_limit,
+            best_model_checkpoint=self.state.best_model_checkpoint,
+            use_mtime=True,
+        )
 
     def _export_callback_states(self) -> None:
         """What ``Trainer._save_checkpoint`` records of stateful callbacks before writing the trainer state."""
