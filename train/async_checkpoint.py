@@ -122,7 +122,7 @@ class Snapshot:
     step: int
     output_dir: Path
     write: Callable[[], None]
-    taken_s: float  # seconds the training loop spent copying
+    copy_s: float  # seconds the training loop spent taking it
 
 
 class SnapshotWriter:
@@ -138,7 +138,6 @@ class SnapshotWriter:
         self.when_busy = when_busy_policy(when_busy)
         self.buffers = HostBuffers()
         self.skipped = 0
-        self.waited_s = 0.0  # time saves spent waiting for the previous write (when_busy="wait")
         self.pending: Snapshot | None = None  # taken, not yet handed to the thread (on_save does that)
         self._idle = threading.Event()
         self._idle.set()
@@ -155,9 +154,7 @@ class SnapshotWriter:
         if self.busy and self.when_busy == "skip" and not must_save:
             self.skipped += 1
             return False
-        started = time.monotonic()
         self._idle.wait()
-        self.waited_s += time.monotonic() - started
         self.raise_if_failed()
         return True
 
@@ -255,7 +252,7 @@ class AsyncSaveTrainer(Trainer):
         if not self.args.should_save:
             return
         write = self._capture(writer.buffers, output_dir)
-        writer.pending = Snapshot(self.state.global_step, output_dir, write, time.monotonic() - started)
+        writer.pending = Snapshot(self.state.global_step, output_dir, write, copy_s=time.monotonic() - started)
 
     def _snapshot_writer(self) -> SnapshotWriter | None:
         for callback in self.callback_handler.callbacks:
@@ -264,7 +261,9 @@ class AsyncSaveTrainer(Trainer):
                 reason = sync_save_reason(self)
                 if reason is None:
                     return writer
-                log.info("saving checkpoints synchronously: %s", reason)
+                if not getattr(self, "_sync_reason_logged", False):
+                    log.warning("async_save is on but checkpoints are saved synchronously: %s", reason)
+                    self._sync_reason_logged = True
         return None
 
     def _capture(self, buffers: HostBuffers, output_dir: Path) -> Callable[[], None]:

@@ -136,9 +136,11 @@ class S3CheckpointCallback(TrainerCallback):
             resume["data_position"] = self.data_position()  # read now: the next step moves it
         writer = self.snapshot_writer
         snapshot = writer.pending if writer is not None else None
+        timings: dict[str, float] = {}
         if writer is not None and snapshot is not None and snapshot.step == step:
             writer.pending = None
             writer.write_in_background(snapshot, lambda written: self._submit(written.output_dir, step, args, resume))
+            timings["snapshot_s"] = round(snapshot.copy_s, 4)
         elif writer is not None and writer.skipped > self._skips_reported:
             self._skips_reported = writer.skipped
             self.events.emit("checkpoint_skipped", step=step, skipped=writer.skipped, reason="previous still writing")
@@ -147,7 +149,7 @@ class S3CheckpointCallback(TrainerCallback):
             self._submit(Path(str(args.output_dir)) / checkpoint_dir_name(step), step, args, resume)
         blocked_s = time.monotonic() - self._step_ended_at
         self._last_stall = (step, blocked_s)
-        self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4))
+        self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4), **timings)
 
     def _submit(self, source: Path, step: int, args: TrainingArguments, resume: dict[str, Any]) -> None:
         """Stage ``source`` and queue its upload; a checkpoint still waiting for its upload is dropped."""
