@@ -21,11 +21,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
 from bench.common import machine_details, write_result
+from bench.gpu_checkpoint import RandomTokens
 from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.attempts import AttemptId
 from spotray.train.callback import S3CheckpointCallback
@@ -37,17 +36,6 @@ from spotray.train.worker import PreemptionNoticeCallback
 
 BUCKET = "notice"
 GRACE_S = 15.0
-
-
-class RandomTokens(Dataset[dict[str, torch.Tensor]]):
-    def __init__(self, block: int, vocab: int, count: int = 512) -> None:
-        self.blocks = torch.randint(0, vocab, (count, block), generator=torch.Generator().manual_seed(0))
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
 
 
 class NoticeAtStep:
@@ -87,7 +75,7 @@ def run_once(mode: str, server: LocalS3Server, args: argparse.Namespace, round_i
             report_to=[],
             disable_tqdm=True,
         ),
-        train_dataset=RandomTokens(args.block, config.vocab_size),
+        train_dataset=RandomTokens(args.block, count=512, vocab=config.vocab_size),
         callbacks=[sync, notice],
     )
     trainer.train()

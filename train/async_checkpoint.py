@@ -77,8 +77,8 @@ class HostBuffers:
         """``tree`` (dicts, lists and tuples of tensors and plain values) with its tensors copied into buffers."""
         aliases: dict[tuple[Any, ...], torch.Tensor] = {}
         copied = self._copy(name, tree, aliases)
-        if any(tensor.is_cuda for tensor in _tensors(tree)):
-            torch.cuda.synchronize()  # the copies were queued non-blocking: the snapshot is whole only now
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()  # copies from the GPU were queued non-blocking: the snapshot is whole only now
         return copied
 
     def _copy(self, path: str, value: Any, aliases: dict[tuple[Any, ...], torch.Tensor]) -> Any:
@@ -103,16 +103,6 @@ class HostBuffers:
             buffer = torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=self.pin)
             self._buffers[path] = buffer
         return buffer
-
-
-def _tensors(tree: Any) -> list[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        return [tree]
-    if isinstance(tree, dict):
-        return [t for item in tree.values() for t in _tensors(item)]
-    if isinstance(tree, list | tuple):
-        return [t for item in tree for t in _tensors(item)]
-    return []
 
 
 @dataclass
