@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from spotray.train.checkpoint import complete_checkpoints
+from spotray.train.events import read_events
 from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.train.store import ObjectStore, RetryPolicy, S3ObjectStore, parse_uri
 
 TEST_BUCKET = "spotray-test"
 
@@ -45,3 +47,16 @@ def write_files(root: Path, files: dict[str, bytes]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return root
+
+
+def saved_steps_and_uploads_checked(events_path: Path, store: ObjectStore) -> list[int]:
+    """The steps saved (checkpoint_saved events), after checking that the store holds each of them as a
+    complete checkpoint unless a newer one made the uploader drop it (checkpoint_dropped: uploads falling
+    behind on a loaded machine, by design) and that the last one saved is always there."""
+    logged = list(read_events(events_path))
+    saved = [e["step"] for e in logged if e["event"] == "checkpoint_saved"]
+    dropped = {step for e in logged if e["event"] == "checkpoint_dropped" for step in e["steps"]}
+    assert saved, "no checkpoint_saved event"
+    assert saved[-1] not in dropped
+    assert sorted(info.step for info in complete_checkpoints(store)) == [s for s in sorted(saved) if s not in dropped]
+    return saved

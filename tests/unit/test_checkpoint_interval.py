@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import complete_checkpoints
 from spotray.train.checkpoint_interval import (
     PRIOR_MTBI_S,
     AutoCheckpointInterval,
@@ -17,10 +16,12 @@ from spotray.train.checkpoint_interval import (
     choose_interval,
     mean_time_between_interruptions,
 )
+from spotray.train.events import EventLog
 from spotray.train.goodput import Lifetime
 from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress
 from spotray.train.runspec import CheckpointSpec
 from spotray.train.store import open_store
+from tests.conftest import saved_steps_and_uploads_checked
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +85,8 @@ def test_a_trainer_saves_where_the_decisions_say_and_records_them(
     store = open_store(uri)
     spec = CheckpointSpec(uri=uri, every_steps="auto", min_every_steps=4, max_every_steps=12)
     progress = ProgressWriter(store, AttemptProgress(attempt=1, run_id="r1"), interval_s=0)
-    sync = S3CheckpointCallback(uri, store=store, keep=50, staging_dir=tmp_path / "staging")
+    events = EventLog(tmp_path / "events.jsonl")
+    sync = S3CheckpointCallback(uri, store=store, keep=50, staging_dir=tmp_path / "staging", events=events)
     history = RunHistory(interruptions=interruptions)
     auto = AutoCheckpointInterval(spec, sync, history, progress=progress, prior_s=1e9)
     job = Gpt2JobConfig(checkpoint_uri=uri, workdir=tmp_path / "job", max_steps=40, save_steps=0, batch_size=2)
@@ -93,7 +95,7 @@ def test_a_trainer_saves_where_the_decisions_say_and_records_them(
     sync.flush()
     assert progress.close(timeout_s=10)
 
-    assert sorted(info.step for info in complete_checkpoints(store)) == expected_steps
+    assert saved_steps_and_uploads_checked(tmp_path / "events.jsonl", store) == expected_steps
     recorded = read_attempt_progress(store, progress.progress.attempt_id)
     assert recorded is not None
     decision = recorded.checkpoint_interval
