@@ -15,6 +15,7 @@ being written or while being pruned, is never taken for complete.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -22,7 +23,8 @@ import platform
 import re
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from importlib import metadata
@@ -165,8 +167,13 @@ def build_manifest(local_dir: Path, step: int, world_size: int, resume: dict[str
     )
 
 
-def verify_local_checkpoint(local_dir: Path, manifest: Manifest) -> None:
-    """Raise ``CorruptCheckpointError`` unless every listed file has the listed size and checksum."""
+def verify_local_checkpoint(local_dir: Path, manifest: Manifest, digests: Mapping[str, str] | None = None) -> None:
+    """Raise ``CorruptCheckpointError`` unless every listed file has the listed size and checksum.
+
+    ``digests`` (file name to SHA-256) are checksums already computed as the files were written (a
+    download hashes as the bytes arrive); only files without one are read and hashed here.
+    """
+    known = digests or {}
     for name, entry in manifest.files.items():
         path = local_dir / name
         problem = None
@@ -174,13 +181,49 @@ def verify_local_checkpoint(local_dir: Path, manifest: Manifest) -> None:
             problem = "is missing"
         elif path.stat().st_size != entry.size:
             problem = f"has {path.stat().st_size} bytes, the manifest says {entry.size}"
-        elif file_sha256(path) != entry.sha256:
+        elif (known.get(name) or file_sha256(path)) != entry.sha256:
             problem = "does not match its SHA-256 in the manifest"
         if problem:
             raise CorruptCheckpointError(
                 f"checkpoint-{manifest.step}: file {name} {problem}",
                 "nothing to do: an older complete checkpoint is used instead; delete this one if it persists",
             )
+
+
+# A local copy verified against its manifest records each file's size and modification time here, so
+# that a worker restarted on the same node reuses it without reading every byte again. Written last
+# (before the copy's directory is renamed into place), like the manifest in the store.
+VERIFIED_NAME = "spotray-verified.json"
+
+
+def _record_verified(local_dir: Path, manifest: Manifest) -> None:
+    files = {}
+    for name, entry in manifest.files.items():
+        stat = (local_dir / name).stat()
+        files[name] = {"sha256": entry.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    (local_dir / VERIFIED_NAME).write_text(json.dumps({"step": manifest.step, "files": files}, sort_keys=True))
+
+
+def verified_copy_unchanged(local_dir: Path, manifest: Manifest) -> bool:
+    """Whether ``local_dir`` holds a copy verified against these same checksums, untouched since.
+
+    Untouched means the size and modification time of every file are what they were when its bytes
+    were hashed. Anything else (no record, another checkpoint's, a file rewritten) is not a match,
+    and the caller hashes the files again.
+    """
+    try:
+        record = json.loads((local_dir / VERIFIED_NAME).read_text())
+        recorded = record["files"]
+        if record["step"] != manifest.step or set(recorded) != set(manifest.files):
+            return False
+        for name, entry in manifest.files.items():
+            stat = (local_dir / name).stat()
+            seen = recorded[name]
+            if (seen["sha256"], seen["size"], seen["mtime_ns"]) != (entry.sha256, stat.st_size, stat.st_mtime_ns):
+                return False
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return True
 
 
 # ------------------------------------------------------------------------------- listing and choice
@@ -317,30 +360,63 @@ def upload_checkpoint(
 def download_checkpoint(store: ObjectStore, info: CheckpointInfo, dest_root: Path) -> Path:
     """Fetch a complete checkpoint into ``dest_root/checkpoint-<step>`` and verify every checksum.
 
-    A local copy that already verifies (the same node coming back) is reused without a download.
-    The download lands in a temporary directory and is renamed into place only once verified.
+    ``dest_root`` is one per node: the processes of a node that resume from the same checkpoint take
+    turns (a file lock), so the first downloads it and the others reuse its copy. A copy that was
+    verified and is unchanged since (``verified_copy_unchanged``) is reused without reading it again;
+    any other copy there is hashed again, and replaced if it does not match. The download lands in
+    a temporary directory, hashed as its bytes arrive, and is renamed into place only once verified.
     """
     if info.manifest is None:
         raise CorruptCheckpointError(f"{info.prefix} has no manifest", "choose a complete checkpoint")
     manifest = info.manifest
     final = dest_root / info.prefix
-    if final.is_dir():
-        try:
-            verify_local_checkpoint(final, manifest)
-            return final
-        except CorruptCheckpointError:
-            shutil.rmtree(final)
-    partial = dest_root / f".{info.prefix}.partial"
-    shutil.rmtree(partial, ignore_errors=True)
-    store.download_files([(f"{info.prefix}/{name}", partial / name) for name in manifest.files])
-    try:
-        verify_local_checkpoint(partial, manifest)
-    except CorruptCheckpointError:
+    dest_root.mkdir(parents=True, exist_ok=True)
+    with _locked(dest_root / ".spotray-download.lock"):
+        if final.is_dir():
+            if verified_copy_unchanged(final, manifest):
+                return final
+            try:
+                verify_local_checkpoint(final, manifest)
+                _record_verified(final, manifest)
+                return final
+            except CorruptCheckpointError:
+                shutil.rmtree(final)
+        partial = dest_root / f".{info.prefix}.partial"
         shutil.rmtree(partial, ignore_errors=True)
-        raise
-    (partial / MANIFEST_NAME).write_bytes(manifest.to_json())
-    partial.rename(final)
+        names = list(manifest.files)
+        digests = store.download_files([(f"{info.prefix}/{name}", partial / name) for name in names])
+        try:
+            verify_local_checkpoint(partial, manifest, {name: digests[partial / name] for name in names})
+        except CorruptCheckpointError:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        (partial / MANIFEST_NAME).write_bytes(manifest.to_json())
+        _record_verified(partial, manifest)
+        partial.rename(final)
     return final
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    """An exclusive lock on ``lock_path`` between processes of one node (released if the holder dies)."""
+    with lock_path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def delete_other_copies(dest_root: Path, step: int) -> list[Path]:
+    """Delete the local copies (and leftover partial downloads) in ``dest_root`` of checkpoints other
+    than ``step``: a node keeps the one it resumed from. Only once no process there uses them."""
+    deleted = []
+    for path in sorted(dest_root.iterdir()) if dest_root.is_dir() else []:
+        name = path.name.removeprefix(".").removesuffix(".partial")
+        if path.is_dir() and parse_checkpoint_step(name) not in (None, step):
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+    return deleted
 
 
 def prune_checkpoints(

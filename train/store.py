@@ -49,6 +49,7 @@ from spotray.train.errors import (
     StoreRequestError,
     StoreUnreachableError,
 )
+from spotray.train.hashed_download import FileToFetch, copy_hashed, download_hashed
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -188,6 +189,8 @@ class RetryPolicy:
 # Long enough to ride out an S3 restart during a background upload, short enough to fail a
 # misconfigured run within seconds when the user asks for a preflight check.
 DEFAULT_RETRY = RetryPolicy()
+# Downloads go in ranges of this size, up to max_concurrency at a time: about 128 MiB in memory at 16.
+DOWNLOAD_PART_BYTES = 8 * 1024 * 1024
 PREFLIGHT_RETRY = RetryPolicy(deadline_s=10.0)
 
 
@@ -327,7 +330,10 @@ class ObjectStore(Protocol):
         ...
 
     def upload_files(self, pairs: Sequence[tuple[Path, str]]) -> None: ...
-    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None: ...
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> dict[Path, str]:
+        """Fetch each key to its path; return the SHA-256 of each file, computed as its bytes arrived."""
+        ...
+
     def delete(self, keys: Sequence[str]) -> None: ...
 
 
@@ -489,15 +495,46 @@ class S3ObjectStore:
             lambda tm, path, key: tm.upload(str(path), self.uri.bucket, self._key(key)),
         )
 
-    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
-        for _, path in pairs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        swapped = [(path, key) for key, path in pairs]
-        self._transfer(
-            f"download {len(pairs)} file(s) from {self.uri}",
-            swapped,
-            lambda tm, path, key: tm.download(self.uri.bucket, self._key(key), str(path)),
-        )
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> dict[Path, str]:
+        """Ranges of every file in parallel, each hashed as it arrives (train/hashed_download.py).
+
+        One LIST of the keys' common prefix gives the sizes to split into ranges; a key it does not
+        show is fetched in one request, which fails as a missing key does. Failed files are retried
+        whole, as transfers are.
+        """
+        if not pairs:
+            return {}
+        # A character prefix on purpose: S3 lists by string prefix, not by path components.
+        common = os.path.commonprefix([key for key, _ in pairs])  # noqa: RUF071
+        listed = {o.key: o.size for o in self.list(common)}
+        pending = [FileToFetch(key, path, listed.get(key)) for key, path in pairs]
+        digests: dict[Path, str] = {}
+
+        def attempt() -> None:
+            nonlocal pending
+            fetched, failures = download_hashed(
+                pending,
+                self._read_range,
+                part_bytes=DOWNLOAD_PART_BYTES,
+                concurrency=self.config.max_concurrency,
+            )
+            digests.update(fetched)
+            pending = [target for target, _ in failures]
+            if failures:
+                permanent = [e for _, e in failures if not is_transient(e)]
+                raise permanent[0] if permanent else failures[0][1]
+
+        self._with_retry(f"download {len(pairs)} file(s) from {self.uri}", attempt)
+        return digests
+
+    def _read_range(self, key: str, offset: int, length: int | None) -> bytes:
+        if length is None:
+            response = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key))
+        else:
+            byte_range = f"bytes={offset}-{offset + length - 1}"
+            response = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key), Range=byte_range)
+        with closing(response["Body"]) as body:
+            return body.read()
 
     def _transfer(
         self,
@@ -598,10 +635,8 @@ class LocalObjectStore:
         for path, key in pairs:
             self._write_atomically(key, partial(_copy_file, path))
 
-    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
-        for key, path in pairs:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(self.root / key, path)
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> dict[Path, str]:
+        return {path: copy_hashed(self.root / key, path) for key, path in pairs}
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:

@@ -219,7 +219,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(config.checkpoint_uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, rank_dir / "resume", worker_context().attempt_id)
+    resume_point = agree_on_resume_point(store, config.workdir / "resume", worker_context().attempt_id)
     model, optimizer, start_epoch = restore(config, resume_point)
     unwrapped = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 

@@ -64,7 +64,7 @@ from spotray.train.store import ObjectStore, open_store, parse_uri
 from spotray.train.worker import (
     PreemptionNoticeCallback,
     ProgressCallback,
-    agree_on_resume_point,
+    ResumeFetch,
     broadcast_from_rank0,
     world_rank,
     world_size,
@@ -167,7 +167,11 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(config.checkpoint_uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, rank_dir / "resume", context.attempt_id)
+    # The checkpoint downloads in the background while the model is built; a node keeps one copy.
+    fetch = ResumeFetch(store, config.workdir / "resume", context.attempt_id)
+    set_seed(config.seed)  # the initial weights of a fresh start
+    model = build_model(config)
+    resume_point = fetch.wait()
     position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
     start_step = resume_point.step if resume_point else 0
     cache_dir = config.workdir / "mds-cache"
@@ -182,6 +186,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             world_size=size,
             data_position=position.to_dict(),
             dataset_cache=str(cache_dir),  # local mode releases its shared memory when it ends (spotray/reaper.py)
+            resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
+            resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
         )
     per_device = config.batch_size // size
     assert config.data_uri is not None  # the driver checked
@@ -227,9 +233,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     if context.spec.checkpoint.auto_interval:
         history = run_history(store, progress.progress) if progress is not None else None
         callbacks.append(AutoCheckpointInterval(context.spec.checkpoint, sync, history, progress))
-    set_seed(config.seed)
     trainer = StreamingTrainer(
-        model=build_model(config),
+        model=model,
         # One output dir for all ranks of a node: each rank writes its RNG state into the same checkpoint.
         args=build_training_args(config, per_device_batch=per_device),
         callbacks=callbacks,

@@ -52,10 +52,11 @@ class AwsKeyStore:
         for path, key in pairs:
             self.objects[key] = path.read_bytes()
 
-    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> None:
-        for key, path in pairs:  # what s3transfer does: write to the path it is given
+    def download_files(self, pairs: Sequence[tuple[str, Path]]) -> dict[Path, str]:
+        for key, path in pairs:  # what an S3 download does: write to the path it is given
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(self.objects[key])
+        return {path: hashlib.sha256(self.objects[key]).hexdigest() for key, path in pairs}
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
