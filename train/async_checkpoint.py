@@ -40,6 +40,7 @@ from transformers import Trainer, trainer_utils
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
+from spotray.train.direct_load import DirectLoadTrainer
 from spotray.train.errors import CheckpointUploadError
 
 log = logging.getLogger(__name__)
@@ -206,13 +207,15 @@ def sync_save_reason(trainer: Trainer) -> str | None:
     return next((reason for applies, reason in reasons if applies), None)
 
 
-class AsyncSaveTrainer(Trainer):
+class AsyncSaveTrainer(DirectLoadTrainer):
     """A Trainer whose saves block only for a copy to host memory (see the module docstring).
 
     Give it an ``S3CheckpointCallback(..., async_save=True)``: the callback owns the writer and the
     uploads. Without such a callback, or in a setting the async path does not cover
     (``sync_save_reason``), it saves as the Trainer always does. To add it to another Trainer
     subclass, put it first: ``class MyTrainer(AsyncSaveTrainer, SomeTrainer)``.
+
+    It resumes as a ``DirectLoadTrainer``: weights and optimizer state read straight onto the device.
     """
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:

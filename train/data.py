@@ -223,12 +223,13 @@ class StreamingTrainer(AsyncSaveTrainer):
         return self.epoch_loader
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> Any:
-        self._rng_checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
-        finished = self._finished_state(self._rng_checkpoint) if self._rng_checkpoint is not None else None
-        if finished is not None:
+        checkpoint = resume_from_checkpoint if isinstance(resume_from_checkpoint, str) else None
+        self._rng_checkpoint = checkpoint
+        finished = self._finished_state(checkpoint) if checkpoint is not None else None
+        if checkpoint is not None and finished is not None:
             # Resumed from the final checkpoint (an attempt lost after it was complete): the Trainer
             # would still train one step, since it checks max_steps only after a step.
-            self._load_from_checkpoint(self._rng_checkpoint)  # type: ignore[no-untyped-call]
+            self._load_from_checkpoint(checkpoint)
             self.state = finished
             log.info("resumed at step %d of %d: nothing left to train", finished.global_step, self.args.max_steps)
             return TrainOutput(finished.global_step, 0.0, {})

@@ -28,6 +28,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers, Snapshot, SnapshotWriter
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint import MANIFEST_NAME, complete_checkpoints, latest_complete_checkpoint
+from spotray.train.direct_load import DirectLoadTrainer, direct_load_reason
 from spotray.train.events import EventLog, read_events
 from spotray.train.resume import fetch_resume_checkpoint
 from spotray.train.store import LocalObjectStore, parse_uri
@@ -290,3 +291,32 @@ def test_a_save_while_the_previous_is_written_waits_or_is_skipped() -> None:
 
 def _snapshot(step: int, write: Any) -> Snapshot:
     return Snapshot(step, Path("unused"), write, 0.0)
+
+
+def test_a_direct_load_restores_what_the_trainers_own_loaders_restore(tmp_path: Path) -> None:
+    """DirectLoadTrainer (weights and optimizer state read straight onto the device) against the stock loaders."""
+    saving = make_trainer(Trainer, tmp_path / "save", [], max_steps=3)
+    saving.train()
+    checkpoint = str(tmp_path / "save/checkpoints/checkpoint-3")
+    loaded = {}
+    for trainer_class in (Trainer, DirectLoadTrainer):
+        torch.manual_seed(999)  # other initial weights than the saved run's: the load must replace them all
+        trainer = make_trainer(trainer_class, tmp_path / trainer_class.__name__, [])
+        trainer.model = tiny_gpt2()
+        trainer._load_from_checkpoint(checkpoint)  # type: ignore[no-untyped-call]
+        trainer.create_optimizer_and_scheduler(num_training_steps=6)
+        trainer._load_optimizer_and_scheduler(checkpoint)  # type: ignore[no-untyped-call]
+        assert trainer.optimizer is not None
+        assert trainer.lr_scheduler is not None
+        loaded[trainer_class] = (
+            trainer.model.state_dict(),
+            trainer.optimizer.state_dict(),
+            trainer.lr_scheduler.state_dict(),
+        )
+        if trainer_class is DirectLoadTrainer:
+            assert direct_load_reason(trainer, trainer.model) is None, "the direct path did not apply"
+    assert_same(loaded[Trainer], loaded[DirectLoadTrainer], "loaded state")
+    assert_same(saving.model.state_dict(), loaded[DirectLoadTrainer][0], "weights")
+    model = tiny_gpt2()
+    model.peft_config = {}  # what PEFT adds to a model
+    assert direct_load_reason(saving, model) == "PEFT adapters load through the adapter's own loader"
