@@ -22,6 +22,7 @@ still draining stop uploading and pruning.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 from spotray.train.attempts import (
     EXIT_BAD_INPUT,
@@ -48,6 +50,7 @@ from spotray.train.attempts import (
 from spotray.train.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
+from spotray.train.resume import prefetch_in_background
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore
 
@@ -158,6 +161,21 @@ def install_sigterm_drain(grace_seconds: int) -> None:
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
+def ray_runs_on_this_machine(environ: dict[str, str] | None = None) -> bool:
+    """Whether the Ray cluster this driver joins is on this machine: none named (``ray.init`` starts one
+    here) or one at a loopback address (local mode), which no other machine can have joined."""
+    address = (environ if environ is not None else os.environ).get("RAY_ADDRESS", "")
+    if not address:
+        return True
+    host = urlsplit(address if "://" in address else f"//{address}").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def launch(
     train_loop: Callable[[dict[str, Any]], None],
     loop_config: dict[str, Any],
@@ -167,13 +185,20 @@ def launch(
     storage_path: str | None = None,
     grace_seconds: int = DEFAULT_GRACE_SECONDS,
     datasets: dict[str, Any] | None = None,
+    resume_dir: Path | None = None,
 ) -> int:
     """Run ``train_loop`` on every worker of a Ray Train run for this attempt; return the exit code.
 
     ``datasets`` (Ray Data datasets by name, or functions that build them, which Ray Train calls
     when each worker group starts) are split across the workers; each worker reads its part with
     ``ray.train.get_dataset_shard(name)``.
+
+    ``resume_dir``: where the workers keep their node's copy of the checkpoint they resume from
+    (``ResumeFetch``). When the workers run on this machine, the driver starts that download at
+    once, while Ray starts (seconds to tens of seconds); the workers' own fetch then finds it there.
     """
+    if resume_dir is not None and ray_runs_on_this_machine():
+        prefetch_in_background(store, resume_dir)
     # The workers read the run context (their attempt's identity included) from SPOTRAY_RUN,
     # also when this driver was started by hand and made its own.
     worker_env = {**spotray_env_for_workers(), **context.to_env(), **RAY_TRAIN_SETTINGS}

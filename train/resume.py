@@ -3,11 +3,17 @@
 The newest complete checkpoint is downloaded and verified; if its bytes turn out not to match the
 manifest (bit rot, a bad copy), the next older complete one is tried, with a warning naming the one
 skipped. No complete checkpoint means a fresh start.
+
+``prefetch_in_background`` starts that download early, in the driver, when the workers will run on
+the same machine: a worker's own fetch waits for it (``download_checkpoint`` locks the directory)
+and reuses the verified copy.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,3 +50,24 @@ def fetch_resume_checkpoint(store: ObjectStore, dest_root: Path) -> ResumePoint 
             continue
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
     return None
+
+
+def prefetch_in_background(store: ObjectStore, dest_root: Path) -> threading.Thread:
+    """Fetch the checkpoint to resume from into ``dest_root`` in a background thread; best effort.
+
+    A failure here is only logged: the workers fetch for themselves and report what goes wrong.
+    """
+
+    def prefetch() -> None:
+        started = time.monotonic()
+        try:
+            point = fetch_resume_checkpoint(store, dest_root)
+        except Exception as error:  # noqa: BLE001 - best effort: the workers' own fetch reports failures
+            log.warning("prefetching the checkpoint to resume from failed (%s); the workers fetch it themselves", error)
+            return
+        if point is not None:
+            log.info("prefetched checkpoint-%d into %s in %.1fs", point.step, dest_root, time.monotonic() - started)
+
+    thread = threading.Thread(target=prefetch, name="spotray-resume-prefetch", daemon=True)
+    thread.start()
+    return thread

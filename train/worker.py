@@ -110,6 +110,11 @@ def broadcast_from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def node_resume_dir(workdir: Path) -> Path:
+    """Where the processes of a node keep the one copy of the checkpoint they resumed from."""
+    return workdir / "resume"
+
+
 class ResumeFetch:
     """The checkpoint to resume from, fetched in the background while the worker builds its model.
 

@@ -59,7 +59,7 @@ from spotray.train.launcher import launch
 from spotray.train.resume import ResumePoint
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, StoreConfig, open_store, parse_uri
-from spotray.train.worker import agree_on_resume_point, world_rank, world_size
+from spotray.train.worker import agree_on_resume_point, node_resume_dir, world_rank, world_size
 
 STATE_NAME = "state.pt"
 # Enough to mix the classes within a shard without holding much of it in memory.
@@ -219,7 +219,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(config.checkpoint_uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, config.workdir / "resume", worker_context().attempt_id)
+    resume_point = agree_on_resume_point(store, node_resume_dir(config.workdir), worker_context().attempt_id)
     model, optimizer, start_epoch = restore(config, resume_point)
     unwrapped = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
@@ -369,4 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     # has connected to the cluster. Building the dataset here would connect first, without the
     # runtime_env that carries SPOTRAY_RUN and the event log path to the workers.
     datasets = {"train": partial(read_images, config.data_uri, files)}
-    return launch(train_loop, config.to_loop_config(), context, store, datasets=datasets)
+    return launch(
+        train_loop,
+        config.to_loop_config(),
+        context,
+        store,
+        datasets=datasets,
+        resume_dir=node_resume_dir(config.workdir),
+    )

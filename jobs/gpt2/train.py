@@ -66,6 +66,7 @@ from spotray.train.worker import (
     ProgressCallback,
     ResumeFetch,
     broadcast_from_rank0,
+    node_resume_dir,
     world_rank,
     world_size,
 )
@@ -168,7 +169,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     store = open_store(config.checkpoint_uri)
     rank_dir = config.workdir / f"rank-{rank}"
     # The checkpoint downloads in the background while the model is built; a node keeps one copy.
-    fetch = ResumeFetch(store, config.workdir / "resume", context.attempt_id)
+    fetch = ResumeFetch(store, node_resume_dir(config.workdir), context.attempt_id)
     set_seed(config.seed)  # the initial weights of a fresh start
     model = build_model(config)
     resume_point = fetch.wait()
@@ -350,4 +351,4 @@ def main(argv: list[str] | None = None) -> int:
     except SpotrayError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    return launch(train_loop, config.to_loop_config(), context, store)
+    return launch(train_loop, config.to_loop_config(), context, store, resume_dir=node_resume_dir(config.workdir))

@@ -12,7 +12,13 @@ from spotray.local import EventCursor, needs_embedded_s3, ray_cpus_for
 from spotray.progress import ProgressView, format_duration
 from spotray.train.data import DataPosition, EpochLoader
 from spotray.train.events import EventLog
-from spotray.train.launcher import build_run_config, build_scaling_config, driver_env_vars, spotray_env_for_workers
+from spotray.train.launcher import (
+    build_run_config,
+    build_scaling_config,
+    driver_env_vars,
+    ray_runs_on_this_machine,
+    spotray_env_for_workers,
+)
 from spotray.train.runspec import RunContext, TrainingRun, parse_training_run
 from spotray.train.worker import PreemptionNoticeCallback
 
@@ -212,3 +218,20 @@ def test_driver_env_vars_leave_out_what_the_ray_job_already_sets() -> None:
     kept = driver_env_vars(wanted, {"RAY_JOB_CONFIG_JSON_ENV_VAR": job_config})
     assert kept == {"SPOTRAY_EVENTS": "/tmp/e", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
     assert driver_env_vars(wanted, {}) == wanted  # not under a Ray job: everything
+
+
+@pytest.mark.parametrize(
+    ("address", "here"),
+    [
+        (None, True),  # ray.init starts a cluster on this machine
+        ("127.0.0.1:6379", True),  # local mode
+        ("localhost:6379", True),
+        ("[::1]:6379", True),
+        ("ray://127.0.0.1:10001", True),
+        ("raycluster-head-svc.ns.svc:6379", False),  # a RayJob on Kubernetes: workers on other pods
+        ("10.244.0.7:6379", False),
+    ],
+)
+def test_the_driver_prefetches_only_where_its_workers_run(address: str | None, here: bool) -> None:
+    environ = {} if address is None else {"RAY_ADDRESS": address}
+    assert ray_runs_on_this_machine(environ) is here
