@@ -39,9 +39,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.goodput import Lifetime, attempts_from_progress
 from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_run_progress
+from spotray.train.ranks import broadcast_from_rank0, world_rank
 from spotray.train.runspec import CheckpointSpec
 from spotray.train.store import ObjectStore
-from spotray.train.worker import broadcast_from_rank0, world_rank
 
 log = logging.getLogger(__name__)
 

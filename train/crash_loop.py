@@ -136,7 +136,7 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
 
     @functools.wraps(train_loop)
     def guarded(loop_config: dict[str, Any]) -> None:
-        from spotray.train.worker import broadcast_from_rank0, world_rank  # noqa: PLC0415 - torch, only in workers
+        from spotray.train.ranks import broadcast_from_rank0, world_rank  # noqa: PLC0415 - torch, only in workers
 
         context = RunContext.from_env()
         if context is None:  # launch() always sets it; a loop run some other way is not guarded

@@ -1,5 +1,8 @@
 """Find and fetch the checkpoint to resume from.
 
+``ResumeFetch`` is what every training process does: the download starts in the background from
+the worker's first lines, and every rank ends on rank 0's choice.
+
 The newest complete checkpoint is downloaded and verified; if its bytes turn out not to match the
 manifest (bit rot, a bad copy), the next older complete one is tried, with a warning naming the one
 skipped. No complete checkpoint means a fresh start.
@@ -17,8 +20,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotray.train.checkpoint import Manifest, complete_checkpoints, download_checkpoint, manifest_exists
+from spotray.train.attempts import AttemptId, write_fence
+from spotray.train.checkpoint import (
+    CheckpointInfo,
+    Manifest,
+    complete_checkpoints,
+    delete_other_copies,
+    download_checkpoint,
+    latest_complete_checkpoint,
+    manifest_exists,
+)
 from spotray.train.errors import CorruptCheckpointError, StoreRequestError
+from spotray.train.ranks import barrier, broadcast_from_rank0, world_rank
 from spotray.train.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -71,3 +84,106 @@ def prefetch_in_background(store: ObjectStore, dest_root: Path) -> threading.Thr
     thread = threading.Thread(target=prefetch, name="spotray-resume-prefetch", daemon=True)
     thread.start()
     return thread
+
+
+def node_resume_dir(workdir: Path) -> Path:
+    """Where the processes of a node keep the one copy of the checkpoint they resumed from."""
+    return workdir / "resume"
+
+
+class ResumeFetch:
+    """The checkpoint to resume from, fetched in the background while the worker builds its model.
+
+    Started as early as the worker starts; ``wait`` (every rank, from the main thread) returns the
+    same verified checkpoint on every rank, or None on a fresh start:
+
+    - rank 0's thread downloads the newest complete checkpoint that verifies (an older one when the
+      newest turns out corrupt: ``fetch_resume_checkpoint``);
+    - every other rank's thread downloads the newest complete checkpoint it sees, betting that rank 0
+      ends with the same one (a corrupt newest or a checkpoint landing meanwhile lose the bet);
+    - ``wait`` broadcasts rank 0's choice; a rank that fetched another step downloads that one then.
+
+    Collectives run only in ``wait``, on the main thread: the threads only talk to the store. Ranks of
+    one node share ``dest_root`` (``download_checkpoint`` lets one download and the others reuse it).
+    """
+
+    def __init__(self, store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> None:
+        self.store = store
+        self.dest_root = dest_root
+        self.attempt = attempt
+        self.rank = world_rank()
+        self.fetched: ResumePoint | None = None
+        self.error: BaseException | None = None
+        self.started = time.monotonic()
+        self.fetch_s: float | None = None  # how long the background fetch took
+        self.waited_s: float | None = None  # how long ``wait`` blocked on it: the part not hidden
+        self._thread = threading.Thread(target=self._fetch, name="spotray-resume-fetch", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            if self.rank == 0:
+                self.fetched = fetch_resume_checkpoint(self.store, self.dest_root)
+            else:
+                newest = latest_complete_checkpoint(self.store)
+                self.fetched = _fetch_agreed(self.store, newest, self.dest_root) if newest else None
+        except BaseException as error:  # noqa: BLE001 - raised (or superseded) in wait()
+            self.error = error
+        self.fetch_s = time.monotonic() - self.started
+
+    def wait(self) -> ResumePoint | None:
+        blocked_from = time.monotonic()
+        self._thread.join()
+        self.waited_s = time.monotonic() - blocked_from
+        if self.rank == 0 and self.error is not None:
+            raise self.error
+        chosen = self.fetched if self.rank == 0 else None
+        if chosen is not None and self.attempt is not None:
+            write_fence(self.store, self.attempt, resumed_from=chosen.step)
+        step = broadcast_from_rank0(chosen.step if chosen else None)
+        if self.rank != 0:
+            chosen = self._agreed(step)
+        if chosen is not None:
+            barrier()  # every rank of the node is done downloading: the copies of other steps can go
+            delete_other_copies(self.dest_root, chosen.step)
+        return chosen
+
+    def _agreed(self, step: int | None) -> ResumePoint | None:
+        """On a rank other than 0: the checkpoint rank 0 chose, from the bet when it won."""
+        if step is None:
+            return None
+        if self.fetched is not None and self.fetched.step == step:
+            return self.fetched
+        if self.error is not None and not isinstance(self.error, CorruptCheckpointError):
+            raise self.error  # the store failed this rank: what the step is does not change that
+        return _fetch_agreed(self.store, _find_complete(self.store, step), self.dest_root)
+
+
+def agree_on_resume_point(store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> ResumePoint | None:
+    """The same verified checkpoint on every rank, or None on a fresh start (``ResumeFetch``, waited for).
+
+    With ``attempt``, rank 0 records the step in the fence (train/attempts.py): pruning never
+    deletes the checkpoint a running attempt resumed from.
+    """
+    return ResumeFetch(store, dest_root, attempt).wait()
+
+
+def _fetch_agreed(store: ObjectStore, info: CheckpointInfo, dest_root: Path) -> ResumePoint:
+    try:
+        local_dir = download_checkpoint(store, info, dest_root)
+    except CorruptCheckpointError as error:
+        # Rank 0 verifies these same bytes; a mismatch here is a bad copy on this node.
+        raise CorruptCheckpointError(f"rank {world_rank()}: {error.problem}", error.fix) from error
+    assert info.manifest is not None
+    return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
+
+
+def _find_complete(store: ObjectStore, step: int) -> CheckpointInfo:
+    for info in complete_checkpoints(store):
+        if info.step == step:
+            return info
+    raise CorruptCheckpointError(
+        f"checkpoint-{step}, chosen by rank 0 for resume, is no longer complete in {store.uri}",
+        "something deleted it while the run started (another run with the same checkpoint URI?); "
+        "give each run its own URI",
+    )

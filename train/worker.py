@@ -1,9 +1,5 @@
 """What every training worker does around the Hugging Face Trainer, under Ray Train or under torchrun.
 
-- ``ResumeFetch``: the checkpoint to resume from, downloaded in the background from the worker's
-  first lines while it builds its model; rank 0 picks the newest complete checkpoint that verifies,
-  every other rank ends with that same one (a newer checkpoint landing meanwhile must not split the
-  ranks), and the ranks of one node share one copy. ``agree_on_resume_point`` starts one and waits.
 - ``ProgressCallback``: every logged step goes to the JSON-lines event log and to the attempt's
   progress object in the store (rank 0, see train/progress_log.py); under Ray Train
   the end of training also goes to ``ray.train.report`` (step, loss, the last complete checkpoint).
@@ -25,10 +21,8 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -36,34 +30,17 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from spotray.train.attempts import AttemptId, write_fence, write_preemption
+from spotray.train.attempts import AttemptId, write_preemption
 from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import (
-    CheckpointInfo,
-    complete_checkpoints,
-    delete_other_copies,
-    download_checkpoint,
-    latest_complete_checkpoint,
-)
-from spotray.train.errors import CorruptCheckpointError
 from spotray.train.events import EventLog
 from spotray.train.extras import extra_required
 from spotray.train.progress_log import ProgressWriter
-from spotray.train.resume import ResumePoint, fetch_resume_checkpoint
-from spotray.train.store import ObjectStore
+from spotray.train.ranks import barrier, broadcast_from_rank0
 
 with extra_required("ray"):
     import ray.train
 
 log = logging.getLogger(__name__)
-
-
-def world_rank() -> int:
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def world_size() -> int:
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def in_ray_train() -> bool:
@@ -94,123 +71,6 @@ class SigtermNotice:
 
 def default_notice() -> Callable[[], object | None]:
     return ray.train.get_preemption_info if in_ray_train() else SigtermNotice()
-
-
-def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
-def broadcast_from_rank0(value: Any) -> Any:
-    """Rank 0's ``value`` on every rank (itself when there is no process group)."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def node_resume_dir(workdir: Path) -> Path:
-    """Where the processes of a node keep the one copy of the checkpoint they resumed from."""
-    return workdir / "resume"
-
-
-class ResumeFetch:
-    """The checkpoint to resume from, fetched in the background while the worker builds its model.
-
-    Started as early as the worker starts; ``wait`` (every rank, from the main thread) returns the
-    same verified checkpoint on every rank, or None on a fresh start:
-
-    - rank 0's thread downloads the newest complete checkpoint that verifies (an older one when the
-      newest turns out corrupt: ``fetch_resume_checkpoint``);
-    - every other rank's thread downloads the newest complete checkpoint it sees, betting that rank 0
-      ends with the same one (a corrupt newest or a checkpoint landing meanwhile lose the bet);
-    - ``wait`` broadcasts rank 0's choice; a rank that fetched another step downloads that one then.
-
-    Collectives run only in ``wait``, on the main thread: the threads only talk to the store. Ranks of
-    one node share ``dest_root`` (``download_checkpoint`` lets one download and the others reuse it).
-    """
-
-    def __init__(self, store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> None:
-        self.store = store
-        self.dest_root = dest_root
-        self.attempt = attempt
-        self.rank = world_rank()
-        self.fetched: ResumePoint | None = None
-        self.error: BaseException | None = None
-        self.started = time.monotonic()
-        self.fetch_s: float | None = None  # how long the background fetch took
-        self.waited_s: float | None = None  # how long ``wait`` blocked on it: the part not hidden
-        self._thread = threading.Thread(target=self._fetch, name="spotray-resume-fetch", daemon=True)
-        self._thread.start()
-
-    def _fetch(self) -> None:
-        try:
-            if self.rank == 0:
-                self.fetched = fetch_resume_checkpoint(self.store, self.dest_root)
-            else:
-                newest = latest_complete_checkpoint(self.store)
-                self.fetched = _fetch_agreed(self.store, newest, self.dest_root) if newest else None
-        except BaseException as error:  # noqa: BLE001 - raised (or superseded) in wait()
-            self.error = error
-        self.fetch_s = time.monotonic() - self.started
-
-    def wait(self) -> ResumePoint | None:
-        blocked_from = time.monotonic()
-        self._thread.join()
-        self.waited_s = time.monotonic() - blocked_from
-        if self.rank == 0 and self.error is not None:
-            raise self.error
-        chosen = self.fetched if self.rank == 0 else None
-        if chosen is not None and self.attempt is not None:
-            write_fence(self.store, self.attempt, resumed_from=chosen.step)
-        step = broadcast_from_rank0(chosen.step if chosen else None)
-        if self.rank != 0:
-            chosen = self._agreed(step)
-        if chosen is not None:
-            barrier()  # every rank of the node is done downloading: the copies of other steps can go
-            delete_other_copies(self.dest_root, chosen.step)
-        return chosen
-
-    def _agreed(self, step: int | None) -> ResumePoint | None:
-        """On a rank other than 0: the checkpoint rank 0 chose, from the bet when it won."""
-        if step is None:
-            return None
-        if self.fetched is not None and self.fetched.step == step:
-            return self.fetched
-        if self.error is not None and not isinstance(self.error, CorruptCheckpointError):
-            raise self.error  # the store failed this rank: what the step is does not change that
-        return _fetch_agreed(self.store, _find_complete(self.store, step), self.dest_root)
-
-
-def agree_on_resume_point(store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> ResumePoint | None:
-    """The same verified checkpoint on every rank, or None on a fresh start (``ResumeFetch``, waited for).
-
-    With ``attempt``, rank 0 records the step in the fence (train/attempts.py): pruning never
-    deletes the checkpoint a running attempt resumed from.
-    """
-    return ResumeFetch(store, dest_root, attempt).wait()
-
-
-def _fetch_agreed(store: ObjectStore, info: CheckpointInfo, dest_root: Path) -> ResumePoint:
-    try:
-        local_dir = download_checkpoint(store, info, dest_root)
-    except CorruptCheckpointError as error:
-        # Rank 0 verifies these same bytes; a mismatch here is a bad copy on this node.
-        raise CorruptCheckpointError(f"rank {world_rank()}: {error.problem}", error.fix) from error
-    assert info.manifest is not None
-    return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
-
-
-def _find_complete(store: ObjectStore, step: int) -> CheckpointInfo:
-    for info in complete_checkpoints(store):
-        if info.step == step:
-            return info
-    raise CorruptCheckpointError(
-        f"checkpoint-{step}, chosen by rank 0 for resume, is no longer complete in {store.uri}",
-        "something deleted it while the run started (another run with the same checkpoint URI?); "
-        "give each run its own URI",
-    )
 
 
 class ProgressCallback(TrainerCallback):

@@ -56,10 +56,10 @@ from spotray.train.checkpoint import checkpoint_dir_name, prune_checkpoints, upl
 from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
 from spotray.train.launcher import launch
-from spotray.train.resume import ResumePoint
+from spotray.train.ranks import world_rank, world_size
+from spotray.train.resume import ResumePoint, agree_on_resume_point, node_resume_dir
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, StoreConfig, open_store, parse_uri
-from spotray.train.worker import agree_on_resume_point, node_resume_dir, world_rank, world_size
 
 STATE_NAME = "state.pt"
 # Enough to mix the classes within a shard without holding much of it in memory.

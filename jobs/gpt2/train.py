@@ -59,17 +59,11 @@ from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
 from spotray.train.launcher import launch, outcome_after_fit
 from spotray.train.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
+from spotray.train.ranks import broadcast_from_rank0, world_rank, world_size
+from spotray.train.resume import ResumeFetch, node_resume_dir
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, open_store, parse_uri
-from spotray.train.worker import (
-    PreemptionNoticeCallback,
-    ProgressCallback,
-    ResumeFetch,
-    broadcast_from_rank0,
-    node_resume_dir,
-    world_rank,
-    world_size,
-)
+from spotray.train.worker import PreemptionNoticeCallback, ProgressCallback
 
 log = logging.getLogger("spotray.jobs.gpt2")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from spotray.train.resume import ResumeFetch
 from spotray.train.store import open_store
-from spotray.train.worker import ResumeFetch
 
 if __name__ == "__main__":
     uri, out = sys.argv[1], Path(sys.argv[2])

@@ -21,8 +21,8 @@ from spotray.train.checkpoint import (
     upload_checkpoint,
 )
 from spotray.train.errors import StoreRequestError
+from spotray.train.resume import ResumeFetch
 from spotray.train.store import DOWNLOAD_PART_BYTES, S3ObjectStore
-from spotray.train.worker import ResumeFetch
 from tests.conftest import write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
