@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -33,7 +34,7 @@ from typing import Any
 
 from transformers import Trainer, TrainerCallback
 
-from bench.common import machine_details, write_result
+from bench.common import machine_details, scratch_dir, write_result
 from bench.copy_floor import copy_floor_s
 from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
 from spotray.train.callback import S3CheckpointCallback
@@ -100,6 +101,7 @@ def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index
     periodic = [(s, e) for s, e in zip(save_starts, timer.save_end, strict=True) if e <= timer.step_end[last]]
     stalls = [e - s for s, e in periodic]
     checkpoint_mb = sum(f.stat().st_size for f in (workdir / "checkpoints").rglob("*") if f.is_file()) / 1e6
+    shutil.rmtree(workdir, ignore_errors=True)
     outcome = {"steps_per_s": steps_per_s, "stalls_s": stalls, "local_checkpoints_mb": checkpoint_mb}
     if mode == "async":
         outcome["copy_floor_s"] = copy_floor_s(trainer)
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     modes = ["none", "local", "s3", "async"]
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
-    with LocalS3Server(Path(tempfile.mkdtemp(prefix="bench-s3-"))) as server:
+    with scratch_dir("bench-s3-") as s3_dir, LocalS3Server(s3_dir) as server:
         server.create_bucket(BUCKET)
         for round_index in range(args.rounds):
             order = modes[round_index % len(modes) :] + modes[: round_index % len(modes)]

@@ -6,6 +6,10 @@ import json
 import os
 import platform
 import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,16 @@ def goal_met(ratio: float, goal: str) -> bool:
         raise ValueError(f"goal {goal!r} must look like '>= 0.8' or '<= 1.10'")
     bound = float(match.group(2))
     return ratio >= bound if match.group(1) == ">=" else ratio <= bound
+
+
+@contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A temporary directory, deleted afterwards: a benchmark writes gigabytes of checkpoints and S3 volumes."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def machine_details() -> dict[str, Any]:

@@ -50,7 +50,7 @@ import torch
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from bench.common import machine_details, write_result
+from bench.common import machine_details, scratch_dir, write_result
 from bench.copy_floor import copy_floor_s
 from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.callback import S3CheckpointCallback
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device here: bench.gpu_checkpoint skipped (run it with the device tool; see its docstring)")
         return 0
     models = ["tiny"] if args.cpu_smoke else args.models
-    with LocalS3Server(Path(tempfile.mkdtemp(prefix="gpu-bench-s3-"))) as server:
+    with scratch_dir("gpu-bench-s3-") as s3_dir, LocalS3Server(s3_dir) as server:
         server.create_bucket(BUCKET)
         summaries = [bench_model(key, server, args, gpu=gpu) for key in models]
     device = torch.cuda.get_device_name() if gpu else "CPU (smoke run: not a GPU figure)"

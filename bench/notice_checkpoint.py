@@ -14,6 +14,7 @@ Written: ``bench/results/notice_checkpoint.json``, ratio = the async path's medi
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import sys
 import tempfile
@@ -23,7 +24,7 @@ from typing import Any
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
-from bench.common import machine_details, write_result
+from bench.common import machine_details, scratch_dir, write_result
 from bench.gpu_checkpoint import RandomTokens
 from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.attempts import AttemptId
@@ -86,6 +87,7 @@ def run_once(mode: str, server: LocalS3Server, args: argparse.Namespace, round_i
     assert notice.noticed_at is not None
     logged = read_events(workdir / "events.jsonl")
     seconds = next(e["seconds"] for e in logged if e["event"] == "emergency_checkpoint")
+    shutil.rmtree(workdir, ignore_errors=True)
     return {
         "seconds": seconds,
         "step": notice.stopped_at_step,
@@ -100,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block", type=int, default=128, help="tokens per sample")
     args = parser.parse_args(argv)
     results: dict[str, list[dict[str, Any]]] = {"async": [], "sync": []}
-    with LocalS3Server(Path(tempfile.mkdtemp(prefix="notice-s3-"))) as server:
+    with scratch_dir("notice-s3-") as s3_dir, LocalS3Server(s3_dir) as server:
         server.create_bucket(BUCKET)
         for round_index in range(args.rounds):
             for mode in ("async", "sync") if round_index % 2 == 0 else ("sync", "async"):

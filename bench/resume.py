@@ -22,12 +22,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import machine_details, write_result
+from bench.common import machine_details, scratch_dir, write_result
 from spotray.train.checkpoint import (
     MANIFEST_NAME,
     Manifest,
@@ -115,9 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-embd", type=int, default=768)
     parser.add_argument("--batch-size", type=int, default=2, help="global batch: small keeps a CPU step short")
     args = parser.parse_args(argv)
-    root = Path(tempfile.mkdtemp(prefix="bench-resume-"))
     runs: dict[str, list[Timeline]] = {"fresh": [], "resume": [], "restart": []}
-    with LocalS3Server(root / "s3") as server:
+    with scratch_dir("bench-resume-") as root, LocalS3Server(root / "s3") as server:
         server.create_bucket(BUCKET)
         env = {**os.environ, **server.env()}
         resume_uri = f"s3://{BUCKET}/resume"
