@@ -18,13 +18,14 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Reads ``length`` bytes at ``offset`` of an object; length None reads the whole object (size unknown).
-RangeReader = Callable[[str, int, int | None], bytes]
+# Reads ``length`` bytes at ``offset`` of an object, as the chunks arrive; length None reads the whole
+# object (size unknown). Chunks, not one buffer: each is written as it lands, and no copy joins them.
+RangeReader = Callable[[str, int, int | None], Iterable[bytes]]
 
 
 @dataclass(frozen=True)
@@ -47,22 +48,34 @@ class _FileState:
     parts: int
     hasher: hashlib._Hash = field(default_factory=hashlib.sha256)
     next_part: int = 0
-    waiting: dict[int, bytes] = field(default_factory=dict)
+    waiting: dict[int, list[bytes]] = field(default_factory=dict)
+    hashing: bool = False  # a thread is hashing outside the lock; the others only leave their parts
     failure: BaseException | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def add(self, index: int, data: bytes) -> int:
-        """Hash ``data`` (part ``index``) and every part it unblocks; returns how many permits to give back."""
+    def add(self, index: int, chunks: list[bytes]) -> int:
+        """Leave part ``index``; hash it and every part it unblocks unless another thread is at it.
+
+        Returns how many permits to give back (one per part hashed or dropped).
+        """
         with self.lock:
             if self.failure is not None:
                 return 1
-            self.waiting[index] = data
-            released = 0
-            while self.next_part in self.waiting:
-                self.hasher.update(self.waiting.pop(self.next_part))  # hashlib releases the GIL here
+            self.waiting[index] = chunks
+            if self.hashing:
+                return 0  # the thread hashing takes this part too when its turn comes
+            self.hashing = True
+        released = 0
+        while True:
+            with self.lock:
+                ready = self.waiting.pop(self.next_part, None) if self.failure is None else None
+                if ready is None:
+                    self.hashing = False
+                    return released
                 self.next_part += 1
-                released += 1
-            return released
+            for chunk in ready:
+                self.hasher.update(chunk)  # outside the lock; hashlib releases the GIL on large chunks
+            released += 1
 
     def fail(self, error: BaseException) -> int:
         with self.lock:
@@ -97,14 +110,18 @@ def download_hashed(
 
     def fetch(state: _FileState, index: int, offset: int, length: int | None) -> None:
         try:
-            data = read_range(state.target.key, offset, length) if length != 0 else b""
-            if length is not None and len(data) != length:
+            chunks = []
+            position = offset
+            for chunk in read_range(state.target.key, offset, length) if length != 0 else ():
+                os.pwrite(state.fd, chunk, position)
+                position += len(chunk)
+                chunks.append(chunk)
+            if length is not None and position - offset != length:
                 raise ShortReadError(
-                    f"{state.target.key}: got {len(data)} of {length} bytes at offset {offset}; "
+                    f"{state.target.key}: got {position - offset} of {length} bytes at offset {offset}; "
                     "the connection was cut or the object changed meanwhile"
                 )
-            os.pwrite(state.fd, data, offset)
-            released = state.add(index, data)
+            released = state.add(index, chunks)
         except BaseException as error:  # noqa: BLE001 - any failure fails this file; the caller decides
             released = state.fail(error)
         for _ in range(released):

@@ -17,7 +17,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from dataclasses import dataclass, field
 from functools import partial
@@ -189,8 +189,10 @@ class RetryPolicy:
 # Long enough to ride out an S3 restart during a background upload, short enough to fail a
 # misconfigured run within seconds when the user asks for a preflight check.
 DEFAULT_RETRY = RetryPolicy()
-# Downloads go in ranges of this size, up to max_concurrency at a time: about 128 MiB in memory at 16.
-DOWNLOAD_PART_BYTES = 8 * 1024 * 1024
+# Downloads go in ranges of this size, up to max_concurrency at a time (and 2 more waiting to be hashed):
+# about 288 MiB in memory at 16. 8 MiB ranges measured 5-15% slower on a 1.5 GB checkpoint.
+DOWNLOAD_PART_BYTES = 16 * 1024 * 1024
+DOWNLOAD_READ_BYTES = 1024 * 1024  # each range is read, written and hashed in chunks of this size
 PREFLIGHT_RETRY = RetryPolicy(deadline_s=10.0)
 
 
@@ -527,14 +529,14 @@ class S3ObjectStore:
         self._with_retry(f"download {len(pairs)} file(s) from {self.uri}", attempt)
         return digests
 
-    def _read_range(self, key: str, offset: int, length: int | None) -> bytes:
+    def _read_range(self, key: str, offset: int, length: int | None) -> Iterator[bytes]:
         if length is None:
             response = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key))
         else:
             byte_range = f"bytes={offset}-{offset + length - 1}"
             response = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key), Range=byte_range)
         with closing(response["Body"]) as body:
-            return body.read()
+            yield from body.iter_chunks(DOWNLOAD_READ_BYTES)
 
     def _transfer(
         self,

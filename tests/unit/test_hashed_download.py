@@ -35,7 +35,7 @@ class Objects:
         self.most_in_flight = 0
         self._lock = threading.Lock()
 
-    def __call__(self, key: str, offset: int, length: int | None) -> bytes:
+    def __call__(self, key: str, offset: int, length: int | None) -> list[bytes]:
         with self._lock:
             self.reads += 1
             self.in_flight += 1
@@ -45,8 +45,9 @@ class Objects:
             time.sleep(0.02 if offset == 0 else 0.001)
             if self.fail == (key, offset):
                 raise ConnectionResetError(f"injected: connection reset reading {key} at {offset}")
-            chunk = data[offset:] if length is None else data[offset : offset + length]
-            return chunk[:-1] if key == self.short else chunk
+            part = data[offset:] if length is None else data[offset : offset + length]
+            part = part[:-1] if key == self.short else part
+            return [part[start : start + 300] for start in range(0, len(part), 300)]  # as a stream comes
         finally:
             with self._lock:
                 self.in_flight -= 1
