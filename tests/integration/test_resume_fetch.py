@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -181,3 +183,36 @@ def test_every_rank_ends_on_rank_0s_choice_when_the_newest_is_corrupt(
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):
         assert (tmp_path / "out" / f"rank-{rank}.txt").read_text() == "10 10"  # two nodes, then one
+
+
+KILLED_DOWNLOAD = """
+import sys
+from pathlib import Path
+from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
+from spotray.train.store import open_store
+store = open_store(sys.argv[1])
+download_checkpoint(store, latest_complete_checkpoint(store), Path(sys.argv[2]))
+"""
+
+
+def test_a_download_killed_half_way_leaves_nothing_taken_for_a_copy(
+    s3_store: S3ObjectStore, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """SIGKILL while a process downloads (holding the node's lock): the next fetch takes the lock, drops
+    the partial download and ends with a verified copy."""
+    files = plant(s3_store, tmp_path, 10, size=12 * DOWNLOAD_PART_BYTES)
+    node = tmp_path / "node"
+    child = subprocess.Popen([sys.executable, "-c", KILLED_DOWNLOAD, str(s3_store.uri), str(node)], env=s3_env)
+    partial = node / ".checkpoint-10.partial" / "model.safetensors"
+    deadline = time.monotonic() + 60
+    while not (partial.is_file() and partial.stat().st_blocks > 0) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert partial.is_file(), "the download was not under way when killed; the test proved nothing"
+    assert not (node / "checkpoint-10").exists()
+    info = latest_complete_checkpoint(s3_store)
+    assert info is not None
+    local = download_checkpoint(s3_store, info, node)
+    assert (local / "model.safetensors").read_bytes() == files["model.safetensors"]
+    assert not partial.parent.exists()
