@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,6 +49,14 @@ def write_files(root: Path, files: dict[str, bytes]) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return root
+
+
+def run_two_ranks(script: Path, args: list[str], env: dict[str, str]) -> None:
+    """``script`` under torchrun as 2 CPU processes (gloo) with this checkout importable; fails with their output."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+    env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def saved_steps_and_uploads_checked(events_path: Path, store: ObjectStore) -> list[int]:

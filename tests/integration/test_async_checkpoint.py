@@ -32,7 +32,7 @@ from spotray.train.direct_load import DirectLoadTrainer, direct_load_reason
 from spotray.train.events import EventLog, read_events
 from spotray.train.resume import fetch_resume_checkpoint
 from spotray.train.store import LocalObjectStore, parse_uri
-from tests.conftest import saved_steps_and_uploads_checked
+from tests.conftest import run_two_ranks, saved_steps_and_uploads_checked
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
@@ -146,18 +146,8 @@ def test_an_async_checkpoint_holds_what_the_synchronous_save_writes(tmp_path: Pa
 def test_under_ddp_every_ranks_rng_state_is_in_the_async_checkpoint(tmp_path: Path) -> None:
     """Two CPU processes (torchrun, gloo): the async checkpoint equals the synchronous one, both ranks' RNG too."""
     script = Path(__file__).with_name("ddp_checkpoint_script.py")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for mode in ("sync", "async"):
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        result = subprocess.run(
-            [*command, str(script), str(tmp_path / mode), mode],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        run_two_ranks(script, [str(tmp_path / mode), mode], dict(os.environ))
     rng_files = ("rng_state_0.pth", "rng_state_1.pth")
     for step in (3, 6):
         name = f"checkpoint-{step}"

@@ -25,11 +25,9 @@ from spotray.train.checkpoint import (
 from spotray.train.errors import StoreRequestError
 from spotray.train.resume import ResumeFetch
 from spotray.train.store import DOWNLOAD_PART_BYTES, S3ObjectStore
-from tests.conftest import write_files
+from tests.conftest import run_two_ranks, write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def sha(data: bytes) -> str:
@@ -169,18 +167,9 @@ def test_every_rank_ends_on_rank_0s_choice_when_the_newest_is_corrupt(
     plant(s3_store, tmp_path, 10)
     plant(s3_store, tmp_path, 20)
     s3_store.put_bytes("checkpoint-20/trainer_state.json", b'{"global_step": 99}')  # same size, other bytes
-    script = Path(__file__).with_name("resume_fetch_script.py")
-    env = {**s3_env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    result = subprocess.run(
-        [*command, str(s3_store.uri), str(tmp_path / "out")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    run_two_ranks(
+        Path(__file__).with_name("resume_fetch_script.py"), [str(s3_store.uri), str(tmp_path / "out")], s3_env
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in (0, 1):
         assert (tmp_path / "out" / f"rank-{rank}.txt").read_text() == "10 10"  # two nodes, then one
 
