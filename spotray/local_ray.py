@@ -149,6 +149,10 @@ class LocalRayCluster:
             **self.env,
             "RAY_ADDRESS": self.address,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Explicit, so that a ~/.ray/auth_token left by any earlier plain ray.init() on this machine
+            # (Ray 2.60 writes one and then turns token auth on for every cluster the user starts)
+            # does not change how this cluster answers. It listens on loopback only.
+            "RAY_AUTH_MODE": "disabled",
             "GLOO_SOCKET_IFNAME": "lo",
             # Ray nices its workers by default; on a shared machine that hands the training workers'
             # CPU to anything else running. On a cluster node the workers are what the node is for.

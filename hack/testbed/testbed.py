@@ -766,6 +766,10 @@ class RayHead:
             "PATH": f"{venv_bin}:{os.environ.get('PATH', '')}",
             MARKER: self.marker,
             "RAY_USAGE_STATS_ENABLED": "0",
+            # Ray 2.60 turns token auth on for any cluster this user starts once ~/.ray/auth_token
+            # exists, and any plain ray.init() on the machine writes that file: the tests' HTTP calls
+            # to the dashboard then get 401. The test bed's head is a pod stand-in with auth off.
+            "RAY_AUTH_MODE": "disabled",
             # gloo (torch.distributed on CPU, Ray Train's default) binds to the host name's
             # interface unless told otherwise; keep its traffic on loopback.
             "GLOO_SOCKET_IFNAME": "lo",
