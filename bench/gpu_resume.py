@@ -47,6 +47,7 @@ BUCKET = "gpu-resume"
 SIDES = ("fresh", "serial", "overlap")
 FIRST_STEP = "FIRST-STEP-DONE"
 GOALS = {"124m": "<= 1.2", "1.5b": "<= 1.5"}
+BLOCK = 1024  # tokens per sample on a GPU
 
 
 # ------------------------------------------------------------------------------------ the child side
@@ -104,9 +105,6 @@ def child(mode: str, uri: str, workdir: Path, size_name: str, use_cpu: bool) -> 
     trainer_class = Trainer if mode == "serial" else AsyncSaveTrainer
     trainer = trainer_class(model=model, args=args, train_dataset=RandomTokens(block), callbacks=callbacks)
     trainer.train(resume_from_checkpoint=str(point.local_dir) if point else None)
-
-
-BLOCK = 1024
 
 
 def build_model(size: Any) -> Any:
