@@ -27,6 +27,7 @@ from urllib.parse import urlparse
 
 import boto3
 from botocore import UNSIGNED
+from botocore.awsrequest import AWSPreparedRequest
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -410,7 +411,23 @@ def make_s3_client(config: StoreConfig) -> S3Client:
         response_checksum_validation="when_required",
         **({"signature_version": UNSIGNED} if config.anonymous else {}),
     )
-    return session.client("s3", endpoint_url=config.endpoint_url, config=botocore_config)
+    client = session.client("s3", endpoint_url=config.endpoint_url, config=botocore_config)
+    client.meta.events.register("before-send.s3", _send_without_expect_header)
+    return client
+
+
+def _send_without_expect_header(request: AWSPreparedRequest, **_: object) -> None:
+    """Send file bodies at once instead of asking for ``100 Continue`` first.
+
+    botocore adds ``Expect: 100-continue`` to every file upload, an empty one too. A Go server
+    (SeaweedFS, MinIO) answers an empty body with its final status at once, and botocore up to
+    at least 1.36 then reads the next response on that pooled connection against the stale
+    status: the whole read timeout lost, then the request sent again (boto/botocore#3755). All
+    it would save is sending a part the server refuses, which happens only on errors. The
+    header is not signed, so removing it after signing is safe.
+    """
+    if "Expect" in request.headers:
+        del request.headers["Expect"]
 
 
 @dataclass

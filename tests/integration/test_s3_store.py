@@ -9,7 +9,15 @@ import pytest
 
 from spotray.train.errors import BucketMissingError, StoreCredentialsError, StoreUnreachableError
 from spotray.train.local_s3 import LocalS3Server, free_port
-from spotray.train.store import RetryPolicy, S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
+from spotray.train.store import (
+    RetryPolicy,
+    S3ObjectStore,
+    StoreConfig,
+    download_dir,
+    make_s3_client,
+    parse_uri,
+    upload_dir,
+)
 from tests.conftest import TEST_BUCKET, write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
@@ -39,6 +47,31 @@ def test_directory_round_trip_keeps_every_byte(s3_store: S3ObjectStore, tmp_path
 
     s3_store.delete([f"ckpt/{name}" for name in files])
     assert s3_store.list("ckpt/") == []
+
+
+def test_an_empty_upload_leaves_its_connection_fit_for_the_next_request(
+    s3_server: LocalS3Server, s3_uri: str, tmp_path: Path
+) -> None:
+    """boto/botocore#3755: botocore asks for ``100 Continue`` before every file body, an empty one too.
+
+    A Go server (SeaweedFS, MinIO) answers an empty body with its final 200 at once, and botocore
+    1.36 then parses the next response on that pooled connection against the stale status: a
+    silent stall of the whole read timeout, then a hidden retry that sends the request again.
+    Empty files are ordinary in checkpoints (an empty added_tokens.json), so every request after
+    one paid it. A short read timeout keeps the failure quick on the affected versions.
+    """
+    config = replace(s3_server.config, read_timeout_s=3.0, max_concurrency=1)
+    client = make_s3_client(config)
+    sent: list[str] = []
+    client.meta.events.register("before-send.s3", lambda request, **_: sent.append(request.method))
+    store = S3ObjectStore(parse_uri(s3_uri), config, RetryPolicy(deadline_s=30), client=client)
+    files = write_files(tmp_path, {"empty": b"", "data": b"x" * 1000})
+
+    store.upload_files([(files / "empty", "empty")])
+    store.upload_files([(files / "data", "data")])
+    assert store.get_bytes("data") == b"x" * 1000
+    assert store.get_bytes("empty") == b""
+    assert sent == ["PUT", "PUT", "GET", "GET"], "a request was sent twice: botocore retried a poisoned connection"
 
 
 def test_bytes_and_prefix_isolation(s3_server: LocalS3Server, s3_store: S3ObjectStore) -> None:
