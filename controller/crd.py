@@ -178,9 +178,23 @@ _SPEC_FIELDS: dict[str, dict[str, Any]] = {
     "workers": {
         "description": "The Ray worker group: replicas pods, each running one training worker per GPU "
         "(one on CPU when gpu is 0).",
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+                "message": "minReplicas must be <= replicas",
+                "fieldPath": ".minReplicas",
+            }
+        ],
     },
     "workers.replicas": {
         "description": "Number of worker pods. Ray Train runs replicas * max(gpu, 1) workers.",
+        "minimum": 1,
+    },
+    "workers.minReplicas": {
+        "description": "The fewest worker pods the run goes on with. Below replicas the run is elastic: when "
+        "spot nodes are lost it continues on the pods that are left, and grows back as nodes return, each "
+        "time from the latest checkpoint, with the same global batch (gradient accumulation makes up the "
+        "difference). Every worker count in the range must divide the global batch. Unset: replicas.",
         "minimum": 1,
     },
     "workers.cpu": _cpu('CPU request per worker pod, a Kubernetes quantity: "2", "0.5" or "500m".'),

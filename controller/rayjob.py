@@ -151,7 +151,9 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
             {
                 "groupName": WORKER_GROUP,
                 "replicas": workers.replicas,
-                "minReplicas": workers.replicas,
+                # Ray Train's elastic group (train/launcher.py) decides how many of them it uses;
+                # KubeRay keeps asking for all of them, so lost spot pods come back with capacity.
+                "minReplicas": workers.min_replicas or workers.replicas,
                 "maxReplicas": workers.replicas,
                 "rayStartParams": {},
                 "template": _pod_template(

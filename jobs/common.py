@@ -26,6 +26,12 @@ def add_run_flags(
     flags.add_argument("--checkpoint-uri", help="s3://bucket/prefix or file:///path for checkpoints")
     flags.add_argument("--data-uri", help=data_help)
     flags.add_argument("--workers", type=int, default=2, help="Ray Train workers")
+    flags.add_argument(
+        "--min-workers",
+        type=int,
+        default=None,
+        help="elastic: go on with as few as this many workers when some are lost (default: --workers)",
+    )
     flags.add_argument("--cpu-per-worker", type=float, default=1.0)
     if checkpoints_every_steps:  # jobs that checkpoint per epoch have no use for it
         flags.add_argument("--save-steps", type=int, default=25, help="checkpoint every N steps")
@@ -45,12 +51,22 @@ def run_context(args: argparse.Namespace, *, workers: int | None = None) -> RunC
             "no checkpoint URI: SPOTRAY_RUN is not set and --checkpoint-uri was not given",
             "pass --checkpoint-uri s3://BUCKET/PREFIX (and --data-uri), or start the job with `spotray run`",
         )
+    min_workers = getattr(args, "min_workers", None)
+    if min_workers is not None and not 1 <= min_workers <= args.workers:
+        raise SpotrayError(
+            f"--min-workers {min_workers} is outside 1..--workers ({args.workers})",
+            "give --min-workers between 1 and --workers: the fewest workers the run goes on with",
+        )
     spec = RunSpec(
         entrypoint=" ".join(sys.argv),
         checkpoint=CheckpointSpec(
             uri=args.checkpoint_uri, every_steps=getattr(args, "save_steps", CheckpointSpec.every_steps), keep=args.keep
         ),
-        workers=WorkerSpec(replicas=workers or args.workers, cpu=str(args.cpu_per_worker)),
+        workers=WorkerSpec(
+            replicas=workers or args.workers,
+            cpu=str(args.cpu_per_worker),
+            min_replicas=None if workers else min_workers,
+        ),
         data=DataSpec(uri=args.data_uri),
     )
     # Started by hand: a run of its own, so no record of an earlier hand-started run is read as ours.
@@ -75,16 +91,6 @@ def required_data_uri(context: RunContext, job: str, what: str, example: str) ->
             f"set spec.data.uri in the TrainingRun (e.g. {example}) or pass --data-uri",
         )
     return context.spec.data.uri
-
-
-def per_worker_batch(batch_size: int, workers: int) -> int:
-    """The global batch split evenly over the workers, so a resume with another count trains the same."""
-    if batch_size % workers:
-        raise SpotrayError(
-            f"--batch-size {batch_size} does not split evenly over {workers} workers",
-            "make the global batch size a multiple of the number of workers",
-        )
-    return batch_size // workers
 
 
 def events_path(args: argparse.Namespace) -> Path | None:

@@ -141,10 +141,18 @@ class LocalRayCluster:
             f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
             *(f"{flag}={port}" for flag, port in ports.items()),
         ]
+        self.temp_dir.mkdir(parents=True, exist_ok=True)
+        self._output = self.log_path or self.temp_dir / "ray-start.log"
+        self._process = _start_in_own_session(command, self.ray_env(), self._output)
+        if self.on_launch is not None:
+            self.on_launch(self._process.pid)
+
+    def ray_env(self) -> dict[str, str]:
+        """The environment of this cluster's Ray processes."""
         # RAY_ADDRESS for Ray's own helpers that look a cluster up with address="auto", which fails
         # ("multiple active Ray instances") when another cluster runs on this machine.
         # GLOO_SOCKET_IFNAME: gloo would otherwise pick the interface of the host name, not loopback.
-        env = {
+        return {
             **os.environ,
             **self.env,
             "RAY_ADDRESS": self.address,
@@ -158,19 +166,10 @@ class LocalRayCluster:
             # CPU to anything else running. On a cluster node the workers are what the node is for.
             "RAY_worker_niceness": "0",
         }
-        self.temp_dir.mkdir(parents=True, exist_ok=True)
-        self._output = self.log_path or self.temp_dir / "ray-start.log"
-        with self._output.open("ab") as output:
-            self._process = subprocess.Popen(
-                command,
-                stdout=output,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                env=env,
-                preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
-            )
-        if self.on_launch is not None:
-            self.on_launch(self._process.pid)
+
+    def add_worker_node(self, num_cpus: int, host: str = "127.0.0.3") -> LocalRayWorkerNode:
+        """Start one more node, with a loopback address of its own: a machine that can be lost and come back."""
+        return LocalRayWorkerNode(self, num_cpus, host).start()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -225,6 +224,79 @@ class LocalRayCluster:
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.stop()
+
+
+@dataclass
+class LocalRayWorkerNode:
+    """A Ray worker node joined to a ``LocalRayCluster``: ``kill()`` is a spot machine vanishing."""
+
+    cluster: LocalRayCluster
+    num_cpus: int
+    host: str
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    _output: Path = field(default=Path("/dev/null"), init=False, repr=False)
+
+    def start(self) -> LocalRayWorkerNode:
+        worker_low = free_worker_port_range(self.host)
+        command = [
+            ray_executable(),
+            "start",
+            "--block",
+            f"--address={self.cluster.address}",
+            f"--node-ip-address={self.host}",
+            f"--num-cpus={self.num_cpus}",
+            "--num-gpus=0",
+            "--disable-usage-stats",
+            f"--min-worker-port={worker_low}",
+            f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
+            f"--node-manager-port={free_port(self.host)}",
+            f"--object-manager-port={free_port(self.host)}",
+            f"--runtime-env-agent-port={free_port(self.host)}",
+            f"--metrics-export-port={free_port(self.host)}",
+            f"--dashboard-agent-listen-port={free_port(self.host)}",
+            f"--dashboard-agent-grpc-port={free_port(self.host)}",
+        ]
+        self._output = self.cluster.temp_dir / f"ray-node-{self.host}-{worker_low}.log"
+        self._process = _start_in_own_session(command, self.cluster.ray_env(), self._output)
+        deadline = time.monotonic() + self.cluster.startup_timeout_s
+        while time.monotonic() < deadline:
+            log = self._output.read_text(errors="replace")
+            if "Ray runtime started" in log:
+                return self
+            if self._process.poll() is not None:
+                raise SpotrayError(
+                    f"a Ray worker node on {self.host} exited during startup (code {self._process.returncode}); "
+                    f"its output ends with:\n{log[-2000:]}",
+                    "a full disk or /tmp, or too little shared memory (/dev/shm), are common causes",
+                )
+            time.sleep(0.2)
+        self.kill()
+        raise SpotrayError(
+            f"a Ray worker node on {self.host} did not start within {self.cluster.startup_timeout_s:.0f} s",
+            "the machine may be overloaded; try again",
+        )
+
+    def kill(self) -> None:
+        """SIGKILL the node's raylet and every worker on it at once."""
+        if self._process is None:
+            return
+        for pid in session_members(self._process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._process.wait()
+        self._process = None
+
+
+def _start_in_own_session(command: list[str], env: dict[str, str], output_path: Path) -> subprocess.Popen[bytes]:
+    with output_path.open("ab") as output:
+        return subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
+        )
 
 
 def _accepts(host: str, port: int) -> bool:

@@ -35,6 +35,7 @@ from spotray.train.store import open_store
 
 with extra_required("ray"):
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 log = logging.getLogger(__name__)
 
@@ -116,9 +117,15 @@ def ledger_name(attempt: AttemptId) -> str:
 
 
 def start_ledger(attempt: AttemptId) -> Any:
-    """The driver's ledger actor for this attempt (a handle; it lives as long as the driver)."""
+    """The driver's ledger actor for this attempt (a handle; it lives as long as the driver).
+
+    It runs on the driver's node. It needs no CPU, so Ray could otherwise place it on any node,
+    a spot worker too, and losing that node would lose the ledger with it (the elastic test did).
+    The driver's node is the head (on demand) under KubeRay; if it goes, so does the attempt.
+    """
     actor = ray.remote(num_cpus=0)(CrashLedger)
-    return actor.options(name=ledger_name(attempt), get_if_exists=True).remote()
+    on_driver_node = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    return actor.options(name=ledger_name(attempt), get_if_exists=True, scheduling_strategy=on_driver_node).remote()
 
 
 def ledger_verdict(ledger: Any) -> CrashLoop | None:

@@ -25,11 +25,13 @@ The known traps, handled here:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +46,7 @@ from transformers.trainer_utils import TrainOutput
 from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.errors import SpotrayError
 from spotray.train.extras import extra_required
+from spotray.train.ranks import MachineRanks, launcher_local_ranks, machine_ranks
 from spotray.train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
 from spotray.train.streaming_memory import release_streaming_memory
 
@@ -125,17 +128,19 @@ def open_streaming_dataset(
     with extra_required("streaming"):
         from streaming import StreamingDataset  # noqa: PLC0415 (heavy import, only in training workers)
 
-    on_each_node_once(lambda: release_streaming_memory(cache_dir), barrier_first=False)
+    machine = machine_ranks()
+    on_each_node_once(lambda: release_streaming_memory(cache_dir), barrier_first=False, machine=machine)
     remote = str(uri) if uri.scheme == "s3" else uri.prefix
-    dataset = StreamingDataset(
-        remote=remote,
-        local=str(cache_dir),
-        batch_size=batch_size,
-        shuffle=True,
-        shuffle_seed=shuffle_seed,
-        num_canonical_nodes=NUM_CANONICAL_NODES,
-        download_retry=5,
-    )
+    with streaming_sees_machines(machine):
+        dataset = StreamingDataset(
+            remote=remote,
+            local=str(cache_dir),
+            batch_size=batch_size,
+            shuffle=True,
+            shuffle_seed=shuffle_seed,
+            num_canonical_nodes=NUM_CANONICAL_NODES,
+            download_retry=5,
+        )
     if position != DataPosition():
         dataset.load_state_dict(
             {
@@ -148,18 +153,44 @@ def open_streaming_dataset(
     return dataset
 
 
+@contextlib.contextmanager
+def streaming_sees_machines(machine: MachineRanks) -> Iterator[None]:
+    """Streaming's nodes are machines: one local leader registers the shared memory of each /dev/shm.
+
+    Where the launcher counts two nodes on one machine (local mode's elastic tests), both local
+    leaders would register the same shared-memory name at once, and one fails (FileExistsError on
+    ``/NNNNNN_locals``). So while the dataset is built, which is when streaming reads them,
+    LOCAL_RANK and LOCAL_WORLD_SIZE count the ranks of the machine. A launcher with one node per
+    machine (a pod, a cloud VM) is left as it is.
+    """
+    wanted = (machine.local_rank, machine.local_world_size)
+    if not machine.uniform or wanted == launcher_local_ranks():
+        yield
+        return
+    saved = {name: os.environ.get(name) for name in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"] = map(str, wanted)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 def release_after_training(cache_dir: Path) -> None:
     """After every rank's last step: release the cache directory's shared memory (a Ray worker is
     killed at the end, so streaming's own finalizers never run). All ranks call it."""
-    on_each_node_once(lambda: release_streaming_memory(cache_dir), barrier_first=True)
+    on_each_node_once(lambda: release_streaming_memory(cache_dir), barrier_first=True, machine=machine_ranks())
 
 
-def on_each_node_once(action: Callable[[], object], *, barrier_first: bool) -> None:
-    """``action`` on local rank 0 while the node's other ranks wait (all ranks call this)."""
+def on_each_node_once(action: Callable[[], object], *, barrier_first: bool, machine: MachineRanks) -> None:
+    """``action`` on the machine's first rank while its other ranks wait (all ranks call this)."""
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if distributed and barrier_first:
         torch.distributed.barrier()
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+    if machine.local_rank == 0:
         action()
     if distributed and not barrier_first:
         torch.distributed.barrier()
@@ -255,8 +286,11 @@ class SampleRecorder:
     """The collate function: turns samples into tensors and can record which sample ids each rank trained on.
 
     Recording (for the no-duplicate, no-gap proof) is on when ``SPOTRAY_SAMPLE_LOG`` names a
-    directory: each rank appends ``{"step": n, "rank": r, "t": unix time, "ids": [...]}`` lines to
-    its own file per attempt and start step. ``trained_batches`` reads them back.
+    directory: each rank appends ``{"step": n, "rank": r, "t": unix time, "ids": [...], "group": g}``
+    lines to its own file per attempt and start step, one line per forward pass (``accumulation``
+    of them make a step). ``group`` names the worker group, the same on each of its ranks (rank 0
+    chooses it), so that its lines are told from those of another group, of any size, that trained
+    the same steps. ``trained_batches`` reads them back.
     """
 
     def __init__(
@@ -266,44 +300,57 @@ class SampleRecorder:
         rank: int,
         start_step: int,
         attempt: int,
+        accumulation: int = 1,
+        group: str | None = None,
     ) -> None:
         self.to_features = to_features
         directory = os.environ.get("SPOTRAY_SAMPLE_LOG")
         self.path = Path(directory) / f"attempt-{attempt}-start-{start_step}-rank-{rank}.jsonl" if directory else None
-        self.step = start_step
+        self.start_step = start_step
+        self.passes = 0
+        self.accumulation = accumulation
         self.rank = rank
+        self.group = group or new_worker_group_id()
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        self.step += 1
+        self.passes += 1
         if self.path:
+            step = self.start_step + -(-self.passes // self.accumulation)
             ids = [int(sample["sample_id"]) for sample in samples]
             with self.path.open("a") as handle:
-                record = {"step": self.step, "rank": self.rank, "t": time.time(), "ids": ids}
+                record = {"step": step, "rank": self.rank, "t": time.time(), "ids": ids, "group": self.group}
                 handle.write(json.dumps(record) + "\n")
         features = [self.to_features(sample) for sample in samples]
         return {key: torch.stack([feature[key] for feature in features]) for key in features[0]}
+
+
+def new_worker_group_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 def trained_batches(sample_log: Path) -> dict[int, list[int]]:
     """Step -> the sample ids (every rank's, sorted) of the batch that counts for that step.
 
     A step trained more than once (a worker group or an attempt that resumed from an older
-    checkpoint trains it again) counts as its newest record, per rank: attempts never overlap in
-    time, so the newest is the one the final weights descend from. A line cut off by a kill is skipped.
+    checkpoint trains it again) counts as the worker group that trained it last: worker groups never
+    overlap in time, so the newest is the one the final weights descend from, whatever its size. All
+    of that group's passes of the step count, every rank's (gradient accumulation). A line cut off by
+    a kill is skipped.
     """
-    newest: dict[tuple[int, int], tuple[float, list[int]]] = {}
+    # step -> group -> (time of the group's first pass of the step, ids of all its passes)
+    by_group: dict[int, dict[str, tuple[float, list[int]]]] = {}
     for path in sorted(sample_log.glob("*.jsonl")):
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            key = (int(record["step"]), int(record["rank"]))
-            if key not in newest or record["t"] >= newest[key][0]:
-                newest[key] = (float(record["t"]), [int(i) for i in record["ids"]])
-    batches: dict[int, list[int]] = {}
-    for (step, _rank), (_t, ids) in newest.items():
-        batches.setdefault(step, []).extend(ids)
+            group = str(record["group"])
+            groups = by_group.setdefault(int(record["step"]), {})
+            first_t, ids = groups.setdefault(group, (float(record["t"]), []))
+            groups[group] = (min(first_t, float(record["t"])), ids)
+            ids.extend(int(i) for i in record["ids"])
+    batches = {step: max(groups.values(), key=lambda entry: entry[0])[1] for step, groups in by_group.items()}
     return {step: sorted(ids) for step, ids in sorted(batches.items())}

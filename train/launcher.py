@@ -63,16 +63,41 @@ log = logging.getLogger(__name__)
 
 # Ray Train polls for draining nodes every 5 s by default; a 15 s notice cannot spare that much.
 RAY_TRAIN_SETTINGS = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+# How often an elastic worker group looks for room to grow (seconds); unset: Ray Train's default.
+RESIZE_CHECK_ENV = "SPOTRAY_ELASTIC_RESIZE_CHECK_S"
+# An elastic group that lost a node first tries its old size again: the node is not yet marked dead
+# (about 30 s of missed heartbeats). Ray Train then waits this long for workers that will never start
+# (its default, 60 s) before it counts again and goes on smaller. Measured in tests/integration/
+# test_elastic.py: 86 s without training between the loss and the smaller group at 60. Starting a
+# worker takes seconds once its node is up; a user who needs more sets the variable.
+ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
 # How long a preemption notice gives (GKE gives 15 s, AWS 120 s); the drain deadline we announce.
 DEFAULT_GRACE_SECONDS = 15
 
 
-def build_scaling_config(context: RunContext) -> ScalingConfig:
+def build_scaling_config(context: RunContext, environ: dict[str, str] | None = None) -> ScalingConfig:
+    """Ray Train's worker group for the spec; elastic (a ``(min, max)`` range) below ``minReplicas``.
+
+    An elastic group restarts with the workers that are left when a node is lost, and Ray Train
+    checks every ``SPOTRAY_ELASTIC_RESIZE_CHECK_S`` seconds (Ray's default: 60) whether more could
+    run, restarting the group bigger if so. Each restart resumes from the latest checkpoint.
+    """
     workers = context.spec.workers
     resources: dict[str, float] = {"CPU": workers.cpu_per_worker}
     if workers.gpu:
         resources["GPU"] = 1
-    return ScalingConfig(num_workers=workers.num_workers, use_gpu=workers.gpu > 0, resources_per_worker=resources)
+    if not workers.elastic:
+        return ScalingConfig(num_workers=workers.num_workers, use_gpu=workers.gpu > 0, resources_per_worker=resources)
+    # Ray Train V2's ScalingConfig (what ray.train exports in Ray 2.60); the type stubs know V1's.
+    options: dict[str, Any] = {
+        "num_workers": (workers.min_workers, workers.num_workers),
+        "use_gpu": workers.gpu > 0,
+        "resources_per_worker": resources,
+    }
+    resize_check = (os.environ if environ is None else environ).get(RESIZE_CHECK_ENV)
+    if resize_check:
+        options["elastic_resize_monitor_interval_s"] = float(resize_check)
+    return ScalingConfig(**options)
 
 
 def build_run_config(context: RunContext, storage_path: str, *, max_worker_failures: int = -1) -> RunConfig:
@@ -202,6 +227,8 @@ def launch(
     # The workers read the run context (their attempt's identity included) from SPOTRAY_RUN,
     # also when this driver was started by hand and made its own.
     worker_env = {**spotray_env_for_workers(), **context.to_env(), **RAY_TRAIN_SETTINGS}
+    if context.spec.workers.elastic:
+        worker_env |= {key: value for key, value in ELASTIC_RAY_TRAIN_SETTINGS.items() if key not in os.environ}
     if not ray.is_initialized():
         # RAY_ADDRESS is set by the RayJob (KubeRay) and by local mode; without it Ray starts its own.
         ray.init(

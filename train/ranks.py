@@ -6,6 +6,9 @@ a process group this is rank 0 of 1 and the collectives return at once.
 
 from __future__ import annotations
 
+import os
+import socket
+from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -31,3 +34,34 @@ def broadcast_from_rank0(value: Any) -> Any:
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+@dataclass(frozen=True)
+class MachineRanks:
+    """Where this process stands among the training processes of its machine (its /dev/shm)."""
+
+    local_rank: int
+    local_world_size: int
+    uniform: bool  # every machine runs the same number of training processes
+
+
+def machine_ranks() -> MachineRanks:
+    """This process among those on the same host, counted across the whole process group.
+
+    Usually what the launcher says (LOCAL_RANK, LOCAL_WORLD_SIZE): one Ray node or pod per machine.
+    Local mode can run two Ray nodes on one machine (the elastic tests lose and add one), and then
+    both have a local rank 0, while what they share (/dev/shm, the MDS cache) is the machine's.
+    Collective: every rank calls it.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return MachineRanks(0, 1, True)
+    hosts: list[str] = [""] * dist.get_world_size()
+    dist.all_gather_object(hosts, socket.gethostname())
+    mine = hosts[dist.get_rank()]
+    counts = {host: hosts.count(host) for host in hosts}
+    return MachineRanks(hosts[: dist.get_rank()].count(mine), counts[mine], len(set(counts.values())) == 1)
+
+
+def launcher_local_ranks() -> tuple[int, int]:
+    """LOCAL_RANK and LOCAL_WORLD_SIZE as the launcher set them (0 and 1 without one)."""
+    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))

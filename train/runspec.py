@@ -62,13 +62,18 @@ def parse_cpu(text: str) -> float:
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """The Ray worker group: ``replicas`` pods, each running one training worker per GPU (or one on CPU)."""
+    """The Ray worker group: ``replicas`` pods, each running one training worker per GPU (or one on CPU).
+
+    With ``min_replicas`` below ``replicas`` the run is elastic: it goes on with as few as
+    ``min_replicas`` pods when spot nodes are lost, and grows back as they return.
+    """
 
     replicas: int = 2
     cpu: str = "1"
     memory: str = "4Gi"
     gpu: int = 0
     spot: bool = True
+    min_replicas: int | None = None  # None: replicas (a fixed size)
 
     @property
     def workers_per_replica(self) -> int:
@@ -76,7 +81,22 @@ class WorkerSpec:
 
     @property
     def num_workers(self) -> int:
+        """The most training workers: every replica up."""
         return self.replicas * self.workers_per_replica
+
+    @property
+    def min_workers(self) -> int:
+        """The fewest training workers the run goes on with."""
+        return (self.min_replicas or self.replicas) * self.workers_per_replica
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers < self.num_workers
+
+    @property
+    def worker_counts(self) -> range:
+        """Every number of training workers the run may have: each must split the global batch."""
+        return range(self.min_workers, self.num_workers + 1, self.workers_per_replica)
 
     @property
     def cpu_per_worker(self) -> float:
@@ -254,14 +274,22 @@ class _Reader:
 def _read_workers(reader: _Reader, spec: dict[str, Any]) -> WorkerSpec:
     path = "spec.workers"
     data = reader.section(spec, "workers", "spec")
-    reader.unknown(data, {"replicas", "cpu", "memory", "gpu", "spot"}, path)
+    reader.unknown(data, {"replicas", "minReplicas", "cpu", "memory", "gpu", "spot"}, path)
     defaults = WorkerSpec()
+    replicas = reader.integer(data, "replicas", path, defaults.replicas, 1)
+    min_replicas = reader.integer(data, "minReplicas", path, replicas, 1) if "minReplicas" in data else None
+    if min_replicas is not None and min_replicas > replicas:
+        reader.problems.append(
+            f"{path}.minReplicas: must be <= replicas ({replicas}), got {min_replicas}; "
+            "replicas is the most pods the run uses, minReplicas the fewest it goes on with"
+        )
     workers = WorkerSpec(
-        replicas=reader.integer(data, "replicas", path, defaults.replicas, 1),
+        replicas=replicas,
         cpu=reader.string(data, "cpu", path, defaults.cpu) or defaults.cpu,
         memory=reader.string(data, "memory", path, defaults.memory) or defaults.memory,
         gpu=reader.integer(data, "gpu", path, defaults.gpu, 0),
         spot=reader.boolean(data, "spot", path, defaults.spot),
+        min_replicas=min_replicas,
     )
     _check_resources(reader, workers.cpu, workers.memory, path)
     return workers

@@ -46,12 +46,12 @@ from spotray.jobs.common import (
     LoopConfig,
     add_run_flags,
     events_path,
-    per_worker_batch,
     required_data_uri,
     run_context,
     worker_context,
 )
 from spotray.train.attempts import EXIT_BAD_INPUT
+from spotray.train.batching import check_batch_splits
 from spotray.train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
 from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
@@ -295,7 +295,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext, data: Shapes
     spec = context.spec
     data_uri = required_data_uri(context, "spotray.jobs.cnn", "Parquet files", "s3://BUCKET/datasets/cnn-shapes")
     workers = spec.workers.num_workers
-    per_worker_batch(args.batch_size, workers)
+    check_batch_splits(args.batch_size, spec.workers)
     if data.num_samples // workers < args.batch_size // workers:
         raise SpotrayError(
             f"{data.num_samples} samples give each of {workers} workers less than one batch "

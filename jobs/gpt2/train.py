@@ -36,7 +36,6 @@ from spotray.jobs.common import (
     LoopConfig,
     add_run_flags,
     events_path,
-    per_worker_batch,
     required_data_uri,
     run_context,
     worker_context,
@@ -44,6 +43,7 @@ from spotray.jobs.common import (
 from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
 from spotray.train.async_checkpoint import WHEN_BUSY_CHOICES, AsyncSaveTrainer
 from spotray.train.attempts import EXIT_BAD_INPUT
+from spotray.train.batching import check_batch_splits, plan_batch
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint_interval import AutoCheckpointInterval, run_history
 from spotray.train.data import (
@@ -52,6 +52,7 @@ from spotray.train.data import (
     SampleRecorder,
     StreamingTrainer,
     ensure_dataset,
+    new_worker_group_id,
     open_streaming_dataset,
     release_after_training,
 )
@@ -108,13 +109,18 @@ def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
 
 
 def build_training_args(
-    config: Gpt2JobConfig, *, save_steps: int | None = None, per_device_batch: int | None = None
+    config: Gpt2JobConfig,
+    *,
+    save_steps: int | None = None,
+    per_device_batch: int | None = None,
+    accumulation: int = 1,
 ) -> TrainingArguments:
     save = save_steps if save_steps is not None else config.save_steps
     return TrainingArguments(
         output_dir=str(config.workdir / "checkpoints"),
         max_steps=config.max_steps,
         per_device_train_batch_size=per_device_batch or config.batch_size,
+        gradient_accumulation_steps=accumulation,
         learning_rate=config.learning_rate,
         lr_scheduler_type="cosine",
         warmup_steps=max(1, config.max_steps // 20),
@@ -170,6 +176,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
     start_step = resume_point.step if resume_point else 0
     cache_dir = config.workdir / "mds-cache"
+    # The same global batch at any worker count (an elastic run shrinks and grows): train/batching.py.
+    plan = plan_batch(config.batch_size, size, context.spec.workers.num_workers)
+    group = broadcast_from_rank0(new_worker_group_id())  # names this worker group in the sample log
     if rank == 0:
         events.emit(
             "start",
@@ -179,26 +188,34 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             checkpoint_uri=config.checkpoint_uri,
             max_steps=config.max_steps,
             world_size=size,
+            per_device_batch=plan.per_device,
+            accumulation=plan.accumulation,
             data_position=position.to_dict(),
             dataset_cache=str(cache_dir),  # local mode releases its shared memory when it ends (spotray/reaper.py)
             resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
             resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
         )
-    per_device = config.batch_size // size
     assert config.data_uri is not None  # the driver checked
     dataset = open_streaming_dataset(
         parse_uri(config.data_uri),
         cache_dir,
-        batch_size=per_device,
+        batch_size=plan.per_device,
         position=position,
         shuffle_seed=config.seed,
     )
     loader = EpochLoader(
         dataset,
-        batch_size=per_device,
+        batch_size=plan.per_device,
         world_size=size,
         start=position,
-        collate_fn=SampleRecorder(to_features, rank=rank, start_step=start_step, attempt=context.attempt),
+        collate_fn=SampleRecorder(
+            to_features,
+            rank=rank,
+            start_step=start_step,
+            attempt=context.attempt,
+            accumulation=plan.accumulation,
+            group=group,
+        ),
     )
     sync = S3CheckpointCallback(
         config.checkpoint_uri,
@@ -231,7 +248,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     trainer = StreamingTrainer(
         model=model,
         # One output dir for all ranks of a node: each rank writes its RNG state into the same checkpoint.
-        args=build_training_args(config, per_device_batch=per_device),
+        args=build_training_args(config, per_device_batch=plan.per_device, accumulation=plan.accumulation),
         callbacks=callbacks,
         epoch_loader=loader,
     )
@@ -250,7 +267,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
 def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobConfig:
     spec = context.spec
     data_uri = required_data_uri(context, "spotray.jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
-    per_worker_batch(args.batch_size, spec.workers.num_workers)
+    check_batch_splits(args.batch_size, spec.workers)
     return Gpt2JobConfig(
         checkpoint_uri=spec.checkpoint.uri,
         data_uri=data_uri,

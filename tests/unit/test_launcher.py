@@ -59,6 +59,19 @@ def test_gpu_workers_one_per_gpu_sharing_the_replica_cpus() -> None:
     assert scaling.resources_per_worker == {"CPU": 4.0, "GPU": 1}
 
 
+def test_min_replicas_below_replicas_make_an_elastic_group() -> None:
+    scaling = build_scaling_config(context(workers={"replicas": 4, "minReplicas": 2, "gpu": 2, "cpu": "8"}), {})
+    assert scaling.num_workers == (4, 8)
+    assert scaling.elastic_resize_monitor_interval_s == 60.0  # Ray's own default
+    quick = build_scaling_config(
+        context(workers={"replicas": 3, "minReplicas": 1}), {"SPOTRAY_ELASTIC_RESIZE_CHECK_S": "5"}
+    )
+    assert quick.num_workers == (1, 3)
+    assert quick.elastic_resize_monitor_interval_s == 5.0
+    fixed = build_scaling_config(context(workers={"replicas": 3, "minReplicas": 3}), {})
+    assert fixed.num_workers == 3
+
+
 def test_run_config_is_stable_across_attempts_and_retries_workers_forever() -> None:
     run_config = build_run_config(context(), "/mnt/nfs/ray")
     assert run_config.name == "llm"

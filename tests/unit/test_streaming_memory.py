@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
+from spotray.train.data import streaming_sees_machines
+from spotray.train.ranks import MachineRanks
 from spotray.train.streaming_memory import LOCK_NAMES, SEGMENT_NAMES, parse_locals, release_streaming_memory
 
 pytestmark = pytest.mark.unit
@@ -63,3 +66,18 @@ def test_names_match_the_installed_streaming() -> None:
     packed = prefix._pack_locals(["/a/cache", "/b"], 12)
     assert parse_locals(packed) == ("/a/cache", "/b")
     assert locals_segment(["/a/cache", "/b"], 12) == packed
+
+
+def test_streaming_counts_the_machines_ranks_only_where_two_nodes_share_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two Ray nodes on one machine (local mode's elastic test) would both be streaming's local leader."""
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with streaming_sees_machines(MachineRanks(local_rank=1, local_world_size=2, uniform=True)):
+        assert (os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("1", "2")
+    assert (os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("0", "1"), "restored for torch and HF"
+
+    with streaming_sees_machines(MachineRanks(local_rank=0, local_world_size=1, uniform=True)):
+        assert (os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]) == ("0", "1")  # one node a machine
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with streaming_sees_machines(MachineRanks(local_rank=1, local_world_size=3, uniform=False)):
+        assert "LOCAL_WORLD_SIZE" not in os.environ, "machines of unequal sizes are left to the launcher"
