@@ -74,6 +74,24 @@ def test_an_empty_upload_leaves_its_connection_fit_for_the_next_request(
     assert sent == ["PUT", "PUT", "GET", "GET"], "a request was sent twice: botocore retried a poisoned connection"
 
 
+def test_a_stopped_server_keeps_what_it_acknowledged(tmp_path: Path) -> None:
+    """stop() gives SeaweedFS 2 s before SIGKILL: every acknowledged write must be there after a restart."""
+    files = {"model.safetensors": os.urandom(2 * 1024 * 1024 + 5), "trainer_state.json": b"{}", "empty": b""}
+    source = write_files(tmp_path / "src", files)
+    server = LocalS3Server(tmp_path / "s3")
+    with server:
+        server.create_bucket(TEST_BUCKET)
+        store = S3ObjectStore(parse_uri(f"s3://{TEST_BUCKET}/kept"), server.config)
+        upload_dir(store, source, "ckpt")
+        store.put_bytes("record.json", b'{"step": 7}')
+    with server:  # the same directory and port, started again
+        store = S3ObjectStore(parse_uri(f"s3://{TEST_BUCKET}/kept"), server.config)
+        download_dir(store, "ckpt", tmp_path / "dst")
+        assert store.get_bytes("record.json") == b'{"step": 7}'
+    for name in files:
+        assert digest(tmp_path / "dst" / name) == digest(source / name)
+
+
 def test_bytes_and_prefix_isolation(s3_server: LocalS3Server, s3_store: S3ObjectStore) -> None:
     s3_store.put_bytes("a/b.json", b"{}")
     assert s3_store.get_bytes("a/b.json") == b"{}"
