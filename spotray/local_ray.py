@@ -31,7 +31,7 @@ from types import TracebackType
 
 from spotray.train.errors import SpotrayError
 from spotray.train.local_s3 import free_port
-from spotray.train.subprocesses import die_with_parent, session_members
+from spotray.train.subprocesses import signal_session, start_in_own_session
 
 DEFAULT_HOST = "127.0.0.2"
 STARTUP_ATTEMPTS = 3
@@ -143,7 +143,7 @@ class LocalRayCluster:
         ]
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self._output = self.log_path or self.temp_dir / "ray-start.log"
-        self._process = _start_in_own_session(command, self.ray_env(), self._output)
+        self._process = start_in_own_session(command, self.ray_env(), self._output)
         if self.on_launch is not None:
             self.on_launch(self._process.pid)
 
@@ -211,11 +211,7 @@ class LocalRayCluster:
         if self._process is None:
             return
         # Ray's own daemons stay in the session of `ray start`; drivers we start join it too (see launch).
-        for pid in session_members(self._process.pid):
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                continue
+        signal_session(self._process.pid, signum)
 
     def __enter__(self) -> LocalRayCluster:
         return self.start()
@@ -257,7 +253,7 @@ class LocalRayWorkerNode:
             f"--dashboard-agent-grpc-port={free_port(self.host)}",
         ]
         self._output = self.cluster.temp_dir / f"ray-node-{self.host}-{worker_low}.log"
-        self._process = _start_in_own_session(command, self.cluster.ray_env(), self._output)
+        self._process = start_in_own_session(command, self.cluster.ray_env(), self._output)
         deadline = time.monotonic() + self.cluster.startup_timeout_s
         while time.monotonic() < deadline:
             log = self._output.read_text(errors="replace")
@@ -280,23 +276,9 @@ class LocalRayWorkerNode:
         """SIGKILL the node's raylet and every worker on it at once."""
         if self._process is None:
             return
-        for pid in session_members(self._process.pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        signal_session(self._process.pid, signal.SIGKILL)
         self._process.wait()
         self._process = None
-
-
-def _start_in_own_session(command: list[str], env: dict[str, str], output_path: Path) -> subprocess.Popen[bytes]:
-    with output_path.open("ab") as output:
-        return subprocess.Popen(
-            command,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
-        )
 
 
 def _accepts(host: str, port: int) -> bool:

@@ -23,7 +23,7 @@ import boto3
 from botocore.config import Config
 
 from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
-from spotray.train.subprocesses import die_with_parent
+from spotray.train.subprocesses import start_in_own_session
 
 DEFAULT_ACCESS_KEY = "spotray"
 DEFAULT_SECRET_KEY = "spotray-local-secret"  # noqa: S105 - a loopback-only test server's key
@@ -125,17 +125,8 @@ class LocalS3Server:
             "-metricsPort=0",
         ]
         env = {**os.environ, "AWS_ACCESS_KEY_ID": self.access_key, "AWS_SECRET_ACCESS_KEY": self.secret_key}
-        log_file = (self.data_dir / "weed.log").open("ab")
         # A session of its own: a Ctrl-C aimed at the demo must not kill the server mid-upload.
-        self._process = subprocess.Popen(
-            command,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
-        )
-        log_file.close()
+        self._process = start_in_own_session(command, env, self.data_dir / "weed.log")
         if self.on_launch is not None:
             self.on_launch(self._process.pid)
         self._wait_ready()

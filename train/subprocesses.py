@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -57,3 +58,25 @@ def start_time(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot): with the pid, it names one process, never a reused pid."""
     fields = _stat_fields(pid)
     return int(fields[19]) if fields is not None else None  # field 22 of stat; the first two are cut
+
+
+def start_in_own_session(command: list[str], env: dict[str, str], output_path: Path) -> subprocess.Popen[bytes]:
+    """Start ``command`` in a session of its own (a Ctrl-C aimed at the caller does not reach it, and
+    ``signal_session`` reaches every process it starts), output appended to ``output_path``; it dies
+    with this process."""
+    with output_path.open("ab") as output:
+        return subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
+        )
+
+
+def signal_session(session_id: int, signum: int) -> None:
+    """``signum`` to every process of the session, those that exit meanwhile skipped."""
+    for pid in session_members(session_id):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
