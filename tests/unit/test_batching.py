@@ -1,9 +1,11 @@
 """Elastic worker counts: the spec's range, and one global batch at every size of it."""
 
+import argparse
 from typing import Any
 
 import pytest
 
+from spotray.jobs.common import add_run_flags, run_context
 from spotray.train.batching import BatchPlan, check_batch_splits, plan_batch
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import InvalidSpecError, WorkerSpec, parse_spec
@@ -69,3 +71,16 @@ def test_every_size_takes_the_global_batch_in_passes_no_bigger_than_at_full_size
 def test_a_size_that_cannot_split_the_batch_is_a_programming_error() -> None:
     with pytest.raises(ValueError, match="cannot split 16 samples over 3 of 4 workers"):
         plan_batch(16, 3, 4)
+
+
+def test_a_job_started_by_hand_takes_min_workers_from_its_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPOTRAY_RUN", raising=False)
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser, run_name="gpt2", data_help="data")
+    args = parser.parse_args(["--checkpoint-uri", "s3://bucket/run", "--workers", "3", "--min-workers", "1"])
+    workers = run_context(args).spec.workers
+    assert (workers.min_workers, workers.num_workers, workers.elastic) == (1, 3, True)
+    assert not run_context(parser.parse_args(["--checkpoint-uri", "s3://bucket/run"])).spec.workers.elastic
+    with pytest.raises(SpotrayError) as caught:
+        run_context(parser.parse_args(["--checkpoint-uri", "s3://bucket/run", "--workers", "2", "--min-workers", "3"]))
+    assert "--min-workers 3 is outside 1..--workers (2)" in str(caught.value)
