@@ -317,7 +317,7 @@ class SampleRecorder:
     def __call__(self, samples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         self.passes += 1
         if self.path:
-            step = self.start_step + -(-self.passes // self.accumulation)
+            step = self.start_step + (self.passes + self.accumulation - 1) // self.accumulation  # pass 1..a: step 1
             ids = [int(sample["sample_id"]) for sample in samples]
             with self.path.open("a") as handle:
                 record = {"step": step, "rank": self.rank, "t": time.time(), "ids": ids, "group": self.group}

@@ -76,7 +76,7 @@ DEFAULT_GRACE_SECONDS = 15
 
 
 def build_scaling_config(context: RunContext, environ: dict[str, str] | None = None) -> ScalingConfig:
-    """Ray Train's worker group for the spec; elastic (a ``(min, max)`` range) below ``minReplicas``.
+    """Ray Train's worker group for the spec: elastic, a ``(min, max)`` range, when minReplicas < replicas.
 
     An elastic group restarts with the workers that are left when a node is lost, and Ray Train
     checks every ``SPOTRAY_ELASTIC_RESIZE_CHECK_S`` seconds (Ray's default: 60) whether more could
