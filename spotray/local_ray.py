@@ -59,6 +59,23 @@ def free_worker_port_range(host: str) -> int:
     raise SpotrayError("found no free range of ports for Ray's workers", "free some ports on the loopback interface")
 
 
+def node_port_flags(host: str, worker_low: int) -> list[str]:
+    """``ray start`` flags for every port a Ray node listens on, each picked free on ``host``."""
+    names = [
+        "node-manager",
+        "object-manager",
+        "runtime-env-agent",
+        "metrics-export",
+        "dashboard-agent-listen",
+        "dashboard-agent-grpc",
+    ]
+    return [
+        f"--min-worker-port={worker_low}",
+        f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
+        *(f"--{name}-port={free_port(host)}" for name in names),
+    ]
+
+
 def _port_is_free(host: str, port: int) -> bool:
     with socket.socket() as sock:
         try:
@@ -115,15 +132,6 @@ class LocalRayCluster:
 
     def _launch(self) -> None:
         self.gcs_port = free_port(self.host)
-        ports = {
-            "--node-manager-port": free_port(self.host),
-            "--object-manager-port": free_port(self.host),
-            "--runtime-env-agent-port": free_port(self.host),
-            "--metrics-export-port": free_port(self.host),
-            "--dashboard-agent-listen-port": free_port(self.host),
-            "--dashboard-agent-grpc-port": free_port(self.host),
-            "--ray-client-server-port": free_port(self.host),
-        }
         worker_low = free_worker_port_range(self.host)
         command = [
             ray_executable(),
@@ -137,9 +145,8 @@ class LocalRayCluster:
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--temp-dir={self.temp_dir}",
-            f"--min-worker-port={worker_low}",
-            f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
-            *(f"{flag}={port}" for flag, port in ports.items()),
+            *node_port_flags(self.host, worker_low),
+            f"--ray-client-server-port={free_port(self.host)}",
         ]
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self._output = self.log_path or self.temp_dir / "ray-start.log"
@@ -243,14 +250,7 @@ class LocalRayWorkerNode:
             f"--num-cpus={self.num_cpus}",
             "--num-gpus=0",
             "--disable-usage-stats",
-            f"--min-worker-port={worker_low}",
-            f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
-            f"--node-manager-port={free_port(self.host)}",
-            f"--object-manager-port={free_port(self.host)}",
-            f"--runtime-env-agent-port={free_port(self.host)}",
-            f"--metrics-export-port={free_port(self.host)}",
-            f"--dashboard-agent-listen-port={free_port(self.host)}",
-            f"--dashboard-agent-grpc-port={free_port(self.host)}",
+            *node_port_flags(self.host, worker_low),
         ]
         self._output = self.cluster.temp_dir / f"ray-node-{self.host}-{worker_low}.log"
         self._process = start_in_own_session(command, self.cluster.ray_env(), self._output)

@@ -59,6 +59,8 @@ class _FileState:
     hashing: bool = False  # a thread is hashing outside the lock; the others only report their parts
     failure: BaseException | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Read back into by whichever thread is hashing (one at a time); made once per file, not per turn.
+    buffer: memoryview = field(default_factory=lambda: memoryview(bytearray(HASH_READ_BYTES)))
 
     def add(self, index: int, size: int) -> None:
         """Part ``index`` is written; hash it and every part it unblocks, unless another thread is at it."""
@@ -69,7 +71,6 @@ class _FileState:
             if self.hashing:
                 return  # the thread hashing takes this part too when its turn comes
             self.hashing = True
-        buffer = memoryview(bytearray(HASH_READ_BYTES))
         while True:
             with self.lock:
                 size = self.landed.pop(self.next_part, -1) if self.failure is None else -1
@@ -78,9 +79,10 @@ class _FileState:
                     return
                 offset = self.next_part * self.part_bytes
                 self.next_part += 1
-            self._hash_range(buffer, offset, size)  # outside the lock; hashlib releases the GIL
+            self._hash_range(offset, size)  # outside the lock; hashlib releases the GIL
 
-    def _hash_range(self, buffer: memoryview, offset: int, size: int) -> None:
+    def _hash_range(self, offset: int, size: int) -> None:
+        buffer = self.buffer
         end = offset + size
         while offset < end:
             read = os.preadv(self.fd, [buffer[: min(len(buffer), end - offset)]], offset)
