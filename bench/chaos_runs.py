@@ -264,8 +264,11 @@ def run_local(
     rng: random.Random | None = None,
     manifest_text: str | None = None,
     timeout_s: float = TRIAL_TIMEOUT_S,
+    extra_args: tuple[str, ...] = (),
 ) -> RunResult:
     """``spotray run chaos.yaml --local`` in ``workdir``, with ``faults``; waits for it to end.
+
+    ``extra_args``: more flags for every leg of the command (local mode's node faults).
 
     When a fault stops the command, waits for the trial's processes to end (killing and reporting any
     still alive after ``LEFTOVER_GRACE_S``) and runs the same command again, with the faults left.
@@ -275,7 +278,17 @@ def run_local(
     manifest = workdir / "chaos.yaml"
     template = manifest_text or MANIFEST
     manifest.write_text(template.format(max_steps=MAX_STEPS, batch=BATCH, interval=INTERVAL, job_dir=workdir / "job"))
-    base = [sys.executable, "-m", "spotray.cli", "run", str(manifest), "--local", "--workdir", str(workdir)]
+    base = [
+        sys.executable,
+        "-m",
+        "spotray.cli",
+        "run",
+        str(manifest),
+        "--local",
+        "--workdir",
+        str(workdir),
+        *extra_args,
+    ]
     env = {**os.environ, MARKER: token, "SPOTRAY_SAMPLE_LOG": str(workdir / "samples"), "PYTHONUNBUFFERED": "1"}
     injector = Injector(token, faults, rng or random.Random(0))
     cursor = EventCursor(workdir / "events.jsonl")

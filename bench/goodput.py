@@ -1,24 +1,34 @@
-"""Goodput under preemption: real local runs hit by preemptions at random (Poisson), fixed vs auto interval.
+"""Goodput under preemption: real local runs hit by preemptions at random (Poisson): fixed vs auto
+checkpoint interval, and elastic vs fixed worker count.
 
 Each run is ``spotray run --local`` of the GPT-2 job (2 Ray Train workers, embedded S3 server). A
-preemption is a lost worker node without notice (``kill-worker``: SIGKILL to a Ray Train worker; Ray
-Train restarts the worker group, which resumes from the latest complete checkpoint), or with
-``--kind spot-notice`` a spot notice (an emergency checkpoint, then a new attempt). Preemptions
-arrive as a Poisson process in steps: gaps drawn from an exponential distribution whose mean is
-``interval / rate`` steps, so ``--rates 0.1`` is one preemption per ten (fixed) checkpoint intervals.
-The fixed and the auto run of a rate get the same preemption steps, back to back.
+preemption is one of (``--kind``):
+
+- ``kill-worker``: a Ray Train worker SIGKILLed, no notice; Ray Train restarts the worker group,
+  which resumes from the latest complete checkpoint;
+- ``spot-notice``: a spot notice (an emergency checkpoint, then a new attempt);
+- ``lose-node``: a worker's whole Ray node SIGKILLed (local mode's ``--lose-worker-at``), whose
+  capacity returns ``--capacity-back-s`` seconds later (``--add-worker-at``). A fixed-size run waits
+  for it; an elastic one (``minReplicas: 1``) goes on with one worker and grows back.
+
+Preemptions arrive as a Poisson process in steps: gaps drawn from an exponential distribution whose
+mean is ``interval / rate`` steps, so ``--rates 0.1`` is one preemption per ten (fixed) checkpoint
+intervals. Every leg of a rate gets the same preemption steps, back to back. The legs (``--modes``):
+``auto`` (the auto interval), ``fixed`` (the fixed interval and size), ``elastic`` (the fixed
+interval, elastic size).
 
 For each run: goodput from the ledger of its event log (train/goodput.py: surviving step time over
 wall time, wall from the first worker's start to the last event), the time lost by cause, and
 whether every step trained exactly the batch of the uninterrupted run (the sample logs), which runs
-first. Result: ``bench/results/goodput.json``; ratio: the goodput of the run at the first rate with
-the first mode (auto by default: the product's setting; fixed is what it is compared
-with) (goal >= 0.90).
-
-Elastic worker counts (issue #16, item 1) are not built yet, so there is no elastic leg.
+first. Result: ``bench/results/NAME.json``; ratio: the goodput of the first leg at the first rate
+(goal >= 0.90), or with ``--modes elastic,fixed`` the fixed-size run's wall time over the elastic
+one's (goal >= 1.0: the elastic run finishes first). Goodput counts a step trained by fewer workers as
+surviving step time, however long it took, so between sizes the time to finish is what compares.
 
     .venv/bin/python -m bench.goodput            # make bench-goodput: 12,000 steps, interval 600 (~40 min)
     .venv/bin/python -m bench.goodput --steps 1500 --interval 50 --rates 0.1,0.2 --name goodput_short
+    .venv/bin/python -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 \\
+        --rates 0.1 --capacity-back-s 120 --name goodput_elastic     # make bench-goodput-elastic
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ metadata:
   name: goodput-run
 spec:
   entrypoint: python -m spotray.jobs.gpt2 --max-steps {steps} --batch-size 8 --workdir {{job_dir}}
-  workers: {{{{replicas: 2, cpu: "1", memory: 2Gi, gpu: 0}}}}
+  workers: {{{{replicas: 2, minReplicas: {min_replicas}, cpu: "1", memory: 2Gi, gpu: 0}}}}
   checkpoint: {{{{uri: "s3://chaos/runs/goodput-run", everySteps: {every}, minEverySteps: {low}, \
 maxEverySteps: {high}, keep: 2}}}}
   data: {{{{uri: "s3://chaos/datasets/gpt2-bytes"}}}}
@@ -54,9 +64,25 @@ maxEverySteps: {high}, keep: 2}}}}
 """
 
 
-def manifest(steps: int, every: int | str, low: int, high: int) -> str:
+def manifest(steps: int, every: int | str, low: int, high: int, min_replicas: int = 2) -> str:
     """The TrainingRun template for ``chaos_runs.run_local`` (which fills in ``{job_dir}``)."""
-    return MANIFEST.format(steps=steps, every=every, low=low, high=high)
+    return MANIFEST.format(steps=steps, every=every, low=low, high=high, min_replicas=min_replicas)
+
+
+def leg_manifest(mode: str, steps: int, interval: int, low: int, high: int) -> str:
+    """The TrainingRun of one leg: ``auto`` interval, ``fixed`` interval and size, or ``elastic`` size."""
+    if mode == "auto":
+        return manifest(steps, "auto", low, high)
+    return manifest(steps, interval, low, high, min_replicas=1 if mode == "elastic" else 2)
+
+
+def fault_args(kind: str, steps: list[int], capacity_back_s: float) -> tuple[list[Fault], tuple[str, ...]]:
+    """The preemptions at ``steps``: faults for the chaos injector, or local mode's node-loss flags."""
+    if kind != "lose-node":
+        return [Fault(kind, step) for step in steps], ()
+    if not steps:
+        return [], ()
+    return [], ("--lose-worker-at", ",".join(map(str, steps)), "--add-worker-at", f"{capacity_back_s:g}s")
 
 
 def poisson_steps(rng: random.Random, mean_gap: float, first: int, last: int) -> list[int]:
@@ -76,11 +102,11 @@ def run_ledger(result: RunResult) -> Ledger:
     return ledger(lifetimes, first or 0.0, last or 0.0)
 
 
-def describe(result: RunResult, reference: RunResult, faults: list[Fault]) -> dict[str, Any]:
+def describe(result: RunResult, reference: RunResult, preemption_steps: list[int]) -> dict[str, Any]:
     spent = run_ledger(result)
     return {
         "exit_code": result.exit_code,
-        "preemption_steps": [fault.step for fault in faults],
+        "preemption_steps": preemption_steps,
         "injected": len(result.injected),
         "goodput": round(spent.goodput, 4),
         "wall_s": round(spent.wall_s, 1),
@@ -98,14 +124,20 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12_000, help="training steps of every run")
     parser.add_argument("--interval", type=int, default=600, help="the fixed checkpoint interval, in steps")
     parser.add_argument("--rates", default="0.1", help="preemptions per fixed checkpoint interval")
-    parser.add_argument("--modes", default="auto,fixed", help="auto, fixed, or both; the first is the headline")
-    parser.add_argument("--kind", default="kill-worker", choices=["kill-worker", "spot-notice"])
+    parser.add_argument("--modes", default="auto,fixed", help="legs: auto, fixed, elastic; the first is the headline")
+    parser.add_argument("--kind", default="kill-worker", choices=["kill-worker", "spot-notice", "lose-node"])
+    parser.add_argument(
+        "--capacity-back-s", type=float, default=90.0, help="lose-node: seconds until a lost node's capacity returns"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--name", default="goodput", help="the result's name: bench/results/NAME.json")
     parser.add_argument("--keep", action="store_true", help="keep the work directories")
     args = parser.parse_args()
     rates = [float(rate) for rate in args.rates.split(",")]
     modes = args.modes.split(",")
+    unknown = sorted(set(modes) - {"auto", "fixed", "elastic"})
+    if unknown:
+        parser.error(f"--modes: unknown leg(s) {unknown}; choose from auto, fixed, elastic")
     low, high = max(1, args.interval // 5), args.interval * 10  # auto's bounds: a fifth to ten times the fixed one
     timeout_s = 60.0 + args.steps * 2.0
     work = Path(tempfile.mkdtemp(prefix="spotray-goodput-"))
@@ -121,12 +153,14 @@ def main() -> int:
         runs: list[dict[str, Any]] = []
         for rate in rates:
             steps = poisson_steps(random.Random(f"{args.seed}-{rate}"), args.interval / rate, 5, args.steps - 5)
-            faults = [Fault(args.kind, step) for step in steps]
+            faults, node_flags = fault_args(args.kind, steps, args.capacity_back_s)
             for mode in modes:
-                text = fixed if mode == "fixed" else manifest(args.steps, "auto", low, high)
+                text = leg_manifest(mode, args.steps, args.interval, low, high)
                 token = f"goodput-{rate}-{mode}-{os.getpid()}"
-                result = chaos_runs.run_local(work / f"{rate}-{mode}", faults, token, None, text, timeout_s)
-                row = {"rate": rate, "mode": mode, **describe(result, reference, faults)}
+                result = chaos_runs.run_local(
+                    work / f"{rate}-{mode}", faults, token, None, text, timeout_s, extra_args=node_flags
+                )
+                row = {"rate": rate, "mode": mode, **describe(result, reference, steps)}
                 row["relative_to_uninterrupted"] = round(row["goodput"] / baseline["goodput"], 4)
                 runs.append(row)
                 print(
@@ -138,7 +172,6 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
-    headline = next(row for row in runs if row["mode"] == modes[0])
     details = {
         **machine_details(),
         "steps": args.steps,
@@ -150,16 +183,25 @@ def main() -> int:
         "all_same_samples": all(row["same_samples_as_uninterrupted"] for row in runs),
         "seconds": round(time.monotonic() - started),
     }
+    if args.kind == "lose-node":
+        details["capacity_back_s"] = args.capacity_back_s
     command = "python -m bench.goodput " + " ".join(sys.argv[1:])
-    path = write_result(
-        args.name,
-        headline["goodput"],
-        ">= 0.90",
-        f"{headline['mode']} checkpoint interval, {headline['rate']} preemptions per fixed interval of "
-        f"{args.interval} steps; goodput = surviving step time / wall time (uninterrupted: {baseline['goodput']})",
-        command.strip(),
-        details,
-    )
+    if modes[:2] == ["elastic", "fixed"]:
+        elastic, fixed_size = (next(row for row in runs if row["mode"] == mode) for mode in modes[:2])
+        ratio, goal = fixed_size["wall_s"] / elastic["wall_s"], ">= 1.0"  # the elastic run finishes first
+        baseline_text = (
+            f"wall time of a fixed-size run over an elastic one (minReplicas 1 of 2), {elastic['rate']} {args.kind} "
+            f"preemptions per interval of {args.interval} steps; goodput elastic {elastic['goodput']}, "
+            f"fixed {fixed_size['goodput']}, uninterrupted {baseline['goodput']}"
+        )
+    else:
+        headline = next(row for row in runs if row["mode"] == modes[0])
+        ratio, goal = headline["goodput"], ">= 0.90"
+        baseline_text = (
+            f"{headline['mode']} checkpoint interval, {headline['rate']} preemptions per fixed interval of "
+            f"{args.interval} steps; goodput = surviving step time / wall time (uninterrupted: {baseline['goodput']})"
+        )
+    path = write_result(args.name, ratio, goal, baseline_text, command.strip(), details)
     print(f"wrote {path}")
     return 0 if details["all_same_samples"] else 1
 

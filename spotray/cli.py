@@ -47,10 +47,17 @@ RUN_EXAMPLES = """examples:
   spotray run jobs/gpt2/trainingrun.yaml --local --kill-worker-at 40     # a worker dies: Ray replaces it
   spotray run jobs/gpt2/trainingrun.yaml --local --kill-all-at 120       # the head dies: a new attempt resumes
   spotray run jobs/gpt2/trainingrun.yaml --local --preempt-at 80         # spot notice: emergency checkpoint
+  spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s
+                                       # a worker's node vanishes, and returns 90 s later
   spotray run jobs/gpt2/trainingrun.yaml                                 # on the cluster: same as submit
 
 Without AWS_ENDPOINT_URL set, local mode starts its own S3 server (SeaweedFS) and keeps its data in
 the work directory, so running the same command again resumes from the last checkpoint.
+
+With --lose-worker-at, one worker runs on a Ray node of its own (127.0.0.3), which is SIGKILLed at
+that step: an elastic run (spec.workers.minReplicas below replicas) goes on with the workers left
+and grows back when the node returns; a fixed-size run waits for it. --add-worker-at gives when it
+returns: a step (elastic runs only) or seconds after each loss (90s). Both take lists: 60,300.
 """
 
 SUBMIT_EXAMPLES = """examples:
@@ -124,14 +131,26 @@ S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AW
 
 def run_command(args: argparse.Namespace) -> int:
     if not args.local:
+        injected = [flag for flag in LOCAL_FAULT_FLAGS if getattr(args, flag.lstrip("-").replace("-", "_"))]
+        if injected:
+            raise SpotrayError(
+                f"{', '.join(injected)} injects faults into a local run, and this run goes to the cluster",
+                "add --local, or drop the fault flags (on a cluster, spot machines bring their own)",
+            )
         return submit_command(args)
     from spotray.local import Faults, LocalRun  # noqa: PLC0415
+    from spotray.node_faults import NodeSchedule  # noqa: PLC0415
     from spotray.progress import ProgressView  # noqa: PLC0415
     from spotray.train.runspec import load_training_run  # noqa: PLC0415
 
     training_run = load_training_run(args.file)
     workdir = args.workdir or Path("spotray-local") / training_run.name
-    faults = Faults(kill_worker_at=args.kill_worker_at, kill_all_at=args.kill_all_at, preempt_at=args.preempt_at)
+    faults = Faults(
+        kill_worker_at=args.kill_worker_at,
+        kill_all_at=args.kill_all_at,
+        preempt_at=args.preempt_at,
+        nodes=NodeSchedule.from_flags(args.lose_worker_at, args.add_worker_at),
+    )
     progress = ProgressView()
     progress.note(f"spotray: running TrainingRun {training_run.name!r} locally; logs and data in {workdir}")
     stop_like_ctrl_c()
@@ -139,6 +158,7 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+LOCAL_FAULT_FLAGS = ("--kill-worker-at", "--kill-all-at", "--preempt-at", "--lose-worker-at", "--add-worker-at")
 
 
 def stop_like_ctrl_c() -> None:
@@ -209,6 +229,21 @@ def _add_output_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_fault_flags(run: argparse.ArgumentParser) -> None:
+    faults = run.add_argument_group("fault injection (local mode)")
+    faults.add_argument("--kill-worker-at", type=int, metavar="STEP", help="SIGKILL one Ray Train worker at STEP")
+    faults.add_argument("--kill-all-at", type=int, metavar="STEP", help="SIGKILL the driver and Ray cluster at STEP")
+    faults.add_argument("--preempt-at", type=int, metavar="STEP", help="send the driver SIGTERM (spot notice) at STEP")
+    faults.add_argument(
+        "--lose-worker-at", metavar="STEPS", help="SIGKILL a worker's Ray node at these steps (e.g. 60 or 60,300)"
+    )
+    faults.add_argument(
+        "--add-worker-at",
+        metavar="WHEN",
+        help="bring the lost node back: at steps (elastic runs) or seconds after each loss (90s)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spotray",
@@ -240,10 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--workdir", type=Path, default=None, help="logs, events and local S3 data (default: spotray-local/RUN)"
     )
-    faults = run.add_argument_group("fault injection (local mode)")
-    faults.add_argument("--kill-worker-at", type=int, metavar="STEP", help="SIGKILL one Ray Train worker at STEP")
-    faults.add_argument("--kill-all-at", type=int, metavar="STEP", help="SIGKILL the driver and Ray cluster at STEP")
-    faults.add_argument("--preempt-at", type=int, metavar="STEP", help="send the driver SIGTERM (spot notice) at STEP")
+    add_fault_flags(run)
     add_cluster_flags(run)
     run.set_defaults(handler=run_command)
 

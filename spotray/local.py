@@ -10,7 +10,9 @@ Faults can be injected at a chosen step so a user sees recovery for themselves:
 - ``--kill-all-at N``: SIGKILL the driver and the whole Ray cluster (the head is lost); a new
   cluster and a new attempt start and resume;
 - ``--preempt-at N``: SIGTERM the driver, as a spot notice would: the workers take an emergency
-  checkpoint, the attempt ends with exit code 143, and the next attempt resumes from it.
+  checkpoint, the attempt ends with exit code 143, and the next attempt resumes from it;
+- ``--lose-worker-at N`` and ``--add-worker-at M``: a second Ray node, holding one worker, vanishes
+  and comes back (spotray/node_faults.py): an elastic run goes on smaller, a fixed-size one waits.
 
 How an attempt ended and what comes next is decided by the controller's own functions
 (controller/lifecycle.py ``classify_end`` and ``end_attempt``), from the same records in the store:
@@ -29,7 +31,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,8 @@ from spotray.controller.lifecycle import (
     record_end,
     start_attempt,
 )
-from spotray.local_ray import LocalRayCluster
+from spotray.local_ray import LocalRayCluster, LocalRayWorkerNode
+from spotray.node_faults import NodeLayout, NodeSchedule
 from spotray.progress import ProgressView, RunTally
 from spotray.reaper import Reaper
 from spotray.train.api_names import FAILED, SUCCEEDED, TERMINAL_PHASES
@@ -61,12 +64,15 @@ from spotray.train.checkpoint import download_checkpoint, latest_complete_checkp
 from spotray.train.errors import SpotrayError
 from spotray.train.events import read_events
 from spotray.train.goodput import ledger, split_lifetimes
-from spotray.train.launcher import DEFAULT_GRACE_SECONDS
+from spotray.train.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
 from spotray.train.local_s3 import LocalS3Server
 from spotray.train.plot import plot_loss_across_attempts
 from spotray.train.runspec import RunContext, TrainingRun
 from spotray.train.store import StoreConfig, open_store, parse_uri
 from spotray.train.subprocesses import die_with_parent
+
+# How often an elastic run looks for room to grow in a run with node faults (seconds).
+LOCAL_RESIZE_CHECK_S = 5
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class Faults:
     kill_worker_at: int | None = None
     kill_all_at: int | None = None
     preempt_at: int | None = None
+    nodes: NodeSchedule = field(default_factory=lambda: NodeSchedule([]))
 
 
 @dataclass
@@ -136,6 +143,8 @@ class LocalRun:
         self.s3_env: dict[str, str] = {}
         self.store_config = StoreConfig.from_env()
         self.reaper = Reaper()
+        # Checked before anything starts: a schedule the run cannot live through is refused here.
+        self.node_layout: NodeLayout = faults.nodes.check(run.spec.workers)
 
     def run(self) -> int:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -259,13 +268,18 @@ class LocalRun:
         )
         cursor = EventCursor(self.events_path)
         cursor.new_events()  # only this attempt's events from here on
+        layout = self.node_layout
         cluster = LocalRayCluster(
-            num_cpus=ray_cpus_for(self.run_spec),
+            num_cpus=layout.head_cpus if layout.node_cpus else ray_cpus_for(self.run_spec),
             log_path=self.workdir / "ray.log",
             env=self.s3_env,
             on_launch=self.reaper.watch_session,
         ).start()
         try:
+            node = None
+            if layout.node_cpus:
+                self.faults.nodes.new_cluster()
+                node = cluster.add_worker_node(layout.node_cpus)
             env = {
                 **os.environ,
                 **self.s3_env,
@@ -276,6 +290,9 @@ class LocalRun:
                 # `python` in the entrypoint is this interpreter, with spotray installed.
                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
             }
+            if layout.node_cpus:
+                # The node returns when the user said: look for it every few seconds, not Ray's 60.
+                env.setdefault(RESIZE_CHECK_ENV, str(LOCAL_RESIZE_CHECK_S))
             self.progress.start_attempt(attempt.attempt, self.run_spec.spec.entrypoint)
             with self._log_path(attempt.attempt).open("ab") as log_file:
                 driver = subprocess.Popen(
@@ -288,7 +305,7 @@ class LocalRun:
                 )
                 self.reaper.watch_session(driver.pid)
                 try:
-                    return self._watch(driver, cluster, cursor)
+                    return self._watch(driver, cluster, cursor, node)
                 except KeyboardInterrupt:
                     self._stop_gracefully(driver)
                     raise
@@ -296,18 +313,26 @@ class LocalRun:
             cluster.stop()
 
     def _watch(
-        self, driver: subprocess.Popen[bytes], cluster: LocalRayCluster, cursor: EventCursor
+        self,
+        driver: subprocess.Popen[bytes],
+        cluster: LocalRayCluster,
+        cursor: EventCursor,
+        node: LocalRayWorkerNode | None,
     ) -> tuple[int, str | None]:
         workers: dict[int, int] = {}
+        step = 0
         while True:
             for event in cursor.new_events():
                 self._on_event(event)
                 if event["event"] == "worker_start":
                     workers[int(event["rank"])] = int(event["pid"])
                 if event["event"] == "step":
-                    lost = self._maybe_inject(int(event["step"]), driver, cluster, workers)
+                    step = int(event["step"])
+                    lost = self._maybe_inject(step, driver, cluster, workers)
                     if lost is not None:
                         return driver.returncode, lost
+            if node is not None or self.faults.nodes.lost_since is not None:
+                node = self._move_node(step, cluster, node)
             if driver.poll() is not None:
                 for event in cursor.new_events():
                     self._on_event(event)
@@ -338,20 +363,38 @@ class LocalRun:
             rank = max(workers)
             os.kill(workers[rank], signal.SIGKILL)
             self._injected(f"SIGKILL to Ray Train worker rank {rank} (pid {workers[rank]}) at step {step}")
-            self.faults = Faults(None, faults.kill_all_at, faults.preempt_at)
+            self.faults = replace(faults, kill_worker_at=None)
         elif faults.kill_all_at is not None and step >= faults.kill_all_at:
             os.killpg(driver.pid, signal.SIGKILL)
             cluster.kill()
             driver.wait()
             what = f"SIGKILL to the driver and the whole Ray cluster (head lost) at step {step}"
             self._injected(what)
-            self.faults = Faults(faults.kill_worker_at, None, faults.preempt_at)
+            self.faults = replace(faults, kill_all_at=None)
             return what  # the node is gone: to the controller this is a preemption
         elif faults.preempt_at is not None and step >= faults.preempt_at:
             driver.send_signal(signal.SIGTERM)
             self._injected(f"SIGTERM to the driver (a spot notice) at step {step}")
-            self.faults = Faults(faults.kill_worker_at, faults.kill_all_at, None)
+            self.faults = replace(faults, preempt_at=None)
         return None
+
+    def _move_node(
+        self, step: int, cluster: LocalRayCluster, node: LocalRayWorkerNode | None
+    ) -> LocalRayWorkerNode | None:
+        """Lose the worker node, or bring it back, when the schedule says; returns the node if it is up."""
+        schedule = self.faults.nodes
+        now = time.monotonic()
+        if node is not None and schedule.loss_due(step):
+            node.kill()
+            schedule.lost(now)
+            self._injected(f"SIGKILL to the worker node on {node.host} (its raylet and worker) at step {step}")
+            return None
+        if node is None and schedule.lost_since is not None and schedule.return_due(step, now):
+            gone_s = now - schedule.lost_since
+            node = cluster.add_worker_node(self.node_layout.node_cpus)
+            schedule.returned()
+            self._injected(f"a worker node back on {node.host}, {gone_s:.0f} s after the loss, at step {step}")
+        return node
 
     def _injected(self, what: str) -> None:
         self.tally.injected.append(what)

@@ -108,6 +108,7 @@ class LocalRayCluster:
     temp_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="spotray-ray-", dir="/tmp")))
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _output: Path = field(default=Path("/dev/null"), init=False, repr=False)
+    _nodes: list[LocalRayWorkerNode] = field(default_factory=list, init=False, repr=False)
 
     @property
     def address(self) -> str:
@@ -175,8 +176,13 @@ class LocalRayCluster:
         }
 
     def add_worker_node(self, num_cpus: int, host: str = "127.0.0.3") -> LocalRayWorkerNode:
-        """Start one more node, with a loopback address of its own: a machine that can be lost and come back."""
-        return LocalRayWorkerNode(self, num_cpus, host).start()
+        """Start one more node, with a loopback address of its own: a machine that can be lost and come back.
+
+        It is stopped with the cluster, if it is still up then.
+        """
+        node = LocalRayWorkerNode(self, num_cpus, host)
+        self._nodes.append(node)
+        return node.start()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -198,12 +204,17 @@ class LocalRayCluster:
 
     def kill(self) -> None:
         """SIGKILL every process of the cluster at once: what losing the head node looks like."""
+        for node in self._nodes:
+            node.kill()
         self._signal_session(signal.SIGKILL)
         if self._process is not None:
             self._process.wait()
 
     def stop(self) -> None:
         """Stop the cluster: SIGTERM to every process of its session, then SIGKILL what is left."""
+        for node in self._nodes:
+            node.kill()  # a node holds only workers, which end with the driver: no grace needed
+        self._nodes.clear()
         if self._process is None:
             return
         self._signal_session(signal.SIGTERM)
@@ -254,6 +265,8 @@ class LocalRayWorkerNode:
         ]
         self._output = self.cluster.temp_dir / f"ray-node-{self.host}-{worker_low}.log"
         self._process = start_in_own_session(command, self.cluster.ray_env(), self._output)
+        if self.cluster.on_launch is not None:
+            self.cluster.on_launch(self._process.pid)
         deadline = time.monotonic() + self.cluster.startup_timeout_s
         while time.monotonic() < deadline:
             log = self._output.read_text(errors="replace")

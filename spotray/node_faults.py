@@ -1,0 +1,164 @@
+"""Local mode's lost and returning worker nodes: ``--lose-worker-at`` and ``--add-worker-at``.
+
+A spot pool takes machines away without asking and gives capacity back minutes or hours later. Local
+mode plays that with a second Ray node on a loopback address of its own, which holds one worker: at
+a step of the user's choosing it is SIGKILLed (raylet and workers at once, a machine vanishing), and
+later started again. What the run does meanwhile is the point:
+
+- an elastic run (``spec.workers.minReplicas`` below ``replicas``) goes on with the workers that are
+  left, from the latest checkpoint, and grows back once the node returns;
+- a fixed-size run waits, training nothing, until the node is back.
+
+A node comes back at a step (``--add-worker-at 300``: only an elastic run trains steps while a node
+is gone) or some seconds after its loss (``--add-worker-at 60s``: the same delay after every loss).
+This module is the schedule, pure and tested; spotray/local.py starts and kills the nodes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import WorkerSpec
+
+_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+@dataclass(frozen=True)
+class NodeReturn:
+    """When a lost worker node comes back: at a training step, or a number of seconds after its loss."""
+
+    step: int | None = None
+    after_s: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> NodeReturn:
+        text = text.strip()
+        if text.isdigit():
+            return cls(step=int(text))
+        seconds = _SECONDS.match(text)
+        if seconds:
+            return cls(after_s=float(seconds.group(1)))
+        raise SpotrayError(
+            f"--add-worker-at {text!r} is neither a step nor a number of seconds",
+            "give a step (--add-worker-at 300) or seconds after the loss (--add-worker-at 60s)",
+        )
+
+    def due(self, step: int, lost_for_s: float) -> bool:
+        if self.step is not None:
+            return step >= self.step
+        assert self.after_s is not None
+        return lost_for_s >= self.after_s
+
+    def __str__(self) -> str:
+        return f"step {self.step}" if self.step is not None else f"{self.after_s:g} s after the loss"
+
+
+def parse_steps(text: str, flag: str) -> list[int]:
+    """``"120,400"`` -> ``[120, 400]``: the steps of a repeatable fault, in order."""
+    try:
+        steps = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise SpotrayError(f"{flag} {text!r} is not a list of steps", f"give steps, e.g. {flag} 120,400") from None
+    if any(step < 1 for step in steps) or steps != sorted(set(steps)):
+        raise SpotrayError(f"{flag} {text!r}: steps must be positive and increasing", f"e.g. {flag} 120,400")
+    return steps
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """The local Ray cluster of a run with node faults: the head holds all workers but one, the lost node one."""
+
+    head_cpus: int
+    node_cpus: int
+
+
+@dataclass
+class NodeSchedule:
+    """The losses and returns still to come, and whether the worker node is gone now."""
+
+    losses: list[int]
+    returns: list[NodeReturn] = field(default_factory=list)
+    lost_since: float | None = None  # monotonic time of the current loss; None while the node is up
+
+    @classmethod
+    def from_flags(cls, lose_worker_at: str | None, add_worker_at: str | None) -> NodeSchedule:
+        """The schedule of ``--lose-worker-at 120,400 --add-worker-at 60s``; one delay serves every loss."""
+        losses = parse_steps(lose_worker_at, "--lose-worker-at") if lose_worker_at else []
+        returns = [NodeReturn.parse(part) for part in add_worker_at.split(",")] if add_worker_at else []
+        if len(returns) == 1 and returns[0].after_s is not None:
+            returns = returns * max(1, len(losses))
+        return cls(losses, returns)
+
+    @property
+    def active(self) -> bool:
+        return bool(self.losses) or self.lost_since is not None
+
+    def check(self, workers: WorkerSpec) -> NodeLayout:
+        """Refuse a schedule the run could not live through, naming the fix; else the cluster layout."""
+        if not self.losses:
+            if self.returns:
+                raise SpotrayError("--add-worker-at without --lose-worker-at", "lose a node first: --lose-worker-at N")
+            return NodeLayout(0, 0)
+        if workers.num_workers < 2:
+            raise SpotrayError(
+                f"--lose-worker-at needs at least 2 workers; spec.workers.replicas is {workers.num_workers}",
+                "set spec.workers.replicas: 2 or more (and minReplicas below it for an elastic run)",
+            )
+        per_worker = workers.cpu_per_worker
+        # Ray nodes have whole CPUs; a fraction would let a node hold more workers than meant.
+        if not per_worker.is_integer():
+            raise SpotrayError(
+                f"--lose-worker-at puts one worker on a node of its own, but {per_worker:g} CPU per worker "
+                "does not split into whole-CPU Ray nodes",
+                'use a whole number of CPUs per worker (spec.workers.cpu: "1") for a local run with node faults',
+            )
+        if len(self.returns) > len(self.losses):
+            raise SpotrayError(
+                f"{len(self.returns)} returns (--add-worker-at) for {len(self.losses)} losses (--lose-worker-at)",
+                "give at most one return per loss, or one delay in seconds (60s) for all of them",
+            )
+        if len(self.returns) < len(self.losses) - 1:
+            raise SpotrayError(
+                "a node is lost again before it came back: every loss but the last needs its return",
+                "give a return for each loss (--add-worker-at 150,450), or one delay for all (--add-worker-at 60s)",
+            )
+        if not workers.elastic and len(self.returns) < len(self.losses):
+            raise SpotrayError(
+                "a fixed-size run waits for its lost node, and this one never comes back",
+                "add --add-worker-at 60s (the node returns a minute after its loss), or set "
+                "spec.workers.minReplicas below replicas to go on without it",
+            )
+        if not workers.elastic and any(back.step is not None for back in self.returns):
+            raise SpotrayError(
+                "a fixed-size run trains no step while its node is gone, so it cannot come back at a step",
+                "give seconds after the loss (--add-worker-at 60s), or make the run elastic (minReplicas)",
+            )
+        steps = [at for pair in zip(self.losses, self.returns, strict=False) for at in (pair[0], pair[1].step)]
+        marks = [at for at in steps if at is not None] + self.losses[len(self.returns) :]
+        if marks != sorted(marks) or len(set(marks)) != len(marks):
+            raise SpotrayError(
+                f"losses at {self.losses} and returns at {[str(r) for r in self.returns]} do not alternate",
+                "each return's step comes after its loss and before the next loss",
+            )
+        return NodeLayout(head_cpus=(workers.num_workers - 1) * int(per_worker), node_cpus=int(per_worker))
+
+    def loss_due(self, step: int) -> bool:
+        return self.lost_since is None and bool(self.losses) and step >= self.losses[0]
+
+    def return_due(self, step: int, now: float) -> bool:
+        return self.lost_since is not None and bool(self.returns) and self.returns[0].due(step, now - self.lost_since)
+
+    def lost(self, now: float) -> None:
+        self.losses.pop(0)
+        self.lost_since = now
+
+    def returned(self) -> None:
+        self.returns.pop(0)
+        self.lost_since = None
+
+    def new_cluster(self) -> None:
+        """A new attempt starts a new cluster, with every node: a loss waiting for its return is over."""
+        if self.lost_since is not None:
+            self.returned()

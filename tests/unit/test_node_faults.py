@@ -1,0 +1,89 @@
+"""Local mode's node loss schedule: the flags, what a run could not live through, and when each move is due."""
+
+import pytest
+
+from spotray.cli import main
+from spotray.node_faults import NodeLayout, NodeReturn, NodeSchedule
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import WorkerSpec
+
+pytestmark = pytest.mark.unit
+
+ELASTIC = WorkerSpec(replicas=2, min_replicas=1, cpu="1")
+FIXED = WorkerSpec(replicas=2, cpu="1")
+
+
+def test_a_return_is_a_step_or_seconds_after_the_loss() -> None:
+    assert NodeReturn.parse("300") == NodeReturn(step=300)
+    assert NodeReturn.parse("90s") == NodeReturn(after_s=90.0)
+    assert NodeReturn.parse("1.5s").due(step=0, lost_for_s=1.5)
+    assert not NodeReturn.parse("300").due(step=299, lost_for_s=1e6)
+    with pytest.raises(SpotrayError, match="neither a step nor a number of seconds"):
+        NodeReturn.parse("90m")
+
+
+def test_one_delay_serves_every_loss_and_steps_pair_up_in_order() -> None:
+    assert NodeSchedule.from_flags("60,300", "90s").returns == [NodeReturn(after_s=90.0)] * 2
+    schedule = NodeSchedule.from_flags("60,300", "150")
+    assert schedule.check(ELASTIC) == NodeLayout(head_cpus=1, node_cpus=1)
+    assert NodeSchedule.from_flags(None, None).check(FIXED) == NodeLayout(0, 0), "no faults: no second node"
+
+
+def test_the_head_holds_every_worker_but_the_one_on_the_node() -> None:
+    workers = WorkerSpec(replicas=4, min_replicas=2, cpu="2")
+    assert NodeSchedule.from_flags("10", None).check(workers) == NodeLayout(head_cpus=6, node_cpus=2)
+
+
+@pytest.mark.parametrize(
+    ("lose", "add", "workers", "problem"),
+    [
+        ("60", None, FIXED, "waits for its lost node, and this one never comes back"),
+        ("60", "120", FIXED, "trains no step while its node is gone"),
+        ("60,300", None, ELASTIC, "lost again before it came back"),
+        ("60", "30", ELASTIC, "do not alternate"),
+        ("60,100", "200,400", ELASTIC, "do not alternate"),
+        ("60", "100,200", ELASTIC, "2 returns"),
+        (None, "60s", ELASTIC, "without --lose-worker-at"),
+        ("60", "60s", WorkerSpec(replicas=1), "at least 2 workers"),
+        ("60", "60s", WorkerSpec(replicas=3, cpu="500m"), "whole-CPU"),
+        ("60,30", "60s", ELASTIC, "positive and increasing"),
+        ("sixty", "60s", ELASTIC, "not a list of steps"),
+    ],
+)
+def test_a_schedule_the_run_cannot_live_through_is_refused_with_the_fix(
+    lose: str | None, add: str | None, workers: WorkerSpec, problem: str
+) -> None:
+    with pytest.raises(SpotrayError, match=problem) as refused:
+        NodeSchedule.from_flags(lose, add).check(workers)
+    assert refused.value.fix
+
+
+def test_losses_and_returns_come_due_in_turn() -> None:
+    schedule = NodeSchedule.from_flags("60,300", "100,400")
+    schedule.check(ELASTIC)
+    assert not schedule.loss_due(59)
+    assert schedule.loss_due(60)
+    schedule.lost(now=10.0)
+    assert not schedule.loss_due(300), "a node that is gone cannot be lost again"
+    assert not schedule.return_due(99, now=1e6)
+    assert schedule.return_due(100, now=11.0)
+    schedule.returned()
+    assert schedule.loss_due(300)
+    assert schedule.active
+    schedule.lost(now=20.0)
+    schedule.new_cluster()  # a new attempt brings every node back
+    assert schedule.lost_since is None
+    assert not schedule.active
+    assert schedule.returns == []
+
+
+def test_seconds_are_counted_from_each_loss() -> None:
+    schedule = NodeSchedule.from_flags("60", "30s")
+    schedule.lost(now=100.0)
+    assert not schedule.return_due(step=60, now=129.9)
+    assert schedule.return_due(step=60, now=130.0)
+
+
+def test_fault_flags_without_local_are_refused_not_dropped(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "jobs/gpt2/trainingrun.yaml", "--lose-worker-at", "60"]) == 2
+    assert "--lose-worker-at injects faults into a local run" in capsys.readouterr().err
