@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import kopf
@@ -23,11 +24,13 @@ from kubernetes import config as kube_config
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
-from spotray.controller.reconcile import disruption_note, reconcile
+from spotray.controller.lifecycle import timestamp
+from spotray.controller.reconcile import disruption_note, disruption_time, reconcile
 from spotray.controller.watch_health import WatchChecker, WatchHealth
 from spotray.controller.work_queue import WorkQueue
 from spotray.train.api_names import (
     ATTEMPT_LABEL,
+    DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
     GROUP,
     PLURAL,
@@ -188,4 +191,5 @@ def on_pod_disrupted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
         return
     job = rayjob_name(meta.labels[RUN_LABEL], int(meta.labels[ATTEMPT_LABEL]))
     log.info("%s/%s: %s", meta.namespace, job, note)
-    cluster().annotate_rayjob(str(meta.namespace), job, {DISRUPTION_ANNOTATION: note})
+    when = disruption_time(dict(body)) or timestamp(datetime.now(UTC))
+    cluster().annotate_rayjob(str(meta.namespace), job, {DISRUPTION_ANNOTATION: note, DISRUPTED_AT_ANNOTATION: when})

@@ -12,7 +12,9 @@ How an attempt ended is decided from facts, in this order:
 2. the job's own records in S3 for this very attempt (train/attempts.py: run UID + attempt number):
    a preemption record or exit code 143 -> Preempted (it saw the spot notice and checkpointed);
 3. a pod of the attempt was disrupted (``DisruptionTarget``: node deleted, evicted, spot reclaim),
-   recorded on the RayJob by the pod watcher -> Preempted;
+   recorded on the RayJob by the pod watcher, at most ``DISRUPTION_CAUSE_WINDOW_S`` before the job
+   ended -> Preempted (a node lost long before, which the job outlived, as an elastic run does,
+   is not what ended it);
 4. otherwise -> Failed (the training code failed or gave up on a crash loop; exit code 2 means bad
    input, which fails the run at once).
 Preemptions never spend the failure budget: retrying a spot loss is the normal case. A fact that
@@ -69,6 +71,10 @@ STORAGE_RETRY_S = 15.0
 RAY_EXIT_CODE = re.compile(r"^Job entrypoint command failed with exit code (-?\d+)\b")
 # How much of the end of a job's log a message keeps when the job left no record of its own.
 LOG_TAIL_CHARS = 1500
+# A job that a node loss ends fails within a minute or two of it (the head's pod gone, KubeRay
+# notices); one that fails later outlived the loss: Ray Train restarted its workers, or an elastic
+# group went on smaller. Its failure is then the code's, and spends the failure budget.
+DISRUPTION_CAUSE_WINDOW_S = 300
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -177,6 +183,7 @@ class RayJobView:
     message: str = ""
     end_time: datetime | None = None
     disruption: str | None = None  # set by the pod watcher: "pod P on node N: reason"
+    disrupted_at: datetime | None = None  # when that pod was disrupted, where the watcher knew
     owner_uid: str | None = None  # the TrainingRun that owns it (its controller owner reference)
     exit_code: int | None = None  # the driver's, where known first-hand (local mode)
 
@@ -187,6 +194,18 @@ class RayJobView:
             return self.exit_code
         found = RAY_EXIT_CODE.match(self.message)
         return int(found.group(1)) if found else None
+
+    @property
+    def lost_node_ended_it(self) -> bool:
+        """A pod's node was lost, and not so long before the job ended that the job went on without it.
+
+        With no time to compare (an annotation from an older controller, local mode), the report stands.
+        """
+        if not self.disruption:
+            return False
+        if self.disrupted_at is None or self.end_time is None:
+            return True
+        return self.disrupted_at >= self.end_time - timedelta(seconds=DISRUPTION_CAUSE_WINDOW_S)
 
     @property
     def finished(self) -> bool:
@@ -262,8 +281,8 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
         return AttemptEnd(
             OUTCOME_PREEMPTED, "SpotNotice", f"stopped on a preemption notice after an emergency checkpoint{where}"
         )
-    if job.disruption:
-        return AttemptEnd(OUTCOME_PREEMPTED, "NodeLost", job.disruption)
+    if job.lost_node_ended_it:
+        return AttemptEnd(OUTCOME_PREEMPTED, "NodeLost", job.disruption or "")
     recorded = (records.outcome or {}).get("detail")
     detail = str(recorded or log_summary(job.message) or "the job failed without a message")
     if exit_code == EXIT_BAD_INPUT:

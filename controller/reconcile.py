@@ -46,7 +46,13 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
-from spotray.train.api_names import DISRUPTION_ANNOTATION, FAILED, TERMINAL_PHASES, rayjob_name
+from spotray.train.api_names import (
+    DISRUPTED_AT_ANNOTATION,
+    DISRUPTION_ANNOTATION,
+    FAILED,
+    TERMINAL_PHASES,
+    rayjob_name,
+)
 from spotray.train.attempts import AttemptId, AttemptRecords, read_attempt_records
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import InvalidSpecError, TrainingRun, parse_training_run
@@ -90,6 +96,7 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
         message=status.get("message") or "",
         end_time=parse_timestamp(end) if end else None,
         disruption=annotations.get(DISRUPTION_ANNOTATION),
+        disrupted_at=timestamp_or_none(annotations.get(DISRUPTED_AT_ANNOTATION)),
         owner_uid=owner,
     )
 
@@ -419,11 +426,33 @@ def _status(
     return status
 
 
-def disruption_note(pod: dict[str, Any]) -> str | None:
-    """ "pod P on node N: <reason>: <message>" when the pod carries a true DisruptionTarget condition."""
+def timestamp_or_none(text: str | None) -> datetime | None:
+    """An annotation's time; None when it is missing or not a time (anyone may edit annotations)."""
+    try:
+        return parse_timestamp(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
+    """The pod's DisruptionTarget condition when it is true (node deleted, evicted, spot reclaim)."""
     for condition in (pod.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            where = f"pod {pod['metadata']['name']} on node {pod.get('spec', {}).get('nodeName') or '?'}"
-            detail = condition.get("message") or ""
-            return f"{where}: {condition.get('reason') or 'disrupted'}" + (f": {detail}" if detail else "")
+            return dict(condition)
     return None
+
+
+def disruption_note(pod: dict[str, Any]) -> str | None:
+    """ "pod P on node N: <reason>: <message>" when the pod carries a true DisruptionTarget condition."""
+    condition = _disruption_condition(pod)
+    if condition is None:
+        return None
+    where = f"pod {pod['metadata']['name']} on node {pod.get('spec', {}).get('nodeName') or '?'}"
+    detail = condition.get("message") or ""
+    return f"{where}: {condition.get('reason') or 'disrupted'}" + (f": {detail}" if detail else "")
+
+
+def disruption_time(pod: dict[str, Any]) -> str | None:
+    """When the pod's DisruptionTarget condition became true, as the API server wrote it."""
+    condition = _disruption_condition(pod)
+    return (condition.get("lastTransitionTime") or None) if condition else None

@@ -24,6 +24,9 @@ RUN_LABEL = f"{GROUP}/run"
 ATTEMPT_LABEL = f"{GROUP}/attempt"
 # Written on a RayJob by the pod watcher when a pod of its attempt was disrupted (node lost, evicted).
 DISRUPTION_ANNOTATION = f"{GROUP}/disruption"
+# ... and when (the pod's DisruptionTarget condition's lastTransitionTime): a loss long before the
+# job ended did not end it (an elastic run goes on without the node).
+DISRUPTED_AT_ANNOTATION = f"{GROUP}/disrupted-at"
 
 # status.phase of a TrainingRun.
 PENDING, RUNNING, RESUMING, SUSPENDED, SUCCEEDED, FAILED = (

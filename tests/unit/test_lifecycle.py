@@ -15,6 +15,8 @@ from spotray.controller.lifecycle import (
     conditions,
     plan,
 )
+from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
+from spotray.train.api_names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION
 from spotray.train.attempts import AttemptRecords
 from spotray.train.runspec import parse_training_run
 
@@ -85,6 +87,20 @@ def test_preemption_facts_count_as_preemptions_not_failures(job, markers, reason
     assert (result.state.preemptions, result.state.failures) == (1, 0)
     assert result.state.phase == "Resuming"
     assert result.state.next_attempt_time == "2026-11-23T12:00:10Z"  # backoffSeconds
+
+
+def test_a_node_lost_long_before_a_failure_is_not_its_cause() -> None:
+    """An elastic run loses a node and goes on; an hour later it fails on a bug: a failure, not a preemption."""
+    long_ago = replace(
+        FAILED_JOB, disruption="pod w on node spot-1: DeletionByPodGC", disrupted_at=NOW - timedelta(hours=1)
+    )
+    result = step(started(), long_ago)
+    assert (result.state.current.outcome, result.state.current.reason) == ("Failed", "TrainingFailed")
+    assert (result.state.preemptions, result.state.failures) == (0, 1)
+    just_before = replace(long_ago, disrupted_at=FAILED_JOB.end_time - timedelta(seconds=20))
+    assert step(started(), just_before).state.current.reason == "NodeLost"
+    after_the_end = replace(long_ago, disrupted_at=FAILED_JOB.end_time + timedelta(seconds=2))
+    assert step(started(), after_the_end).state.current.reason == "NodeLost", "the node's loss is reported late"
 
 
 def test_a_failure_without_facts_of_preemption_counts_against_the_failure_budget() -> None:
@@ -337,3 +353,36 @@ def test_a_running_attempt_is_never_cut_by_the_start_deadline() -> None:
 
 def test_no_deadline_means_waiting() -> None:
     assert step(started(), INITIALIZING_JOB, now=NOW + timedelta(days=3)).state.phase == "Pending"
+
+
+def test_the_pod_watcher_reads_when_a_pod_was_disrupted_and_a_garbled_time_is_no_time() -> None:
+    pod = {
+        "metadata": {"name": "w"},
+        "spec": {"nodeName": "spot-1"},
+        "status": {
+            "conditions": [
+                {"type": "Ready", "status": "False", "lastTransitionTime": "2026-11-23T11:00:00Z"},
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "DeletionByPodGC",
+                    "lastTransitionTime": "2026-11-23T11:58:00Z",
+                },
+            ]
+        },
+    }
+    assert disruption_note(pod) == "pod w on node spot-1: DeletionByPodGC"
+    assert disruption_time(pod) == "2026-11-23T11:58:00Z"
+    job = {
+        "status": {"jobStatus": "FAILED", "endTime": "2026-11-23T11:59:00Z"},
+        "metadata": {"annotations": {DISRUPTION_ANNOTATION: "pod w", DISRUPTED_AT_ANNOTATION: "2026-11-23T11:58:00Z"}},
+    }
+    view = rayjob_view(job)
+    assert view is not None
+    assert view.disrupted_at == NOW - timedelta(minutes=2)
+    assert view.lost_node_ended_it
+    job["metadata"]["annotations"][DISRUPTED_AT_ANNOTATION] = "yesterday"
+    garbled = rayjob_view(job)
+    assert garbled is not None
+    assert garbled.disrupted_at is None
+    assert garbled.lost_node_ended_it, "no time to compare: the report stands"
