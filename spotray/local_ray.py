@@ -180,7 +180,9 @@ class LocalRayCluster:
 
         It is stopped with the cluster, if it is still up then.
         """
-        node = LocalRayWorkerNode(self, num_cpus, host)
+        node = LocalRayWorkerNode(
+            self.address, self.ray_env(), self.temp_dir, num_cpus, host, self.startup_timeout_s, self.on_launch
+        )
         self._nodes.append(node)
         return node.start()
 
@@ -242,11 +244,15 @@ class LocalRayCluster:
 
 @dataclass
 class LocalRayWorkerNode:
-    """A Ray worker node joined to a ``LocalRayCluster``: ``kill()`` is a spot machine vanishing."""
+    """A Ray worker node joined to the cluster at ``address``: ``kill()`` is a spot machine vanishing."""
 
-    cluster: LocalRayCluster
+    address: str  # the head's GCS, host:port
+    env: dict[str, str]  # the node's processes' environment (its workers get it, as a pod's env)
+    log_dir: Path
     num_cpus: int
     host: str
+    startup_timeout_s: float = 90.0
+    on_launch: Callable[[int], None] | None = field(default=None, repr=False)
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _output: Path = field(default=Path("/dev/null"), init=False, repr=False)
 
@@ -256,18 +262,18 @@ class LocalRayWorkerNode:
             ray_executable(),
             "start",
             "--block",
-            f"--address={self.cluster.address}",
+            f"--address={self.address}",
             f"--node-ip-address={self.host}",
             f"--num-cpus={self.num_cpus}",
             "--num-gpus=0",
             "--disable-usage-stats",
             *node_port_flags(self.host, worker_low),
         ]
-        self._output = self.cluster.temp_dir / f"ray-node-{self.host}-{worker_low}.log"
-        self._process = start_in_own_session(command, self.cluster.ray_env(), self._output)
-        if self.cluster.on_launch is not None:
-            self.cluster.on_launch(self._process.pid)
-        deadline = time.monotonic() + self.cluster.startup_timeout_s
+        self._output = self.log_dir / f"ray-node-{self.host}-{worker_low}.log"
+        self._process = start_in_own_session(command, self.env, self._output)
+        if self.on_launch is not None:
+            self.on_launch(self._process.pid)
+        deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             log = self._output.read_text(errors="replace")
             if "Ray runtime started" in log:
@@ -281,7 +287,7 @@ class LocalRayWorkerNode:
             time.sleep(0.2)
         self.kill()
         raise SpotrayError(
-            f"a Ray worker node on {self.host} did not start within {self.cluster.startup_timeout_s:.0f} s",
+            f"a Ray worker node on {self.host} did not start within {self.startup_timeout_s:.0f} s",
             "the machine may be overloaded; try again",
         )
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from spotray.local_ray import LocalRayWorkerNode
 from spotray.train.subprocesses import is_running
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +50,8 @@ SPOT_TAINT = {"key": "spotray.dev/spot", "value": "true", "effect": "NoSchedule"
 # from .7 up for tests (the first whose port 8265 is free), .17 for `make cluster-up`.
 RAY_HEAD_IPS = [f"127.0.0.{n}" for n in range(7, 17)]
 CLUSTER_UP_RAY_HEAD_IP = "127.0.0.17"
+# A Ray worker node that a test joins to a head (RayHead.add_worker_node): outside the heads' addresses.
+RAY_WORKER_NODE_IP = "127.0.0.17"
 RAY_DASHBOARD_PORT = 8265  # the port KubeRay's head Service names `dashboard`
 # Ray's socket paths must stay under 107 bytes, so its temp dirs are short and in /tmp.
 RAY_TEMP_ROOT = "/tmp"  # noqa: S108 - only a parent for mkdtemp, which is safe
@@ -755,6 +758,9 @@ class RayHead:
         self.dashboard_url = f"http://{self.address}:{RAY_DASHBOARD_PORT}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.temp_dir: Path | None = None
+        self.gcs_address = ""  # host:port, once started
+        self.env: dict[str, str] = {}
+        self.nodes: list[LocalRayWorkerNode] = []
 
     def start(self) -> RayHead:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -777,6 +783,7 @@ class RayHead:
         }
         env.pop("RAY_ADDRESS", None)
         ports = {name: str(free_port()) for name in ("port", "client", "agent", "agent-grpc", "metrics", "runtime")}
+        self.env, self.gcs_address = env, f"{self.address}:{ports['port']}"
         argv = [
             str(Path(venv_bin) / "ray"), "start", "--head", "--block",
             "--node-ip-address", self.address, "--dashboard-host", self.address,
@@ -797,6 +804,16 @@ class RayHead:
             self.stop()
             raise
         return self
+
+    def add_worker_node(self, num_cpus: int, host: str = RAY_WORKER_NODE_IP) -> LocalRayWorkerNode:
+        """Join one more Ray node to this head, on a loopback address of its own: a worker pod's machine.
+
+        ``kill()`` on it is that machine vanishing; it is stopped with the head if still up.
+        """
+        assert self.temp_dir is not None, "the Ray head is not running"
+        node = LocalRayWorkerNode(self.gcs_address, self.env, self.workdir, num_cpus, host)
+        self.nodes.append(node)
+        return node.start()
 
     def kill_job(self, submission_id: str) -> list[int]:
         """SIGKILL a Ray job's entrypoint, as if its machine vanished; Ray then marks it FAILED.
@@ -820,6 +837,8 @@ class RayHead:
             return bool(resp.status == 200)
 
     def stop(self) -> None:
+        for node in self.nodes:
+            node.kill()
         if self.proc is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)

@@ -24,6 +24,7 @@ import yaml
 from spotray.controller.s3_access import OPT_IN_LABEL
 from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.local_s3 import LocalS3Server
+from spotray.train.progress_log import read_run_progress
 from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, allowed_endpoint, create_s3_secret, training_run
@@ -475,3 +476,78 @@ def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
     whole = testbed.request_counts(account, test_started, time.time())
     assert whole["create rayjobs"] == len(names)
     assert whole["patch trainingruns/status"] == len(names)
+
+
+ELASTIC_RUN_STEPS = 600
+
+
+def progress_of(s3_server: LocalS3Server, manifest: dict[str, Any]) -> Any:
+    """The attempt's own progress object in S3 (train/progress_log.py): its newest worker group's size."""
+    store = S3ObjectStore(parse_uri(manifest["spec"]["checkpoint"]["uri"]), s3_server.config, RetryPolicy())
+    attempts = read_run_progress(store)
+    return attempts[-1] if attempts else None
+
+
+# About 4 minutes: a campaign (make test-campaign). tests/integration/test_elastic.py (in make test)
+# proves the same shrinking and growing through `spotray run --local`, sample by sample.
+@pytest.mark.campaign
+def test_an_elastic_run_outlives_a_lost_spot_node_in_one_attempt_and_grows_back_when_it_returns(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    s3_server: LocalS3Server,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """Two worker pods on two kwok spot nodes, ``minReplicas: 1``; the attempt's RayCluster is bridged to a
+    Ray head of one CPU and a Ray worker node of one CPU, so one training worker lives on each. One spot
+    node is preempted (its pods disrupted and deleted) and, with it, the Ray node that stood for it is
+    SIGKILLed: the run goes on with one worker in the same attempt, no budget spent. The node returns
+    (kwok node and Ray node): the run grows back to two workers and succeeds, still attempt 1."""
+    start_controller()
+    manifest = training_run("elastic", tmp_path, max_steps=ELASTIC_RUN_STEPS)
+    manifest["spec"]["workers"] = {"replicas": 2, "minReplicas": 1, "cpu": "1", "memory": "2Gi"}
+    pod_env = {**s3_server.env(), "PYTHONPATH": str(ROOT), "SPOTRAY_ELASTIC_RESIZE_CHECK_S": "5"}
+    with tb.RayHead(tmp_path / "ray", num_cpus=1, extra_env=pod_env) as head:
+        worker_node = head.add_worker_node(num_cpus=1)
+        testbed.apply(manifest, namespace=namespace)
+        testbed.bridge_ray_job(namespace, "elastic-a1", head.address, timeout=120)
+        wait_status(testbed, namespace, "elastic", "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
+        assert progress_of(s3_server, manifest).world_size == 2
+        job = get(testbed, "rayjob", "elastic-a1", namespace)
+        assert job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["minReplicas"] == 1
+        pods = json.loads(
+            testbed.kubectl("get", "pods", "-n", namespace, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
+        )["items"]
+        spot_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+
+        testbed.preempt_node(spot_node)  # the cloud takes the VM: its pod is disrupted and gone
+        worker_node.kill()  # ... and the Ray node on it, without a word
+        try:
+            shrunk = tb.wait_until(
+                "the run to go on with one worker",
+                lambda: (p := progress_of(s3_server, manifest)) is not None and p.world_size == 1 and p,
+                timeout=240,
+                interval=2,
+            )
+            status = get(testbed, "trainingrun", "elastic", namespace)["status"]
+            assert (status["attempt"], status["preemptions"], status["failures"]) == (1, 0, 0), status
+        finally:
+            testbed.restore_node(spot_node)
+        head.add_worker_node(num_cpus=1)  # capacity returns
+        grown = tb.wait_until(
+            "the run to grow back to two workers",
+            lambda: (p := progress_of(s3_server, manifest)) is not None and p.world_size == 2 and p,
+            timeout=240,
+            interval=2,
+        )
+        assert len(grown.restarts) >= len(shrunk.restarts) + 1
+        status = wait_status(testbed, namespace, "elastic", "Succeeded", finished, 600)
+
+    assert status["phase"] == "Succeeded", status
+    assert (status["attempt"], status["preemptions"], status["failures"]) == (1, 0, 0), "one attempt, no budget"
+    assert status["goodput"]["workerRestarts"] >= 2, status["goodput"]
+    assert status["lastCheckpoint"]["step"] == ELASTIC_RUN_STEPS
+    annotations = get(testbed, "rayjob", "elastic-a1", namespace)["metadata"].get("annotations") or {}
+    assert spot_node in annotations.get("spotray.dev/disruption", ""), "the controller saw the loss, and went on"
+    assert rayjobs(testbed, namespace, "elastic") == ["elastic-a1"]
