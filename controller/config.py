@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotray.controller.cost import Prices
 from spotray.train.errors import SpotrayError
 
 SPOT_LABEL = "spotray.dev/capacity"
@@ -96,6 +97,7 @@ class ControllerConfig:
     health_port: int = 8080
     peering: str | None = None
     log_format: str = "text"
+    prices: Prices | None = None  # status.cost (controller/cost.py); None: no cost shown
 
     @property
     def s3_endpoints_allowed(self) -> tuple[str, ...]:
@@ -149,4 +151,5 @@ class ControllerConfig:
             health_port=_int_env(env, "SPOTRAY_HEALTH_PORT", defaults.health_port),
             peering=env.get("SPOTRAY_PEERING") or None,
             log_format=log_format,
+            prices=Prices.from_env(env),
         )

@@ -457,6 +457,16 @@ def status_schema() -> dict[str, Any]:
                 },
             },
             "goodput": _goodput_schema(),
+            "cost": {
+                "type": "object",
+                "description": "With the chart's prices: what the run cost so far, and an on-demand run of its steps.",
+                "properties": {
+                    "currency": _string("The prices' currency."),
+                    "run": _number("The wall time so far at the head's and every worker node's price (spot or not)."),
+                    "onDemandSameSteps": _number("The surviving step time plus one start-up, on on-demand nodes."),
+                    "savedRatio": _number("1 - run / onDemandSameSteps: what spot saved (negative: it cost more)."),
+                },
+            },
             "checkpointInterval": _checkpoint_interval_schema(),
             "attempts": {
                 "type": "array",

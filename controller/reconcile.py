@@ -26,6 +26,7 @@ from typing import Any
 
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
+from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import (
@@ -335,6 +336,7 @@ def _act(  # noqa: PLR0917
         now=now,
         job=job if decided.create_attempt is None else None,  # a new attempt has no progress yet
         storage_patience_s=config.storage_patience_seconds,
+        prices=config.prices,
     )
     if status_changed(status, new_status):
         cluster.patch_run_status(namespace, name, new_status)
@@ -407,6 +409,7 @@ def _status(
     now: datetime,
     job: RayJobView | None,
     storage_patience_s: float,
+    prices: Prices | None = None,
 ) -> dict[str, Any]:
     """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
     status = state.to_status()
@@ -419,6 +422,8 @@ def _status(
     resumed_from = report.pop("resumedFrom", None)
     storage_error = report.pop("storageError", None)
     status.update(report)
+    if prices is not None and report.get("goodput"):
+        status["cost"] = run_cost(report["goodput"], run.spec.workers, prices)
     if resumed_from is not None and status["attempts"]:
         status["attempts"][-1]["resumedFrom"] = resumed_from
     if storage_error:

@@ -87,6 +87,18 @@ def goodput_line(goodput: dict[str, Any]) -> str:
     )
 
 
+def cost_line(cost: dict[str, Any]) -> str:
+    """status.cost in words: the run's cost so far beside an on-demand run of the same steps."""
+    currency = f" {cost['currency']}" if cost.get("currency") else ""
+    saved = cost.get("savedRatio")
+    return (
+        f"{cost.get('run', 0):.2f}{currency} so far; on demand, the same steps: "
+        f"{cost.get('onDemandSameSteps', 0):.2f}{currency}"
+        + (f" (spot saved {saved:.0%})" if saved is not None and saved >= 0 else "")
+        + (f" (spot cost {-saved:.0%} more)" if saved is not None and saved < 0 else "")
+    )
+
+
 def interval_line(chosen: dict[str, Any]) -> str:
     """status.checkpointInterval in words: the interval and the numbers it came from."""
     if chosen.get("targetSeconds") is None:
@@ -144,6 +156,8 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
         fields.append(("Checkpoints", interval_line(status["checkpointInterval"])))
     if status.get("goodput"):
         fields.append(("Goodput", goodput_line(status["goodput"])))
+    if status.get("cost"):
+        fields.append(("Cost", cost_line(status["cost"])))
     fields += [
         ("Preemptions", status.get("preemptions", 0)),
         ("Failures", status.get("failures", 0)),

@@ -259,6 +259,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_HEALTH_PORT": "8080",
         "SPOTRAY_PEERING": "",
         "SPOTRAY_LOG_FORMAT": "json",
+        "SPOTRAY_PRICES": "{}",
     }
     # Every JSON-valued setting parses as the controller expects.
     assert isinstance(json.loads(env["SPOTRAY_SPOT_TOLERATIONS"]), list)
@@ -273,6 +274,16 @@ def test_controller_env_reads_back_through_the_controllers_config(helm: Path) ->
     assert config.ray_cluster_selector == {"ray.io/cluster": f"{FULLNAME}-ray"}
     assert config.spot_tolerations == [{"key": "spotray.dev/spot", "operator": "Exists", "effect": "NoSchedule"}]
     assert config.peering is None
+
+
+def test_prices_reach_the_controller_and_half_a_price_list_is_refused(helm: Path) -> None:
+    # Whole numbers: `helm --set` passes 1.1 as a string (the schema refuses it; a values file does not).
+    sets = ("controller.prices.currency=EUR", "controller.prices.spotPerHour=1", "controller.prices.onDemandPerHour=3")
+    prices = ControllerConfig.from_env(controller_env(render(None, *sets))).prices
+    assert prices is not None
+    assert (prices.currency, prices.spot_per_hour, prices.on_demand_per_hour) == ("EUR", 1.0, 3.0)
+    assert "prices" in refused("controller.prices.spotPerHour=1")
+    assert "prices" in refused("controller.prices.spotPerHour=-1", "controller.prices.onDemandPerHour=3")
 
 
 def test_controller_pod_is_hardened_probed_and_sized(helm: Path) -> None:

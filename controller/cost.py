@@ -1,0 +1,86 @@
+"""What a run cost on spot nodes, and what an on-demand run of the same steps would have cost.
+
+Optional: the chart's ``prices`` values (``SPOTRAY_PRICES``, JSON) give what one node costs per
+hour in each of the chart's pools, one worker pod per node::
+
+    {"currency": "USD", "spotPerHour": 1.2, "onDemandPerHour": 3.9, "headPerHour": 0.2}
+
+From the goodput ledger (status.goodput, train/goodput.py), ``status.cost`` is then:
+
+- ``run``: the wall time so far, times the head node and ``replicas`` worker nodes at their pool's
+  price (``spotPerHour`` for ``workers.spot``, else ``onDemandPerHour``). The wall time includes
+  every wait, restart and redone step: that is what spot costs. It counts every worker for all of
+  it, so an elastic run that went on smaller, or a run waiting for capacity, is counted high;
+- ``onDemandSameSteps``: what an uninterrupted run of the same surviving steps would cost on
+  on-demand nodes: the surviving step time plus one start-up, at ``onDemandPerHour``;
+- ``savedRatio``: 1 - run / onDemandSameSteps (negative when spot cost more).
+
+Prices are the operator's; nothing here asks a cloud for them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from spotray.train.errors import SpotrayError
+from spotray.train.runspec import WorkerSpec
+
+PRICES_ENV = "SPOTRAY_PRICES"
+_FIELDS = {"spotPerHour": "spot_per_hour", "onDemandPerHour": "on_demand_per_hour", "headPerHour": "head_per_hour"}
+
+
+@dataclass(frozen=True)
+class Prices:
+    """One node's price per hour in each pool (one worker pod per node), in ``currency``."""
+
+    currency: str
+    spot_per_hour: float
+    on_demand_per_hour: float
+    head_per_hour: float = 0.0
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str]) -> Prices | None:
+        """``SPOTRAY_PRICES`` as prices; None when unset; a clear error when it is not prices."""
+        raw = environ.get(PRICES_ENV, "").strip()
+        if not raw or raw == "{}":
+            return None
+        example = '{"currency": "USD", "spotPerHour": 1.2, "onDemandPerHour": 3.9}'
+        fix = f"set {PRICES_ENV} (the chart's `prices`) to e.g. {example}"
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise SpotrayError(f"{PRICES_ENV} is not valid JSON: {error}", fix) from None
+        if not isinstance(value, dict):
+            raise SpotrayError(f"{PRICES_ENV} must be a JSON object, got {raw!r}", fix)
+        unknown = sorted(set(value) - {"currency", *_FIELDS})
+        missing = sorted({"spotPerHour", "onDemandPerHour"} - set(value))
+        if unknown or missing:
+            raise SpotrayError(f"{PRICES_ENV}: unknown keys {unknown}, missing keys {missing}", fix)
+        numbers: dict[str, float] = {}
+        for key, name in _FIELDS.items():
+            number = value.get(key, 0.0)
+            is_number = isinstance(number, int | float) and not isinstance(number, bool)
+            if not is_number or not math.isfinite(number) or number < 0:
+                raise SpotrayError(f"{PRICES_ENV}: {key} must be a number >= 0, got {number!r}", fix)
+            numbers[name] = float(number)
+        currency = value.get("currency", "")
+        if not isinstance(currency, str) or len(currency) > 16:
+            raise SpotrayError(f"{PRICES_ENV}: currency must be a short text such as USD, got {currency!r}", fix)
+        return cls(currency=currency, **numbers)
+
+
+def run_cost(goodput: dict[str, Any], workers: WorkerSpec, prices: Prices) -> dict[str, Any]:
+    """status.cost from status.goodput (whole seconds) and the run's workers (see the module docstring)."""
+    wall_h = float(goodput.get("wallSeconds") or 0) / 3600
+    lost = goodput.get("lostSeconds") or {}
+    same_steps_h = (float(goodput.get("survivingStepSeconds") or 0) + float(lost.get("startUp") or 0)) / 3600
+    worker_price = prices.spot_per_hour if workers.spot else prices.on_demand_per_hour
+    run = wall_h * (workers.replicas * worker_price + prices.head_per_hour)
+    on_demand = same_steps_h * (workers.replicas * prices.on_demand_per_hour + prices.head_per_hour)
+    cost: dict[str, Any] = {"currency": prices.currency, "run": round(run, 2), "onDemandSameSteps": round(on_demand, 2)}
+    if on_demand > 0:
+        cost["savedRatio"] = round(1 - run / on_demand, 3)
+    return cost
