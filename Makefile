@@ -113,7 +113,7 @@ bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs 
 
 bench-goodput-elastic: setup ## local runs losing a worker node at random: elastic vs fixed worker count (~25 min)
 	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
-		--capacity-back-s 120 --name goodput_elastic
+		--capacity-back-s 60 --name goodput_elastic
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
 	rm -rf $(VENV) demo-output bench/work build .pytest_cache .mypy_cache .ruff_cache

@@ -9,11 +9,14 @@ preemption is one of (``--kind``):
 - ``spot-notice``: a spot notice (an emergency checkpoint, then a new attempt);
 - ``lose-node``: a worker's whole Ray node SIGKILLed (local mode's ``--lose-worker-at``), whose
   capacity returns ``--capacity-back-s`` seconds later (``--add-worker-at``). A fixed-size run waits
-  for it; an elastic one (``minReplicas: 1``) goes on with one worker and grows back.
+  for it; an elastic one (``minReplicas: 1``) goes on with one worker and grows back. A node's life
+  is a length of time (exponential, its mean the mean gap below at the uninterrupted run's step
+  time), counted from when it came up: an elastic run trains on while the node is gone, so a loss
+  in steps would often hit the node the moment it returned.
 
 Preemptions arrive as a Poisson process in steps: gaps drawn from an exponential distribution whose
 mean is ``interval / rate`` steps, so ``--rates 0.1`` is one preemption per ten (fixed) checkpoint
-intervals. Every leg of a rate gets the same preemption steps, back to back. The legs (``--modes``):
+intervals. Every leg of a rate gets the same preemption steps (or node lifetimes), back to back. The legs (``--modes``):
 ``auto`` (the auto interval), ``fixed`` (the fixed interval and size), ``elastic`` (the fixed
 interval, elastic size).
 
@@ -28,7 +31,7 @@ surviving step time, however long it took, so between sizes the time to finish i
     .venv/bin/python -m bench.goodput            # make bench-goodput: 12,000 steps, interval 600 (~40 min)
     .venv/bin/python -m bench.goodput --steps 1500 --interval 50 --rates 0.1,0.2 --name goodput_short
     .venv/bin/python -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 \\
-        --rates 0.1 --capacity-back-s 120 --name goodput_elastic     # make bench-goodput-elastic
+        --rates 0.1 --capacity-back-s 60 --name goodput_elastic     # make bench-goodput-elastic
 """
 
 from __future__ import annotations
@@ -76,13 +79,20 @@ def leg_manifest(mode: str, steps: int, interval: int, low: int, high: int) -> s
     return manifest(steps, interval, low, high, min_replicas=1 if mode == "elastic" else 2)
 
 
-def fault_args(kind: str, steps: list[int], capacity_back_s: float) -> tuple[list[Fault], tuple[str, ...]]:
-    """The preemptions at ``steps``: faults for the chaos injector, or local mode's node-loss flags."""
-    if kind != "lose-node":
-        return [Fault(kind, step) for step in steps], ()
-    if not steps:
-        return [], ()
-    return [], ("--lose-worker-at", ",".join(map(str, steps)), "--add-worker-at", f"{capacity_back_s:g}s")
+def node_lifetimes(rng: random.Random, mean_s: float, total_s: float) -> list[float]:
+    """How long each worker node lives (seconds from coming up to its loss): exponential, enough for ``total_s``."""
+    found: list[float] = []
+    while sum(found) < total_s:
+        found.append(round(rng.expovariate(1.0 / mean_s), 1))
+    return found
+
+
+def node_flags(lifetimes_s: list[float], capacity_back_s: float) -> tuple[str, ...]:
+    """Local mode's flags: the node is lost after each lifetime and comes back ``capacity_back_s`` later."""
+    if not lifetimes_s:
+        return ()
+    lives = ",".join(f"{life:g}s" for life in lifetimes_s)
+    return ("--lose-worker-at", lives, "--add-worker-at", f"{capacity_back_s:g}s")
 
 
 def poisson_steps(rng: random.Random, mean_gap: float, first: int, last: int) -> list[int]:
@@ -102,12 +112,14 @@ def run_ledger(result: RunResult) -> Ledger:
     return ledger(lifetimes, first or 0.0, last or 0.0)
 
 
-def describe(result: RunResult, reference: RunResult, preemption_steps: list[int]) -> dict[str, Any]:
+def describe(result: RunResult, reference: RunResult, schedule: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures; ``schedule``: the preemptions it was given (steps, or node lifetimes)."""
     spent = run_ledger(result)
     return {
         "exit_code": result.exit_code,
-        "preemption_steps": preemption_steps,
+        **schedule,
         "injected": len(result.injected),
+        "nodes_lost": sum(1 for what in result.injected if what.startswith("SIGKILL to the worker node")),
         "goodput": round(spent.goodput, 4),
         "wall_s": round(spent.wall_s, 1),
         "surviving_step_s": round(spent.surviving_step_s, 1),
@@ -148,24 +160,35 @@ def main() -> int:
         if reference.exit_code != 0:
             print(f"the uninterrupted run failed:\n{reference.log_tail()}", file=sys.stderr)
             return 1
-        baseline = describe(reference, reference, [])
+        baseline = describe(reference, reference, {})
         print(f"uninterrupted: goodput {baseline['goodput']:.3f}, wall {baseline['wall_s']} s", flush=True)
         runs: list[dict[str, Any]] = []
         for rate in rates:
-            steps = poisson_steps(random.Random(f"{args.seed}-{rate}"), args.interval / rate, 5, args.steps - 5)
-            faults, node_flags = fault_args(args.kind, steps, args.capacity_back_s)
+            rng = random.Random(f"{args.seed}-{rate}")
+            faults: list[Fault] = []
+            flags: tuple[str, ...] = ()
+            schedule: dict[str, Any]
+            if args.kind == "lose-node":
+                # A node's life is a length of time: the mean gap in steps at the uninterrupted step time.
+                mean_life_s = args.interval / rate * baseline["surviving_step_s"] / args.steps
+                lives = node_lifetimes(rng, mean_life_s, timeout_s)
+                flags, schedule = node_flags(lives, args.capacity_back_s), {"node_lifetimes_s": lives}
+            else:
+                steps = poisson_steps(rng, args.interval / rate, 5, args.steps - 5)
+                faults, schedule = [Fault(args.kind, step) for step in steps], {"preemption_steps": steps}
             for mode in modes:
                 text = leg_manifest(mode, args.steps, args.interval, low, high)
                 token = f"goodput-{rate}-{mode}-{os.getpid()}"
                 result = chaos_runs.run_local(
-                    work / f"{rate}-{mode}", faults, token, None, text, timeout_s, extra_args=node_flags
+                    work / f"{rate}-{mode}", faults, token, None, text, timeout_s, extra_args=flags
                 )
-                row = {"rate": rate, "mode": mode, **describe(result, reference, steps)}
+                row = {"rate": rate, "mode": mode, **describe(result, reference, schedule)}
                 row["relative_to_uninterrupted"] = round(row["goodput"] / baseline["goodput"], 4)
                 runs.append(row)
                 print(
                     f"rate {rate} {mode}: goodput {row['goodput']:.3f} ({row['relative_to_uninterrupted']:.2f} of "
-                    f"uninterrupted), {row['injected']} preemption(s), {row['checkpoints']} checkpoint(s), "
+                    f"uninterrupted), wall {row['wall_s']} s, {row['injected']} fault(s) injected, "
+                    f"{row['checkpoints']} checkpoint(s), "
                     f"lost {row['lost_s']}, same samples: {row['same_samples_as_uninterrupted']}",
                     flush=True,
                 )

@@ -278,7 +278,7 @@ class LocalRun:
         try:
             node = None
             if layout.node_cpus:
-                self.faults.nodes.new_cluster()
+                self.faults.nodes.new_cluster(time.monotonic())
                 node = cluster.add_worker_node(layout.node_cpus)
             env = {
                 **os.environ,
@@ -384,7 +384,7 @@ class LocalRun:
         """Lose the worker node, or bring it back, when the schedule says; returns the node if it is up."""
         schedule = self.faults.nodes
         now = time.monotonic()
-        if node is not None and schedule.loss_due(step):
+        if node is not None and schedule.loss_due(step, now):
             node.kill()
             schedule.lost(now)
             self._injected(f"SIGKILL to the worker node on {node.host} (its raylet and worker) at step {step}")
@@ -392,7 +392,7 @@ class LocalRun:
         if node is None and schedule.lost_since is not None and schedule.return_due(step, now):
             gone_s = now - schedule.lost_since
             node = cluster.add_worker_node(self.node_layout.node_cpus)
-            schedule.returned()
+            schedule.returned(time.monotonic())
             self._injected(f"a worker node back on {node.host}, {gone_s:.0f} s after the loss, at step {step}")
         return node
 

@@ -9,8 +9,10 @@ later started again. What the run does meanwhile is the point:
   left, from the latest checkpoint, and grows back once the node returns;
 - a fixed-size run waits, training nothing, until the node is back.
 
-A node comes back at a step (``--add-worker-at 300``: only an elastic run trains steps while a node
-is gone) or some seconds after its loss (``--add-worker-at 60s``: the same delay after every loss).
+A node is lost at a step (``--lose-worker-at 60,400``) or after it has been up some seconds
+(``--lose-worker-at 90s``: a spot machine's life is a length of time). It comes back at a step
+(``--add-worker-at 300``: only an elastic run trains steps while a node is gone) or some seconds
+after its loss (``--add-worker-at 60s``: one delay serves every loss).
 This module is the schedule, pure and tested; spotray/local.py starts and kills the nodes.
 """
 
@@ -26,44 +28,42 @@ _SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
 
 
 @dataclass(frozen=True)
-class NodeReturn:
-    """When a lost worker node comes back: at a training step, or a number of seconds after its loss."""
+class Moment:
+    """When a node fault happens: at a training step, or a number of seconds after something.
+
+    For a loss, the seconds count from when the node came up (started, or came back); for a return,
+    from the loss. Seconds make a node's life a length of time, as a spot machine's is.
+    """
 
     step: int | None = None
     after_s: float | None = None
 
     @classmethod
-    def parse(cls, text: str) -> NodeReturn:
+    def parse(cls, text: str, flag: str) -> Moment:
         text = text.strip()
-        if text.isdigit():
+        if text.isdigit() and int(text) > 0:
             return cls(step=int(text))
         seconds = _SECONDS.match(text)
         if seconds:
             return cls(after_s=float(seconds.group(1)))
         raise SpotrayError(
-            f"--add-worker-at {text!r} is neither a step nor a number of seconds",
-            "give a step (--add-worker-at 300) or seconds after the loss (--add-worker-at 60s)",
+            f"{flag} {text!r} is neither a step nor a number of seconds",
+            f"give steps (e.g. {flag} 60,300) or seconds (e.g. {flag} 90s)",
         )
 
-    def due(self, step: int, lost_for_s: float) -> bool:
+    def due(self, step: int, elapsed_s: float) -> bool:
         if self.step is not None:
             return step >= self.step
         assert self.after_s is not None
-        return lost_for_s >= self.after_s
+        return elapsed_s >= self.after_s
 
     def __str__(self) -> str:
-        return f"step {self.step}" if self.step is not None else f"{self.after_s:g} s after the loss"
+        return f"step {self.step}" if self.step is not None else f"{self.after_s:g} s"
 
 
-def parse_steps(text: str, flag: str) -> list[int]:
-    """``"120,400"`` -> ``[120, 400]``: the steps of a repeatable fault, in order."""
-    try:
-        steps = [int(part) for part in text.split(",")]
-    except ValueError:
-        raise SpotrayError(f"{flag} {text!r} is not a list of steps", f"give steps, e.g. {flag} 120,400") from None
-    if any(step < 1 for step in steps) or steps != sorted(set(steps)):
-        raise SpotrayError(f"{flag} {text!r}: steps must be positive and increasing", f"e.g. {flag} 120,400")
-    return steps
+def parse_moments(text: str | None, flag: str) -> list[Moment]:
+    """``"120,400"`` or ``"90s,60s"`` -> the moments, in order."""
+    return [Moment.parse(part, flag) for part in text.split(",")] if text else []
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,16 @@ class NodeLayout:
 class NodeSchedule:
     """The losses and returns still to come, and whether the worker node is gone now."""
 
-    losses: list[int]
-    returns: list[NodeReturn] = field(default_factory=list)
+    losses: list[Moment]
+    returns: list[Moment] = field(default_factory=list)
+    up_since: float = 0.0  # monotonic time the node came up (started, or came back)
     lost_since: float | None = None  # monotonic time of the current loss; None while the node is up
 
     @classmethod
     def from_flags(cls, lose_worker_at: str | None, add_worker_at: str | None) -> NodeSchedule:
         """The schedule of ``--lose-worker-at 120,400 --add-worker-at 60s``; one delay serves every loss."""
-        losses = parse_steps(lose_worker_at, "--lose-worker-at") if lose_worker_at else []
-        returns = [NodeReturn.parse(part) for part in add_worker_at.split(",")] if add_worker_at else []
+        losses = parse_moments(lose_worker_at, "--lose-worker-at")
+        returns = parse_moments(add_worker_at, "--add-worker-at")
         if len(returns) == 1 and returns[0].after_s is not None:
             returns = returns * max(1, len(losses))
         return cls(losses, returns)
@@ -135,17 +136,18 @@ class NodeSchedule:
                 "a fixed-size run trains no step while its node is gone, so it cannot come back at a step",
                 "give seconds after the loss (--add-worker-at 60s), or make the run elastic (minReplicas)",
             )
-        steps = [at for pair in zip(self.losses, self.returns, strict=False) for at in (pair[0], pair[1].step)]
-        marks = [at for at in steps if at is not None] + self.losses[len(self.returns) :]
-        if marks != sorted(marks) or len(set(marks)) != len(marks):
+        sequence = [moment for pair in zip(self.losses, self.returns, strict=False) for moment in pair]
+        marks = [moment.step for moment in sequence + self.losses[len(self.returns) :] if moment.step is not None]
+        if marks != sorted(set(marks)):
             raise SpotrayError(
-                f"losses at {self.losses} and returns at {[str(r) for r in self.returns]} do not alternate",
+                f"losses at {', '.join(map(str, self.losses))} and returns at {', '.join(map(str, self.returns))} "
+                "do not alternate",
                 "each return's step comes after its loss and before the next loss",
             )
         return NodeLayout(head_cpus=(workers.num_workers - 1) * int(per_worker), node_cpus=int(per_worker))
 
-    def loss_due(self, step: int) -> bool:
-        return self.lost_since is None and bool(self.losses) and step >= self.losses[0]
+    def loss_due(self, step: int, now: float) -> bool:
+        return self.lost_since is None and bool(self.losses) and self.losses[0].due(step, now - self.up_since)
 
     def return_due(self, step: int, now: float) -> bool:
         return self.lost_since is not None and bool(self.returns) and self.returns[0].due(step, now - self.lost_since)
@@ -154,11 +156,12 @@ class NodeSchedule:
         self.losses.pop(0)
         self.lost_since = now
 
-    def returned(self) -> None:
+    def returned(self, now: float) -> None:
         self.returns.pop(0)
-        self.lost_since = None
+        self.lost_since, self.up_since = None, now
 
-    def new_cluster(self) -> None:
+    def new_cluster(self, now: float) -> None:
         """A new attempt starts a new cluster, with every node: a loss waiting for its return is over."""
         if self.lost_since is not None:
-            self.returned()
+            self.returned(now)
+        self.up_since = now

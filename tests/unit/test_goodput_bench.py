@@ -1,10 +1,12 @@
 """bench/goodput.py's legs are TrainingRuns and flags that local mode accepts, as the bench means them."""
 
+import random
+
 import pytest
 import yaml
 
-from bench.goodput import fault_args, leg_manifest
-from spotray.node_faults import NodeReturn, NodeSchedule
+from bench.goodput import leg_manifest, node_flags, node_lifetimes
+from spotray.node_faults import Moment, NodeSchedule
 from spotray.train.runspec import WorkerSpec, parse_training_run
 
 pytestmark = pytest.mark.unit
@@ -21,13 +23,15 @@ def test_the_elastic_leg_differs_from_the_fixed_one_only_in_its_size_range() -> 
     assert not leg_workers("auto").elastic
 
 
-def test_lost_nodes_become_local_mode_flags_it_accepts_for_both_sizes() -> None:
-    faults, flags = fault_args("lose-node", [120, 480], capacity_back_s=90)
-    assert faults == []
-    assert flags == ("--lose-worker-at", "120,480", "--add-worker-at", "90s")
+def test_node_lifetimes_become_local_mode_flags_it_accepts_for_both_sizes() -> None:
+    lives = node_lifetimes(random.Random(1), mean_s=30.0, total_s=300.0)
+    assert sum(lives) >= 300.0
+    assert sum(lives[:-1]) < 300.0, "no more lives than the run can use"
+    flags = node_flags([95.5, 40.0], capacity_back_s=60)
+    assert flags == ("--lose-worker-at", "95.5s,40s", "--add-worker-at", "60s")
     schedule = NodeSchedule.from_flags(flags[1], flags[3])
-    assert schedule.returns == [NodeReturn(after_s=90.0)] * 2
+    assert schedule.losses == [Moment(after_s=95.5), Moment(after_s=40.0)]
+    assert schedule.returns == [Moment(after_s=60.0)] * 2
     for mode in ("elastic", "fixed"):
         NodeSchedule.from_flags(flags[1], flags[3]).check(leg_workers(mode))
-    assert fault_args("lose-node", [], 90) == ([], ()), "no preemption drawn: no flags"
-    assert [f.step for f in fault_args("kill-worker", [7], 90)[0]] == [7]
+    assert node_flags([], 60) == (), "no loss drawn: no flags"

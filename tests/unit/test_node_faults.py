@@ -3,7 +3,7 @@
 import pytest
 
 from spotray.cli import main
-from spotray.node_faults import NodeLayout, NodeReturn, NodeSchedule
+from spotray.node_faults import Moment, NodeLayout, NodeSchedule
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import WorkerSpec
 
@@ -13,17 +13,18 @@ ELASTIC = WorkerSpec(replicas=2, min_replicas=1, cpu="1")
 FIXED = WorkerSpec(replicas=2, cpu="1")
 
 
-def test_a_return_is_a_step_or_seconds_after_the_loss() -> None:
-    assert NodeReturn.parse("300") == NodeReturn(step=300)
-    assert NodeReturn.parse("90s") == NodeReturn(after_s=90.0)
-    assert NodeReturn.parse("1.5s").due(step=0, lost_for_s=1.5)
-    assert not NodeReturn.parse("300").due(step=299, lost_for_s=1e6)
-    with pytest.raises(SpotrayError, match="neither a step nor a number of seconds"):
-        NodeReturn.parse("90m")
+def test_a_moment_is_a_step_or_seconds() -> None:
+    assert Moment.parse("300", "--add-worker-at") == Moment(step=300)
+    assert Moment.parse("90s", "--add-worker-at") == Moment(after_s=90.0)
+    assert Moment.parse("1.5s", "--add-worker-at").due(step=0, elapsed_s=1.5)
+    assert not Moment.parse("300", "--add-worker-at").due(step=299, elapsed_s=1e6)
+    for text in ("90m", "0", "-5", "sixty"):
+        with pytest.raises(SpotrayError, match="neither a step nor a number of seconds"):
+            Moment.parse(text, "--lose-worker-at")
 
 
 def test_one_delay_serves_every_loss_and_steps_pair_up_in_order() -> None:
-    assert NodeSchedule.from_flags("60,300", "90s").returns == [NodeReturn(after_s=90.0)] * 2
+    assert NodeSchedule.from_flags("60,300", "90s").returns == [Moment(after_s=90.0)] * 2
     schedule = NodeSchedule.from_flags("60,300", "150")
     assert schedule.check(ELASTIC) == NodeLayout(head_cpus=1, node_cpus=1)
     assert NodeSchedule.from_flags(None, None).check(FIXED) == NodeLayout(0, 0), "no faults: no second node"
@@ -46,8 +47,8 @@ def test_the_head_holds_every_worker_but_the_one_on_the_node() -> None:
         (None, "60s", ELASTIC, "without --lose-worker-at"),
         ("60", "60s", WorkerSpec(replicas=1), "at least 2 workers"),
         ("60", "60s", WorkerSpec(replicas=3, cpu="500m"), "whole-CPU"),
-        ("60,30", "60s", ELASTIC, "positive and increasing"),
-        ("sixty", "60s", ELASTIC, "not a list of steps"),
+        ("60,30", "60s", ELASTIC, "do not alternate"),
+        ("60,60", "60s", ELASTIC, "do not alternate"),
     ],
 )
 def test_a_schedule_the_run_cannot_live_through_is_refused_with_the_fix(
@@ -61,27 +62,33 @@ def test_a_schedule_the_run_cannot_live_through_is_refused_with_the_fix(
 def test_losses_and_returns_come_due_in_turn() -> None:
     schedule = NodeSchedule.from_flags("60,300", "100,400")
     schedule.check(ELASTIC)
-    assert not schedule.loss_due(59)
-    assert schedule.loss_due(60)
+    assert not schedule.loss_due(59, now=1e6)
+    assert schedule.loss_due(60, now=0.0)
     schedule.lost(now=10.0)
-    assert not schedule.loss_due(300), "a node that is gone cannot be lost again"
+    assert not schedule.loss_due(300, now=10.0), "a node that is gone cannot be lost again"
     assert not schedule.return_due(99, now=1e6)
     assert schedule.return_due(100, now=11.0)
-    schedule.returned()
-    assert schedule.loss_due(300)
+    schedule.returned(now=11.0)
+    assert schedule.loss_due(300, now=11.0)
     assert schedule.active
     schedule.lost(now=20.0)
-    schedule.new_cluster()  # a new attempt brings every node back
+    schedule.new_cluster(now=30.0)  # a new attempt brings every node back
     assert schedule.lost_since is None
     assert not schedule.active
     assert schedule.returns == []
 
 
-def test_seconds_are_counted_from_each_loss() -> None:
-    schedule = NodeSchedule.from_flags("60", "30s")
-    schedule.lost(now=100.0)
-    assert not schedule.return_due(step=60, now=129.9)
-    assert schedule.return_due(step=60, now=130.0)
+def test_a_return_counts_seconds_from_its_loss_and_a_loss_from_the_node_coming_up() -> None:
+    schedule = NodeSchedule.from_flags("90s,90s", "30s")
+    schedule.new_cluster(now=100.0)
+    assert not schedule.loss_due(step=10_000, now=189.9)
+    assert schedule.loss_due(step=0, now=190.0)
+    schedule.lost(now=190.0)
+    assert not schedule.return_due(step=10_000, now=219.9)
+    assert schedule.return_due(step=0, now=220.0)
+    schedule.returned(now=225.0)
+    assert not schedule.loss_due(step=10_000, now=314.9), "the node's new life starts when it is back"
+    assert schedule.loss_due(step=0, now=315.0)
 
 
 def test_fault_flags_without_local_are_refused_not_dropped(capsys: pytest.CaptureFixture[str]) -> None:
