@@ -183,6 +183,8 @@ def main() -> int:
                     work / f"{rate}-{mode}", faults, token, None, text, timeout_s, extra_args=flags
                 )
                 row = {"rate": rate, "mode": mode, **describe(result, reference, schedule)}
+                if "node_lifetimes_s" in row:  # the lives this run used: those lost, and the one it ended in
+                    row["node_lifetimes_s"] = row["node_lifetimes_s"][: row["nodes_lost"] + 1]
                 row["relative_to_uninterrupted"] = round(row["goodput"] / baseline["goodput"], 4)
                 runs.append(row)
                 print(

@@ -56,8 +56,9 @@ the work directory, so running the same command again resumes from the last chec
 
 With --lose-worker-at, one worker runs on a Ray node of its own (127.0.0.3), which is SIGKILLed at
 that step: an elastic run (spec.workers.minReplicas below replicas) goes on with the workers left
-and grows back when the node returns; a fixed-size run waits for it. --add-worker-at gives when it
-returns: a step (elastic runs only) or seconds after each loss (90s). Both take lists: 60,300.
+and grows back when the node returns; a fixed-size run waits for it. A loss may also come some
+seconds after the node came up (90s). --add-worker-at gives when it returns: a step (elastic runs
+only) or seconds after each loss (90s). Both take lists: 60,300.
 """
 
 SUBMIT_EXAMPLES = """examples:
@@ -235,7 +236,9 @@ def add_fault_flags(run: argparse.ArgumentParser) -> None:
     faults.add_argument("--kill-all-at", type=int, metavar="STEP", help="SIGKILL the driver and Ray cluster at STEP")
     faults.add_argument("--preempt-at", type=int, metavar="STEP", help="send the driver SIGTERM (spot notice) at STEP")
     faults.add_argument(
-        "--lose-worker-at", metavar="STEPS", help="SIGKILL a worker's Ray node at these steps (e.g. 60 or 60,300)"
+        "--lose-worker-at",
+        metavar="WHEN",
+        help="SIGKILL a worker's Ray node at steps (60,300) or seconds after it came up (90s)",
     )
     faults.add_argument(
         "--add-worker-at",
