@@ -6,6 +6,7 @@ python -m torch.distributed.run --nproc-per-node 2 tests/integration/ddp_checkpo
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
 from transformers import Trainer
 
 from spotray.train.async_checkpoint import AsyncSaveTrainer
@@ -21,3 +22,9 @@ if __name__ == "__main__":
     if mode == "async" and trainer.args.process_index == 0:
         assert sync.snapshot_writer is not None
         assert sync.snapshot_writer.buffers.nbytes > 0, "the Trainer saved synchronously"
+    # Both ranks leave together, and the process group is destroyed before the interpreter is: a rank
+    # that exits while the other still uploads (rank 0 in async mode) otherwise risks a SIGABRT in
+    # gloo's teardown ("terminate called without an active exception"; seen once in CI, rank 1).
+    # jobs/gpt2/train.py does the same.
+    dist.barrier()
+    dist.destroy_process_group()
