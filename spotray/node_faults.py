@@ -92,10 +92,6 @@ class NodeSchedule:
             returns = returns * max(1, len(losses))
         return cls(losses, returns)
 
-    @property
-    def active(self) -> bool:
-        return bool(self.losses) or self.lost_since is not None
-
     def check(self, workers: WorkerSpec) -> NodeLayout:
         """Refuse a schedule the run could not live through, naming the fix; else the cluster layout."""
         if not self.losses:

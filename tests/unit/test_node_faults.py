@@ -70,11 +70,10 @@ def test_losses_and_returns_come_due_in_turn() -> None:
     assert schedule.return_due(100, now=11.0)
     schedule.returned(now=11.0)
     assert schedule.loss_due(300, now=11.0)
-    assert schedule.active
     schedule.lost(now=20.0)
     schedule.new_cluster(now=30.0)  # a new attempt brings every node back
     assert schedule.lost_since is None
-    assert not schedule.active
+    assert schedule.losses == []
     assert schedule.returns == []
 
 
