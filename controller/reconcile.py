@@ -409,7 +409,7 @@ def _status(
     now: datetime,
     job: RayJobView | None,
     storage_patience_s: float,
-    prices: Prices | None = None,
+    prices: Prices | None,
 ) -> dict[str, Any]:
     """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
     status = state.to_status()

@@ -331,7 +331,7 @@ class LocalRun:
                     lost = self._maybe_inject(step, driver, cluster, workers)
                     if lost is not None:
                         return driver.returncode, lost
-            if node is not None or self.faults.nodes.lost_since is not None:
+            if self.node_layout.node_cpus:  # a run with node faults
                 node = self._move_node(step, cluster, node)
             if driver.poll() is not None:
                 for event in cursor.new_events():
