@@ -24,13 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from spotray.train.errors import SpotrayError
-from spotray.train.local_s3 import free_port
+from spotray.train.local_s3 import free_ports
 from spotray.train.subprocesses import signal_session, start_in_own_session
 
 DEFAULT_HOST = "127.0.0.2"
@@ -49,6 +49,16 @@ class _EarlyExitError(Exception):
         self.log_tail = log_tail
 
 
+NODE_PORT_NAMES = (
+    "node-manager",
+    "object-manager",
+    "runtime-env-agent",
+    "metrics-export",
+    "dashboard-agent-listen",
+    "dashboard-agent-grpc",
+)
+
+
 def free_worker_port_range(host: str) -> int:
     """The lowest port of ``WORKER_PORTS`` consecutive ones that are free right now, from a random base."""
     rng = random.Random()  # noqa: S311 - spreading ports, not security
@@ -59,20 +69,22 @@ def free_worker_port_range(host: str) -> int:
     raise SpotrayError("found no free range of ports for Ray's workers", "free some ports on the loopback interface")
 
 
-def node_port_flags(host: str, worker_low: int) -> list[str]:
-    """``ray start`` flags for every port a Ray node listens on, each picked free on ``host``."""
-    names = [
-        "node-manager",
-        "object-manager",
-        "runtime-env-agent",
-        "metrics-export",
-        "dashboard-agent-listen",
-        "dashboard-agent-grpc",
-    ]
+def worker_ports(worker_low: int) -> range:
+    return range(worker_low, worker_low + WORKER_PORTS)
+
+
+def node_port_flags(
+    host: str, worker_low: int, names: Sequence[str] = NODE_PORT_NAMES, taken: Collection[int] = ()
+) -> list[str]:
+    """``ray start`` flags for the worker range and every named port, each named one picked free on ``host``."""
+    workers = worker_ports(worker_low)
+    # `ray start` refuses a node whose named ports repeat or fall in its worker range (CI hit it once):
+    # the kernel hands out free ports from the range the worker range is drawn from.
+    picked = free_ports(len(names), host, avoid={*workers, *taken})
     return [
-        f"--min-worker-port={worker_low}",
-        f"--max-worker-port={worker_low + WORKER_PORTS - 1}",
-        *(f"--{name}-port={free_port(host)}" for name in names),
+        f"--min-worker-port={workers.start}",
+        f"--max-worker-port={workers.stop - 1}",
+        *(f"--{name}-port={port}" for name, port in zip(names, picked, strict=True)),
     ]
 
 
@@ -132,8 +144,8 @@ class LocalRayCluster:
         raise AssertionError("unreachable")
 
     def _launch(self) -> None:
-        self.gcs_port = free_port(self.host)
         worker_low = free_worker_port_range(self.host)
+        [self.gcs_port] = free_ports(1, self.host, avoid=worker_ports(worker_low))
         command = [
             ray_executable(),
             "start",
@@ -146,8 +158,7 @@ class LocalRayCluster:
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--temp-dir={self.temp_dir}",
-            *node_port_flags(self.host, worker_low),
-            f"--ray-client-server-port={free_port(self.host)}",
+            *node_port_flags(self.host, worker_low, [*NODE_PORT_NAMES, "ray-client-server"], taken=[self.gcs_port]),
         ]
         self.temp_dir.mkdir(parents=True, exist_ok=True)
         self._output = self.log_path or self.temp_dir / "ray-start.log"

@@ -8,13 +8,14 @@ buckets are not created on first write, so a missing bucket is an error here jus
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +23,7 @@ from types import TracebackType
 import boto3
 from botocore.config import Config
 
+from spotray.train.errors import SpotrayError
 from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
 from spotray.train.subprocesses import start_in_own_session
 
@@ -44,9 +46,30 @@ def find_weed() -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    [port] = free_ports(1, host)
+    return port
+
+
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Container[int] = ()) -> list[int]:
+    """``count`` distinct ports free on ``host`` right now, none of them in ``avoid``.
+
+    Every socket stays bound until all are picked: picked one at a time (bind, close, bind again),
+    the kernel handed the same port out twice in a row, and SeaweedFS's master and filer were
+    started on one port (the filer died, a test failed).
+    """
+    picked: list[int] = []
+    with contextlib.ExitStack() as held:
+        for _ in range(count + 100):
+            sock = held.enter_context(socket.socket())
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+            if port not in avoid:
+                picked.append(port)
+            if len(picked) == count:
+                return picked
+    raise SpotrayError(
+        f"found no {count} free ports on {host} outside the ones in use", "free some ports on the loopback interface"
+    )
 
 
 STOP_GRACE_S = 2.0
@@ -90,11 +113,12 @@ class LocalS3Server:
 
     def start(self) -> LocalS3Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port(self.host)
         # Kept across restarts so that a server started again finds its volumes where they were.
         if not self._ports:
-            self._ports = {name: free_port(self.host) for name in ("master", "volume", "filer")}
-            self._grpc_ports = {name: free_port(self.host) for name in ("master", "volume", "filer", "s3")}
+            picked = iter(free_ports(7, self.host, avoid=[self.port]))
+            self._ports = {name: next(picked) for name in ("master", "volume", "filer")}
+            self._grpc_ports = {name: next(picked) for name in ("master", "volume", "filer", "s3")}
+        self.port = self.port or free_ports(1, self.host, avoid=[*self._ports.values(), *self._grpc_ports.values()])[0]
         ports, grpc = self._ports, self._grpc_ports
         command = [
             find_weed(),

@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 
 from spotray.local_ray import LocalRayWorkerNode
+from spotray.train.local_s3 import free_port, free_ports
 from spotray.train.subprocesses import is_running
 
 HERE = Path(__file__).resolve().parent
@@ -100,12 +101,6 @@ def binary(name: str) -> Path:
 
 def kuberay_crds() -> list[Path]:
     return sorted((CACHE / f"kuberay-{versions()['KUBERAY_VERSION']}" / "crds").glob("*.yaml"))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def free_ray_head_address() -> str:
@@ -384,7 +379,7 @@ class Testbed:
     def _start_control_plane(self) -> None:
         pki = self.workdir / "pki"
         make_pki(pki)
-        etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+        etcd_port, etcd_peer, api_port = free_ports(3)
         self.api_port = api_port
         self._spawn("etcd", [
             str(binary("etcd")), "--data-dir", str(self.workdir / "etcd"), "--name", "testbed",
@@ -782,7 +777,8 @@ class RayHead:
             **self.extra_env,
         }
         env.pop("RAY_ADDRESS", None)
-        ports = {name: str(free_port()) for name in ("port", "client", "agent", "agent-grpc", "metrics", "runtime")}
+        names = ("port", "client", "agent", "agent-grpc", "metrics", "runtime")
+        ports = {name: str(port) for name, port in zip(names, free_ports(len(names)), strict=True)}
         self.env, self.gcs_address = env, f"{self.address}:{ports['port']}"
         argv = [
             str(Path(venv_bin) / "ray"), "start", "--head", "--block",
