@@ -401,7 +401,13 @@ def make_s3_client(config: StoreConfig) -> S3Client:
         region_name=config.region,
     )
     botocore_config = Config(
-        s3={"addressing_style": "path"},
+        # Bodies go as UNSIGNED-PAYLOAD. SigV4 payload signing, which botocore does on plain HTTP and
+        # on HTTPS without a per-request checksum, makes the client hash every byte once more to sign
+        # it and the server once more to check it: two more SHA-256 passes over each checkpoint, on
+        # the CPUs that train. It guards only the upload direction (responses are never signed), so
+        # on plain HTTP it never made a store trustworthy; HTTPS covers the bytes in transit both
+        # ways, and every checkpoint file is checked against its manifest's SHA-256 when fetched.
+        s3={"addressing_style": "path", "payload_signing_enabled": False},
         # A couple of quick retries inside botocore; the long, deadline-bound retry is ours.
         retries={"mode": "standard", "max_attempts": 3},
         max_pool_connections=config.max_concurrency + 4,

@@ -130,3 +130,27 @@ def test_unreachable_endpoint_fails_fast_with_the_fix() -> None:
     assert config.endpoint_url is not None
     assert config.endpoint_url in str(caught.value)
     assert "AWS_ENDPOINT_URL" in str(caught.value)
+
+
+def test_file_bodies_go_unsigned_and_a_checking_server_takes_them(
+    s3_server: LocalS3Server, s3_uri: str, tmp_path: Path
+) -> None:
+    """No SigV4 payload hash: it cost two more SHA-256 passes per checkpoint (client and server).
+
+    The server still checks each request's signature (SeaweedFS does with credentials set); the
+    bytes are checked end to end against the manifest's SHA-256 when fetched.
+    """
+    client = make_s3_client(s3_server.config)
+    content_hashes: list[str] = []
+    client.meta.events.register(
+        "before-send.s3",
+        lambda request, **_: content_hashes.append(str(request.headers.get("x-amz-content-sha256", b""), "ascii")),
+    )
+    store = S3ObjectStore(parse_uri(s3_uri), s3_server.config, client=client)
+    files = write_files(tmp_path, {"model.safetensors": os.urandom(20 * 1024 * 1024 + 7), "small": b"x"})
+    upload_dir(store, files, "unsigned")
+    assert content_hashes, "no request was seen"
+    assert set(content_hashes) == {"UNSIGNED-PAYLOAD"}
+    received = download_dir(store, "unsigned", tmp_path / "back")
+    assert sorted(received) == ["model.safetensors", "small"]
+    assert digest(tmp_path / "back" / "model.safetensors") == digest(files / "model.safetensors")
