@@ -268,6 +268,20 @@ class LocalRayWorkerNode:
     _output: Path = field(default=Path("/dev/null"), init=False, repr=False)
 
     def start(self) -> LocalRayWorkerNode:
+        """Start the node; a port taken between our pick and Ray's bind costs a retry with new ports."""
+        for attempt in range(1, STARTUP_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except _EarlyExitError as exited:
+                if attempt == STARTUP_ATTEMPTS:
+                    raise SpotrayError(
+                        f"a Ray worker node on {self.host} exited during startup (code {exited.code}), "
+                        f"{attempt} times; its output ends with:\n{exited.log_tail}",
+                        "a full disk or /tmp, or too little shared memory (/dev/shm), are common causes",
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> LocalRayWorkerNode:
         worker_low = free_worker_port_range(self.host)
         command = [
             ray_executable(),
@@ -286,15 +300,13 @@ class LocalRayWorkerNode:
             self.on_launch(self._process.pid)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            log = self._output.read_text(errors="replace")
-            if "Ray runtime started" in log:
+            output = self._output.read_text(errors="replace")
+            if "Ray runtime started" in output:
                 return self
             if self._process.poll() is not None:
-                raise SpotrayError(
-                    f"a Ray worker node on {self.host} exited during startup (code {self._process.returncode}); "
-                    f"its output ends with:\n{log[-2000:]}",
-                    "a full disk or /tmp, or too little shared memory (/dev/shm), are common causes",
-                )
+                code = self._process.returncode
+                self.kill()  # whatever it started in its session goes with it
+                raise _EarlyExitError(code, output[-2000:])
             time.sleep(0.2)
         self.kill()
         raise SpotrayError(
