@@ -185,12 +185,13 @@ def one_variant(
     bed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
     # Each operator runs as its own ServiceAccount, so that the audit log holds its requests.
     kubeconfig, account = bed.namespace_admin_kubeconfig(namespace, OPERATOR_ACCOUNT, work / f"{namespace}.kubeconfig")
+    health_port, metrics_port = tb.free_ports(2)
     operator_env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
         "SPOTRAY_NAMESPACES": namespace,
-        "SPOTRAY_HEALTH_PORT": str(tb.free_port()),
-        "SPOTRAY_METRICS_PORT": str(tb.free_port()),
+        "SPOTRAY_HEALTH_PORT": str(health_port),
+        "SPOTRAY_METRICS_PORT": str(metrics_port),
         "SPOTRAY_SUBMISSION_MODE": "HTTPMode",
         "SPOTRAY_ALLOWED_S3_ENDPOINTS": s3.endpoint_url,
     }

@@ -110,13 +110,14 @@ def start_controller(testbed: tb.Testbed, workdir: Path) -> subprocess.Popen[byt
     kubeconfig = testbed.service_account_kubeconfig(
         SYSTEM_NAMESPACE, pod["serviceAccountName"], workdir / "controller.kubeconfig"
     )
+    health_port, metrics_port = tb.free_ports(2)
     env = {
         **os.environ,
         **chart_env,
         "KUBECONFIG": str(kubeconfig),
         "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # kwok runs no submitter pod
-        "SPOTRAY_HEALTH_PORT": str(tb.free_port()),
-        "SPOTRAY_METRICS_PORT": str(tb.free_port()),
+        "SPOTRAY_HEALTH_PORT": str(health_port),
+        "SPOTRAY_METRICS_PORT": str(metrics_port),
         "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "2",
     }
     log = (workdir / "controller.log").open("ab")

@@ -25,7 +25,7 @@ class ControllerProcess:
 
     def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, extra_env: dict[str, str]) -> None:
         self.log_path = log_path
-        self.health_port = tb.free_port()
+        self.health_port, metrics_port = tb.free_ports(2)
         self.env = {
             **os.environ,
             "KUBECONFIG": str(kubeconfig),
@@ -33,7 +33,7 @@ class ControllerProcess:
             "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # no submitter pod: kwok runs no containers
             "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "1",
             "SPOTRAY_SETTLE_SECONDS": "2",
-            "SPOTRAY_METRICS_PORT": str(tb.free_port()),
+            "SPOTRAY_METRICS_PORT": str(metrics_port),
             "SPOTRAY_HEALTH_PORT": str(self.health_port),
             # Short, so that every e2e test would catch the watch check failing a busy, healthy
             # controller (a false alarm restarts it in production); stop() asserts it stayed green.
