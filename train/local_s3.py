@@ -115,10 +115,10 @@ class LocalS3Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # Kept across restarts so that a server started again finds its volumes where they were.
         if not self._ports:
-            picked = iter(free_ports(7, self.host, avoid=[self.port]))
+            picked = iter(free_ports(8, self.host, avoid=[self.port]))
             self._ports = {name: next(picked) for name in ("master", "volume", "filer")}
             self._grpc_ports = {name: next(picked) for name in ("master", "volume", "filer", "s3")}
-        self.port = self.port or free_ports(1, self.host, avoid=[*self._ports.values(), *self._grpc_ports.values()])[0]
+            self.port = self.port or next(picked)
         ports, grpc = self._ports, self._grpc_ports
         command = [
             find_weed(),
