@@ -143,6 +143,7 @@ def run_entry(entry: Entry, wheel: Path) -> dict[str, object]:
             "no:cacheprovider",
             "-q",
             "-rs",
+            "--durations=8",
             "-m",
             entry.markers,
             *test_files(entry.markers),

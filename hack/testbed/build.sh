@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Docker-free Kubernetes test bed from the Go module proxy:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
-#   the KubeRay operator (plus its CRDs) and helm.
+#   the KubeRay operator (plus its CRDs), helm, and MinIO with its client mc.
 # Each component lands in $TESTBED_CACHE/<component>-<version>/ and is skipped when present,
 # so a warm run takes well under a second. A cold run took 17 minutes on 2 busy cores.
 #
@@ -42,6 +42,8 @@ check_all() {
   need kwok "$KWOK_VERSION" bin/kwok && MISSING+=(kwok)
   need kuberay "$KUBERAY_VERSION" bin/ray-operator crds/ray.io_rayclusters.yaml && MISSING+=(kuberay)
   need helm "$HELM_VERSION" bin/helm && MISSING+=(helm)
+  need minio "$MINIO_VERSION" bin/minio && MISSING+=(minio)
+  need mc "$MC_VERSION" bin/mc && MISSING+=(mc)
   return 0
 }
 
@@ -168,6 +170,20 @@ build_helm() {
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   publish helm "$HELM_VERSION"
+}
+
+build_minio() {
+  local out
+  out="$(staging_dir minio "$MINIO_VERSION")"
+  GOBIN="$out/bin" "${NICE[@]}" go install -ldflags "-s -w" "github.com/minio/minio@$MINIO_VERSION"
+  publish minio "$MINIO_VERSION"
+}
+
+build_mc() {
+  local out
+  out="$(staging_dir mc "$MC_VERSION")"
+  GOBIN="$out/bin" "${NICE[@]}" go install -ldflags "-s -w" "github.com/minio/mc@$MC_VERSION"
+  publish mc "$MC_VERSION"
 }
 
 check_all

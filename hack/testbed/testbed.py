@@ -92,6 +92,8 @@ def binary(name: str) -> Path:
         "kwok": f"kwok-{v['KWOK_VERSION']}",
         "ray-operator": f"kuberay-{v['KUBERAY_VERSION']}",
         "helm": f"helm-{v['HELM_VERSION']}",
+        "minio": f"minio-{v['MINIO_VERSION']}",
+        "mc": f"mc-{v['MC_VERSION']}",
     }[name]
     path = CACHE / component / "bin" / name
     if not path.exists():

@@ -9,6 +9,7 @@ the chart's ServiceAccount token, through a training run that loses its spot nod
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import uuid
@@ -19,9 +20,12 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.train.errors import SpotrayError
 from spotray.train.local_s3 import LocalS3Server
+from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
 from tests.e2e.conftest import create_restricted_namespace, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
+from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server, run_tenants_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
@@ -352,3 +356,117 @@ def test_a_restricted_namespace_refuses_a_pod_that_is_not_restricted(testbed: tb
     created = testbed.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(pod), check=False)
     assert created.returncode != 0
     assert "violates PodSecurity" in created.stderr, created.stderr
+
+
+def secret_data(testbed: tb.Testbed, namespace: str, name: str) -> dict[str, str]:
+    secret = json.loads(testbed.kubectl("get", "secret", name, "-n", namespace, "-o", "json").stdout)
+    return {key: base64.b64decode(value).decode() for key, value in secret.get("data", {}).items()}
+
+
+def tenant_config(minio: Minio, keys: dict[str, str]) -> StoreConfig:
+    return StoreConfig(
+        endpoint_url=minio.url, access_key_id=keys["AWS_ACCESS_KEY_ID"], secret_access_key=keys["AWS_SECRET_ACCESS_KEY"]
+    )
+
+
+def run_hook_job_as_the_kubelet_would(
+    testbed: tb.Testbed, release: Release, job_name: str, minio: Minio, work: Path
+) -> subprocess.CompletedProcess[str]:
+    """The installed release's hook Job, run here: its command, its script from the ConfigMap, its
+    env with every secretKeyRef read from the cluster, its Secret volume as files. The one change:
+    MINIO_URL is the local MinIO, not the in-cluster Service (kwok runs no container)."""
+    hooks = [doc for doc in yaml.safe_load_all(release.helm("get", "hooks", release.name).stdout) if doc]
+    job = next(h for h in hooks if h["kind"] == "Job" and h["metadata"]["name"] == job_name)
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+    env = {}
+    for item in container["env"]:
+        if "valueFrom" in item:
+            ref = item["valueFrom"]["secretKeyRef"]
+            env[item["name"]] = secret_data(testbed, release.namespace, ref["name"])[ref["key"]]
+        else:
+            env[item["name"]] = item["value"]
+    env["MINIO_URL"] = minio.url
+    shell, script_path, *pairs = container["command"]
+    assert shell == "/bin/sh"
+    scripts = mounts[str(Path(script_path).parent)]["configMap"]["name"]
+    configmap = json.loads(testbed.kubectl("get", "configmap", scripts, "-n", release.namespace, "-o", "json").stdout)
+    script = work / "script.sh"
+    script.write_text(configmap["data"][Path(script_path).name])
+    keys = secret_data(testbed, release.namespace, mounts[env.pop("TENANT_KEYS_DIR")]["secret"]["secretName"])
+    env.pop("MC_CONFIG_DIR")
+    return run_tenants_script(work, pairs, keys, env, script=script)
+
+
+def test_minio_tenants_hold_their_own_user_kept_across_upgrades_and_a_secret_not_ours_is_never_taken(
+    testbed: tb.Testbed, release: Release, namespace: str, tmp_path: Path
+) -> None:
+    """helm install with minio.tenants -> each tenant namespace has its own user's Secret -> the
+    hook Job (run here against a real MinIO, see run_hook_job_as_the_kubelet_would) makes the users
+    -> a tenant's keys work in its bucket alone -> helm upgrade keeps the keys. A tenant namespace
+    holding a Secret of that name that the chart did not make fails the install and keeps it as it was."""
+    tenants = [f"{namespace[:50]}-t{i}" for i in (1, 2)]
+    for tenant in tenants:
+        create_restricted_namespace(testbed, tenant)
+    try:
+        with minio_server(tmp_path / "minio") as minio:
+            testbed.kubectl(
+                "create", "secret", "generic", "s3-credentials", "-n", namespace,
+                f"--from-literal=AWS_ACCESS_KEY_ID={ROOT_USER}",
+                f"--from-literal=AWS_SECRET_ACCESS_KEY={ROOT_PASSWORD}",
+            )  # fmt: skip
+            # Not --wait, and no hooks: kwok runs no container, so MinIO never gets ready here.
+            values = [
+                "--no-hooks", "--set", "minio.enabled=true", "--set", "s3.existingSecret=s3-credentials",
+                "--set-json", f"minio.tenants={json.dumps([{'namespace': t} for t in tenants])}",
+            ]  # fmt: skip
+            # A Secret of that name that the operator made: never read, never overwritten.
+            testbed.kubectl(
+                "create", "secret", "generic", "s3-credentials", "-n", tenants[1],
+                "--from-literal=AWS_ACCESS_KEY_ID=theirs", "--from-literal=AWS_SECRET_ACCESS_KEY=their-secret",
+            )  # fmt: skip
+            helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig), "-n", namespace]
+            refused = subprocess.run(
+                [*helm, "install", release.name, str(CHART), *values], capture_output=True, text=True, check=False
+            )
+            assert refused.returncode != 0
+            assert "exists and cannot be imported into the current release" in refused.stderr, refused.stderr
+            assert secret_data(testbed, tenants[1], "s3-credentials")["AWS_SECRET_ACCESS_KEY"] == "their-secret"
+            subprocess.run([*helm, "uninstall", release.name], capture_output=True, check=False)
+            testbed.kubectl("delete", "secret", "s3-credentials", "-n", tenants[1])
+
+            release.helm("install", release.name, str(CHART), *values)
+            installed = {t: secret_data(testbed, t, "s3-credentials") for t in tenants}
+            hook = run_hook_job_as_the_kubelet_would(
+                testbed, release, f"{release.name}-spotray-minio-tenants", minio, tmp_path
+            )
+            assert hook.returncode == 0, hook.stdout + hook.stderr
+
+            for tenant, other in (tenants, tenants[::-1]):
+                keys = installed[tenant]
+                assert keys["AWS_ACCESS_KEY_ID"] == f"spotray-tenant-{tenant}"
+                config = tenant_config(minio, keys)
+                own = S3ObjectStore(parse_uri(f"s3://{tenant}/runs/r"), config)
+                own.check()
+                own.put_bytes("progress.json", b"{}")
+                with pytest.raises(SpotrayError, match="refused"):
+                    S3ObjectStore(parse_uri(f"s3://{other}/runs/r"), config).put_bytes("progress.json", b"{}")
+
+            release.helm("upgrade", release.name, str(CHART), *values)
+            assert {t: secret_data(testbed, t, "s3-credentials") for t in tenants} == installed, "keys changed"
+            hook = run_hook_job_as_the_kubelet_would(
+                testbed, release, f"{release.name}-spotray-minio-tenants", minio, tmp_path
+            )
+            assert hook.returncode == 0, hook.stdout + hook.stderr
+            keys = installed[tenants[0]]
+            config = tenant_config(minio, keys)
+            assert S3ObjectStore(parse_uri(f"s3://{tenants[0]}/runs/r"), config).get_bytes("progress.json") == b"{}"
+
+            release.helm("uninstall", release.name)
+            # MinIO's data volume outlives the release, as a StatefulSet's claims do: checkpoints live there.
+            assert release.leftovers() == [f"persistentvolumeclaim/data-{release.name}-spotray-minio-0"]
+    finally:
+        for tenant in tenants:
+            testbed.kubectl("delete", "namespace", tenant, "--wait=false", check=False)

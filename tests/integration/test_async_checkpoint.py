@@ -210,13 +210,19 @@ def test_a_run_resumed_from_an_async_checkpoint_ends_with_the_uninterrupted_weig
 
 
 class SlowWriteTrainer(AsyncSaveTrainer):
-    """Writes each snapshot a second late: a disk slower than the save interval (the fault, injected)."""
+    """A disk slower than the save interval (the fault, injected): each snapshot is written only once
+    training has gone past step 6, the next save. A fixed delay (it was a second) stopped being
+    enough on a loaded machine, where three steps took longer and 6 found the writer idle."""
+
+    WRITE_AFTER_STEP = 6
 
     def _capture(self, buffers: HostBuffers, output_dir: Path) -> Callable[[], None]:
         write = super()._capture(buffers, output_dir)
 
         def slow_write() -> None:
-            time.sleep(1.0)
+            deadline = time.monotonic() + 120  # a bound, so a broken trainer fails the test, not hangs it
+            while self.state.global_step <= self.WRITE_AFTER_STEP and time.monotonic() < deadline:
+                time.sleep(0.05)
             write()
 
         return slow_write

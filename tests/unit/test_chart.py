@@ -55,6 +55,18 @@ EXPECTED_KINDS = {
         "StatefulSet": 1,
         "Job": 1,
     },
+    "minio-tenants.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 1,
+        "ClusterRoleBinding": 1,
+        "NetworkPolicy": 1,
+        "Deployment": 1,
+        "Service": 2,
+        "StatefulSet": 1,
+        "Job": 2,  # MinIO's buckets, and the tenants' users
+        "Secret": 3,  # a user's keys in each tenant namespace, and both for the hook
+        "ConfigMap": 1,  # the hook's script
+    },
     "nfs.yaml": {
         "ServiceAccount": 1,
         "ClusterRole": 1,
@@ -213,8 +225,10 @@ def test_objects_rendered(helm: Path, values_file: str) -> None:
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_no_secret_is_rendered_and_nothing_is_exposed_outside_the_cluster(helm: Path, values_file: str) -> None:
+    """No credential comes from values. The one exception, minio.tenants, makes new random keys."""
     objects = render(values_file)
-    assert not [o for o in objects if o["kind"] == "Secret"]
+    secrets = [o for o in objects if o["kind"] == "Secret"]
+    assert all(o["metadata"]["labels"]["app.kubernetes.io/component"].startswith("minio-tenant") for o in secrets)
     for service in (o for o in objects if o["kind"] == "Service"):
         assert service["spec"]["type"] == "ClusterIP", service["metadata"]["name"]
     assert "LoadBalancer" not in json.dumps(objects)
@@ -391,6 +405,85 @@ def test_in_cluster_minio_takes_its_credentials_from_the_existing_secret(helm: P
     job = only(objects, "Job")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     assert job["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["spotray", "datasets"]
+
+
+def test_minio_tenants_get_a_user_of_their_own_in_their_namespace_and_the_hook_needs_no_api(helm: Path) -> None:
+    objects = render("minio-tenants.yaml")
+    secrets = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objects if o["kind"] == "Secret"}
+    assert set(secrets) == {
+        ("team-a", "s3-credentials"),
+        ("team-b", "s3-credentials"),
+        (NAMESPACE, f"{FULLNAME}-minio-tenants"),
+    }
+    keys = secrets[(NAMESPACE, f"{FULLNAME}-minio-tenants")]["stringData"]
+    for namespace in ("team-a", "team-b"):
+        tenant = secrets[(namespace, "s3-credentials")]
+        # Opted in for the controller, and the name runs use by default: TrainingRuns need no change.
+        assert tenant["metadata"]["labels"]["spotray.dev/s3-credentials"] == "true"
+        user = tenant["stringData"]["AWS_ACCESS_KEY_ID"]
+        assert user == f"spotray-tenant-{namespace}"
+        assert re.fullmatch(r"[A-Za-z0-9]{40}", tenant["stringData"]["AWS_SECRET_ACCESS_KEY"])
+        assert keys[user] == tenant["stringData"]["AWS_SECRET_ACCESS_KEY"]
+    assert keys["spotray-tenant-team-a"] != keys["spotray-tenant-team-b"]
+    # Made here, not taken from values: another render (no cluster to read back from) makes new ones.
+    run_helm.cache_clear()
+    again = {o["metadata"]["namespace"]: o for o in render("minio-tenants.yaml") if o["kind"] == "Secret"}
+    assert again["team-a"]["stringData"]["AWS_SECRET_ACCESS_KEY"] != keys["spotray-tenant-team-a"]
+
+    job = only(objects, "Job", f"{FULLNAME}-minio-tenants")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    pod = job["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    (container,) = pod["containers"]
+    assert container["image"].startswith("quay.io/minio/mc:RELEASE.")
+    assert container["command"] == [
+        "/bin/sh",
+        "/scripts/minio-tenants.sh",
+        "spotray-tenant-team-a=team-a",
+        "spotray-tenant-team-b=team-b-runs",
+    ]
+    env = {e["name"]: e.get("value") or e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    assert env["MINIO_URL"] == f"http://{FULLNAME}-minio.{NAMESPACE}.svc.cluster.local:9000"
+    assert env["MINIO_ROOT_PASSWORD"] == {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"}
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts[env["TENANT_KEYS_DIR"]]]["secret"]["secretName"] == f"{FULLNAME}-minio-tenants"
+    script = only(objects, "ConfigMap", f"{FULLNAME}-minio-tenants")["data"]["minio-tenants.sh"]
+    assert script == (CHART / "files" / "minio-tenants.sh").read_text()
+    assert volumes[mounts["/scripts"]]["configMap"]["name"] == f"{FULLNAME}-minio-tenants"
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (("minio.tenants[0].namespace=team-a", "s3.existingSecret=s3"), "minio.tenants needs minio.enabled"),
+        (
+            ("minio.enabled=true", "s3.existingSecret=s3", f"minio.tenants[0].namespace={NAMESPACE}"),
+            "is the release's namespace",
+        ),
+        (
+            (
+                "minio.enabled=true",
+                "s3.existingSecret=s3",
+                "minio.tenants[0].namespace=abc",
+                "minio.tenants[1].namespace=abc",
+            ),
+            "namespace abc is listed twice",
+        ),
+        (("minio.enabled=true", "s3.existingSecret=s3", "minio.tenants[0].namespace=Team_A"), "does not match pattern"),
+        (
+            ("minio.enabled=true", "s3.existingSecret=s3", "minio.tenants[0].bucket=b"),
+            "namespace is required|missing property",
+        ),
+        (
+            ("minio.enabled=true", "s3.existingSecret=s3", "minio.tenants[0].namespace=ab"),
+            "ab is not a valid bucket name",
+        ),
+    ],
+    ids=["minio-off", "release-namespace", "twice", "bad-namespace", "no-namespace", "short-namespace"],
+)
+def test_bad_minio_tenants_are_refused_with_the_reason(helm: Path, sets: tuple[str, ...], message: str) -> None:
+    assert re.search(message, refused(*sets)), refused(*sets)
 
 
 def test_minio_without_a_secret_is_refused_with_the_fix(helm: Path) -> None:
