@@ -437,7 +437,9 @@ def test_minio_tenants_hold_their_own_user_kept_across_upgrades_and_a_secret_not
             subprocess.run([*helm, "uninstall", release.name], capture_output=True, check=False)
             testbed.kubectl("delete", "secret", "s3-credentials", "-n", tenants[1])
 
-            release.helm("install", release.name, str(CHART), *values)
+            notes = release.helm("install", release.name, str(CHART), *values).stdout
+            assert f'Namespace {tenants[0]}: its own MinIO user (Secret "s3-credentials" there)' in notes, notes
+            assert "9001" not in notes, "NOTES show the MinIO console, which is off"
             installed = {t: secret_data(testbed, t, "s3-credentials") for t in tenants}
             hook = run_hook_job_as_the_kubelet_would(
                 testbed, release, f"{release.name}-spotray-minio-tenants", minio, tmp_path
