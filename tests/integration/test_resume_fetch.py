@@ -184,6 +184,7 @@ download_checkpoint(store, latest_complete_checkpoint(store), Path(sys.argv[2]))
 """
 
 
+@pytest.mark.version_neutral
 def test_a_download_killed_half_way_leaves_nothing_taken_for_a_copy(
     s3_store: S3ObjectStore, s3_env: dict[str, str], tmp_path: Path
 ) -> None:

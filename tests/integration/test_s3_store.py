@@ -74,6 +74,7 @@ def test_an_empty_upload_leaves_its_connection_fit_for_the_next_request(
     assert sent == ["PUT", "PUT", "GET", "GET"], "a request was sent twice: botocore retried a poisoned connection"
 
 
+@pytest.mark.version_neutral
 def test_a_stopped_server_keeps_what_it_acknowledged(tmp_path: Path) -> None:
     """stop() gives SeaweedFS 2 s before SIGKILL: every acknowledged write must be there after a restart."""
     files = {"model.safetensors": os.urandom(2 * 1024 * 1024 + 5), "trainer_state.json": b"{}", "empty": b""}
