@@ -125,6 +125,15 @@ def ray_cpus_for(run: TrainingRun) -> int:
     return max(needed, os.cpu_count() or 1)
 
 
+def start_worker_node(cluster: LocalRayCluster, cpus: int, schedule: NodeSchedule) -> LocalRayWorkerNode:
+    """The worker node of a new attempt's cluster. The schedule hears of it once the node is up: a
+    loss given in seconds counts from then, as after a return, not from before a start that takes
+    seconds."""
+    node = cluster.add_worker_node(cpus)
+    schedule.new_cluster(time.monotonic())
+    return node
+
+
 class LocalRun:
     """One TrainingRun run locally; ``run()`` returns the exit code for the command line."""
 
@@ -278,8 +287,7 @@ class LocalRun:
         try:
             node = None
             if layout.node_cpus:
-                self.faults.nodes.new_cluster(time.monotonic())
-                node = cluster.add_worker_node(layout.node_cpus)
+                node = start_worker_node(cluster, layout.node_cpus, self.faults.nodes)
             env = {
                 **os.environ,
                 **self.s3_env,

@@ -1,8 +1,11 @@
 """Local mode's node loss schedule: the flags, what a run could not live through, and when each move is due."""
 
+import time
+
 import pytest
 
 from spotray.cli import main
+from spotray.local import start_worker_node
 from spotray.node_faults import Moment, NodeLayout, NodeSchedule
 from spotray.train.errors import SpotrayError
 from spotray.train.runspec import WorkerSpec
@@ -93,3 +96,19 @@ def test_a_return_counts_seconds_from_its_loss_and_a_loss_from_the_node_coming_u
 def test_fault_flags_without_local_are_refused_not_dropped(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "jobs/gpt2/trainingrun.yaml", "--lose-worker-at", "60"]) == 2
     assert "--lose-worker-at injects faults into a local run" in capsys.readouterr().err
+
+
+class SlowToStartCluster:
+    """Stands in for LocalRayCluster: starting a Ray node takes seconds (here 0.3 s)."""
+
+    def add_worker_node(self, cpus: int) -> str:
+        time.sleep(0.3)
+        self.started_at = time.monotonic()
+        return f"node with {cpus} cpus"
+
+
+def test_a_loss_in_seconds_counts_from_when_the_attempts_node_is_up_not_from_before_its_start() -> None:
+    schedule = NodeSchedule.from_flags("1s", None)
+    cluster = SlowToStartCluster()
+    assert start_worker_node(cluster, 1, schedule) == "node with 1 cpus"  # type: ignore[arg-type]
+    assert schedule.up_since >= cluster.started_at
