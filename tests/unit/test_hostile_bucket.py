@@ -18,8 +18,8 @@ import pytest
 
 from spotray.train.checkpoint import MANIFEST_FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, list_checkpoints
 from spotray.train.errors import ObjectTooLargeError
-from spotray.train.resume import fetch_resume_checkpoint
 from spotray.train.store import ObjectInfo, StorageUri, get_bytes_if_exists, parse_uri
+from tests.hostile import resume_skips_the_escaping_checkpoint
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 
@@ -84,21 +84,7 @@ def test_a_manifest_naming_a_file_outside_its_checkpoint_is_never_complete_nor_d
     store = AwsKeyStore()
     plant_checkpoint(store, 10, ["model.safetensors"])  # an honest older checkpoint
     plant_checkpoint(store, 20, ["model.safetensors", escaping_name])
-    dest = tmp_path / "deep" / "er" / "resume"
-    dest.mkdir(parents=True)
-
-    newest = list_checkpoints(store)[0]
-    assert newest.step == 20
-    assert not newest.complete
-    assert newest.problem is not None
-    assert "outside its checkpoint" in newest.problem
-    assert repr(escaping_name) in newest.problem
-
-    resume = fetch_resume_checkpoint(store, dest)
-    assert resume is not None
-    assert resume.step == 10, "the honest checkpoint is used"
-    written = {p for p in tmp_path.rglob("*") if p.is_file()}
-    assert all(dest in p.parents for p in written), f"files written outside {dest}: {written}"
+    assert "outside its checkpoint" in resume_skips_the_escaping_checkpoint(store, tmp_path, escaping_name)
 
 
 def test_a_huge_manifest_is_not_read_into_memory() -> None:
