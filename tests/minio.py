@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from spotray.train.local_s3 import free_ports
+from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
 from spotray.train.subprocesses import start_in_own_session
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack" / "testbed"))
@@ -43,6 +44,11 @@ def binary(name: str) -> Path:
 class Minio:
     url: str
     data_dir: Path
+
+    def store(self, uri: str, access_key: str, secret_key: str) -> S3ObjectStore:
+        """spotray's own store on this server, as the user ``access_key``."""
+        config = StoreConfig(endpoint_url=self.url, access_key_id=access_key, secret_access_key=secret_key)
+        return S3ObjectStore(parse_uri(uri), config)
 
 
 @contextmanager

@@ -22,7 +22,6 @@ import yaml
 
 from spotray.train.errors import SpotrayError
 from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
 from tests.e2e.conftest import create_restricted_namespace, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
 from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server, run_tenants_script
@@ -363,12 +362,6 @@ def secret_data(testbed: tb.Testbed, namespace: str, name: str) -> dict[str, str
     return {key: base64.b64decode(value).decode() for key, value in secret.get("data", {}).items()}
 
 
-def tenant_config(minio: Minio, keys: dict[str, str]) -> StoreConfig:
-    return StoreConfig(
-        endpoint_url=minio.url, access_key_id=keys["AWS_ACCESS_KEY_ID"], secret_access_key=keys["AWS_SECRET_ACCESS_KEY"]
-    )
-
-
 def run_hook_job_as_the_kubelet_would(
     testbed: tb.Testbed, release: Release, job_name: str, minio: Minio, work: Path
 ) -> subprocess.CompletedProcess[str]:
@@ -449,12 +442,12 @@ def test_minio_tenants_hold_their_own_user_kept_across_upgrades_and_a_secret_not
             for tenant, other in (tenants, tenants[::-1]):
                 keys = installed[tenant]
                 assert keys["AWS_ACCESS_KEY_ID"] == f"spotray-tenant-{tenant}"
-                config = tenant_config(minio, keys)
-                own = S3ObjectStore(parse_uri(f"s3://{tenant}/runs/r"), config)
+                as_tenant = (keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"])
+                own = minio.store(f"s3://{tenant}/runs/r", *as_tenant)
                 own.check()
                 own.put_bytes("progress.json", b"{}")
                 with pytest.raises(SpotrayError, match="refused"):
-                    S3ObjectStore(parse_uri(f"s3://{other}/runs/r"), config).put_bytes("progress.json", b"{}")
+                    minio.store(f"s3://{other}/runs/r", *as_tenant).put_bytes("progress.json", b"{}")
 
             release.helm("upgrade", release.name, str(CHART), *values)
             assert {t: secret_data(testbed, t, "s3-credentials") for t in tenants} == installed, "keys changed"
@@ -463,8 +456,8 @@ def test_minio_tenants_hold_their_own_user_kept_across_upgrades_and_a_secret_not
             )
             assert hook.returncode == 0, hook.stdout + hook.stderr
             keys = installed[tenants[0]]
-            config = tenant_config(minio, keys)
-            assert S3ObjectStore(parse_uri(f"s3://{tenants[0]}/runs/r"), config).get_bytes("progress.json") == b"{}"
+            own = minio.store(f"s3://{tenants[0]}/runs/r", keys["AWS_ACCESS_KEY_ID"], keys["AWS_SECRET_ACCESS_KEY"])
+            assert own.get_bytes("progress.json") == b"{}"
 
             release.helm("uninstall", release.name)
             # MinIO's data volume outlives the release, as a StatefulSet's claims do: checkpoints live there.

@@ -19,7 +19,6 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from spotray.train.errors import SpotrayError
-from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
 from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server, run_tenants_script
 
 pytestmark = pytest.mark.integration
@@ -37,10 +36,6 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Minio:  # type: ignore[mi
 
 def root_env(minio: Minio, password: str = ROOT_PASSWORD) -> dict[str, str]:
     return {"MINIO_URL": minio.url, "MINIO_ROOT_USER": ROOT_USER, "MINIO_ROOT_PASSWORD": password}
-
-
-def store(minio: Minio, uri: str, user: str, key: str) -> S3ObjectStore:
-    return S3ObjectStore(parse_uri(uri), StoreConfig(endpoint_url=minio.url, access_key_id=user, secret_access_key=key))
 
 
 def client(minio: Minio, user: str, key: str):  # type: ignore[no-untyped-def]
@@ -68,7 +63,7 @@ def test_each_tenant_does_what_spotray_does_in_its_own_bucket_and_nothing_elsewh
     assert f"tenant {TEAM_A}: bucket team-a only" in result.stdout
     assert f"tenant {TEAM_B}: bucket team-b-runs only" in result.stdout
 
-    own = store(minio, "s3://team-a/runs/demo", TEAM_A, KEYS[TEAM_A])
+    own = minio.store("s3://team-a/runs/demo", TEAM_A, KEYS[TEAM_A])
     own.check()
     own.put_bytes("progress.json", b"{}")
     big = tmp_path / "model.safetensors"
@@ -83,7 +78,7 @@ def test_each_tenant_does_what_spotray_does_in_its_own_bucket_and_nothing_elsewh
 
     # Another tenant's bucket, through spotray's store: a refusal that names the fix.
     with pytest.raises(SpotrayError, match=r"refused the credentials \(access key '\.\.\.am-a'\)") as refused:
-        store(minio, "s3://team-b-runs/runs/x", TEAM_A, KEYS[TEAM_A]).check()
+        minio.store("s3://team-b-runs/runs/x", TEAM_A, KEYS[TEAM_A]).check()
     assert "may read and write s3://team-b-runs" in str(refused.value)
     a = client(minio, TEAM_A, KEYS[TEAM_A])
     assert error_code(lambda: a.put_object(Bucket="team-b-runs", Key="x", Body=b"x")) == "AccessDenied"
@@ -128,7 +123,7 @@ def test_the_longest_namespace_name_makes_a_valid_user(minio: Minio, tmp_path: P
     # The bucket is the namespace's name by default, which is a valid bucket name too.
     result = run_tenants_script(tmp_path, [f"{user}={namespace}"], {user: "d" * 40}, root_env(minio))
     assert result.returncode == 0, result.stdout + result.stderr
-    store(minio, f"s3://{namespace}/runs/x", user, "d" * 40).put_bytes("p", b"1")
+    minio.store(f"s3://{namespace}/runs/x", user, "d" * 40).put_bytes("p", b"1")
 
 
 def test_wrong_root_credentials_or_a_missing_key_fail_with_the_fix(minio: Minio, tmp_path: Path) -> None:
