@@ -6,6 +6,10 @@ hard-links the directory into a staging area and hands it to the background uplo
 continues at once. A failed upload is raised on the next step; ``on_train_end`` waits for the
 last upload, so a run that ends normally has its final checkpoint in S3.
 
+On several nodes, each with its own disk, the files are spread over the nodes: each node's local
+process zero stages and uploads the files only its node holds, and world process zero writes the
+one manifest once every node's part is in (train/node_parts.py).
+
 With ``async_save=True`` and an ``AsyncSaveTrainer`` (train/async_checkpoint.py) the Trainer's
 save only copies the state into host memory; ``on_save`` hands that snapshot to a background
 writer, which writes the same files and then stages and submits them as above.
@@ -17,6 +21,7 @@ import logging
 import shutil
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +33,7 @@ from spotray.train.async_checkpoint import SnapshotWriter
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.events import EventLog
+from spotray.train.node_parts import NodeSave, plan_node_saves
 from spotray.train.store import ObjectStore, open_store
 from spotray.train.uploader import CheckpointUploader, stage_checkpoint
 
@@ -82,7 +88,11 @@ class S3CheckpointCallback(TrainerCallback):
     def _get_uploader(self) -> CheckpointUploader:
         if self._uploader is None:
             self._uploader = CheckpointUploader(
-                self.store, self.keep, on_uploaded=self._report_uploaded, attempt=self.attempt
+                self.store,
+                self.keep,
+                on_uploaded=self._report_uploaded,
+                attempt=self.attempt,
+                on_abandoned=self._report_abandoned,
             )
         return self._uploader
 
@@ -96,18 +106,19 @@ class S3CheckpointCallback(TrainerCallback):
             upload_seconds=round(seconds, 3),
         )
 
+    def _report_abandoned(self, step: int) -> None:
+        total = self._get_uploader().dropped
+        self.events.emit(
+            "checkpoint_dropped", steps=[step], dropped_total=total, reason="another node dropped its part"
+        )
+
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
-        if args.save_on_each_node and args.world_size > 1:
-            raise ValueError(
-                "save_on_each_node=True is not supported by S3CheckpointCallback: one process uploads "
-                "the whole checkpoint; set save_on_each_node=False (the default)"
-            )
         if self._staging_root is None:
             self._staging_root = Path(tempfile.mkdtemp(prefix="spotray-staging-"))
-        if state.is_world_process_zero:
-            self._get_uploader()  # starts the upload process while the first steps run
+        if state.is_local_process_zero:
+            self._get_uploader()  # starts the upload process while the first steps run (on every node)
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self._uploader is not None:
@@ -120,11 +131,13 @@ class S3CheckpointCallback(TrainerCallback):
         self._step_ended_at = time.monotonic()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.barrier()  # every rank has written its part (rng_state_<rank>.pth) before we stage
-        if not state.is_world_process_zero:
-            return
         step = state.global_step
+        share = self._share_of_save(args, state, step)
+        if not state.is_world_process_zero:
+            if share is not None:  # another node's local process zero: its files, then its part record
+                source = Path(str(args.output_dir)) / checkpoint_dir_name(step)
+                self._submit(source, step, args, {}, share)
+            return
         samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
         resume = {
             "global_step": step,
@@ -139,23 +152,47 @@ class S3CheckpointCallback(TrainerCallback):
         timings: dict[str, float] = {}
         if writer is not None and snapshot is not None and snapshot.step == step:
             writer.pending = None
-            writer.write_in_background(snapshot, lambda written: self._submit(written.output_dir, step, args, resume))
+            writer.write_in_background(
+                snapshot, lambda written: self._submit(written.output_dir, step, args, resume, share)
+            )
             timings["snapshot_s"] = round(snapshot.copy_s, 4)
         elif writer is not None and writer.skipped > self._skips_reported:
             self._skips_reported = writer.skipped
             self.events.emit("checkpoint_skipped", step=step, skipped=writer.skipped, reason="previous still writing")
             return
         else:
-            self._submit(Path(str(args.output_dir)) / checkpoint_dir_name(step), step, args, resume)
+            self._submit(Path(str(args.output_dir)) / checkpoint_dir_name(step), step, args, resume, share)
         blocked_s = time.monotonic() - self._step_ended_at
         self._last_stall = (step, blocked_s)
         self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4), **timings)
 
-    def _submit(self, source: Path, step: int, args: TrainingArguments, resume: dict[str, Any]) -> None:
+    def _share_of_save(self, args: TrainingArguments, state: TrainerState, step: int) -> NodeSave | None:
+        """This process's share of the save of ``step`` when several nodes hold its files, else None.
+
+        With several processes, every rank reports the files it finds in its node's checkpoint
+        directory (its node's local process zero does) in one all_gather, which also waits until
+        every rank has written its own files (rng_state_<rank>.pth, FSDP shards) before any is staged.
+        """
+        if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+            return None
+        local_dir = Path(str(args.output_dir)) / checkpoint_dir_name(step)
+        listing = None
+        if state.is_local_process_zero:
+            listing = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
+        reports: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(reports, (listing, uuid.uuid4().hex))
+        shares = plan_node_saves([listing for listing, _ in reports], save_id=reports[0][1])
+        share = shares[dist.get_rank()]
+        return share if share is not None and share.nodes > 1 else None
+
+    def _submit(
+        self, source: Path, step: int, args: TrainingArguments, resume: dict[str, Any], share: NodeSave | None = None
+    ) -> None:
         """Stage ``source`` and queue its upload; a checkpoint still waiting for its upload is dropped."""
         assert self._staging_root is not None
-        staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step))
-        dropped = self._get_uploader().submit(staged, step, args.world_size, resume)
+        names = share.files if share is not None and share.node > 0 else None
+        staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step), names)
+        dropped = self._get_uploader().submit(staged, step, args.world_size, resume, share)
         if dropped:
             total = self._get_uploader().dropped
             self.events.emit("checkpoint_dropped", steps=dropped, newer=step, dropped_total=total)

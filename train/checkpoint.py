@@ -102,7 +102,7 @@ class Manifest:
                 for name, entry in raw["files"].items()
             }
             for name in files:
-                _check_file_name(name, where)
+                check_file_name(name, f"the manifest {where}")
             return cls(
                 step=int(raw["step"]),
                 world_size=int(raw["world_size"]),
@@ -119,7 +119,7 @@ class Manifest:
             ) from error
 
 
-def _check_file_name(name: str, where: str) -> None:
+def check_file_name(name: str, where: str) -> None:
     """Refuse a listed file that would land outside the checkpoint's directory when downloaded.
 
     Anyone who can write to the bucket can write a manifest; downloads join its names to a local
@@ -130,7 +130,7 @@ def _check_file_name(name: str, where: str) -> None:
     plain = all(part not in ("", ".", "..") for part in parts) and "\\" not in name and "\0" not in name
     if not plain or name == MANIFEST_NAME:
         raise CorruptCheckpointError(
-            f"the manifest {where} names {name!r}, a path outside its checkpoint or not in plain relative form",
+            f"{where} names {name!r}, a path outside its checkpoint or not in plain relative form",
             "spotray never writes such a name: check who can write to the bucket, and delete this checkpoint",
         )
 

@@ -58,3 +58,7 @@ class ObjectTooLargeError(SpotrayError):
 
 class CheckpointUploadError(SpotrayError):
     """A checkpoint could not be uploaded; training must not go on as if it were safe."""
+
+
+class CheckpointAbandonedError(SpotrayError):
+    """A checkpoint several nodes save was given up (one node dropped its part): a warning, not a failure."""

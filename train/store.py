@@ -650,10 +650,18 @@ class LocalObjectStore:
 
     def _write_atomically(self, key: str, write: Callable[[Path], object]) -> None:
         target = self.root / key
-        target.parent.mkdir(parents=True, exist_ok=True)
         temporary = target.with_name(target.name + ".spotray-tmp")
-        write(temporary)
-        temporary.replace(target)
+        for tries_left in reversed(range(3)):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                write(temporary)
+                temporary.replace(target)
+                return
+            except FileNotFoundError:
+                # Another process (a node sharing this directory) deleted the last object of this
+                # "directory" and removed it between our mkdir and our write: make it again.
+                if not tries_left:
+                    raise
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self._write_atomically(key, lambda tmp: tmp.write_bytes(data))
@@ -673,11 +681,15 @@ class LocalObjectStore:
         for key in keys:
             path = self.root / key
             path.unlink(missing_ok=True)
-            # Like S3, a "directory" exists only while something is in it.
+            # Like S3, a "directory" exists only while something is in it. Deleting a key that is not
+            # there is no error, as in S3, and neither is a directory another process just filled or removed.
             for parent in path.parents:
-                if parent == self.root or not parent.is_relative_to(self.root) or any(parent.iterdir()):
+                if parent == self.root or not parent.is_relative_to(self.root):
                     break
-                parent.rmdir()
+                try:
+                    parent.rmdir()
+                except OSError:  # not empty, or already gone
+                    break
 
 
 def open_store(

@@ -26,6 +26,7 @@ from typing import Any
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
 from spotray.train.errors import CheckpointUploadError
+from spotray.train.node_parts import NodeSave, upload_node_part, upload_shared_checkpoint
 from spotray.train.store import ObjectStore
 from spotray.train.subprocesses import die_with_parent
 
@@ -53,12 +54,30 @@ class UploadJob:
     world_size: int
     resume: dict[str, Any]
     attempt: AttemptId | None = None  # fences the upload and the prune (train/attempts.py)
+    share: NodeSave | None = None  # this node's share when several nodes save it (train/node_parts.py)
+
+    @property
+    def commits(self) -> bool:
+        """Whether this job writes the manifest (and prunes): every job but another node's part."""
+        return self.share is None or self.share.node == 0
 
 
 def upload_and_prune(store: ObjectStore, job: UploadJob, keep: int) -> tuple[Manifest, float]:
-    """The work of one checkpoint: upload (manifest last), then prune to ``keep``."""
+    """The work of one checkpoint: upload (manifest last), then prune to ``keep``.
+
+    Another node's share of a checkpoint is only uploaded, with its part record; what is returned
+    then describes that part.
+    """
     started = time.monotonic()
-    manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume, attempt=job.attempt)
+    if job.share is not None and not job.commits:
+        part = upload_node_part(store, job.staged_dir, job.step, job.share, attempt=job.attempt)
+        return Manifest(job.step, job.world_size, part.files, time.time()), time.monotonic() - started
+    if job.share is not None:
+        manifest = upload_shared_checkpoint(
+            store, job.staged_dir, job.step, job.world_size, job.resume, share=job.share, attempt=job.attempt
+        )
+    else:
+        manifest = upload_checkpoint(store, job.staged_dir, job.step, job.world_size, job.resume, attempt=job.attempt)
     seconds = time.monotonic() - started
     prune_checkpoints(store, keep, attempt=job.attempt, just_uploaded=job.step)
     return manifest, seconds

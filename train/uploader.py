@@ -18,27 +18,31 @@ import queue
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from spotray.train.attempts import AttemptId
 from spotray.train.checkpoint import Manifest
-from spotray.train.errors import CheckpointUploadError
+from spotray.train.errors import CheckpointAbandonedError, CheckpointUploadError
+from spotray.train.node_parts import NodeSave
 from spotray.train.store import ObjectStore
 from spotray.train.upload_worker import UploadJob, UploadWorker
 
 log = logging.getLogger(__name__)
 
 
-def stage_checkpoint(source: Path, staging: Path) -> Path:
-    """Hard-link (or copy, across filesystems) ``source`` into ``staging``.
+def stage_checkpoint(source: Path, staging: Path, names: Sequence[str] | None = None) -> Path:
+    """Hard-link (or copy, across filesystems) ``source``, or only its files ``names``, into ``staging``.
 
     The trainer may rotate (delete) its local checkpoints while an upload is running; the staged
     links keep the files alive until the upload is done.
     """
     shutil.rmtree(staging, ignore_errors=True)
-    for path in sorted(source.rglob("*")):
+    staging.mkdir(parents=True)
+    paths = sorted(source.rglob("*")) if names is None else [source / name for name in names]
+    for path in paths:
         target = staging / path.relative_to(source)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
@@ -51,6 +55,25 @@ def stage_checkpoint(source: Path, staging: Path) -> Path:
     return staging
 
 
+def newest_wins(waiting: Sequence[UploadJob]) -> tuple[list[UploadJob], list[UploadJob]]:
+    """Split the jobs still waiting when a newer checkpoint comes: (notices to queue again, dropped).
+
+    Every waiting upload is dropped. Another node's part is not simply dropped: a notice that it
+    was takes its place, since node 0 would otherwise wait for that part; notices cost one small
+    write and are never dropped themselves.
+    """
+    notices: list[UploadJob] = []
+    dropped: list[UploadJob] = []
+    for job in waiting:
+        if job.share is not None and job.share.dropped:
+            notices.append(job)
+            continue
+        dropped.append(job)
+        if job.share is not None and not job.commits:
+            notices.append(replace(job, share=replace(job.share, dropped=True)))
+    return notices, dropped
+
+
 class CheckpointUploader:
     """Uploads staged checkpoint directories to ``store`` in order, then prunes to ``keep``."""
 
@@ -60,6 +83,7 @@ class CheckpointUploader:
         keep: int,
         on_uploaded: Callable[[Manifest, float], None] | None = None,
         attempt: AttemptId | None = None,
+        on_abandoned: Callable[[int], None] | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
@@ -67,6 +91,7 @@ class CheckpointUploader:
         self.keep = keep
         self.attempt = attempt  # fences every upload and prune (train/attempts.py)
         self._on_uploaded = on_uploaded
+        self._on_abandoned = on_abandoned
         self._jobs: queue.Queue[UploadJob | None] = queue.Queue()
         self._failure: BaseException | None = None
         self._failed_step: int | None = None
@@ -77,11 +102,19 @@ class CheckpointUploader:
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
 
-    def submit(self, staged_dir: Path, step: int, world_size: int, resume: dict[str, Any] | None = None) -> list[int]:
+    def submit(
+        self,
+        staged_dir: Path,
+        step: int,
+        world_size: int,
+        resume: dict[str, Any] | None = None,
+        share: NodeSave | None = None,
+    ) -> list[int]:
         """Queue a staged checkpoint; the uploader owns ``staged_dir`` from now on and deletes it.
 
         The newest checkpoint wins: one still waiting for its upload (not started) is dropped, its
         staged files deleted, so staging holds at most the one uploading and the one waiting.
+        ``share`` is this node's share of a checkpoint several nodes save (train/node_parts.py).
         Returns the steps dropped.
         """
         self.raise_if_failed()
@@ -94,20 +127,25 @@ class CheckpointUploader:
                 ", checkpoint-".join(map(str, dropped)),
                 step,
             )
-        self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}, self.attempt))
+        self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}, self.attempt, share))
         return dropped
 
     def _drop_waiting(self) -> list[int]:
-        dropped: list[int] = []
+        waiting: list[UploadJob] = []
         while True:
             try:
                 job = self._jobs.get_nowait()
             except queue.Empty:
-                return dropped
+                break
             if job is not None:
-                shutil.rmtree(job.staged_dir, ignore_errors=True)
-                dropped.append(job.step)
+                waiting.append(job)
             self._jobs.task_done()
+        notices, dropped = newest_wins(waiting)
+        for job in dropped:
+            shutil.rmtree(job.staged_dir, ignore_errors=True)
+        for notice in notices:
+            self._jobs.put(notice)
+        return [job.step for job in dropped]
 
     def raise_if_failed(self) -> None:
         if self._failure is not None:
@@ -144,6 +182,11 @@ class CheckpointUploader:
                     return
                 if self._failure is None:
                     self._upload(job)
+            except CheckpointAbandonedError as abandoned:
+                self.dropped += 1
+                log.warning("%s", abandoned)
+                if self._on_abandoned is not None:
+                    self._on_abandoned(job.step if job else -1)
             except BaseException as error:  # kept, and re-raised in the training thread
                 self._failure, self._failed_step = error, job.step if job else None
                 log.exception("checkpoint upload failed; training will stop at its next checkpoint call")
@@ -154,6 +197,9 @@ class CheckpointUploader:
 
     def _upload(self, job: UploadJob) -> None:
         manifest, seconds = self._worker.run(self.store, job, self.keep)
+        if not job.commits:
+            log.info("checkpoint-%d: this node's part is in %s (%.2fs)", job.step, self.store.uri, seconds)
+            return
         self.last_uploaded_step = job.step
         log.info(
             "checkpoint-%d complete in %s (%.1f MB in %.2fs)",

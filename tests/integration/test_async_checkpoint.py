@@ -58,8 +58,13 @@ def tiny_gpt2() -> GPT2LMHeadModel:
 
 
 def make_trainer(
-    trainer_class: type[Trainer], workdir: Path, callbacks: list[TrainerCallback], max_steps: int = 6
+    trainer_class: type[Trainer],
+    workdir: Path,
+    callbacks: list[TrainerCallback],
+    max_steps: int = 6,
+    **arguments: Any,
 ) -> Trainer:
+    """A seeded tiny GPT-2 (dropout on) saving at steps 3 and 6; ``arguments`` override TrainingArguments."""
     set_seed(7)
     args = TrainingArguments(
         output_dir=str(workdir / "checkpoints"),
@@ -76,6 +81,7 @@ def make_trainer(
         use_cpu=True,
         report_to=[],
         disable_tqdm=True,
+        **arguments,
     )
     return trainer_class(model=tiny_gpt2(), args=args, train_dataset=RandomTokens(), callbacks=callbacks)
 
