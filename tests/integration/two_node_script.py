@@ -1,15 +1,16 @@
 """Run by test_multi_node_checkpoint.py: one of two torchrun "nodes" on this machine, each with its own disk.
 
 python -m torch.distributed.run --nnodes 2 --node-rank K --nproc-per-node 1 --master-addr 127.0.0.1 \
-    --master-port P tests/integration/two_node_script.py NODE_DIR STORE_ROOT
+    --master-port P tests/integration/two_node_script.py NODE_DIR STORE_URI
 
-Every path but STORE_ROOT (the shared object store) is under NODE_DIR, which is this node's alone, as
-a worker pod's disk is: the Trainer's checkpoints, the staging area and the resume downloads. In the
-same processes, one after the other (a torchrun start costs seconds), seeded trainings of a tiny
-GPT-2 with dropout on, so that every rank's RNG state matters for an exact resume:
+STORE_URI is the object store both nodes reach (S3: AWS_* in the environment). Every local path is
+under NODE_DIR, which is this node's alone, as a worker pod's disk is: the Trainer's checkpoints,
+the staging area and the resume downloads. In the same processes, one after the other (a torchrun
+start costs seconds), seeded trainings of a tiny GPT-2 with dropout on, so that every rank's RNG
+state matters for an exact resume:
 
-- whole: 6 steps uninterrupted (STORE_ROOT/whole);
-- for save_on_each_node False and True (STORE_ROOT/shared-writer, STORE_ROOT/each-node): an attempt
+- whole: 6 steps uninterrupted (STORE_URI/whole);
+- for save_on_each_node False and True (STORE_URI/shared-writer, STORE_URI/each-node): an attempt
   stopped after the checkpoint at step 3, then a resume on both nodes from the store to step 6.
 """
 
@@ -21,15 +22,15 @@ import torch.distributed as dist
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.direct_load import DirectLoadTrainer
 from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import LocalObjectStore, parse_uri
+from spotray.train.store import open_store
 from tests.integration.test_async_checkpoint import StopAt, make_trainer
 
 
 def train(
-    node_dir: Path, store_root: Path, name: str, *, each_node: bool, stop_at: int = 0, resume: bool = False
+    node_dir: Path, store_uri: str, name: str, *, each_node: bool, stop_at: int = 0, resume: bool = False
 ) -> None:
     work = node_dir / name
-    store = LocalObjectStore(parse_uri(str(store_root / name)))
+    store = open_store(f"{store_uri}/{name}")
     sync = S3CheckpointCallback(str(store.uri), store=store, keep=3, staging_dir=work / "staging")
     resume_from = None
     if resume:
@@ -46,9 +47,9 @@ def train(
 
 
 if __name__ == "__main__":
-    node_dir, store_root = Path(sys.argv[1]), Path(sys.argv[2])
-    train(node_dir, store_root, "whole", each_node=False)
+    node_dir, store_uri = Path(sys.argv[1]), sys.argv[2]
+    train(node_dir, store_uri, "whole", each_node=False)
     for name, each_node in (("shared-writer", False), ("each-node", True)):
-        train(node_dir, store_root, name, each_node=each_node, stop_at=3)
-        train(node_dir, store_root, name, each_node=each_node, resume=True)
+        train(node_dir, store_uri, name, each_node=each_node, stop_at=3)
+        train(node_dir, store_uri, name, each_node=each_node, resume=True)
     dist.destroy_process_group()  # before the interpreter: see ddp_checkpoint_script.py
