@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -114,6 +114,9 @@ bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs 
 bench-goodput-elastic: setup ## local runs losing a worker node at random: elastic vs fixed worker count (~25 min)
 	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
 		--capacity-back-s 60 --name goodput_elastic
+
+bench-goodput-testbed: setup testbed ## the TrainingRun on the test bed (controller, KubeRay, Ray), its spot node reclaimed at random: goodput
+	$(PY) -m bench.goodput_testbed
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
 	rm -rf $(VENV) demo-output bench/work build .pytest_cache .mypy_cache .ruff_cache

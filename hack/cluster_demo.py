@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -68,21 +69,23 @@ def say(text: str) -> None:
     print(f"\n==> {text}", flush=True)
 
 
-def demo_training_run(job_dir: Path) -> dict[str, Any]:
+def demo_training_run(
+    job_dir: Path, name: str = RUN, steps: int = MAX_STEPS, every: int = CHECKPOINT_EVERY, max_preemptions: int = 3
+) -> dict[str, Any]:
     """jobs/gpt2/trainingrun.yaml, made to fit the demo: one CPU worker on a spot node, its own Secret."""
     document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
-    document["metadata"] = {"name": RUN, "namespace": NAMESPACE}
+    document["metadata"] = {"name": name, "namespace": NAMESPACE}
     spec = document["spec"]
-    spec["entrypoint"] = f"python -m spotray.jobs.gpt2 --max-steps {MAX_STEPS} --batch-size 8 --workdir {job_dir}"
+    spec["entrypoint"] = f"python -m spotray.jobs.gpt2 --max-steps {steps} --batch-size 8 --workdir {job_dir}"
     spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi"}
     spec["checkpoint"] = {
-        "uri": f"s3://{BUCKET}/runs/{RUN}",
-        "everySteps": CHECKPOINT_EVERY,
+        "uri": f"s3://{BUCKET}/runs/{name}",
+        "everySteps": every,
         "keep": 3,
         "secretRef": SECRET,
     }
     spec["data"] = {"uri": f"s3://{BUCKET}/datasets/gpt2-bytes"}
-    spec["retry"] = {"maxPreemptions": 3, "maxFailures": 1, "backoffSeconds": 1}
+    spec["retry"] = {"maxPreemptions": max_preemptions, "maxFailures": 1, "backoffSeconds": 1}
     return document
 
 
@@ -92,8 +95,8 @@ def secret_env(testbed: tb.Testbed, namespace: str, name: str) -> dict[str, str]
     return {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
 
 
-def run_status(testbed: tb.Testbed) -> dict[str, Any]:
-    found = testbed.kubectl("get", "trainingrun", RUN, "-n", NAMESPACE, "-o", "json", check=False)
+def run_status(testbed: tb.Testbed, name: str = RUN) -> dict[str, Any]:
+    found = testbed.kubectl("get", "trainingrun", name, "-n", NAMESPACE, "-o", "json", check=False)
     if found.returncode != 0:
         return {}
     status: dict[str, Any] = json.loads(found.stdout).get("status") or {}
@@ -137,9 +140,18 @@ def lose_the_spot_node(testbed: tb.Testbed, ray: tb.RayHead, stop: threading.Eve
         time.sleep(1)
     else:
         return
-    pods = json.loads(testbed.kubectl("get", "pods", "-n", NAMESPACE, "-l", "spotray.dev/attempt=1",
-                                      "-o", "json").stdout)["items"]  # fmt: skip
-    node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"].get("ray.io/node-type") == "worker")
+    reclaim_worker_node(testbed, ray, status, RUN, stop)
+
+
+def reclaim_worker_node(
+    testbed: tb.Testbed, ray: tb.RayHead, status: dict[str, Any], name: str, stop: threading.Event
+) -> None:
+    """Delete the node of the current attempt's worker pod, as a cloud reclaims a spot VM; it comes back 10 s later."""
+    attempt = len(status.get("attempts") or [])
+    step = (status.get("progress") or {}).get("step")
+    selector = f"spotray.dev/run={name},spotray.dev/attempt={attempt},ray.io/node-type=worker"
+    pods = json.loads(testbed.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
+    node = pods[0]["spec"]["nodeName"]
     job = json.loads(testbed.kubectl("get", "rayjob", status["rayJob"], "-n", NAMESPACE, "-o", "json").stdout)
     say(f"spot node {node} reclaimed at step {step} (its pods marked DisruptionTarget, node and pods deleted)")
     testbed.preempt_node(node)
@@ -183,7 +195,20 @@ def as_supervisor(workdir: Path) -> Iterator[None]:
         pid_file.unlink(missing_ok=True)
 
 
-def demo(workdir: Path, keep: bool) -> int:
+@dataclass
+class DemoCluster:
+    """What `demo_cluster` starts: the test bed with the chart installed, S3, the Ray head, the controller."""
+
+    testbed: tb.Testbed
+    s3: LocalS3Server
+    ray: tb.RayHead
+    kubeconfig: Path
+
+
+@contextlib.contextmanager
+def demo_cluster(workdir: Path) -> Iterator[DemoCluster]:
+    """The test bed, an S3 server, `helm install` of the chart, the run's Secret, a Ray head with what
+    its pods would get, and the controller; all stopped on the way out."""
     with contextlib.ExitStack() as stack:
         say(f"starting the test bed in {workdir} (etcd, kube-apiserver, scheduler, kwok nodes, KubeRay)")
         testbed = stack.enter_context(tb.Testbed(workdir))
@@ -192,7 +217,6 @@ def demo(workdir: Path, keep: bool) -> int:
             "while it runs, from another terminal:\n"
             f"  export KUBECONFIG={kubeconfig}\n"
             f"  kubectl get trainingruns -n {NAMESPACE} -w\n"
-            f"  kubectl describe trainingrun {RUN} -n {NAMESPACE}\n"
             f"  kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp\n"
             f"  kubectl get rayjobs,pods -n {NAMESPACE} -o wide\n"
             "  make cluster-down    # stops everything this demo started",
@@ -223,7 +247,12 @@ def demo(workdir: Path, keep: bool) -> int:
         controller = start_controller(testbed, workdir)
         stack.callback(controller.wait)
         stack.callback(controller.terminate)
+        yield DemoCluster(testbed, s3, ray, kubeconfig)
 
+
+def demo(workdir: Path, keep: bool) -> int:
+    with demo_cluster(workdir) as cluster, contextlib.ExitStack() as stack:
+        testbed, kubeconfig = cluster.testbed, cluster.kubeconfig
         manifest = workdir / "trainingrun.yaml"
         manifest.write_text(yaml.safe_dump(demo_training_run(workdir / "job"), sort_keys=False))
         say(f"kubectl apply -f {manifest}")
@@ -231,7 +260,7 @@ def demo(workdir: Path, keep: bool) -> int:
 
         stop = threading.Event()
         stack.callback(stop.set)
-        threading.Thread(target=lose_the_spot_node, args=(testbed, ray, stop), daemon=True).start()
+        threading.Thread(target=lose_the_spot_node, args=(testbed, cluster.ray, stop), daemon=True).start()
         say(f"spotray watch {RUN} (a spot node is lost after step {PREEMPT_AT_STEP})")
         spotray("watch", RUN, "-n", NAMESPACE, kubeconfig=kubeconfig)
         status = run_status(testbed)
@@ -243,7 +272,7 @@ def demo(workdir: Path, keep: bool) -> int:
             return 1
 
         say("the final model and the loss across attempts, from S3")
-        env = s3.env()
+        env = cluster.s3.env()
         if spotray("pull", str(manifest), str(workdir / "model"), env=env) != 0:
             return 1
         if spotray("plot", str(manifest), "-o", str(workdir / "loss.png"), env=env) != 0:

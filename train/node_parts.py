@@ -109,7 +109,10 @@ def plan_node_saves(listings: Sequence[Sequence[str] | None], save_id: str) -> l
     """
     node_ranks = [rank for rank, listing in enumerate(listings) if listing is not None]
     if not node_ranks or node_ranks[0] != 0:
-        raise ValueError("rank 0 must be its node's local process zero")
+        raise ValueError(
+            "rank 0 is not its node's first process (LOCAL_RANK 0): number the ranks node by node, "
+            "as torchrun and Ray Train do"
+        )
     shares: list[NodeSave | None] = [None] * len(listings)
     taken: set[str] = set()
     for node, rank in enumerate(node_ranks):

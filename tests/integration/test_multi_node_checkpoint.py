@@ -3,7 +3,8 @@
 Each node's processes write their own files into the checkpoint on that node's disk: every rank its
 RNG state, FSDP every rank its shard, ``save_on_each_node`` every node the whole model. A checkpoint
 in the store must hold all of them (train/node_parts.py). Two torchrun "nodes" run on this machine,
-each with its own directories and one process, DDP over gloo, checkpoints in SeaweedFS.
+each with its own directories and one process, DDP over gloo, checkpoints in SeaweedFS; the
+Trainer's own save, ``save_on_each_node`` and async saves (two_node_script.py).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def test_a_run_on_two_nodes_with_their_own_disks_resumes_exactly_from_the_store(
         return download_checkpoint(store, info, tmp_path / "fetched" / name)  # every checksum verified
 
     whole = load_file(fetched("whole", 6) / "model.safetensors")
-    for name in ("shared-writer", "each-node"):
+    for name in ("shared-writer", "each-node", "async"):
         cut = fetched(name, 3)
         assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= {
             p.name for p in cut.iterdir()

@@ -10,8 +10,10 @@ start costs seconds), seeded trainings of a tiny GPT-2 with dropout on, so that 
 state matters for an exact resume:
 
 - whole: 6 steps uninterrupted (STORE_URI/whole);
-- for save_on_each_node False and True (STORE_URI/shared-writer, STORE_URI/each-node): an attempt
-  stopped after the checkpoint at step 3, then a resume on both nodes from the store to step 6.
+- three ways of saving: the Trainer's own save (STORE_URI/shared-writer), the same with
+  save_on_each_node (STORE_URI/each-node), and async saves (STORE_URI/async: node 0 writes its
+  snapshot in the background, node 1 its RNG state at once). For each, an attempt stopped after
+  the checkpoint at step 3, then a resume on both nodes from the store to step 6.
 """
 
 import sys
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.direct_load import DirectLoadTrainer
 from spotray.train.resume import fetch_resume_checkpoint
@@ -26,30 +29,35 @@ from spotray.train.store import open_store
 from tests.integration.test_async_checkpoint import StopAt, make_trainer
 
 
-def train(
-    node_dir: Path, store_uri: str, name: str, *, each_node: bool, stop_at: int = 0, resume: bool = False
-) -> None:
+def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume: bool = False) -> None:
     work = node_dir / name
     store = open_store(f"{store_uri}/{name}")
-    sync = S3CheckpointCallback(str(store.uri), store=store, keep=3, staging_dir=work / "staging")
+    async_save = name == "async"
+    sync = S3CheckpointCallback(
+        str(store.uri), store=store, keep=3, staging_dir=work / "staging", async_save=async_save
+    )
     resume_from = None
     if resume:
         point = fetch_resume_checkpoint(store, work / "resume")
         assert point is not None, "no complete checkpoint to resume from"
         resume_from = str(point.local_dir)
     callbacks = [sync, StopAt(stop_at)] if stop_at else [sync]
-    # DirectLoadTrainer as the jobs use: the stock Trainer cannot resume a CPU DDP run (it maps the
-    # optimizer state to "cpu:0", which torch.load refuses; train/direct_load.py).
-    trainer = make_trainer(DirectLoadTrainer, work, callbacks, save_on_each_node=each_node)
+    # DirectLoadTrainer (AsyncSaveTrainer is one) as the jobs use: the stock Trainer cannot resume a
+    # CPU DDP run (it maps the optimizer state to "cpu:0", which torch.load refuses; train/direct_load.py).
+    trainer_class = AsyncSaveTrainer if async_save else DirectLoadTrainer
+    trainer = make_trainer(trainer_class, work, callbacks, save_on_each_node=name == "each-node")
     trainer.train(resume_from_checkpoint=resume_from)
     assert trainer.args.world_size == 2, "not a two-process run"
+    if async_save and trainer.args.process_index == 0:
+        assert sync.snapshot_writer is not None
+        assert sync.snapshot_writer.buffers.nbytes > 0, "the Trainer saved synchronously"
     dist.barrier()  # both nodes finish (their uploads included) before the next training starts
 
 
 if __name__ == "__main__":
     node_dir, store_uri = Path(sys.argv[1]), sys.argv[2]
-    train(node_dir, store_uri, "whole", each_node=False)
-    for name, each_node in (("shared-writer", False), ("each-node", True)):
-        train(node_dir, store_uri, name, each_node=each_node, stop_at=3)
-        train(node_dir, store_uri, name, each_node=each_node, resume=True)
+    train(node_dir, store_uri, "whole")
+    for name in ("shared-writer", "each-node", "async"):
+        train(node_dir, store_uri, name, stop_at=3)
+        train(node_dir, store_uri, name, resume=True)
     dist.destroy_process_group()  # before the interpreter: see ddp_checkpoint_script.py

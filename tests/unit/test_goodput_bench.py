@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from bench.goodput import leg_manifest, node_flags, node_lifetimes
+from bench.goodput_testbed import current_step
 from spotray.node_faults import Moment, NodeSchedule
 from spotray.train.runspec import WorkerSpec, parse_training_run
 
@@ -35,3 +36,17 @@ def test_node_lifetimes_become_local_mode_flags_it_accepts_for_both_sizes() -> N
     for mode in ("elastic", "fixed"):
         NodeSchedule.from_flags(flags[1], flags[3]).check(leg_workers(mode))
     assert node_flags([], 60) == (), "no loss drawn: no flags"
+
+
+def test_the_test_bed_bench_reclaims_only_on_the_running_attempts_own_progress() -> None:
+    running = {"rayJob": "run-a2", "attempts": [{"attempt": 1, "endTime": "2026-11-25T00:00:10Z"},
+                                                {"attempt": 2, "startTime": "2026-11-25T00:00:20Z"}]}  # fmt: skip
+    assert current_step({**running, "progress": {"step": 90, "updateTime": "2026-11-25T00:00:30Z"}}) == 90
+    # attempt 1's step 120 is still shown until attempt 2 reports: not the step of the attempt to reclaim
+    assert current_step({**running, "progress": {"step": 120, "updateTime": "2026-11-25T00:00:09Z"}}) == -1
+    ended = {
+        **running,
+        "attempts": [{"attempt": 1, "startTime": "2026-11-25T00:00:00Z", "endTime": "2026-11-25T00:01:00Z"}],
+    }
+    assert current_step({**ended, "progress": {"step": 5, "updateTime": "2026-11-25T00:00:30Z"}}) == -1
+    assert current_step({"attempts": [{"attempt": 1, "startTime": "2026-11-25T00:00:00Z"}]}) == -1  # no RayJob yet

@@ -1,0 +1,164 @@
+"""Goodput on the test bed: a TrainingRun through the real controller, KubeRay and Ray, its spot
+worker node reclaimed at random, against the same run uninterrupted.
+
+The cluster is hack/cluster_demo.py's (docs/testbed.md): the chart installed with helm, the
+controller with the chart's ServiceAccount, KubeRay, SeaweedFS, kwok nodes for the pods and one real
+Ray head that runs the GPT-2 job (one CPU worker). Reclaims arrive as a Poisson process in steps,
+one per ``1 / --rate`` checkpoint intervals on average: at each drawn step the node of the current
+attempt's worker pod is reclaimed as a cloud reclaims a spot VM (pods marked DisruptionTarget, pods
+and node deleted, the Ray job stopped with no notice; the node comes back 10 s later). The controller
+sees the attempt preempted and starts the next one, which resumes from the latest complete
+checkpoint. Goodput is what a user reads: each run's ``status.goodput`` (surviving step time over
+wall time, from the first attempt's creation), with the time lost by cause.
+
+Result: ``bench/results/goodput_testbed.json``; ratio: the goodput of the reclaimed run (goal >= 0.90,
+as for the local runs of bench/goodput.py), the uninterrupted run's in the baseline.
+
+    .venv/bin/python -m bench.goodput_testbed          # make bench-goodput-testbed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import machine_details, write_result
+from bench.goodput import poisson_steps
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "hack"))
+import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
+from cluster_demo import DemoCluster  # noqa: E402
+
+POLL_S = 1.0
+
+
+def _moment(text: str | None) -> float:
+    return datetime.fromisoformat(text).timestamp() if text else 0.0
+
+
+def current_step(status: dict[str, Any]) -> int:
+    """The step the running attempt reported, or -1 while it has reported none (or none runs)."""
+    attempts = status.get("attempts") or []
+    progress = status.get("progress") or {}
+    if not attempts or attempts[-1].get("endTime") or not status.get("rayJob"):
+        return -1
+    if _moment(progress.get("updateTime")) < _moment(attempts[-1].get("startTime")):
+        return -1  # an earlier attempt's progress, not yet replaced
+    return int(progress.get("step") or 0)
+
+
+def reclaim_at(cluster: DemoCluster, name: str, steps: list[int], stop: threading.Event, done: list[int]) -> None:
+    """Reclaim the worker's node once the running attempt reaches each of ``steps`` in turn."""
+    for target in steps:
+        while not stop.is_set():
+            status = cluster_demo.run_status(cluster.testbed, name)
+            if status.get("phase") in ("Succeeded", "Failed"):
+                return
+            if current_step(status) >= target:
+                break
+            stop.wait(POLL_S)
+        else:
+            return
+        done.append(current_step(status))
+        cluster_demo.reclaim_worker_node(cluster.testbed, cluster.ray, status, name, stop)
+
+
+def run_leg(
+    cluster: DemoCluster, workdir: Path, name: str, steps: int, interval: int, reclaims: list[int], timeout_s: float
+) -> dict[str, Any]:
+    document = cluster_demo.demo_training_run(
+        workdir / name / "job", name=name, steps=steps, every=interval, max_preemptions=len(reclaims) + 3
+    )
+    manifest = workdir / f"{name}.yaml"
+    manifest.write_text(yaml.safe_dump(document, sort_keys=False))
+    cluster.testbed.kubectl("apply", "-f", str(manifest))
+    stop, reclaimed = threading.Event(), []
+    reclaimer = threading.Thread(target=reclaim_at, args=(cluster, name, reclaims, stop, reclaimed), daemon=True)
+    reclaimer.start()
+    started = time.monotonic()
+    status: dict[str, Any] = {}
+    while time.monotonic() - started < timeout_s:
+        status = cluster_demo.run_status(cluster.testbed, name)
+        if status.get("phase") in ("Succeeded", "Failed"):
+            break
+        time.sleep(2)
+    stop.set()
+    reclaimer.join()
+    time.sleep(4)  # one more status refresh (every 2 s): the ledger of the finished run
+    status = cluster_demo.run_status(cluster.testbed, name)
+    goodput = status.get("goodput") or {}
+    return {
+        "name": name,
+        "phase": status.get("phase"),
+        "attempts": [
+            f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status.get("attempts") or []
+        ],
+        "reclaims_planned_at_steps": reclaims,
+        "reclaimed_at_steps": reclaimed,
+        "goodput": goodput.get("ratio"),
+        "wall_s": goodput.get("wallSeconds"),
+        "surviving_step_s": goodput.get("survivingStepSeconds"),
+        "lost_s": goodput.get("lostSeconds"),
+        "steps_redone": goodput.get("stepsRedone"),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3000, help="training steps of each run")
+    parser.add_argument("--interval", type=int, default=300, help="checkpoint interval, in steps")
+    parser.add_argument("--rate", type=float, default=0.1, help="reclaims per checkpoint interval, on average")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--name", default="goodput_testbed", help="the result's name: bench/results/NAME.json")
+    parser.add_argument(
+        "--dir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-goodput-testbed", help="work directory"
+    )
+    args = parser.parse_args()
+    reclaims = poisson_steps(random.Random(args.seed), args.interval / args.rate, args.interval // 2, args.steps - 5)
+    if not reclaims:
+        parser.error(f"seed {args.seed} draws no reclaim before step {args.steps}: pick another --seed")
+    timeout_s = 600.0 + args.steps * 0.5
+    workdir = args.dir.resolve()
+    runs = []
+    with cluster_demo.as_supervisor(workdir), cluster_demo.demo_cluster(workdir) as cluster:
+        for name, planned in (("uninterrupted", []), ("reclaimed", reclaims)):
+            cluster_demo.say(f"{name}: {args.steps} steps, a checkpoint every {args.interval}, reclaims at {planned}")
+            row = run_leg(cluster, workdir, name, args.steps, args.interval, planned, timeout_s)
+            print(json.dumps(row), flush=True)
+            runs.append(row)
+    uninterrupted, reclaimed = runs
+    if reclaimed["phase"] != "Succeeded" or uninterrupted["phase"] != "Succeeded" or reclaimed["goodput"] is None:
+        print("a run did not succeed, or reported no goodput: no result written", file=sys.stderr)
+        return 1
+    details = {
+        **machine_details(),
+        "steps": args.steps,
+        "interval": args.interval,
+        "rate_per_interval": args.rate,
+        "seed": args.seed,
+        "runs": runs,
+    }
+    baseline = (
+        f"the same run uninterrupted on the test bed (goodput {uninterrupted['goodput']}); reclaims of the worker's "
+        f"spot node at {args.rate} per checkpoint interval of {args.interval} steps; goodput from status.goodput"
+    )
+    command = "python -m bench.goodput_testbed " + " ".join(sys.argv[1:])
+    path = write_result(args.name, float(reclaimed["goodput"]), ">= 0.90", baseline, command.strip(), details)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
