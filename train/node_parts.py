@@ -183,13 +183,22 @@ def _retract_manifest(store: ObjectStore, step: int, attempt: AttemptId | None) 
 
 
 def _wait_for_parts(store: ObjectStore, step: int, share: NodeSave, deadline: float) -> list[NodePart]:
+    """Every other node's part of this save. Each poll is one LIST of the parts; a part is read only
+    when it is new or changed (a part of another save is overwritten by this save's, not re-read)."""
     parts: dict[int, NodePart] = {}
+    seen: dict[str, str] = {}  # part key -> the etag read last
+    wanted = {part_key(step, node): node for node in range(1, share.nodes)}
     while True:
-        for node in range(1, share.nodes):
-            if node not in parts:
-                part = _read_part(store, step, node)
-                if part is not None and part.save_id == share.save_id:
-                    parts[node] = part
+        for info in store.list(f"{checkpoint_dir_name(step)}/{PARTS_DIR}/"):
+            node = wanted.get(info.key)
+            if node is None or node in parts or seen.get(info.key) == info.etag:
+                continue
+            part = _read_part(store, info.key)
+            if part is None:
+                continue  # replaced or gone since the listing: the next poll sees what is there then
+            seen[info.key] = info.etag
+            if part.save_id == share.save_id:
+                parts[node] = part
         dropped = sorted(node for node, part in parts.items() if part.dropped)
         if dropped:
             raise CheckpointAbandonedError(
@@ -207,12 +216,11 @@ def _wait_for_parts(store: ObjectStore, step: int, share: NodeSave, deadline: fl
         time.sleep(_POLL_S)
 
 
-def _read_part(store: ObjectStore, step: int, node: int) -> NodePart | None:
-    key = part_key(step, node)
+def _read_part(store: ObjectStore, key: str) -> NodePart | None:
     try:
         data = get_bytes_if_exists(store, key, max_bytes=_MAX_PART_BYTES)
     except (FileNotFoundError, StoreRequestError):
-        return None  # replaced between the check and the read: read again at the next poll
+        return None  # replaced between the listing and the read: read again at the next poll
     except ObjectTooLargeError as error:
         raise CorruptCheckpointError(error.problem, error.fix) from error
     return None if data is None else NodePart.from_json(data, str(store.uri.join(key)))

@@ -116,8 +116,17 @@ def test_a_part_of_another_save_is_not_counted_and_the_missing_node_is_named(tmp
     node_0, _ = shares(save_id="this-save")
     _, older = shares(save_id="an-older-attempts-save")
     upload_node_part(store, write_files(tmp_path / "node-1", NODE_1), 5, older)
+    reads: list[str] = []
+    original_get = store.get_bytes
+
+    def counted_get(key: str, *, max_bytes: int | None = None) -> bytes:
+        reads.append(key)
+        return original_get(key, max_bytes=max_bytes)
+
+    store.get_bytes = counted_get  # type: ignore[method-assign]
     with pytest.raises(CheckpointUploadError, match=r"node\(s\) 1 did not upload their part in time"):
         commit(store, tmp_path, node_0, timeout_s=0.5)
+    assert reads.count(part_key(5, 1)) == 1  # polled by listing: the unchanged stale part is read once
     assert [c.problem for c in list_checkpoints(store)] == ["no manifest (upload unfinished or interrupted)"]
 
 
