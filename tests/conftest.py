@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +19,7 @@ from spotray.train.checkpoint import complete_checkpoints
 from spotray.train.events import read_events
 from spotray.train.local_s3 import LocalS3Server
 from spotray.train.store import ObjectStore, RetryPolicy, S3ObjectStore, parse_uri
+from tests.processes import process_tree
 
 TEST_BUCKET = "spotray-test"
 
@@ -51,12 +56,55 @@ def write_files(root: Path, files: dict[str, bytes]) -> Path:
     return root
 
 
-def run_two_ranks(script: Path, args: list[str], env: dict[str, str]) -> None:
+def torchrun_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a torchrun under test: this checkout importable, one thread per process, and every
+    thread's stack printed when ``wait_or_dump_stacks`` aborts a hung run."""
+    return {
+        **env,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONFAULTHANDLER": "1",
+    }
+
+
+def start_in_own_group(command: list[str], **popen: Any) -> subprocess.Popen[str]:
+    """``command`` as the leader of a new process group, so that a hang can be aborted with its children."""
+    return subprocess.Popen(command, start_new_session=True, text=True, **popen)
+
+
+def wait_or_dump_stacks(process: subprocess.Popen[str], timeout_s: float) -> int:
+    """The exit code of ``process``; if it runs past ``timeout_s``, SIGABRT it and every descendant first.
+
+    With PYTHONFAULTHANDLER set (``torchrun_env``) every Python process of the tree then prints all
+    its threads' stacks to stderr: a hang in CI names the line it hung on instead of only a timeout.
+    """
+    try:
+        return process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # torchrun starts each worker in a session of its own: signal every descendant by pid.
+        for pid in process_tree(process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        os.killpg(process.pid, signal.SIGABRT)
+        try:
+            process.wait(timeout=30)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        return -signal.SIGABRT
+
+
+def run_two_ranks(script: Path, args: list[str], env: dict[str, str], timeout_s: float = 300) -> None:
     """``script`` under torchrun as 2 CPU processes (gloo) with this checkout importable; fails with their output."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
-    env = {**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    with tempfile.TemporaryFile("w+") as output:
+        process = start_in_own_group([*command, *args], env=torchrun_env(env), stdout=output, stderr=subprocess.STDOUT)
+        code = wait_or_dump_stacks(process, timeout_s)
+        output.seek(0)
+        assert code == 0, (
+            f"torchrun exited with {code} (a negative code: that signal; SIGABRT: hung, stacks below)\n"
+            + output.read()[-12000:]
+        )
 
 
 def saved_steps_and_uploads_checked(events_path: Path, store: ObjectStore) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,27 @@ def world_size() -> int:
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
+
+
+# Long enough for a gloo thread to finish freeing a collective's work (microseconds once it runs) on
+# a loaded machine; paid once, when a process leaves its process group.
+TEARDOWN_SETTLE_S = 0.2
+
+
+def destroy_process_group() -> None:
+    """``dist.destroy_process_group``, clear of a teardown deadlock of torch up to 2.7 with gloo.
+
+    Those versions destroy ProcessGroupGloo holding the GIL and join its threads, while one of them
+    may still be freeing the last collective's work, whose tensors need the GIL to drop their Python
+    objects: each waits for the other for ever, and a process that finished its work never exits
+    (torch 2.8 releases the GIL there: pytorch/pytorch#154976). Seen here with torch 2.6: the
+    torchrun test of test_resume_fetch.py hung in 1 run of 8. Sleeping first releases the GIL, so
+    that thread finishes before the join.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    time.sleep(TEARDOWN_SETTLE_S)
+    dist.destroy_process_group()
 
 
 def broadcast_from_rank0(value: Any) -> Any:

@@ -60,7 +60,7 @@ from spotray.train.errors import SpotrayError
 from spotray.train.events import EventLog
 from spotray.train.launcher import launch, outcome_after_fit
 from spotray.train.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
-from spotray.train.ranks import broadcast_from_rank0, world_rank, world_size
+from spotray.train.ranks import broadcast_from_rank0, destroy_process_group, world_rank, world_size
 from spotray.train.resume import ResumeFetch, node_resume_dir
 from spotray.train.runspec import RunContext
 from spotray.train.store import ObjectStore, open_store, parse_uri
@@ -346,7 +346,7 @@ def run_under_torchrun(config: Gpt2JobConfig, context: RunContext) -> int:
         train_loop(config.to_loop_config())
         return outcome_after_fit(store, context.attempt_id).exit_code
     finally:
-        dist.destroy_process_group()
+        destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:

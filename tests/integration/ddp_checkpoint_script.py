@@ -12,6 +12,7 @@ import torch.distributed as dist
 from transformers import Trainer
 
 from spotray.train.async_checkpoint import AsyncSaveTrainer
+from spotray.train.ranks import destroy_process_group
 from tests.integration.test_async_checkpoint import make_trainer, sync_callback
 
 if __name__ == "__main__":
@@ -29,5 +30,6 @@ if __name__ == "__main__":
         dist.barrier()
     # The process group is destroyed before the interpreter is: a rank that exits while the other
     # still uploads (rank 0 in async mode) otherwise risks a SIGABRT in gloo's teardown ("terminate
-    # called without an active exception"; seen once in CI, rank 1). jobs/gpt2/train.py does the same.
-    dist.destroy_process_group()
+    # called without an active exception"; seen once in CI, rank 1). jobs/gpt2/train.py does the same,
+    # through the same helper (it steps around torch 2.6's teardown deadlock).
+    destroy_process_group()

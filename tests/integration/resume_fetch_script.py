@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from spotray.train.ranks import destroy_process_group
 from spotray.train.resume import ResumeFetch
 from spotray.train.store import open_store
 
@@ -22,4 +23,4 @@ if __name__ == "__main__":
         point = ResumeFetch(open_store(uri), dest_root).wait()
         steps.append(str(point.step) if point else "none")
     (out / f"rank-{rank}.txt").write_text(" ".join(steps))
-    dist.destroy_process_group()
+    destroy_process_group()

@@ -29,6 +29,7 @@ from spotray.train.local_s3 import LocalS3Server
 from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
 from spotray.train.streaming_memory import owns, registrations
 from spotray.train.subprocesses import is_running, start_time
+from tests.processes import process_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -53,32 +54,6 @@ def run_command(path: Path, workdir: Path) -> list[str]:
     return [sys.executable, "-m", "spotray.cli", "run", str(path), "--local", "--workdir", str(workdir)]
 
 
-def process_tree(root: int) -> dict[int, tuple[int, str]]:
-    """Every descendant of ``root``: pid -> (start time, command line)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
-    tree, frontier = {}, [root]
-    while frontier:
-        parent = frontier.pop()
-        for pid, ppid in parents.items():
-            if ppid == parent and pid not in tree:
-                started = start_time(pid)
-                try:
-                    command = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode()[:120]
-                except OSError:
-                    continue
-                if started is not None:
-                    tree[pid] = (started, command)
-                    frontier.append(pid)
-    return tree
-
-
 def alive(tree: dict[int, tuple[int, str]]) -> list[str]:
     """Processes of ``tree`` still running (the same pid and start time, and not a zombie: a dead
     process whose new parent, pid 1 of a container, may never reap it)."""
@@ -101,12 +76,13 @@ def wait_for_step(events: Path, step: int, process: subprocess.Popen[bytes], tim
 @pytest.mark.parametrize(
     "signum",
     [
-        # make test keeps SIGKILL (the watchdog's path: nothing of the CLI runs). SIGTERM and SIGHUP
-        # (one handler: tests/unit/test_cli_views.py; an emergency checkpoint, and for SIGHUP a second
-        # run that resumes) take minutes each, so they are in make test-campaign, and the chaos
-        # campaign stops `spotray run` with all three at random steps (bench/chaos_runs.py stop-cli-*).
+        # Each case starts a whole local run (S3 server, Ray cluster, job), 76 s and more, so all three
+        # are in make test-campaign, and the chaos campaign stops `spotray run` with all three at
+        # random steps (bench/chaos_runs.py stop-cli-*). make test keeps what each relies on: the
+        # one handler of SIGTERM and SIGHUP (tests/unit/test_cli_views.py) and, for SIGKILL, the
+        # watchdog killing what its owner left, on real processes (tests/unit/test_reaper.py).
         pytest.param(signal.SIGTERM, marks=pytest.mark.campaign),
-        signal.SIGKILL,
+        pytest.param(signal.SIGKILL, marks=pytest.mark.campaign),
         pytest.param(signal.SIGHUP, marks=pytest.mark.campaign),
     ],
     ids=["SIGTERM", "SIGKILL", "SIGHUP"],

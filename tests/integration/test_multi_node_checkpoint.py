@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -20,17 +21,17 @@ from safetensors.torch import load_file
 from spotray.train.checkpoint import complete_checkpoints, download_checkpoint
 from spotray.train.local_s3 import free_port
 from spotray.train.store import S3ObjectStore, parse_uri
+from tests.conftest import start_in_own_group, torchrun_env, wait_or_dump_stacks
 from tests.integration.test_async_checkpoint import assert_same
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
-ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("two_node_script.py")
 
 
 def run_two_nodes(tmp_path: Path, store_uri: str, env: dict[str, str]) -> None:
     port = free_port()
-    env = {**env, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = torchrun_env(env)
     nodes = []
     for node in (0, 1):
         command = [
@@ -39,12 +40,9 @@ def run_two_nodes(tmp_path: Path, store_uri: str, env: dict[str, str]) -> None:
             str(SCRIPT), str(tmp_path / f"node-{node}"), store_uri,
         ]  # fmt: skip
         with (tmp_path / f"node-{node}.log").open("w") as log:
-            nodes.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path))
-    try:
-        codes = [process.wait(timeout=300) for process in nodes]
-    finally:
-        for process in nodes:
-            process.kill()
+            nodes.append(start_in_own_group(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path))
+    deadline = time.monotonic() + 300
+    codes = [wait_or_dump_stacks(process, max(1.0, deadline - time.monotonic())) for process in nodes]
     logs = "\n".join((tmp_path / f"node-{node}.log").read_text()[-3000:] for node in (0, 1))
     assert codes == [0, 0], logs
 

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from spotray.train.async_checkpoint import AsyncSaveTrainer
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.direct_load import DirectLoadTrainer
+from spotray.train.ranks import destroy_process_group
 from spotray.train.resume import fetch_resume_checkpoint
 from spotray.train.store import open_store
 from tests.integration.test_async_checkpoint import StopAt, make_trainer
@@ -60,4 +61,4 @@ if __name__ == "__main__":
     for name in ("shared-writer", "each-node", "async"):
         train(node_dir, store_uri, name, stop_at=3)
         train(node_dir, store_uri, name, resume=True)
-    dist.destroy_process_group()  # before the interpreter: see ddp_checkpoint_script.py
+    destroy_process_group()  # before the interpreter: see ddp_checkpoint_script.py

@@ -1,0 +1,33 @@
+"""The processes a test started, read from /proc: what a test checks is gone, or aborts when hung."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spotray.train.subprocesses import start_time
+
+
+def process_tree(root: int) -> dict[int, tuple[int, str]]:
+    """Every descendant of ``root``: pid -> (start time, command line)."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+    tree, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, ppid in parents.items():
+            if ppid == parent and pid not in tree:
+                started = start_time(pid)
+                try:
+                    command = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode()[:120]
+                except OSError:
+                    continue
+                if started is not None:
+                    tree[pid] = (started, command)
+                    frontier.append(pid)
+    return tree
