@@ -1,20 +1,25 @@
 """What checkpoints cost the training loop: the Trainer's own save, S3 sync, and asynchronous saves.
 
-Four configurations of the same Trainer (GPT-2 from config, byte corpus, CPU) run back to back,
+Five configurations of the same Trainer (GPT-2 from config, byte corpus, CPU) run back to back,
 in rotating order, for ``--rounds`` rounds:
 
 - ``none``:  no checkpoints at all;
 - ``local``: HF saves every ``--save-steps`` steps to local disk (the baseline a user already pays);
 - ``s3``:    the same saves plus ``S3CheckpointCallback`` syncing each one to a real S3 server;
 - ``async``: ``AsyncSaveTrainer`` + ``S3CheckpointCallback(async_save=True)``: the loop waits only
-  for a copy of the state into host memory; writing and uploading run in the background.
+  for a copy of the state into host memory; writing and uploading run in the background;
+- ``async-dir``: the same, to a directory store (``file://``, as on an NFS volume): every step of
+  spotray's path (snapshot, write, hash, copy, manifest, prune) with no S3 server on the 2 cores.
+  Against ``none`` it says what the path itself costs training; against ``async``, what the S3
+  server, which in production runs elsewhere, takes from it here.
 
 The figures:
 
 - checkpoint_stall: seconds the loop is blocked per checkpoint (from the start of
   ``Trainer._save_checkpoint`` to the end of the last ``on_save`` callback), s3 / local. Goal <= 1.10.
 - checkpoint_throughput: steady steps/s (a window that excludes start-up), async / none. Goal >= 0.99
-  (issue #15: a save every 20 steps); the synchronous s3 / none figure is in its details.
+  (issue #15: a save every 20 steps); the synchronous s3 / none and async-dir / none figures are in
+  its details.
 - checkpoint_async_stall: the async stall / the copy floor (the same state copied once more into
   warm host buffers, timed alone). Goal <= 3 (the GPU goal's multiple; bench/gpu_checkpoint.py).
 """
@@ -40,7 +45,7 @@ from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
 from spotray.train.callback import S3CheckpointCallback
 from spotray.train.checkpoint import latest_complete_checkpoint
 from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.train.store import S3ObjectStore, open_store, parse_uri
 
 BUCKET = "bench"
 WARMUP_STEPS = 5
@@ -75,17 +80,15 @@ def time_save_starts(trainer: Trainer) -> list[float]:
 
 def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index: int) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-"))
-    job = replace(
-        job, workdir=workdir, checkpoint_uri=f"s3://{BUCKET}/{mode}-{round_index}", async_checkpoints=mode == "async"
-    )
+    asynchronous = mode.startswith("async")
+    uri = f"file://{workdir / 'store'}" if mode == "async-dir" else f"s3://{BUCKET}/{mode}-{round_index}"
+    job = replace(job, workdir=workdir, checkpoint_uri=uri, async_checkpoints=asynchronous)
     timer = LoopTimer()
     callbacks: list[TrainerCallback] = []
     sync = None
-    if mode in ("s3", "async"):
-        store = S3ObjectStore(parse_uri(job.checkpoint_uri), server.config)
-        sync = S3CheckpointCallback(
-            job.checkpoint_uri, keep=2, store=store, staging_dir=workdir / "staging", async_save=mode == "async"
-        )
+    if mode not in ("none", "local"):
+        store = S3ObjectStore(parse_uri(uri), server.config) if uri.startswith("s3://") else open_store(uri)
+        sync = S3CheckpointCallback(uri, keep=2, store=store, staging_dir=workdir / "staging", async_save=asynchronous)
         callbacks.append(sync)
     trainer = build_trainer(job, [*callbacks, timer], save_steps=0 if mode == "none" else job.save_steps)
     save_starts = time_save_starts(trainer)
@@ -125,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         n_embd=args.n_embd,
         batch_size=16,
     )
-    modes = ["none", "local", "s3", "async"]
+    modes = ["none", "local", "s3", "async", "async-dir"]
     results: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
     with scratch_dir("bench-s3-") as s3_dir, LocalS3Server(s3_dir) as server:
         server.create_bucket(BUCKET)
@@ -136,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 results[mode].append(outcome)
                 stall = statistics.median(outcome["stalls_s"]) if outcome["stalls_s"] else 0.0
                 speed = outcome["steps_per_s"]
-                print(f"round {round_index + 1} {mode:>5}: {speed:.2f} steps/s, stall {stall * 1000:.0f} ms")
+                print(f"round {round_index + 1} {mode:>9}: {speed:.2f} steps/s, stall {stall * 1000:.0f} ms")
 
     def median_steps(mode: str) -> float:
         return statistics.median(r["steps_per_s"] for r in results[mode])
@@ -178,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             **common,
             "median_steps_per_s": {m: round(median_steps(m), 3) for m in modes},
             "sync_s3_vs_none": round(median_steps("s3") / median_steps("none"), 4),
+            "async_dir_vs_none": round(median_steps("async-dir") / median_steps("none"), 4),
         },
     )
     write_result(
@@ -197,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     async_speed, s3_speed, none_speed = median_steps("async"), median_steps("s3"), median_steps("none")
     print(
         f"checkpoint_throughput  {throughput_ratio:.3f}  (goal >= 0.99; async {async_speed:.2f}, "
-        f"sync s3 {s3_speed:.2f}, none {none_speed:.2f} steps/s)"
+        f"sync s3 {s3_speed:.2f}, async to a directory {median_steps('async-dir'):.2f}, none {none_speed:.2f} steps/s)"
     )
     print(
         f"checkpoint_async_stall {async_stall_ratio:.2f}  (goal <= 3; async {async_ms:.0f} ms "
