@@ -40,8 +40,8 @@ def destroy_process_group() -> None:
     may still be freeing the last collective's work, whose tensors need the GIL to drop their Python
     objects: each waits for the other for ever, and a process that finished its work never exits
     (torch 2.8 releases the GIL there: pytorch/pytorch#154976). Seen here with torch 2.6: the
-    torchrun test of test_resume_fetch.py hung in 1 run of 8. Sleeping first releases the GIL, so
-    that thread finishes before the join.
+    torchrun test of test_resume_fetch.py hung in 1 run of 12. Sleeping first releases the GIL, so
+    that thread finishes before the join (tests/integration/test_process_group_teardown.py).
     """
     if not (dist.is_available() and dist.is_initialized()):
         return
