@@ -4,19 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotray.train.subprocesses import start_time
+from spotray.train.subprocesses import parent_pid, start_time
 
 
 def process_tree(root: int) -> dict[int, tuple[int, str]]:
     """Every descendant of ``root``: pid -> (start time, command line)."""
     parents: dict[int, int] = {}
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if entry.name.isdigit() and (parent := parent_pid(int(entry.name))) is not None:
+            parents[int(entry.name)] = parent
     tree, frontier = {}, [root]
     while frontier:
         parent = frontier.pop()

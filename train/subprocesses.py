@@ -54,6 +54,12 @@ def is_running(pid: int) -> bool:
     return fields is not None and fields[0] not in ("Z", "X")
 
 
+def parent_pid(pid: int) -> int | None:
+    """The parent of ``pid``; None if it is gone."""
+    fields = _stat_fields(pid)  # state, ppid, ...
+    return int(fields[1]) if fields is not None else None
+
+
 def start_time(pid: int) -> int | None:
     """When ``pid`` started (clock ticks since boot): with the pid, it names one process, never a reused pid."""
     fields = _stat_fields(pid)
