@@ -96,7 +96,7 @@ format: setup ## apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-crd: setup ## regenerate the TrainingRun CRD in charts/spotray/crds from train/runspec.py (controller/crd.py)
+crd: setup ## regenerate the TrainingRun CRD in charts/spotray/crds from spotray/contract/spec.py (controller/crd.py)
 	$(PY) -m spotray.controller.crd --write
 
 bench: setup ## run the benchmarks; results land in bench/results/*.json

@@ -36,17 +36,19 @@ from pathlib import Path
 
 from bench import chaos_runs
 from bench.common import machine_details, write_result
-from spotray.train.attempts import AttemptId, SupersededError, write_fence
-from spotray.train.checkpoint import (
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import CorruptCheckpointError
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
     complete_checkpoints,
     download_checkpoint,
     prune_checkpoints,
     upload_checkpoint,
 )
-from spotray.train.errors import CorruptCheckpointError
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import RetryPolicy, S3ObjectStore, StoreConfig, parse_uri
+from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.records.attempt_records import SupersededError, write_fence
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore, StoreConfig
 
 BUCKET = "chaos"
 INTERVAL = 10  # steps between checkpoints in every trial

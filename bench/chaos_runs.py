@@ -51,9 +51,9 @@ import torch
 from safetensors.torch import load_file
 
 from spotray.local import EventCursor
-from spotray.train.data import trained_batches
-from spotray.train.events import read_events
-from spotray.train.streaming_memory import owns, registrations
+from spotray.train.hf.data import trained_batches
+from spotray.train.hf.streaming_memory import owns, registrations
+from spotray.train.records.events import read_events
 
 MAX_STEPS = 40
 INTERVAL = 10  # steps between checkpoints
@@ -228,7 +228,7 @@ class Injector:
         elif fault.kind == "kill-driver":
             pid = find_process(self.token, "spotray.jobs.gpt2")
         elif fault.kind == "kill-upload":
-            pid = find_process(self.token, "spotray.train.upload_worker")
+            pid = find_process(self.token, "spotray.train.checkpoints.upload_worker")
         else:  # s3-outage
             pid = find_process(self.token, "weed")
         if pid is None:

@@ -41,11 +41,12 @@ from transformers import Trainer, TrainerCallback
 
 from bench.common import machine_details, scratch_dir, write_result
 from bench.copy_floor import copy_floor_s
+from spotray.contract.uris import parse_uri
 from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, open_store, parse_uri
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore, open_store
 
 BUCKET = "bench"
 WARMUP_STEPS = 5

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 import testbed as tb  # noqa: E402 - shared with the e2e tests
 
 from spotray.controller.s3_access import OPT_IN_LABEL  # noqa: E402
-from spotray.train.local_s3 import LocalS3Server  # noqa: E402
-from spotray.train.subprocesses import cpu_seconds  # noqa: E402
+from spotray.train.processes.subprocesses import cpu_seconds  # noqa: E402
+from spotray.train.storage.local_s3 import LocalS3Server  # noqa: E402
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
 SECRET = "s3-credentials"  # noqa: S105 - the Secret's name, not a password

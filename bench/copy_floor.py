@@ -6,7 +6,7 @@ import time
 
 from transformers import Trainer
 
-from spotray.train.async_checkpoint import HostBuffers
+from spotray.train.checkpoints.async_checkpoint import HostBuffers
 
 
 def copy_floor_s(trainer: Trainer, repeats: int = 3) -> float:

@@ -20,7 +20,7 @@ intervals. Every leg of a rate gets the same preemption steps (or node lifetimes
 ``auto`` (the auto interval), ``fixed`` (the fixed interval and size), ``elastic`` (the fixed
 interval, elastic size).
 
-For each run: goodput from the ledger of its event log (train/goodput.py: surviving step time over
+For each run: goodput from the ledger of its event log (train/records/goodput.py: surviving step time over
 wall time, wall from the first worker's start to the last event), the time lost by cause, and
 whether every step trained exactly the batch of the uninterrupted run (the sample logs), which runs
 first. Result: ``bench/results/NAME.json``; ratio: the goodput of the first leg at the first rate
@@ -49,8 +49,8 @@ from typing import Any
 from bench import chaos_runs
 from bench.chaos_runs import Fault, RunResult
 from bench.common import machine_details, write_result
-from spotray.train.events import read_events
-from spotray.train.goodput import Ledger, ledger, split_lifetimes
+from spotray.train.records.events import read_events
+from spotray.train.records.goodput import Ledger, ledger, split_lifetimes
 
 MANIFEST = """\
 apiVersion: spotray.dev/v1alpha1

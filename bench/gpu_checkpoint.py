@@ -52,11 +52,12 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 from bench.common import machine_details, scratch_dir, write_result
 from bench.copy_floor import copy_floor_s
-from spotray.train.async_checkpoint import AsyncSaveTrainer
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import Manifest
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
+from spotray.train.checkpoints.checkpoint import Manifest
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore
 
 BUCKET = "gpu-bench"
 WARMUP_STEPS = 5

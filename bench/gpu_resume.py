@@ -59,10 +59,10 @@ def child(mode: str, uri: str, workdir: Path, size_name: str, use_cpu: bool) -> 
     from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: PLC0415
 
     from bench.gpu_checkpoint import SIZES, RandomTokens  # noqa: PLC0415
-    from spotray.train.async_checkpoint import AsyncSaveTrainer  # noqa: PLC0415
-    from spotray.train.callback import S3CheckpointCallback  # noqa: PLC0415
-    from spotray.train.resume import ResumeFetch, ResumePoint, fetch_resume_checkpoint  # noqa: PLC0415
-    from spotray.train.store import open_store  # noqa: PLC0415
+    from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer  # noqa: PLC0415
+    from spotray.train.checkpoints.resume import ResumeFetch, ResumePoint, fetch_resume_checkpoint  # noqa: PLC0415
+    from spotray.train.hf.callback import S3CheckpointCallback  # noqa: PLC0415
+    from spotray.train.storage.store import open_store  # noqa: PLC0415
 
     on_gpu = torch.cuda.is_available() and not use_cpu
 
@@ -134,8 +134,9 @@ def run_side(command: list[str], env: dict[str, str], log_path: Path) -> float:
 
 
 def measure(size_name: str, args: argparse.Namespace, root: Path, server: Any) -> dict[str, Any]:
-    from spotray.train.checkpoint import latest_complete_checkpoint  # noqa: PLC0415
-    from spotray.train.store import S3ObjectStore, parse_uri  # noqa: PLC0415
+    from spotray.contract.uris import parse_uri  # noqa: PLC0415
+    from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint  # noqa: PLC0415
+    from spotray.train.storage.store import S3ObjectStore  # noqa: PLC0415
 
     env = {**os.environ, **server.env(), "PYTHONUNBUFFERED": "1"}
     uri = f"s3://{BUCKET}/{size_name}"
@@ -192,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cpu and not torch.cuda.is_available():
         print("gpu_resume: no CUDA device here; nothing measured (use the device tool, or --cpu)")
         return 0
-    from spotray.train.local_s3 import LocalS3Server  # noqa: PLC0415
+    from spotray.train.storage.local_s3 import LocalS3Server  # noqa: PLC0415
 
     results = {}
     with scratch_dir("bench-gpu-resume-") as root, LocalS3Server(root / "s3") as server:

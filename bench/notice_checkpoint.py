@@ -26,14 +26,15 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from bench.common import machine_details, scratch_dir, write_result
 from bench.gpu_checkpoint import RandomTokens
-from spotray.train.async_checkpoint import AsyncSaveTrainer
-from spotray.train.attempts import AttemptId
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.events import EventLog, read_events
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
-from spotray.train.worker import PreemptionNoticeCallback
+from spotray.contract.attempts import AttemptId
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.hf.worker import PreemptionNoticeCallback
+from spotray.train.records.events import EventLog, read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore
 
 BUCKET = "notice"
 GRACE_S = 15.0

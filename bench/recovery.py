@@ -25,12 +25,13 @@ from typing import Any
 
 from bench.common import machine_details, write_result
 from bench.jobs import PYTHON, gpt2_command, python_env, start, wait_for_event
+from spotray.contract.uris import parse_uri
 from spotray.jobs.gpt2.data import MDS_COLUMNS, mds_samples
 from spotray.local_ray import LocalRayCluster
-from spotray.train.data import ensure_dataset
-from spotray.train.events import read_events
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.train.hf.data import ensure_dataset
+from spotray.train.records.events import read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore
 
 BUCKET = "bench-recovery"
 GRACE_S = 15.0

@@ -27,16 +27,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import machine_details, scratch_dir, write_result
-from spotray.train.checkpoint import (
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
     Manifest,
     latest_complete_checkpoint,
     verified_copy_unchanged,
     verify_local_checkpoint,
 )
-from spotray.train.events import read_events
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.train.records.events import read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore
 
 BUCKET = "bench-resume"
 

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import machine_details, write_result
-from spotray.train.data import NUM_CANONICAL_NODES, write_mds_dataset
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.hf.data import NUM_CANONICAL_NODES, write_mds_dataset
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore
 
 BUCKET = "bench-streaming"
 COLUMNS = {"sample_id": "int", "payload": "bytes"}
@@ -39,7 +40,7 @@ def read_epoch(remote: str | None, local: str) -> None:
     """Child process: iterate one epoch, print samples/s as JSON."""
     from streaming import StreamingDataset  # noqa: PLC0415 (only the measuring child needs it)
 
-    from spotray.train.streaming_memory import release_streaming_memory  # noqa: PLC0415
+    from spotray.train.hf.streaming_memory import release_streaming_memory  # noqa: PLC0415
 
     release_streaming_memory(Path(local))
     dataset = StreamingDataset(

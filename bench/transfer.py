@@ -53,8 +53,9 @@ if __package__ in (None, ""):  # started as `python bench/transfer.py`: import f
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import goal_met, machine_details, write_result
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, StoreConfig, download_dir, parse_uri, upload_dir
+from spotray.contract.uris import parse_uri
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore, StoreConfig, download_dir, upload_dir
 
 BUCKET = "bench-transfer"
 GOAL = ">= 0.8"
@@ -363,7 +364,8 @@ def write_results(bench: Bench, args: argparse.Namespace, load_before: tuple[flo
             "s5cmd_cpu_s": [round(t.cpu_seconds, 2) for t in theirs.timings],
             "ours_median_mb_per_s": round(ours.mb_per_s(total), 1),
             "s5cmd_median_mb_per_s": round(theirs.mb_per_s(total), 1),
-            "ours": f"spotray.train.store.{direction}_dir, one S3ObjectStore made before the rounds (as in training)",
+            "ours": f"spotray.train.storage.store.{direction}_dir, one S3ObjectStore made before the rounds "
+            "(as in training)",
             "downloaded_objects": "both sides download the same objects, uploaded once by our client in the warm-up",
             "ours_settings": client_settings(bench.ours),
             "s5cmd_command": shlex.join([".venv/bin/s5cmd", *s5cmd_example[1:]]),

@@ -11,8 +11,8 @@ import logging
 import secrets
 import sys
 
-from spotray.train.errors import SpotrayError
-from spotray.train.extras import MissingExtraError, extra_required
+from spotray.contract.errors import SpotrayError
+from spotray.contract.extras import MissingExtraError, extra_required
 
 
 def main() -> int:

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotray.contract.errors import SpotrayError
 from spotray.controller.cost import Prices
-from spotray.train.errors import SpotrayError
 
 SPOT_LABEL = "spotray.dev/capacity"
 SPOT_TAINT_KEY = "spotray.dev/spot"

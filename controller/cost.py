@@ -5,7 +5,7 @@ hour in each of the chart's pools, one worker pod per node::
 
     {"currency": "USD", "spotPerHour": 1.2, "onDemandPerHour": 3.9, "headPerHour": 0.2}
 
-From the goodput ledger (status.goodput, train/goodput.py), ``status.cost`` is then:
+From the goodput ledger (status.goodput, train/records/goodput.py), ``status.cost`` is then:
 
 - ``run``: the wall time so far, times the head node and ``replicas`` worker nodes at their pool's
   price (``spotPerHour`` for ``workers.spot``, else ``onDemandPerHour``). The wall time includes
@@ -25,8 +25,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import WorkerSpec
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import WorkerSpec
 
 PRICES_ENV = "SPOTRAY_PRICES"
 _FIELDS = {"spotPerHour": "spot_per_hour", "onDemandPerHour": "on_demand_per_hour", "headPerHour": "head_per_hour"}

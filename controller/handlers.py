@@ -21,14 +21,7 @@ from typing import Any
 import kopf
 from kubernetes import config as kube_config
 
-from spotray.controller import metrics
-from spotray.controller.config import ControllerConfig
-from spotray.controller.kube import Cluster
-from spotray.controller.lifecycle import timestamp
-from spotray.controller.reconcile import disruption_note, disruption_time, reconcile
-from spotray.controller.watch_health import WatchChecker, WatchHealth
-from spotray.controller.work_queue import WorkQueue
-from spotray.train.api_names import (
+from spotray.contract.names import (
     ATTEMPT_LABEL,
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
@@ -41,6 +34,13 @@ from spotray.train.api_names import (
     VERSION,
     rayjob_name,
 )
+from spotray.controller import metrics
+from spotray.controller.config import ControllerConfig
+from spotray.controller.kube import Cluster
+from spotray.controller.lifecycle import timestamp
+from spotray.controller.reconcile import disruption_note, disruption_time, reconcile
+from spotray.controller.watch_health import WatchChecker, WatchHealth
+from spotray.controller.work_queue import WorkQueue
 
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()

@@ -16,9 +16,9 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from spotray.contract.names import API_VERSION, GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
 from spotray.controller.lifecycle import Event, timestamp
 from spotray.controller.s3_access import SecretView
-from spotray.train.api_names import API_VERSION, GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@
 
 How an attempt ended is decided from facts, in this order:
 1. the RayJob succeeded -> Succeeded;
-2. the job's own records in S3 for this very attempt (train/attempts.py: run UID + attempt number):
+2. the job's own records in S3 for this very attempt (spotray/contract/attempts.py: run UID + attempt number):
    a preemption record or exit code 143 -> Preempted (it saw the spot notice and checkpointed);
 3. a pod of the attempt was disrupted (``DisruptionTarget``: node deleted, evicted, spot reclaim),
    recorded on the RayJob by the pod watcher, at most ``DISRUPTION_CAUSE_WINDOW_S`` before the job
@@ -36,7 +36,16 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotray.train.api_names import (
+from spotray.contract.attempts import (
+    EXIT_BAD_INPUT,
+    EXIT_PREEMPTED,
+    OUTCOME_FAILED,
+    OUTCOME_PREEMPTED,
+    OUTCOME_RUNNING,
+    OUTCOME_SUCCEEDED,
+    OUTCOME_SUSPENDED,
+)
+from spotray.contract.names import (
     FAILED,
     PENDING,
     RESUMING,
@@ -46,17 +55,8 @@ from spotray.train.api_names import (
     TERMINAL_PHASES,
     rayjob_name,
 )
-from spotray.train.attempts import (
-    EXIT_BAD_INPUT,
-    EXIT_PREEMPTED,
-    OUTCOME_FAILED,
-    OUTCOME_PREEMPTED,
-    OUTCOME_RUNNING,
-    OUTCOME_SUCCEEDED,
-    OUTCOME_SUSPENDED,
-    AttemptRecords,
-)
-from spotray.train.runspec import TrainingRun
+from spotray.contract.spec import TrainingRun
+from spotray.train.records.attempt_records import AttemptRecords
 
 MAX_FAILURE_BACKOFF_S = 600
 # status stays small whatever the job says: the API server refuses a condition message over 32 kB

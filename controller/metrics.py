@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from spotray.train.api_names import FAILED, PENDING, RESUMING, RUNNING, SUCCEEDED, SUSPENDED
+from spotray.contract.names import FAILED, PENDING, RESUMING, RUNNING, SUCCEEDED, SUSPENDED
 
 REGISTRY = CollectorRegistry()
 ATTEMPTS_STARTED = Counter("spotray_attempts_started", "RayJobs created, one per attempt", registry=REGISTRY)

@@ -9,7 +9,7 @@ of the same attempt is refused by the API server, never duplicated). What goes i
   a worker group on spot nodes (node selector + toleration), one pod per replica, GPUs as limits;
 - S3 credentials by reference only (``envFrom`` the Secret), never copied into the RayJob;
 - a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
-  take an emergency checkpoint within the grace period (train/drain.py);
+  take an emergency checkpoint within the grace period (train/launch/drain.py);
 - the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
 - Pod Security "restricted" on every pod (head, workers, and the submitter of K8sJobMode, which
   KubeRay would otherwise make without a securityContext): non-root uid 1000, no privilege
@@ -26,9 +26,9 @@ from typing import Any
 
 import yaml
 
+from spotray.contract.names import API_VERSION, ATTEMPT_LABEL, KIND, RUN_LABEL, rayjob_name
+from spotray.contract.spec import RunContext, TrainingRun
 from spotray.controller.config import ControllerConfig
-from spotray.train.api_names import API_VERSION, ATTEMPT_LABEL, KIND, RUN_LABEL, rayjob_name
-from spotray.train.runspec import RunContext, TrainingRun
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
@@ -61,7 +61,7 @@ def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
 def _runtime_env(run: TrainingRun, attempt: int, run_uid: str) -> dict[str, Any]:
     user = dict(run.spec.runtime_env)
     env_vars = {str(k): str(v) for k, v in (user.pop("env_vars", None) or {}).items()}
-    # The attempt's identity: the run's UID and the number (train/attempts.py).
+    # The attempt's identity: the run's UID and the number (spotray/contract/attempts.py).
     env_vars.update(RunContext(name=run.name, run_id=run_uid, attempt=attempt, spec=run.spec).to_env())
     return {**user, "env_vars": env_vars}
 
@@ -130,7 +130,9 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     # A spot notice reaches the pod as SIGTERM after preStop: drain first so Ray Train checkpoints.
     grace = config.worker_grace_seconds
     worker["lifecycle"] = {
-        "preStop": {"exec": {"command": ["python", "-m", "spotray.train.drain", "--deadline-seconds", str(grace)]}}
+        "preStop": {
+            "exec": {"command": ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", str(grace)]}
+        }
     }
     worker_selector = config.spot_node_selector if workers.spot else config.head_node_selector
     worker_tolerations = config.spot_tolerations if workers.spot else config.head_tolerations
@@ -151,7 +153,7 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
             {
                 "groupName": WORKER_GROUP,
                 "replicas": workers.replicas,
-                # Ray Train's elastic group (train/launcher.py) decides how many of them it uses;
+                # Ray Train's elastic group (train/launch/launcher.py) decides how many of them it uses;
                 # KubeRay keeps asking for all of them, so lost spot pods come back with capacity.
                 "minReplicas": workers.min_replicas or workers.replicas,
                 "maxReplicas": workers.replicas,

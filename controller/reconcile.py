@@ -24,6 +24,16 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import SpotrayError
+from spotray.contract.names import (
+    DISRUPTED_AT_ANNOTATION,
+    DISRUPTION_ANNOTATION,
+    FAILED,
+    TERMINAL_PHASES,
+    rayjob_name,
+)
+from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import Prices, run_cost
@@ -47,17 +57,8 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
-from spotray.train.api_names import (
-    DISRUPTED_AT_ANNOTATION,
-    DISRUPTION_ANNOTATION,
-    FAILED,
-    TERMINAL_PHASES,
-    rayjob_name,
-)
-from spotray.train.attempts import AttemptId, AttemptRecords, read_attempt_records
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import InvalidSpecError, TrainingRun, parse_training_run
-from spotray.train.store import ObjectStore
+from spotray.train.records.attempt_records import AttemptRecords, read_attempt_records
+from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

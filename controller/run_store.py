@@ -27,31 +27,24 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import TrainingRun
+from spotray.contract.uris import parse_uri
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import timestamp
 from spotray.controller.s3_access import SecretView, endpoint_refusal, secret_refusal
-from spotray.train.attempts import AttemptId
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.errors import SpotrayError
-from spotray.train.goodput import Tally, attempts_from_progress, kept_up_to, ledger_of, tally
-from spotray.train.progress_log import (
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.records.goodput import Tally, attempts_from_progress, kept_up_to, ledger_of, tally
+from spotray.train.records.progress_log import (
     MAX_PROGRESS_BYTES,
     AttemptProgress,
     parse_attempt_progress,
     read_attempt_progress,
 )
-from spotray.train.runspec import TrainingRun
-from spotray.train.store import (
-    ObjectStore,
-    RetryPolicy,
-    S3ObjectStore,
-    StoreConfig,
-    make_s3_client,
-    open_store,
-    parse_uri,
-)
+from spotray.train.storage.store import ObjectStore, RetryPolicy, S3ObjectStore, StoreConfig, make_s3_client, open_store
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -229,7 +222,7 @@ class StoreReports:
         requested: Mapping[int, float],
         ended_at: float | None,
     ) -> dict[str, Any] | None:
-        """status.goodput: the ledger (train/goodput.py) of every attempt so far, the current one included."""
+        """status.goodput: the ledger (train/records/goodput.py) of every attempt so far, the current one included."""
         if progress is None or not progress.points:
             return None
         current = attempts_from_progress([progress], requested)

@@ -36,8 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from spotray.contract.names import TERMINAL_PHASES
 from spotray.controller import metrics
-from spotray.train.api_names import TERMINAL_PHASES
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)

@@ -45,7 +45,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent / "testbed"))
 import testbed as tb  # the test bed's module lives next to this script
 
-from spotray.train.local_s3 import LocalS3Server
+from spotray.train.storage.local_s3 import LocalS3Server
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "spotray"

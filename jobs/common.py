@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Any, Self
 
-from spotray.train.attempts import new_run_id
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from spotray.contract.attempts import new_run_id
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
 
 
 def add_run_flags(

@@ -13,12 +13,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotray.contract.errors import CorruptCheckpointError, SpotrayError
 from spotray.errors import CommandFailedError, NotFoundError
 from spotray.output import emit, human_age, human_bytes, render_data, render_table
 from spotray.target import RunLocation, open_run_store
-from spotray.train.checkpoint import CheckpointInfo, download_checkpoint, list_checkpoints
-from spotray.train.errors import CorruptCheckpointError, SpotrayError
-from spotray.train.store import ObjectStore
+from spotray.train.checkpoints.checkpoint import CheckpointInfo, download_checkpoint, list_checkpoints
+from spotray.train.storage.store import ObjectStore
 
 
 def checkpoint_record(store: ObjectStore, info: CheckpointInfo) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from pathlib import Path
 from types import FrameType
 
 from spotray.cluster_options import KubeOptions, add_cluster_flags
+from spotray.contract.errors import SpotrayError
 from spotray.errors import EXIT_INTERRUPTED, exit_code_for
 from spotray.output import FORMATS
-from spotray.train.errors import SpotrayError
 
 RUN_HELP = (
     "a TrainingRun manifest (its spec.checkpoint.uri is used), a checkpoint URI (s3://BUCKET/PREFIX, "
@@ -139,10 +139,10 @@ def run_command(args: argparse.Namespace) -> int:
                 "add --local, or drop the fault flags (on a cluster, spot machines bring their own)",
             )
         return submit_command(args)
+    from spotray.contract.spec import load_training_run  # noqa: PLC0415
     from spotray.local import Faults, LocalRun  # noqa: PLC0415
     from spotray.node_faults import NodeSchedule  # noqa: PLC0415
     from spotray.progress import ProgressView  # noqa: PLC0415
-    from spotray.train.runspec import load_training_run  # noqa: PLC0415
 
     training_run = load_training_run(args.file)
     workdir = args.workdir or Path("spotray-local") / training_run.name

@@ -7,7 +7,7 @@ wrong), 3 not found (no such run, checkpoint or bucket).
 
 from __future__ import annotations
 
-from spotray.train.errors import (
+from spotray.contract.errors import (
     BucketMissingError,
     CheckpointUploadError,
     CorruptCheckpointError,

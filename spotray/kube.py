@@ -15,10 +15,10 @@ from typing import Any, cast
 import urllib3
 
 from spotray.cluster_options import KubeOptions
+from spotray.contract.errors import SpotrayError
+from spotray.contract.extras import extra_required
+from spotray.contract.names import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
 from spotray.errors import CommandFailedError, NotFoundError
-from spotray.train.api_names import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
-from spotray.train.errors import SpotrayError
-from spotray.train.extras import extra_required
 
 with extra_required("controller"):
     from kubernetes import client, config

@@ -36,6 +36,19 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotray.contract.attempts import (
+    EXIT_BAD_INPUT,
+    EXIT_SUCCEEDED,
+    OUTCOME_RUNNING,
+    OUTCOME_SUSPENDED,
+    AttemptId,
+    check_run_id,
+    new_run_id,
+)
+from spotray.contract.errors import SpotrayError
+from spotray.contract.names import FAILED, SUCCEEDED, TERMINAL_PHASES
+from spotray.contract.spec import RunContext, TrainingRun
+from spotray.contract.uris import parse_uri
 from spotray.controller.lifecycle import (
     AttemptEnd,
     RayJobView,
@@ -49,27 +62,15 @@ from spotray.local_ray import LocalRayCluster, LocalRayWorkerNode
 from spotray.node_faults import NodeLayout, NodeSchedule
 from spotray.progress import ProgressView, RunTally
 from spotray.reaper import Reaper
-from spotray.train.api_names import FAILED, SUCCEEDED, TERMINAL_PHASES
-from spotray.train.attempts import (
-    EXIT_BAD_INPUT,
-    EXIT_SUCCEEDED,
-    OUTCOME_RUNNING,
-    OUTCOME_SUSPENDED,
-    AttemptId,
-    check_run_id,
-    new_run_id,
-    read_attempt_records,
-)
-from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
-from spotray.train.errors import SpotrayError
-from spotray.train.events import read_events
-from spotray.train.goodput import ledger, split_lifetimes
-from spotray.train.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.plot import plot_loss_across_attempts
-from spotray.train.runspec import RunContext, TrainingRun
-from spotray.train.store import StoreConfig, open_store, parse_uri
-from spotray.train.subprocesses import die_with_parent
+from spotray.train.checkpoints.checkpoint import download_checkpoint, latest_complete_checkpoint
+from spotray.train.launch.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
+from spotray.train.processes.subprocesses import die_with_parent
+from spotray.train.records.attempt_records import read_attempt_records
+from spotray.train.records.events import read_events
+from spotray.train.records.goodput import ledger, split_lifetimes
+from spotray.train.records.plot import plot_loss_across_attempts
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import StoreConfig, open_store
 
 # How often an elastic run looks for room to grow in a run with node faults (seconds).
 LOCAL_RESIZE_CHECK_S = 5

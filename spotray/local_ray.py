@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
-from spotray.train.errors import SpotrayError
-from spotray.train.local_s3 import free_ports
-from spotray.train.subprocesses import signal_session, start_in_own_session
+from spotray.contract.errors import SpotrayError
+from spotray.train.processes.subprocesses import signal_session, start_in_own_session
+from spotray.train.storage.local_s3 import free_ports
 
 DEFAULT_HOST = "127.0.0.2"
 STARTUP_ATTEMPTS = 3

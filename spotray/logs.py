@@ -13,8 +13,8 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
+from spotray.contract.names import rayjob_name
 from spotray.errors import EXIT_OK, CommandFailedError, NotFoundError
-from spotray.train.api_names import rayjob_name
 
 if TYPE_CHECKING:
     from spotray.kube import ClusterConnection

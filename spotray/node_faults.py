@@ -21,8 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import WorkerSpec
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import WorkerSpec
 
 _SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.target import RunLocation, open_run_store
-from spotray.train.goodput import attempts_from_progress
-from spotray.train.plot import plot_loss_across_attempts
-from spotray.train.progress_log import read_run_progress
+from spotray.train.records.goodput import attempts_from_progress
+from spotray.train.records.plot import plot_loss_across_attempts
+from spotray.train.records.progress_log import read_run_progress
 
 
 def plot_command(location: RunLocation, png: Path | None) -> int:

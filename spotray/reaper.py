@@ -15,7 +15,7 @@ everything itself, so there is nothing left to kill.
 
 Local mode also sends the dataset cache directories its jobs announce (the ``start`` event's
 ``dataset_cache``): once every process is gone, the watchdog releases the streaming shared memory
-registered for them (spotray/train/streaming_memory.py), which a Ray worker killed at the end of a
+registered for them (train/hf/streaming_memory.py), which a Ray worker killed at the end of a
 run, or with the run, never releases itself.
 """
 
@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from spotray.train.streaming_memory import release_streaming_memory
-from spotray.train.subprocesses import session_members, start_time
+from spotray.train.hf.streaming_memory import release_streaming_memory
+from spotray.train.processes.subprocesses import session_members, start_time
 
 
 class Reaper:

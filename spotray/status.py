@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spotray.output import age_since, emit, render_data, render_table
-from spotray.train.goodput import lost_time_summary
+from spotray.train.records.goodput import lost_time_summary
 
 if TYPE_CHECKING:
     from spotray.kube import ClusterConnection

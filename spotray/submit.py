@@ -14,11 +14,11 @@ from typing import Any
 import yaml
 
 from spotray.cluster_options import KubeOptions
+from spotray.contract.errors import SpotrayError
+from spotray.contract.names import GROUP
+from spotray.contract.spec import load_training_run
 from spotray.errors import EXIT_OK
 from spotray.output import emit
-from spotray.train.api_names import GROUP
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import load_training_run
 from spotray.watch import watch_run
 
 

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spotray.cluster_options import KubeOptions
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import load_training_run
+from spotray.contract.uris import parse_uri
 from spotray.errors import NotFoundError
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import load_training_run
-from spotray.train.store import ObjectStore, RetryPolicy, StoreConfig, open_store, parse_uri
+from spotray.train.storage.store import ObjectStore, RetryPolicy, StoreConfig, open_store
 
 _RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 # A wrong endpoint should fail within seconds at a terminal, not after the trainer's ten minutes.

@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from spotray.train.checkpoint import complete_checkpoints
-from spotray.train.events import read_events
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import ObjectStore, RetryPolicy, S3ObjectStore, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import complete_checkpoints
+from spotray.train.records.events import read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import ObjectStore, RetryPolicy, S3ObjectStore
 from tests.processes import process_tree
 
 TEST_BUCKET = "spotray-test"

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotray.train.checkpoint import list_checkpoints
-from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import ObjectStore
+from spotray.train.checkpoints.checkpoint import list_checkpoints
+from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.storage.store import ObjectStore
 
 
 def resume_skips_the_escaping_checkpoint(store: ObjectStore, tmp_path: Path, escaping_name: str) -> str:

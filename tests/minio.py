@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.local_s3 import free_ports
-from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
-from spotray.train.subprocesses import start_in_own_session
+from spotray.contract.uris import parse_uri
+from spotray.train.processes.subprocesses import start_in_own_session
+from spotray.train.storage.local_s3 import free_ports
+from spotray.train.storage.store import S3ObjectStore, StoreConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack" / "testbed"))
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotray.train.subprocesses import parent_pid, start_time
+from spotray.train.processes.subprocesses import parent_pid, start_time
 
 
 def process_tree(root: int) -> dict[int, tuple[int, str]]:

@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from spotray.local_ray import LocalRayWorkerNode
-from spotray.train.local_s3 import free_port, free_ports
-from spotray.train.subprocesses import is_running
+from spotray.train.processes.subprocesses import is_running
+from spotray.train.storage.local_s3 import free_port, free_ports
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent

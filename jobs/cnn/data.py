@@ -22,8 +22,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spotray.train.errors import SpotrayError
-from spotray.train.store import ObjectStore
+from spotray.contract.errors import SpotrayError
+from spotray.train.storage.store import ObjectStore
 
 MARKER_NAME = "dataset.json"
 CLASS_NAMES = (

@@ -41,6 +41,10 @@ import torch.distributed as dist
 from ray.train.torch import prepare_model
 from torch import nn
 
+from spotray.contract.attempts import EXIT_BAD_INPUT
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import RunContext
+from spotray.contract.uris import parse_uri
 from spotray.jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
 from spotray.jobs.common import (
     LoopConfig,
@@ -50,16 +54,13 @@ from spotray.jobs.common import (
     run_context,
     worker_context,
 )
-from spotray.train.attempts import EXIT_BAD_INPUT
-from spotray.train.batching import check_batch_splits
-from spotray.train.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
-from spotray.train.errors import SpotrayError
-from spotray.train.events import EventLog
-from spotray.train.launcher import launch
-from spotray.train.ranks import world_rank, world_size
-from spotray.train.resume import ResumePoint, agree_on_resume_point, node_resume_dir
-from spotray.train.runspec import RunContext
-from spotray.train.store import ObjectStore, StoreConfig, open_store, parse_uri
+from spotray.train.checkpoints.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
+from spotray.train.checkpoints.resume import ResumePoint, agree_on_resume_point, node_resume_dir
+from spotray.train.launch.batching import check_batch_splits
+from spotray.train.launch.launcher import launch
+from spotray.train.processes.ranks import world_rank, world_size
+from spotray.train.records.events import EventLog
+from spotray.train.storage.store import ObjectStore, StoreConfig, open_store
 
 STATE_NAME = "state.pt"
 # Enough to mix the classes within a shard without holding much of it in memory.
@@ -279,7 +280,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                 bytes=size_bytes,
                 upload_seconds=round(time.monotonic() - started, 3),
             )
-    # Once, at the end: each report is a 2 s barrier across ranks (see train/worker.py); live
+    # Once, at the end: each report is a 2 s barrier across ranks (see train/hf/worker.py); live
     # progress is in the event log. Every rank reports, as Ray Train requires.
     ray.train.report({**metrics, "last_checkpoint_step": step})
     if rank == 0:

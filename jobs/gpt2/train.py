@@ -32,6 +32,10 @@ from typing import Any
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from spotray.contract.attempts import EXIT_BAD_INPUT
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import RunContext
+from spotray.contract.uris import parse_uri
 from spotray.jobs.common import (
     LoopConfig,
     add_run_flags,
@@ -41,12 +45,11 @@ from spotray.jobs.common import (
     worker_context,
 )
 from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
-from spotray.train.async_checkpoint import WHEN_BUSY_CHOICES, AsyncSaveTrainer
-from spotray.train.attempts import EXIT_BAD_INPUT
-from spotray.train.batching import check_batch_splits, plan_batch
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint_interval import AutoCheckpointInterval, run_history
-from spotray.train.data import (
+from spotray.train.checkpoints.async_checkpoint import WHEN_BUSY_CHOICES, AsyncSaveTrainer
+from spotray.train.checkpoints.resume import ResumeFetch, node_resume_dir
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.hf.checkpoint_interval import AutoCheckpointInterval, run_history
+from spotray.train.hf.data import (
     DataPosition,
     EpochLoader,
     SampleRecorder,
@@ -56,15 +59,13 @@ from spotray.train.data import (
     open_streaming_dataset,
     release_after_training,
 )
-from spotray.train.errors import SpotrayError
-from spotray.train.events import EventLog
-from spotray.train.launcher import launch, outcome_after_fit
-from spotray.train.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
-from spotray.train.ranks import broadcast_from_rank0, destroy_process_group, world_rank, world_size
-from spotray.train.resume import ResumeFetch, node_resume_dir
-from spotray.train.runspec import RunContext
-from spotray.train.store import ObjectStore, open_store, parse_uri
-from spotray.train.worker import PreemptionNoticeCallback, ProgressCallback
+from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback
+from spotray.train.launch.batching import check_batch_splits, plan_batch
+from spotray.train.launch.launcher import launch, outcome_after_fit
+from spotray.train.processes.ranks import broadcast_from_rank0, destroy_process_group, world_rank, world_size
+from spotray.train.records.events import EventLog
+from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
+from spotray.train.storage.store import ObjectStore, open_store
 
 log = logging.getLogger("spotray.jobs.gpt2")
 
@@ -88,7 +89,9 @@ class Gpt2JobConfig(LoopConfig):
     create_bucket: bool = False
     events_path: Path | None = None
     use_gpu: bool = False
-    async_checkpoints: bool = True  # the loop waits only for a copy to host memory (train/async_checkpoint.py)
+    async_checkpoints: bool = (
+        True  # the loop waits only for a copy to host memory (train/checkpoints/async_checkpoint.py)
+    )
     when_busy: str = "wait"  # a save while the previous one is still being written: "wait" or "skip"
 
 
@@ -176,7 +179,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
     start_step = resume_point.step if resume_point else 0
     cache_dir = config.workdir / "mds-cache"
-    # The same global batch at any worker count (an elastic run shrinks and grows): train/batching.py.
+    # The same global batch at any worker count (an elastic run shrinks and grows): train/launch/batching.py.
     plan = plan_batch(config.batch_size, size, context.spec.workers.num_workers)
     group = broadcast_from_rank0(new_worker_group_id())  # names this worker group in the sample log
     if rank == 0:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 
 import testbed as tb  # noqa: E402 - lives in hack/testbed, shared with `make cluster-up`
 
-from spotray.train.local_s3 import LocalS3Server  # noqa: E402
+from spotray.train.storage.local_s3 import LocalS3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from spotray.controller.s3_access import OPT_IN_LABEL
-from spotray.train.local_s3 import LocalS3Server
+from spotray.train.storage.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
 

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
-from spotray.train.errors import SpotrayError
-from spotray.train.local_s3 import LocalS3Server
+from spotray.contract.errors import SpotrayError
+from spotray.train.storage.local_s3 import LocalS3Server
 from tests.e2e.conftest import create_restricted_namespace, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
 from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server, run_tenants_script

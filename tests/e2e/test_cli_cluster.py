@@ -15,7 +15,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from spotray.train.local_s3 import LocalS3Server
+from spotray.train.storage.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
 

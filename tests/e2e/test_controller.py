@@ -21,11 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.contract.uris import parse_uri
 from spotray.controller.s3_access import OPT_IN_LABEL
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.progress_log import read_run_progress
-from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.records.progress_log import read_run_progress
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, allowed_endpoint, create_s3_secret, training_run
 
@@ -482,7 +483,7 @@ ELASTIC_RUN_STEPS = 600
 
 
 def progress_of(s3_server: LocalS3Server, manifest: dict[str, Any]) -> Any:
-    """The attempt's own progress object in S3 (train/progress_log.py): its newest worker group's size."""
+    """The attempt's own progress object in S3 (train/records/progress_log.py): its newest worker group's size."""
     store = S3ObjectStore(parse_uri(manifest["spec"]["checkpoint"]["uri"]), s3_server.config, RetryPolicy())
     attempts = read_run_progress(store)
     return attempts[-1] if attempts else None

@@ -1,4 +1,4 @@
-"""The generated TrainingRun CRD on the real kube-apiserver, checked against train/runspec.py.
+"""The generated TrainingRun CRD on the real kube-apiserver, checked against spotray/contract/spec.py.
 
 Each malformed TrainingRun below has exactly one fault (the API server skips the CEL rules when a
 plain schema check already failed, so one fault per object keeps every rule exercised). For each,
@@ -26,6 +26,9 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from spotray.contract.names import CRD_NAME, PLURAL, VERSION
+from spotray.contract.names import GROUP as API_GROUP
+from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from spotray.controller.crd import CRD_PATH, spec_schema
 from spotray.controller.lifecycle import (
     MAX_MESSAGE_CHARS,
@@ -35,9 +38,6 @@ from spotray.controller.lifecycle import (
     end_attempt,
     start_attempt,
 )
-from spotray.train.api_names import CRD_NAME, PLURAL, VERSION
-from spotray.train.api_names import GROUP as API_GROUP
-from spotray.train.runspec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from tests.e2e.conftest import tb
 
 pytestmark = pytest.mark.e2e

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch.distributed as dist
 from transformers import Trainer
 
-from spotray.train.async_checkpoint import AsyncSaveTrainer
-from spotray.train.ranks import destroy_process_group
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
+from spotray.train.processes.ranks import destroy_process_group
 from tests.integration.test_async_checkpoint import make_trainer, sync_callback
 
 if __name__ == "__main__":

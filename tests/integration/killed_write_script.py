@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer, HostBuffers
 from tests.integration.test_async_checkpoint import make_trainer, sync_callback
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from spotray.train.ranks import destroy_process_group
-from spotray.train.resume import ResumeFetch
-from spotray.train.store import open_store
+from spotray.train.checkpoints.resume import ResumeFetch
+from spotray.train.processes.ranks import destroy_process_group
+from spotray.train.storage.store import open_store
 
 if __name__ == "__main__":
     uri, out = sys.argv[1], Path(sys.argv[2])

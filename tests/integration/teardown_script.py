@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from spotray.train.ranks import destroy_process_group
+from spotray.train.processes.ranks import destroy_process_group
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])

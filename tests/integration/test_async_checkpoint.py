@@ -1,4 +1,4 @@
-"""Asynchronous checkpoints (train/async_checkpoint.py) against the Trainer's own synchronous save.
+"""Asynchronous checkpoints (train/checkpoints/async_checkpoint.py) against the Trainer's own synchronous save.
 
 Correct before fast: the same training with the same seed saves the same checkpoint either way
 (every tensor equal, the same trainer state, the same files), and a run resumed from an async
@@ -25,13 +25,14 @@ from safetensors.torch import load_file
 from torch.utils.data import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from spotray.train.async_checkpoint import AsyncSaveTrainer, HostBuffers, Snapshot, SnapshotWriter
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint import MANIFEST_NAME, complete_checkpoints, latest_complete_checkpoint
-from spotray.train.direct_load import DirectLoadTrainer, direct_load_reason
-from spotray.train.events import EventLog, read_events
-from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import LocalObjectStore, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer, HostBuffers, Snapshot, SnapshotWriter
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, complete_checkpoints, latest_complete_checkpoint
+from spotray.train.checkpoints.direct_load import DirectLoadTrainer, direct_load_reason
+from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.records.events import EventLog, read_events
+from spotray.train.storage.store import LocalObjectStore
 from tests.conftest import run_two_ranks, saved_steps_and_uploads_checked
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]

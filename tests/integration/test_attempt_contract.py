@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotray.train.events import read_events
+from spotray.train.records.events import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -59,9 +59,9 @@ BUGGY_JOB = textwrap.dedent(
     """
     import sys
 
-    from spotray.train.launcher import launch
-    from spotray.train.runspec import RunContext
-    from spotray.train.store import open_store
+    from spotray.train.launch.launcher import launch
+    from spotray.contract.spec import RunContext
+    from spotray.train.storage.store import open_store
 
 
     def train_loop(config):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.chaos import BUCKET, KINDS
-from spotray.train.local_s3 import LocalS3Server
+from spotray.train.storage.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.integration
 

@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoint import MANIFEST_NAME, latest_complete_checkpoint, list_checkpoints, upload_checkpoint
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
-from spotray.train.uploader import CheckpointUploader
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
+    MANIFEST_NAME,
+    latest_complete_checkpoint,
+    list_checkpoints,
+    upload_checkpoint,
+)
+from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.checkpoints.uploader import CheckpointUploader
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 from tests.conftest import TEST_BUCKET, write_files
 
 pytestmark = pytest.mark.integration
@@ -21,8 +27,8 @@ pytestmark = pytest.mark.integration
 UPLOAD_SCRIPT = """
 import sys
 from pathlib import Path
-from spotray.train.checkpoint import upload_checkpoint
-from spotray.train.store import open_store
+from spotray.train.checkpoints.checkpoint import upload_checkpoint
+from spotray.train.storage.store import open_store
 upload_checkpoint(open_store(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), world_size=1)
 """
 

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from spotray.train.checkpoint import MANIFEST_NAME, upload_checkpoint
-from spotray.train.progress_log import AttemptProgress, ProgressWriter
-from spotray.train.store import ObjectStore
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, upload_checkpoint
+from spotray.train.records.progress_log import AttemptProgress, ProgressWriter
+from spotray.train.storage.store import ObjectStore
 from tests.conftest import write_files
 
 pytestmark = pytest.mark.integration

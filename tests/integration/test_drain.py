@@ -1,4 +1,4 @@
-"""`python -m spotray.train.drain`, the worker pods' preStop hook, against a real Ray node."""
+"""`python -m spotray.train.launch.drain`, the worker pods' preStop hook, against a real Ray node."""
 
 import os
 import subprocess
@@ -36,7 +36,7 @@ def test_the_prestop_hook_drains_its_ray_node_so_it_takes_no_new_work(tmp_path: 
             assert ray.get(worker.ready.remote(), timeout=60)
 
             hook = subprocess.Popen(
-                [sys.executable, "-m", "spotray.train.drain", "--deadline-seconds", "60"],
+                [sys.executable, "-m", "spotray.train.launch.drain", "--deadline-seconds", "60"],
                 env={**os.environ, "RAY_ADDRESS": cluster.address},
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )  # fmt: skip

@@ -13,7 +13,7 @@ and takes each step's global batch in two passes. At step 40 local mode starts t
 within the resize check Ray Train restarts the group with two workers, again from the latest
 checkpoint. All of it inside one attempt: no budget is spent.
 
-Every step that counts (the newest worker group's, train/data.py ``trained_batches``) trains the
+Every step that counts (the newest worker group's, train/hf/data.py ``trained_batches``) trains the
 whole global batch; no sample is trained twice; and each restart continues the data position at
 exactly its checkpoint's step times the global batch: none skipped, across three worker counts.
 (That one and two workers train the very same samples in the same steps is the fewer-workers
@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from bench import chaos_runs
-from spotray.train.data import trained_batches
-from spotray.train.events import read_events
+from spotray.train.hf.data import trained_batches
+from spotray.train.records.events import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -32,7 +32,7 @@ def test_the_console_script_prints_its_help(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is not None, reason="Ray is installed here (the [ray] extra)")
 def test_importing_the_launcher_without_ray_names_the_extra(tmp_path: Path) -> None:
-    result = run([sys.executable, "-c", "import spotray.train.launcher"], tmp_path)
+    result = run([sys.executable, "-c", "import spotray.train.launch.launcher"], tmp_path)
     assert result.returncode == 1
     assert "MissingExtraError" in result.stderr
     assert "pip install 'spotray[ray]'" in result.stderr, result.stderr

@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotray.contract.uris import parse_uri
 from spotray.errors import EXIT_INTERRUPTED
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.events import read_events
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
-from spotray.train.streaming_memory import owns, registrations
-from spotray.train.subprocesses import is_running, start_time
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.hf.streaming_memory import owns, registrations
+from spotray.train.processes.subprocesses import is_running, start_time
+from spotray.train.records.events import read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 from tests.processes import process_tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -98,7 +99,14 @@ def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: si
         wait_for_step(workdir / "events.jsonl", SAVE_STEPS + 5, cli)
         tree = process_tree(cli.pid)
         commands = " ".join(command for _, command in tree.values())
-        for part in ("weed", "ray start", "gcs_server", "raylet", "spotray.jobs.gpt2", "spotray.train.upload_worker"):
+        for part in (
+            "weed",
+            "ray start",
+            "gcs_server",
+            "raylet",
+            "spotray.jobs.gpt2",
+            "spotray.train.checkpoints.upload_worker",
+        ):
             assert part in commands, f"{part} not running: {commands}"
 
         signalled = time.monotonic()

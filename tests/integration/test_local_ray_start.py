@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from spotray import local_ray
+from spotray.contract.errors import SpotrayError
 from spotray.local_ray import LocalRayCluster
-from spotray.train.errors import SpotrayError
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from spotray.train.errors import SpotrayError
+from spotray.contract.errors import SpotrayError
 from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server, run_tenants_script
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 Each node's processes write their own files into the checkpoint on that node's disk: every rank its
 RNG state, FSDP every rank its shard, ``save_on_each_node`` every node the whole model. A checkpoint
-in the store must hold all of them (train/node_parts.py). Two torchrun "nodes" run on this machine,
+in the store must hold all of them (train/checkpoints/node_parts.py). Two torchrun "nodes" run on this machine,
 each with its own directories and one process, DDP over gloo, checkpoints in SeaweedFS; the
 Trainer's own save, ``save_on_each_node`` and async saves (two_node_script.py).
 """
@@ -18,9 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spotray.train.checkpoint import complete_checkpoints, download_checkpoint
-from spotray.train.local_s3 import free_port
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import complete_checkpoints, download_checkpoint
+from spotray.train.storage.local_s3 import free_port
+from spotray.train.storage.store import S3ObjectStore
 from tests.conftest import start_in_own_group, torchrun_env, wait_or_dump_stacks
 from tests.integration.test_async_checkpoint import assert_same
 

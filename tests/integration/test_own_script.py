@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.store import ObjectStore
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.storage.store import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 

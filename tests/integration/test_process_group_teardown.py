@@ -3,7 +3,7 @@
 Torch before 2.8 destroys ProcessGroupGloo holding the GIL and joins gloo's threads, while one of
 them may still need the GIL to free a collective's tensors: each waits for the other for ever. In
 the lowest compat row (torch 2.6) this script hung in 2 runs of 2 with ``dist.destroy_process_group()``
-and exits with ``spotray.train.ranks.destroy_process_group()``. On newer torch it passes either way.
+and exits with ``spotray.train.processes.ranks.destroy_process_group()``. On newer torch it passes either way.
 """
 
 from __future__ import annotations

@@ -23,13 +23,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from spotray.contract.attempts import EXIT_PREEMPTED, EXIT_SUCCEEDED, AttemptId
+from spotray.contract.uris import parse_uri
 from spotray.local_ray import LocalRayCluster
-from spotray.train.attempts import EXIT_PREEMPTED, EXIT_SUCCEEDED, AttemptId, write_preemption
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.events import read_events
-from spotray.train.launcher import outcome_after_fit
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import S3ObjectStore, parse_uri
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.launch.launcher import outcome_after_fit
+from spotray.train.records.attempt_records import write_preemption
+from spotray.train.records.events import read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import S3ObjectStore
 from tests.conftest import TEST_BUCKET
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

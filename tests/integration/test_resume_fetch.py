@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train import checkpoint as checkpoint_module
-from spotray.train.checkpoint import (
+from spotray.contract.errors import StoreRequestError
+from spotray.train.checkpoints import checkpoint as checkpoint_module
+from spotray.train.checkpoints.checkpoint import (
     VERIFIED_NAME,
     download_checkpoint,
     latest_complete_checkpoint,
     upload_checkpoint,
 )
-from spotray.train.errors import StoreRequestError
-from spotray.train.resume import ResumeFetch
-from spotray.train.store import DOWNLOAD_PART_BYTES, S3ObjectStore
+from spotray.train.checkpoints.resume import ResumeFetch
+from spotray.train.storage.store import DOWNLOAD_PART_BYTES, S3ObjectStore
 from tests.conftest import run_two_ranks, write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
@@ -177,8 +177,8 @@ def test_every_rank_ends_on_rank_0s_choice_when_the_newest_is_corrupt(
 KILLED_DOWNLOAD = """
 import sys
 from pathlib import Path
-from spotray.train.checkpoint import download_checkpoint, latest_complete_checkpoint
-from spotray.train.store import open_store
+from spotray.train.checkpoints.checkpoint import download_checkpoint, latest_complete_checkpoint
+from spotray.train.storage.store import open_store
 store = open_store(sys.argv[1])
 download_checkpoint(store, latest_complete_checkpoint(store), Path(sys.argv[2]))
 """

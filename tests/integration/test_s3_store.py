@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.errors import BucketMissingError, StoreCredentialsError, StoreUnreachableError
-from spotray.train.local_s3 import LocalS3Server, free_port
-from spotray.train.store import (
+from spotray.contract.errors import BucketMissingError, StoreCredentialsError, StoreUnreachableError
+from spotray.contract.uris import parse_uri
+from spotray.train.storage.local_s3 import LocalS3Server, free_port
+from spotray.train.storage.store import (
     RetryPolicy,
     S3ObjectStore,
     StoreConfig,
     download_dir,
     make_s3_client,
-    parse_uri,
     upload_dir,
 )
 from tests.conftest import TEST_BUCKET, write_files

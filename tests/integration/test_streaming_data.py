@@ -17,9 +17,10 @@ from typing import Any
 import pytest
 import torch
 
-from spotray.train.data import DataPosition, EpochLoader, open_streaming_dataset, write_mds_dataset
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import ObjectStore, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.hf.data import DataPosition, EpochLoader, open_streaming_dataset, write_mds_dataset
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.streaming]
 
@@ -81,8 +82,8 @@ def _installed(distribution: str) -> bool:
 READER = """
 import os, signal, sys
 from pathlib import Path
-from spotray.train.data import DataPosition, EpochLoader, open_streaming_dataset
-from spotray.train.store import parse_uri
+from spotray.train.hf.data import DataPosition, EpochLoader, open_streaming_dataset
+from spotray.train.storage.store import parse_uri
 uri, cache, how = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
 if how == "registered":
     from streaming.base.shared.prefix import get_shm_prefix

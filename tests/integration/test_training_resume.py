@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from spotray.contract.errors import CheckpointUploadError
+from spotray.contract.uris import parse_uri
 from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.errors import CheckpointUploadError
-from spotray.train.local_s3 import LocalS3Server
-from spotray.train.store import RetryPolicy, S3ObjectStore, parse_uri
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from spotray.train.async_checkpoint import AsyncSaveTrainer
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.direct_load import DirectLoadTrainer
-from spotray.train.ranks import destroy_process_group
-from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import open_store
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
+from spotray.train.checkpoints.direct_load import DirectLoadTrainer
+from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.processes.ranks import destroy_process_group
+from spotray.train.storage.store import open_store
 from tests.integration.test_async_checkpoint import StopAt, make_trainer
 
 
@@ -44,7 +44,7 @@ def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume
         resume_from = str(point.local_dir)
     callbacks = [sync, StopAt(stop_at)] if stop_at else [sync]
     # DirectLoadTrainer (AsyncSaveTrainer is one) as the jobs use: the stock Trainer cannot resume a
-    # CPU DDP run (it maps the optimizer state to "cpu:0", which torch.load refuses; train/direct_load.py).
+    # CPU DDP run (it maps the optimizer state to "cpu:0", which torch.load refuses; train/checkpoints/direct_load.py).
     trainer_class = AsyncSaveTrainer if async_save else DirectLoadTrainer
     trainer = make_trainer(trainer_class, work, callbacks, save_on_each_node=name == "each-node")
     trainer.train(resume_from_checkpoint=resume_from)

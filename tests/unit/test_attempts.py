@@ -1,11 +1,19 @@
-"""train/attempts.py and its users: identity-checked records, the fence, and what pruning never deletes."""
+"""spotray/contract/attempts.py and its users: identity-checked records, the fence, and what pruning never deletes."""
 
 from pathlib import Path
 
 import pytest
 
-from spotray.train.attempts import (
-    AttemptId,
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import SpotrayError
+from spotray.train.checkpoints.checkpoint import (
+    latest_complete_checkpoint,
+    list_checkpoints,
+    prune_checkpoints,
+    upload_checkpoint,
+)
+from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.records.attempt_records import (
     AttemptOutcome,
     SupersededError,
     read_attempt_records,
@@ -14,10 +22,7 @@ from spotray.train.attempts import (
     write_outcome,
     write_preemption,
 )
-from spotray.train.checkpoint import latest_complete_checkpoint, list_checkpoints, prune_checkpoints, upload_checkpoint
-from spotray.train.errors import SpotrayError
-from spotray.train.resume import fetch_resume_checkpoint
-from spotray.train.store import ObjectStore, open_store
+from spotray.train.storage.store import ObjectStore, open_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 

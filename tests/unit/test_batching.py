@@ -5,10 +5,10 @@ from typing import Any
 
 import pytest
 
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import InvalidSpecError, WorkerSpec, parse_spec
 from spotray.jobs.common import add_run_flags, run_context
-from spotray.train.batching import BatchPlan, check_batch_splits, plan_batch
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import InvalidSpecError, WorkerSpec, parse_spec
+from spotray.train.launch.batching import BatchPlan, check_batch_splits, plan_batch
 
 pytestmark = pytest.mark.unit
 

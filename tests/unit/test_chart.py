@@ -543,7 +543,7 @@ def test_long_lived_ray_cluster_is_targeted_by_selector_and_keeps_its_dashboard_
     assert worker["terminationGracePeriodSeconds"] == 120
     assert worker["securityContext"]["fsGroup"] == 1000
     container = worker["containers"][0]
-    assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "spotray.train.drain"]
+    assert container["lifecycle"]["preStop"]["exec"]["command"][:3] == ["python", "-m", "spotray.train.launch.drain"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["envFrom"] == [{"secretRef": {"name": "s3-credentials"}}]
     assert container["volumeMounts"] == [{"name": "shared", "mountPath": "/mnt/shared"}]

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoint import (
+from spotray.contract.errors import CorruptCheckpointError
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
     Manifest,
     build_manifest,
@@ -18,8 +20,7 @@ from spotray.train.checkpoint import (
     upload_checkpoint,
     verify_local_checkpoint,
 )
-from spotray.train.errors import CorruptCheckpointError
-from spotray.train.store import LocalObjectStore, parse_uri
+from spotray.train.storage.store import LocalObjectStore
 from tests.conftest import write_files
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]

@@ -1,4 +1,4 @@
-"""everySteps: auto (train/checkpoint_interval.py): Young/Daly from measured numbers, bounded, and a real
+"""everySteps: auto (train/hf/checkpoint_interval.py): Young/Daly from measured numbers, bounded, and a real
 Trainer saving where the decision says (issue #16, item 3)."""
 
 from __future__ import annotations
@@ -8,19 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.checkpoint_interval import (
+from spotray.contract.spec import CheckpointSpec
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.hf.checkpoint_interval import (
     PRIOR_MTBI_S,
     AutoCheckpointInterval,
     RunHistory,
     choose_interval,
     mean_time_between_interruptions,
 )
-from spotray.train.events import EventLog
-from spotray.train.goodput import Lifetime
-from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress
-from spotray.train.runspec import CheckpointSpec
-from spotray.train.store import open_store
+from spotray.train.records.events import EventLog
+from spotray.train.records.goodput import Lifetime
+from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress
+from spotray.train.storage.store import open_store
 from tests.conftest import saved_steps_and_uploads_checked
 
 pytestmark = pytest.mark.unit

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from spotray.cluster_options import KubeOptions
+from spotray.contract.errors import CorruptCheckpointError, InvalidUriError, SpotrayError, StoreUnreachableError
+from spotray.contract.spec import InvalidSpecError
 from spotray.errors import NotFoundError, exit_code_for
 from spotray.logs import dashboard_base, head_service
 from spotray.output import human_age, human_bytes, render_table
 from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.target import locate_run
-from spotray.train.errors import CorruptCheckpointError, InvalidUriError, SpotrayError, StoreUnreachableError
-from spotray.train.goodput import attempts_from_progress
-from spotray.train.progress_log import AttemptProgress
-from spotray.train.runspec import InvalidSpecError
+from spotray.train.records.goodput import attempts_from_progress
+from spotray.train.records.progress_log import AttemptProgress
 from spotray.watch import StatusFollower
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.runspec import parse_training_run
+from spotray.contract.spec import parse_training_run
 
 pytestmark = pytest.mark.unit
 

@@ -7,9 +7,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from spotray.contract.errors import SpotrayError
 from spotray.jobs.cnn.data import MARKER_NAME, NUM_CLASSES, DatasetInfo, ShapesSpec, ensure_dataset, generate, to_table
-from spotray.train.errors import SpotrayError
-from spotray.train.store import open_store
+from spotray.train.storage.store import open_store
 
 pytestmark = pytest.mark.unit
 

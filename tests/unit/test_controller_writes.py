@@ -14,16 +14,17 @@ from typing import Any
 
 import pytest
 
+from spotray.contract.attempts import AttemptId
+from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import Event, RayJobView
 from spotray.controller.reconcile import EVENTS, reconcile, status_changed
 from spotray.controller.run_store import StoreReport, StoreReports
-from spotray.train.attempts import AttemptId
-from spotray.train.checkpoint import upload_checkpoint
-from spotray.train.progress_log import AttemptProgress
-from spotray.train.store import LocalObjectStore, ObjectInfo, parse_uri
+from spotray.train.checkpoints.checkpoint import upload_checkpoint
+from spotray.train.records.progress_log import AttemptProgress
+from spotray.train.storage.store import LocalObjectStore, ObjectInfo
 from tests.conftest import write_files
 
 pytestmark = pytest.mark.unit

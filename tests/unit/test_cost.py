@@ -5,11 +5,11 @@ from datetime import UTC, datetime
 
 import pytest
 
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import WorkerSpec
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import PRICES_ENV, Prices, run_cost
 from spotray.status import cost_line, describe_run
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import WorkerSpec
 
 pytestmark = pytest.mark.unit
 

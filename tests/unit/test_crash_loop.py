@@ -1,8 +1,8 @@
-"""train/crash_loop.py: when a training loop that keeps raising ends its attempt (the rule, without Ray)."""
+"""train/launch/crash_loop.py: when a training loop that keeps raising ends its attempt (the rule, without Ray)."""
 
 import pytest
 
-from spotray.train.crash_loop import Crash, CrashLedger, crash_loop_verdict, error_tail
+from spotray.train.launch.crash_loop import Crash, CrashLedger, crash_loop_verdict, error_tail
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The TrainingRun CRD cannot drift from train/runspec.py: same fields, same defaults, same minimums,
+"""The TrainingRun CRD cannot drift from spotray/contract/spec.py: same fields, same defaults, same minimums,
 every field described, and the YAML in the chart is what controller/crd.py generates."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.contract.spec import CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
 from spotray.controller.crd import CRD_PATH, crd_yaml, spec_schema, training_run_crd
-from spotray.train.runspec import CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
 
 pytestmark = pytest.mark.unit
 

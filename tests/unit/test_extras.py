@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.extras import EXTRAS, MissingExtraError, extra_required
+from spotray.contract.extras import EXTRAS, MissingExtraError, extra_required
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 

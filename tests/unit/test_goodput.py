@@ -1,4 +1,4 @@
-"""train/goodput.py and the loss plot: attempts, worker restarts and spot notices told apart, and where
+"""train/records/goodput.py and the loss plot: attempts, worker restarts and spot notices told apart, and where
 a run's wall time went (issue #16, item 4 and the local part of item 2)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from spotray.train.goodput import Lifetime, attempts_from_progress, ledger, split_lifetimes
-from spotray.train.progress_log import AttemptProgress
+from spotray.train.records.goodput import Lifetime, attempts_from_progress, ledger, split_lifetimes
+from spotray.train.records.progress_log import AttemptProgress
 
 pytestmark = pytest.mark.unit
 
@@ -84,7 +84,7 @@ def test_logs_without_attempt_numbers_count_every_start_as_an_attempt() -> None:
 
 def test_the_plot_names_what_happened(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("matplotlib")
-    from spotray.train import plot  # noqa: PLC0415 - needs the plot extra
+    from spotray.train.records import plot  # noqa: PLC0415 - needs the plot extra
 
     texts: list[str] = []
     labels: list[str] = []

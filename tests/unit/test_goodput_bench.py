@@ -7,8 +7,8 @@ import yaml
 
 from bench.goodput import leg_manifest, node_flags, node_lifetimes
 from bench.goodput_testbed import current_step
+from spotray.contract.spec import WorkerSpec, parse_training_run
 from spotray.node_faults import Moment, NodeSchedule
-from spotray.train.runspec import WorkerSpec, parse_training_run
 
 pytestmark = pytest.mark.unit
 

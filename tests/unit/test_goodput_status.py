@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from spotray.contract.attempts import AttemptId
 from spotray.controller.run_store import StoreReports
-from spotray.train.attempts import AttemptId
-from spotray.train.progress_log import AttemptProgress
-from spotray.train.store import ObjectStore, open_store
+from spotray.train.records.progress_log import AttemptProgress
+from spotray.train.storage.store import ObjectStore, open_store
 
 pytestmark = pytest.mark.unit
 

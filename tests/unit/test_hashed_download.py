@@ -1,4 +1,4 @@
-"""Ranged downloads hashed as they arrive (train/hashed_download.py), with ranges finishing out of order
+"""Ranged downloads hashed as they arrive (train/storage/hashed_download.py), with ranges finishing out of order
 and failing: the reader here stands in for S3 only to choose timing and faults; the S3 path itself is
 tested against SeaweedFS in tests/integration/test_resume_fetch.py."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.hashed_download import FileToFetch, ShortReadError, copy_hashed, download_hashed
+from spotray.train.storage.hashed_download import FileToFetch, ShortReadError, copy_hashed, download_hashed
 
 pytestmark = pytest.mark.unit
 

@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoint import MANIFEST_FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, list_checkpoints
-from spotray.train.errors import ObjectTooLargeError
-from spotray.train.store import ObjectInfo, StorageUri, get_bytes_if_exists, parse_uri
+from spotray.contract.errors import ObjectTooLargeError
+from spotray.contract.uris import StorageUri, parse_uri
+from spotray.train.checkpoints.checkpoint import MANIFEST_FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, list_checkpoints
+from spotray.train.storage.store import ObjectInfo, get_bytes_if_exists
 from tests.hostile import resume_skips_the_escaping_checkpoint
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]

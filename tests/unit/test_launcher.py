@@ -8,19 +8,19 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
+from spotray.contract.spec import RunContext, TrainingRun, parse_training_run
 from spotray.local import EventCursor, needs_embedded_s3, ray_cpus_for
 from spotray.progress import ProgressView, format_duration
-from spotray.train.data import DataPosition, EpochLoader
-from spotray.train.events import EventLog
-from spotray.train.launcher import (
+from spotray.train.hf.data import DataPosition, EpochLoader
+from spotray.train.hf.worker import PreemptionNoticeCallback
+from spotray.train.launch.launcher import (
     build_run_config,
     build_scaling_config,
     driver_env_vars,
     ray_runs_on_this_machine,
     spotray_env_for_workers,
 )
-from spotray.train.runspec import RunContext, TrainingRun, parse_training_run
-from spotray.train.worker import PreemptionNoticeCallback
+from spotray.train.records.events import EventLog
 
 pytestmark = pytest.mark.unit
 

@@ -5,6 +5,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION
+from spotray.contract.spec import parse_training_run
 from spotray.controller.lifecycle import (
     MAX_ATTEMPTS_KEPT,
     MAX_MESSAGE_CHARS,
@@ -16,9 +18,7 @@ from spotray.controller.lifecycle import (
     plan,
 )
 from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
-from spotray.train.api_names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION
-from spotray.train.attempts import AttemptRecords
-from spotray.train.runspec import parse_training_run
+from spotray.train.records.attempt_records import AttemptRecords
 
 pytestmark = pytest.mark.unit
 

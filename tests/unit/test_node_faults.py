@@ -5,10 +5,10 @@ import time
 import pytest
 
 from spotray.cli import main
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import WorkerSpec
 from spotray.local import start_worker_node
 from spotray.node_faults import Moment, NodeLayout, NodeSchedule
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import WorkerSpec
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Checkpoints saved by several nodes (train/node_parts.py): who uploads what, and when node 0 may commit.
+"""Checkpoints saved by several nodes (train/checkpoints/node_parts.py): who uploads what, and when node 0 may commit.
 
 The store is a directory; test_node_parts_s3.py runs the commit against SeaweedFS.
 """
@@ -11,25 +11,27 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.attempts import AttemptId, SupersededError, write_fence
-from spotray.train.checkpoint import (
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import CheckpointAbandonedError, CheckpointUploadError, CorruptCheckpointError
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
     complete_checkpoints,
     download_checkpoint,
     list_checkpoints,
     upload_checkpoint,
 )
-from spotray.train.errors import CheckpointAbandonedError, CheckpointUploadError, CorruptCheckpointError
-from spotray.train.node_parts import (
+from spotray.train.checkpoints.node_parts import (
     NodeSave,
     part_key,
     plan_node_saves,
     upload_node_part,
     upload_shared_checkpoint,
 )
-from spotray.train.store import LocalObjectStore, ObjectStore, parse_uri
-from spotray.train.upload_worker import UploadJob
-from spotray.train.uploader import newest_wins
+from spotray.train.checkpoints.upload_worker import UploadJob
+from spotray.train.checkpoints.uploader import newest_wins
+from spotray.train.records.attempt_records import SupersededError, write_fence
+from spotray.train.storage.store import LocalObjectStore, ObjectStore
 from tests.conftest import write_files
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]

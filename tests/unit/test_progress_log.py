@@ -1,4 +1,4 @@
-"""train/progress_log.py: each attempt's progress object, written and read back through a store."""
+"""train/records/progress_log.py: each attempt's progress object, written and read back through a store."""
 
 import threading
 import time
@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.attempts import AttemptId
-from spotray.train.progress_log import (
+from spotray.contract.attempts import AttemptId
+from spotray.train.records.progress_log import (
     AttemptProgress,
     ProgressWriter,
     continue_attempt_progress,
     read_attempt_progress,
     read_run_progress,
 )
-from spotray.train.store import ObjectStore, open_store
+from spotray.train.storage.store import ObjectStore, open_store
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotray.contract.spec import RUN_ENV_VAR, RunContext, parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import build_rayjob
-from spotray.train.runspec import RUN_ENV_VAR, RunContext, parse_training_run
 from tests.pod_security import restricted_violations
 
 pytestmark = pytest.mark.unit
@@ -69,7 +69,7 @@ def test_workers_drain_their_ray_node_before_sigterm() -> None:
     worker = build("gpu-nfs")["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
     assert worker["terminationGracePeriodSeconds"] == 30
     command = worker["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
-    assert command == ["python", "-m", "spotray.train.drain", "--deadline-seconds", "30"]
+    assert command == ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", "30"]
 
 
 @pytest.mark.parametrize("case", CASES)

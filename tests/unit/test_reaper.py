@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from spotray.reaper import Reaper, reap
-from spotray.train.streaming_memory import SHM_DIR
-from spotray.train.subprocesses import session_members, start_time
+from spotray.train.hf.streaming_memory import SHM_DIR
+from spotray.train.processes.subprocesses import session_members, start_time
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,8 @@ from typing import Any
 import pytest
 import yaml
 
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import (
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import (
     InvalidSpecError,
     RunContext,
     load_training_run,

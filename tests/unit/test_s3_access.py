@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import TrainingRun, parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.run_store import s3_access_refusal, store_config
 from spotray.controller.s3_access import OPT_IN_LABEL, SecretView, endpoint_refusal, normalized_endpoint
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import TrainingRun, parse_training_run
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spotray.train.data import SampleRecorder, new_worker_group_id, trained_batches
+from spotray.train.hf.data import SampleRecorder, new_worker_group_id, trained_batches
 
 pytestmark = [pytest.mark.unit]
 

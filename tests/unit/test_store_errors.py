@@ -3,13 +3,14 @@
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError, ReadTimeoutError
 
-from spotray.train.errors import (
+from spotray.contract.errors import (
     BucketMissingError,
     StoreCredentialsError,
     StoreRequestError,
     StoreUnreachableError,
 )
-from spotray.train.store import StoreConfig, describe_failure, is_transient, parse_uri
+from spotray.contract.uris import parse_uri
+from spotray.train.storage.store import StoreConfig, describe_failure, is_transient
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.data import streaming_sees_machines
-from spotray.train.ranks import MachineRanks
-from spotray.train.streaming_memory import LOCK_NAMES, SEGMENT_NAMES, parse_locals, release_streaming_memory
+from spotray.train.hf.data import streaming_sees_machines
+from spotray.train.hf.streaming_memory import LOCK_NAMES, SEGMENT_NAMES, parse_locals, release_streaming_memory
+from spotray.train.processes.ranks import MachineRanks
 
 pytestmark = pytest.mark.unit
 

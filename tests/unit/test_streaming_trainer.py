@@ -12,7 +12,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments, set_seed
 
-from spotray.train.data import DataPosition, EpochLoader, StreamingTrainer
+from spotray.train.hf.data import DataPosition, EpochLoader, StreamingTrainer
 
 pytestmark = [pytest.mark.unit]
 

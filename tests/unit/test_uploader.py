@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.errors import CheckpointUploadError, StoreRequestError
-from spotray.train.store import LocalObjectStore, parse_uri
-from spotray.train.uploader import CheckpointUploader, stage_checkpoint
+from spotray.contract.errors import CheckpointUploadError, StoreRequestError
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
+from spotray.train.storage.store import LocalObjectStore
 from tests.conftest import write_files
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]

@@ -1,7 +1,7 @@
 import pytest
 
-from spotray.train.errors import InvalidUriError
-from spotray.train.store import StorageUri, parse_uri
+from spotray.contract.errors import InvalidUriError
+from spotray.contract.uris import StorageUri, parse_uri
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 

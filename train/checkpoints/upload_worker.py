@@ -6,7 +6,7 @@ child process has its own GIL.
 
 Why not ``multiprocessing``: its spawn start method re-imports the parent's main script in the
 child, which for a training script means importing torch and transformers again (about 800 MB and
-seconds of CPU) just to upload files. This child runs ``python -m spotray.train.upload_worker`` and imports
+seconds of CPU) just to upload files. This child runs ``python -m spotray.train.checkpoints.upload_worker`` and imports
 only what uploading needs. Requests and replies are pickled over its stdin and stdout.
 """
 
@@ -23,21 +23,21 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from spotray.train.attempts import AttemptId
-from spotray.train.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
-from spotray.train.errors import CheckpointUploadError
-from spotray.train.node_parts import NodeSave, upload_node_part, upload_shared_checkpoint
-from spotray.train.store import ObjectStore
-from spotray.train.subprocesses import die_with_parent
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import CheckpointUploadError
+from spotray.train.checkpoints.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
+from spotray.train.checkpoints.node_parts import NodeSave, upload_node_part, upload_shared_checkpoint
+from spotray.train.processes.subprocesses import die_with_parent
+from spotray.train.storage.store import ObjectStore
 
 # The upload process runs at normal priority on purpose. At niceness 10 a CPU-bound training run
 # starved it: in a test, checkpoint-20 was still not in S3 thirteen steps later, so a kill lost two
 # intervals instead of one; and the niceness bought no measurable throughput (docs/benchmarks.md).
 
 # The folder that holds the `spotray` package (site-packages, or a checkout), put first on the
-# child's path so that `-m spotray.train.upload_worker` finds this same copy of spotray even when
+# child's path so that `-m spotray.train.checkpoints.upload_worker` finds this same copy of spotray even when
 # it was imported through a sys.path entry the child would not inherit.
-_SPOTRAY_PARENT = Path(__file__).parent.parent.parent
+_SPOTRAY_PARENT = Path(__file__).parents[4]  # spotray/train/checkpoints/upload_worker.py
 
 # Processes tried per checkpoint: a process lost once is replaced; lost twice, the upload fails.
 UPLOAD_PROCESS_TRIES = 2
@@ -53,8 +53,8 @@ class UploadJob:
     step: int
     world_size: int
     resume: dict[str, Any]
-    attempt: AttemptId | None = None  # fences the upload and the prune (train/attempts.py)
-    share: NodeSave | None = None  # this node's share when several nodes save it (train/node_parts.py)
+    attempt: AttemptId | None = None  # fences the upload and the prune (spotray/contract/attempts.py)
+    share: NodeSave | None = None  # this node's share when several nodes save it (train/checkpoints/node_parts.py)
 
     @property
     def commits(self) -> bool:
@@ -97,7 +97,7 @@ class UploadWorker:
             return
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(_SPOTRAY_PARENT), os.environ.get("PYTHONPATH", "")])}
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "spotray.train.upload_worker"],
+            [sys.executable, "-m", "spotray.train.checkpoints.upload_worker"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from spotray.train.errors import SpotrayError
+from spotray.contract.errors import SpotrayError
 
 # extra -> what it is for, as the error message says it
 EXTRAS = {

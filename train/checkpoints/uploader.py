@@ -2,7 +2,7 @@
 
 The training loop pays only for ``stage_checkpoint`` (hard links, milliseconds). Hashing, uploading
 and pruning run one checkpoint at a time, in order, in a separate process (see
-``train/upload_worker.py`` for why a process). A thread in the training process coordinates: it
+``train/checkpoints/upload_worker.py`` for why a process). A thread in the training process coordinates: it
 hands each checkpoint to that process and waits for the answer.
 
 A failed upload is kept and raised on the trainer's next call into the uploader
@@ -23,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spotray.train.attempts import AttemptId
-from spotray.train.checkpoint import Manifest
-from spotray.train.errors import CheckpointAbandonedError, CheckpointUploadError
-from spotray.train.node_parts import NodeSave
-from spotray.train.store import ObjectStore
-from spotray.train.upload_worker import UploadJob, UploadWorker
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import CheckpointAbandonedError, CheckpointUploadError
+from spotray.train.checkpoints.checkpoint import Manifest
+from spotray.train.checkpoints.node_parts import NodeSave
+from spotray.train.checkpoints.upload_worker import UploadJob, UploadWorker
+from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class CheckpointUploader:
             raise ValueError("keep must be >= 1")
         self.store = store
         self.keep = keep
-        self.attempt = attempt  # fences every upload and prune (train/attempts.py)
+        self.attempt = attempt  # fences every upload and prune (spotray/contract/attempts.py)
         self._on_uploaded = on_uploaded
         self._on_abandoned = on_abandoned
         self._jobs: queue.Queue[UploadJob | None] = queue.Queue()
@@ -114,7 +114,7 @@ class CheckpointUploader:
 
         The newest checkpoint wins: one still waiting for its upload (not started) is dropped, its
         staged files deleted, so staging holds at most the one uploading and the one waiting.
-        ``share`` is this node's share of a checkpoint several nodes save (train/node_parts.py).
+        ``share`` is this node's share of a checkpoint several nodes save (train/checkpoints/node_parts.py).
         Returns the steps dropped.
         """
         self.raise_if_failed()

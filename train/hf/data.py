@@ -18,7 +18,7 @@ The known traps, handled here:
   epoch only after the previous one ran out;
 - shared memory left in /dev/shm by a killed reader makes the next one fail ("Reused local
   directory"): local rank 0 releases what was registered for the cache directory before the dataset
-  is built and after training (train/streaming_memory.py says why not streaming's own cleanup);
+  is built and after training (train/hf/streaming_memory.py says why not streaming's own cleanup);
 - each rank must read its own partition: streaming partitions by RANK / WORLD_SIZE / LOCAL_WORLD_SIZE,
   which Ray Train's TorchTrainer sets; accelerate's own iterable sharding is bypassed (it would shard twice).
 """
@@ -43,12 +43,13 @@ from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
-from spotray.train.async_checkpoint import AsyncSaveTrainer
-from spotray.train.errors import SpotrayError
-from spotray.train.extras import extra_required
-from spotray.train.ranks import MachineRanks, launcher_local_ranks, machine_ranks
-from spotray.train.store import ObjectStore, StorageUri, StoreConfig, upload_dir
-from spotray.train.streaming_memory import release_streaming_memory
+from spotray.contract.errors import SpotrayError
+from spotray.contract.extras import extra_required
+from spotray.contract.uris import StorageUri
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
+from spotray.train.hf.streaming_memory import release_streaming_memory
+from spotray.train.processes.ranks import MachineRanks, launcher_local_ranks, machine_ranks
+from spotray.train.storage.store import ObjectStore, StoreConfig, upload_dir
 
 log = logging.getLogger(__name__)
 

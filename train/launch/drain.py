@@ -1,4 +1,4 @@
-"""``python -m spotray.train.drain``: a Ray worker pod's preStop hook for spot notices.
+"""``python -m spotray.train.launch.drain``: a Ray worker pod's preStop hook for spot notices.
 
 Kubernetes runs the hook before it sends SIGTERM, and waits for it within the pod's grace period.
 The hook drains this pod's Ray node as a preemption (what ``ray drain-node --reason
@@ -15,8 +15,8 @@ import logging
 import os
 import time
 
-from spotray.train.extras import extra_required
-from spotray.train.launcher import drain_nodes
+from spotray.contract.extras import extra_required
+from spotray.train.launch.launcher import drain_nodes
 
 with extra_required("ray"):
     import ray

@@ -1,7 +1,7 @@
 """Training progress kept next to the checkpoints, so anyone with the checkpoint URI can follow a run.
 
 Rank 0 of each attempt rewrites one small object, ``_spotray/<run id>/attempt-<N>.progress.json``
-(train/attempts.py)::
+(spotray/contract/attempts.py)::
 
     {"run_id": "...", "attempt": 2, "resumed_from": 30, "max_steps": 100, "world_size": 2,
      "started": 1763869980.0, "updated": 1763870000.0,
@@ -34,8 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotray.train.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
-from spotray.train.store import ObjectStore, get_bytes_if_exists
+from spotray.contract.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
+from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Layout under a run's checkpoint URI::
 
     checkpoint-<step>/<files written by the trainer>
     checkpoint-<step>/spotray-manifest.json      <- written LAST
-    _spotray/...                                 <- the attempts' records (train/attempts.py)
+    _spotray/...                                 <- the attempts' records (spotray/contract/attempts.py)
 
 The manifest lists every file with its size and SHA-256, plus the step, world size, library
 versions and what resume needs. A checkpoint is complete when its manifest parses and every file it
@@ -31,9 +31,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from spotray.train.attempts import AttemptId, check_fence
-from spotray.train.errors import CorruptCheckpointError, ObjectTooLargeError, StoreRequestError
-from spotray.train.store import ObjectInfo, ObjectStore, object_exists, upload_dir
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import CorruptCheckpointError, ObjectTooLargeError, StoreRequestError
+from spotray.train.records.attempt_records import check_fence
+from spotray.train.storage.store import ObjectInfo, ObjectStore, object_exists, upload_dir
 
 log = logging.getLogger(__name__)
 

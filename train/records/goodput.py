@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from spotray.train.progress_log import AttemptProgress
+    from spotray.train.records.progress_log import AttemptProgress
 
 CAUSES = ("waitingForCapacity", "startUp", "restarts", "redoneSteps", "checkpointBlocking", "other")
 

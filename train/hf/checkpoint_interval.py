@@ -8,7 +8,7 @@ that time over the step time, within ``minEverySteps`` and ``maxEverySteps``.
 
 Where the numbers come from, all measured on this run:
 
-- ``C``: the mean stall of its checkpoints so far (train/callback.py measures each save), earlier
+- ``C``: the mean stall of its checkpoints so far (train/hf/callback.py measures each save), earlier
   attempts' included (their progress objects keep them). Before the first one, the first checkpoint
   comes after ``minEverySteps`` steps, which measures it.
 - step time: the median of this worker group's recent steps, else earlier attempts' steps.
@@ -36,12 +36,12 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.goodput import Lifetime, attempts_from_progress
-from spotray.train.progress_log import AttemptProgress, ProgressWriter, read_run_progress
-from spotray.train.ranks import broadcast_from_rank0, world_rank
-from spotray.train.runspec import CheckpointSpec
-from spotray.train.store import ObjectStore
+from spotray.contract.spec import CheckpointSpec
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.processes.ranks import broadcast_from_rank0, world_rank
+from spotray.train.records.goodput import Lifetime, attempts_from_progress
+from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, read_run_progress
+from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

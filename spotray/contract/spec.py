@@ -21,10 +21,10 @@ from typing import Any
 
 import yaml
 
-from spotray.train.api_names import API_VERSION, KIND
-from spotray.train.attempts import AttemptId, check_run_id
-from spotray.train.errors import SpotrayError
-from spotray.train.store import parse_uri
+from spotray.contract.attempts import AttemptId, check_run_id
+from spotray.contract.errors import SpotrayError
+from spotray.contract.names import API_VERSION, KIND
+from spotray.contract.uris import parse_uri
 
 RUN_ENV_VAR = "SPOTRAY_RUN"
 # The CRD (controller/crd.py) reuses these, so the API server and this parser agree.
@@ -115,7 +115,7 @@ AUTO = "auto"
 @dataclass(frozen=True)
 class CheckpointSpec:
     uri: str
-    every_steps: int | str = 100  # or AUTO: chosen while training (train/checkpoint_interval.py)
+    every_steps: int | str = 100  # or AUTO: chosen while training (train/hf/checkpoint_interval.py)
     min_every_steps: int = 10
     max_every_steps: int = 5000
     keep: int = 3
@@ -167,7 +167,7 @@ class TrainingRun:
 class RunContext:
     """What a job needs to know about the run it belongs to: set by whoever starts the attempt.
 
-    ``run_id`` and ``attempt`` are the attempt's identity (train/attempts.py): the TrainingRun's UID
+    ``run_id`` and ``attempt`` are the attempt's identity (spotray/contract/attempts.py): the TrainingRun's UID
     under the controller, the work directory's run id in local mode.
     """
 

@@ -7,15 +7,15 @@ worker takes ``global_batch / world_size`` samples a step, and when that is more
 at full size, it takes them in several forward passes (gradient accumulation): a device never holds
 a bigger batch than at full size, so a run that fits at full size fits with fewer workers.
 
-Together with the exact data position (train/data.py), a step covers the same samples at any size.
+Together with the exact data position (train/hf/data.py), a step covers the same samples at any size.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spotray.train.errors import SpotrayError
-from spotray.train.runspec import WorkerSpec
+from spotray.contract.errors import SpotrayError
+from spotray.contract.spec import WorkerSpec
 
 
 @dataclass(frozen=True)

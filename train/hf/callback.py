@@ -8,9 +8,9 @@ last upload, so a run that ends normally has its final checkpoint in S3.
 
 On several nodes, each with its own disk, the files are spread over the nodes: each node's local
 process zero stages and uploads the files only its node holds, and world process zero writes the
-one manifest once every node's part is in (train/node_parts.py).
+one manifest once every node's part is in (train/checkpoints/node_parts.py).
 
-With ``async_save=True`` and an ``AsyncSaveTrainer`` (train/async_checkpoint.py) the Trainer's
+With ``async_save=True`` and an ``AsyncSaveTrainer`` (train/checkpoints/async_checkpoint.py) the Trainer's
 save only copies the state into host memory; ``on_save`` hands that snapshot to a background
 writer, which writes the same files and then stages and submits them as above.
 """
@@ -29,13 +29,13 @@ from typing import Any
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from spotray.train.async_checkpoint import SnapshotWriter
-from spotray.train.attempts import AttemptId
-from spotray.train.checkpoint import Manifest, checkpoint_dir_name
-from spotray.train.events import EventLog
-from spotray.train.node_parts import NodeSave, plan_node_saves
-from spotray.train.store import ObjectStore, open_store
-from spotray.train.uploader import CheckpointUploader, stage_checkpoint
+from spotray.contract.attempts import AttemptId
+from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
+from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
+from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
+from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
+from spotray.train.records.events import EventLog
+from spotray.train.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class S3CheckpointCallback(TrainerCallback):
     multiple of ``save_steps``, so the finished model is in the store too. ``data_position``, when
     given, returns where the data stream stands; it is recorded in the manifest for an exact resume.
     ``attempt``, when given, fences uploads and prunes: once a newer attempt has claimed the
-    checkpoint URI (train/attempts.py), this one raises instead of writing. ``async_save`` makes an
+    checkpoint URI (spotray/contract/attempts.py), this one raises instead of writing. ``async_save`` makes an
     ``AsyncSaveTrainer`` block only for a copy to host memory; ``when_busy`` says what a save does
     while the previous one is still being written from that memory ("wait" or "skip").
     """

@@ -26,12 +26,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from spotray.train.attempts import AttemptId
-from spotray.train.checkpoint import latest_complete_checkpoint
-from spotray.train.errors import SpotrayError
-from spotray.train.extras import extra_required
-from spotray.train.runspec import RunContext
-from spotray.train.store import open_store
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import SpotrayError
+from spotray.contract.extras import extra_required
+from spotray.contract.spec import RunContext
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.storage.store import open_store
 
 with extra_required("ray"):
     import ray
@@ -143,7 +143,7 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
 
     @functools.wraps(train_loop)
     def guarded(loop_config: dict[str, Any]) -> None:
-        from spotray.train.ranks import broadcast_from_rank0, world_rank  # noqa: PLC0415 - torch, only in workers
+        from spotray.train.processes.ranks import broadcast_from_rank0, world_rank  # noqa: PLC0415 - torch, only in workers
 
         context = RunContext.from_env()
         if context is None:  # launch() always sets it; a loop run some other way is not guarded

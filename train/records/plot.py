@@ -1,7 +1,7 @@
 """Loss across attempts: one PNG that shows each attempt, each worker restart inside one, each spot
 notice and loss, and the steps redone after each resume.
 
-The lifetimes come from a local run's event log (train/goodput.py ``split_lifetimes``) or from the
+The lifetimes come from a local run's event log (train/records/goodput.py ``split_lifetimes``) or from the
 progress objects every attempt keeps next to the checkpoints (``attempts_from_progress``, for
 ``spotray plot``).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotray.train.extras import extra_required
-from spotray.train.goodput import Lifetime
+from spotray.contract.extras import extra_required
+from spotray.train.records.goodput import Lifetime
 
 with extra_required("plot"):
     import matplotlib as mpl

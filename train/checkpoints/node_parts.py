@@ -14,9 +14,9 @@ either complete or absent whatever dies, and when:
 3. Node 0 uploads its own files, waits for every other node's part of this same save (a part left
    by an older attempt carries another id and is not counted), checks that every listed object is
    there with its size, and writes the one manifest over all the files, last, as always. Until then
-   the checkpoint has no manifest and is not complete (train/checkpoint.py).
+   the checkpoint has no manifest and is not complete (train/checkpoints/checkpoint.py).
 
-A node whose uploads fall behind drops a waiting checkpoint (the newest wins, train/uploader.py)
+A node whose uploads fall behind drops a waiting checkpoint (the newest wins, train/checkpoints/uploader.py)
 and says so in a part marked ``dropped``; node 0 then abandons that checkpoint instead of waiting.
 A save on one node (one process, or several sharing its disk) takes none of this: node 0 uploads
 the whole directory as before.
@@ -31,8 +31,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotray.train.attempts import AttemptId, check_fence
-from spotray.train.checkpoint import (
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import (
+    CheckpointAbandonedError,
+    CheckpointUploadError,
+    CorruptCheckpointError,
+    ObjectTooLargeError,
+    StoreRequestError,
+)
+from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
     FileEntry,
     Manifest,
@@ -40,14 +47,8 @@ from spotray.train.checkpoint import (
     check_file_name,
     checkpoint_dir_name,
 )
-from spotray.train.errors import (
-    CheckpointAbandonedError,
-    CheckpointUploadError,
-    CorruptCheckpointError,
-    ObjectTooLargeError,
-    StoreRequestError,
-)
-from spotray.train.store import ObjectStore, get_bytes_if_exists, upload_dir
+from spotray.train.records.attempt_records import check_fence
+from spotray.train.storage.store import ObjectStore, get_bytes_if_exists, upload_dir
 
 PARTS_DIR = ".parts"
 # How long node 0 waits for the other nodes' parts once its own files are up. The other nodes

@@ -23,9 +23,10 @@ from types import TracebackType
 import boto3
 from botocore.config import Config
 
-from spotray.train.errors import SpotrayError
-from spotray.train.store import S3ObjectStore, StoreConfig, parse_uri
-from spotray.train.subprocesses import start_in_own_session
+from spotray.contract.errors import SpotrayError
+from spotray.contract.uris import parse_uri
+from spotray.train.processes.subprocesses import start_in_own_session
+from spotray.train.storage.store import S3ObjectStore, StoreConfig
 
 DEFAULT_ACCESS_KEY = "spotray"
 DEFAULT_SECRET_KEY = "spotray-local-secret"  # noqa: S105 - a loopback-only test server's key

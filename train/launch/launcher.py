@@ -6,17 +6,17 @@ What each part of the spec becomes:
 - the run name -> ``RunConfig(name=...)``, stable across attempts, so Ray's run directory is reused;
 - worker failures -> ``FailureConfig(max_failures=-1)`` by default: a worker process or node that
   dies is replaced and training goes on from the latest complete checkpoint in our store (seed 003);
-  a training loop that raises again and again is not (train/crash_loop.py).
+  a training loop that raises again and again is not (train/launch/crash_loop.py).
 
 Ray Train V2 (the default in Ray 2.60) has no ``TorchTrainer.restore``: a new attempt is a new
 ``fit()``, and resume comes from our own S3 checkpoints, which each worker fetches at start. We
 never hand checkpoints to Ray (``ray.train.report`` carries metrics only), so Ray's storage path
 holds only small run metadata and may be a local directory.
 
-Exit codes and the records an attempt leaves: train/attempts.py. A ``fit()`` that returns normally
+Exit codes and the records an attempt leaves: spotray/contract/attempts.py. A ``fit()`` that returns normally
 either finished or stopped on a preemption notice (rank 0's record says which), or gave up on a
-training loop that kept raising (train/crash_loop.py); one that raises is a failure. Before
-``fit()`` the driver claims the checkpoint URI (the fence, train/attempts.py): older attempts
+training loop that kept raising (train/launch/crash_loop.py); one that raises is a failure. Before
+``fit()`` the driver claims the checkpoint URI (the fence, spotray/contract/attempts.py): older attempts
 still draining stop uploading and pruning.
 """
 
@@ -36,23 +36,14 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from spotray.train.attempts import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILED,
-    EXIT_PREEMPTED,
-    EXIT_SUCCEEDED,
-    AttemptId,
-    AttemptOutcome,
-    read_record,
-    write_fence,
-    write_outcome,
-)
-from spotray.train.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
-from spotray.train.errors import SpotrayError
-from spotray.train.extras import extra_required
-from spotray.train.resume import prefetch_in_background
-from spotray.train.runspec import RunContext
-from spotray.train.store import ObjectStore
+from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED, EXIT_SUCCEEDED, AttemptId
+from spotray.contract.errors import SpotrayError
+from spotray.contract.extras import extra_required
+from spotray.contract.spec import RunContext
+from spotray.train.checkpoints.resume import prefetch_in_background
+from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
+from spotray.train.records.attempt_records import AttemptOutcome, read_record, write_fence, write_outcome
+from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):
     import ray
@@ -237,7 +228,7 @@ def launch(
             runtime_env={"env_vars": driver_env_vars(worker_env)},
         )
     install_sigterm_drain(grace_seconds)
-    # From here on, older attempts of this checkpoint URI stop uploading and pruning (train/attempts.py).
+    # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:
         write_fence(store, context.attempt_id)
     except SpotrayError as error:

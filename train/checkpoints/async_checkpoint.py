@@ -40,8 +40,8 @@ from transformers import Trainer, trainer_utils
 from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 
-from spotray.train.direct_load import DirectLoadTrainer
-from spotray.train.errors import CheckpointUploadError
+from spotray.contract.errors import CheckpointUploadError
+from spotray.train.checkpoints.direct_load import DirectLoadTrainer
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """What every training worker does around the Hugging Face Trainer, under Ray Train or under torchrun.
 
 - ``ProgressCallback``: every logged step goes to the JSON-lines event log and to the attempt's
-  progress object in the store (rank 0, see train/progress_log.py); under Ray Train
+  progress object in the store (rank 0, see train/records/progress_log.py); under Ray Train
   the end of training also goes to ``ray.train.report`` (step, loss, the last complete checkpoint).
   Only the end: each report is a barrier across ranks through a Ray actor that measured 2.0 s per
   call on this machine; see docs/benchmarks.md (ray_vs_torchrun) for what reporting at every
@@ -30,12 +30,13 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from spotray.train.attempts import AttemptId, write_preemption
-from spotray.train.callback import S3CheckpointCallback
-from spotray.train.events import EventLog
-from spotray.train.extras import extra_required
-from spotray.train.progress_log import ProgressWriter
-from spotray.train.ranks import barrier, broadcast_from_rank0
+from spotray.contract.attempts import AttemptId
+from spotray.contract.extras import extra_required
+from spotray.train.hf.callback import S3CheckpointCallback
+from spotray.train.processes.ranks import barrier, broadcast_from_rank0
+from spotray.train.records.attempt_records import write_preemption
+from spotray.train.records.events import EventLog
+from spotray.train.records.progress_log import ProgressWriter
 
 with extra_required("ray"):
     import ray.train

@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotray.train.attempts import AttemptId, write_fence
-from spotray.train.checkpoint import (
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import CorruptCheckpointError, StoreRequestError
+from spotray.train.checkpoints.checkpoint import (
     CheckpointInfo,
     Manifest,
     complete_checkpoints,
@@ -30,9 +31,9 @@ from spotray.train.checkpoint import (
     latest_complete_checkpoint,
     manifest_exists,
 )
-from spotray.train.errors import CorruptCheckpointError, StoreRequestError
-from spotray.train.ranks import barrier, broadcast_from_rank0, world_rank
-from spotray.train.store import ObjectStore
+from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank
+from spotray.train.records.attempt_records import write_fence
+from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ class ResumeFetch:
 def agree_on_resume_point(store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> ResumePoint | None:
     """The same verified checkpoint on every rank, or None on a fresh start (``ResumeFetch``, waited for).
 
-    With ``attempt``, rank 0 records the step in the fence (train/attempts.py): pruning never
+    With ``attempt``, rank 0 records the step in the fence (spotray/contract/attempts.py): pruning never
     deletes the checkpoint a running attempt resumed from.
     """
     return ResumeFetch(store, dest_root, attempt).wait()

@@ -1,0 +1,100 @@
+"""The attempt contract: what the job, the controller and local mode agree on about one attempt.
+
+Identity. A run has an id: the TrainingRun's UID under the controller, an id kept in the work
+directory in local mode, a fresh one for a job started by hand. The controller and local mode pass
+it to the job in ``SPOTRAY_RUN`` (spotray/contract/spec.py ``RunContext``) with the attempt's number. Every
+record an attempt writes lives under its run's id and names the attempt inside, and a reader
+ignores a record whose identity is not the one it asked for: a run re-created with the same
+checkpoint URI, or a finished local run started again, never reads another run's records.
+
+Layout under the run's checkpoint URI (checkpoints themselves: train/checkpoints/checkpoint.py)::
+
+    _spotray/<run id>/attempt-<N>.json            how attempt N ended (the driver, train/launch/launcher.py)
+    _spotray/<run id>/attempt-<N>.preempted.json  rank 0 stopped on a preemption notice, its
+                                                  emergency checkpoint complete (train/hf/worker.py)
+    _spotray/<run id>/attempt-<N>.progress.json   training progress (rank 0, train/records/progress_log.py)
+    _spotray/fence.json                           the newest attempt to start; older ones stop writing
+
+Exit codes of the job's driver and outcomes of an attempt are defined here, once; reading and
+writing the records and the fence is train/records/attempt_records.py.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from spotray.contract.errors import SpotrayError
+
+RECORDS_PREFIX = "_spotray"
+FENCE_KEY = f"{RECORDS_PREFIX}/fence.json"
+# Records are a few hundred bytes; a bound keeps a hostile object out of memory.
+MAX_RECORD_BYTES = 1 << 20
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143: stopped on a notice after a complete emergency checkpoint
+
+# How an attempt ended: status.attempts[].outcome.
+OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED = (
+    "Running",
+    "Succeeded",
+    "Preempted",
+    "Failed",
+    "Suspended",
+)
+OUTCOMES = (OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED)
+
+RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def new_run_id(prefix: str = "run") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
+
+
+def check_run_id(run_id: str) -> str:
+    """A run id becomes an S3 key segment: plain characters only, at most 64."""
+    if not RUN_ID_PATTERN.match(run_id):
+        raise SpotrayError(
+            f"run id {run_id!r} is not a plain name (letters, digits, '.', '_', '-'; at most 64)",
+            "let the controller or `spotray run` set SPOTRAY_RUN; do not write it by hand",
+        )
+    return run_id
+
+
+@dataclass(frozen=True)
+class AttemptId:
+    """Which attempt of which run: the identity every record carries."""
+
+    run_id: str
+    attempt: int
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+        if self.attempt < 1:
+            raise ValueError(f"attempt numbers count from 1, got {self.attempt}")
+
+    def _key(self, suffix: str) -> str:
+        return f"{RECORDS_PREFIX}/{self.run_id}/attempt-{self.attempt}{suffix}"
+
+    @property
+    def outcome_key(self) -> str:
+        return self._key(".json")
+
+    @property
+    def preemption_key(self) -> str:
+        return self._key(".preempted.json")
+
+    @property
+    def progress_key(self) -> str:
+        return self._key(".progress.json")
+
+    def identity(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "attempt": self.attempt}
+
+    def __str__(self) -> str:
+        return f"attempt {self.attempt} of run {self.run_id}"

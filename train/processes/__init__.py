@@ -1,0 +1,1 @@
+"""Which process this is among the training processes, and the child processes spotray starts (torch only)."""
