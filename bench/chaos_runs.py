@@ -50,6 +50,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from spotray.contract.attempts import EXIT_OK
+from spotray.contract.names import SUCCEEDED
 from spotray.local import EventCursor
 from spotray.train.hf.data import trained_batches
 from spotray.train.hf.streaming_memory import owns, registrations
@@ -404,7 +406,7 @@ def judge(result: RunResult, faults: list[Fault], reference: RunResult) -> list[
     """Every broken promise of this run, as sentences; empty when it kept them all."""
     problems = []
     state = result.state
-    if result.exit_code != 0 or state.get("phase") != "Succeeded":
+    if result.exit_code != EXIT_OK or state.get("phase") != SUCCEEDED:
         return [f"exit code {result.exit_code}, phase {state.get('phase')}: {result.log_tail()}"]
     if result.left_behind:
         problems.append(f"alive {LEFTOVER_GRACE_S:.0f} s after the command was stopped: {result.left_behind}")

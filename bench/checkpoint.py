@@ -79,11 +79,13 @@ def time_save_starts(trainer: Trainer) -> list[float]:
     return starts
 
 
-def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index: int) -> dict[str, Any]:
+def run_config(
+    mode: str, job: Gpt2JobConfig, save_steps: int, server: LocalS3Server, round_index: int
+) -> dict[str, Any]:
     workdir = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-"))
     asynchronous = mode.startswith("async")
     uri = f"file://{workdir / 'store'}" if mode == "async-dir" else f"s3://{BUCKET}/{mode}-{round_index}"
-    job = replace(job, workdir=workdir, checkpoint_uri=uri, async_checkpoints=asynchronous)
+    job = replace(job, workdir=workdir, async_checkpoints=asynchronous)
     timer = LoopTimer()
     callbacks: list[TrainerCallback] = []
     sync = None
@@ -91,7 +93,7 @@ def run_config(mode: str, job: Gpt2JobConfig, server: LocalS3Server, round_index
         store = S3ObjectStore(parse_uri(uri), server.config) if uri.startswith("s3://") else open_store(uri)
         sync = S3CheckpointCallback(uri, keep=2, store=store, staging_dir=workdir / "staging", async_save=asynchronous)
         callbacks.append(sync)
-    trainer = build_trainer(job, [*callbacks, timer], save_steps=0 if mode == "none" else job.save_steps)
+    trainer = build_trainer(job, [*callbacks, timer], save_steps=0 if mode == "none" else save_steps)
     save_starts = time_save_starts(trainer)
     trainer.train()
     if sync is not None:
@@ -121,10 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-embd", type=int, default=256)
     args = parser.parse_args(argv)
     job = Gpt2JobConfig(
-        checkpoint_uri="",
         workdir=Path(),
         max_steps=args.max_steps,
-        save_steps=args.save_steps,
         n_layer=args.n_layer,
         n_embd=args.n_embd,
         batch_size=16,
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         for round_index in range(args.rounds):
             order = modes[round_index % len(modes) :] + modes[: round_index % len(modes)]
             for mode in order:
-                outcome = run_config(mode, job, server, round_index)
+                outcome = run_config(mode, job, args.save_steps, server, round_index)
                 results[mode].append(outcome)
                 stall = statistics.median(outcome["stalls_s"]) if outcome["stalls_s"] else 0.0
                 speed = outcome["steps_per_s"]

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 import testbed as tb  # noqa: E402 - shared with the e2e tests
 
-from spotray.controller.s3_access import OPT_IN_LABEL  # noqa: E402
+from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, S3_OPT_IN_LABEL, VERSION  # noqa: E402
 from spotray.train.processes.subprocesses import cpu_seconds  # noqa: E402
 from spotray.train.storage.local_s3 import LocalS3Server  # noqa: E402
 
@@ -62,8 +62,8 @@ def percentile(values: list[float], q: float) -> float:
 
 def training_run(name: str) -> dict[str, Any]:
     return {
-        "apiVersion": "spotray.dev/v1alpha1",
-        "kind": "TrainingRun",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "entrypoint": "python -m spotray.jobs.gpt2 --max-steps 10",
@@ -182,7 +182,7 @@ def one_variant(
         f"--from-literal={k}={env[k]}" for k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
     ]
     bed.kubectl("create", "secret", "generic", SECRET, "-n", namespace, *literals)
-    bed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
+    bed.kubectl("label", "secret", SECRET, "-n", namespace, f"{S3_OPT_IN_LABEL}=true")
     # Each operator runs as its own ServiceAccount, so that the audit log holds its requests.
     kubeconfig, account = bed.namespace_admin_kubeconfig(namespace, OPERATOR_ACCOUNT, work / f"{namespace}.kubeconfig")
     health_port, metrics_port = tb.free_ports(2)
@@ -215,7 +215,7 @@ def one_variant(
 
     def create(name: str) -> None:
         created[name] = time.monotonic()
-        custom.create_namespaced_custom_object("spotray.dev", "v1alpha1", namespace, "trainingruns", training_run(name))
+        custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, training_run(name))
 
     try:
         # A warm-up run, not measured: the operator's watches are open and its clients made.
@@ -271,7 +271,7 @@ def main() -> int:
         with tb.Testbed(work / "testbed") as bed, LocalS3Server(work / "s3") as s3:
             s3.create_bucket("bench")  # the runs' checkpoint bucket: the controller reads it once a job starts
             bed.kubectl("apply", "--server-side", "-f", str(CRD))
-            bed.kubectl("wait", "--for=condition=Established", "crd/trainingruns.spotray.dev", "--timeout=60s")
+            bed.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=60s")
             api = config.new_client_from_config(str(bed.kubeconfig))
             for round_index in range(args.rounds):
                 order = ["noop", "spotray"] if round_index % 2 == 0 else ["spotray", "noop"]

@@ -40,6 +40,8 @@ sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 from cluster_demo import DemoCluster  # noqa: E402
 
+from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES  # noqa: E402
+
 POLL_S = 1.0
 
 
@@ -63,7 +65,7 @@ def reclaim_at(cluster: DemoCluster, name: str, steps: list[int], stop: threadin
     for target in steps:
         while not stop.is_set():
             status = cluster_demo.run_status(cluster.testbed, name)
-            if status.get("phase") in ("Succeeded", "Failed"):
+            if status.get("phase") in TERMINAL_PHASES:
                 return
             if current_step(status) >= target:
                 break
@@ -90,7 +92,7 @@ def run_leg(
     status: dict[str, Any] = {}
     while time.monotonic() - started < timeout_s:
         status = cluster_demo.run_status(cluster.testbed, name)
-        if status.get("phase") in ("Succeeded", "Failed"):
+        if status.get("phase") in TERMINAL_PHASES:
             break
         time.sleep(2)
     stop.set()
@@ -139,7 +141,7 @@ def main() -> int:
             print(json.dumps(row), flush=True)
             runs.append(row)
     uninterrupted, reclaimed = runs
-    if reclaimed["phase"] != "Succeeded" or uninterrupted["phase"] != "Succeeded" or reclaimed["goodput"] is None:
+    if reclaimed["phase"] != SUCCEEDED or uninterrupted["phase"] != SUCCEEDED or reclaimed["goodput"] is None:
         print("a run did not succeed, or reported no goodput: no result written", file=sys.stderr)
         return 1
     details = {

@@ -1,10 +1,19 @@
 """The kopf controller for TrainingRun resources (``python -m spotray.controller``).
 
 It watches TrainingRuns and creates one KubeRay RayJob per attempt; when an attempt ends it reads
-the attempt's records in the run's checkpoint store (spotray/contract/attempts.py), decides with the pure
-lifecycle (lifecycle.py) whether the run succeeded, failed or starts another attempt that resumes
-from the latest complete checkpoint, and reports progress and checkpoints in status. Wiring:
-handlers.py (kopf), reconcile.py (observe -> decide -> act), kube.py and run_store.py (the reads
-and writes), rayjob.py (the RayJob), crd.py (the CRD), s3_access.py (which Secrets and endpoints a
-run may use).
+the attempt's records in the run's checkpoint store (keys in spotray/contract/attempts.py, read by
+train/records/attempt_records.py), decides with the pure lifecycle (lifecycle.py) whether the run
+succeeded, failed or starts another attempt that resumes from the latest complete checkpoint, and
+reports progress and checkpoints in status. The modules (docs/controller.md has a line on each):
+
+- __main__.py: ``python -m spotray.controller``; config.py: every setting, from the environment;
+- handlers.py: the kopf handlers; work_queue.py: which run is reconciled next, on which thread;
+- reconcile.py: observe -> decide -> act; lifecycle.py: the pure state machine;
+- kube.py: the Kubernetes calls; run_store.py: the S3 reads; s3_access.py: which Secrets and
+  endpoints a run may use; rayjob.py: the RayJob of an attempt; crd.py: the CRD;
+- events.py: Kubernetes Events; metrics.py: Prometheus metrics; watch_health.py: is the watch
+  still delivering; cost.py: status.cost.
+
+It imports the contract and the job side's storage, records and checkpoints, never the code that
+trains (torch, Ray, transformers): tests/unit/test_layering.py.
 """

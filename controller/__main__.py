@@ -11,6 +11,7 @@ import logging
 import secrets
 import sys
 
+from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_OK
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import MissingExtraError, extra_required
 
@@ -26,7 +27,7 @@ def main() -> int:
             import spotray.controller.handlers  # noqa: F401, PLC0415 - registers the handlers with kopf
     except (SpotrayError, MissingExtraError) as error:
         print(f"spotray controller: {error}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     log_format = kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.PLAIN
     kopf.configure(verbose=False, log_format=log_format)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
@@ -43,7 +44,7 @@ def main() -> int:
         priority=secrets.randbelow(1_000_000) + 1 if config.peering else None,
         liveness_endpoint=f"http://0.0.0.0:{config.health_port}/healthz",
     )
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotray.contract.errors import SpotrayError
+from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.controller.cost import Prices
 
-SPOT_LABEL = "spotray.dev/capacity"
-SPOT_TAINT_KEY = "spotray.dev/spot"
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
+# An attempt ended and its records cannot be read: the run waits (no budget spent) and after this
+# long shows a StorageUnreachable condition (controller/lifecycle.py, which local mode uses too).
+# The chart's controller.storagePatienceSeconds repeats it (tests/unit/test_deploy_files.py checks).
+STORAGE_PATIENCE_SECONDS = 600
 
 
 def _json_env(environ: dict[str, str], name: str, default: Any, kind: type) -> Any:
@@ -61,9 +64,9 @@ class ControllerConfig:
     # K8sJobMode: KubeRay runs `ray job submit` in a pod. HTTPMode: the operator itself posts the
     # job to the head's dashboard (what the Docker-free test bed uses, where pods run nothing).
     submission_mode: str = "K8sJobMode"
-    head_node_selector: dict[str, str] = field(default_factory=lambda: {SPOT_LABEL: "on-demand"})
+    head_node_selector: dict[str, str] = field(default_factory=lambda: {SPOT_LABEL: SPOT_LABEL_ON_DEMAND})
     head_tolerations: list[dict[str, Any]] = field(default_factory=list)
-    spot_node_selector: dict[str, str] = field(default_factory=lambda: {SPOT_LABEL: "spot"})
+    spot_node_selector: dict[str, str] = field(default_factory=lambda: {SPOT_LABEL: SPOT_LABEL_SPOT})
     spot_tolerations: list[dict[str, Any]] = field(
         default_factory=lambda: [{"key": SPOT_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     )
@@ -90,9 +93,7 @@ class ControllerConfig:
     # /healthz fails when the TrainingRun watch has not delivered a listed change for this long
     # (controller/watch_health.py); the check LISTs the runs every third of it.
     watch_grace_seconds: int = 180
-    # An attempt ended and its records cannot be read: the run waits (no budget spent) and after
-    # this long shows a StorageUnreachable condition (controller/lifecycle.py).
-    storage_patience_seconds: int = 600
+    storage_patience_seconds: int = STORAGE_PATIENCE_SECONDS
     metrics_port: int = 9090
     health_port: int = 8080
     peering: str | None = None

@@ -23,10 +23,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import WorkerSpec
+from spotray.contract.status import Cost, Goodput
 
 PRICES_ENV = "SPOTRAY_PRICES"
 _FIELDS = {"spotPerHour": "spot_per_hour", "onDemandPerHour": "on_demand_per_hour", "headPerHour": "head_per_hour"}
@@ -72,15 +72,17 @@ class Prices:
         return cls(currency=currency, **numbers)
 
 
-def run_cost(goodput: dict[str, Any], workers: WorkerSpec, prices: Prices) -> dict[str, Any]:
+def run_cost(goodput: Goodput, workers: WorkerSpec, prices: Prices) -> Cost:
     """status.cost from status.goodput (whole seconds) and the run's workers (see the module docstring)."""
-    wall_h = float(goodput.get("wallSeconds") or 0) / 3600
-    lost = goodput.get("lostSeconds") or {}
-    same_steps_h = (float(goodput.get("survivingStepSeconds") or 0) + float(lost.get("startUp") or 0)) / 3600
+    wall_h = float(goodput.wall_seconds or 0) / 3600
+    start_up = goodput.lost_seconds.start_up if goodput.lost_seconds else None
+    same_steps_h = (float(goodput.surviving_step_seconds or 0) + float(start_up or 0)) / 3600
     worker_price = prices.spot_per_hour if workers.spot else prices.on_demand_per_hour
     run = wall_h * (workers.replicas * worker_price + prices.head_per_hour)
     on_demand = same_steps_h * (workers.replicas * prices.on_demand_per_hour + prices.head_per_hour)
-    cost: dict[str, Any] = {"currency": prices.currency, "run": round(run, 2), "onDemandSameSteps": round(on_demand, 2)}
-    if on_demand > 0:
-        cost["savedRatio"] = round(1 - run / on_demand, 3)
-    return cost
+    return Cost(
+        currency=prices.currency,
+        run=round(run, 2),
+        on_demand_same_steps=round(on_demand, 2),
+        saved_ratio=round(1 - run / on_demand, 3) if on_demand > 0 else None,  # no steps yet: no ratio
+    )

@@ -1,11 +1,12 @@
-"""The TrainingRun CustomResourceDefinition, generated from the typed spec in ``spotray/contract/spec.py``.
+"""The TrainingRun CustomResourceDefinition, generated from the spec's declarations in ``spotray/contract/spec.py``.
 
 The spec schema is built by walking the RunSpec dataclasses: field names become camelCase
-properties, Python types become OpenAPI types and the dataclass defaults become schema defaults, so
-the API server fills in exactly what the parser would. Only what a dataclass cannot say lives here:
-each field's description (``kubectl explain trainingrun.spec`` prints them), minimums, quantity
-patterns and CEL rules. A field added to a dataclass without an entry in ``_SPEC_FIELDS`` stops the
-generator, and tests/unit/test_crd.py fails when the committed YAML is older than this code.
+properties, Python types become OpenAPI types, the dataclass defaults become schema defaults (so
+the API server fills in exactly what the parser would), and each field's ``SpecField`` gives its
+description (``kubectl explain trainingrun.spec`` prints them), minimum and kind. What only the
+API server needs lives here: the OpenAPI patterns and CEL rules each kind of value turns into,
+and the rules across a section's fields. tests/unit/test_crd.py fails when the committed YAML
+is older than this code.
 
     python -m spotray.controller.crd            # print the CRD as YAML
     python -m spotray.controller.crd --write    # write charts/spotray/crds/trainingruns.spotray.dev.yaml (make crd)
@@ -14,6 +15,7 @@ generator, and tests/unit/test_crd.py fails when the committed YAML is older tha
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import sys
@@ -24,15 +26,25 @@ from typing import Any
 
 import yaml
 
-from spotray.contract.attempts import OUTCOMES
-from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PHASES, PLURAL, VERSION
+from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
 from spotray.contract.spec import (
+    AUTO,
+    CPU,
     CPU_PATTERN,
     MAX_NAME_LENGTH,
+    MEMORY,
     MEMORY_PATTERN,
     NAME_PATTERN,
+    STEPS_OR_AUTO,
+    TEXT,
+    URI,
+    CheckpointSpec,
     RunSpec,
+    SpecField,
+    WorkerSpec,
+    camel,
 )
+from spotray.contract.status import RunStatus, StatusField, StatusObject, declaration, field_type
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "charts" / "spotray" / "crds" / f"{CRD_NAME}.yaml"
 
@@ -87,9 +99,8 @@ def _uri_rules(field_name: str, immutable_reason: str) -> list[dict[str, str]]:
     ]
 
 
-def _cpu(description: str) -> dict[str, Any]:
+def _cpu() -> dict[str, Any]:
     return {
-        "description": description,
         "x-kubernetes-int-or-string": True,
         "pattern": CPU_PATTERN.pattern,
         "maxLength": _MAX_QUANTITY_LENGTH,
@@ -102,9 +113,8 @@ def _cpu(description: str) -> dict[str, Any]:
     }
 
 
-def _memory(description: str) -> dict[str, Any]:
+def _memory() -> dict[str, Any]:
     return {
-        "description": description,
         "x-kubernetes-int-or-string": True,
         "pattern": MEMORY_PATTERN.pattern,
         "maxLength": _MAX_QUANTITY_LENGTH,
@@ -114,177 +124,73 @@ def _memory(description: str) -> dict[str, Any]:
     }
 
 
-# Keyed by the path under spec. "description" is required for every field; the rest is merged into
-# the schema built from the dataclass field (type, default, required).
-_SPEC_FIELDS: dict[str, dict[str, Any]] = {
-    "entrypoint": {
-        "description": "The command that starts training on the Ray head, "
-        "e.g. `python -m spotray.jobs.gpt2 --max-steps 200`. "
-        "It runs once per attempt and must resume from the latest checkpoint (spotray's launcher does).",
-        "maxLength": _MAX_TEXT_LENGTH,
-        "x-kubernetes-validations": [_NOT_BLANK],
-    },
-    "checkpoint": {
-        "description": "Where checkpoints go and how often. Every attempt resumes from the latest complete "
-        "checkpoint there, so a preempted run loses at most everySteps steps.",
-        "x-kubernetes-validations": [
-            {
-                "rule": "self.minEverySteps <= self.maxEverySteps",
-                "message": "maxEverySteps must be >= minEverySteps",
-                "fieldPath": ".maxEverySteps",
-            }
-        ],
-    },
-    "checkpoint.uri": {
-        "description": "Where checkpoints are written: s3://BUCKET/PREFIX, or a path on a volume every pod mounts "
-        "(/mnt/shared/runs/x or file:///mnt/shared/runs/x). Cannot change once set.",
-        "maxLength": _MAX_URI_LENGTH,
-        "x-kubernetes-validations": [
-            _NOT_BLANK,
-            *_uri_rules("checkpoint.uri", "the run resumes from checkpoints there"),
-        ],
-    },
-    "checkpoint.everySteps": {
-        "description": "Take a checkpoint every this many training steps (also one on a spot notice), or auto: "
-        "the interval that maximises expected goodput from the measured checkpoint cost and the observed "
-        "interruption rate (Young/Daly), within minEverySteps and maxEverySteps; status.checkpointInterval "
-        "shows the choice and its numbers.",
-        "x-kubernetes-int-or-string": True,
-        "x-kubernetes-validations": [
-            {
-                "rule": "type(self) == string ? self == 'auto' : self >= 1",
-                "message": 'must be a number of steps (>= 1) or "auto"',
-            }
-        ],
-    },
-    "checkpoint.minEverySteps": {
-        "description": "With everySteps: auto, the shortest interval it may choose.",
-        "minimum": 1,
-    },
-    "checkpoint.maxEverySteps": {
-        "description": "With everySteps: auto, the longest interval it may choose.",
-        "minimum": 1,
-    },
-    "checkpoint.keep": {
-        "description": "How many complete checkpoints to keep; older ones are deleted after a newer one completes.",
-        "minimum": 1,
-    },
-    "checkpoint.secretRef": {
-        "description": "Name of a Secret in the run's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-        "(and optionally AWS_ENDPOINT_URL, AWS_REGION) for the S3 store. Unset: the pods' own credentials.",
-        "maxLength": 253,
-        "x-kubernetes-validations": [_NOT_BLANK],
-    },
-    "workers": {
-        "description": "The Ray worker group: replicas pods, each running one training worker per GPU "
-        "(one on CPU when gpu is 0).",
-        "x-kubernetes-validations": [
-            {
-                "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
-                "message": "minReplicas must be <= replicas",
-                "fieldPath": ".minReplicas",
-            }
-        ],
-    },
-    "workers.replicas": {
-        "description": "Number of worker pods. Ray Train runs replicas * max(gpu, 1) workers.",
-        "minimum": 1,
-    },
-    "workers.minReplicas": {
-        "description": "The fewest worker pods the run goes on with. Below replicas the run is elastic: when "
-        "spot nodes are lost it continues on the pods that are left, and grows back as nodes return, each "
-        "time from the latest checkpoint, with the same global batch (gradient accumulation makes up the "
-        "difference). Every worker count in the range must divide the global batch. Unset: replicas.",
-        "minimum": 1,
-    },
-    "workers.cpu": _cpu('CPU request per worker pod, a Kubernetes quantity: "2", "0.5" or "500m".'),
-    "workers.memory": _memory('Memory request per worker pod, a Kubernetes quantity: "4Gi" or "512Mi".'),
-    "workers.gpu": {
-        "description": "GPUs (nvidia.com/gpu) per worker pod; 0 trains on CPU.",
-        "minimum": 0,
-    },
-    "workers.spot": {
-        "description": "Schedule workers on spot (preemptible) nodes. Preemptions are retried up to "
-        "retry.maxPreemptions times, resuming from the latest checkpoint.",
-    },
-    "head": {
-        "description": "The Ray head pod, which runs the entrypoint and the Ray Train controller; "
-        "it always runs on on-demand nodes.",
-    },
-    "head.cpu": _cpu('CPU request of the head pod, a Kubernetes quantity: "2", "0.5" or "500m".'),
-    "head.memory": _memory('Memory request of the head pod, a Kubernetes quantity: "4Gi" or "512Mi".'),
-    "data": {
-        "description": "The training data, read by the job (e.g. a MosaicML streaming dataset).",
-    },
-    "data.uri": {
-        "description": "Where the dataset is: s3://BUCKET/PREFIX or an absolute path. Cannot change once set: "
-        "the data position saved in each checkpoint refers to this dataset.",
-        "maxLength": _MAX_URI_LENGTH,
-        "x-kubernetes-validations": [
-            _NOT_BLANK,
-            *_uri_rules("data.uri", "the data position in each checkpoint refers to this dataset"),
-        ],
-    },
-    "retry": {
-        "description": "How often a run is started again before it is marked Failed.",
-    },
-    "retry.maxPreemptions": {
-        "description": "Spot preemptions (node lost or spot notice) to recover from before the run fails.",
-        "minimum": 0,
-    },
-    "retry.maxFailures": {
-        "description": "Failures of the job itself (non-zero exit, crash) to retry before the run fails.",
-        "minimum": 0,
-    },
-    "retry.backoffSeconds": {
-        "description": "Seconds to wait before the next attempt after a failure (not after a preemption).",
-        "minimum": 0,
-    },
-    "image": {
-        "description": "Container image for the head and worker pods. Unset: the image the spotray chart configures.",
-        "maxLength": 1024,
-        "x-kubernetes-validations": [_NOT_BLANK],
-    },
-    "runtimeEnv": {
-        "description": "A Ray runtime_env (env_vars, pip, working_dir, ...) passed to the job unchanged.",
-    },
-    "suspend": {
-        "description": "true stops the current attempt after a checkpoint and starts none; false resumes the run.",
-    },
+# Rules across the fields of one section; the parser checks the same in the section's ``problems``.
+_SECTION_RULES: dict[type[Any], list[dict[str, str]]] = {
+    CheckpointSpec: [
+        {
+            "rule": "self.minEverySteps <= self.maxEverySteps",
+            "message": "maxEverySteps must be >= minEverySteps",
+            "fieldPath": ".maxEverySteps",
+        }
+    ],
+    WorkerSpec: [
+        {
+            "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
+            "message": "minReplicas must be <= replicas",
+            "fieldPath": ".minReplicas",
+        }
+    ],
 }
 
-_SPEC_DESCRIPTION = (
-    "What to train and how: the entrypoint, the Ray worker and head pods, where checkpoints go, "
-    "and how often a preempted or failed run is started again."
-)
+
+def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:
+    """The OpenAPI keywords and CEL rules that say what a field's declaration says."""
+    if declared.kind == CPU:
+        return _cpu()
+    if declared.kind == MEMORY:
+        return _memory()
+    if declared.kind == STEPS_OR_AUTO:
+        return {
+            "x-kubernetes-int-or-string": True,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"type(self) == string ? self == '{AUTO}' : self >= {declared.minimum}",
+                    "message": f'must be a number of steps (>= {declared.minimum}) or "{AUTO}"',
+                }
+            ],
+        }
+    if declared.kind == URI:
+        assert declared.immutable is not None, f"spec.{path}: a URI says why it cannot change"
+        return {
+            "maxLength": _MAX_URI_LENGTH,
+            "x-kubernetes-validations": [_NOT_BLANK, *_uri_rules(path, declared.immutable)],
+        }
+    rules: dict[str, Any] = {}
+    if declared.kind == TEXT:
+        rules = {"maxLength": declared.max_length or _MAX_TEXT_LENGTH, "x-kubernetes-validations": [_NOT_BLANK]}
+    if declared.minimum is not None:
+        rules["minimum"] = declared.minimum
+    return rules
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
-
-
-def _spec_schema(cls: type[Any], prefix: str, used: set[str]) -> dict[str, Any]:
-    """The object schema of one RunSpec dataclass, recursively."""
+def _spec_schema(cls: type[Any], prefix: str) -> dict[str, Any]:
+    """The object schema of one RunSpec dataclass, recursively, from each field's declaration."""
     hints = typing.get_type_hints(cls)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for spec_field in dataclasses.fields(cls):
-        name = _camel(spec_field.name)
+        name = camel(spec_field.name)
         path = f"{prefix}{name}"
-        if path not in _SPEC_FIELDS:
-            raise KeyError(f"spec.{path} ({cls.__name__}.{spec_field.name}) has no entry in _SPEC_FIELDS")
-        used.add(path)
-        extra = dict(_SPEC_FIELDS[path])
+        declared: SpecField = spec_field.metadata["spec"]
         python_type = hints[spec_field.name]
         if isinstance(python_type, types.UnionType):  # `str | None`: optional, never null in the API
             python_type = next(arg for arg in typing.get_args(python_type) if arg is not type(None))
-        schema: dict[str, Any] = {"description": extra.pop("description")}
+        schema: dict[str, Any] = {"description": declared.description}
         if isinstance(python_type, type) and dataclasses.is_dataclass(python_type):
-            schema.update(_spec_schema(python_type, f"{path}.", used))
+            schema.update(_spec_schema(python_type, f"{path}."))
         elif typing.get_origin(python_type) is dict:
             schema.update({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
-        elif not extra.get("x-kubernetes-int-or-string"):
+        elif declared.kind not in (CPU, MEMORY, STEPS_OR_AUTO):  # those are int-or-string
             schema["type"] = {bool: "boolean", int: "integer", str: "string"}[python_type]
         if spec_field.default is not dataclasses.MISSING and spec_field.default is not None:
             schema["default"] = spec_field.default
@@ -295,7 +201,9 @@ def _spec_schema(cls: type[Any], prefix: str, used: set[str]) -> dict[str, Any]:
             schema["default"] = {}
         elif spec_field.default is dataclasses.MISSING:
             required.append(name)
-        schema.update(extra)
+        schema.update(_declared_rules(declared, path))
+        if isinstance(python_type, type) and python_type in _SECTION_RULES:
+            schema["x-kubernetes-validations"] = _SECTION_RULES[python_type]
         properties[name] = schema
     result: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
@@ -304,11 +212,8 @@ def _spec_schema(cls: type[Any], prefix: str, used: set[str]) -> dict[str, Any]:
 
 
 def spec_schema() -> dict[str, Any]:
-    """The OpenAPI schema of ``spec``, built from RunSpec."""
-    used: set[str] = set()
-    schema = {"description": _SPEC_DESCRIPTION, **_spec_schema(RunSpec, "", used)}
-    if stale := sorted(set(_SPEC_FIELDS) - used):
-        raise KeyError(f"_SPEC_FIELDS describes fields RunSpec does not have: {', '.join(stale)}")
+    """The OpenAPI schema of ``spec``, built from RunSpec's declarations."""
+    schema = {"description": " ".join((RunSpec.__doc__ or "").split()), **_spec_schema(RunSpec, "")}
     schema["x-kubernetes-validations"] = [
         {
             "rule": "!has(oldSelf.data) || !has(oldSelf.data.uri) || (has(self.data) && has(self.data.uri))",
@@ -319,191 +224,55 @@ def spec_schema() -> dict[str, Any]:
     return schema
 
 
-def _string(description: str, **more: Any) -> dict[str, Any]:
-    return {"type": "string", "description": description, **more}
+def _string(description: str) -> dict[str, Any]:
+    return {"type": "string", "description": description}
 
 
-def _integer(description: str, **more: Any) -> dict[str, Any]:
-    return {"type": "integer", "description": description, **more}
+# A status field's Python type in OpenAPI; objects and lists are built from their declarations.
+_OPENAPI_TYPES = {int: "integer", float: "number", str: "string"}
 
 
-def _time(description: str) -> dict[str, Any]:
-    return _string(description, format="date-time")
+def _status_object(cls: type[StatusObject]) -> dict[str, Any]:
+    """``required`` and ``properties`` of one status dataclass, from its fields' declarations."""
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    required: list[str] = []
+    for status_field in dataclasses.fields(cls):
+        declared = declaration(status_field)
+        key = camel(status_field.name)
+        properties[key] = _status_schema(field_type(hints[status_field.name]), declared.description, declared)
+        if declared.required:
+            required.append(key)
+    return {"required": required, "properties": properties} if required else {"properties": properties}
 
 
-def _number(description: str) -> dict[str, Any]:
-    return {"type": "number", "description": description}
-
-
-def _goodput_schema() -> dict[str, Any]:
-    seconds = {
-        "waitingForCapacity": "From an attempt's RayJob being created to its workers training: nodes, pods, Ray.",
-        "startUp": "The first attempt's time before its first step.",
-        "restarts": "Between a lost worker group's last step and the next group's first, less waiting.",
-        "redoneSteps": "Time of steps trained again after a resume from an earlier checkpoint.",
-        "checkpointBlocking": "Time the training loop waited for the saves of surviving steps.",
-        "other": "The rest: mostly after the last step (the final upload, shutting down).",
-    }
-    return {
-        "type": "object",
-        "description": "The goodput ledger: where the run's wall time went (docs/goodput.md).",
-        "properties": {
-            "ratio": _number("Goodput: the time of the steps that survived over the wall time (0 to 1)."),
-            "wallSeconds": _integer("From the first attempt's creation to the latest step (or the end).", minimum=0),
-            "survivingStepSeconds": _integer("Time of the steps whose results the model carries.", minimum=0),
-            "lostSeconds": {
-                "type": "object",
-                "description": "The rest of the wall time, by cause.",
-                "properties": {cause: _integer(text, minimum=0) for cause, text in seconds.items()},
-            },
-            "stepsRedone": {
-                "type": "array",
-                "description": "Steps trained again after each resume, in order.",
-                "items": {"type": "integer", "description": "Steps redone after one resume."},
-            },
-            "workerRestarts": _integer("Worker groups Ray Train restarted inside an attempt.", minimum=0),
-        },
-    }
-
-
-def _checkpoint_interval_schema() -> dict[str, Any]:
-    return {
-        "type": "object",
-        "description": "With spec.checkpoint.everySteps: auto, the interval in use and the numbers it came from "
-        "(Young/Daly: about sqrt(2 x checkpoint cost x mean time between interruptions)).",
-        "properties": {
-            "steps": _integer("The interval in use, in steps.", minimum=1),
-            "targetSeconds": _number("The interval Young/Daly gives, in seconds of training."),
-            "checkpointSeconds": _number("The measured cost of one checkpoint: how long the loop waits for it."),
-            "stepSeconds": _number("The measured time of one step."),
-            "meanSecondsBetweenInterruptions": _number("The estimated mean training time between interruptions."),
-            "interruptions": _integer("Interruptions observed so far (lost attempts and worker groups).", minimum=0),
-            "observedSeconds": _number("Training time observed so far, which the estimate rests on."),
-            "minSteps": _integer("The lower bound (spec.checkpoint.minEverySteps).", minimum=1),
-            "maxSteps": _integer("The upper bound (spec.checkpoint.maxEverySteps).", minimum=1),
-        },
-    }
-
-
-def _condition_schema() -> dict[str, Any]:
-    """Shaped exactly like metav1.Condition, so generic tools (kubectl wait, kstatus) read it."""
-    return {
-        "type": "object",
-        "description": "One aspect of the run's state, in the standard Kubernetes condition shape.",
-        "required": ["type", "status", "lastTransitionTime", "reason", "message"],
-        "properties": {
-            "type": _string(
-                "The condition's kind in CamelCase, e.g. Ready, Progressing, Preempted.",
-                maxLength=316,
-                pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
-                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-            ),
-            "status": _string("Whether the condition holds.", enum=["True", "False", "Unknown"]),
-            "observedGeneration": _integer(
-                "The metadata.generation the condition was set for.", format="int64", minimum=0
-            ),
-            "lastTransitionTime": _time("When status last changed."),
-            "reason": _string(
-                "A CamelCase word for the last transition, for programs.",
-                maxLength=1024,
-                minLength=1,
-                pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
-            ),
-            "message": _string("The last transition in words, for people.", maxLength=32768),
-        },
-    }
+def _status_schema(python_type: Any, description: str, declared: StatusField | None = None) -> dict[str, Any]:
+    """The schema of a status value: a scalar, an object (a status dataclass) or a list of either."""
+    keywords = copy.deepcopy(declared.openapi) if declared is not None else {}
+    schema: dict[str, Any]
+    if typing.get_origin(python_type) is tuple:  # tuple[X, ...]
+        items = declared.items if declared is not None else None
+        assert items, f"{description!r}: a list's declaration says what one item is (items=...)"
+        item_type = typing.get_args(python_type)[0]
+        schema = {"type": "array", "description": description, **keywords, "items": _status_schema(item_type, items)}
+    elif isinstance(python_type, type) and issubclass(python_type, StatusObject):
+        schema = {"type": "object", "description": description, **keywords, **_status_object(python_type)}
+    else:
+        schema = {"type": _OPENAPI_TYPES[python_type], "description": description, **keywords}
+    return schema
 
 
 def status_schema() -> dict[str, Any]:
-    """What the controller reports. Written by the controller only (the status subresource)."""
-    return {
+    """What the controller reports, built from RunStatus (spotray/contract/status.py). Written by the
+    controller only (the status subresource)."""
+    schema = _status_schema(RunStatus, "What the controller observed; written by the spotray controller only.")
+    # kopf's own bookkeeping: the framework writes it there, and spotray never reads it.
+    schema["properties"]["kopf"] = {
         "type": "object",
-        "description": "What the controller observed; written by the spotray controller only.",
-        "properties": {
-            "phase": _string(
-                "Pending (no attempt yet), Running, Resuming (a new attempt after a preemption or failure), "
-                "Suspended, Succeeded or Failed (retries exhausted or the spec is invalid).",
-                enum=list(PHASES),
-            ),
-            "attempt": _integer("The current (or last) attempt, counting from 1.", minimum=0),
-            "preemptions": _integer("Spot preemptions so far, compared with spec.retry.maxPreemptions.", minimum=0),
-            "failures": _integer("Job failures so far, compared with spec.retry.maxFailures.", minimum=0),
-            "rayJob": _string("Name of the current attempt's RayJob (<run>-a<attempt>)."),
-            "message": _string("The latest news in one line, for people."),
-            "nextAttemptTime": _time("When the next attempt starts, while waiting out retry.backoffSeconds."),
-            "storageUnreachableSince": _time(
-                "Since when the ended attempt's records cannot be read from the checkpoint URI (no budget is "
-                "spent meanwhile); unset once they can."
-            ),
-            "observedGeneration": _integer("The metadata.generation this status describes.", format="int64", minimum=0),
-            "progress": {
-                "type": "object",
-                "description": "The latest training progress the job reported.",
-                "properties": {
-                    "step": _integer("The latest completed training step.", minimum=0),
-                    "totalSteps": _integer("Steps the run trains for in all.", minimum=0),
-                    "loss": {"type": "number", "description": "The training loss at step."},
-                    "stepsPerSecond": {"type": "number", "description": "Recent training speed."},
-                    "updateTime": _time("When step was reached."),
-                },
-            },
-            "lastCheckpoint": {
-                "type": "object",
-                "description": "The latest complete checkpoint, which the next attempt resumes from.",
-                "properties": {
-                    "step": _integer("The training step the checkpoint holds.", minimum=0),
-                    "uri": _string("Where the checkpoint is, under spec.checkpoint.uri."),
-                    "time": _time("When the checkpoint completed."),
-                },
-            },
-            "goodput": _goodput_schema(),
-            "cost": {
-                "type": "object",
-                "description": "With the chart's prices: what the run cost so far, and an on-demand run of its steps.",
-                "properties": {
-                    "currency": _string("The prices' currency."),
-                    "run": _number("The wall time so far at the head's and every worker node's price (spot or not)."),
-                    "onDemandSameSteps": _number("The surviving step time plus one start-up, on on-demand nodes."),
-                    "savedRatio": _number("1 - run / onDemandSameSteps: what spot saved (negative: it cost more)."),
-                },
-            },
-            "checkpointInterval": _checkpoint_interval_schema(),
-            "attempts": {
-                "type": "array",
-                "description": "The last 20 attempts, oldest first (preemptions and failures count them all).",
-                "items": {
-                    "type": "object",
-                    "description": "One attempt: one RayJob from start to end.",
-                    "properties": {
-                        "attempt": _integer("The attempt's number, counting from 1.", minimum=1),
-                        "rayJob": _string("Name of the attempt's RayJob."),
-                        "outcome": _string("How the attempt ended (Running while it runs).", enum=list(OUTCOMES)),
-                        "reason": _string("A CamelCase word for the outcome, e.g. NodePreempted, JobFailed."),
-                        "message": _string("The outcome in words."),
-                        "startTime": _time("When the attempt's RayJob was created."),
-                        "endTime": _time("When the attempt ended."),
-                        "resumedFrom": _integer(
-                            "The checkpoint step the attempt resumed from; null when it started from scratch.",
-                            minimum=0,
-                            nullable=True,
-                        ),
-                    },
-                },
-            },
-            "conditions": {
-                "type": "array",
-                "description": "The run's conditions, one per type.",
-                "x-kubernetes-list-type": "map",
-                "x-kubernetes-list-map-keys": ["type"],
-                "items": _condition_schema(),
-            },
-            "kopf": {
-                "type": "object",
-                "description": "Handler progress that the kopf framework keeps for the controller.",
-                "x-kubernetes-preserve-unknown-fields": True,
-            },
-        },
+        "description": "Handler progress that the kopf framework keeps for the controller.",
+        "x-kubernetes-preserve-unknown-fields": True,
     }
+    return schema
 
 
 def _printer_column(name: str, path: str, kind: str, description: str, priority: int = 0) -> dict[str, Any]:
@@ -511,6 +280,16 @@ def _printer_column(name: str, path: str, kind: str, description: str, priority:
     if priority:
         column["priority"] = priority
     return column
+
+
+def _status_column(name: str, description: str, *path: str, priority: int = 0) -> dict[str, Any]:
+    """A column that shows a status field, named by its Python names (``"progress", "total_steps"``):
+    its JSONPath and type come from the field's declaration, and a name that is none stops the generator."""
+    python_type: Any = RunStatus
+    for part in path:
+        python_type = field_type(typing.get_type_hints(python_type)[part])
+    json_path = ".status." + ".".join(camel(part) for part in path)
+    return _printer_column(name, json_path, _OPENAPI_TYPES[python_type], description, priority)
 
 
 def training_run_crd() -> dict[str, Any]:
@@ -545,14 +324,14 @@ def training_run_crd() -> dict[str, Any]:
         "x-kubernetes-validations": name_rules,
     }
     columns = [
-        _printer_column("Phase", ".status.phase", "string", "The run's phase."),
-        _printer_column("Attempt", ".status.attempt", "integer", "The current attempt."),
-        _printer_column("Step", ".status.progress.step", "integer", "The latest training step."),
-        _printer_column("Total", ".status.progress.totalSteps", "integer", "Steps in all."),
-        _printer_column("Checkpoint", ".status.lastCheckpoint.step", "integer", "Step of the latest checkpoint."),
-        _printer_column("Preemptions", ".status.preemptions", "integer", "Spot preemptions so far."),
-        _printer_column("Goodput", ".status.goodput.ratio", "number", "Surviving step time over wall time."),
-        _printer_column("Failures", ".status.failures", "integer", "Job failures so far.", priority=1),
+        _status_column("Phase", "The run's phase.", "phase"),
+        _status_column("Attempt", "The current attempt.", "attempt"),
+        _status_column("Step", "The latest training step.", "progress", "step"),
+        _status_column("Total", "Steps in all.", "progress", "total_steps"),
+        _status_column("Checkpoint", "Step of the latest checkpoint.", "last_checkpoint", "step"),
+        _status_column("Preemptions", "Spot preemptions so far.", "preemptions"),
+        _status_column("Goodput", "Surviving step time over wall time.", "goodput", "ratio"),
+        _status_column("Failures", "Job failures so far.", "failures", priority=1),
         _printer_column("Age", ".metadata.creationTimestamp", "date", "Time since the run was created."),
     ]
     return {

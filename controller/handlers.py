@@ -1,4 +1,4 @@
-"""kopf wiring: every handler is a few lines that hand a run to controller/work_queue.py.
+"""kopf wiring: the TrainingRun and RayJob handlers are a few lines that hand a run to controller/work_queue.py.
 
 - a TrainingRun that is new or whose spec changed (generation != status.observedGeneration) ->
   reconcile it first thing (an urgent request on the work queue);
@@ -7,8 +7,11 @@
   by the work queue, at a bounded rate, or by a kopf timer when replicas peer for HA;
 - a pod of ours got a ``DisruptionTarget`` condition (node gone, evicted, spot reclaim) -> the fact
   is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends.
-The Kubernetes and S3 clients block, so reconciles run on the queue's worker threads; the handlers
-only enqueue and return, so kopf's watch streams never wait on a reconcile.
+The Kubernetes and S3 clients block, so reconciles run on the queue's worker threads; those
+handlers only enqueue and return, so kopf's watch streams never wait on a reconcile. Two do not go
+through the queue: the pod handler writes its one annotation itself, and with peering the kopf timer
+reconciles its run itself; both are plain functions, which kopf runs on its own threads
+(``KOPF_THREADS``). The rest is startup, cleanup and the health probes.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from kubernetes import config as kube_config
 
 from spotray.contract.names import (
     ATTEMPT_LABEL,
+    DEPLOYMENT_ENDED,
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
     GROUP,
@@ -34,6 +38,7 @@ from spotray.contract.names import (
     VERSION,
     rayjob_name,
 )
+from spotray.contract.status import RunStatus
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
@@ -154,9 +159,10 @@ async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, s
         _queue.forget(namespace, name)
         return
     _watch_health.saw((namespace, name), str(meta.get("resourceVersion")), time.monotonic())
+    stored = RunStatus.from_status(status)
     if not CONFIG.peering:
-        _queue.track(namespace, name, status.get("phase"))
-    if meta.get("generation") != status.get("observedGeneration"):
+        _queue.track(namespace, name, stored.phase)
+    if meta.get("generation") != stored.observed_generation:
         # A new object's body is current; any other is read fresh (it may predate our own patches).
         _queue.add(namespace, name, dict(body) if event["type"] == "ADDED" else None)
 
@@ -171,7 +177,7 @@ if CONFIG.peering:
 
 
 def _finished(status: kopf.Status, **_: Any) -> bool:
-    return status.get("jobDeploymentStatus") in ("Complete", "Failed")
+    return status.get("jobDeploymentStatus") in DEPLOYMENT_ENDED
 
 
 # An event handler, not a change handler: kopf then keeps no state on RayJobs, which KubeRay owns.

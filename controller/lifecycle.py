@@ -20,7 +20,7 @@ How an attempt ended is decided from facts, in this order:
 Preemptions never spend the failure budget: retrying a spot loss is the normal case. A fact that
 cannot be read is never taken as an answer: when the store cannot be read at the end of an
 attempt, nothing is decided and no budget is spent; the run waits, says why, and after
-``Observation.storage_patience_seconds`` (``SPOTRAY_STORAGE_PATIENCE_SECONDS``, 600 by default) shows a
+``Observation.storage_patience_seconds`` (``SPOTRAY_STORAGE_PATIENCE_SECONDS``, controller/config.py) shows a
 ``StorageUnreachable`` condition. A RayJob with the attempt's name
 that another TrainingRun owns (a deleted namesake's) is never adopted. ``end_attempt`` is the one
 budget decision; local mode (spotray/local.py) calls it too.
@@ -32,7 +32,8 @@ transition without a cluster; controller/reconcile.py gathers the inputs and app
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -46,7 +47,12 @@ from spotray.contract.attempts import (
     OUTCOME_SUSPENDED,
 )
 from spotray.contract.names import (
+    DEPLOYMENT_ENDED,
     FAILED,
+    JOB_ENDED,
+    JOB_PENDING,
+    JOB_RUNNING,
+    JOB_SUCCEEDED,
     PENDING,
     RESUMING,
     RUNNING,
@@ -56,6 +62,8 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.spec import TrainingRun
+from spotray.contract.status import AttemptStatus, Condition, RunStatus
+from spotray.controller.config import STORAGE_PATIENCE_SECONDS
 from spotray.train.records.attempt_records import AttemptRecords
 
 MAX_FAILURE_BACKOFF_S = 600
@@ -63,8 +71,6 @@ MAX_FAILURE_BACKOFF_S = 600
 # (one 40 kB traceback would make every status patch fail), and a long run has many attempts.
 MAX_MESSAGE_CHARS = 4096
 MAX_ATTEMPTS_KEPT = 20
-# An attempt's end whose records cannot be read is decided later; past this, the run says so loudly.
-STORAGE_PATIENCE_S = 600.0
 STORAGE_RETRY_S = 15.0
 # Ray's job supervisor says how the entrypoint ended in the job's message, which KubeRay copies into
 # the RayJob's status.message: "Job entrypoint command failed with exit code N, last available logs ...".
@@ -75,6 +81,34 @@ LOG_TAIL_CHARS = 1500
 # notices); one that fails later outlived the loss: Ray Train restarted its workers, or an elastic
 # group went on smaller. Its failure is then the code's, and spends the failure budget.
 DISRUPTION_CAUSE_WINDOW_S = 300
+
+# Reasons: the CamelCase words of status.attempts[].reason, of the conditions and of the Events.
+# How an attempt ended (status.attempts[].reason; the Event of its end carries the same word):
+REASON_TRAINING_FINISHED = "TrainingFinished"  # also the Succeeded condition's
+REASON_SPOT_NOTICE = "SpotNotice"
+REASON_NODE_LOST = "NodeLost"
+REASON_TRAINING_FAILED = "TrainingFailed"
+REASON_BAD_INPUT = "BadInput"  # also the Failed condition's: the run fails at once
+REASON_START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
+REASON_SUSPENDED = "Suspended"
+REASON_INTERRUPTED = "Interrupted"  # local mode (spotray/local.py): the command running the attempt was stopped
+# Why a run failed (the Failed condition's reason and its Event), besides BadInput:
+REASON_PREEMPTION_BUDGET_EXHAUSTED = "PreemptionBudgetExhausted"
+REASON_FAILURE_BUDGET_EXHAUSTED = "FailureBudgetExhausted"
+REASON_INVALID_SPEC = "InvalidSpec"  # controller/reconcile.py: the spec cannot be parsed
+# Events only:
+REASON_ATTEMPT_STARTED = "AttemptStarted"
+REASON_SUCCEEDED = "Succeeded"
+REASON_RAYJOB_NOT_OURS = "RayJobNotOurs"
+REASON_WAITING_FOR_STORAGE = "WaitingForStorage"
+REASON_STORAGE_UNREACHABLE = "StorageUnreachable"  # also the StorageUnreachable condition's
+
+# status.conditions[].type
+CONDITION_PROGRESSING = "Progressing"
+CONDITION_SUCCEEDED = "Succeeded"
+CONDITION_FAILED = "Failed"
+CONDITION_SUSPENDED = "Suspended"
+CONDITION_STORAGE_UNREACHABLE = "StorageUnreachable"
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -96,25 +130,6 @@ def parse_timestamp(text: str | None) -> datetime | None:
 
 
 @dataclass(frozen=True)
-class AttemptEntry:
-    """One entry of status.attempts."""
-
-    attempt: int
-    rayJob: str  # noqa: N815 - the status field's name
-    outcome: str
-    startTime: str  # noqa: N815
-    reason: str = ""
-    message: str = ""
-    endTime: str | None = None  # noqa: N815
-    resumedFrom: int | None = None  # noqa: N815
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> AttemptEntry:
-        known = {name: data[name] for name in cls.__dataclass_fields__ if name in data}
-        return cls(**known)
-
-
-@dataclass(frozen=True)
 class RunState:
     """The part of status.* that the lifecycle owns (progress and checkpoints are reported beside it).
 
@@ -123,7 +138,7 @@ class RunState:
     """
 
     phase: str = PENDING
-    attempts: tuple[AttemptEntry, ...] = ()
+    attempts: tuple[AttemptStatus, ...] = ()
     message: str = ""
     next_attempt_time: str | None = None
     failure_reason: str = ""  # why the run Failed: the Failed condition's reason
@@ -132,46 +147,47 @@ class RunState:
     storage_unreachable_since: str | None = None  # an attempt ended and its records cannot be read
 
     @property
-    def current(self) -> AttemptEntry | None:
+    def current(self) -> AttemptStatus | None:
         return self.attempts[-1] if self.attempts else None
 
     @classmethod
-    def from_status(cls, status: dict[str, Any]) -> RunState:
-        attempts = tuple(AttemptEntry.from_dict(a) for a in status.get("attempts") or [])
+    def from_status(cls, status: Mapping[str, Any]) -> RunState:
+        """The state a stored status holds; a status without budget counters (an older controller's)
+        counts them from its attempts."""
+        stored = RunStatus.from_status(status)
+        attempts = stored.attempts or ()
         return cls(
-            phase=status.get("phase") or PENDING,
+            phase=stored.phase or PENDING,
             attempts=attempts,
-            message=status.get("message") or "",
-            next_attempt_time=status.get("nextAttemptTime"),
+            message=stored.message or "",
+            next_attempt_time=stored.next_attempt_time,
             failure_reason=next(
-                (
-                    c.get("reason", "")
-                    for c in status.get("conditions") or []
-                    if c.get("type") == "Failed" and c.get("status") == "True"
-                ),
+                (c.reason or "" for c in stored.conditions or () if c.type == CONDITION_FAILED and c.status == "True"),
                 "",
             ),
-            preemptions=int(status.get("preemptions") or sum(a.outcome == OUTCOME_PREEMPTED for a in attempts)),
-            failures=int(status.get("failures") or sum(a.outcome == OUTCOME_FAILED for a in attempts)),
-            storage_unreachable_since=status.get("storageUnreachableSince"),
+            preemptions=stored.preemptions or sum(a.outcome == OUTCOME_PREEMPTED for a in attempts),
+            failures=stored.failures or sum(a.outcome == OUTCOME_FAILED for a in attempts),
+            storage_unreachable_since=stored.storage_unreachable_since,
+        )
+
+    def run_status(self) -> RunStatus:
+        """The lifecycle's fields of the status, messages bounded (controller/reconcile.py adds the rest)."""
+        current = self.current
+        return RunStatus(
+            phase=self.phase,
+            attempt=current.attempt if current else 0,
+            preemptions=self.preemptions,
+            failures=self.failures,
+            ray_job=current.ray_job if current else None,
+            message=bounded(self.message),
+            next_attempt_time=self.next_attempt_time,
+            storage_unreachable_since=self.storage_unreachable_since,
+            attempts=tuple(replace(a, message=bounded(a.message)) for a in self.attempts[-MAX_ATTEMPTS_KEPT:]),
         )
 
     def to_status(self) -> dict[str, Any]:
-        current = self.current
-        return {
-            "phase": self.phase,
-            "attempt": current.attempt if current else 0,
-            "rayJob": current.rayJob if current else None,
-            "preemptions": self.preemptions,
-            "failures": self.failures,
-            "message": bounded(self.message),
-            "nextAttemptTime": self.next_attempt_time,
-            "storageUnreachableSince": self.storage_unreachable_since,
-            "attempts": [
-                {k: bounded(v) if k == "message" else v for k, v in asdict(a).items() if v is not None}
-                for a in self.attempts[-MAX_ATTEMPTS_KEPT:]
-            ],
-        }
+        """The lifecycle's fields as a merge patch (a field it unset is removed): local mode keeps its state so."""
+        return self.run_status().to_patch()
 
 
 @dataclass(frozen=True)
@@ -209,13 +225,13 @@ class RayJobView:
 
     @property
     def finished(self) -> bool:
-        return self.deployment_status in ("Complete", "Failed") or self.job_status in ("SUCCEEDED", "FAILED", "STOPPED")
+        return self.deployment_status in DEPLOYMENT_ENDED or self.job_status in JOB_ENDED
 
     @property
     def submitted(self) -> bool:
         """The job was handed to Ray, so it may have written progress; not still waiting for its cluster."""
         cluster_starting = self.deployment_status in (None, "", "New", "Initializing")
-        return self.finished or not cluster_starting or self.job_status not in (None, "", "PENDING")
+        return self.finished or not cluster_starting or self.job_status not in (None, "", JOB_PENDING)
 
 
 @dataclass(frozen=True)
@@ -253,7 +269,7 @@ class Observation:
     # (pods refused by admission, a quota, no capacity): it must never wait for ever. 0: no deadline.
     start_deadline_seconds: float = 0.0
     # How long an ended attempt's records may stay unreadable before the run shows StorageUnreachable.
-    storage_patience_seconds: float = STORAGE_PATIENCE_S
+    storage_patience_seconds: float = STORAGE_PATIENCE_SECONDS
 
 
 @dataclass(frozen=True)
@@ -267,8 +283,8 @@ class AttemptEnd:
 
 def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
     """How a finished attempt ended, from the facts (see the module docstring)."""
-    if job.job_status == "SUCCEEDED":
-        return AttemptEnd(OUTCOME_SUCCEEDED, "TrainingFinished", "the job finished")
+    if job.job_status == JOB_SUCCEEDED:
+        return AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, "the job finished")
     exit_code = records.exit_code
     if exit_code is None and job.driver_exit_code == EXIT_BAD_INPUT:
         # A job that refused its input before it could write a record (no credentials, no bucket):
@@ -279,15 +295,17 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
         step = (records.preempted or records.outcome or {}).get("step")
         where = f" at step {step}" if step is not None else ""
         return AttemptEnd(
-            OUTCOME_PREEMPTED, "SpotNotice", f"stopped on a preemption notice after an emergency checkpoint{where}"
+            OUTCOME_PREEMPTED,
+            REASON_SPOT_NOTICE,
+            f"stopped on a preemption notice after an emergency checkpoint{where}",
         )
     if job.lost_node_ended_it:
-        return AttemptEnd(OUTCOME_PREEMPTED, "NodeLost", job.disruption or "")
+        return AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, job.disruption or "")
     recorded = (records.outcome or {}).get("detail")
     detail = str(recorded or log_summary(job.message) or "the job failed without a message")
     if exit_code == EXIT_BAD_INPUT:
-        return AttemptEnd(OUTCOME_FAILED, "BadInput", detail)
-    return AttemptEnd(OUTCOME_FAILED, "TrainingFailed", detail)
+        return AttemptEnd(OUTCOME_FAILED, REASON_BAD_INPUT, detail)
+    return AttemptEnd(OUTCOME_FAILED, REASON_TRAINING_FAILED, detail)
 
 
 def log_summary(message: str) -> str:
@@ -304,8 +322,8 @@ def log_summary(message: str) -> str:
 def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) -> Plan:
     """Record the next attempt (number: the last one + 1) and ask for it to be created."""
     number = (state.current.attempt if state.current else 0) + 1
-    entry = AttemptEntry(
-        attempt=number, rayJob=rayjob_name(run.name, number), outcome=OUTCOME_RUNNING, startTime=timestamp(now)
+    entry = AttemptStatus(
+        attempt=number, ray_job=rayjob_name(run.name, number), outcome=OUTCOME_RUNNING, start_time=timestamp(now)
     )
     new = replace(
         state,
@@ -316,14 +334,16 @@ def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) ->
         message=f"attempt {number} starting",
         next_attempt_time=None,
     )
-    return Plan(new, create_attempt=number, events=(Event("Normal", "AttemptStarted", f"attempt {number}: {why}"),))
+    return Plan(
+        new, create_attempt=number, events=(Event("Normal", REASON_ATTEMPT_STARTED, f"attempt {number}: {why}"),)
+    )
 
 
 def record_end(state: RunState, end: AttemptEnd, now: datetime) -> RunState:
     """The current attempt ended as ``end``; its budget counted. No decision about what comes next."""
     assert state.current is not None
     ended = replace(
-        state.current, outcome=end.outcome, reason=end.reason, message=bounded(end.message), endTime=timestamp(now)
+        state.current, outcome=end.outcome, reason=end.reason, message=bounded(end.message), end_time=timestamp(now)
     )
     return replace(
         state,
@@ -347,27 +367,27 @@ def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetim
     ended = record_end(state, end, now)
     if end.outcome == OUTCOME_SUCCEEDED:
         new = replace(ended, phase=SUCCEEDED, message=f"training finished in attempt {current.attempt}")
-        return Plan(new, events=(Event("Normal", "Succeeded", new.message),))
+        return Plan(new, events=(Event("Normal", REASON_SUCCEEDED, new.message),))
     retry = run.spec.retry
     what = f"attempt {current.attempt} {end.outcome.lower()} ({end.reason}): {end.message}"
-    if end.reason == "BadInput":
+    if end.reason == REASON_BAD_INPUT:
         message = f"{what}. Fix what it names, then create the run again (a retry would be refused the same way)."
-        new = replace(ended, phase=FAILED, message=message, failure_reason="BadInput")
-        return Plan(new, events=(Event("Warning", "BadInput", bounded(message)),))
+        new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_BAD_INPUT)
+        return Plan(new, events=(Event("Warning", REASON_BAD_INPUT, bounded(message)),))
     if ended.preemptions > retry.max_preemptions:
         message = f"{what}; {ended.preemptions} preemptions exceed spec.retry.maxPreemptions={retry.max_preemptions}"
         new = replace(
             ended,
             phase=FAILED,
             message=message + ". Raise the budget or use on-demand workers.",
-            failure_reason="PreemptionBudgetExhausted",
+            failure_reason=REASON_PREEMPTION_BUDGET_EXHAUSTED,
         )
-        return Plan(new, events=(Event("Warning", "PreemptionBudgetExhausted", bounded(new.message)),))
+        return Plan(new, events=(Event("Warning", REASON_PREEMPTION_BUDGET_EXHAUSTED, bounded(new.message)),))
     if ended.failures > retry.max_failures:
         message = f"{what}; {ended.failures} failures exceed spec.retry.maxFailures={retry.max_failures}"
         hint = " Read the job's logs (`spotray logs RUN`), fix the code or input, and create the run again."
-        new = replace(ended, phase=FAILED, message=message + "." + hint, failure_reason="FailureBudgetExhausted")
-        return Plan(new, events=(Event("Warning", "FailureBudgetExhausted", bounded(new.message)),))
+        new = replace(ended, phase=FAILED, message=message + "." + hint, failure_reason=REASON_FAILURE_BUDGET_EXHAUSTED)
+        return Plan(new, events=(Event("Warning", REASON_FAILURE_BUDGET_EXHAUSTED, bounded(new.message)),))
     delay = retry.backoff_seconds
     if end.outcome == OUTCOME_FAILED:
         delay = min(retry.backoff_seconds * 2 ** (ended.failures - 1), MAX_FAILURE_BACKOFF_S)
@@ -397,11 +417,11 @@ def _plan_suspended(state: RunState, now: datetime) -> Plan:
     message = "suspended; set spec.suspend to false to resume"
     current = state.current
     if current is not None and current.outcome == OUTCOME_RUNNING:
-        ended = record_end(state, AttemptEnd(OUTCOME_SUSPENDED, "Suspended", "spec.suspend is true"), now)
+        ended = record_end(state, AttemptEnd(OUTCOME_SUSPENDED, REASON_SUSPENDED, "spec.suspend is true"), now)
         new = replace(ended, phase=SUSPENDED, message=message)
-        return Plan(new, delete_rayjob=current.rayJob, events=(Event("Normal", "Suspended", message),))
+        return Plan(new, delete_rayjob=current.ray_job, events=(Event("Normal", REASON_SUSPENDED, message),))
     # Deleted again (a 404 when gone) in case the controller stopped between recording and deleting.
-    return Plan(replace(state, phase=SUSPENDED, message=message), delete_rayjob=current.rayJob if current else None)
+    return Plan(replace(state, phase=SUSPENDED, message=message), delete_rayjob=current.ray_job if current else None)
 
 
 def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:
@@ -416,7 +436,7 @@ def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:
     return start_attempt(state, obs.run, now, f"after attempt {current.attempt} was {current.outcome.lower()}")
 
 
-def _plan_running_attempt(obs: Observation, current: AttemptEntry, now: datetime) -> Plan:  # noqa: PLR0911
+def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:  # noqa: PLR0911
     state, job = obs.state, obs.job
     if job is None:
         # Status says the attempt runs but its RayJob is missing: the controller stopped between
@@ -424,14 +444,14 @@ def _plan_running_attempt(obs: Observation, current: AttemptEntry, now: datetime
         # this idempotent.
         return Plan(replace(state, phase=PENDING), create_attempt=current.attempt)
     if obs.run_uid is not None and job.owner_uid != obs.run_uid:
-        return wait_for_foreign_rayjob(state, obs.run, current.rayJob, current.attempt, job.owner_uid)
+        return wait_for_foreign_rayjob(state, obs.run, current.ray_job, current.attempt, job.owner_uid)
     if not job.finished:
-        running = job.job_status == "RUNNING"
+        running = job.job_status == JOB_RUNNING
         if not running and _past_start_deadline(obs, current, now):
             return _start_deadline_exceeded(obs, current, job, now)
         message = f"attempt {current.attempt} {'running' if running else 'starting'}"
         return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
-    if obs.records is None and job.job_status != "SUCCEEDED" and not job.disruption:
+    if obs.records is None and job.job_status != JOB_SUCCEEDED and not job.disruption:
         return _wait_for_storage(obs, current, now)
     end = classify_end(job, obs.records or AttemptRecords())
     if end.outcome == OUTCOME_FAILED and job.end_time is not None:
@@ -449,15 +469,15 @@ def wait_for_foreign_rayjob(state: RunState, run: TrainingRun, rayjob: str, atte
         f"of the same name still being garbage-collected; attempt {attempt} starts once it is gone "
         f"(`kubectl delete rayjob {rayjob} -n {run.namespace}` if it stays)"
     )
-    events = (Event("Warning", "RayJobNotOurs", message),) if state.message != message else ()
+    events = (Event("Warning", REASON_RAYJOB_NOT_OURS, message),) if state.message != message else ()
     return Plan(replace(state, message=message), events=events, requeue_after_s=5.0)
 
 
-def _wait_for_storage(obs: Observation, current: AttemptEntry, now: datetime) -> Plan:
+def _wait_for_storage(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:
     """The attempt ended but its records cannot be read: decide nothing, spend nothing, say why, retry."""
     since = parse_timestamp(obs.state.storage_unreachable_since) or now
     waited = (now - since).total_seconds()
-    reason = "StorageUnreachable" if waited >= obs.storage_patience_seconds else "WaitingForStorage"
+    reason = REASON_STORAGE_UNREACHABLE if waited >= obs.storage_patience_seconds else REASON_WAITING_FOR_STORAGE
     message = (
         f"{reason}: attempt {current.attempt} ended, and how it ended cannot be read from "
         f"{obs.run.spec.checkpoint.uri} for {waited:.0f} s ({obs.storage_error or 'unknown error'}); no budget is "
@@ -469,58 +489,64 @@ def _wait_for_storage(obs: Observation, current: AttemptEntry, now: datetime) ->
     return Plan(new, events=events, requeue_after_s=STORAGE_RETRY_S)
 
 
-def _past_start_deadline(obs: Observation, current: AttemptEntry, now: datetime) -> bool:
-    started = parse_timestamp(current.startTime)
+def _past_start_deadline(obs: Observation, current: AttemptStatus, now: datetime) -> bool:
+    started = parse_timestamp(current.start_time)
     if not obs.start_deadline_seconds or started is None:
         return False
     return (now - started).total_seconds() > obs.start_deadline_seconds
 
 
-def _start_deadline_exceeded(obs: Observation, current: AttemptEntry, job: RayJobView, now: datetime) -> Plan:
+def _start_deadline_exceeded(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:
     """End an attempt that never started as a failure, and delete its RayJob (and so its pods)."""
     where = f"{job.deployment_status or 'no status yet'}" + (f": {job.message}" if job.message else "")
     message = (
         f"the Ray cluster of attempt {current.attempt} did not start within {obs.start_deadline_seconds:.0f} s "
-        f"(RayJob {current.rayJob}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "
+        f"(RayJob {current.ray_job}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "
         "refused by admission (Pod Security, a quota), an image that cannot be pulled, or no node with capacity"
     )
-    decided = end_attempt(obs.state, obs.run, AttemptEnd(OUTCOME_FAILED, "StartDeadlineExceeded", message), now)
-    return replace(decided, delete_rayjob=current.rayJob)
+    decided = end_attempt(obs.state, obs.run, AttemptEnd(OUTCOME_FAILED, REASON_START_DEADLINE_EXCEEDED, message), now)
+    return replace(decided, delete_rayjob=current.ray_job)
 
 
 def conditions(
     state: RunState,
-    previous: list[dict[str, Any]],
+    previous: Sequence[Condition],
     generation: int,
     now: datetime,
-    storage_patience_s: float = STORAGE_PATIENCE_S,
-) -> list[dict[str, Any]]:
+    storage_patience_s: float = STORAGE_PATIENCE_SECONDS,
+) -> tuple[Condition, ...]:
     """status.conditions (metav1.Condition shape) for the state; a transition time changes only on a change."""
     wanted = {
-        "Progressing": (state.phase in (PENDING, RUNNING, RESUMING), state.phase),
-        "Succeeded": (state.phase == SUCCEEDED, "TrainingFinished" if state.phase == SUCCEEDED else state.phase),
-        "Failed": (state.phase == FAILED, state.failure_reason or state.phase),
-        "Suspended": (state.phase == SUSPENDED, state.phase),
+        CONDITION_PROGRESSING: (state.phase in (PENDING, RUNNING, RESUMING), state.phase),
+        CONDITION_SUCCEEDED: (
+            state.phase == SUCCEEDED,
+            REASON_TRAINING_FINISHED if state.phase == SUCCEEDED else state.phase,
+        ),
+        CONDITION_FAILED: (state.phase == FAILED, state.failure_reason or state.phase),
+        CONDITION_SUSPENDED: (state.phase == SUSPENDED, state.phase),
         # True once an ended attempt's records stayed unreadable past the patience.
-        "StorageUnreachable": (_storage_unreachable(state, now, storage_patience_s), "StorageUnreachable"),
+        CONDITION_STORAGE_UNREACHABLE: (
+            _storage_unreachable(state, now, storage_patience_s),
+            REASON_STORAGE_UNREACHABLE,
+        ),
     }
-    old = {c.get("type"): c for c in previous}
+    old = {c.type: c for c in previous}
     result = []
     for kind, (true, why) in wanted.items():
         status = "True" if true else "False"
-        before = old.get(kind, {})
-        changed = before.get("status") != status
+        before = old.get(kind)
+        unchanged = before.last_transition_time if before is not None and before.status == status else None
         result.append(
-            {
-                "type": kind,
-                "status": status,
-                "reason": why,
-                "message": bounded(state.message) if true else "",
-                "lastTransitionTime": timestamp(now) if changed else before.get("lastTransitionTime", timestamp(now)),
-                "observedGeneration": generation,
-            }
+            Condition(
+                type=kind,
+                status=status,
+                observed_generation=generation,
+                last_transition_time=unchanged or timestamp(now),
+                reason=why,
+                message=bounded(state.message) if true else "",
+            )
         )
-    return result
+    return tuple(result)
 
 
 def _storage_unreachable(state: RunState, now: datetime, patience_s: float) -> bool:

@@ -4,7 +4,7 @@ One RayJob per attempt, named ``<run>-a<N>``: the name is the idempotency key (a
 of the same attempt is refused by the API server, never duplicated). What goes in:
 
 - the run's entrypoint, and a runtime env whose ``SPOTRAY_RUN`` carries the run name, attempt and
-  spec to the job (train/runspec.RunContext); the user's ``runtimeEnv`` is kept and merged;
+  spec to the job (spotray/contract/spec.py RunContext); the user's ``runtimeEnv`` is kept and merged;
 - a head on on-demand nodes with ``num-cpus: 0`` (it hosts the driver, never training workers), and
   a worker group on spot nodes (node selector + toleration), one pod per replica, GPUs as limits;
 - S3 credentials by reference only (``envFrom`` the Secret), never copied into the RayJob;
@@ -26,7 +26,15 @@ from typing import Any
 
 import yaml
 
-from spotray.contract.names import API_VERSION, ATTEMPT_LABEL, KIND, RUN_LABEL, rayjob_name
+from spotray.contract.names import (
+    API_VERSION,
+    ATTEMPT_LABEL,
+    KIND,
+    RAY_API_VERSION,
+    RAYJOB_KIND,
+    RUN_LABEL,
+    rayjob_name,
+)
 from spotray.contract.spec import RunContext, TrainingRun
 from spotray.controller.config import ControllerConfig
 
@@ -212,8 +220,8 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
         spec["ttlSecondsAfterFinished"] = config.rayjob_ttl_seconds
         spec["rayClusterSpec"] = _cluster_spec(run, attempt, config)
     return {
-        "apiVersion": "ray.io/v1",
-        "kind": "RayJob",
+        "apiVersion": RAY_API_VERSION,
+        "kind": RAYJOB_KIND,
         "metadata": {
             "name": rayjob_name(run.name, attempt),
             "namespace": run.namespace,

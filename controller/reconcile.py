@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -30,16 +30,19 @@ from spotray.contract.names import (
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
     FAILED,
+    JOB_SUCCEEDED,
     TERMINAL_PHASES,
     rayjob_name,
 )
 from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
+from spotray.contract.status import Condition, RunStatus
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import (
+    REASON_INVALID_SPEC,
     Event,
     Observation,
     Plan,
@@ -53,6 +56,7 @@ from spotray.controller.lifecycle import (
 )
 from spotray.controller.rayjob import build_rayjob
 from spotray.controller.run_store import (
+    StoreReport,
     StoreReports,
     open_run_store,
     s3_access_refusal,
@@ -104,36 +108,35 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
 
 
 def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecError, now: datetime) -> None:
-    status = body.get("status") or {}
-    if status.get("phase") == FAILED:
+    stored = RunStatus.of(body)
+    if stored.phase == FAILED:
         return  # refused once already; a fix is a new generation, which we would parse fine
     message = "the spec is not valid: " + "; ".join(error.problems)
-    state = RunState(phase=FAILED, message=message, failure_reason="InvalidSpec")
+    state = RunState(phase=FAILED, message=message, failure_reason=REASON_INVALID_SPEC)
     meta = body["metadata"]
-    cluster.patch_run_status(
-        meta["namespace"],
-        meta["name"],
-        {
-            "phase": FAILED,
-            "message": message,
-            "observedGeneration": meta.get("generation"),
-            "conditions": conditions(state, status.get("conditions") or [], meta.get("generation", 0), now),
-        },
+    refused = RunStatus(
+        phase=FAILED,
+        message=message,
+        observed_generation=meta.get("generation"),
+        conditions=conditions(state, stored.conditions or (), meta.get("generation", 0), now),
     )
-    cluster.post_event(body, Event("Warning", "InvalidSpec", message), now)
+    # Only these fields: the attempts and budgets stay as they were.
+    cluster.patch_run_status(meta["namespace"], meta["name"], refused.to_status())
+    cluster.post_event(body, Event("Warning", REASON_INVALID_SPEC, message), now)
 
 
 def _report(
     run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, run_uid: str, *, ended: bool
-) -> dict[str, Any]:
-    """status.progress and status.lastCheckpoint from S3; a read failure goes into the message, not an error."""
+) -> tuple[StoreReport | None, str]:
+    """(what S3 says about the current attempt, ""), or (None, why) when it cannot be read: a read
+    failure goes into the message, not an error."""
     current = state.current
     if current is None:
-        return {}
+        return None, ""
     requested = {
-        entry.attempt: moment.timestamp() for entry in state.attempts if (moment := parse_timestamp(entry.startTime))
+        entry.attempt: moment.timestamp() for entry in state.attempts if (moment := parse_timestamp(entry.start_time))
     }
-    ended_at = parse_timestamp(current.endTime)
+    ended_at = parse_timestamp(current.end_time)
     try:
         found = REPORTS.read(
             run_store(),
@@ -144,17 +147,8 @@ def _report(
         )
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read %s for %s/%s: %s", run.spec.checkpoint.uri, run.namespace, run.name, error)
-        return {"storageError": str(error)}
-    report: dict[str, Any] = {"resumedFrom": found.resumed_from}
-    if found.progress is not None:
-        report["progress"] = found.progress
-    if found.last_checkpoint is not None:
-        report["lastCheckpoint"] = found.last_checkpoint
-    if found.goodput is not None:
-        report["goodput"] = found.goodput
-    if found.checkpoint_interval is not None:
-        report["checkpointInterval"] = found.checkpoint_interval
-    return report
+        return None, str(error)
+    return found, ""
 
 
 def _records(
@@ -237,8 +231,7 @@ def _reconcile_locked(  # noqa: PLR0917
         _refuse_invalid(cluster, body, error, now)
         metrics.set_phase(namespace, name, FAILED)
         return None
-    status = body.get("status") or {}
-    state = RunState.from_status(status)
+    state = RunState.from_status(body.get("status") or {})
     if state.phase in TERMINAL_PHASES:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
@@ -250,7 +243,7 @@ def _reconcile_locked(  # noqa: PLR0917
     # Decide: a pure function of the facts (controller/lifecycle.py).
     decided = plan(observation, now)
     if decided.create_attempt is not None:
-        decided = _hold_without_credentials(cluster, config, run, state, decided, status.get("message"))
+        decided = _hold_without_credentials(cluster, config, run, state, decided)
     # Act: create, persist, delete (see the module docstring).
     return _act(
         cluster, config, run, body, state, decided, run_store, now, job=observation.job, defer_status=defer_status
@@ -266,10 +259,10 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     run_store: Callable[[], ObjectStore],
 ) -> Observation:
     current = state.current
-    job = rayjob_view(cluster.get_rayjob(run.namespace, current.rayJob)) if current is not None else None
+    job = rayjob_view(cluster.get_rayjob(run.namespace, current.ray_job)) if current is not None else None
     records: AttemptRecords | None = AttemptRecords()
     storage_error = ""
-    ended = job is not None and job.finished and job.job_status != "SUCCEEDED" and job.owner_uid == run_uid
+    ended = job is not None and job.finished and job.job_status != JOB_SUCCEEDED and job.owner_uid == run_uid
     if current is not None and ended:
         records, storage_error = _records(run_store, run, AttemptId(run_uid, current.attempt))
     return Observation(
@@ -285,8 +278,8 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     )
 
 
-def _hold_without_credentials(  # noqa: PLR0917
-    cluster: Cluster, config: ControllerConfig, run: TrainingRun, state: RunState, decided: Plan, message: str | None
+def _hold_without_credentials(
+    cluster: Cluster, config: ControllerConfig, run: TrainingRun, state: RunState, decided: Plan
 ) -> Plan:
     """A plan that starts an attempt, unless the run may not use its Secret: then wait, spending nothing.
 
@@ -296,7 +289,7 @@ def _hold_without_credentials(  # noqa: PLR0917
     if refused is None:
         return decided
     reason, refusal = refused
-    events = (Event("Warning", reason, refusal),) if message != refusal else ()
+    events = (Event("Warning", reason, refusal),) if state.message != refusal else ()
     return Plan(replace(state, message=refusal), events=events, requeue_after_s=config.reconcile_interval_seconds)
 
 
@@ -332,7 +325,7 @@ def _act(  # noqa: PLR0917
         run_store,
         uid,
         state=decided.state,
-        previous_conditions=status.get("conditions") or [],
+        previous_conditions=RunStatus.from_status(status).conditions or (),
         generation=body["metadata"].get("generation", 0),
         now=now,
         job=job if decided.create_attempt is None else None,  # a new attempt has no progress yet
@@ -347,7 +340,7 @@ def _act(  # noqa: PLR0917
         if EVENTS.post(cluster.post_event, body, event, now):
             log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
     for attempt in decided.state.attempts:
-        if attempt not in state.attempts and attempt.endTime:
+        if attempt not in state.attempts and attempt.end_time:
             metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
     metrics.set_phase(namespace, name, decided.state.phase)
     return decided.requeue_after_s
@@ -405,31 +398,41 @@ def _status(
     run_uid: str,
     *,
     state: RunState,
-    previous_conditions: list[dict[str, Any]],
+    previous_conditions: Sequence[Condition],
     generation: int,
     now: datetime,
     job: RayJobView | None,
     storage_patience_s: float,
     prices: Prices | None,
 ) -> dict[str, Any]:
-    """The whole new status: the lifecycle's state, conditions, and what S3 says about progress."""
-    status = state.to_status()
-    status["observedGeneration"] = generation
-    status["conditions"] = conditions(state, previous_conditions, generation, now, storage_patience_s)
+    """The whole new status as a merge patch: the lifecycle's state, conditions, and what S3 says about progress."""
+    status = replace(
+        state.run_status(),
+        observed_generation=generation,
+        conditions=conditions(state, previous_conditions, generation, now, storage_patience_s),
+    )
     # Progress and checkpoints can only have moved once the attempt's job was handed to Ray: until
     # then (a Ray cluster waiting for nodes: most runs on a busy cluster) S3 is not read, and the
-    # fields keep their last value (the status is merge-patched).
-    report = _report(run_store, run, state, run_uid, ended=job.finished) if job is not None and job.submitted else {}
-    resumed_from = report.pop("resumedFrom", None)
-    storage_error = report.pop("storageError", None)
-    status.update(report)
-    if prices is not None and report.get("goodput"):
-        status["cost"] = run_cost(report["goodput"], run.spec.workers, prices)
-    if resumed_from is not None and status["attempts"]:
-        status["attempts"][-1]["resumedFrom"] = resumed_from
+    # fields keep their last value (the status is merge-patched, and to_patch leaves out what is None).
+    if job is None or not job.submitted:
+        return status.to_patch()
+    found, storage_error = _report(run_store, run, state, run_uid, ended=job.finished)
+    if found is not None:
+        status = replace(
+            status,
+            progress=found.progress,
+            last_checkpoint=found.last_checkpoint,
+            goodput=found.goodput,
+            checkpoint_interval=found.checkpoint_interval,
+        )
+        if prices is not None and found.goodput is not None:
+            status = replace(status, cost=run_cost(found.goodput, run.spec.workers, prices))
+        if found.resumed_from is not None and status.attempts:
+            *earlier, current = status.attempts
+            status = replace(status, attempts=(*earlier, replace(current, resumed_from=found.resumed_from)))
     if storage_error:
-        status["message"] = bounded(f"{status['message']} (cannot read checkpoints: {storage_error})")
-    return status
+        status = replace(status, message=bounded(f"{status.message} (cannot read checkpoints: {storage_error})"))
+    return status.to_patch()
 
 
 def timestamp_or_none(text: str | None) -> datetime | None:

@@ -25,11 +25,12 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import TrainingRun
+from spotray.contract.status import CheckpointInterval, Goodput, LastCheckpoint, Progress
 from spotray.contract.uris import parse_uri
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
@@ -127,11 +128,11 @@ class StoreReport:
     """What S3 says about one attempt: status.progress, the step it resumed from, status.lastCheckpoint,
     status.goodput (the run's ledger so far) and status.checkpointInterval (everySteps: auto's choice)."""
 
-    progress: dict[str, Any] | None
+    progress: Progress | None
     resumed_from: int | None
-    last_checkpoint: dict[str, Any] | None
-    goodput: dict[str, Any] | None = None
-    checkpoint_interval: dict[str, Any] | None = None
+    last_checkpoint: LastCheckpoint | None
+    goodput: Goodput | None = None
+    checkpoint_interval: CheckpointInterval | None = None
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ class StoreReports:
             *progress_status(progress),
             last_checkpoint_status(store),
             goodput=self._goodput(store, progress, requested or {}, ended_at),
-            checkpoint_interval=progress.checkpoint_interval if progress is not None else None,
+            checkpoint_interval=checkpoint_interval_status(progress),
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:
@@ -221,7 +222,7 @@ class StoreReports:
         progress: AttemptProgress | None,
         requested: Mapping[int, float],
         ended_at: float | None,
-    ) -> dict[str, Any] | None:
+    ) -> Goodput | None:
         """status.goodput: the ledger (train/records/goodput.py) of every attempt so far, the current one included."""
         if progress is None or not progress.points:
             return None
@@ -235,7 +236,7 @@ class StoreReports:
         starts = [at for t in tallies for at in (t.requested_at, t.started_at, t.first_point_at) if at is not None]
         first = min(starts, default=progress.points[0][2])
         last = max(progress.points[-1][2], ended_at or 0.0)
-        return ledger_of(tallies, first, last).to_status()
+        return Goodput.from_status(ledger_of(tallies, first, last).to_status())
 
     def _ended_attempt(
         self, store: ObjectStore, attempt: AttemptId, requested: Mapping[int, float], kept_after: float
@@ -260,28 +261,34 @@ class StoreReports:
         return entry
 
 
-def progress_status(progress: AttemptProgress | None) -> tuple[dict[str, Any] | None, int | None]:
+def progress_status(progress: AttemptProgress | None) -> tuple[Progress | None, int | None]:
     """(status.progress, the step the attempt resumed from) from the attempt's progress object."""
     if progress is None or progress.last_step is None:
         return None, progress.resumed_from if progress else None
-    status: dict[str, Any] = {
-        "step": progress.last_step,
-        "totalSteps": progress.max_steps,
-        "loss": round(progress.last_loss, 6) if progress.last_loss is not None else None,
-        "updateTime": timestamp(datetime.fromtimestamp(progress.updated, UTC)),
-    }
     speed = progress.steps_per_second()
-    if speed is not None:
-        status["stepsPerSecond"] = round(speed, 3)
-    return {k: v for k, v in status.items() if v is not None}, progress.resumed_from
+    status = Progress(
+        step=progress.last_step,
+        total_steps=progress.max_steps,
+        loss=round(progress.last_loss, 6) if progress.last_loss is not None else None,
+        steps_per_second=round(speed, 3) if speed is not None else None,
+        update_time=timestamp(datetime.fromtimestamp(progress.updated, UTC)),
+    )
+    return status, progress.resumed_from
 
 
-def last_checkpoint_status(store: ObjectStore) -> dict[str, Any] | None:
+def checkpoint_interval_status(progress: AttemptProgress | None) -> CheckpointInterval | None:
+    """status.checkpointInterval: everySteps: auto's latest choice, which the job wrote in the status' form."""
+    if progress is None or progress.checkpoint_interval is None:
+        return None
+    return CheckpointInterval.from_status(progress.checkpoint_interval)
+
+
+def last_checkpoint_status(store: ObjectStore) -> LastCheckpoint | None:
     info = latest_complete_checkpoint(store)
     if info is None or info.manifest is None:
         return None
-    return {
-        "step": info.step,
-        "uri": str(store.uri.join(info.prefix)),
-        "time": timestamp(datetime.fromtimestamp(info.manifest.created_at, UTC)),
-    }
+    return LastCheckpoint(
+        step=info.step,
+        uri=str(store.uri.join(info.prefix)),
+        time=timestamp(datetime.fromtimestamp(info.manifest.created_at, UTC)),
+    )

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-OPT_IN_LABEL = "spotray.dev/s3-credentials"
+from spotray.contract.names import S3_OPT_IN_LABEL
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,14 @@ def secret_refusal(
             f"waiting for Secret {name} in namespace {namespace} (spec.checkpoint.secretRef): create it with "
             f"`kubectl create secret generic {name} -n {namespace} --from-literal=AWS_ACCESS_KEY_ID=... "
             f"--from-literal=AWS_SECRET_ACCESS_KEY=...` (and AWS_ENDPOINT_URL for MinIO), then "
-            f"`kubectl label secret {name} -n {namespace} {OPT_IN_LABEL}=true`"
+            f"`kubectl label secret {name} -n {namespace} {S3_OPT_IN_LABEL}=true`"
         )
-    if secret.labels.get(OPT_IN_LABEL) == "true" or name == default_secret or name in allowed:
+    if secret.labels.get(S3_OPT_IN_LABEL) == "true" or name == default_secret or name in allowed:
         return None
     return (
         f"Secret {name} in namespace {namespace} is not marked for use by spotray, so the controller "
         f"neither reads it nor gives it to the run's pods: if it holds this run's S3 credentials, "
-        f"`kubectl label secret {name} -n {namespace} {OPT_IN_LABEL}=true` (or list it in the chart's "
+        f"`kubectl label secret {name} -n {namespace} {S3_OPT_IN_LABEL}=true` (or list it in the chart's "
         "s3.allowedSecrets)"
     )
 

@@ -45,6 +45,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent / "testbed"))
 import testbed as tb  # the test bed's module lives next to this script
 
+from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
 from spotray.train.storage.local_s3 import LocalS3Server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,7 +134,7 @@ def lose_the_spot_node(testbed: tb.Testbed, ray: tb.RayHead, stop: threading.Eve
     while not stop.is_set():
         status = run_status(testbed)
         step = (status.get("progress") or {}).get("step") or 0
-        if status.get("phase") in ("Succeeded", "Failed"):
+        if status.get("phase") in TERMINAL_PHASES:
             return
         if len(status.get("attempts") or []) == 1 and step >= PREEMPT_AT_STEP:
             break
@@ -149,7 +150,7 @@ def reclaim_worker_node(
     """Delete the node of the current attempt's worker pod, as a cloud reclaims a spot VM; it comes back 10 s later."""
     attempt = len(status.get("attempts") or [])
     step = (status.get("progress") or {}).get("step")
-    selector = f"spotray.dev/run={name},spotray.dev/attempt={attempt},ray.io/node-type=worker"
+    selector = f"{RUN_LABEL}={name},{ATTEMPT_LABEL}={attempt},ray.io/node-type=worker"
     pods = json.loads(testbed.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
     node = pods[0]["spec"]["nodeName"]
     job = json.loads(testbed.kubectl("get", "rayjob", status["rayJob"], "-n", NAMESPACE, "-o", "json").stdout)
@@ -267,7 +268,7 @@ def demo(workdir: Path, keep: bool) -> int:
         print(testbed.kubectl("get", "trainingrun", RUN, "-n", NAMESPACE).stdout, flush=True)
         for attempt in status.get("attempts") or []:
             print(f"  attempt {attempt['attempt']}: {attempt['outcome']} ({attempt.get('reason', '')})")
-        if status.get("phase") != "Succeeded":
+        if status.get("phase") != SUCCEEDED:
             say(f"the run ended {status.get('phase')}: {status.get('message')}; logs in {workdir}")
             return 1
 

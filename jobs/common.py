@@ -2,7 +2,9 @@
 
 A job started by the controller or by ``spotray run`` gets its run settings (checkpoint URI,
 interval and retention, data URI, workers) from the TrainingRun in ``SPOTRAY_RUN``; started by hand,
-from the flags that ``add_run_flags`` adds. Hyperparameters always come from the job's own flags.
+from the flags in ``RUN_FLAGS``, each of which stands for one spec field and takes its default and
+help from that field's declaration (spotray/contract/spec.py). Hyperparameters always come from the
+job's own flags.
 """
 
 from __future__ import annotations
@@ -11,38 +13,86 @@ import argparse
 import dataclasses
 import os
 import sys
+import typing
+from collections.abc import Callable
+from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any, Self
 
 from spotray.contract.attempts import new_run_id
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import CheckpointSpec, DataSpec, RunContext, RunSpec, WorkerSpec
+from spotray.contract.spec import (
+    CheckpointSpec,
+    DataSpec,
+    InvalidSpecError,
+    RunContext,
+    RunSpec,
+    WorkerSpec,
+    camel,
+    declaration,
+    default_of,
+    parse_spec,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFlag:
+    """A hand-start flag that stands for one spec field: its default and help are the field's."""
+
+    flag: str
+    section: type[Any]  # the spec section's dataclass
+    field: str
+    type: Callable[[str], Any] = str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def spec_path(self) -> str:
+        """Where the value goes in a TrainingRun: ``spec.checkpoint.uri``."""
+        return f"spec.{_SECTION_KEYS[self.section]}.{camel(self.field)}"
+
+    def add_to(self, group: argparse._ArgumentGroup, help_text: str | None = None) -> None:
+        declared = declaration(self.section, self.field).description
+        first_sentence = declared.split(". ")[0].rstrip(".")
+        group.add_argument(
+            self.flag, type=self.type, default=default_of(self.section, self.field), help=help_text or first_sentence
+        )
+
+
+# The spec's sections by their dataclass: {CheckpointSpec: "checkpoint", WorkerSpec: "workers", ...}.
+_SECTION_KEYS = {hint: camel(name) for name, hint in typing.get_type_hints(RunSpec).items() if is_dataclass(hint)}
+
+CHECKPOINT_URI = RunFlag("--checkpoint-uri", CheckpointSpec, "uri")
+DATA_URI = RunFlag("--data-uri", DataSpec, "uri")
+WORKERS = RunFlag("--workers", WorkerSpec, "replicas", int)  # one Ray Train worker per pod on CPU
+MIN_WORKERS = RunFlag("--min-workers", WorkerSpec, "min_replicas", int)
+CPU_PER_WORKER = RunFlag("--cpu-per-worker", WorkerSpec, "cpu")
+SAVE_STEPS = RunFlag("--save-steps", CheckpointSpec, "every_steps", int)
+KEEP = RunFlag("--keep", CheckpointSpec, "keep", int)
+RUN_FLAGS = (CHECKPOINT_URI, DATA_URI, WORKERS, MIN_WORKERS, CPU_PER_WORKER, SAVE_STEPS, KEEP)
 
 
 def add_run_flags(
     parser: argparse.ArgumentParser, *, run_name: str, data_help: str, checkpoints_every_steps: bool = True
 ) -> None:
     flags = parser.add_argument_group("run settings when started by hand (SPOTRAY_RUN overrides them)")
-    flags.add_argument("--checkpoint-uri", help="s3://bucket/prefix or file:///path for checkpoints")
-    flags.add_argument("--data-uri", help=data_help)
-    flags.add_argument("--workers", type=int, default=2, help="Ray Train workers")
-    flags.add_argument(
-        "--min-workers",
-        type=int,
-        default=None,
-        help="elastic: go on with as few as this many workers when some are lost (default: --workers)",
-    )
-    flags.add_argument("--cpu-per-worker", type=float, default=1.0)
-    if checkpoints_every_steps:  # jobs that checkpoint per epoch have no use for it
-        flags.add_argument("--save-steps", type=int, default=25, help="checkpoint every N steps")
-    flags.add_argument("--keep", type=int, default=3, help="complete checkpoints to keep in the store")
+    for flag in RUN_FLAGS:
+        if flag is SAVE_STEPS and not checkpoints_every_steps:  # jobs that checkpoint per epoch
+            continue
+        flag.add_to(flags, data_help if flag is DATA_URI else None)
     flags.add_argument("--run-name", default=run_name, help="Ray run name (stable across attempts)")
     parser.add_argument("--create-bucket", action="store_true", help="create missing buckets")
     parser.add_argument("--events", type=Path, default=None, help="append JSON-lines progress events here")
 
 
 def run_context(args: argparse.Namespace, *, workers: int | None = None) -> RunContext:
-    """The run context from ``SPOTRAY_RUN``, else from the flags (torchrun passes its world size as ``workers``)."""
+    """The run context from ``SPOTRAY_RUN``, else from the flags (torchrun passes its world size as ``workers``).
+
+    The flags become a spec in its manifest form, read by the same ``parse_spec`` as a TrainingRun:
+    a wrong value is reported with the flag's name.
+    """
     from_env = RunContext.from_env()
     if from_env is not None:
         return from_env
@@ -57,18 +107,20 @@ def run_context(args: argparse.Namespace, *, workers: int | None = None) -> RunC
             f"--min-workers {min_workers} is outside 1..--workers ({args.workers})",
             "give --min-workers between 1 and --workers: the fewest workers the run goes on with",
         )
-    spec = RunSpec(
-        entrypoint=" ".join(sys.argv),
-        checkpoint=CheckpointSpec(
-            uri=args.checkpoint_uri, every_steps=getattr(args, "save_steps", CheckpointSpec.every_steps), keep=args.keep
-        ),
-        workers=WorkerSpec(
-            replicas=workers or args.workers,
-            cpu=str(args.cpu_per_worker),
-            min_replicas=None if workers else min_workers,
-        ),
-        data=DataSpec(uri=args.data_uri),
-    )
+    given = {flag: getattr(args, flag.dest, None) for flag in RUN_FLAGS}
+    if workers:  # under torchrun the world size is the run's size, never elastic
+        given.update({WORKERS: workers, MIN_WORKERS: None})
+    manifest: dict[str, Any] = {"entrypoint": " ".join(sys.argv)}
+    for flag, value in given.items():
+        if value is not None:
+            manifest.setdefault(_SECTION_KEYS[flag.section], {})[camel(flag.field)] = value
+    try:
+        spec = parse_spec(manifest, where="the job's command line")
+    except InvalidSpecError as error:
+        problems = list(error.problems)
+        for flag in RUN_FLAGS:
+            problems = [problem.replace(f"{flag.spec_path}:", f"{flag.flag}:") for problem in problems]
+        raise InvalidSpecError(problems, where="the job's command line") from None
     # Started by hand: a run of its own, so no record of an earlier hand-started run is read as ours.
     return RunContext(name=args.run_name, run_id=new_run_id("manual"), attempt=1, spec=spec)
 

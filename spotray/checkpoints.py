@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotray.contract.attempts import EXIT_OK
 from spotray.contract.errors import CorruptCheckpointError, SpotrayError
 from spotray.errors import CommandFailedError, NotFoundError
 from spotray.output import emit, human_age, human_bytes, render_data, render_table
@@ -59,7 +60,7 @@ def list_command(location: RunLocation, fmt: str) -> int:
         emit(checkpoints_table(infos, datetime.now(UTC).timestamp()))
     else:
         emit(f"no checkpoints under {store.uri} yet")
-    return 0
+    return EXIT_OK
 
 
 def choose_checkpoint(store: ObjectStore, infos: list[CheckpointInfo], step: int | None) -> CheckpointInfo:
@@ -114,4 +115,4 @@ def pull_command(location: RunLocation, step: int | None, dest: Path) -> int:
         f"from {store.uri.join(info.prefix)} into {dest}"
     )
     emit("every file verified against the checkpoint's manifest (size and SHA-256)")
-    return 0
+    return EXIT_OK

@@ -13,8 +13,9 @@ from pathlib import Path
 from types import FrameType
 
 from spotray.cluster_options import KubeOptions, add_cluster_flags
+from spotray.contract.attempts import EXIT_INTERRUPTED
 from spotray.contract.errors import SpotrayError
-from spotray.errors import EXIT_INTERRUPTED, exit_code_for
+from spotray.errors import exit_code_for
 from spotray.output import FORMATS
 
 RUN_HELP = (

@@ -2,11 +2,13 @@
 
 Scripts may rely on them: 0 ok, 1 the thing asked for failed (a run failed, a checkpoint is
 incomplete or corrupt, S3 or the cluster refused), 2 bad input (a manifest, a URI or a flag is
-wrong), 3 not found (no such run, checkpoint or bucket).
+wrong), 3 not found (no such run, checkpoint or bucket), 130 interrupted (Ctrl-C). The codes are
+declared once, with the job driver's, in spotray/contract/attempts.py.
 """
 
 from __future__ import annotations
 
+from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_NOT_FOUND
 from spotray.contract.errors import (
     BucketMissingError,
     CheckpointUploadError,
@@ -16,12 +18,6 @@ from spotray.contract.errors import (
     StoreRequestError,
     StoreUnreachableError,
 )
-
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_BAD_INPUT = 2
-EXIT_NOT_FOUND = 3
-EXIT_INTERRUPTED = 130
 
 
 class NotFoundError(SpotrayError):

@@ -17,7 +17,7 @@ import urllib3
 from spotray.cluster_options import KubeOptions
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
-from spotray.contract.names import GROUP, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
+from spotray.contract.names import GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_KIND, RAYJOB_PLURAL, VERSION
 from spotray.errors import CommandFailedError, NotFoundError
 
 with extra_required("controller"):
@@ -60,7 +60,7 @@ class ClusterConnection:
         self.custom = client.CustomObjectsApi(self.api)
 
     @contextmanager
-    def _call(self, what: str, namespace: str, kind: str = "TrainingRun") -> Iterator[None]:
+    def _call(self, what: str, namespace: str, kind: str = KIND) -> Iterator[None]:
         """Run one API call; turn its faults into errors that name the fix."""
         try:
             yield
@@ -75,7 +75,7 @@ class ClusterConnection:
     def _describe(self, error: ApiException, what: str, namespace: str, kind: str) -> SpotrayError:
         message = _api_message(error)
         if error.status == 404 and "could not find the requested resource" in message:
-            installer = "the KubeRay operator" if kind == "RayJob" else "the spotray controller and CRD (Helm chart)"
+            installer = "the KubeRay operator" if kind == RAYJOB_KIND else "the spotray controller and CRD (Helm chart)"
             return NotFoundError(
                 f"the cluster (context {self.context_name}) has no {kind} resource type",
                 f"install {installer}, or pick the right cluster with --context",
@@ -139,6 +139,6 @@ class ClusterConnection:
 
     def get_ray_job(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         namespace = namespace or self.namespace
-        with self._call(f"get RayJob {name}", namespace, kind="RayJob"):
+        with self._call(f"get RayJob {name}", namespace, kind=RAYJOB_KIND):
             job = self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
         return cast("dict[str, Any]", job)

@@ -38,7 +38,8 @@ from typing import Any
 
 from spotray.contract.attempts import (
     EXIT_BAD_INPUT,
-    EXIT_SUCCEEDED,
+    EXIT_FAILED,
+    EXIT_OK,
     OUTCOME_RUNNING,
     OUTCOME_SUSPENDED,
     AttemptId,
@@ -46,10 +47,12 @@ from spotray.contract.attempts import (
     new_run_id,
 )
 from spotray.contract.errors import SpotrayError
-from spotray.contract.names import FAILED, SUCCEEDED, TERMINAL_PHASES
+from spotray.contract.names import DEPLOYMENT_COMPLETE, FAILED, JOB_FAILED, JOB_SUCCEEDED, SUCCEEDED, TERMINAL_PHASES
 from spotray.contract.spec import RunContext, TrainingRun
 from spotray.contract.uris import parse_uri
 from spotray.controller.lifecycle import (
+    REASON_BAD_INPUT,
+    REASON_INTERRUPTED,
     AttemptEnd,
     RayJobView,
     RunState,
@@ -185,7 +188,7 @@ class LocalRun:
         run = self.run_spec
         if state.current is not None and state.current.outcome == OUTCOME_RUNNING:
             # The previous `spotray run` was stopped mid-attempt: no budget is spent on that.
-            end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "the command running it was stopped")
+            end = AttemptEnd(OUTCOME_SUSPENDED, REASON_INTERRUPTED, "the command running it was stopped")
             state = record_end(state, end, datetime.now(UTC))
         while True:
             why = "first attempt" if state.current is None else f"after attempt {state.current.attempt}"
@@ -196,7 +199,7 @@ class LocalRun:
             try:
                 code, disruption = self._one_attempt(attempt)
             except KeyboardInterrupt:
-                end = AttemptEnd(OUTCOME_SUSPENDED, "Interrupted", "stopped on Ctrl-C or SIGTERM")
+                end = AttemptEnd(OUTCOME_SUSPENDED, REASON_INTERRUPTED, "stopped on Ctrl-C or SIGTERM")
                 self._save_state(run_id, record_end(state, end, datetime.now(UTC)))
                 raise
             end = self._classify(attempt, code, disruption)
@@ -206,19 +209,19 @@ class LocalRun:
             self.tally.preemptions, self.tally.failures = state.preemptions, state.failures
             if state.phase == SUCCEEDED:
                 self._finish()
-                return 0
+                return EXIT_OK
             if state.phase == FAILED:
                 self.progress.note(state.message)
                 self.progress.note(f"  log: {self._log_path(attempt.attempt)}")
-                return EXIT_BAD_INPUT if state.failure_reason == "BadInput" else 1
+                return EXIT_BAD_INPUT if state.failure_reason == REASON_BAD_INPUT else EXIT_FAILED
             self.progress.note(f"attempt {attempt.attempt} {end.outcome.lower()} ({end.reason}): {end.message}")
 
     def _classify(self, attempt: AttemptId, code: int, disruption: str | None) -> AttemptEnd:
         """How the attempt ended, from its exit code and its records, as the controller decides it."""
         store = open_store(self.run_spec.spec.checkpoint.uri, self.store_config)
         job = RayJobView(
-            job_status="SUCCEEDED" if code == EXIT_SUCCEEDED and disruption is None else "FAILED",
-            deployment_status="Complete",
+            job_status=JOB_SUCCEEDED if code == EXIT_OK and disruption is None else JOB_FAILED,
+            deployment_status=DEPLOYMENT_COMPLETE,
             message=f"the driver exited with code {code} (log: {self._log_path(attempt.attempt)})",
             disruption=disruption,
             exit_code=code,
@@ -258,12 +261,12 @@ class LocalRun:
                 f"{self.run_spec.name} is already complete in {where} ({state.message}); nothing to train. "
                 f"The final model is in {where / 'final'}; to train again, use another --workdir."
             )
-            return 0
+            return EXIT_OK
         self.progress.note(
             f"{self.run_spec.name} already failed in {where}: {state.message}\n"
             f"To start over, fix the cause and use another --workdir (or delete {where})."
         )
-        return EXIT_BAD_INPUT if state.failure_reason == "BadInput" else 1
+        return EXIT_BAD_INPUT if state.failure_reason == REASON_BAD_INPUT else EXIT_FAILED
 
     def _log_path(self, attempt: int) -> Path:
         return self.workdir / f"attempt-{attempt}.log"

@@ -13,8 +13,10 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
+from spotray.contract.attempts import EXIT_OK
 from spotray.contract.names import rayjob_name
-from spotray.errors import EXIT_OK, CommandFailedError, NotFoundError
+from spotray.contract.status import RunStatus
+from spotray.errors import CommandFailedError, NotFoundError
 
 if TYPE_CHECKING:
     from spotray.kube import ClusterConnection
@@ -45,7 +47,7 @@ def fetch_job_logs(dashboard: str, job_id: str) -> str:
 def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dashboard: str | None) -> int:
     namespace = cluster.namespace
     if attempt is None:
-        attempt = int((cluster.get_run(run).get("status") or {}).get("attempt") or 0)
+        attempt = RunStatus.of(cluster.get_run(run)).attempt or 0
         if not attempt:
             raise NotFoundError(
                 f"TrainingRun {namespace}/{run} has not started an attempt yet",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spotray.contract.attempts import EXIT_OK
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.target import RunLocation, open_run_store
@@ -28,4 +29,4 @@ def plot_command(location: RunLocation, png: Path | None) -> int:
     emit(f"wrote {png}: {len(attempts)} attempt(s), steps {first}-{last}")
     if resumes:
         emit(f"resumed: {', '.join(resumes)}")
-    return 0
+    return EXIT_OK

@@ -10,6 +10,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from spotray.contract.attempts import EXIT_OK
+from spotray.contract.status import CheckpointInterval, Cost, Goodput, LastCheckpoint, Progress, RunStatus
 from spotray.output import age_since, emit, render_data, render_table
 from spotray.train.records.goodput import lost_time_summary
 
@@ -20,22 +22,21 @@ COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemption
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
-    """The table's row as data, for ``-o json|yaml``."""
-    status = run.get("status") or {}
-    progress = status.get("progress") or {}
-    checkpoint = status.get("lastCheckpoint") or {}
+    """The table's row as data, for ``-o json|yaml`` (its keys are this command's output, which scripts read)."""
+    status = RunStatus.of(run)
+    progress = status.progress or Progress()
     return {
         "name": run["metadata"]["name"],
         "namespace": run["metadata"].get("namespace"),
-        "phase": status.get("phase"),
-        "attempt": status.get("attempt"),
-        "step": progress.get("step"),
-        "totalSteps": progress.get("totalSteps"),
-        "loss": progress.get("loss"),
-        "lastCheckpointStep": checkpoint.get("step"),
-        "preemptions": status.get("preemptions", 0),
-        "failures": status.get("failures", 0),
-        "goodput": (status.get("goodput") or {}).get("ratio"),
+        "phase": status.phase,
+        "attempt": status.attempt,
+        "step": progress.step,
+        "totalSteps": progress.total_steps,
+        "loss": progress.loss,
+        "lastCheckpointStep": status.last_checkpoint.step if status.last_checkpoint else None,
+        "preemptions": status.preemptions or 0,
+        "failures": status.failures or 0,
+        "goodput": status.goodput.ratio if status.goodput else None,
         "created": run["metadata"].get("creationTimestamp"),
     }
 
@@ -75,40 +76,42 @@ def status_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
     return render_table(COLUMNS, rows)
 
 
-def goodput_line(goodput: dict[str, Any]) -> str:
+def goodput_line(goodput: Goodput) -> str:
     """status.goodput in words: the ratio, the surviving time, the lost time by cause (biggest first)."""
-    redone = goodput.get("stepsRedone") or []
+    redone = goodput.steps_redone or ()
+    # By cause under its status key ("waitingForCapacity 400 s"), as docs/goodput.md names them.
+    lost = goodput.lost_seconds.to_status() if goodput.lost_seconds else {}
     return (
-        f"{goodput.get('ratio', 0):.2f} ({goodput.get('survivingStepSeconds', 0)} s of "
-        f"{goodput.get('wallSeconds', 0)} s in steps that survived; lost: "
-        + lost_time_summary(goodput.get("lostSeconds") or {})
+        f"{goodput.ratio or 0:.2f} ({goodput.surviving_step_seconds or 0} s of "
+        f"{goodput.wall_seconds or 0} s in steps that survived; lost: "
+        + lost_time_summary(lost)
         + (f"; steps redone after each resume: {', '.join(map(str, redone))}" if redone else "")
         + ")"
     )
 
 
-def cost_line(cost: dict[str, Any]) -> str:
+def cost_line(cost: Cost) -> str:
     """status.cost in words: the run's cost so far beside an on-demand run of the same steps."""
-    currency = f" {cost['currency']}" if cost.get("currency") else ""
-    saved = cost.get("savedRatio")
+    currency = f" {cost.currency}" if cost.currency else ""
+    saved = cost.saved_ratio
     return (
-        f"{cost.get('run', 0):.2f}{currency} so far; on demand, the same steps: "
-        f"{cost.get('onDemandSameSteps', 0):.2f}{currency}"
+        f"{cost.run or 0:.2f}{currency} so far; on demand, the same steps: "
+        f"{cost.on_demand_same_steps or 0:.2f}{currency}"
         + (f" (spot saved {saved:.0%})" if saved is not None and saved >= 0 else "")
         + (f" (spot cost {-saved:.0%} more)" if saved is not None and saved < 0 else "")
     )
 
 
-def interval_line(chosen: dict[str, Any]) -> str:
+def interval_line(chosen: CheckpointInterval) -> str:
     """status.checkpointInterval in words: the interval and the numbers it came from."""
-    if chosen.get("targetSeconds") is None:
-        return f"every {chosen.get('steps')} steps (auto: the shortest allowed, until a checkpoint's cost is measured)"
+    if chosen.target_seconds is None:
+        return f"every {chosen.steps} steps (auto: the shortest allowed, until a checkpoint's cost is measured)"
     return (
-        f"every {chosen.get('steps')} steps (auto: sqrt(2 x {chosen.get('checkpointSeconds')} s per checkpoint x "
-        f"{chosen.get('meanSecondsBetweenInterruptions'):.0f} s between interruptions) = "
-        f"{chosen['targetSeconds']:.0f} s at {chosen.get('stepSeconds')} s a step; "
-        f"{chosen.get('interruptions')} interruption(s) in {chosen.get('observedSeconds', 0):.0f} s seen; "
-        f"bounds {chosen.get('minSteps')}-{chosen.get('maxSteps')})"
+        f"every {chosen.steps} steps (auto: sqrt(2 x {chosen.checkpoint_seconds} s per checkpoint x "
+        f"{chosen.mean_seconds_between_interruptions:.0f} s between interruptions) = "
+        f"{chosen.target_seconds:.0f} s at {chosen.step_seconds} s a step; "
+        f"{chosen.interruptions} interruption(s) in {chosen.observed_seconds or 0:.0f} s seen; "
+        f"bounds {chosen.min_steps}-{chosen.max_steps})"
     )
 
 
@@ -124,68 +127,62 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
     """A ``kubectl describe``-like view of one run."""
     now = now or datetime.now(UTC)
     metadata = run["metadata"]
-    status = run.get("status") or {}
-    progress = status.get("progress") or {}
-    checkpoint = status.get("lastCheckpoint") or {}
+    status = RunStatus.of(run)
+    progress = status.progress or Progress()
+    checkpoint = status.last_checkpoint or LastCheckpoint()
     fields: list[tuple[str, object]] = [
         ("Name", metadata["name"]),
         ("Namespace", metadata.get("namespace")),
         ("Age", age_since(metadata.get("creationTimestamp"), now)),
-        ("Phase", status.get("phase") or "- (the controller has not seen it yet)"),
-        ("Message", status.get("message")),
-        ("Attempt", f"{status['attempt']} (RayJob {status.get('rayJob', '-')})" if status.get("attempt") else None),
+        ("Phase", status.phase or "- (the controller has not seen it yet)"),
+        ("Message", status.message),
+        ("Attempt", f"{status.attempt} (RayJob {_dash(status.ray_job)})" if status.attempt else None),
     ]
-    if progress.get("step") is not None:
-        rate = progress.get("stepsPerSecond")
+    if progress.step is not None:
+        rate = progress.steps_per_second
         fields.append(
             (
                 "Progress",
-                f"step {_step(progress['step'], progress.get('totalSteps'))}, loss {_loss(progress.get('loss'))}"
+                f"step {_step(progress.step, progress.total_steps)}, loss {_loss(progress.loss)}"
                 + (f", {rate:.2f} steps/s" if rate else "")
-                + f" (updated {_ago(progress.get('updateTime'), now)})",
+                + f" (updated {_ago(progress.update_time, now)})",
             )
         )
-    if checkpoint.get("step") is not None:
+    if checkpoint.step is not None:
         fields.append(
-            (
-                "Last checkpoint",
-                f"step {checkpoint['step']} at {checkpoint.get('uri', '-')} ({_ago(checkpoint.get('time'), now)})",
-            )
+            ("Last checkpoint", f"step {checkpoint.step} at {_dash(checkpoint.uri)} ({_ago(checkpoint.time, now)})")
         )
-    if status.get("checkpointInterval"):
-        fields.append(("Checkpoints", interval_line(status["checkpointInterval"])))
-    if status.get("goodput"):
-        fields.append(("Goodput", goodput_line(status["goodput"])))
-    if status.get("cost"):
-        fields.append(("Cost", cost_line(status["cost"])))
+    if status.checkpoint_interval:
+        fields.append(("Checkpoints", interval_line(status.checkpoint_interval)))
+    if status.goodput:
+        fields.append(("Goodput", goodput_line(status.goodput)))
+    if status.cost:
+        fields.append(("Cost", cost_line(status.cost)))
     fields += [
-        ("Preemptions", status.get("preemptions", 0)),
-        ("Failures", status.get("failures", 0)),
-        ("Next attempt", status.get("nextAttemptTime")),
+        ("Preemptions", status.preemptions or 0),
+        ("Failures", status.failures or 0),
+        ("Next attempt", status.next_attempt_time),
     ]
     lines = [f"{key + ':':<17}{value}" for key, value in fields if value is not None]
-    attempts = status.get("attempts") or []
-    if attempts:
+    if status.attempts:
         rows = [
             (
-                a.get("attempt"),
-                a.get("rayJob", "-"),
-                a.get("outcome", "-"),
-                a.get("reason") or "-",
-                _dash(a.get("resumedFrom")),
-                _ago(a.get("startTime"), now),
-                _ago(a.get("endTime"), now),
-                a.get("message") or "",
+                a.attempt,
+                a.ray_job or "-",
+                a.outcome or "-",
+                a.reason or "-",
+                _dash(a.resumed_from),
+                _ago(a.start_time, now),
+                _ago(a.end_time, now),
+                a.message,
             )
-            for a in attempts
+            for a in status.attempts
         ]
         headers = ("attempt", "rayjob", "outcome", "reason", "resumed from", "started", "ended", "message")
         lines += ["Attempts:", _indent(render_table(headers, rows))]
-    conditions = status.get("conditions") or []
-    if conditions:
+    if status.conditions:
         condition_rows = [
-            (c.get("type"), c.get("status"), c.get("reason"), _ago(c.get("lastTransitionTime"), now), c.get("message"))
-            for c in conditions
+            (c.type, c.status, c.reason, _ago(c.last_transition_time, now), c.message) for c in status.conditions
         ]
         condition_headers = ("type", "status", "reason", "changed", "message")
         lines += ["Conditions:", _indent(render_table(condition_headers, condition_rows))]
@@ -196,7 +193,7 @@ def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> in
     if name is not None:
         run = cluster.get_run(name)
         emit(describe_run(run) if fmt == "table" else render_data(run, fmt))
-        return 0
+        return EXIT_OK
     runs = cluster.list_runs()
     if fmt != "table":
         emit(render_data([run_summary(run) for run in runs], fmt))
@@ -204,4 +201,4 @@ def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> in
         emit(status_table(runs))
     else:
         emit(f"no TrainingRuns in namespace {cluster.namespace} (context {cluster.context_name})")
-    return 0
+    return EXIT_OK

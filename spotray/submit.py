@@ -14,10 +14,10 @@ from typing import Any
 import yaml
 
 from spotray.cluster_options import KubeOptions
+from spotray.contract.attempts import EXIT_OK
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import GROUP
 from spotray.contract.spec import load_training_run
-from spotray.errors import EXIT_OK
 from spotray.output import emit
 from spotray.watch import watch_run
 

@@ -11,7 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spotray.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, CommandFailedError
+from spotray.contract.attempts import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OUTCOME_PREEMPTED, OUTCOME_RUNNING
+from spotray.contract.names import FAILED, SUCCEEDED
+from spotray.contract.status import AttemptStatus, LastCheckpoint, Progress, RunStatus
+from spotray.errors import CommandFailedError
 from spotray.output import parse_time
 from spotray.progress import ProgressView
 
@@ -30,9 +33,9 @@ def _first_line(message: str | None, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-def _attempt_entry(status: dict[str, Any], attempt: int) -> dict[str, Any]:
-    entries: list[dict[str, Any]] = status.get("attempts") or []
-    return next((entry for entry in entries if entry.get("attempt") == attempt), {})
+def _attempt_entry(status: RunStatus, attempt: int) -> AttemptStatus:
+    """The attempt's history entry; an empty one until the controller writes it."""
+    return next((entry for entry in status.attempts or () if entry.attempt == attempt), AttemptStatus())
 
 
 @dataclass
@@ -50,63 +53,63 @@ class StatusFollower:
 
     def update(self, run: dict[str, Any]) -> int | None:
         """Report what changed; returns the exit code once the run has ended, else None."""
-        status = run.get("status") or {}
+        status = RunStatus.of(run)
         first = self.attempt is None
         self._report_ended_attempts(status, quiet=first)
-        attempt = int(status.get("attempt") or 0)
+        attempt = status.attempt or 0
         if attempt and attempt != self.attempt:
             entry = _attempt_entry(status, attempt)
             # Until the controller writes the attempt's history entry, the last checkpoint is where it resumes.
-            last_checkpoint = (status.get("lastCheckpoint") or {}).get("step") if attempt > 1 else None
-            resumed = entry.get("resumedFrom", last_checkpoint)
+            last_checkpoint = status.last_checkpoint.step if attempt > 1 and status.last_checkpoint else None
+            resumed = last_checkpoint if entry.resumed_from is None else entry.resumed_from
             start = f"resuming from checkpoint-{resumed}" if resumed else "starting fresh"
-            self.view.start_attempt(attempt, f"RayJob {status.get('rayJob') or entry.get('rayJob', '-')}, {start}")
+            self.view.start_attempt(attempt, f"RayJob {status.ray_job or entry.ray_job or '-'}, {start}")
         self.attempt = attempt
-        phase = status.get("phase")
+        phase = status.phase
         if phase != self.phase:
-            message = _first_line(status.get("message"))
+            message = _first_line(status.message)
             self.view.note(f"phase {phase or '-'}" + (f": {message}" if message else ""))
             self.phase = phase
         self._report_progress(status)
-        if phase == "Succeeded":
+        if phase == SUCCEEDED:
             self.view.note(
                 f"succeeded; fetch the model with: spotray pull {self.name} -n {self.namespace} ./{self.name}-final"
             )
             return EXIT_OK
-        if phase == "Failed":
+        if phase == FAILED:
             flags = f"{self.name} -n {self.namespace}"
             self.view.note(f"failed; see `spotray status {flags}` and `spotray logs {flags}`")
             return EXIT_FAILED
         return None
 
-    def _report_ended_attempts(self, status: dict[str, Any], *, quiet: bool) -> None:
-        for entry in status.get("attempts") or []:
-            number, outcome = entry.get("attempt"), entry.get("outcome")
-            if outcome in (None, "Running") or number in self.seen_ends:
+    def _report_ended_attempts(self, status: RunStatus, *, quiet: bool) -> None:
+        for entry in status.attempts or ():
+            number, outcome = entry.attempt, entry.outcome
+            if outcome in ("", OUTCOME_RUNNING) or number in self.seen_ends:
                 continue
             self.seen_ends.add(number)
             if quiet:
                 continue  # history from before we started watching: `spotray status RUN` shows it
-            reason = entry.get("reason") or entry.get("message") or ""
+            reason = entry.reason or entry.message
             self.view.note(f"attempt {number} {outcome.lower()}" + (f" ({reason})" if reason else ""))
-            if outcome == "Preempted":
+            if outcome == OUTCOME_PREEMPTED:
                 self.view.note(f"  a new attempt will resume from the last checkpoint ({self.checkpoint or 'none'})")
 
-    def _report_progress(self, status: dict[str, Any]) -> None:
-        checkpoint = status.get("lastCheckpoint") or {}
-        if checkpoint.get("step") is not None and checkpoint["step"] != self.checkpoint:
-            self.checkpoint = int(checkpoint["step"])
-            self.view.on_event({"event": "checkpoint_complete", "step": self.checkpoint, "uri": checkpoint.get("uri")})
-        progress = status.get("progress") or {}
-        step, loss = progress.get("step"), progress.get("loss")
+    def _report_progress(self, status: RunStatus) -> None:
+        checkpoint = status.last_checkpoint or LastCheckpoint()
+        if checkpoint.step is not None and checkpoint.step != self.checkpoint:
+            self.checkpoint = int(checkpoint.step)
+            self.view.on_event({"event": "checkpoint_complete", "step": self.checkpoint, "uri": checkpoint.uri})
+        progress = status.progress or Progress()
+        step, loss = progress.step, progress.loss
         if step is not None and loss is not None and step != self.step:
             self.step = int(step)
-            when = parse_time(progress.get("updateTime"))
+            when = parse_time(progress.update_time)
             self.view.on_event(
                 {
                     "event": "step",
                     "step": self.step,
-                    "max_steps": progress.get("totalSteps") or 0,
+                    "max_steps": progress.total_steps or 0,
                     "loss": loss,
                     "time": when.timestamp() if when else time.time(),
                 }

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.local_ray import LocalRayWorkerNode
 from spotray.train.processes.subprocesses import is_running
 from spotray.train.storage.local_s3 import free_port, free_ports
@@ -45,8 +46,8 @@ CLUSTER_DOMAIN = "cluster.local"
 SERVICE_CIDR = "127.96.0.0/16"
 POD_CIDR = "127.100.0.0/16"
 NODE_IP = "127.0.0.1"
-SPOT_LABEL = "spotray.dev/capacity"
-SPOT_TAINT = {"key": "spotray.dev/spot", "value": "true", "effect": "NoSchedule"}
+# The taint on the test bed's spot nodes (and kind-config.yaml's), which only spot workers tolerate.
+SPOT_TAINT = {"key": SPOT_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 # Ray heads for the bridge live on 127.0.0.<N>, away from 127.0.0.1 where other tests listen:
 # from .7 up for tests (the first whose port 8265 is free), .17 for `make cluster-up`.
 RAY_HEAD_IPS = [f"127.0.0.{n}" for n in range(7, 17)]
@@ -294,14 +295,14 @@ class Node:
 
 
 def spot_node(name: str, gpus: int = 0) -> Node:
-    labels = {SPOT_LABEL: "spot"}
+    labels = {SPOT_LABEL: SPOT_LABEL_SPOT}
     if gpus:
         labels["nvidia.com/gpu.present"] = "true"
     return Node(name, labels=labels, taints=[dict(SPOT_TAINT)], gpus=gpus)
 
 
 def on_demand_node(name: str, gpus: int = 0) -> Node:
-    labels = {SPOT_LABEL: "on-demand"}
+    labels = {SPOT_LABEL: SPOT_LABEL_ON_DEMAND}
     if gpus:
         labels["nvidia.com/gpu.present"] = "true"
     return Node(name, labels=labels, gpus=gpus)

@@ -43,7 +43,7 @@ from torch import nn
 
 from spotray.contract.attempts import EXIT_BAD_INPUT
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import RunContext
+from spotray.contract.spec import RunContext, RunSpec
 from spotray.contract.uris import parse_uri
 from spotray.jobs.cnn.data import NUM_CLASSES, ShapesSpec, ensure_dataset
 from spotray.jobs.common import (
@@ -69,13 +69,12 @@ SHUFFLE_BUFFER = 512
 
 @dataclass(frozen=True)
 class CnnJobConfig(LoopConfig):
-    checkpoint_uri: str
+    """The job's own settings; the run's (checkpoint and data URIs, keep) are its RunContext."""
+
     workdir: Path
-    data_uri: str
     num_samples: int
     image_size: int
     epochs: int = 5
-    keep: int = 3
     seed: int = 42
     batch_size: int = 64  # global: split across workers
     learning_rate: float = 2e-3
@@ -215,12 +214,13 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     """What each Ray Train worker runs: resume at an epoch boundary, train epochs, checkpoint after each."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config = CnnJobConfig.from_loop_config(loop_config)
+    context = worker_context()
     rank, size = world_rank(), world_size()
     events = EventLog(config.events_path)
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
-    store = open_store(config.checkpoint_uri)
+    store = open_store(context.spec.checkpoint.uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, node_resume_dir(config.workdir), worker_context().attempt_id)
+    resume_point = agree_on_resume_point(store, node_resume_dir(config.workdir), context.attempt_id)
     model, optimizer, start_epoch = restore(config, resume_point)
     unwrapped = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
@@ -234,9 +234,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         events.emit(
             "start",
             pid=os.getpid(),
-            attempt=worker_context().attempt_id.attempt,  # kept by a restart of the workers inside it
+            attempt=context.attempt,  # kept by a restart of the workers inside it
             resumed_from=resume_point.step if resume_point else None,
-            checkpoint_uri=config.checkpoint_uri,
+            checkpoint_uri=context.spec.checkpoint.uri,
             max_steps=max_steps,
             world_size=size,
             epoch=start_epoch,
@@ -271,7 +271,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                 "step": step,
                 "image_size": config.image_size,
             }
-            size_bytes = save_checkpoint(store, rank_dir / "checkpoints", state, config.keep)
+            size_bytes = save_checkpoint(store, rank_dir / "checkpoints", state, context.spec.checkpoint.keep)
             events.emit(
                 "checkpoint_complete",
                 step=step,
@@ -294,7 +294,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
 
 def build_job_config(args: argparse.Namespace, context: RunContext, data: ShapesSpec) -> CnnJobConfig:
     spec = context.spec
-    data_uri = required_data_uri(context, "spotray.jobs.cnn", "Parquet files", "s3://BUCKET/datasets/cnn-shapes")
+    required_data_uri(context, "spotray.jobs.cnn", "Parquet files", "s3://BUCKET/datasets/cnn-shapes")
     workers = spec.workers.num_workers
     check_batch_splits(args.batch_size, spec.workers)
     if data.num_samples // workers < args.batch_size // workers:
@@ -304,13 +304,10 @@ def build_job_config(args: argparse.Namespace, context: RunContext, data: Shapes
             "lower --batch-size or raise --samples-per-class",
         )
     return CnnJobConfig(
-        checkpoint_uri=spec.checkpoint.uri,
-        data_uri=data_uri,
         workdir=args.workdir / context.name,
         num_samples=data.num_samples,
         image_size=data.image_size,
         epochs=args.epochs,
-        keep=spec.checkpoint.keep,
         seed=args.seed,
         batch_size=args.batch_size,
         learning_rate=args.lr,
@@ -343,15 +340,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def prepare(config: CnnJobConfig, data: ShapesSpec, *, create_bucket: bool) -> tuple[ObjectStore, list[str]]:
+def prepare(spec: RunSpec, data: ShapesSpec, *, create_bucket: bool) -> tuple[ObjectStore, list[str]]:
     """Fail fast on bad storage settings, and write the dataset if it is not in the store yet."""
-    store = open_store(config.checkpoint_uri)
+    assert spec.data.uri is not None  # build_job_config checked
+    store = open_store(spec.checkpoint.uri)
     store.check(create_bucket=create_bucket)
-    data_store = open_store(config.data_uri)
+    data_store = open_store(spec.data.uri)
     data_store.check(create_bucket=create_bucket)
     info, written = ensure_dataset(data_store, data)
     if written:
-        print(f"prepared the dataset: {data.num_samples} images as Parquet in {config.data_uri}")
+        print(f"prepared the dataset: {data.num_samples} images as Parquet in {spec.data.uri}")
     return store, info.files
 
 
@@ -362,14 +360,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         context = run_context(args)
         config = build_job_config(args, context, data)
-        store, files = prepare(config, data, create_bucket=args.create_bucket)
+        store, files = prepare(context.spec, data, create_bucket=args.create_bucket)
     except SpotrayError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # A factory, not a dataset: Ray Train calls it when each worker group starts, after launch()
     # has connected to the cluster. Building the dataset here would connect first, without the
     # runtime_env that carries SPOTRAY_RUN and the event log path to the workers.
-    datasets = {"train": partial(read_images, config.data_uri, files)}
+    assert context.spec.data.uri is not None  # build_job_config checked
+    datasets = {"train": partial(read_images, context.spec.data.uri, files)}
     return launch(
         train_loop,
         config.to_loop_config(),

@@ -34,7 +34,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, 
 
 from spotray.contract.attempts import EXIT_BAD_INPUT
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import RunContext
+from spotray.contract.spec import RunContext, RunSpec
 from spotray.contract.uris import parse_uri
 from spotray.jobs.common import (
     LoopConfig,
@@ -72,12 +72,10 @@ log = logging.getLogger("spotray.jobs.gpt2")
 
 @dataclass(frozen=True)
 class Gpt2JobConfig(LoopConfig):
-    checkpoint_uri: str
+    """The job's own settings; the run's (checkpoint and data URIs, interval, keep, GPUs) are its RunContext."""
+
     workdir: Path
-    data_uri: str | None = None
     max_steps: int = 400
-    save_steps: int = 25
-    keep: int = 3
     seed: int = 42
     batch_size: int = 16  # global: split across workers, so a resume with another worker count trains the same
     block_size: int = 128
@@ -88,7 +86,6 @@ class Gpt2JobConfig(LoopConfig):
     dropout: float = 0.1
     create_bucket: bool = False
     events_path: Path | None = None
-    use_gpu: bool = False
     async_checkpoints: bool = (
         True  # the loop waits only for a copy to host memory (train/checkpoints/async_checkpoint.py)
     )
@@ -114,11 +111,12 @@ def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
 def build_training_args(
     config: Gpt2JobConfig,
     *,
-    save_steps: int | None = None,
+    save_steps: int,
+    use_gpu: bool = False,
     per_device_batch: int | None = None,
     accumulation: int = 1,
 ) -> TrainingArguments:
-    save = save_steps if save_steps is not None else config.save_steps
+    """``save_steps`` 0: no save at a fixed interval (everySteps: auto decides, or none at all)."""
     return TrainingArguments(
         output_dir=str(config.workdir / "checkpoints"),
         max_steps=config.max_steps,
@@ -129,12 +127,12 @@ def build_training_args(
         warmup_steps=max(1, config.max_steps // 20),
         weight_decay=0.01,
         logging_steps=1,
-        save_strategy="steps" if save > 0 else "no",
-        save_steps=save if save > 0 else 500,
+        save_strategy="steps" if save_steps > 0 else "no",
+        save_steps=save_steps if save_steps > 0 else 500,
         save_total_limit=2,  # local copies only; the store keeps `keep` of its own
         seed=config.seed,
         full_determinism=True,
-        use_cpu=not config.use_gpu,
+        use_cpu=not use_gpu,
         dataloader_num_workers=0,
         ignore_data_skip=True,  # the data position in the checkpoint replaces skipping seen batches
         report_to=[],
@@ -142,7 +140,7 @@ def build_training_args(
     )
 
 
-def build_trainer(config: Gpt2JobConfig, callbacks: list[TrainerCallback], *, save_steps: int | None = None) -> Trainer:
+def build_trainer(config: Gpt2JobConfig, callbacks: list[TrainerCallback], *, save_steps: int) -> Trainer:
     """A single-process Trainer over the in-memory corpus: no Ray, no data store.
 
     The benchmarks of the checkpoint core and its tests use it to measure and fault the checkpoint
@@ -167,9 +165,10 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     started = time.time()  # this worker group is up: its nodes were there (the ledger's waiting ends here)
     rank, size = world_rank(), world_size()
     context = worker_context()
+    spec = context.spec
     events = EventLog(config.events_path)
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
-    store = open_store(config.checkpoint_uri)
+    store = open_store(spec.checkpoint.uri)
     rank_dir = config.workdir / f"rank-{rank}"
     # The checkpoint downloads in the background while the model is built; a node keeps one copy.
     fetch = ResumeFetch(store, node_resume_dir(config.workdir), context.attempt_id)
@@ -180,7 +179,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     start_step = resume_point.step if resume_point else 0
     cache_dir = config.workdir / "mds-cache"
     # The same global batch at any worker count (an elastic run shrinks and grows): train/launch/batching.py.
-    plan = plan_batch(config.batch_size, size, context.spec.workers.num_workers)
+    plan = plan_batch(config.batch_size, size, spec.workers.num_workers)
     group = broadcast_from_rank0(new_worker_group_id())  # names this worker group in the sample log
     if rank == 0:
         events.emit(
@@ -188,7 +187,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             pid=os.getpid(),
             attempt=context.attempt_id.attempt,  # a restart of the workers inside an attempt keeps its number
             resumed_from=resume_point.step if resume_point else None,
-            checkpoint_uri=config.checkpoint_uri,
+            checkpoint_uri=spec.checkpoint.uri,
             max_steps=config.max_steps,
             world_size=size,
             per_device_batch=plan.per_device,
@@ -198,9 +197,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
             resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
         )
-    assert config.data_uri is not None  # the driver checked
+    assert spec.data.uri is not None  # the driver checked
     dataset = open_streaming_dataset(
-        parse_uri(config.data_uri),
+        parse_uri(spec.data.uri),
         cache_dir,
         batch_size=plan.per_device,
         position=position,
@@ -221,8 +220,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         ),
     )
     sync = S3CheckpointCallback(
-        config.checkpoint_uri,
-        keep=config.keep,
+        spec.checkpoint.uri,
+        keep=spec.checkpoint.keep,
         store=store,
         events=events if rank == 0 else None,
         staging_dir=rank_dir / "staging",
@@ -245,13 +244,19 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     report = ProgressCallback(sync, events, progress)
     notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id)
     callbacks: list[TrainerCallback] = [sync, report, notice]
-    if context.spec.checkpoint.auto_interval:
+    if spec.checkpoint.auto_interval:
         history = run_history(store, progress.progress) if progress is not None else None
-        callbacks.append(AutoCheckpointInterval(context.spec.checkpoint, sync, history, progress))
+        callbacks.append(AutoCheckpointInterval(spec.checkpoint, sync, history, progress))
     trainer = StreamingTrainer(
         model=model,
         # One output dir for all ranks of a node: each rank writes its RNG state into the same checkpoint.
-        args=build_training_args(config, per_device_batch=plan.per_device, accumulation=plan.accumulation),
+        args=build_training_args(
+            config,
+            save_steps=spec.checkpoint.fixed_every_steps or 0,  # 0: no fixed interval (everySteps: auto)
+            use_gpu=spec.workers.gpu > 0,
+            per_device_batch=plan.per_device,
+            accumulation=plan.accumulation,
+        ),
         callbacks=callbacks,
         epoch_loader=loader,
     )
@@ -268,17 +273,12 @@ def train_loop(loop_config: dict[str, Any]) -> None:
 
 
 def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobConfig:
-    spec = context.spec
-    data_uri = required_data_uri(context, "spotray.jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
-    check_batch_splits(args.batch_size, spec.workers)
+    required_data_uri(context, "spotray.jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
+    check_batch_splits(args.batch_size, context.spec.workers)
     return Gpt2JobConfig(
-        checkpoint_uri=spec.checkpoint.uri,
-        data_uri=data_uri,
         # Absolute: Ray Train workers run in a directory of Ray's, not the driver's.
         workdir=(args.workdir / context.name).absolute(),
         max_steps=args.max_steps,
-        save_steps=spec.checkpoint.fixed_every_steps or 0,  # 0: no fixed interval (everySteps: auto)
-        keep=spec.checkpoint.keep,
         seed=args.seed,
         batch_size=args.batch_size,
         n_layer=args.n_layer,
@@ -286,7 +286,6 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         dropout=args.dropout,
         create_bucket=args.create_bucket,
         events_path=events_path(args),
-        use_gpu=spec.workers.gpu > 0,
         async_checkpoints=args.checkpoint_mode == "async",
         when_busy=args.when_busy,
     )
@@ -325,23 +324,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def prepare(config: Gpt2JobConfig) -> ObjectStore:
+def prepare(config: Gpt2JobConfig, spec: RunSpec) -> ObjectStore:
     """Fail fast on bad storage settings, and write the dataset if it is not in the store yet."""
-    store = open_store(config.checkpoint_uri)
+    store = open_store(spec.checkpoint.uri)
     store.check(create_bucket=config.create_bucket)
-    assert config.data_uri is not None
-    data_store = open_store(config.data_uri)
+    assert spec.data.uri is not None
+    data_store = open_store(spec.data.uri)
     data_store.check(create_bucket=config.create_bucket)
     if ensure_dataset(data_store, lambda: mds_samples(config.block_size), MDS_COLUMNS):
-        print(f"prepared the dataset: MDS shards in {config.data_uri}")
+        print(f"prepared the dataset: MDS shards in {spec.data.uri}")
     return store
 
 
 def run_under_torchrun(config: Gpt2JobConfig, context: RunContext) -> int:
     """One torchrun process: rank 0 prepares, every rank trains; the exit code as the Ray launcher gives it."""
-    dist.init_process_group("nccl" if config.use_gpu else "gloo")
+    dist.init_process_group("nccl" if context.spec.workers.gpu > 0 else "gloo")
     try:
-        store = prepare(config) if dist.get_rank() == 0 else open_store(config.checkpoint_uri)
+        store = prepare(config, context.spec) if dist.get_rank() == 0 else open_store(context.spec.checkpoint.uri)
         # Every rank made its own context; rank 0's identity is the run's, and train_loop reads it.
         context = dataclasses.replace(context, run_id=broadcast_from_rank0(context.run_id))
         os.environ.update(context.to_env())
@@ -361,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
         config = build_job_config(args, context)
         if torchrun_world is not None:
             return run_under_torchrun(config, context)
-        store = prepare(config)
+        store = prepare(config, context.spec)
     except SpotrayError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -15,8 +15,9 @@ Layout under the run's checkpoint URI (checkpoints themselves: train/checkpoints
     _spotray/<run id>/attempt-<N>.progress.json   training progress (rank 0, train/records/progress_log.py)
     _spotray/fence.json                           the newest attempt to start; older ones stop writing
 
-Exit codes of the job's driver and outcomes of an attempt are defined here, once; reading and
-writing the records and the fence is train/records/attempt_records.py.
+Exit codes (the job driver's and the ``spotray`` command's), outcomes of an attempt and the bound
+on a record's size are defined here, once; reading and writing the records and the fence is
+train/records/attempt_records.py.
 """
 
 from __future__ import annotations
@@ -31,13 +32,23 @@ from spotray.contract.errors import SpotrayError
 
 RECORDS_PREFIX = "_spotray"
 FENCE_KEY = f"{RECORDS_PREFIX}/fence.json"
-# Records are a few hundred bytes; a bound keeps a hostile object out of memory.
+# Records (outcomes, preemption markers, progress, the fence) are a few hundred bytes: a larger one
+# was not written by us, and the bound keeps a hostile object out of memory.
 MAX_RECORD_BYTES = 1 << 20
 
-EXIT_SUCCEEDED = 0
+# Exit codes, one set for the job's driver (train/launch/launcher.py; the controller and local mode
+# read them to tell how an attempt ended), the ``spotray`` command (scripts may rely on them:
+# spotray/errors.py says which error gives which) and the controller process.
+EXIT_OK = 0  # the driver: training finished; the command: done
+# The driver: training failed (counts against maxFailures). The command: what it set out to do
+# failed (a run failed, a checkpoint is incomplete or corrupt, S3 or the cluster refused).
 EXIT_FAILED = 1
+# Bad input: a spec, a URI, a flag, credentials or a bucket is wrong. The driver's fails the run
+# at once (a retry would be refused the same way).
 EXIT_BAD_INPUT = 2
-EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143: stopped on a notice after a complete emergency checkpoint
+EXIT_NOT_FOUND = 3  # the command: no such run, checkpoint or bucket
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: the command was stopped by Ctrl-C
+EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143: the driver stopped on a notice after a complete emergency checkpoint
 
 # How an attempt ended: status.attempts[].outcome.
 OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED = (

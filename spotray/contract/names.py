@@ -1,8 +1,10 @@
 """Every Kubernetes name spotray's API is made of, defined once.
 
-The TrainingRun's group, version, kind and plural; the KubeRay RayJob it creates per attempt and
-how that RayJob is named and labelled; the phases a run's status can show. The CRD
-(controller/crd.py), the controller, the CLI and the spec parser all import them from here.
+The TrainingRun's group, version, kind and plural; the KubeRay RayJob it creates per attempt, how
+that RayJob is named and labelled and the statuses KubeRay reports on it; the node label and taint
+that mark spot capacity; the label that opts a Secret in for S3; the phases a run's status can
+show. The CRD (controller/crd.py), the controller, the CLI and the spec parser all import them
+from here.
 Standard library only: the job images and a laptop with no Kubernetes client import it too.
 """
 
@@ -17,7 +19,21 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 
 RAY_GROUP = "ray.io"
 RAY_VERSION = "v1"
+RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
+RAYJOB_KIND = "RayJob"
 RAYJOB_PLURAL = "rayjobs"
+# What KubeRay reports on a RayJob: status.jobStatus, Ray's state of the job, ...
+JOB_PENDING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_STOPPED = (
+    "PENDING",
+    "RUNNING",
+    "SUCCEEDED",
+    "FAILED",
+    "STOPPED",
+)
+JOB_ENDED = (JOB_SUCCEEDED, JOB_FAILED, JOB_STOPPED)
+# ... and status.jobDeploymentStatus, KubeRay's: one of these once it is done with the job.
+DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED = "Complete", "Failed"
+DEPLOYMENT_ENDED = (DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED)
 
 # On every RayJob and pod of an attempt: which run and attempt they belong to.
 RUN_LABEL = f"{GROUP}/run"
@@ -27,6 +43,17 @@ DISRUPTION_ANNOTATION = f"{GROUP}/disruption"
 # ... and when (the pod's DisruptionTarget condition's lastTransitionTime): a loss long before the
 # job ended did not end it (an elastic run goes on without the node).
 DISRUPTED_AT_ANNOTATION = f"{GROUP}/disrupted-at"
+
+# Nodes: this label says which capacity a node is (Ray heads go on on-demand nodes, workers of a
+# spot run on spot ones), and spot nodes carry a NoSchedule taint with this key that only spot
+# workers tolerate. The controller's defaults (controller/config.py) and the test bed's nodes use
+# them; the chart's values.yaml and kind-config.yaml repeat them (tests/unit/test_deploy_files.py checks).
+SPOT_LABEL = f"{GROUP}/capacity"
+SPOT_LABEL_SPOT = "spot"
+SPOT_LABEL_ON_DEMAND = "on-demand"
+SPOT_TAINT_KEY = f"{GROUP}/spot"
+# A Secret labelled with this, set to "true", may be named by runs for S3 (controller/s3_access.py).
+S3_OPT_IN_LABEL = f"{GROUP}/s3-credentials"
 
 # status.phase of a TrainingRun.
 PENDING, RUNNING, RESUMING, SUSPENDED, SUCCEEDED, FAILED = (

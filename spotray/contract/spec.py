@@ -1,21 +1,30 @@
-"""The TrainingRun spec as typed data: one model for the controller, the launcher and local mode.
+"""The TrainingRun spec as typed data, declared once: the model, its codec and its limits.
 
-A TrainingRun manifest (``kind: TrainingRun``, group ``spotray.dev``) is parsed here into frozen
-dataclasses with defaults filled in. Every problem is reported at once, each with the field path
-and what to write instead, so a user fixes a manifest in one pass. The launcher inside Ray reads the
-same model back from the ``SPOTRAY_RUN`` environment variable, which the controller and
-``spotray run --local`` set: that variable is the whole contract between them and the job.
+Each field is declared once, on these frozen dataclasses, with its default and a ``SpecField``
+(description, minimum, what kind of value it is). Everything else is derived from the
+declarations:
 
-This module imports only the standard library and PyYAML, so the controller can use it without
-pulling in torch or Ray.
+- ``parse_spec`` reads a TrainingRun's camelCase ``spec`` into the dataclasses, with every default
+  filled in and every problem reported at once, each with its field path and the fix;
+- ``encode_spec`` writes them back as the same camelCase mapping; ``SPOTRAY_RUN`` (``RunContext``)
+  carries that form to the job, which reads it with ``parse_spec``, so the spec crosses a process
+  boundary in one encoded form and is checked the same way on both sides;
+- the CRD (controller/crd.py) and docs/trainingrun.md are generated from the same fields: names,
+  types, defaults, minimums, descriptions;
+- the example jobs' hand-start flags take their defaults and help from them (jobs/common.py).
+
+Standard library and PyYAML only: the controller decides with it without boto3, torch or Ray.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
-from dataclasses import asdict, dataclass, field
+import types
+import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +42,10 @@ NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 MAX_NAME_LENGTH = 50  # room for "-a<attempt>" and KubeRay's own suffixes within 63
 CPU_PATTERN = re.compile(r"^(\d+(\.\d+)?)(m?)$")
 MEMORY_PATTERN = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
+AUTO = "auto"
+
+# What kind of value a field holds: how this parser checks it, and which rules the CRD adds.
+CPU, MEMORY, URI, TEXT, STEPS_OR_AUTO = "cpu", "memory", "uri", "text", "steps-or-auto"
 
 
 class InvalidSpecError(SpotrayError):
@@ -49,6 +62,46 @@ class InvalidSpecError(SpotrayError):
 
     def __reduce__(self) -> tuple[type[InvalidSpecError], tuple[list[str], str]]:  # type: ignore[override]
         return (type(self), (self.problems, self.where))
+
+
+@dataclass(frozen=True)
+class SpecField:
+    """What the declaration of one spec field says beyond its Python type and default."""
+
+    description: str  # `kubectl explain` and docs/trainingrun.md print it
+    minimum: int | None = None
+    kind: str | None = None  # CPU, MEMORY, URI, TEXT or STEPS_OR_AUTO
+    max_length: int | None = None  # for the API server's CEL cost estimates
+    immutable: str | None = None  # why the value cannot change once set
+    when_missing: str | None = None  # a required field: what to write
+
+
+def spec_field(description: str, *, default: Any = dataclasses.MISSING, **declared: Any) -> Any:
+    """A dataclass field of the spec, with its ``SpecField``; a dataclass default means a section."""
+    metadata = {"spec": SpecField(description, **declared)}
+    if isinstance(default, type) and dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=default, metadata=metadata)
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=dict, metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def declaration(cls: type[Any], name: str) -> SpecField:
+    """The ``SpecField`` of ``cls.name``."""
+    declared: SpecField = next(f for f in dataclasses.fields(cls) if f.name == name).metadata["spec"]
+    return declared
+
+
+def default_of(cls: type[Any], name: str) -> Any:
+    """The declared default of ``cls.name``, None for a required field (a flag that stands for it uses it)."""
+    default = next(f for f in dataclasses.fields(cls) if f.name == name).default
+    return None if default is dataclasses.MISSING else default
+
+
+def camel(name: str) -> str:
+    """A dataclass field's key in the manifest: ``min_every_steps`` -> ``minEverySteps``."""
+    head, *rest = name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
 
 
 def parse_cpu(text: str) -> float:
@@ -68,12 +121,37 @@ class WorkerSpec:
     ``min_replicas`` pods when spot nodes are lost, and grows back as they return.
     """
 
-    replicas: int = 2
-    cpu: str = "1"
-    memory: str = "4Gi"
-    gpu: int = 0
-    spot: bool = True
-    min_replicas: int | None = None  # None: replicas (a fixed size)
+    replicas: int = spec_field(
+        "Number of worker pods. Ray Train runs replicas * max(gpu, 1) workers.", default=2, minimum=1
+    )
+    cpu: str = spec_field(
+        'CPU request per worker pod, a Kubernetes quantity: "2", "0.5" or "500m".', default="1", kind=CPU
+    )
+    memory: str = spec_field(
+        'Memory request per worker pod, a Kubernetes quantity: "4Gi" or "512Mi".', default="4Gi", kind=MEMORY
+    )
+    gpu: int = spec_field("GPUs (nvidia.com/gpu) per worker pod; 0 trains on CPU.", default=0, minimum=0)
+    spot: bool = spec_field(
+        "Schedule workers on spot (preemptible) nodes. Preemptions are retried up to "
+        "retry.maxPreemptions times, resuming from the latest checkpoint.",
+        default=True,
+    )
+    min_replicas: int | None = spec_field(
+        "The fewest worker pods the run goes on with. Below replicas the run is elastic: when "
+        "spot nodes are lost it continues on the pods that are left, and grows back as nodes return, each "
+        "time from the latest checkpoint, with the same global batch (gradient accumulation makes up the "
+        "difference). Every worker count in the range must divide the global batch. Unset: replicas.",
+        default=None,
+        minimum=1,
+    )
+
+    def problems(self, path: str) -> list[str]:
+        if self.min_replicas is not None and self.min_replicas > self.replicas:
+            return [
+                f"{path}.minReplicas: must be <= replicas ({self.replicas}), got {self.min_replicas}; "
+                "replicas is the most pods the run uses, minReplicas the fewest it goes on with"
+            ]
+        return []
 
     @property
     def workers_per_replica(self) -> int:
@@ -105,21 +183,57 @@ class WorkerSpec:
 
 @dataclass(frozen=True)
 class HeadSpec:
-    cpu: str = "1"
-    memory: str = "4Gi"
-
-
-AUTO = "auto"
+    cpu: str = spec_field(
+        'CPU request of the head pod, a Kubernetes quantity: "2", "0.5" or "500m".', default="1", kind=CPU
+    )
+    memory: str = spec_field(
+        'Memory request of the head pod, a Kubernetes quantity: "4Gi" or "512Mi".', default="4Gi", kind=MEMORY
+    )
 
 
 @dataclass(frozen=True)
 class CheckpointSpec:
-    uri: str
-    every_steps: int | str = 100  # or AUTO: chosen while training (train/hf/checkpoint_interval.py)
-    min_every_steps: int = 10
-    max_every_steps: int = 5000
-    keep: int = 3
-    secret_ref: str | None = None
+    uri: str = spec_field(
+        "Where checkpoints are written: s3://BUCKET/PREFIX, or a path on a volume every pod mounts "
+        "(/mnt/shared/runs/x or file:///mnt/shared/runs/x). Cannot change once set.",
+        kind=URI,
+        immutable="the run resumes from checkpoints there",
+        when_missing="write where checkpoints go, e.g. s3://BUCKET/PREFIX",
+    )
+    every_steps: int | str = spec_field(
+        "Take a checkpoint every this many training steps (also one on a spot notice), or auto: "
+        "the interval that maximises expected goodput from the measured checkpoint cost and the observed "
+        "interruption rate (Young/Daly), within minEverySteps and maxEverySteps; status.checkpointInterval "
+        "shows the choice and its numbers.",
+        default=100,
+        minimum=1,
+        kind=STEPS_OR_AUTO,  # AUTO: chosen while training (train/hf/checkpoint_interval.py)
+    )
+    min_every_steps: int = spec_field(
+        "With everySteps: auto, the shortest interval it may choose.", default=10, minimum=1
+    )
+    max_every_steps: int = spec_field(
+        "With everySteps: auto, the longest interval it may choose.", default=5000, minimum=1
+    )
+    keep: int = spec_field(
+        "How many complete checkpoints to keep; older ones are deleted after a newer one completes.",
+        default=3,
+        minimum=1,
+    )
+    secret_ref: str | None = spec_field(
+        "Name of a Secret in the run's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+        "(and optionally AWS_ENDPOINT_URL, AWS_REGION) for the S3 store. Unset: the pods' own credentials.",
+        default=None,
+        kind=TEXT,
+        max_length=253,
+    )
+
+    def problems(self, path: str) -> list[str]:
+        if 1 <= self.max_every_steps < self.min_every_steps:  # (a bound below 1 is reported on its own)
+            return [
+                f"{path}.maxEverySteps: must be >= minEverySteps ({self.min_every_steps}), got {self.max_every_steps}"
+            ]
+        return []
 
     @property
     def auto_interval(self) -> bool:
@@ -133,27 +247,70 @@ class CheckpointSpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    uri: str | None = None
+    uri: str | None = spec_field(
+        "Where the dataset is: s3://BUCKET/PREFIX or an absolute path. Cannot change once set: "
+        "the data position saved in each checkpoint refers to this dataset.",
+        default=None,
+        kind=URI,
+        immutable="the data position in each checkpoint refers to this dataset",
+    )
 
 
 @dataclass(frozen=True)
 class RetrySpec:
-    max_preemptions: int = 50
-    max_failures: int = 3
-    backoff_seconds: int = 30
+    max_preemptions: int = spec_field(
+        "Spot preemptions (node lost or spot notice) to recover from before the run fails.", default=50, minimum=0
+    )
+    max_failures: int = spec_field(
+        "Failures of the job itself (non-zero exit, crash) to retry before the run fails.", default=3, minimum=0
+    )
+    backoff_seconds: int = spec_field(
+        "Seconds to wait before the next attempt after a failure (not after a preemption).", default=30, minimum=0
+    )
 
 
 @dataclass(frozen=True)
 class RunSpec:
-    entrypoint: str
-    checkpoint: CheckpointSpec
-    workers: WorkerSpec = field(default_factory=WorkerSpec)
-    head: HeadSpec = field(default_factory=HeadSpec)
-    data: DataSpec = field(default_factory=DataSpec)
-    retry: RetrySpec = field(default_factory=RetrySpec)
-    image: str | None = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)
-    suspend: bool = False
+    """What to train and how: the entrypoint, the Ray worker and head pods, where checkpoints go,
+    and how often a preempted or failed run is started again."""
+
+    entrypoint: str = spec_field(
+        "The command that starts training on the Ray head, "
+        "e.g. `python -m spotray.jobs.gpt2 --max-steps 200`. "
+        "It runs once per attempt and must resume from the latest checkpoint (spotray's launcher does).",
+        kind=TEXT,
+        max_length=32768,
+        when_missing="write the command to run, e.g. `python -m spotray.jobs.gpt2`",
+    )
+    checkpoint: CheckpointSpec = spec_field(
+        "Where checkpoints go and how often. Every attempt resumes from the latest complete "
+        "checkpoint there, so a preempted run loses at most everySteps steps.",
+        when_missing="add `checkpoint: {uri: s3://BUCKET/PREFIX}`",
+    )
+    workers: WorkerSpec = spec_field(
+        "The Ray worker group: replicas pods, each running one training worker per GPU (one on CPU when gpu is 0).",
+        default=WorkerSpec,
+    )
+    head: HeadSpec = spec_field(
+        "The Ray head pod, which runs the entrypoint and the Ray Train controller; it always runs on on-demand nodes.",
+        default=HeadSpec,
+    )
+    data: DataSpec = spec_field(
+        "The training data, read by the job (e.g. a MosaicML streaming dataset).", default=DataSpec
+    )
+    retry: RetrySpec = spec_field("How often a run is started again before it is marked Failed.", default=RetrySpec)
+    image: str | None = spec_field(
+        "Container image for the head and worker pods. Unset: the image the spotray chart configures.",
+        default=None,
+        kind=TEXT,
+        max_length=1024,
+    )
+    runtime_env: dict[str, Any] = spec_field(
+        "A Ray runtime_env (env_vars, pip, working_dir, ...) passed to the job unchanged.", default={}
+    )
+    suspend: bool = spec_field(
+        "true stops the current attempt after a checkpoint and starts none; false resumes the run.", default=False
+    )
 
 
 @dataclass(frozen=True)
@@ -167,8 +324,10 @@ class TrainingRun:
 class RunContext:
     """What a job needs to know about the run it belongs to: set by whoever starts the attempt.
 
-    ``run_id`` and ``attempt`` are the attempt's identity (spotray/contract/attempts.py): the TrainingRun's UID
-    under the controller, the work directory's run id in local mode.
+    ``run_id`` and ``attempt`` are the attempt's identity (spotray/contract/attempts.py): the
+    TrainingRun's UID under the controller, the work directory's run id in local mode. It travels
+    in ``SPOTRAY_RUN`` as JSON, the spec in its manifest form, and is read back through
+    ``parse_spec``: the job checks what it was given as ``kubectl apply`` would.
     """
 
     name: str
@@ -181,7 +340,7 @@ class RunContext:
         return AttemptId(self.run_id, self.attempt)
 
     def to_env(self) -> dict[str, str]:
-        fields = {"name": self.name, "run_id": self.run_id, "attempt": self.attempt, "spec": asdict(self.spec)}
+        fields = {"name": self.name, "runId": self.run_id, "attempt": self.attempt, "spec": encode_spec(self.spec)}
         return {RUN_ENV_VAR: json.dumps(fields)}
 
     @classmethod
@@ -191,176 +350,133 @@ class RunContext:
         if not raw:
             return None
         data = json.loads(raw)
-        spec = data["spec"]
         return cls(
-            name=data["name"],
-            run_id=check_run_id(str(data["run_id"])),
+            name=str(data["name"]),
+            run_id=check_run_id(str(data["runId"])),
             attempt=int(data["attempt"]),
-            spec=RunSpec(
-                entrypoint=spec["entrypoint"],
-                checkpoint=CheckpointSpec(**spec["checkpoint"]),
-                workers=WorkerSpec(**spec["workers"]),
-                head=HeadSpec(**spec["head"]),
-                data=DataSpec(**spec["data"]),
-                retry=RetrySpec(**spec["retry"]),
-                image=spec["image"],
-                runtime_env=spec["runtime_env"],
-                suspend=spec["suspend"],
-            ),
+            spec=parse_spec(data["spec"], where=RUN_ENV_VAR),
         )
 
 
-# ------------------------------------------------------------------------------------------ parsing
+# ------------------------------------------------------------------------------------ the codec
+
+
+def _concrete(python_type: Any) -> Any:
+    """``X | None`` -> ``X``: an optional field is absent from the manifest, never null."""
+    if isinstance(python_type, types.UnionType) and type(None) in typing.get_args(python_type):
+        return next(arg for arg in typing.get_args(python_type) if arg is not type(None))
+    return python_type
+
+
+def _is_section(python_type: Any) -> bool:
+    return isinstance(python_type, type) and dataclasses.is_dataclass(python_type)
 
 
 class _Reader:
-    """Reads typed fields out of nested dicts, collecting every problem with its path."""
+    """Reads one section's declared fields out of a mapping, collecting every problem with its path."""
 
     def __init__(self) -> None:
         self.problems: list[str] = []
 
-    def section(self, data: dict[str, Any], key: str, path: str) -> dict[str, Any]:
-        value = data.get(key, {})
+    def section(self, cls: type[Any], data: Any, path: str) -> Any:
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            self.problems.append(f"{path}: must be a mapping, got {type(data).__name__}")
+            data = {}
+        declared = dataclasses.fields(cls)
+        hints = typing.get_type_hints(cls)
+        known = {camel(f.name) for f in declared}
+        for key in sorted(set(data) - known):
+            self.problems.append(f"{path}.{key}: unknown field (known: {', '.join(sorted(known))})")
+        values: dict[str, Any] = {}
+        for spec_f in declared:
+            key, info = camel(spec_f.name), spec_f.metadata["spec"]
+            field_path = f"{path}.{key}"
+            python_type = _concrete(hints[spec_f.name])
+            required = spec_f.default is dataclasses.MISSING and spec_f.default_factory is dataclasses.MISSING
+            if key not in data:
+                if required:
+                    self.problems.append(f"{field_path}: missing; {info.when_missing}")
+                    # A stand-in so the rest can be checked; its own fields are not reported missing.
+                    values[spec_f.name] = (
+                        _Reader().section(python_type, {}, field_path) if _is_section(python_type) else ""
+                    )
+                elif _is_section(python_type):
+                    values[spec_f.name] = self.section(python_type, {}, field_path)
+                continue  # otherwise the dataclass default
+            values[spec_f.name] = self.value(python_type, info, data[key], field_path, spec_f)
+        section = cls(**values)
+        self.problems.extend(section.problems(path) if hasattr(section, "problems") else [])
+        return section
+
+    def value(self, python_type: Any, info: SpecField, value: Any, path: str, spec_f: dataclasses.Field[Any]) -> Any:
+        fallback = spec_f.default if spec_f.default is not dataclasses.MISSING else None
+        if _is_section(python_type):
+            return self.section(python_type, value, path)
+        if typing.get_origin(python_type) is dict:
+            return self.mapping(value, path)
+        if python_type is bool:
+            return self.boolean(value, path, fallback)
+        if info.kind == STEPS_OR_AUTO:
+            return self.steps_or_auto(value, info, path, fallback)
+        if python_type is int:
+            return self.integer(value, info, path, fallback)
+        return self.string(value, info, path, fallback)
+
+    def mapping(self, value: Any, path: str) -> dict[str, Any]:
         if value is None:
             return {}
         if not isinstance(value, dict):
-            self.problems.append(f"{path}.{key}: must be a mapping, got {type(value).__name__}")
+            self.problems.append(f"{path}: must be a mapping, got {value!r}")
             return {}
         return value
 
-    def unknown(self, data: dict[str, Any], known: set[str], path: str) -> None:
-        for key in sorted(set(data) - known):
-            self.problems.append(f"{path}.{key}: unknown field (known: {', '.join(sorted(known))})")
-
-    def integer(self, data: dict[str, Any], key: str, path: str, default: int, minimum: int) -> int:
-        value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.problems.append(f"{path}.{key}: must be an integer, got {value!r}")
-            return default
-        if value < minimum:
-            self.problems.append(f"{path}.{key}: must be >= {minimum}, got {value}")
+    def boolean(self, value: Any, path: str, fallback: Any) -> Any:
+        if not isinstance(value, bool):
+            self.problems.append(f"{path}: must be true or false, got {value!r}")
+            return fallback
         return value
 
-    def string(self, data: dict[str, Any], key: str, path: str, default: str | None) -> str | None:
-        value = data.get(key, default)
+    def steps_or_auto(self, value: Any, info: SpecField, path: str, fallback: Any) -> Any:
+        if isinstance(value, str) and value != AUTO:
+            self.problems.append(f'{path}: must be a number of steps or "{AUTO}", got {value!r}')
+            return fallback
+        return value if value == AUTO else self.integer(value, info, path, fallback)
+
+    def integer(self, value: Any, info: SpecField, path: str, fallback: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.problems.append(f"{path}: must be an integer, got {value!r}")
+            return fallback
+        if info.minimum is not None and value < info.minimum:
+            self.problems.append(f"{path}: must be >= {info.minimum}, got {value}")
+        return value
+
+    def string(self, value: Any, info: SpecField, path: str, fallback: Any) -> Any:
         if value is None:
-            return None
+            return fallback
         if isinstance(value, int | float) and not isinstance(value, bool):
             value = str(value)  # `cpu: 2` in YAML is a number; Kubernetes accepts it too
         if not isinstance(value, str) or not value.strip():
-            self.problems.append(f"{path}.{key}: must be a non-empty string, got {value!r}")
-            return default
+            self.problems.append(f"{path}: must be a non-empty string, got {value!r}")
+            return fallback if fallback is not None else ""
+        self.check_kind(value, info, path)
         return value
 
-    def boolean(self, data: dict[str, Any], key: str, path: str, default: bool) -> bool:
-        value = data.get(key, default)
-        if not isinstance(value, bool):
-            self.problems.append(f"{path}.{key}: must be true or false, got {value!r}")
-            return default
-        return value
-
-    def uri(self, value: str | None, path: str, *, s3_only: bool = False) -> None:
-        if value is None:
-            return
-        try:
-            parsed = parse_uri(value)
-        except SpotrayError as error:
-            self.problems.append(f"{path}: {error.problem}")
-            return
-        if s3_only and parsed.scheme != "s3":
-            self.problems.append(f"{path}: must be an s3:// URI, got {value!r}")
-
-
-def _read_workers(reader: _Reader, spec: dict[str, Any]) -> WorkerSpec:
-    path = "spec.workers"
-    data = reader.section(spec, "workers", "spec")
-    reader.unknown(data, {"replicas", "minReplicas", "cpu", "memory", "gpu", "spot"}, path)
-    defaults = WorkerSpec()
-    replicas = reader.integer(data, "replicas", path, defaults.replicas, 1)
-    min_replicas = reader.integer(data, "minReplicas", path, replicas, 1) if "minReplicas" in data else None
-    if min_replicas is not None and min_replicas > replicas:
-        reader.problems.append(
-            f"{path}.minReplicas: must be <= replicas ({replicas}), got {min_replicas}; "
-            "replicas is the most pods the run uses, minReplicas the fewest it goes on with"
-        )
-    workers = WorkerSpec(
-        replicas=replicas,
-        cpu=reader.string(data, "cpu", path, defaults.cpu) or defaults.cpu,
-        memory=reader.string(data, "memory", path, defaults.memory) or defaults.memory,
-        gpu=reader.integer(data, "gpu", path, defaults.gpu, 0),
-        spot=reader.boolean(data, "spot", path, defaults.spot),
-        min_replicas=min_replicas,
-    )
-    _check_resources(reader, workers.cpu, workers.memory, path)
-    return workers
-
-
-def _read_head(reader: _Reader, spec: dict[str, Any]) -> HeadSpec:
-    path = "spec.head"
-    data = reader.section(spec, "head", "spec")
-    reader.unknown(data, {"cpu", "memory"}, path)
-    defaults = HeadSpec()
-    head = HeadSpec(
-        cpu=reader.string(data, "cpu", path, defaults.cpu) or defaults.cpu,
-        memory=reader.string(data, "memory", path, defaults.memory) or defaults.memory,
-    )
-    _check_resources(reader, head.cpu, head.memory, path)
-    return head
-
-
-def _check_resources(reader: _Reader, cpu: str, memory: str, path: str) -> None:
-    try:
-        if parse_cpu(cpu) <= 0:
-            reader.problems.append(f"{path}.cpu: must be more than 0, got {cpu!r}")
-    except ValueError as error:
-        reader.problems.append(f"{path}.cpu: {error}")
-    if not MEMORY_PATTERN.match(memory):
-        reader.problems.append(f'{path}.memory: {memory!r} is not a memory quantity (write e.g. "4Gi" or "512Mi")')
-
-
-def _read_checkpoint(reader: _Reader, spec: dict[str, Any]) -> CheckpointSpec:
-    path = "spec.checkpoint"
-    if "checkpoint" not in spec:
-        reader.problems.append(f"{path}: missing; add `checkpoint: {{uri: s3://BUCKET/PREFIX}}`")
-    data = reader.section(spec, "checkpoint", "spec")
-    reader.unknown(data, {"uri", "everySteps", "minEverySteps", "maxEverySteps", "keep", "secretRef"}, path)
-    uri = reader.string(data, "uri", path, None)
-    if uri is None and "checkpoint" in spec:
-        reader.problems.append(f"{path}.uri: missing; write where checkpoints go, e.g. s3://BUCKET/PREFIX")
-    reader.uri(uri, f"{path}.uri")
-    every = data.get("everySteps")
-    every_steps: int | str = AUTO
-    if isinstance(every, str) and every != AUTO:
-        reader.problems.append(f'{path}.everySteps: must be a number of steps or "auto", got {every!r}')
-    elif every != AUTO:
-        every_steps = reader.integer(data, "everySteps", path, 100, 1)
-    shortest = reader.integer(data, "minEverySteps", path, CheckpointSpec.min_every_steps, 1)
-    longest = reader.integer(data, "maxEverySteps", path, CheckpointSpec.max_every_steps, 1)
-    if 1 <= longest < shortest:  # (a bound below 1 is reported on its own)
-        reader.problems.append(f"{path}.maxEverySteps: must be >= minEverySteps ({shortest}), got {longest}")
-    return CheckpointSpec(
-        uri=uri or "",
-        every_steps=every_steps,
-        min_every_steps=shortest,
-        max_every_steps=longest,
-        keep=reader.integer(data, "keep", path, 3, 1),
-        secret_ref=reader.string(data, "secretRef", path, None),
-    )
-
-
-def _read_retry(reader: _Reader, spec: dict[str, Any]) -> RetrySpec:
-    path = "spec.retry"
-    data = reader.section(spec, "retry", "spec")
-    reader.unknown(data, {"maxPreemptions", "maxFailures", "backoffSeconds"}, path)
-    defaults = RetrySpec()
-    return RetrySpec(
-        max_preemptions=reader.integer(data, "maxPreemptions", path, defaults.max_preemptions, 0),
-        max_failures=reader.integer(data, "maxFailures", path, defaults.max_failures, 0),
-        backoff_seconds=reader.integer(data, "backoffSeconds", path, defaults.backoff_seconds, 0),
-    )
-
-
-_SPEC_FIELDS = {"entrypoint", "image", "runtimeEnv", "workers", "head", "checkpoint", "data", "retry", "suspend"}
+    def check_kind(self, value: str, info: SpecField, path: str) -> None:
+        if info.kind == URI:
+            try:
+                parse_uri(value)
+            except SpotrayError as error:
+                self.problems.append(f"{path}: {error.problem}")
+        elif info.kind == CPU:
+            try:
+                if parse_cpu(value) <= 0:
+                    self.problems.append(f"{path}: must be more than 0, got {value!r}")
+            except ValueError as error:
+                self.problems.append(f"{path}: {error}")
+        elif info.kind == MEMORY and not MEMORY_PATTERN.match(value):
+            self.problems.append(f'{path}: {value!r} is not a memory quantity (write e.g. "4Gi" or "512Mi")')
 
 
 def parse_spec(spec: Any, where: str = "TrainingRun") -> RunSpec:
@@ -368,32 +484,24 @@ def parse_spec(spec: Any, where: str = "TrainingRun") -> RunSpec:
     if not isinstance(spec, dict):
         raise InvalidSpecError([f"spec: must be a mapping, got {type(spec).__name__}"], where)
     reader = _Reader()
-    reader.unknown(spec, _SPEC_FIELDS, "spec")
-    entrypoint = reader.string(spec, "entrypoint", "spec", None)
-    if entrypoint is None and "entrypoint" not in spec:
-        reader.problems.append("spec.entrypoint: missing; write the command to run, e.g. `python -m spotray.jobs.gpt2`")
-    runtime_env = spec.get("runtimeEnv") or {}
-    if not isinstance(runtime_env, dict):
-        reader.problems.append(f"spec.runtimeEnv: must be a mapping (a Ray runtime_env), got {runtime_env!r}")
-        runtime_env = {}
-    data = reader.section(spec, "data", "spec")
-    reader.unknown(data, {"uri"}, "spec.data")
-    data_uri = reader.string(data, "uri", "spec.data", None)
-    reader.uri(data_uri, "spec.data.uri")
-    run_spec = RunSpec(
-        entrypoint=entrypoint or "",
-        checkpoint=_read_checkpoint(reader, spec),
-        workers=_read_workers(reader, spec),
-        head=_read_head(reader, spec),
-        data=DataSpec(uri=data_uri),
-        retry=_read_retry(reader, spec),
-        image=reader.string(spec, "image", "spec", None),
-        runtime_env=runtime_env,
-        suspend=reader.boolean(spec, "suspend", "spec", False),
-    )
+    run_spec: RunSpec = reader.section(RunSpec, spec, "spec")
     if reader.problems:
         raise InvalidSpecError(reader.problems, where)
     return run_spec
+
+
+def encode_spec(section: Any) -> dict[str, Any]:
+    """The manifest form of a spec (or one of its sections): camelCase keys, unset fields left out.
+
+    ``parse_spec(encode_spec(spec)) == spec`` for every spec ``parse_spec`` returns.
+    """
+    encoded: dict[str, Any] = {}
+    for spec_f in dataclasses.fields(section):
+        value = getattr(section, spec_f.name)
+        if value is None:
+            continue
+        encoded[camel(spec_f.name)] = encode_spec(value) if dataclasses.is_dataclass(value) else value
+    return encoded
 
 
 def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun:

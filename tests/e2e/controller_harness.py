@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from spotray.controller.s3_access import OPT_IN_LABEL
+from spotray.contract.names import S3_OPT_IN_LABEL
 from spotray.train.storage.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
 from tests.e2e.conftest import ROOT, tb
@@ -93,7 +93,7 @@ def create_s3_secret(testbed: tb.Testbed, namespace: str, s3_server: LocalS3Serv
     literals = [f"--from-literal={key}={env[key]}" for key in keys]
     testbed.kubectl("create", "secret", "generic", SECRET, "-n", namespace, *literals)
     if opt_in:
-        testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
+        testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{S3_OPT_IN_LABEL}=true")
     return SECRET
 
 

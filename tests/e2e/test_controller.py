@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.contract.names import S3_OPT_IN_LABEL
 from spotray.contract.uris import parse_uri
-from spotray.controller.s3_access import OPT_IN_LABEL
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.records.progress_log import read_run_progress
 from spotray.train.storage.local_s3 import LocalS3Server
@@ -308,11 +308,11 @@ def test_a_missing_then_unlabelled_s3_secret_is_named_with_the_fix_and_the_run_s
     # A Secret that does not opt in is neither read nor injected: the run keeps waiting and says why.
     create_s3_secret(testbed, namespace, s3_server, opt_in=False)
     status = wait_status(testbed, namespace, "no-secret", "refused", lambda s: "not marked" in s.get("message", ""), 60)
-    assert f"kubectl label secret {SECRET} -n {namespace} {OPT_IN_LABEL}=true" in status["message"]
+    assert f"kubectl label secret {SECRET} -n {namespace} {S3_OPT_IN_LABEL}=true" in status["message"]
     assert status.get("attempt", 0) == 0
     assert rayjobs(testbed, namespace, "no-secret") == []
 
-    testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
+    testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{S3_OPT_IN_LABEL}=true")
     wait_status(testbed, namespace, "no-secret", "Succeeded", lambda s: s.get("phase") == "Succeeded", 120)
     assert rayjobs(testbed, namespace, "no-secret") == ["no-secret-a1"]
 
@@ -330,7 +330,7 @@ def test_a_secret_pointing_the_controller_at_another_endpoint_is_refused(
         "--from-literal=AWS_ENDPOINT_URL=http://127.0.0.1:1/latest/meta-data", "--from-literal=AWS_ACCESS_KEY_ID=x",
         "--from-literal=AWS_SECRET_ACCESS_KEY=y",
     )  # fmt: skip
-    testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{OPT_IN_LABEL}=true")
+    testbed.kubectl("label", "secret", SECRET, "-n", namespace, f"{S3_OPT_IN_LABEL}=true")
     start_controller()
     testbed.apply(training_run("forged", tmp_path, max_steps=10), namespace=namespace)
     status = wait_status(

@@ -497,7 +497,7 @@ def test_a_40_kb_job_detail_reaches_the_status_cut_instead_of_freezing_the_run(
     detail = "Traceback (most recent call last):\n" + "  File 'train.py', line 1, in loop\n" * 1200 + "ValueError: boom"
     assert len(detail) > 40_000
     ended = end_attempt(started, run, AttemptEnd("Failed", "TrainingFailed", detail), now).state
-    status = {**ended.to_status(), "conditions": conditions(ended, [], 1, now)}
+    status = {**ended.to_status(), "conditions": [c.to_status() for c in conditions(ended, [], 1, now)]}
 
     def patch(body: dict[str, Any]) -> None:
         custom_objects.patch_namespaced_custom_object_status(

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.contract.names import SPOT_LABEL
 from tests.e2e.conftest import tb
 
 pytestmark = pytest.mark.e2e
@@ -26,7 +27,7 @@ def ray_cluster_spec(workers: int) -> dict[str, Any]:
             "rayStartParams": {},
             "template": {
                 "spec": {
-                    "nodeSelector": {tb.SPOT_LABEL: "on-demand"},
+                    "nodeSelector": {SPOT_LABEL: "on-demand"},
                     "containers": [
                         {
                             "name": "ray-head",
@@ -46,7 +47,7 @@ def ray_cluster_spec(workers: int) -> dict[str, Any]:
                 "rayStartParams": {},
                 "template": {
                     "spec": {
-                        "nodeSelector": {tb.SPOT_LABEL: "spot"},
+                        "nodeSelector": {SPOT_LABEL: "spot"},
                         "tolerations": [{"key": tb.SPOT_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}],
                         "containers": [
                             {
@@ -72,7 +73,7 @@ def ray_pods(testbed: tb.Testbed, namespace: str, cluster: str) -> list[dict[str
 
 
 def node_kind(testbed: tb.Testbed, node: str) -> str:
-    return get(testbed, "node", node, "")["metadata"]["labels"][tb.SPOT_LABEL]
+    return get(testbed, "node", node, "")["metadata"]["labels"][SPOT_LABEL]
 
 
 def wait_ray_cluster_ready(testbed: tb.Testbed, namespace: str, name: str, timeout: float = 90) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient, CoreV1Api
 
+from spotray.contract.names import SPOT_LABEL
 from tests.e2e.conftest import tb
 
 pytestmark = pytest.mark.e2e
@@ -28,8 +29,8 @@ def test_binaries_report_the_pinned_versions(testbed: tb.Testbed) -> None:
 def test_nodes_are_labelled_tainted_and_sized(kube_api: ApiClient) -> None:
     items = kube_api.sanitize_for_serialization(CoreV1Api(kube_api).list_node().items)
     nodes = {n["metadata"]["name"]: n for n in items}
-    spot = {name for name, n in nodes.items() if n["metadata"]["labels"].get(tb.SPOT_LABEL) == "spot"}
-    on_demand = {name for name, n in nodes.items() if n["metadata"]["labels"].get(tb.SPOT_LABEL) == "on-demand"}
+    spot = {name for name, n in nodes.items() if n["metadata"]["labels"].get(SPOT_LABEL) == "spot"}
+    on_demand = {name for name, n in nodes.items() if n["metadata"]["labels"].get(SPOT_LABEL) == "on-demand"}
     assert len(spot) >= 3
     assert len(on_demand) >= 2
     for name in spot:
@@ -50,7 +51,7 @@ def test_pods_run_and_job_pods_succeed_on_kwok_nodes(testbed: tb.Testbed, namesp
             "template": {
                 "spec": {
                     "restartPolicy": "Never",
-                    "nodeSelector": {tb.SPOT_LABEL: "spot"},
+                    "nodeSelector": {SPOT_LABEL: "spot"},
                     "tolerations": [{"key": tb.SPOT_TAINT["key"], "operator": "Exists"}],
                     "containers": [
                         {"name": "main", "image": "busybox", "resources": {"limits": {"nvidia.com/gpu": "1"}}}

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
+from spotray.contract.attempts import MAX_RECORD_BYTES
 from spotray.contract.errors import ObjectTooLargeError
 from spotray.train.checkpoints.checkpoint import MANIFEST_FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, list_checkpoints
-from spotray.train.storage.store import MAX_RECORD_BYTES, S3ObjectStore, get_bytes_if_exists
+from spotray.train.storage.store import S3ObjectStore, get_bytes_if_exists
 from tests.hostile import resume_skips_the_escaping_checkpoint
 
 pytestmark = pytest.mark.integration

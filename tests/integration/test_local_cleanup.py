@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotray.contract.attempts import EXIT_INTERRUPTED
 from spotray.contract.uris import parse_uri
-from spotray.errors import EXIT_INTERRUPTED
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.hf.streaming_memory import owns, registrations
 from spotray.train.processes.subprocesses import is_running, start_time

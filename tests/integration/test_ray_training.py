@@ -23,7 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spotray.contract.attempts import EXIT_PREEMPTED, EXIT_SUCCEEDED, AttemptId
+from spotray.contract.attempts import EXIT_OK, EXIT_PREEMPTED, AttemptId
 from spotray.contract.uris import parse_uri
 from spotray.local_ray import LocalRayCluster
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
@@ -227,11 +227,11 @@ def test_head_lost_then_resumed_with_fewer_workers_matches_an_uninterrupted_run(
 
 def test_attempt_outcome_comes_from_this_attempts_preemption_record(s3_store: S3ObjectStore) -> None:
     third = AttemptId("run-a", 3)
-    assert outcome_after_fit(s3_store, third).exit_code == EXIT_SUCCEEDED
+    assert outcome_after_fit(s3_store, third).exit_code == EXIT_OK
     write_preemption(s3_store, third, 47, 2.0)
     outcome = outcome_after_fit(s3_store, third)
     assert outcome.exit_code == EXIT_PREEMPTED
     assert outcome.step == 47
-    assert outcome_after_fit(s3_store, AttemptId("run-a", 4)).exit_code == EXIT_SUCCEEDED
+    assert outcome_after_fit(s3_store, AttemptId("run-a", 4)).exit_code == EXIT_OK
     # The same attempt number of another run (re-created with the same URI) finished normally.
-    assert outcome_after_fit(s3_store, AttemptId("run-b", 3)).exit_code == EXIT_SUCCEEDED
+    assert outcome_after_fit(s3_store, AttemptId("run-b", 3)).exit_code == EXIT_OK

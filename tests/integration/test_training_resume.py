@@ -20,8 +20,9 @@ def test_a_failing_upload_stops_training_loudly(s3_server: LocalS3Server, s3_uri
     """Credentials revoked mid-run: the next step raises instead of training on without a safe checkpoint."""
     revoked_config = replace(s3_server.config, secret_access_key="revoked")
     revoked = S3ObjectStore(parse_uri(s3_uri), revoked_config, RetryPolicy(deadline_s=5))
-    job = Gpt2JobConfig(checkpoint_uri=s3_uri, workdir=tmp_path, max_steps=300, save_steps=5, batch_size=4)
-    trainer = build_trainer(job, [S3CheckpointCallback(s3_uri, store=revoked, staging_dir=tmp_path / "staging")])
+    job = Gpt2JobConfig(workdir=tmp_path, max_steps=300, batch_size=4)
+    callback = S3CheckpointCallback(s3_uri, store=revoked, staging_dir=tmp_path / "staging")
+    trainer = build_trainer(job, [callback], save_steps=5)
     with pytest.raises(CheckpointUploadError) as caught:
         trainer.train()
     assert "refused the credentials" in str(caught.value)

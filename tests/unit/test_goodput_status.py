@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from spotray.contract.attempts import AttemptId
+from spotray.contract.status import CheckpointInterval
 from spotray.controller.run_store import StoreReports
 from spotray.train.records.progress_log import AttemptProgress
 from spotray.train.storage.store import ObjectStore, open_store
@@ -49,15 +50,15 @@ def test_the_ledger_spans_every_attempt_and_reads_an_ended_one_once(tmp_path: Pa
 
     report = reports.read(counting, AttemptId("uid", 2), ended=False, requested=requested)  # type: ignore[arg-type]
 
-    goodput = report.goodput
-    assert goodput is not None
+    assert report.goodput is not None
+    goodput = report.goodput.to_status()  # as status.goodput shows it
     assert goodput["wallSeconds"] == 180  # from asking for attempt 1 to attempt 2's latest step
     assert goodput["survivingStepSeconds"] == 19 + 19  # steps 2-20 of attempt 1, 22-40 of attempt 2
     assert goodput["lostSeconds"]["waitingForCapacity"] == 10 + 60
     assert goodput["lostSeconds"]["redoneSteps"] == 10  # steps 21-30 of attempt 1
     assert goodput["stepsRedone"] == [10]
     assert goodput["ratio"] == pytest.approx(38 / 180, abs=1e-3)
-    assert report.checkpoint_interval == {"steps": 25, "checkpointSeconds": 0.5}
+    assert report.checkpoint_interval == CheckpointInterval(steps=25, checkpoint_seconds=0.5)
     assert counting.gets.count(AttemptId("uid", 1).progress_key) == 1
 
     # Attempt 2 trains on: its object is read again, attempt 1's is not.
@@ -65,7 +66,7 @@ def test_the_ledger_spans_every_attempt_and_reads_an_ended_one_once(tmp_path: Pa
     write(store, second)
     report = reports.read(counting, AttemptId("uid", 2), ended=False, requested=requested)  # type: ignore[arg-type]
     assert report.goodput is not None
-    assert report.goodput["survivingStepSeconds"] == 39
+    assert report.goodput.surviving_step_seconds == 39
     assert counting.gets.count(AttemptId("uid", 1).progress_key) == 1
     assert counting.gets.count(AttemptId("uid", 2).progress_key) == 2
 

@@ -215,13 +215,11 @@ def test_job_configs_travel_to_workers_as_plain_values_and_back(tmp_path: Path) 
     from spotray.jobs.cnn.train import CnnJobConfig  # noqa: PLC0415 (imports Ray Data: only this test needs it)
     from spotray.jobs.gpt2.train import Gpt2JobConfig  # noqa: PLC0415
 
-    gpt2 = Gpt2JobConfig(checkpoint_uri="s3://bucket/run", workdir=tmp_path, events_path=tmp_path / "e.jsonl")
+    gpt2 = Gpt2JobConfig(workdir=tmp_path, events_path=tmp_path / "e.jsonl")
     plain = json.loads(json.dumps(gpt2.to_loop_config()))
     assert Gpt2JobConfig.from_loop_config(plain) == gpt2
     assert Gpt2JobConfig.from_loop_config({**plain, "events_path": None}).events_path is None
-    cnn = CnnJobConfig(
-        checkpoint_uri="s3://bucket/run", data_uri="s3://bucket/data", workdir=tmp_path, num_samples=30, image_size=16
-    )
+    cnn = CnnJobConfig(workdir=tmp_path, num_samples=30, image_size=16)
     assert CnnJobConfig.from_loop_config(json.loads(json.dumps(cnn.to_loop_config()))) == cnn
 
 

@@ -7,10 +7,10 @@ import pytest
 
 from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION
 from spotray.contract.spec import parse_training_run
+from spotray.controller.config import STORAGE_PATIENCE_SECONDS
 from spotray.controller.lifecycle import (
     MAX_ATTEMPTS_KEPT,
     MAX_MESSAGE_CHARS,
-    STORAGE_PATIENCE_S,
     Observation,
     RayJobView,
     RunState,
@@ -49,7 +49,7 @@ def started() -> RunState:
 def test_a_new_run_starts_attempt_one() -> None:
     result = step(RunState(), None)
     assert result.create_attempt == 1
-    assert result.state.current.rayJob == "r-a1"
+    assert result.state.current.ray_job == "r-a1"
     assert result.state.phase == "Pending"
     assert [e.reason for e in result.events] == ["AttemptStarted"]
 
@@ -169,10 +169,10 @@ def test_the_storage_patience_is_the_operators_setting() -> None:
     still = plan(replace(unknown, state=waiting.state), later)
     assert [e.reason for e in still.events] == ["StorageUnreachable"]
     assert (still.state.preemptions, still.state.failures) == (0, 0)
-    shown = {c["type"]: c["status"] for c in conditions(still.state, [], 1, later, storage_patience_s=30)}
+    shown = {c.type: c.status for c in conditions(still.state, [], 1, later, storage_patience_s=30)}
     assert shown["StorageUnreachable"] == "True"
-    default = {c["type"]: c["status"] for c in conditions(still.state, [], 1, later)}
-    assert default["StorageUnreachable"] == "False"  # 31 s is within the default 600
+    default = {c.type: c.status for c in conditions(still.state, [], 1, later)}
+    assert default["StorageUnreachable"] == "False"  # 31 s is within the default patience
 
 
 def test_an_unreadable_store_at_the_end_of_an_attempt_decides_nothing_and_spends_nothing() -> None:
@@ -185,12 +185,12 @@ def test_an_unreadable_store_at_the_end_of_an_attempt_decides_nothing_and_spends
     assert waiting.requeue_after_s is not None
     assert "connect timeout" in waiting.state.message
     assert [e.reason for e in waiting.events] == ["WaitingForStorage"]
-    later = NOW + timedelta(seconds=STORAGE_PATIENCE_S + 1)
+    later = NOW + timedelta(seconds=STORAGE_PATIENCE_SECONDS + 1)
     still = plan(replace(unknown, state=waiting.state), later)
     assert (still.state.preemptions, still.state.failures) == (0, 0)
     assert [e.reason for e in still.events] == ["StorageUnreachable"]
-    shown = {c["type"]: c for c in conditions(still.state, [], 1, later)}
-    assert shown["StorageUnreachable"]["status"] == "True"
+    shown = {c.type: c for c in conditions(still.state, [], 1, later)}
+    assert shown["StorageUnreachable"].status == "True"
     # Readable again: decided from the records as usual, and the condition clears.
     readable = plan(replace(unknown, state=still.state, records=AttemptRecords(preempted={"step": 3})), later)
     assert readable.state.current.reason == "SpotNotice"
@@ -216,7 +216,7 @@ def test_a_40_kb_detail_is_cut_everywhere_the_status_shows_it() -> None:
     assert len(status["message"]) <= MAX_MESSAGE_CHARS
     assert "more characters cut" in status["message"]
     assert len(status["attempts"][-1]["message"]) <= MAX_MESSAGE_CHARS
-    assert all(len(c["message"]) <= MAX_MESSAGE_CHARS for c in conditions(result.state, [], 1, NOW))
+    assert all(len(c.message or "") <= MAX_MESSAGE_CHARS for c in conditions(result.state, [], 1, NOW))
     assert all(len(e.message) <= MAX_MESSAGE_CHARS for e in result.events)
 
 
@@ -246,7 +246,7 @@ def test_the_next_attempt_waits_for_the_backoff_then_starts() -> None:
     assert early.requeue_after_s == pytest.approx(5)
     due = step(resuming, None, now=NOW + timedelta(seconds=10))
     assert due.create_attempt == 2
-    assert due.state.current.rayJob == "r-a2"
+    assert due.state.current.ray_job == "r-a2"
     assert [a.attempt for a in due.state.attempts] == [1, 2]
 
 
@@ -266,8 +266,8 @@ def test_exhausting_the_failure_budget_fails_the_run_with_a_clear_condition() ->
     assert result.state.phase == "Failed"
     assert result.state.failures == 2
     assert "maxFailures=1" in result.state.message
-    failed = next(c for c in conditions(result.state, [], 1, NOW) if c["type"] == "Failed")
-    assert (failed["status"], failed["reason"]) == ("True", "FailureBudgetExhausted")
+    failed = next(c for c in conditions(result.state, [], 1, NOW) if c.type == "Failed")
+    assert (failed.status, failed.reason) == ("True", "FailureBudgetExhausted")
     assert [e.reason for e in result.events] == ["FailureBudgetExhausted"]
 
 
@@ -308,7 +308,7 @@ def test_a_run_created_suspended_starts_nothing() -> None:
 def test_state_round_trips_through_the_status() -> None:
     state = step(started(), FAILED_JOB, AttemptRecords(preempted={"step": 4})).state
     status = state.to_status()
-    status["conditions"] = conditions(state, [], 3, NOW)
+    status["conditions"] = [c.to_status() for c in conditions(state, [], 3, NOW)]
     assert RunState.from_status(status) == state
     assert status["attempt"] == 1
     assert status["preemptions"] == 1
@@ -318,10 +318,10 @@ def test_condition_transition_time_changes_only_when_the_status_does() -> None:
     state = started()
     first = conditions(state, [], 1, NOW)
     later = conditions(replace(state, phase="Running"), first, 2, NOW + timedelta(minutes=5))
-    progressing = next(c for c in later if c["type"] == "Progressing")
-    assert progressing["lastTransitionTime"] == "2026-11-23T12:00:00Z"
-    assert progressing["reason"] == "Running"
-    assert progressing["observedGeneration"] == 2
+    progressing = next(c for c in later if c.type == "Progressing")
+    assert progressing.last_transition_time == "2026-11-23T12:00:00Z"
+    assert progressing.reason == "Running"
+    assert progressing.observed_generation == 2
 
 
 INITIALIZING_JOB = RayJobView(job_status=None, deployment_status="Initializing")

@@ -1,3 +1,5 @@
+import argparse
+import json
 from pathlib import Path
 from typing import Any
 
@@ -6,8 +8,12 @@ import yaml
 
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import (
+    RUN_ENV_VAR,
+    CheckpointSpec,
     InvalidSpecError,
     RunContext,
+    default_of,
+    encode_spec,
     load_training_run,
     parse_cpu,
     parse_spec,
@@ -174,3 +180,60 @@ def test_every_steps_auto_with_its_bounds() -> None:
     assert (spec.checkpoint.min_every_steps, spec.checkpoint.max_every_steps) == (5, 50)
     fixed = parse_spec({"entrypoint": "python train.py", "checkpoint": {"uri": "s3://bucket/x", "everySteps": 40}})
     assert (fixed.checkpoint.auto_interval, fixed.checkpoint.fixed_every_steps) == (False, 40)
+
+
+FULL_SPEC: dict[str, Any] = {
+    "entrypoint": "python -m spotray.jobs.gpt2 --max-steps 10",
+    "checkpoint": {
+        "uri": "s3://bucket/runs/a",
+        "everySteps": "auto",
+        "minEverySteps": 4,
+        "maxEverySteps": 40,
+        "keep": 2,
+        "secretRef": "creds",
+    },
+    "workers": {"replicas": 4, "minReplicas": 2, "cpu": "500m", "memory": "2Gi", "gpu": 1, "spot": False},
+    "head": {"cpu": "2", "memory": "8Gi"},
+    "data": {"uri": "s3://bucket/data"},
+    "retry": {"maxPreemptions": 5, "maxFailures": 1, "backoffSeconds": 0},
+    "image": "example/spotray:1",
+    "runtimeEnv": {"env_vars": {"A": "1"}},
+    "suspend": True,
+}
+
+
+@pytest.mark.parametrize("spec", [FULL_SPEC, manifest()["spec"]], ids=["every-field", "minimal"])
+def test_the_codec_writes_the_manifest_form_and_reads_it_back(spec: dict[str, Any]) -> None:
+    parsed = parse_spec(spec)
+    encoded = encode_spec(parsed)
+    assert parse_spec(encoded) == parsed
+    if spec is FULL_SPEC:
+        assert encoded == FULL_SPEC  # every field set: the same mapping, key for key
+
+
+def test_a_job_checks_the_spec_it_is_given_as_the_api_server_would() -> None:
+    run = parse_training_run(manifest())
+    env = RunContext(name=run.name, run_id="uid-1", attempt=1, spec=run.spec).to_env()
+    sent = json.loads(env[RUN_ENV_VAR])
+    sent["spec"]["checkpoint"]["keep"] = 0
+    with pytest.raises(InvalidSpecError) as caught:
+        RunContext.from_env({RUN_ENV_VAR: json.dumps(sent)})
+    assert caught.value.problems == ["spec.checkpoint.keep: must be >= 1, got 0"]
+    assert str(caught.value).startswith(f"{RUN_ENV_VAR} is not valid:")
+
+
+def test_hand_start_flags_take_default_and_help_from_the_declarations(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotray.jobs.common import RUN_FLAGS, add_run_flags, run_context  # noqa: PLC0415 - the job side
+
+    monkeypatch.delenv(RUN_ENV_VAR, raising=False)
+    parser = argparse.ArgumentParser()
+    add_run_flags(parser, run_name="job", data_help="data")
+    args = parser.parse_args(["--checkpoint-uri", "s3://bucket/x"])
+    for flag in RUN_FLAGS[1:]:  # all but --checkpoint-uri, given above
+        assert getattr(args, flag.dest) == default_of(flag.section, flag.field), flag.flag
+    checkpoint = run_context(args).spec.checkpoint
+    assert (checkpoint.keep, checkpoint.every_steps) == (default_of(CheckpointSpec, "keep"), 100)
+    with pytest.raises(InvalidSpecError) as caught:
+        run_context(parser.parse_args(["--checkpoint-uri", "s3:/bucket", "--keep", "0", "--cpu-per-worker", "x"]))
+    named = sorted(problem.split(":")[0] for problem in caught.value.problems)
+    assert named == ["--checkpoint-uri", "--cpu-per-worker", "--keep"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from spotray.contract.errors import SpotrayError
+from spotray.contract.names import S3_OPT_IN_LABEL
 from spotray.contract.spec import TrainingRun, parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.run_store import s3_access_refusal, store_config
-from spotray.controller.s3_access import OPT_IN_LABEL, SecretView, endpoint_refusal, normalized_endpoint
+from spotray.controller.s3_access import SecretView, endpoint_refusal, normalized_endpoint
 
 pytestmark = pytest.mark.unit
 
@@ -42,7 +43,7 @@ class OneSecret:
 
 
 def labelled(data: dict[str, str] | None = None) -> SecretView:
-    return SecretView("team-s3", {OPT_IN_LABEL: "true"}, {**CREDENTIALS, **(data or {})})
+    return SecretView("team-s3", {S3_OPT_IN_LABEL: "true"}, {**CREDENTIALS, **(data or {})})
 
 
 def test_a_labelled_secret_with_an_allowed_endpoint_is_used() -> None:
@@ -55,7 +56,7 @@ def test_a_missing_secret_says_how_to_create_and_label_it() -> None:
     reason, message = s3_access_refusal(run(), None, config()) or ("", "")
     assert reason == "SecretMissing"
     assert "kubectl create secret generic team-s3 -n ml" in message
-    assert f"kubectl label secret team-s3 -n ml {OPT_IN_LABEL}=true" in message
+    assert f"kubectl label secret team-s3 -n ml {S3_OPT_IN_LABEL}=true" in message
 
 
 def test_a_secret_without_the_label_is_neither_read_nor_injected() -> None:

@@ -41,6 +41,7 @@ from spotray.contract.errors import (
 )
 from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
+    MAX_MANIFEST_BYTES,
     FileEntry,
     Manifest,
     build_manifest,
@@ -56,7 +57,6 @@ PARTS_DIR = ".parts"
 # a node gone for good takes the whole job with it long before this.
 PARTS_TIMEOUT_S = 600.0
 _POLL_S = 0.2
-_MAX_PART_BYTES = 16 << 20  # as a manifest: a part lists a node's share of the same files
 
 
 def part_key(step: int, node: int) -> str:
@@ -219,7 +219,8 @@ def _wait_for_parts(store: ObjectStore, step: int, share: NodeSave, deadline: fl
 
 def _read_part(store: ObjectStore, key: str) -> NodePart | None:
     try:
-        data = get_bytes_if_exists(store, key, max_bytes=_MAX_PART_BYTES)
+        # Bounded as a manifest is: a part lists a node's share of the same files.
+        data = get_bytes_if_exists(store, key, max_bytes=MAX_MANIFEST_BYTES)
     except (FileNotFoundError, StoreRequestError):
         return None  # replaced between the listing and the read: read again at the next poll
     except ObjectTooLargeError as error:

@@ -43,13 +43,12 @@ from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
-from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 from spotray.contract.uris import StorageUri
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
 from spotray.train.hf.streaming_memory import release_streaming_memory
 from spotray.train.processes.ranks import MachineRanks, launcher_local_ranks, machine_ranks
-from spotray.train.storage.store import ObjectStore, StoreConfig, upload_dir
+from spotray.train.storage.store import ObjectStore, upload_dir
 
 log = logging.getLogger(__name__)
 
@@ -57,10 +56,6 @@ INDEX_NAME = "index.json"
 # Pinned, not derived from the world size: the global sample order depends on it, so an attempt with
 # fewer or more workers than the last one continues the same order. 1 works for every world size.
 NUM_CANONICAL_NODES = 1
-
-
-class DatasetMissingError(SpotrayError):
-    """No complete MDS dataset (no index.json) at the data URI."""
 
 
 def dataset_is_complete(store: ObjectStore) -> bool:
@@ -95,14 +90,6 @@ def ensure_dataset(
     count = write_mds_dataset(store, make_samples(), columns)
     log.info("wrote %d samples as MDS shards to %s", count, store.uri)
     return True
-
-
-def streaming_env(config: StoreConfig) -> dict[str, str]:
-    """The variables MosaicML streaming reads for S3 (it has no other way to take an endpoint)."""
-    env = {}
-    if config.endpoint_url:
-        env["S3_ENDPOINT_URL"] = config.endpoint_url
-    return env
 
 
 @dataclass(frozen=True)

@@ -7,14 +7,16 @@
   call on this machine; see docs/benchmarks.md (ray_vs_torchrun) for what reporting at every
   checkpoint cost. Live progress is in the event log and in the checkpoints themselves.
 - ``PreemptionNoticeCallback``: all ranks ask whether a preemption is coming. Under Ray Train that
-  is ``ray.train.get_preemption_info`` (a node being drained: a pod's preStop hook runs
-  ``ray drain-node``, or the driver got SIGTERM); under torchrun, a SIGTERM to any rank, shared
-  with an all-reduce. Either way the question is a collective (8 ms measured on 2 loaded CPU
-  cores), so it is asked about once a second, not every step: rank 0 times the first steps and
-  every rank gets the same interval. On a notice the Trainer saves at once, the callback waits
-  until that checkpoint is complete in the store, leaves a marker there, and training stops.
+  is ``ray.train.get_preemption_info`` (a node being drained as a preemption: a worker pod's
+  preStop hook runs ``python -m spotray.train.launch.drain``, or the driver got SIGTERM and drained
+  every node); under torchrun, a SIGTERM to any rank, shared with an all-reduce. Either way the
+  question is a collective (8 ms measured on 2 loaded CPU cores), so it is asked about once a
+  second, not every step: rank 0 times the first steps and every rank gets the same interval. On
+  a notice the Trainer saves at once, the callback waits until that checkpoint is complete in the
+  store, leaves a marker there, and training stops.
 
-Only ``ray.train`` calls need Ray; ranks come from ``torch.distributed``, which both launchers set up.
+Only ``ray.train`` calls need a Ray cluster; ranks come from ``torch.distributed``, which both launchers
+set up. The module still imports ``ray.train``, so it needs the ``[ray]`` extra even under torchrun.
 """
 
 from __future__ import annotations

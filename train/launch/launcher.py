@@ -1,4 +1,10 @@
-"""The one place that knows Ray: a run spec becomes a Ray Train ``TorchTrainer`` run, and its end an exit code.
+"""The Ray Train driver: a run spec becomes a Ray Train ``TorchTrainer`` run, and its end an exit code.
+
+The one place that builds a Ray Train run, not the only module that imports Ray: the crash ledger
+(an actor, train/launch/crash_loop.py), the preStop drain (train/launch/drain.py), the workers'
+``ray.train`` calls (train/hf/worker.py) and the CNN job's Ray Data (jobs/cnn/train.py) do too.
+Local mode starts its cluster with the ``ray`` command (spotray/local_ray.py) and imports no Ray.
+Nothing below train/launch and train/hf imports Ray (tests/unit/test_layering.py).
 
 What each part of the spec becomes:
 - ``workers`` -> ``ScalingConfig``: one training worker per GPU (``replicas x gpu``), or ``replicas``
@@ -36,7 +42,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_PREEMPTED, EXIT_SUCCEEDED, AttemptId
+from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, AttemptId
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import RunContext
@@ -111,7 +117,7 @@ def outcome_after_fit(store: ObjectStore, attempt: AttemptId, crash_loop: CrashL
         return AttemptOutcome(code, crash_loop.checkpoint_step, crash_loop.message)
     marker = read_record(store, attempt.preemption_key, attempt)
     if marker is None:
-        return AttemptOutcome(EXIT_SUCCEEDED, None, "training finished")
+        return AttemptOutcome(EXIT_OK, None, "training finished")
     return AttemptOutcome(
         EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
     )

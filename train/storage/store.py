@@ -41,6 +41,7 @@ from s3transfer.exceptions import RetriesExceededError, S3UploadFailedError
 from s3transfer.manager import TransferConfig, TransferManager
 from urllib3.exceptions import ProtocolError
 
+from spotray.contract.attempts import MAX_RECORD_BYTES
 from spotray.contract.errors import (
     BucketMissingError,
     ObjectTooLargeError,
@@ -281,10 +282,6 @@ class ObjectStore(Protocol):
         ...
 
     def delete(self, keys: Sequence[str]) -> None: ...
-
-
-# Records (markers, outcomes, progress) are small JSON objects; a larger one was not written by us.
-MAX_RECORD_BYTES = 1 << 20
 
 
 def object_exists(store: ObjectStore, key: str) -> bool:

@@ -1,0 +1,347 @@
+"""The status a TrainingRun shows, as typed data, declared once: what the controller writes and the CLI reads.
+
+Each field is declared once, on these frozen dataclasses: its Python name, whose camelCase form is
+its key in ``status`` (``next_attempt_time`` -> ``nextAttemptTime``), its type, and a
+``StatusField`` with the description ``kubectl explain trainingrun.status`` prints and the OpenAPI
+keywords the API server checks. From the declarations:
+
+- ``to_status`` writes an object in the status' JSON form, leaving out what is None;
+  ``RunStatus.to_patch`` is the controller's merge patch (see there);
+- ``from_status`` reads it back. A reader takes a missing key as the field's default (None for most):
+  a run the controller has not seen yet, a field not reported yet, a status an older controller
+  wrote; it ignores keys it does not know;
+- controller/crd.py generates the CRD's status schema from them.
+
+Who writes what: controller/lifecycle.py the phase, the attempts, the budgets and the conditions;
+controller/run_store.py progress, lastCheckpoint, goodput and checkpointInterval from what the job
+wrote in the store (the job's train/records/goodput.py and train/hf/checkpoint_interval.py write
+the last two in this form, and tests/unit/test_status_model.py keeps their keys in step);
+controller/cost.py cost; controller/reconcile.py puts them together. The CLI (spotray/status.py,
+spotray/watch.py, spotray/logs.py) reads them.
+
+Standard library only, besides the contract's own names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+from spotray.contract.attempts import OUTCOMES
+from spotray.contract.names import PHASES
+from spotray.contract.spec import camel
+
+DATE_TIME = "date-time"  # an RFC 3339 time, as Kubernetes writes them: "2026-01-02T03:04:05Z"
+
+
+@dataclass(frozen=True)
+class StatusField:
+    """What the declaration of one status field says beyond its Python name and type."""
+
+    description: str  # `kubectl explain trainingrun.status` prints it
+    openapi: dict[str, Any]  # keywords of its CRD schema: minimum, format, enum, pattern, ...
+    items: str | None = None  # a list: what one item is (its description)
+    required: bool = False  # the API server refuses an object without it; a reader still takes it as missing
+    clearable: bool = False  # RunStatus.to_patch writes it as null when None, which removes it
+
+
+def status_field(
+    description: str,
+    *,
+    default: Any = None,
+    items: str | None = None,
+    required: bool = False,
+    clearable: bool = False,
+    **openapi: Any,
+) -> Any:
+    """A dataclass field of the status, with its ``StatusField``."""
+    declared = StatusField(description, openapi, items=items, required=required, clearable=clearable)
+    return dataclasses.field(default=default, metadata={"status": declared})
+
+
+def declaration(field: dataclasses.Field[Any]) -> StatusField:
+    """The ``StatusField`` of one field of a status dataclass."""
+    declared: StatusField = field.metadata["status"]
+    return declared
+
+
+@dataclass(frozen=True)
+class StatusObject:
+    """An object in the status: its fields' camelCase keys, both ways."""
+
+    @classmethod
+    def from_status(cls, data: Mapping[str, Any]) -> Self:
+        """Read from the status' JSON form: a missing key (or a null) gives the field's default."""
+        values = {key.name: key.decode(data[key.key]) for key in _keys(cls) if data.get(key.key) is not None}
+        return cls(**values)
+
+    def to_status(self) -> dict[str, Any]:
+        """The status' JSON form; a field that is None is left out."""
+        return {key.key: _encode(value) for key in _keys(type(self)) if (value := getattr(self, key.name)) is not None}
+
+
+@dataclass(frozen=True)
+class _Key:
+    """How one field is read: its Python name, its key, and the object type it holds (one or a list)."""
+
+    name: str
+    key: str
+    holds: type[StatusObject] | None
+    many: bool
+    clearable: bool
+
+    def decode(self, raw: Any) -> Any:
+        if self.many:
+            return tuple(self.holds.from_status(item) if self.holds else item for item in raw)
+        return self.holds.from_status(raw) if self.holds else raw
+
+
+def field_type(hint: Any) -> Any:
+    """The type a field holds when it is set: ``int | None`` -> int."""
+    if isinstance(hint, types.UnionType):
+        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return hint
+
+
+# Each class's keys, worked out once: every reconcile reads a whole status, and get_type_hints is slow.
+_KEYS: dict[type[StatusObject], tuple[_Key, ...]] = {}
+
+
+def _keys(cls: type[StatusObject]) -> tuple[_Key, ...]:
+    if cls not in _KEYS:
+        hints = typing.get_type_hints(cls)
+        keys = []
+        for field in dataclasses.fields(cls):
+            held = field_type(hints[field.name])
+            many = typing.get_origin(held) is tuple
+            inner = typing.get_args(held)[0] if many else held
+            holds = inner if isinstance(inner, type) and issubclass(inner, StatusObject) else None
+            keys.append(_Key(field.name, camel(field.name), holds, many, declaration(field).clearable))
+        _KEYS[cls] = tuple(keys)
+    return _KEYS[cls]
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, StatusObject):
+        return value.to_status()
+    if isinstance(value, tuple):
+        return [_encode(item) for item in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Progress(StatusObject):
+    """status.progress: the job's latest progress, from its progress object in the store."""
+
+    step: int | None = status_field("The latest completed training step.", minimum=0)
+    total_steps: int | None = status_field("Steps the run trains for in all.", minimum=0)
+    loss: float | None = status_field("The training loss at step.")
+    steps_per_second: float | None = status_field("Recent training speed.")
+    update_time: str | None = status_field("When step was reached.", format=DATE_TIME)
+
+
+@dataclass(frozen=True)
+class LastCheckpoint(StatusObject):
+    """status.lastCheckpoint: the latest complete checkpoint in the store."""
+
+    step: int | None = status_field("The training step the checkpoint holds.", minimum=0)
+    uri: str | None = status_field("Where the checkpoint is, under spec.checkpoint.uri.")
+    time: str | None = status_field("When the checkpoint completed.", format=DATE_TIME)
+
+
+@dataclass(frozen=True)
+class LostSeconds(StatusObject):
+    """status.goodput.lostSeconds: the wall time that is not surviving step time, by cause (whole seconds)."""
+
+    waiting_for_capacity: int | None = status_field(
+        "From an attempt's RayJob being created to its workers training: nodes, pods, Ray.", minimum=0
+    )
+    start_up: int | None = status_field("The first attempt's time before its first step.", minimum=0)
+    restarts: int | None = status_field(
+        "Between a lost worker group's last step and the next group's first, less waiting.", minimum=0
+    )
+    redone_steps: int | None = status_field(
+        "Time of steps trained again after a resume from an earlier checkpoint.", minimum=0
+    )
+    checkpoint_blocking: int | None = status_field(
+        "Time the training loop waited for the saves of surviving steps.", minimum=0
+    )
+    other: int | None = status_field(
+        "The rest: mostly after the last step (the final upload, shutting down).", minimum=0
+    )
+
+
+@dataclass(frozen=True)
+class Goodput(StatusObject):
+    """status.goodput: the run's goodput ledger (train/records/goodput.py ``Ledger.to_status`` writes it)."""
+
+    ratio: float | None = status_field("Goodput: the time of the steps that survived over the wall time (0 to 1).")
+    wall_seconds: int | None = status_field(
+        "From the first attempt's creation to the latest step (or the end).", minimum=0
+    )
+    surviving_step_seconds: int | None = status_field("Time of the steps whose results the model carries.", minimum=0)
+    lost_seconds: LostSeconds | None = status_field("The rest of the wall time, by cause.")
+    steps_redone: tuple[int, ...] | None = status_field(
+        "Steps trained again after each resume, in order.", items="Steps redone after one resume."
+    )
+    worker_restarts: int | None = status_field("Worker groups Ray Train restarted inside an attempt.", minimum=0)
+
+
+@dataclass(frozen=True)
+class Cost(StatusObject):
+    """status.cost: what the run cost at the chart's prices (controller/cost.py)."""
+
+    currency: str | None = status_field("The prices' currency.")
+    run: float | None = status_field("The wall time so far at the head's and every worker node's price (spot or not).")
+    on_demand_same_steps: float | None = status_field("The surviving step time plus one start-up, on on-demand nodes.")
+    saved_ratio: float | None = status_field("1 - run / onDemandSameSteps: what spot saved (negative: it cost more).")
+
+
+@dataclass(frozen=True)
+class CheckpointInterval(StatusObject):
+    """status.checkpointInterval: everySteps: auto's latest choice (train/hf/checkpoint_interval.py writes it)."""
+
+    steps: int | None = status_field("The interval in use, in steps.", minimum=1)
+    target_seconds: float | None = status_field("The interval Young/Daly gives, in seconds of training.")
+    checkpoint_seconds: float | None = status_field(
+        "The measured cost of one checkpoint: how long the loop waits for it."
+    )
+    step_seconds: float | None = status_field("The measured time of one step.")
+    mean_seconds_between_interruptions: float | None = status_field(
+        "The estimated mean training time between interruptions."
+    )
+    interruptions: int | None = status_field(
+        "Interruptions observed so far (lost attempts and worker groups).", minimum=0
+    )
+    observed_seconds: float | None = status_field("Training time observed so far, which the estimate rests on.")
+    min_steps: int | None = status_field("The lower bound (spec.checkpoint.minEverySteps).", minimum=1)
+    max_steps: int | None = status_field("The upper bound (spec.checkpoint.maxEverySteps).", minimum=1)
+
+
+@dataclass(frozen=True)
+class AttemptStatus(StatusObject):
+    """One entry of status.attempts; controller/lifecycle.py keeps its state in them.
+
+    The defaults are what a reader sees for a key an entry lacks; the controller writes every field
+    but endTime (until the attempt ends) and resumedFrom (until the job says where it started).
+    """
+
+    attempt: int = status_field("The attempt's number, counting from 1.", default=0, minimum=1)
+    ray_job: str = status_field("Name of the attempt's RayJob.", default="")
+    outcome: str = status_field("How the attempt ended (Running while it runs).", default="", enum=list(OUTCOMES))
+    reason: str = status_field("A CamelCase word for the outcome, e.g. NodePreempted, JobFailed.", default="")
+    message: str = status_field("The outcome in words.", default="")
+    start_time: str | None = status_field("When the attempt's RayJob was created.", format=DATE_TIME)
+    end_time: str | None = status_field("When the attempt ended.", format=DATE_TIME)
+    resumed_from: int | None = status_field(
+        "The checkpoint step the attempt resumed from; null when it started from scratch.", minimum=0, nullable=True
+    )
+
+
+# Kubernetes' own limits on a condition's fields (metav1.Condition).
+_CONDITION_TYPE_PATTERN = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+)
+_CONDITION_REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
+# A list of conditions holds one per type, which the API server merges the list by (server-side apply).
+_ONE_PER_TYPE: dict[str, Any] = {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]}
+
+
+@dataclass(frozen=True)
+class Condition(StatusObject):
+    """One of status.conditions, shaped exactly like metav1.Condition so that generic tools
+    (kubectl wait, kstatus) read it."""
+
+    type: str | None = status_field(
+        "The condition's kind in CamelCase, e.g. Ready, Progressing, Preempted.",
+        required=True,
+        maxLength=316,
+        pattern=_CONDITION_TYPE_PATTERN,
+    )
+    status: str | None = status_field("Whether the condition holds.", required=True, enum=["True", "False", "Unknown"])
+    observed_generation: int | None = status_field(
+        "The metadata.generation the condition was set for.", format="int64", minimum=0
+    )
+    last_transition_time: str | None = status_field("When status last changed.", required=True, format=DATE_TIME)
+    reason: str | None = status_field(
+        "A CamelCase word for the last transition, for programs.",
+        required=True,
+        maxLength=1024,
+        minLength=1,
+        pattern=_CONDITION_REASON_PATTERN,
+    )
+    message: str | None = status_field("The last transition in words, for people.", required=True, maxLength=32768)
+
+
+@dataclass(frozen=True)
+class RunStatus(StatusObject):
+    """A TrainingRun's whole status. Every field is None until someone writes it."""
+
+    phase: str | None = status_field(
+        "Pending (no attempt yet), Running, Resuming (a new attempt after a preemption or failure), "
+        "Suspended, Succeeded or Failed (retries exhausted or the spec is invalid).",
+        enum=list(PHASES),
+    )
+    attempt: int | None = status_field("The current (or last) attempt, counting from 1.", minimum=0)
+    preemptions: int | None = status_field(
+        "Spot preemptions so far, compared with spec.retry.maxPreemptions.", minimum=0
+    )
+    failures: int | None = status_field("Job failures so far, compared with spec.retry.maxFailures.", minimum=0)
+    ray_job: str | None = status_field("Name of the current attempt's RayJob (<run>-a<attempt>).", clearable=True)
+    message: str | None = status_field("The latest news in one line, for people.")
+    next_attempt_time: str | None = status_field(
+        "When the next attempt starts, while waiting out retry.backoffSeconds.", format=DATE_TIME, clearable=True
+    )
+    storage_unreachable_since: str | None = status_field(
+        "Since when the ended attempt's records cannot be read from the checkpoint URI (no budget is "
+        "spent meanwhile); unset once they can.",
+        format=DATE_TIME,
+        clearable=True,
+    )
+    observed_generation: int | None = status_field(
+        "The metadata.generation this status describes.", format="int64", minimum=0
+    )
+    progress: Progress | None = status_field("The latest training progress the job reported.")
+    last_checkpoint: LastCheckpoint | None = status_field(
+        "The latest complete checkpoint, which the next attempt resumes from."
+    )
+    goodput: Goodput | None = status_field("The goodput ledger: where the run's wall time went (docs/goodput.md).")
+    cost: Cost | None = status_field(
+        "With the chart's prices: what the run cost so far, and an on-demand run of its steps."
+    )
+    checkpoint_interval: CheckpointInterval | None = status_field(
+        "With spec.checkpoint.everySteps: auto, the interval in use and the numbers it came from "
+        "(Young/Daly: about sqrt(2 x checkpoint cost x mean time between interruptions))."
+    )
+    attempts: tuple[AttemptStatus, ...] | None = status_field(
+        "The last 20 attempts, oldest first (preemptions and failures count them all).",
+        items="One attempt: one RayJob from start to end.",
+    )
+    conditions: tuple[Condition, ...] | None = status_field(
+        "The run's conditions, one per type.",
+        items="One aspect of the run's state, in the standard Kubernetes condition shape.",
+        **_ONE_PER_TYPE,
+    )
+
+    @classmethod
+    def of(cls, run: Mapping[str, Any]) -> RunStatus:
+        """The status of a TrainingRun object (all None before the controller wrote one)."""
+        return cls.from_status(run.get("status") or {})
+
+    def to_patch(self) -> dict[str, Any]:
+        """The status as a merge patch, which keeps the stored value of every key it leaves out.
+
+        Like ``to_status``, but a clearable field that is None is written as null, which removes
+        it: the lifecycle unsets the next attempt's time once it starts, and the time since when
+        the store is unreachable once it is back. A field that is None and not clearable keeps its
+        stored value: progress stays as it was while the store is not read.
+        """
+        return {
+            key.key: _encode(value)
+            for key in _keys(RunStatus)
+            if (value := getattr(self, key.name)) is not None or key.clearable
+        }

@@ -1,0 +1,328 @@
+"""The layers of docs/architecture.md ("Module map and layers"), checked on every module under spotray/.
+
+Imports go down, never up. The job side, lowest first (a module may import its own package and
+any layer before its own; two packages that share a line are siblings and import neither other):
+
+    spotray.contract            the shared contract: spec, URIs, attempts, names, errors, extras
+    spotray.train.processes     ranks, child processes
+    spotray.train.storage       object stores, hashed downloads, the embedded S3 server
+    spotray.train.records       attempt records, progress, goodput, events, the plot
+    spotray.train.checkpoints   the checkpoint format, its upload, resume
+    spotray.train.launch | spotray.train.hf    Ray and torchrun glue | the Hugging Face side
+    spotray.jobs                the example jobs
+
+The controller stands beside the job side, not above it: it reads what attempts leave in the
+store, so it may import the contract, storage, records and checkpoints, and nothing that trains
+(processes, launch, hf), no job and no CLI module. The CLI and local mode (spotray/*.py) are the
+top: they may import anything, and nothing imports them. spotray/__init__.py and
+train/__init__.py are imported by every import below them, so they import no spotray module.
+
+Imports inside ``if TYPE_CHECKING:`` never run and are exempt. Every other import counts, at
+module level or inside a function. Third-party packages: the contract is standard library and
+PyYAML only; the controller imports neither torch, Ray nor the Hugging Face stack, and nothing
+below launch/hf imports Ray (``pip install spotray`` has no Ray). Two subprocesses check the same
+at run time: importing the contract or the controller's lifecycle loads none of them.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.unit, pytest.mark.core]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The job side, lowest first. Packages on one line are siblings: neither may import the other.
+JOB_SIDE: list[tuple[str, ...]] = [
+    ("spotray.contract",),
+    ("spotray.train.processes",),
+    ("spotray.train.storage",),
+    ("spotray.train.records",),
+    ("spotray.train.checkpoints",),
+    ("spotray.train.launch", "spotray.train.hf"),
+    ("spotray.jobs",),
+]
+CONTROLLER = "spotray.controller"
+# What the controller may import besides itself: what attempts leave in the store, and how to read it.
+CONTROLLER_MAY_IMPORT = (
+    "spotray.contract",
+    "spotray.train.storage",
+    "spotray.train.records",
+    "spotray.train.checkpoints",
+)
+CLI = "spotray (the CLI and local mode: spotray/*.py)"
+# Package roots: imported whenever anything under them is, so they must import no spotray module.
+ROOTS = ("spotray", "spotray.train")
+
+# Third-party packages, by the layer that must not import them (standard library aside).
+CONTRACT_MAY_IMPORT = ("yaml",)  # and the standard library, and itself
+NOT_IN_CONTROLLER = ("torch", "ray", "transformers", "accelerate", "safetensors", "streaming")
+RAY_ONLY_FROM = ("spotray.train.launch", "spotray.train.hf", "spotray.jobs", CLI)
+# Not to be in sys.modules after the import, checked in a fresh interpreter.
+NOT_LOADED_BY_CONTRACT = ("torch", "ray", "transformers", "boto3", "botocore", "streaming", "kubernetes", "kopf")
+NOT_LOADED_BY_CONTROLLER = ("torch", "ray", "transformers")
+
+
+@dataclass(frozen=True)
+class Import:
+    file: str  # relative to the repository root, as the file really is (train/..., not spotray/train/...)
+    line: int
+    importer: str  # the importing module, e.g. spotray.train.records.goodput
+    target: str  # the imported module, e.g. spotray.train.storage.store, or torch.distributed
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module under spotray/, by dotted name; the symlinked folders are followed once."""
+    found: dict[str, Path] = {}
+
+    def walk(folder: Path, prefix: list[str]) -> None:
+        for dirpath, dirnames, filenames in os.walk(folder):  # does not descend into symlinked folders
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            rel = Path(dirpath).relative_to(folder).parts
+            for name in sorted(f for f in filenames if f.endswith(".py")):
+                parts = [*prefix, *rel] + ([] if name == "__init__.py" else [name[: -len(".py")]])
+                found[".".join(parts)] = Path(dirpath) / name
+
+    package = root / "spotray"
+    walk(package, ["spotray"])
+    for link in sorted(p for p in package.iterdir() if p.is_symlink() and p.is_dir()):
+        walk(link.resolve(), ["spotray", link.name])
+    return found
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes inside ``if TYPE_CHECKING:`` (or ``typing.TYPE_CHECKING``) bodies."""
+    exempt: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in {"TYPE_CHECKING", "typing.TYPE_CHECKING"}:
+            exempt |= {id(inner) for statement in node.body for inner in ast.walk(statement)}
+    return exempt
+
+
+def imports(root: Path = ROOT) -> list[Import]:
+    """Every import statement that runs, at module level or in a function, resolved to a module name."""
+    known = modules(root)
+    found = []
+    for module, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        exempt = _type_checking_only(tree)
+        is_package = path.name == "__init__.py"
+        file = str(path.resolve().relative_to(root.resolve()))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom) or id(node) in exempt:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative: from its package, one level up per extra dot
+                    package = module.split(".") if is_package else module.split(".")[:-1]
+                    base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+                # `from spotray.train import hf` imports the subpackage, not just spotray.train
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+            found += [Import(file, node.lineno, module, target) for target in dict.fromkeys(targets)]
+    return found
+
+
+def unit_of(module: str) -> str:
+    """The layer, controller, CLI or package root that a spotray module belongs to."""
+    if module in ROOTS:
+        return module
+    for layer in JOB_SIDE:
+        for package in layer:
+            if module == package or module.startswith(package + "."):
+                return package
+    if module == CONTROLLER or module.startswith(CONTROLLER + "."):
+        return CONTROLLER
+    if module.startswith("spotray.train."):
+        return "unlayered " + ".".join(module.split(".")[:3])
+    return CLI
+
+
+def rank(unit: str) -> int | None:
+    return next((i for i, layer in enumerate(JOB_SIDE) if unit in layer), None)
+
+
+def layering_violations(root: Path = ROOT) -> list[str]:
+    problems = []
+    for imp in imports(root):
+        if imp.target != "spotray" and not imp.target.startswith("spotray."):
+            continue
+        importer, imported = unit_of(imp.importer), unit_of(imp.target)
+        where = f"{imp.file}:{imp.line} ({imp.importer}) imports {imp.target}"
+        if importer.startswith("unlayered") or imported.startswith("unlayered"):
+            problems.append(f"{where}: {importer if importer.startswith('unlayered') else imported} is in no layer")
+        elif importer in ROOTS:
+            problems.append(f"{where}: {importer} is imported with everything under it, so it imports nothing")
+        elif importer in (imported, CLI) or imported in ROOTS:
+            continue
+        elif imported == CLI:
+            problems.append(f"{where}: nothing imports the CLI and local mode (spotray/*.py)")
+        elif importer == CONTROLLER:
+            if imported not in CONTROLLER_MAY_IMPORT:
+                problems.append(f"{where}: the controller may import only {', '.join(CONTROLLER_MAY_IMPORT)}")
+        elif imported == CONTROLLER:
+            problems.append(f"{where}: the job side never imports the controller")
+        else:
+            low, high = rank(importer), rank(imported)
+            assert low is not None
+            assert high is not None
+            if high >= low:
+                relation = "a sibling of" if high == low else "below"
+                problems.append(f"{where}: {importer} is {relation} {imported}")
+    return problems
+
+
+def third_party_violations(root: Path = ROOT) -> list[str]:
+    problems = []
+    for imp in imports(root):
+        top = imp.target.split(".")[0]
+        if top == "spotray" or top in sys.stdlib_module_names:
+            continue
+        unit = unit_of(imp.importer)
+        where = f"{imp.file}:{imp.line} ({imp.importer}) imports {imp.target}"
+        if unit == "spotray.contract" and top not in CONTRACT_MAY_IMPORT:
+            problems.append(f"{where}: the contract is the standard library and {', '.join(CONTRACT_MAY_IMPORT)}")
+        if unit == CONTROLLER and top in NOT_IN_CONTROLLER:
+            problems.append(f"{where}: the controller decides without {', '.join(NOT_IN_CONTROLLER)}")
+        if top == "ray" and unit not in RAY_ONLY_FROM:
+            problems.append(f"{where}: only {', '.join(RAY_ONLY_FROM)} import Ray")
+    return problems
+
+
+def test_every_module_is_found_through_the_symlinks() -> None:
+    found = modules()
+    for module in (
+        "spotray.cli",
+        "spotray.contract.spec",
+        "spotray.train.processes.ranks",
+        "spotray.train.launch.launcher",
+        "spotray.train.hf.worker",
+        "spotray.controller.lifecycle",
+        "spotray.jobs.gpt2.train",
+    ):
+        assert module in found, f"{module} not found: the walk of spotray/ is broken"
+    assert all(path.resolve().is_relative_to(ROOT) for path in found.values())
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    problems = layering_violations()
+    assert not problems, "imports against the layers (tests/unit/test_layering.py, docs/architecture.md):\n" + (
+        "\n".join(problems)
+    )
+
+
+def test_third_party_imports_stay_in_their_layers() -> None:
+    problems = third_party_violations()
+    assert not problems, "\n".join(problems)
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
+def test_the_checks_name_the_file_and_line_of_an_upward_import(tmp_path: Path) -> None:
+    """The checker itself, on a small tree laid out like this one, with one violation of each kind."""
+    _write(
+        tmp_path,
+        {
+            "spotray/__init__.py": "",
+            "spotray/cli.py": "import spotray.controller.handlers\nfrom spotray.train import hf\n",
+            "spotray/contract/__init__.py": "",
+            "spotray/contract/spec.py": "import yaml\nimport boto3\n",
+            "train/__init__.py": "",
+            "train/processes/__init__.py": "",
+            "train/processes/ranks.py": "def f():\n    from spotray.train.hf import worker\n",
+            "train/storage/__init__.py": "",
+            "train/storage/store.py": (
+                "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from spotray.train.hf import worker\n"
+            ),
+            "train/launch/__init__.py": "",
+            "train/launch/launcher.py": "import ray\nfrom spotray.train.hf.worker import x\n",
+            "train/hf/__init__.py": "",
+            "train/hf/worker.py": "from spotray.contract import spec\n",
+            "train/records/__init__.py": "import ray\n",
+            "controller/__init__.py": "",
+            "controller/lifecycle.py": (
+                "import torch\nfrom spotray.train.processes.ranks import f\nimport spotray.cli\n"
+            ),
+        },
+    )
+    for folder in ("train", "controller"):
+        (tmp_path / "spotray" / folder).symlink_to(Path("..") / folder)
+    assert sorted(layering_violations(tmp_path)) == sorted(
+        [
+            "train/processes/ranks.py:2 (spotray.train.processes.ranks) imports spotray.train.hf.worker: "
+            "spotray.train.processes is below spotray.train.hf",
+            "train/launch/launcher.py:2 (spotray.train.launch.launcher) imports spotray.train.hf.worker: "
+            "spotray.train.launch is a sibling of spotray.train.hf",
+            "controller/lifecycle.py:2 (spotray.controller.lifecycle) imports spotray.train.processes.ranks: "
+            "the controller may import only " + ", ".join(CONTROLLER_MAY_IMPORT),
+            "controller/lifecycle.py:3 (spotray.controller.lifecycle) imports spotray.cli: "
+            "nothing imports the CLI and local mode (spotray/*.py)",
+        ]
+    )
+    assert sorted(third_party_violations(tmp_path)) == sorted(
+        [
+            "spotray/contract/spec.py:2 (spotray.contract.spec) imports boto3: "
+            "the contract is the standard library and yaml",
+            "controller/lifecycle.py:1 (spotray.controller.lifecycle) imports torch: "
+            "the controller decides without " + ", ".join(NOT_IN_CONTROLLER),
+            "train/records/__init__.py:1 (spotray.train.records) imports ray: only "
+            + ", ".join(RAY_ONLY_FROM)
+            + " import Ray",
+        ]
+    )
+
+
+def _loaded_after_importing(names: list[str], watched: tuple[str, ...]) -> dict[str, list[str]]:
+    """In a fresh interpreter, import each module in turn: which watched packages each one loaded."""
+    code = (
+        "import importlib, json, sys\n"
+        f"watched, loaded = {list(watched)!r}, {{}}\n"
+        f"for name in {names!r}:\n"
+        "    before = {w for w in watched if w in sys.modules}\n"
+        "    importlib.import_module(name)\n"
+        "    loaded[name] = sorted(w for w in watched if w in sys.modules and w not in before)\n"
+        "print(json.dumps(loaded))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAY_")}  # the controller's defaults
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result: dict[str, list[str]] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
+def test_the_contract_loads_no_heavy_dependency() -> None:
+    contract = sorted(m for m in modules() if unit_of(m) == "spotray.contract")
+    loaded = _loaded_after_importing(contract, NOT_LOADED_BY_CONTRACT)
+    assert not {name: packages for name, packages in loaded.items() if packages}
+
+
+def test_the_controller_decides_without_torch_ray_or_transformers() -> None:
+    loaded = _loaded_after_importing(["spotray.controller.lifecycle"], NOT_LOADED_BY_CONTROLLER)
+    assert loaded == {"spotray.controller.lifecycle": []}
+
+
+def test_no_controller_module_loads_torch_ray_or_transformers() -> None:
+    """Every module, kopf handlers included (the [controller] extra; no cluster needed to import them)."""
+    for package in ("kopf", "kubernetes", "prometheus_client"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (the [controller] extra)")
+    controller = sorted(m for m in modules() if unit_of(m) == CONTROLLER)
+    loaded = _loaded_after_importing(controller, NOT_LOADED_BY_CONTROLLER)
+    assert "spotray.controller.handlers" in loaded
+    assert not {name: packages for name, packages in loaded.items() if packages}
