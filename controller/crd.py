@@ -19,7 +19,6 @@ import copy
 import dataclasses
 import json
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any
@@ -43,8 +42,9 @@ from spotray.contract.spec import (
     SpecField,
     WorkerSpec,
     camel,
+    field_type,
 )
-from spotray.contract.status import RunStatus, StatusField, StatusObject, declaration, field_type
+from spotray.contract.status import RunStatus, StatusField, StatusObject, declaration
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "charts" / "spotray" / "crds" / f"{CRD_NAME}.yaml"
 
@@ -182,9 +182,7 @@ def _spec_schema(cls: type[Any], prefix: str) -> dict[str, Any]:
         name = camel(spec_field.name)
         path = f"{prefix}{name}"
         declared: SpecField = spec_field.metadata["spec"]
-        python_type = hints[spec_field.name]
-        if isinstance(python_type, types.UnionType):  # `str | None`: optional, never null in the API
-            python_type = next(arg for arg in typing.get_args(python_type) if arg is not type(None))
+        python_type = field_type(hints[spec_field.name])  # `str | None`: optional, never null in the API
         schema: dict[str, Any] = {"description": declared.description}
         if isinstance(python_type, type) and dataclasses.is_dataclass(python_type):
             schema.update(_spec_schema(python_type, f"{path}."))

@@ -361,8 +361,8 @@ class RunContext:
 # ------------------------------------------------------------------------------------ the codec
 
 
-def _concrete(python_type: Any) -> Any:
-    """``X | None`` -> ``X``: an optional field is absent from the manifest, never null."""
+def field_type(python_type: Any) -> Any:
+    """``X | None`` -> ``X``: the type an optional field holds when set (absent from the manifest, never null)."""
     if isinstance(python_type, types.UnionType) and type(None) in typing.get_args(python_type):
         return next(arg for arg in typing.get_args(python_type) if arg is not type(None))
     return python_type
@@ -393,7 +393,7 @@ class _Reader:
         for spec_f in declared:
             key, info = camel(spec_f.name), spec_f.metadata["spec"]
             field_path = f"{path}.{key}"
-            python_type = _concrete(hints[spec_f.name])
+            python_type = field_type(hints[spec_f.name])
             required = spec_f.default is dataclasses.MISSING and spec_f.default_factory is dataclasses.MISSING
             if key not in data:
                 if required:

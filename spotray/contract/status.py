@@ -25,7 +25,6 @@ Standard library only, besides the contract's own names.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +32,7 @@ from typing import Any, Self
 
 from spotray.contract.attempts import OUTCOMES
 from spotray.contract.names import PHASES
-from spotray.contract.spec import camel
+from spotray.contract.spec import camel, field_type
 
 DATE_TIME = "date-time"  # an RFC 3339 time, as Kubernetes writes them: "2026-01-02T03:04:05Z"
 
@@ -98,13 +97,6 @@ class _Key:
         if self.many:
             return tuple(self.holds.from_status(item) if self.holds else item for item in raw)
         return self.holds.from_status(raw) if self.holds else raw
-
-
-def field_type(hint: Any) -> Any:
-    """The type a field holds when it is set: ``int | None`` -> int."""
-    if isinstance(hint, types.UnionType):
-        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    return hint
 
 
 # Each class's keys, worked out once: every reconcile reads a whole status, and get_type_hints is slow.
