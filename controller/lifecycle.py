@@ -45,6 +45,7 @@ from spotray.contract.attempts import (
     OUTCOME_RUNNING,
     OUTCOME_SUCCEEDED,
     OUTCOME_SUSPENDED,
+    AttemptRecords,
 )
 from spotray.contract.names import (
     DEPLOYMENT_ENDED,
@@ -64,7 +65,6 @@ from spotray.contract.names import (
 from spotray.contract.spec import TrainingRun
 from spotray.contract.status import AttemptStatus, Condition, RunStatus
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
-from spotray.train.records.attempt_records import AttemptRecords
 
 MAX_FAILURE_BACKOFF_S = 600
 # status stays small whatever the job says: the API server refuses a condition message over 32 kB

@@ -24,7 +24,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from spotray.contract.attempts import AttemptId
+from spotray.contract.attempts import AttemptId, AttemptRecords
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import (
     DISRUPTED_AT_ANNOTATION,
@@ -61,7 +61,7 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
-from spotray.train.records.attempt_records import AttemptRecords, read_attempt_records
+from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)

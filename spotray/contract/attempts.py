@@ -109,3 +109,40 @@ class AttemptId:
 
     def __str__(self) -> str:
         return f"attempt {self.attempt} of run {self.run_id}"
+
+
+# ------------------------------------------------------------------ what the records say
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """How an attempt ended, as its driver saw it: the exit code and what a person should read."""
+
+    exit_code: int
+    step: int | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class AttemptRecords:
+    """What the job wrote about one attempt (each None when absent or not this attempt's)."""
+
+    outcome: dict[str, Any] | None = None
+    preempted: dict[str, Any] | None = None
+
+    @property
+    def exit_code(self) -> int | None:
+        code = (self.outcome or {}).get("exit_code")
+        return code if isinstance(code, int) else None
+
+
+@dataclass(frozen=True)
+class Fence:
+    """The newest attempt to start on this checkpoint URI, and the step it resumed from."""
+
+    run_id: str
+    attempt: int
+    resumed_from: int | None = None
+
+    def holds(self, attempt: AttemptId) -> bool:
+        return (self.run_id, self.attempt) == (attempt.run_id, attempt.attempt)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.contract.attempts import AttemptId
+from spotray.contract.attempts import AttemptId, AttemptOutcome
 from spotray.contract.errors import SpotrayError
 from spotray.train.checkpoints.checkpoint import (
     latest_complete_checkpoint,
@@ -14,7 +14,6 @@ from spotray.train.checkpoints.checkpoint import (
 )
 from spotray.train.checkpoints.resume import fetch_resume_checkpoint
 from spotray.train.records.attempt_records import (
-    AttemptOutcome,
     SupersededError,
     read_attempt_records,
     read_fence,

@@ -21,7 +21,7 @@ Imports inside ``if TYPE_CHECKING:`` never run and are exempt. Every other impor
 module level or inside a function. Third-party packages: the contract is standard library and
 PyYAML only; the controller imports neither torch, Ray nor the Hugging Face stack, and nothing
 below launch/hf imports Ray (``pip install spotray`` has no Ray). Two subprocesses check the same
-at run time: importing the contract or the controller's lifecycle loads none of them.
+at run time: importing the contract or the controller's lifecycle loads none of them (nor boto3).
 """
 
 from __future__ import annotations
@@ -312,8 +312,9 @@ def test_the_contract_loads_no_heavy_dependency() -> None:
     assert not {name: packages for name, packages in loaded.items() if packages}
 
 
-def test_the_controller_decides_without_torch_ray_or_transformers() -> None:
-    loaded = _loaded_after_importing(["spotray.controller.lifecycle"], NOT_LOADED_BY_CONTROLLER)
+def test_the_controller_decides_without_torch_ray_transformers_or_an_s3_client() -> None:
+    """lifecycle.plan decides from facts read elsewhere (run_store reads S3): it needs no boto3."""
+    loaded = _loaded_after_importing(["spotray.controller.lifecycle"], (*NOT_LOADED_BY_CONTROLLER, "boto3", "botocore"))
     assert loaded == {"spotray.controller.lifecycle": []}
 
 

@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from spotray.contract.attempts import AttemptRecords
 from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION
 from spotray.contract.spec import parse_training_run
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
@@ -18,7 +19,6 @@ from spotray.controller.lifecycle import (
     plan,
 )
 from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
-from spotray.train.records.attempt_records import AttemptRecords
 
 pytestmark = pytest.mark.unit
 

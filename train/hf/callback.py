@@ -30,12 +30,16 @@ import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from spotray.contract.attempts import AttemptId
+from spotray.contract.spec import CheckpointSpec, default_of
 from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
 from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
 from spotray.train.records.events import EventLog
 from spotray.train.storage.store import ObjectStore, open_store
+
+# Without a TrainingRun (a plain Trainer script), the spec's default.
+KEEP: int = default_of(CheckpointSpec, "keep")
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ class S3CheckpointCallback(TrainerCallback):
         self,
         checkpoint_uri: str,
         *,
-        keep: int = 3,
+        keep: int = KEEP,
         staging_dir: Path | None = None,
         store: ObjectStore | None = None,
         save_final: bool = True,

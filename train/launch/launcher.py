@@ -42,13 +42,13 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, AttemptId
+from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, AttemptId, AttemptOutcome
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
-from spotray.train.records.attempt_records import AttemptOutcome, read_record, write_fence, write_outcome
+from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
 from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from spotray.contract.attempts import FENCE_KEY, MAX_RECORD_BYTES, AttemptId
+from spotray.contract.attempts import FENCE_KEY, MAX_RECORD_BYTES, AttemptId, AttemptOutcome, AttemptRecords, Fence
 from spotray.contract.errors import ObjectTooLargeError, SpotrayError
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
@@ -48,31 +47,9 @@ def read_record(store: ObjectStore, key: str, attempt: AttemptId) -> dict[str, A
     return record
 
 
-@dataclass(frozen=True)
-class AttemptOutcome:
-    """How an attempt ended, as its driver saw it: the exit code and what a person should read."""
-
-    exit_code: int
-    step: int | None
-    detail: str
-
-
 def write_outcome(store: ObjectStore, attempt: AttemptId, outcome: AttemptOutcome) -> None:
     fields = {"exit_code": outcome.exit_code, "step": outcome.step, "detail": outcome.detail}
     write_record(store, attempt.outcome_key, attempt, fields)
-
-
-@dataclass(frozen=True)
-class AttemptRecords:
-    """What the job wrote about one attempt (each None when absent or not this attempt's)."""
-
-    outcome: dict[str, Any] | None = None
-    preempted: dict[str, Any] | None = None
-
-    @property
-    def exit_code(self) -> int | None:
-        code = (self.outcome or {}).get("exit_code")
-        return code if isinstance(code, int) else None
 
 
 def read_attempt_records(store: ObjectStore, attempt: AttemptId) -> AttemptRecords:
@@ -88,18 +65,6 @@ def write_preemption(store: ObjectStore, attempt: AttemptId, step: int, seconds_
 
 
 # ------------------------------------------------------------------------------------------ fencing
-
-
-@dataclass(frozen=True)
-class Fence:
-    """The newest attempt to start on this checkpoint URI, and the step it resumed from."""
-
-    run_id: str
-    attempt: int
-    resumed_from: int | None = None
-
-    def holds(self, attempt: AttemptId) -> bool:
-        return (self.run_id, self.attempt) == (attempt.run_id, attempt.attempt)
 
 
 def write_fence(store: ObjectStore, attempt: AttemptId, resumed_from: int | None = None) -> None:
