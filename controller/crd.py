@@ -33,7 +33,9 @@ from spotray.contract.spec import (
     MAX_NAME_LENGTH,
     MEMORY,
     MEMORY_PATTERN,
+    NAME_LENGTH_RULE,
     NAME_PATTERN,
+    NAME_PATTERN_RULE,
     STEPS_OR_AUTO,
     TEXT,
     URI,
@@ -292,17 +294,16 @@ def _status_column(name: str, description: str, *path: str, priority: int = 0) -
 
 def training_run_crd() -> dict[str, Any]:
     """The CustomResourceDefinition ``trainingruns.spotray.dev``, as a plain dict."""
+    # The parser's rules (spotray/contract/spec.py name_problem), in its words.
     name_rules = [
         {
             "rule": f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-            "message": f"metadata.name must be at most {MAX_NAME_LENGTH} characters: the controller appends "
-            "-a<attempt> and KubeRay its own suffixes, within Kubernetes' 63",
+            "message": f"metadata.name must {NAME_LENGTH_RULE}",
             "fieldPath": ".metadata.name",
         },
         {
             "rule": f"self.metadata.name.matches({_cel_string(NAME_PATTERN.pattern)})",
-            "message": "metadata.name must be lowercase letters, digits and '-' (no '.'): "
-            "it becomes part of pod names and S3 keys",
+            "message": f"metadata.name must {NAME_PATTERN_RULE}",
             "fieldPath": ".metadata.name",
         },
     ]
@@ -396,7 +397,9 @@ def _reference_rows(schema: dict[str, Any], path: str) -> list[str]:
 def reference_markdown() -> str:
     """docs/trainingrun.md: every spec field with its type, default and description, from the CRD."""
     version = training_run_crd()["spec"]["versions"][0]
-    schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    root = version["schema"]["openAPIV3Schema"]
+    schema = root["properties"]["spec"]
+    name_rules = [f"- {rule['message']}.".replace("<", "\\<") for rule in root["x-kubernetes-validations"]]
     lines = [
         "# TrainingRun reference",
         "",
@@ -405,6 +408,11 @@ def reference_markdown() -> str:
         f"`apiVersion: {API_VERSION}`, `kind: TrainingRun` (short name `tr`). The same file runs on a cluster",
         "(`kubectl apply`, `spotray submit`) and on one machine (`spotray run FILE --local`).",
         "`kubectl explain trainingrun.spec` prints the same descriptions.",
+        "",
+        "The run's name (`metadata.name`) is checked alike by the API server, `spotray submit` and",
+        "`spotray run --local`:",
+        "",
+        *name_rules,
         "",
         "| field | type | default | description |",
         "|---|---|---|---|",

@@ -10,6 +10,7 @@ import base64
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, cast
 
@@ -74,6 +75,18 @@ class Cluster:
 
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, namespace, name)
+
+    def list_rayjobs(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The RayJobs in ``namespace`` that carry all of ``labels`` (one LIST; the chart's role allows it)."""
+        page = self.custom.list_namespaced_custom_object(
+            RAY_GROUP,
+            RAY_VERSION,
+            namespace,
+            RAYJOB_PLURAL,
+            label_selector=",".join(f"{key}={value}" for key, value in labels.items()),
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return list(cast(dict[str, Any], page).get("items", []))
 
     def create_rayjob(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create it; None when created, else the RayJob that already has its name.

@@ -15,7 +15,14 @@ How an attempt ended is decided from facts, in this order:
    recorded on the RayJob by the pod watcher, at most ``DISRUPTION_CAUSE_WINDOW_S`` before the job
    ended -> Preempted (a node lost long before, which the job outlived, as an elastic run does,
    is not what ended it);
-4. otherwise -> Failed (the training code failed or gave up on a crash loop; exit code 2 means bad
+4. an infrastructure fault -> Interrupted (reason ``InfrastructureFault``): the driver exited 75
+   (``EXIT_INFRASTRUCTURE``, read from its record or from Ray's message: its store did not answer,
+   an upload failed, Ray failed under it; spotray/contract/errors.py classifies), or Ray's job
+   supervisor failed before the entrypoint ran (``RAY_CLUSTER_FAULT`` in the RayJob's message). It
+   spends no budget and never fails the run: the next attempt starts after a backoff of
+   ``max(backoffSeconds, 15 s)`` doubled with each interruption in a row, at most 10 minutes, and
+   the message says what it waits for and since when;
+5. otherwise -> Failed (the training code failed or gave up on a crash loop; exit code 2 means bad
    input, which fails the run at once).
 Preemptions never spend the failure budget: retrying a spot loss is the normal case. A fact that
 cannot be read is never taken as an answer: when the store cannot be read at the end of an
@@ -23,7 +30,10 @@ attempt, nothing is decided and no budget is spent; the run waits, says why, and
 ``Observation.storage_patience_seconds`` (``SPOTRAY_STORAGE_PATIENCE_SECONDS``, controller/config.py) shows a
 ``StorageUnreachable`` condition. A RayJob with the attempt's name
 that another TrainingRun owns (a deleted namesake's) is never adopted. ``end_attempt`` is the one
-budget decision; local mode (spotray/local.py) calls it too.
+budget decision; local mode (spotray/local.py) calls it too. A status value that cannot be read
+(``RunState.from_status``: a time that is not one, a list that is not a list, a phase it does not
+know) is never an exception: it is reported once in a ``StatusUnreadable`` Event and rebuilt from
+what is known, never starting an attempt twice, spending a budget or failing the run for it.
 
 Everything here is deterministic given its inputs (``now`` included), so the unit tests cover every
 transition without a cluster; controller/reconcile.py gathers the inputs and applies the plan.
@@ -34,13 +44,15 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from spotray.contract.attempts import (
     EXIT_BAD_INPUT,
+    EXIT_INFRASTRUCTURE,
     EXIT_PREEMPTED,
     OUTCOME_FAILED,
+    OUTCOME_INTERRUPTED,
     OUTCOME_PREEMPTED,
     OUTCOME_RUNNING,
     OUTCOME_SUCCEEDED,
@@ -54,6 +66,8 @@ from spotray.contract.names import (
     JOB_PENDING,
     JOB_RUNNING,
     JOB_SUCCEEDED,
+    MAX_RAYJOB_NAME_LENGTH,
+    MAX_RESERVED_ATTEMPT,
     PENDING,
     RESUMING,
     RUNNING,
@@ -62,11 +76,22 @@ from spotray.contract.names import (
     TERMINAL_PHASES,
     rayjob_name,
 )
-from spotray.contract.spec import TrainingRun
-from spotray.contract.status import AttemptStatus, Condition, RunStatus
+from spotray.contract.spec import MAX_NAME_LENGTH, TrainingRun
+from spotray.contract.status import (
+    AttemptStatus,
+    Condition,
+    RunStatus,
+    Unreadable,
+    format_date_time,
+    parse_date_time,
+)
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
 
 MAX_FAILURE_BACKOFF_S = 600
+# The first wait after an infrastructure fault when spec.retry.backoffSeconds is shorter (it may be
+# 0): a store or a Ray cluster that is down is not back within seconds. Doubles with each
+# interruption in a row, up to MAX_FAILURE_BACKOFF_S.
+MIN_INFRASTRUCTURE_BACKOFF_S = 15
 # status stays small whatever the job says: the API server refuses a condition message over 32 kB
 # (one 40 kB traceback would make every status patch fail), and a long run has many attempts.
 MAX_MESSAGE_CHARS = 4096
@@ -75,6 +100,13 @@ STORAGE_RETRY_S = 15.0
 # Ray's job supervisor says how the entrypoint ended in the job's message, which KubeRay copies into
 # the RayJob's status.message: "Job entrypoint command failed with exit code N, last available logs ...".
 RAY_EXIT_CODE = re.compile(r"^Job entrypoint command failed with exit code (-?\d+)\b")
+# Ray's job manager's words when the Ray job failed before its entrypoint ran (its supervisor actor
+# could not be scheduled, died, did not start in time, or was lost: ray/dashboard/modules/job/
+# job_manager.py), which KubeRay copies the same way: a fault of Ray's cluster, never of the training code.
+RAY_CLUSTER_FAULT = re.compile(
+    r"^(Job supervisor actor (could not be scheduled|died|failed to start within)"
+    r"|Unexpected error occurred: failed to get job supervisor)"
+)
 # How much of the end of a job's log a message keeps when the job left no record of its own.
 LOG_TAIL_CHARS = 1500
 # A job that a node loss ends fails within a minute or two of it (the head's pod gone, KubeRay
@@ -92,16 +124,22 @@ REASON_BAD_INPUT = "BadInput"  # also the Failed condition's: the run fails at o
 REASON_START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
 REASON_SUSPENDED = "Suspended"
 REASON_INTERRUPTED = "Interrupted"  # local mode (spotray/local.py): the command running the attempt was stopped
+# Outcome Interrupted: an infrastructure fault (the driver's exit code 75, Ray's job supervisor); spends no budget.
+REASON_INFRASTRUCTURE_FAULT = "InfrastructureFault"
 # Why a run failed (the Failed condition's reason and its Event), besides BadInput:
 REASON_PREEMPTION_BUDGET_EXHAUSTED = "PreemptionBudgetExhausted"
 REASON_FAILURE_BUDGET_EXHAUSTED = "FailureBudgetExhausted"
 REASON_INVALID_SPEC = "InvalidSpec"  # controller/reconcile.py: the spec cannot be parsed
+# The next attempt's RayJob name would be longer than KubeRay accepts (past MAX_RESERVED_ATTEMPT attempts).
+REASON_RAYJOB_NAME_TOO_LONG = "RayJobNameTooLong"
 # Events only:
 REASON_ATTEMPT_STARTED = "AttemptStarted"
 REASON_SUCCEEDED = "Succeeded"
 REASON_RAYJOB_NOT_OURS = "RayJobNotOurs"
 REASON_WAITING_FOR_STORAGE = "WaitingForStorage"
 REASON_STORAGE_UNREACHABLE = "StorageUnreachable"  # also the StorageUnreachable condition's
+REASON_STATUS_UNREADABLE = "StatusUnreadable"  # a status field did not match its declaration: rebuilt
+REASON_RETRY_BUDGET_SPENT = "RetryBudgetSpent"  # an ended run's status did not say Failed: nothing starts
 
 # status.conditions[].type
 CONDITION_PROGRESSING = "Progressing"
@@ -120,13 +158,19 @@ def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
 
 
 def timestamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """A time as the controller writes it (spotray/contract/status.py ``format_date_time``)."""
+    return format_date_time(moment)
 
 
 def parse_timestamp(text: str | None) -> datetime | None:
+    """A status time in any RFC 3339 form (spotray/contract/status.py ``parse_date_time``); None when unset.
+
+    A time read through ``RunStatus``/``RunState.from_status`` was checked there; an unchecked
+    one (a RayJob's, an annotation) goes through ``reconcile.timestamp_or_none``.
+    """
     if not text:
         return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+    return parse_date_time(text)
 
 
 @dataclass(frozen=True)
@@ -145,19 +189,36 @@ class RunState:
     preemptions: int = 0
     failures: int = 0
     storage_unreachable_since: str | None = None  # an attempt ended and its records cannot be read
+    # What the stored status held that did not match its declaration, read as unknown (``plan``
+    # reports it and the next status write replaces it); never written.
+    unreadable: tuple[Unreadable, ...] = ()
+    # Entries of status.attempts could not be read, so the current attempt may be later than the
+    # last one here: controller/reconcile.py asks the run's RayJobs (``with_attempts_seen``).
+    history_lost: bool = False
 
     @property
     def current(self) -> AttemptStatus | None:
         return self.attempts[-1] if self.attempts else None
 
     @classmethod
-    def from_status(cls, status: Mapping[str, Any]) -> RunState:
+    def from_status(cls, status: Mapping[str, Any], run_name: str = "") -> RunState:
         """The state a stored status holds; a status without budget counters (an older controller's)
-        counts them from its attempts."""
-        stored = RunStatus.from_status(status)
-        attempts = stored.attempts or ()
+        counts them from its attempts.
+
+        Never raises. A value that does not match its declaration is read as unknown and listed in
+        ``unreadable``, and what the lifecycle needs is rebuilt from what is left, spending nothing:
+        counters by counting the attempts kept (never more than were spent); the phase from the
+        last attempt (``_phase_after``); an attempt whose entry is lost from status.attempt and
+        status.rayJob, its outcome unknown (``OUTCOME_UNKNOWN``: ``plan`` asks its RayJob); an
+        earlier attempt whose outcome is unknown leaves the history (its budget was counted when
+        it ended). ``run_name`` names the RayJob of an attempt whose entry does not.
+        """
+        stored, unreadable = RunStatus.read(status)
+        attempts, dropped = _readable_attempts(stored, run_name)
+        unreadable += tuple(left for left in dropped if not any(seen.path == left.path for seen in unreadable))
+        history_lost = any(_HISTORY_PROBLEM.fullmatch(problem.path) for problem in unreadable)
         return cls(
-            phase=stored.phase or PENDING,
+            phase=stored.phase or _phase_after(attempts[-1] if attempts else None),
             attempts=attempts,
             message=stored.message or "",
             next_attempt_time=stored.next_attempt_time,
@@ -168,7 +229,27 @@ class RunState:
             preemptions=stored.preemptions or sum(a.outcome == OUTCOME_PREEMPTED for a in attempts),
             failures=stored.failures or sum(a.outcome == OUTCOME_FAILED for a in attempts),
             storage_unreachable_since=stored.storage_unreachable_since,
+            unreadable=unreadable,
+            history_lost=history_lost,
         )
+
+    def unread(self, path: str) -> bool:
+        """Whether the stored status held something unreadable at ``path`` ("nextAttemptTime")."""
+        return any(problem.path == path for problem in self.unreadable)
+
+    @property
+    def unreadable_keys(self) -> frozenset[str]:
+        """The keys of status that held something unreadable: the next status write sets each anew or removes it."""
+        return frozenset(key for problem in self.unreadable if (key := re.split(r"[.\[]", problem.path, maxsplit=1)[0]))
+
+    def with_attempts_seen(self, numbers: Sequence[int], run_name: str) -> RunState:
+        """The state, when the attempts the run's RayJobs are for go past its history (``history_lost``):
+        the latest of them is the current attempt, its outcome unknown until its RayJob says."""
+        latest = max(numbers, default=0)
+        if latest <= (self.current.attempt if self.current else 0):
+            return self
+        entry = AttemptStatus(attempt=latest, ray_job=rayjob_name(run_name, latest), outcome=OUTCOME_UNKNOWN)
+        return replace(self, attempts=(*self.attempts, entry)[-MAX_ATTEMPTS_KEPT:])
 
     def run_status(self) -> RunStatus:
         """The lifecycle's fields of the status, messages bounded (controller/reconcile.py adds the rest)."""
@@ -188,6 +269,59 @@ class RunState:
     def to_status(self) -> dict[str, Any]:
         """The lifecycle's fields as a merge patch (a field it unset is removed): local mode keeps its state so."""
         return self.run_status().to_patch()
+
+
+# An attempt's outcome that the status did not say (or not readably): its RayJob decides (``plan``).
+OUTCOME_UNKNOWN = ""
+# Unreadable paths after which status.attempts may lack entries: the list, an entry, an entry's number.
+_HISTORY_PROBLEM = re.compile(r"attempts(\[\d+\](\.attempt)?)?")
+
+
+def _readable_attempts(stored: RunStatus, run_name: str) -> tuple[tuple[AttemptStatus, ...], tuple[Unreadable, ...]]:
+    """status.attempts as far as it can be placed: (entries, entries left out as unreadable).
+
+    An entry without a number cannot be placed; an earlier one whose outcome is unknown is left out
+    rather than guessed. A current attempt that status.attempt (or status.rayJob) names beyond the
+    last entry gets an entry of its own, its outcome unknown; an entry without its RayJob's name
+    gets it (``<run>-a<N>``).
+    """
+    dropped: list[Unreadable] = []
+    kept: list[AttemptStatus] = []
+    entries = stored.attempts or ()
+    for index, entry in enumerate(entries):
+        if entry.attempt < 1:
+            dropped.append(Unreadable(f"attempts[{index}].attempt", None))
+        elif entry.outcome == OUTCOME_UNKNOWN and index < len(entries) - 1:
+            dropped.append(Unreadable(f"attempts[{index}].outcome", None))
+        else:
+            kept.append(entry)
+    named = _attempt_named(stored.ray_job, run_name)
+    latest = max(stored.attempt or 0, named)
+    if latest > (kept[-1].attempt if kept else 0):
+        ray_job = (stored.ray_job or "") if named == latest else ""
+        kept.append(AttemptStatus(attempt=latest, ray_job=ray_job, outcome=OUTCOME_UNKNOWN))
+    if run_name:
+        kept = [replace(entry, ray_job=entry.ray_job or rayjob_name(run_name, entry.attempt)) for entry in kept]
+    return tuple(kept), tuple(dropped)
+
+
+def _attempt_named(ray_job: str | None, run_name: str) -> int:
+    """The attempt number in a RayJob's name ``<run>-a<N>``; 0 when it names none."""
+    found = re.fullmatch(r"(.+)-a([1-9]\d*)", ray_job or "")
+    if found is None or (run_name and found.group(1) != run_name):
+        return 0
+    return int(found.group(2))
+
+
+def _phase_after(current: AttemptStatus | None) -> str:
+    """The phase the last attempt leaves a run in, for a status whose phase cannot be read.
+
+    Never Failed: an ended attempt leaves the run Resuming, and ``plan`` starts the next attempt only
+    within the budgets (``_budget_spent``).
+    """
+    if current is None or current.outcome in (OUTCOME_RUNNING, OUTCOME_UNKNOWN):
+        return PENDING  # plan says Running or Pending from the attempt's RayJob
+    return {OUTCOME_SUCCEEDED: SUCCEEDED, OUTCOME_SUSPENDED: SUSPENDED}.get(current.outcome, RESUMING)
 
 
 @dataclass(frozen=True)
@@ -210,6 +344,11 @@ class RayJobView:
             return self.exit_code
         found = RAY_EXIT_CODE.match(self.message)
         return int(found.group(1)) if found else None
+
+    @property
+    def ray_cluster_fault(self) -> bool:
+        """Ray's job supervisor failed before the entrypoint ran (``RAY_CLUSTER_FAULT``): Ray's cluster, not the job."""
+        return RAY_CLUSTER_FAULT.match(self.message) is not None
 
     @property
     def lost_node_ended_it(self) -> bool:
@@ -286,11 +425,12 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
     if job.job_status == JOB_SUCCEEDED:
         return AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, "the job finished")
     exit_code = records.exit_code
-    if exit_code is None and job.driver_exit_code == EXIT_BAD_INPUT:
-        # A job that refused its input before it could write a record (no credentials, no bucket):
-        # the driver's exit code as Ray saw it, so bad input ends the run at once here too. Only
-        # this code: a bare 143 (SIGTERM) without the job's record is no proof of an emergency checkpoint.
-        exit_code = EXIT_BAD_INPUT
+    if exit_code is None and job.driver_exit_code in (EXIT_BAD_INPUT, EXIT_INFRASTRUCTURE):
+        # A job that refused its input (no credentials, no bucket) or found its store down before it
+        # could write a record: the driver's exit code as Ray saw it, so bad input ends the run at
+        # once and an infrastructure fault spends nothing here too. Only these codes: a bare 143
+        # (SIGTERM) without the job's record is no proof of an emergency checkpoint.
+        exit_code = job.driver_exit_code
     if records.preempted is not None or exit_code == EXIT_PREEMPTED:
         step = (records.preempted or records.outcome or {}).get("step")
         where = f" at step {step}" if step is not None else ""
@@ -303,6 +443,8 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
         return AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, job.disruption or "")
     recorded = (records.outcome or {}).get("detail")
     detail = str(recorded or log_summary(job.message) or "the job failed without a message")
+    if exit_code == EXIT_INFRASTRUCTURE or (records.outcome is None and job.ray_cluster_fault):
+        return AttemptEnd(OUTCOME_INTERRUPTED, REASON_INFRASTRUCTURE_FAULT, detail)
     if exit_code == EXIT_BAD_INPUT:
         return AttemptEnd(OUTCOME_FAILED, REASON_BAD_INPUT, detail)
     return AttemptEnd(OUTCOME_FAILED, REASON_TRAINING_FAILED, detail)
@@ -339,8 +481,9 @@ def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) ->
     )
 
 
-def record_end(state: RunState, end: AttemptEnd, now: datetime) -> RunState:
-    """The current attempt ended as ``end``; its budget counted. No decision about what comes next."""
+def record_end(state: RunState, end: AttemptEnd, now: datetime, *, counted: bool = True) -> RunState:
+    """The current attempt ended as ``end``; its budget counted (unless not ``counted``: an end that
+    may have been counted already). No decision about what comes next."""
     assert state.current is not None
     ended = replace(
         state.current, outcome=end.outcome, reason=end.reason, message=bounded(end.message), end_time=timestamp(now)
@@ -348,33 +491,41 @@ def record_end(state: RunState, end: AttemptEnd, now: datetime) -> RunState:
     return replace(
         state,
         attempts=(*state.attempts[:-1], ended),
-        preemptions=state.preemptions + (end.outcome == OUTCOME_PREEMPTED),
-        failures=state.failures + (end.outcome == OUTCOME_FAILED),
+        preemptions=state.preemptions + (counted and end.outcome == OUTCOME_PREEMPTED),
+        failures=state.failures + (counted and end.outcome == OUTCOME_FAILED),
         storage_unreachable_since=None,
     )
 
 
-def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetime) -> Plan:
+def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetime, *, counted: bool = True) -> Plan:
     """The budget decision, made once for the controller and local mode: the run after an attempt ended.
 
     Succeeded ends the run. A preemption spends ``maxPreemptions``, a failure ``maxFailures``; past
     its budget the run fails, else the next attempt follows after the backoff (doubling with each
     failure). Bad input (the job refused its spec or storage, and said what to fix) fails the run
     at once: the same input would be refused the same way.
+
+    Not ``counted``: an attempt whose outcome the status did not say readably, so its end may have
+    been counted already. It spends nothing and fails no budget; the next attempt still starts only
+    within the budgets (``_budget_spent``).
     """
     current = state.current
     assert current is not None
-    ended = record_end(state, end, now)
+    ended = record_end(state, end, now, counted=counted)
     if end.outcome == OUTCOME_SUCCEEDED:
         new = replace(ended, phase=SUCCEEDED, message=f"training finished in attempt {current.attempt}")
         return Plan(new, events=(Event("Normal", REASON_SUCCEEDED, new.message),))
     retry = run.spec.retry
     what = f"attempt {current.attempt} {end.outcome.lower()} ({end.reason}): {end.message}"
+    if not counted:
+        what += " (not counted against the budgets: the status did not say readably how it ended, so it may be already)"
     if end.reason == REASON_BAD_INPUT:
         message = f"{what}. Fix what it names, then create the run again (a retry would be refused the same way)."
         new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_BAD_INPUT)
         return Plan(new, events=(Event("Warning", REASON_BAD_INPUT, bounded(message)),))
-    if ended.preemptions > retry.max_preemptions:
+    if end.outcome == OUTCOME_INTERRUPTED:
+        return _interrupted(ended, run, what, now)
+    if counted and ended.preemptions > retry.max_preemptions:
         message = f"{what}; {ended.preemptions} preemptions exceed spec.retry.maxPreemptions={retry.max_preemptions}"
         new = replace(
             ended,
@@ -383,14 +534,14 @@ def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetim
             failure_reason=REASON_PREEMPTION_BUDGET_EXHAUSTED,
         )
         return Plan(new, events=(Event("Warning", REASON_PREEMPTION_BUDGET_EXHAUSTED, bounded(new.message)),))
-    if ended.failures > retry.max_failures:
+    if counted and ended.failures > retry.max_failures:
         message = f"{what}; {ended.failures} failures exceed spec.retry.maxFailures={retry.max_failures}"
         hint = " Read the job's logs (`spotray logs RUN`), fix the code or input, and create the run again."
         new = replace(ended, phase=FAILED, message=message + "." + hint, failure_reason=REASON_FAILURE_BUDGET_EXHAUSTED)
         return Plan(new, events=(Event("Warning", REASON_FAILURE_BUDGET_EXHAUSTED, bounded(new.message)),))
     delay = retry.backoff_seconds
     if end.outcome == OUTCOME_FAILED:
-        delay = min(retry.backoff_seconds * 2 ** (ended.failures - 1), MAX_FAILURE_BACKOFF_S)
+        delay = min(retry.backoff_seconds * 2 ** max(ended.failures - 1, 0), MAX_FAILURE_BACKOFF_S)
     new = replace(
         ended,
         phase=RESUMING,
@@ -401,22 +552,123 @@ def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetim
     return Plan(new, events=(Event(kind, end.reason, bounded(what)),), requeue_after_s=delay)
 
 
+def interruptions_in_a_row(attempts: Sequence[AttemptStatus]) -> int:
+    """How many of the last attempts kept in status ended Interrupted, one after another."""
+    count = 0
+    for attempt in reversed(attempts):
+        if attempt.outcome != OUTCOME_INTERRUPTED:
+            break
+        count += 1
+    return count
+
+
+def _interrupted(ended: RunState, run: TrainingRun, what: str, now: datetime) -> Plan:
+    """An infrastructure fault ended the attempt (already recorded in ``ended``, nothing counted): the
+    next attempt after a backoff that doubles with each interruption in a row, and never a failed run.
+
+    The message says what the run waits for (the fault, in the attempt's words) and since when: the
+    start of the first attempt of the streak that status still keeps (the last ``MAX_ATTEMPTS_KEPT``).
+    """
+    current = ended.current
+    assert current is not None
+    streak = interruptions_in_a_row(ended.attempts)
+    first = ended.attempts[-streak]
+    delay = min(
+        max(run.spec.retry.backoff_seconds, MIN_INFRASTRUCTURE_BACKOFF_S) * 2 ** min(streak - 1, 16),
+        MAX_FAILURE_BACKOFF_S,
+    )
+    older_dropped = streak == len(ended.attempts) and first.attempt > 1
+    since = f"since {'before ' if older_dropped else ''}{first.start_time or 'the start'}"
+    count = f"the last {streak} attempts" if older_dropped else f"{streak} attempt{'s' if streak > 1 else ''} in a row"
+    message = (
+        f"{what.rstrip()}; waiting for the infrastructure: infrastructure faults {since} ({count}), which spend no "
+        f"budget; attempt {current.attempt + 1} starts in {delay} s"
+    )
+    new = replace(ended, phase=RESUMING, message=message, next_attempt_time=timestamp(now + timedelta(seconds=delay)))
+    return Plan(new, events=(Event("Warning", REASON_INFRASTRUCTURE_FAULT, bounded(message)),), requeue_after_s=delay)
+
+
 def plan(obs: Observation, now: datetime) -> Plan:
-    """The next state and actions for one TrainingRun."""
+    """The next state and actions for one TrainingRun.
+
+    A status with unreadable values (``RunState.unreadable``) is reported in one ``StatusUnreadable``
+    Warning Event naming each field and value, and planned from what could be read, rebuilt where
+    the decision needs it (``_rebuilt``); the state planned is written whole, so the next reconcile
+    reads a clean status and reports nothing.
+    """
+    if not obs.state.unreadable:
+        return _plan(obs, now)
+    obs = replace(obs, state=_rebuilt(obs.state, obs.run, now))
+    decided = _plan(obs, now)
+    state = replace(decided.state, unreadable=(), history_lost=False)
+    return replace(decided, state=state, events=(status_unreadable_event(obs.state), *decided.events))
+
+
+def status_unreadable_event(state: RunState) -> Event:
+    """The Warning Event that says which status values could not be read, and what was made of them."""
+    listed = "; ".join(f"status.{problem}" if problem.path else f"status: {problem}" for problem in state.unreadable)
+    return Event(
+        "Warning",
+        REASON_STATUS_UNREADABLE,
+        bounded(
+            "the status holds values the controller cannot read, taken as unknown and rebuilt from what it "
+            f"knows (no budget spent, no attempt started twice, the run not failed for it): {listed}"
+        ),
+    )
+
+
+def _rebuilt(state: RunState, run: TrainingRun, now: datetime) -> RunState:
+    """The times the decision needs, where the status held them unreadably: never sooner than they were.
+
+    A running attempt without a readable start counts its start deadline from now; a backoff
+    without a readable end waits ``spec.retry.backoffSeconds`` from now.
+    """
+    current = state.current
+    if current is None:
+        return state
+    if current.outcome in (OUTCOME_RUNNING, OUTCOME_UNKNOWN) and current.start_time is None:
+        current = replace(current, start_time=timestamp(now))
+        state = replace(state, attempts=(*state.attempts[:-1], current))
+    waiting = current.outcome not in (OUTCOME_RUNNING, OUTCOME_UNKNOWN) and state.phase == RESUMING
+    if waiting and state.next_attempt_time is None and state.unread("nextAttemptTime"):
+        state = replace(state, next_attempt_time=timestamp(now + timedelta(seconds=run.spec.retry.backoff_seconds)))
+    return state
+
+
+def _plan(obs: Observation, now: datetime) -> Plan:
     state, current = obs.state, obs.state.current
     if state.phase in TERMINAL_PHASES:
         return Plan(state)
     if obs.run.spec.suspend:
         return _plan_suspended(state, now)
+    if current is not None and current.outcome == OUTCOME_UNKNOWN:
+        return _plan_unknown_outcome(obs, current, now)
     if current is None or current.outcome != OUTCOME_RUNNING:
         return _plan_next_attempt(obs, now)
     return _plan_running_attempt(obs, current, now)
 
 
+def _plan_unknown_outcome(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:
+    """The current attempt's outcome could not be read from the status: its RayJob says.
+
+    Not over (or missing, or another run's): it runs, and its end will be counted when it comes,
+    as for any running attempt. Over: its end is recorded from the facts as ever, but not counted,
+    since the status may have counted it already; nothing else is started for it.
+    """
+    job = obs.job
+    ours = job is not None and (obs.run_uid is None or job.owner_uid == obs.run_uid)
+    if job is None or not ours or not job.finished:
+        running = replace(current, outcome=OUTCOME_RUNNING, start_time=current.start_time or timestamp(now))
+        state = replace(obs.state, attempts=(*obs.state.attempts[:-1], running))
+        return _plan_running_attempt(replace(obs, state=state), running, now)
+    end = classify_end(job, obs.records or AttemptRecords())
+    return end_attempt(obs.state, obs.run, end, now, counted=False)
+
+
 def _plan_suspended(state: RunState, now: datetime) -> Plan:
     message = "suspended; set spec.suspend to false to resume"
     current = state.current
-    if current is not None and current.outcome == OUTCOME_RUNNING:
+    if current is not None and current.outcome in (OUTCOME_RUNNING, OUTCOME_UNKNOWN):
         ended = record_end(state, AttemptEnd(OUTCOME_SUSPENDED, REASON_SUSPENDED, "spec.suspend is true"), now)
         new = replace(ended, phase=SUSPENDED, message=message)
         return Plan(new, delete_rayjob=current.ray_job, events=(Event("Normal", REASON_SUSPENDED, message),))
@@ -428,12 +680,61 @@ def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:
     state, current = obs.state, obs.state.current
     if current is None:
         return start_attempt(state, obs.run, now, "first attempt")
+    spent = _budget_spent(state, obs.run)
+    if spent:
+        return _hold(state, current, spent)
+    if len(rayjob_name(obs.run.name, current.attempt + 1)) > MAX_RAYJOB_NAME_LENGTH:
+        return _rayjob_name_too_long(state, obs.run, current.attempt + 1)
     if state.phase == SUSPENDED:
         return start_attempt(state, obs.run, now, "resumed after suspension")
     due = parse_timestamp(state.next_attempt_time)
     if due is not None and now < due:
         return Plan(state, requeue_after_s=(due - now).total_seconds())
     return start_attempt(state, obs.run, now, f"after attempt {current.attempt} was {current.outcome.lower()}")
+
+
+def _budget_spent(state: RunState, run: TrainingRun) -> str:
+    """Why no further attempt may start, though the run is not Failed; "" when one may.
+
+    ``end_attempt`` fails a run whose budget an attempt exceeds, so with a readable status this
+    never holds; it does when the phase could not be read (``_phase_after`` never says Failed).
+    """
+    retry, current = run.spec.retry, state.current
+    if state.preemptions > retry.max_preemptions:
+        return f"{state.preemptions} preemptions exceed spec.retry.maxPreemptions={retry.max_preemptions}"
+    if state.failures > retry.max_failures:
+        return f"{state.failures} failures exceed spec.retry.maxFailures={retry.max_failures}"
+    if current is not None and current.reason == REASON_BAD_INPUT:
+        return "the job refused its input (a retry would be refused the same way)"
+    return ""
+
+
+def _hold(state: RunState, current: AttemptStatus, why: str) -> Plan:
+    """Start nothing and fail nothing: a person decides (say so once)."""
+    message = (
+        f"attempt {current.attempt} ended {current.outcome.lower()} ({current.reason or 'no reason recorded'}) "
+        f"and {why}, but the status does not say the run failed: no attempt starts. Raise spec.retry to go on, "
+        "or delete the run."
+    )
+    events = (Event("Warning", REASON_RETRY_BUDGET_SPENT, message),) if state.message != message else ()
+    return Plan(replace(state, message=message, next_attempt_time=None), events=events)
+
+
+def _rayjob_name_too_long(state: RunState, run: TrainingRun, number: int) -> Plan:
+    """The run cannot go on under its name: KubeRay would refuse the next attempt's RayJob (ValidationFailed),
+    and the run would say "starting" for ever. Only a run of the longest names gets here, past
+    ``MAX_RESERVED_ATTEMPT`` attempts (spotray/contract/names.py); it fails, saying what to do."""
+    job = rayjob_name(run.name, number)
+    message = (
+        f"attempt {number} would be RayJob {job} ({len(job)} characters), and KubeRay refuses RayJob names over "
+        f"{MAX_RAYJOB_NAME_LENGTH} characters (a name of {MAX_NAME_LENGTH} has room for {MAX_RESERVED_ATTEMPT} "
+        "attempts). Create the run again under a shorter name with the same spec.checkpoint.uri: it resumes "
+        "from the latest checkpoint."
+    )
+    new = replace(
+        state, phase=FAILED, message=message, next_attempt_time=None, failure_reason=REASON_RAYJOB_NAME_TOO_LONG
+    )
+    return Plan(new, events=(Event("Warning", REASON_RAYJOB_NAME_TOO_LONG, message),))
 
 
 def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:  # noqa: PLR0911
@@ -454,7 +755,7 @@ def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetim
     if obs.records is None and job.job_status != JOB_SUCCEEDED and not job.disruption:
         return _wait_for_storage(obs, current, now)
     end = classify_end(job, obs.records or AttemptRecords())
-    if end.outcome == OUTCOME_FAILED and job.end_time is not None:
+    if end.outcome in (OUTCOME_FAILED, OUTCOME_INTERRUPTED) and job.end_time is not None:
         waited = (now - job.end_time).total_seconds()
         if waited < obs.settle_seconds:
             # A disruption that caused the failure may still be on its way from the pod watcher.

@@ -27,10 +27,12 @@ from typing import Any
 from spotray.contract.attempts import AttemptId, AttemptRecords
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import (
+    ATTEMPT_LABEL,
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
     FAILED,
     JOB_SUCCEEDED,
+    RUN_LABEL,
     TERMINAL_PHASES,
     rayjob_name,
 )
@@ -43,6 +45,7 @@ from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import (
     REASON_INVALID_SPEC,
+    REASON_STATUS_UNREADABLE,
     Event,
     Observation,
     Plan,
@@ -95,12 +98,11 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
     meta = job.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     owner = next((ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
-    end = status.get("endTime")
     return RayJobView(
         job_status=status.get("jobStatus") or None,
         deployment_status=status.get("jobDeploymentStatus") or None,
         message=status.get("message") or "",
-        end_time=parse_timestamp(end) if end else None,
+        end_time=timestamp_or_none(status.get("endTime")),
         disruption=annotations.get(DISRUPTION_ANNOTATION),
         disrupted_at=timestamp_or_none(annotations.get(DISRUPTED_AT_ANNOTATION)),
         owner_uid=owner,
@@ -231,10 +233,15 @@ def _reconcile_locked(  # noqa: PLR0917
         _refuse_invalid(cluster, body, error, now)
         metrics.set_phase(namespace, name, FAILED)
         return None
-    state = RunState.from_status(body.get("status") or {})
-    if state.phase in TERMINAL_PHASES:
+    # Never raises: what the status holds unreadably is unknown, and the plan reports and rebuilds it.
+    state = RunState.from_status(_stored_status(body), run.name)
+    if state.phase in TERMINAL_PHASES and not state.unreadable:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
+    if state.history_lost:
+        # status.attempts lost entries: the run's own RayJobs say which attempt is the latest, so
+        # none is started again or beside it.
+        state = state.with_attempts_seen(_attempts_of(cluster, run, body["metadata"]["uid"]), run.name)
     # Opened at most once per reconcile, and only when something needs S3.
     run_store = functools.cache(functools.partial(open_run_store, run, cluster, config))
 
@@ -248,6 +255,22 @@ def _reconcile_locked(  # noqa: PLR0917
     return _act(
         cluster, config, run, body, state, decided, run_store, now, job=observation.job, defer_status=defer_status
     )
+
+
+def _stored_status(body: dict[str, Any]) -> dict[str, Any]:
+    status = body.get("status")
+    return status if isinstance(status, dict) else {}
+
+
+def _attempts_of(cluster: Cluster, run: TrainingRun, run_uid: str) -> list[int]:
+    """The attempts the run's own RayJobs (its UID the owner) are for, by their attempt label."""
+    numbers = []
+    for job in cluster.list_rayjobs(run.namespace, {RUN_LABEL: run.name}):
+        label = str(((job.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL, ""))
+        view = rayjob_view(job)
+        if view is not None and view.owner_uid == run_uid and label.isdigit():
+            numbers.append(int(label))
+    return numbers
 
 
 def _observe(  # noqa: PLR0917 - the facts' sources, each named
@@ -290,7 +313,11 @@ def _hold_without_credentials(
         return decided
     reason, refusal = refused
     events = (Event("Warning", reason, refusal),) if state.message != refusal else ()
-    return Plan(replace(state, message=refusal), events=events, requeue_after_s=config.reconcile_interval_seconds)
+    # A status the plan found unreadable is still said so (the state written is the one read).
+    reported = tuple(event for event in decided.events if event.reason == REASON_STATUS_UNREADABLE)
+    return Plan(
+        replace(state, message=refusal), events=(*reported, *events), requeue_after_s=config.reconcile_interval_seconds
+    )
 
 
 def _act(  # noqa: PLR0917
@@ -319,7 +346,7 @@ def _act(  # noqa: PLR0917
         if created is None:
             return 0.0  # the status write is deferred: come back once no new run waits
         decided = created
-    status = body.get("status") or {}
+    status = _stored_status(body)
     new_status = _status(
         run,
         run_store,
@@ -332,6 +359,10 @@ def _act(  # noqa: PLR0917
         storage_patience_s=config.storage_patience_seconds,
         prices=config.prices,
     )
+    for key in state.unreadable_keys:
+        # Held unreadably and not written anew (progress while S3 is not read): removed, so
+        # nothing unreadable stays to be reported; the next read of the store fills it again.
+        new_status.setdefault(key, None)
     if status_changed(status, new_status):
         cluster.patch_run_status(namespace, name, new_status)
     if decided.delete_rayjob:

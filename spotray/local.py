@@ -17,9 +17,12 @@ Faults can be injected at a chosen step so a user sees recovery for themselves:
 How an attempt ended and what comes next is decided by the controller's own functions
 (controller/lifecycle.py ``classify_end`` and ``end_attempt``), from the same records in the store:
 the budgets mean the same here as on a cluster. Only the backoff differs: local mode starts the
-next attempt at once, since there is no capacity to wait for. The run's state (its id, attempts and
-budgets spent, in the status' own shape) is kept in ``<workdir>/run-state.json``, so the same
-command run again goes on from where the run stopped, and a finished run is not trained again.
+next attempt at once after a preemption or a failure, since there is no capacity to wait for; after
+an infrastructure fault (the driver's exit code 75: a store that did not answer), which spends no
+budget, it waits the controller's backoff, as a store that is down is not back at once. The run's
+state (its id, attempts and budgets spent, in the status' own shape) is kept in
+``<workdir>/run-state.json``, so the same command run again goes on from where the run stopped, and
+a finished run is not trained again.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from spotray.contract.attempts import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_OK,
+    OUTCOME_INTERRUPTED,
     OUTCOME_RUNNING,
     OUTCOME_SUSPENDED,
     AttemptId,
@@ -54,6 +58,7 @@ from spotray.controller.lifecycle import (
     REASON_BAD_INPUT,
     REASON_INTERRUPTED,
     AttemptEnd,
+    Plan,
     RayJobView,
     RunState,
     classify_end,
@@ -138,6 +143,14 @@ def start_worker_node(cluster: LocalRayCluster, cpus: int, schedule: NodeSchedul
     return node
 
 
+def pause_before_next_attempt(end: AttemptEnd, decided: Plan) -> float:
+    """Seconds local mode waits before the next attempt: the controller's backoff after an
+    infrastructure fault, none after a preemption or a failure (see the module docstring)."""
+    if end.outcome == OUTCOME_INTERRUPTED and decided.requeue_after_s:
+        return decided.requeue_after_s
+    return 0.0
+
+
 class LocalRun:
     """One TrainingRun run locally; ``run()`` returns the exit code for the command line."""
 
@@ -203,7 +216,8 @@ class LocalRun:
                 self._save_state(run_id, record_end(state, end, datetime.now(UTC)))
                 raise
             end = self._classify(attempt, code, disruption)
-            state = end_attempt(state, run, end, datetime.now(UTC)).state
+            decided = end_attempt(state, run, end, datetime.now(UTC))
+            state = decided.state
             self._save_state(run_id, state)
             self.tally.attempts = attempt.attempt
             self.tally.preemptions, self.tally.failures = state.preemptions, state.failures
@@ -214,7 +228,12 @@ class LocalRun:
                 self.progress.note(state.message)
                 self.progress.note(f"  log: {self._log_path(attempt.attempt)}")
                 return EXIT_BAD_INPUT if state.failure_reason == REASON_BAD_INPUT else EXIT_FAILED
-            self.progress.note(f"attempt {attempt.attempt} {end.outcome.lower()} ({end.reason}): {end.message}")
+            pause = pause_before_next_attempt(end, decided)
+            if pause:
+                self.progress.note(state.message)  # what it waits for, since when, and how long
+                time.sleep(pause)
+            else:
+                self.progress.note(f"attempt {attempt.attempt} {end.outcome.lower()} ({end.reason}): {end.message}")
 
     def _classify(self, attempt: AttemptId, code: int, disruption: str | None) -> AttemptEnd:
         """How the attempt ended, from its exit code and its records, as the controller decides it."""

@@ -10,6 +10,8 @@ from typing import Any
 
 import yaml
 
+from spotray.contract.status import parse_date_time
+
 FORMATS = ("table", "json", "yaml")
 
 
@@ -50,15 +52,15 @@ def human_age(seconds: float) -> str:
     return f"{seconds}s"
 
 
-def parse_time(text: str | None) -> datetime | None:
-    """An RFC 3339 time as Kubernetes writes it ("2025-01-02T03:04:05Z"); None if absent or unreadable."""
-    if not text:
+def parse_time(text: object) -> datetime | None:
+    """A time as Kubernetes writes it, in any RFC 3339 form ("2025-01-02T03:04:05Z", fractional
+    seconds, an offset: spotray/contract/status.py ``parse_date_time``); None if absent or unreadable."""
+    if not isinstance(text, str) or not text:
         return None
     try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        return parse_date_time(text)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def age_since(text: str | None, now: datetime | None = None) -> str:

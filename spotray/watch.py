@@ -11,7 +11,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from spotray.contract.attempts import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, OUTCOME_PREEMPTED, OUTCOME_RUNNING
+from spotray.contract.attempts import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    OUTCOME_INTERRUPTED,
+    OUTCOME_PREEMPTED,
+    OUTCOME_RUNNING,
+)
 from spotray.contract.names import FAILED, SUCCEEDED
 from spotray.contract.status import AttemptStatus, LastCheckpoint, Progress, RunStatus
 from spotray.errors import CommandFailedError
@@ -92,7 +99,7 @@ class StatusFollower:
                 continue  # history from before we started watching: `spotray status RUN` shows it
             reason = entry.reason or entry.message
             self.view.note(f"attempt {number} {outcome.lower()}" + (f" ({reason})" if reason else ""))
-            if outcome == OUTCOME_PREEMPTED:
+            if outcome in (OUTCOME_PREEMPTED, OUTCOME_INTERRUPTED):  # neither spends maxFailures
                 self.view.note(f"  a new attempt will resume from the last checkpoint ({self.checkpoint or 'none'})")
 
     def _report_progress(self, status: RunStatus) -> None:

@@ -41,7 +41,7 @@ import torch.distributed as dist
 from ray.train.torch import prepare_model
 from torch import nn
 
-from spotray.contract.attempts import EXIT_BAD_INPUT
+from spotray.contract.attempts import attempt_exit_code
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import RunContext, RunSpec
 from spotray.contract.uris import parse_uri
@@ -362,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         config = build_job_config(args, context, data)
         store, files = prepare(context.spec, data, create_bucket=args.create_bucket)
     except SpotrayError as error:
+        # Bad input (2) ends the run; an infrastructure fault such as a store that does not answer
+        # yet (75) is tried again, spending no budget (spotray/contract/errors.py).
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return attempt_exit_code(error)
     # A factory, not a dataset: Ray Train calls it when each worker group starts, after launch()
     # has connected to the cluster. Building the dataset here would connect first, without the
     # runtime_env that carries SPOTRAY_RUN and the event log path to the workers.

@@ -32,7 +32,7 @@ from typing import Any
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from spotray.contract.attempts import EXIT_BAD_INPUT
+from spotray.contract.attempts import attempt_exit_code
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import RunContext, RunSpec
 from spotray.contract.uris import parse_uri
@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_under_torchrun(config, context)
         store = prepare(config, context.spec)
     except SpotrayError as error:
+        # Bad input (2) ends the run; an infrastructure fault such as a store that does not answer
+        # yet (75) is tried again, spending no budget (spotray/contract/errors.py).
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return attempt_exit_code(error)
     return launch(train_loop, config.to_loop_config(), context, store, resume_dir=node_resume_dir(config.workdir))

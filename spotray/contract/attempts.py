@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from spotray.contract.errors import SpotrayError
+from spotray.contract.errors import Cause, SpotrayError, cause_of
 
 RECORDS_PREFIX = "_spotray"
 FENCE_KEY = f"{RECORDS_PREFIX}/fence.json"
@@ -47,18 +47,51 @@ EXIT_FAILED = 1
 # at once (a retry would be refused the same way).
 EXIT_BAD_INPUT = 2
 EXIT_NOT_FOUND = 3  # the command: no such run, checkpoint or bucket
+# The driver: an infrastructure fault ended the attempt (the store did not answer or kept failing, a
+# checkpoint upload failed, a newer attempt took over, Ray's cluster failed): nobody's input and not
+# the training code, so no budget is spent and the attempt is tried again after a backoff
+# (controller/lifecycle.py). 75 is EX_TEMPFAIL of sysexits.h: "try again later". An entrypoint of
+# the user's own that exits 75 asks for the same.
+EXIT_INFRASTRUCTURE = 75
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: the command was stopped by Ctrl-C
 EXIT_PREEMPTED = 128 + signal.SIGTERM  # 143: the driver stopped on a notice after a complete emergency checkpoint
 
-# How an attempt ended: status.attempts[].outcome.
-OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED = (
+# The driver's exit code for what ended its attempt, by whose it is to fix (spotray/contract/errors.py).
+_EXIT_FOR_CAUSE = {
+    Cause.BAD_INPUT: EXIT_BAD_INPUT,
+    Cause.INFRASTRUCTURE: EXIT_INFRASTRUCTURE,
+    Cause.TRAINING: EXIT_FAILED,
+}
+
+
+def exit_code_for_cause(cause: Cause) -> int:
+    """2 for bad input, 75 for an infrastructure fault, 1 for a failure of the training code."""
+    return _EXIT_FOR_CAUSE[cause]
+
+
+def attempt_exit_code(error: BaseException) -> int:
+    """The driver's exit code when ``error`` ended its attempt (``cause_of``, then ``exit_code_for_cause``)."""
+    return exit_code_for_cause(cause_of(error))
+
+
+# How an attempt ended: status.attempts[].outcome. Interrupted: an infrastructure fault ended it,
+# which spends no budget (reason InfrastructureFault, controller/lifecycle.py).
+OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED, OUTCOME_INTERRUPTED = (
     "Running",
     "Succeeded",
     "Preempted",
     "Failed",
     "Suspended",
+    "Interrupted",
 )
-OUTCOMES = (OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED)
+OUTCOMES = (
+    OUTCOME_RUNNING,
+    OUTCOME_SUCCEEDED,
+    OUTCOME_PREEMPTED,
+    OUTCOME_FAILED,
+    OUTCOME_SUSPENDED,
+    OUTCOME_INTERRUPTED,
+)
 
 RUN_ID_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 

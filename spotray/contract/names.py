@@ -68,6 +68,21 @@ PHASES = (PENDING, RUNNING, RESUMING, SUSPENDED, SUCCEEDED, FAILED)
 TERMINAL_PHASES = (SUCCEEDED, FAILED)
 
 
+# KubeRay (v1.6.1, ray-operator/controllers/ray/utils/validation.go ValidateRayJobMetadata) refuses a
+# RayJob whose name is over 47 characters or not a DNS-1035 label (a lowercase letter first), and
+# marks it ValidationFailed instead of running it. 47 = constant.go MaxRayJobNameLength: the RayJob's
+# RayCluster is named <rayjob>-<5 random> (util.go GenerateRayClusterName), at most 53 characters
+# (MaxRayClusterNameLength), so that its Services (<cluster>-head-svc, -serve-svc, -headless) fit 63.
+MAX_RAYJOB_NAME_LENGTH = 47
+# Every run name the spec allows (spotray/contract/spec.py MAX_NAME_LENGTH) leaves room in its RayJob
+# names for attempt numbers of up to 3 digits. The budgets in spec.retry allow maxPreemptions +
+# maxFailures + 1 attempts (54 by default) and each suspension adds one; a longest-named run that
+# gets past this many would make a RayJob KubeRay refuses, and the controller fails it instead
+# (controller/lifecycle.py REASON_RAYJOB_NAME_TOO_LONG). A shorter name has room for more digits.
+MAX_RESERVED_ATTEMPT = 999
+
+
 def rayjob_name(run_name: str, attempt: int) -> str:
-    """The RayJob of attempt N of a run: ``<run>-a<N>`` (the run name is at most 50 characters)."""
+    """The RayJob of attempt N of a run: ``<run>-a<N>``, at most ``MAX_RAYJOB_NAME_LENGTH`` characters
+    for every attempt up to ``MAX_RESERVED_ATTEMPT`` of a name the spec allows."""
     return f"{run_name}-a{attempt}"

@@ -32,14 +32,26 @@ import yaml
 
 from spotray.contract.attempts import AttemptId, check_run_id
 from spotray.contract.errors import SpotrayError
-from spotray.contract.names import API_VERSION, KIND
+from spotray.contract.names import API_VERSION, KIND, MAX_RAYJOB_NAME_LENGTH, MAX_RESERVED_ATTEMPT, rayjob_name
 from spotray.contract.uris import parse_uri
 
 RUN_ENV_VAR = "SPOTRAY_RUN"
 # The CRD (controller/crd.py) reuses these, so the API server and this parser agree.
-# Kubernetes object names (RFC 1123 subdomain, shortened): they become Ray run names and S3 keys too.
-NAME_PATTERN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-MAX_NAME_LENGTH = 50  # room for "-a<attempt>" and KubeRay's own suffixes within 63
+# A TrainingRun's name must make names KubeRay accepts (spotray/contract/names.py): a DNS-1035 label (a
+# lowercase letter first, no '.'), as KubeRay wants the RayJob <name>-a<N>, its RayCluster and their
+# Services to be, and short enough that the RayJob of every attempt up to MAX_RESERVED_ATTEMPT (3 digits)
+# has at most MAX_RAYJOB_NAME_LENGTH characters: 47 - len("-a999") = 42. It is a Ray run name and in S3 keys too.
+NAME_PATTERN = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+MAX_NAME_LENGTH = MAX_RAYJOB_NAME_LENGTH - len(rayjob_name("", MAX_RESERVED_ATTEMPT))
+# What each rule says where it refuses a name: the API server (the CRD's rules) and this parser.
+NAME_LENGTH_RULE = (
+    f"be at most {MAX_NAME_LENGTH} characters: KubeRay names attempt N's RayJob <name>-aN and refuses RayJob "
+    f"names over {MAX_RAYJOB_NAME_LENGTH} characters ({MAX_NAME_LENGTH} leaves room for attempt {MAX_RESERVED_ATTEMPT})"
+)
+NAME_PATTERN_RULE = (
+    "start with a lowercase letter and hold only lowercase letters, digits and '-', ending in a letter or digit: "
+    "KubeRay wants DNS-1035 labels for the RayJob <name>-aN, its RayCluster and their Services"
+)
 CPU_PATTERN = re.compile(r"^(\d+(\.\d+)?)(m?)$")
 MEMORY_PATTERN = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 AUTO = "auto"
@@ -504,6 +516,20 @@ def encode_spec(section: Any) -> dict[str, Any]:
     return encoded
 
 
+def name_problem(name: object) -> str | None:
+    """What is wrong with a TrainingRun's ``metadata.name``, saying the limit and why; None when nothing is."""
+    if not isinstance(name, str):
+        return f"metadata.name: must {NAME_LENGTH_RULE}; and must {NAME_PATTERN_RULE}; got {name!r}"
+    musts = []
+    if len(name) > MAX_NAME_LENGTH:
+        musts.append(NAME_LENGTH_RULE)
+    if not NAME_PATTERN.match(name):
+        musts.append(NAME_PATTERN_RULE)
+    if not musts:
+        return None
+    return f"metadata.name: must {'; and must '.join(musts)}; got {name!r} ({len(name)} characters)"
+
+
 def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun:
     """A ``TrainingRun`` from a whole manifest (apiVersion, kind, metadata, spec)."""
     if not isinstance(document, dict):
@@ -515,11 +541,8 @@ def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun
         problems.append(f"kind: must be {KIND}, got {document.get('kind')!r}")
     metadata = document.get("metadata") or {}
     name = metadata.get("name") if isinstance(metadata, dict) else None
-    if not isinstance(name, str) or not NAME_PATTERN.match(name) or len(name) > MAX_NAME_LENGTH:
-        problems.append(
-            f"metadata.name: must be lowercase letters, digits and '-', at most {MAX_NAME_LENGTH} characters, "
-            f"got {name!r}"
-        )
+    if (problem := name_problem(name)) is not None:
+        problems.append(problem)
     namespace = metadata.get("namespace", "default") if isinstance(metadata, dict) else "default"
     try:
         spec = parse_spec(document.get("spec"), where)

@@ -9,7 +9,11 @@ keywords the API server checks. From the declarations:
   ``RunStatus.to_patch`` is the controller's merge patch (see there);
 - ``from_status`` reads it back. A reader takes a missing key as the field's default (None for most):
   a run the controller has not seen yet, a field not reported yet, a status an older controller
-  wrote; it ignores keys it does not know;
+  wrote; it ignores keys it does not know. A value that does not match its declaration (a time
+  that is not one, a number where a string belongs, a list that is not a list, a phase it does not
+  know) is read as missing too, never an exception: ``read`` also says which (``Unreadable``), for
+  the controller to report and rebuild (controller/lifecycle.py ``RunState.from_status``);
+- ``parse_date_time`` reads every time in it, ``format_date_time`` writes the controller's;
 - controller/crd.py generates the CRD's status schema from them.
 
 Who writes what: controller/lifecycle.py the phase, the attempts, the budgets and the conditions;
@@ -25,9 +29,12 @@ Standard library only, besides the contract's own names.
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any, Self
 
 from spotray.contract.attempts import OUTCOMES
@@ -35,6 +42,60 @@ from spotray.contract.names import PHASES
 from spotray.contract.spec import camel, field_type
 
 DATE_TIME = "date-time"  # an RFC 3339 time, as Kubernetes writes them: "2026-01-02T03:04:05Z"
+
+# What the API server accepts in a `date-time` field (RFC 3339): "T" and "Z" in either case,
+# fractional seconds of any length, "Z" or an offset. Python keeps microseconds; the rest is dropped.
+_DATE_TIME = re.compile(
+    r"(?P<date>\d{4}-\d{2}-\d{2})[Tt](?P<time>\d{2}:\d{2}:\d{2})(?:\.(?P<fraction>\d+))?"
+    r"(?:[Zz]|(?P<sign>[+-])(?P<hours>\d{2}):(?P<minutes>\d{2}))"
+)
+
+
+def parse_date_time(text: str) -> datetime:
+    """A status time, in UTC: every RFC 3339 time the API server accepts, e.g. "2026-01-02T03:04:05Z",
+    "2026-01-02T03:04:05.123456Z", "2026-01-02T05:04:05+02:00". Raises ValueError for anything else
+    (a date alone, no offset, a leap second), TypeError for what is not a string."""
+    if not isinstance(text, str):
+        raise TypeError(f"a time must be a string, not {type(text).__name__}")
+    found = _DATE_TIME.fullmatch(text)
+    if found is None:
+        raise ValueError(f"{text!r} is not an RFC 3339 time (write e.g. 2026-01-02T03:04:05Z)")
+    fraction = found["fraction"] or ""
+    offset = timedelta()
+    if found["sign"]:
+        offset = timedelta(hours=int(found["hours"]), minutes=int(found["minutes"]))
+        offset = -offset if found["sign"] == "-" else offset
+    try:
+        local = datetime.fromisoformat(f"{found['date']}T{found['time']}")
+        zone = timezone(offset)
+    except ValueError as error:  # a day, an hour or an offset out of range; a leap second
+        raise ValueError(f"{text!r} is not an RFC 3339 time: {error}") from None
+    return local.replace(microsecond=int((fraction + "000000")[:6]), tzinfo=zone).astimezone(UTC)
+
+
+def format_date_time(moment: datetime) -> str:
+    """The one form the controller writes a time in: UTC, whole seconds, "2026-01-02T03:04:05Z"."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A value in a status that does not match its declaration, read as missing: where, and what it was."""
+
+    path: str  # relative to the object read: "phase", "attempts[1].startTime"; "" for the object itself
+    value: Any
+
+    @property
+    def shown(self) -> str:
+        """The value as JSON, cut to 200 characters."""
+        try:
+            shown = json.dumps(self.value, sort_keys=True, default=repr)
+        except ValueError:  # a circular structure: not from JSON, but never an exception here
+            shown = repr(self.value)
+        return shown if len(shown) <= 200 else shown[:197] + "..."
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.shown}" if self.path else self.shown
 
 
 @dataclass(frozen=True)
@@ -74,29 +135,94 @@ class StatusObject:
 
     @classmethod
     def from_status(cls, data: Mapping[str, Any]) -> Self:
-        """Read from the status' JSON form: a missing key (or a null) gives the field's default."""
-        values = {key.name: key.decode(data[key.key]) for key in _keys(cls) if data.get(key.key) is not None}
-        return cls(**values)
+        """Read from the status' JSON form: a missing key (or a null) gives the field's default, and
+        so does a value that does not match its declaration (see ``read``)."""
+        return cls.read(data)[0]
+
+    @classmethod
+    def read(cls, data: Any, path: str = "") -> tuple[Self, tuple[Unreadable, ...]]:
+        """Like ``from_status``, and every value read as missing because it did not match its declaration."""
+        problems: list[Unreadable] = []
+        return _read(cls, data, path, problems), tuple(problems)
 
     def to_status(self) -> dict[str, Any]:
-        """The status' JSON form; a field that is None is left out."""
-        return {key.key: _encode(value) for key in _keys(type(self)) if (value := getattr(self, key.name)) is not None}
+        """The status' JSON form; a field that is None is left out, and so is a value outside its
+        declared enum (an attempt's outcome not known yet, ""): the API server would refuse the
+        whole status for it, and a reader takes the field as missing either way."""
+        return {key.key: _encode(value) for key in _keys(type(self)) if _written(key, value := getattr(self, key.name))}
 
 
 @dataclass(frozen=True)
 class _Key:
-    """How one field is read: its Python name, its key, and the object type it holds (one or a list)."""
+    """How one field is read: its Python name, its key, the object type it holds (one or a list) or
+    else the plain type of its values, and what its declaration allows of them."""
 
     name: str
     key: str
     holds: type[StatusObject] | None
     many: bool
     clearable: bool
+    plain: type | None = None  # str, int, float or bool, for a field that holds no object
+    enum: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    date_time: bool = False
 
-    def decode(self, raw: Any) -> Any:
+    def decode(self, raw: Any, path: str, problems: list[Unreadable]) -> Any:
+        """The field's value, or None (its default) when ``raw`` does not match, with the problem noted."""
         if self.many:
-            return tuple(self.holds.from_status(item) if self.holds else item for item in raw)
-        return self.holds.from_status(raw) if self.holds else raw
+            if not isinstance(raw, list | tuple):
+                problems.append(Unreadable(path, raw))
+                return None
+            items = (self._one(item, f"{path}[{index}]", problems) for index, item in enumerate(raw))
+            return tuple(item for item in items if item is not None)
+        return self._one(raw, path, problems)
+
+    def _one(self, raw: Any, path: str, problems: list[Unreadable]) -> Any:
+        if self.holds is not None:
+            if not isinstance(raw, Mapping):
+                problems.append(Unreadable(path, raw))
+                return None
+            return _read(self.holds, raw, path, problems)
+        if not self._fits(raw):
+            problems.append(Unreadable(path, raw))
+            return None
+        return raw
+
+    def _fits(self, raw: Any) -> bool:
+        plain = self.plain
+        if plain is float:
+            fits = isinstance(raw, int | float) and not isinstance(raw, bool)
+        elif plain is int:
+            fits = isinstance(raw, int) and not isinstance(raw, bool)
+        else:
+            fits = plain is None or isinstance(raw, plain)
+        if not fits:
+            return False
+        if self.enum is not None and raw not in self.enum:
+            return False
+        if self.minimum is not None and raw < self.minimum:
+            return False
+        if self.date_time:
+            try:
+                parse_date_time(raw)
+            except ValueError:
+                return False
+        return True
+
+
+def _read(cls: type[StatusObject], data: Any, path: str, problems: list[Unreadable]) -> Any:
+    if not isinstance(data, Mapping):
+        problems.append(Unreadable(path, data))
+        return cls()
+    values = {}
+    for key in _keys(cls):
+        raw = data.get(key.key)
+        if raw is None:
+            continue
+        value = key.decode(raw, f"{path}.{key.key}" if path else key.key, problems)
+        if value is not None:
+            values[key.name] = value
+    return cls(**values)
 
 
 # Each class's keys, worked out once: every reconcile reads a whole status, and get_type_hints is slow.
@@ -112,9 +238,27 @@ def _keys(cls: type[StatusObject]) -> tuple[_Key, ...]:
             many = typing.get_origin(held) is tuple
             inner = typing.get_args(held)[0] if many else held
             holds = inner if isinstance(inner, type) and issubclass(inner, StatusObject) else None
-            keys.append(_Key(field.name, camel(field.name), holds, many, declaration(field).clearable))
+            declared = declaration(field)
+            enum = declared.openapi.get("enum")
+            keys.append(
+                _Key(
+                    field.name,
+                    camel(field.name),
+                    holds,
+                    many,
+                    declared.clearable,
+                    plain=inner if holds is None and inner in (str, int, float, bool) else None,
+                    enum=tuple(enum) if enum is not None else None,
+                    minimum=declared.openapi.get("minimum"),
+                    date_time=declared.openapi.get("format") == DATE_TIME,
+                )
+            )
         _KEYS[cls] = tuple(keys)
     return _KEYS[cls]
+
+
+def _written(key: _Key, value: Any) -> bool:
+    return value is not None and (key.enum is None or value in key.enum)
 
 
 def _encode(value: Any) -> Any:
@@ -335,5 +479,5 @@ class RunStatus(StatusObject):
         return {
             key.key: _encode(value)
             for key in _keys(RunStatus)
-            if (value := getattr(self, key.name)) is not None or key.clearable
+            if _written(key, value := getattr(self, key.name)) or (value is None and key.clearable)
         }

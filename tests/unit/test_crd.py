@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spotray.contract.spec import CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
+from spotray.contract.spec import MAX_NAME_LENGTH, NAME_PATTERN, CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
 from spotray.controller.crd import CRD_PATH, crd_yaml, spec_schema, training_run_crd
 
 pytestmark = pytest.mark.unit
@@ -179,3 +179,25 @@ def test_the_trainingrun_reference_in_docs_is_generated_from_the_crd() -> None:
 
     assert REFERENCE_PATH.read_text() == reference_markdown(), "docs/trainingrun.md is stale: run `make crd`"
     assert "`spec.retry.maxFailures`" in reference_markdown()
+
+
+def test_the_name_rules_are_the_contracts_and_say_the_limit_and_why() -> None:
+    """The API server refuses a name the parser refuses, saying what KubeRay would have refused later."""
+    root = training_run_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    rules = {rule["rule"]: rule for rule in root["x-kubernetes-validations"]}
+    length = rules[f"size(self.metadata.name) <= {MAX_NAME_LENGTH}"]
+    assert length["message"].startswith(f"metadata.name must be at most {MAX_NAME_LENGTH} characters")
+    assert "refuses RayJob names over 47" in length["message"]  # KubeRay v1.6.1's MaxRayJobNameLength
+    cel = next(rule for rule in rules if rule.startswith("self.metadata.name.matches("))
+    assert cel == f'self.metadata.name.matches("{NAME_PATTERN.pattern}")'  # JSON's escapes: none in it
+    assert "DNS-1035" in rules[cel]["message"]
+    # The pattern (RE2 in the API server, the same syntax here) is a DNS-1035 label, as KubeRay wants.
+    pattern = re.compile(NAME_PATTERN.pattern)
+    assert [name for name in ("0-numeric-start", "7b", "-a", "a-", "a.b", "A") if pattern.match(name)] == []
+    assert all(pattern.match(name) for name in ("a", "gpt2-demo", "r-7b"))
+    assert {rule["fieldPath"] for rule in rules.values()} == {".metadata.name"}
+    # docs/trainingrun.md says the same.
+    from spotray.controller.crd import reference_markdown  # noqa: PLC0415
+
+    for rule in (length, rules[cel]):
+        assert rule["message"].replace("<", "\\<") in reference_markdown()

@@ -6,13 +6,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from spotray.contract.attempts import AttemptRecords
-from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION
-from spotray.contract.spec import parse_training_run
+from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATION, MAX_RESERVED_ATTEMPT, rayjob_name
+from spotray.contract.spec import MAX_NAME_LENGTH, parse_training_run
+from spotray.contract.status import AttemptStatus
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
 from spotray.controller.lifecycle import (
     MAX_ATTEMPTS_KEPT,
     MAX_MESSAGE_CHARS,
     Observation,
+    Plan,
     RayJobView,
     RunState,
     conditions,
@@ -283,6 +285,38 @@ def test_preemptions_have_their_own_budget() -> None:
     assert state.phase == "Failed"
     assert (state.preemptions, state.failures) == (3, 0)
     assert "maxPreemptions=2" in state.message
+
+
+def after_attempt(name: str, attempt: int) -> Plan:
+    """The plan once attempt ``attempt`` of run ``name`` was preempted and its backoff is over."""
+    document = {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": name}}
+    document["spec"] = {
+        "entrypoint": "python -m x",
+        "checkpoint": {"uri": "s3://bkt/r"},
+        "retry": {"maxPreemptions": 10**6},
+    }
+    ended = AttemptStatus(attempt=attempt, ray_job=rayjob_name(name, attempt), outcome="Preempted", reason="NodeLost")
+    state = RunState(phase="Resuming", attempts=(ended,), preemptions=attempt, next_attempt_time="2026-11-23T11:00:00Z")
+    return plan(Observation(parse_training_run(document), state, None), NOW)
+
+
+def test_an_attempt_whose_rayjob_name_kuberay_would_refuse_fails_the_run_instead() -> None:
+    # The longest name fits every attempt up to the reserved number (spotray/contract/spec.py) ...
+    longest = "r" * MAX_NAME_LENGTH
+    last = after_attempt(longest, MAX_RESERVED_ATTEMPT - 1)
+    assert last.create_attempt == MAX_RESERVED_ATTEMPT
+    assert len(last.state.current.ray_job) <= 47  # KubeRay v1.6.1's MaxRayJobNameLength
+    # ... and the next one would make KubeRay set the RayJob ValidationFailed: the run fails, saying so.
+    result = after_attempt(longest, MAX_RESERVED_ATTEMPT)
+    assert result.create_attempt is None
+    assert result.state.phase == "Failed"
+    assert f"{longest}-a{MAX_RESERVED_ATTEMPT + 1}" in result.state.message
+    assert "over 47" in result.state.message
+    failed = next(c for c in conditions(result.state, [], 1, NOW) if c.type == "Failed")
+    assert (failed.status, failed.reason) == ("True", "RayJobNameTooLong")
+    assert [e.reason for e in result.events] == ["RayJobNameTooLong"]
+    # A shorter name has room for more digits.
+    assert after_attempt("r" * 30, MAX_RESERVED_ATTEMPT).create_attempt == MAX_RESERVED_ATTEMPT + 1
 
 
 def test_suspend_stops_the_attempt_and_unsuspend_starts_the_next() -> None:

@@ -1,5 +1,6 @@
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -7,7 +8,9 @@ import pytest
 import yaml
 
 from spotray.contract.errors import SpotrayError
+from spotray.contract.names import MAX_RESERVED_ATTEMPT, rayjob_name
 from spotray.contract.spec import (
+    MAX_NAME_LENGTH,
     RUN_ENV_VAR,
     CheckpointSpec,
     InvalidSpecError,
@@ -118,13 +121,65 @@ def test_missing_entrypoint_and_checkpoint() -> None:
         ({"apiVersion": "v1"}, "apiVersion: must be spotray.dev/v1alpha1"),
         ({"kind": "Job"}, "kind: must be TrainingRun"),
         ({"metadata": {"name": "Bad_Name"}}, "metadata.name:"),
-        ({"metadata": {"name": "x" * 60}}, "at most 50 characters"),
+        ({"metadata": {"name": "x" * 60}}, f"at most {MAX_NAME_LENGTH} characters"),
         ({"spec": None}, "spec: must be a mapping"),
     ],
 )
 def test_document_level_problems(change: dict[str, Any], says: str) -> None:
     found = problems_of({**manifest(), **change})
     assert any(says in problem for problem in found), found
+
+
+# KubeRay v1.6.1's rules, as its source states them (ray-operator/controllers/ray/utils/): a RayJob
+# name at most 47 characters (constant.go MaxRayJobNameLength = MaxRayClusterNameLength - 6) and a
+# DNS-1035 label (validation.go ValidateRayJobMetadata); its RayCluster <rayjob>-<5 random>
+# (util.go GenerateRayClusterName) at most 53 and a DNS-1035 label (ValidateRayClusterMetadata);
+# the Services <cluster>-head-svc, -serve-svc, -headless at most 63 (a DNS-1035 label's limit).
+KUBERAY_MAX_RAYJOB_NAME, KUBERAY_MAX_RAYCLUSTER_NAME, DNS_LABEL_MAX = 47, 53, 63
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def kuberay_refuses(run_name: str, attempt: int) -> list[str]:
+    """What KubeRay would refuse among the names it makes from attempt ``attempt``'s RayJob."""
+    job = rayjob_name(run_name, attempt)
+    cluster = f"{job}-x7k2q"
+    names = {job: KUBERAY_MAX_RAYJOB_NAME, cluster: KUBERAY_MAX_RAYCLUSTER_NAME}
+    names |= {f"{cluster}-{suffix}": DNS_LABEL_MAX for suffix in ("head-svc", "serve-svc", "headless")}
+    names[f"{job}-head-svc"] = DNS_LABEL_MAX  # the RayJob's own head Service
+    return [f"{name} ({len(name)} > {limit})" for name, limit in names.items() if len(name) > limit] + [
+        f"{name} is no DNS-1035 label" for name in names if not DNS_1035_LABEL.match(name)
+    ]
+
+
+def test_a_name_whose_rayjob_kuberay_refuses_is_refused_saying_the_limit_and_why() -> None:
+    # The issue's run: 46 characters, accepted up to 50, and its RayJob <name>-a1 (49) ValidationFailed.
+    name = "llama-3-8b-finetune-spot-us-east-1a-2026-05-07"
+    assert len(name) == 46
+    assert kuberay_refuses(name, 1)
+    found = problems_of({**manifest(), "metadata": {"name": name}})
+    assert len(found) == 1
+    assert found[0].startswith(f"metadata.name: must be at most {MAX_NAME_LENGTH} characters"), found
+    assert "46 characters" in found[0]
+    assert f"refuses RayJob names over {KUBERAY_MAX_RAYJOB_NAME}" in found[0]
+
+
+@pytest.mark.parametrize("name", ["0-numeric-start", "7b-run", "-leading", "trailing-", "run.with.dots", "Upper"])
+def test_a_name_that_is_no_dns_1035_label_is_refused_saying_why(name: str) -> None:
+    found = problems_of({**manifest(), "metadata": {"name": name}})
+    assert len(found) == 1
+    assert found[0].startswith("metadata.name: must start with a lowercase letter"), found
+    assert "DNS-1035" in found[0]
+
+
+def test_the_longest_allowed_name_gives_names_kuberay_accepts_up_to_the_reserved_attempt() -> None:
+    assert MAX_RESERVED_ATTEMPT >= 999  # a spot run's default budget is 54 attempts; suspensions add more
+    longest = "a" + "b" * (MAX_NAME_LENGTH - 1)
+    assert parse_training_run({**manifest(), "metadata": {"name": longest}}).name == longest
+    for attempt in (1, 9, 10, 99, 100, MAX_RESERVED_ATTEMPT):
+        assert kuberay_refuses(longest, attempt) == [], attempt
+    # One character more would not fit the reserved attempt: the limit is as long as KubeRay allows.
+    assert kuberay_refuses(longest + "c", MAX_RESERVED_ATTEMPT)
+    assert problems_of({**manifest(), "metadata": {"name": longest + "c"}})
 
 
 def test_message_lists_problems_and_the_fix() -> None:

@@ -13,8 +13,15 @@ say) and the traceback's last lines. The ledger lives in Ray, not in the store, 
 bucket or revoked credentials is one of the loops to catch. When a new worker group starts and the
 last ``MAX_CRASHES_WITHOUT_PROGRESS`` crashes all saw the same newest checkpoint (no progress in
 between), every rank returns without training; ``fit()`` then returns normally and the driver
-reads the verdict as a failure of the attempt, with the last error in its message. A worker lost
-to SIGKILL or a node loss reports nothing, so it is retried without limit, as before.
+reads the verdict, with the last error in its message. A worker lost to SIGKILL or a node loss
+reports nothing, so it is retried without limit, as before.
+
+Each crash carries its cause (spotray/contract/errors.py ``cause_of``), and the verdict the last
+crash's: only the training code's own exceptions end the attempt as a failure (exit code 1, which
+spends ``spec.retry.maxFailures``); bad input (refused credentials, a deleted bucket) fails the run
+(2); an infrastructure fault (an unreachable store, a failed upload, a newer attempt holding the
+fence) ends the attempt as an interruption (75), which spends nothing and is tried again after a
+backoff, so a store that is down for a while costs no budget.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.errors import SpotrayError
+from spotray.contract.errors import Cause, cause_of
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
@@ -55,7 +62,16 @@ class Crash:
     rank: int
     checkpoint_step: int | None  # the newest complete checkpoint when it raised; None: unknown or none
     error: str
-    bad_input: bool = False  # a SpotrayError: the job refused its input, and says what to fix
+    # Whose it is to fix (cause_of): the training code's, the input's or the infrastructure's.
+    cause: Cause = Cause.TRAINING
+
+
+# What a crash loop of each cause is, in its message.
+_WHAT = {
+    Cause.TRAINING: "a failure of the training code",
+    Cause.BAD_INPUT: "bad input",
+    Cause.INFRASTRUCTURE: "an infrastructure fault: the attempt is tried again, spending no budget",
+}
 
 
 @dataclass(frozen=True)
@@ -63,14 +79,15 @@ class CrashLoop:
     crashes: int
     checkpoint_step: int | None
     last_error: str
-    bad_input: bool = False
+    cause: Cause = Cause.TRAINING  # the last crash's
 
     @property
     def message(self) -> str:
         since = f"checkpoint-{self.checkpoint_step}" if self.checkpoint_step is not None else "the start"
+        what = _WHAT[self.cause]
         return (
             f"the training code raised {self.crashes} times with no new checkpoint since {since}; "
-            f"gave up instead of retrying for ever. Last error:\n{self.last_error}"
+            f"gave up instead of retrying for ever ({what}). Last error:\n{self.last_error}"
         )
 
 
@@ -84,7 +101,7 @@ def crash_loop_verdict(crashes: list[Crash], bound: int = MAX_CRASHES_WITHOUT_PR
         if crash.checkpoint_step != last.checkpoint_step:
             break
         stuck += 1
-    return CrashLoop(stuck, last.checkpoint_step, last.error, last.bad_input) if stuck >= bound else None
+    return CrashLoop(stuck, last.checkpoint_step, last.error, last.cause) if stuck >= bound else None
 
 
 class CrashLedger:
@@ -162,7 +179,7 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
         try:
             train_loop(loop_config)
         except Exception as error:
-            crash = Crash(rank, _newest_checkpoint_step(context), error_tail(error), isinstance(error, SpotrayError))
+            crash = Crash(rank, _newest_checkpoint_step(context), error_tail(error), cause_of(error))
             ray.get(ledger.report.remote(group, crash))
             raise
 

@@ -21,9 +21,11 @@ holds only small run metadata and may be a local directory.
 
 Exit codes and the records an attempt leaves: spotray/contract/attempts.py. A ``fit()`` that returns normally
 either finished or stopped on a preemption notice (rank 0's record says which), or gave up on a
-training loop that kept raising (train/launch/crash_loop.py); one that raises is a failure. Before
-``fit()`` the driver claims the checkpoint URI (the fence, spotray/contract/attempts.py): older attempts
-still draining stop uploading and pruning.
+training loop that kept raising (train/launch/crash_loop.py); one that raises ended the attempt for
+the cause ``fit_failure_cause`` gives (spotray/contract/errors.py): the training code's failure (1),
+bad input (2), or an infrastructure fault (75: Ray's cluster, the store), which spends no budget.
+Before ``fit()`` the driver claims the checkpoint URI (the fence, spotray/contract/attempts.py): older
+attempts still draining stop uploading and pruning.
 """
 
 from __future__ import annotations
@@ -42,8 +44,16 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from spotray.contract.attempts import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_PREEMPTED, AttemptId, AttemptOutcome
-from spotray.contract.errors import SpotrayError
+from spotray.contract.attempts import (
+    EXIT_INFRASTRUCTURE,
+    EXIT_OK,
+    EXIT_PREEMPTED,
+    AttemptId,
+    AttemptOutcome,
+    attempt_exit_code,
+    exit_code_for_cause,
+)
+from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
@@ -53,8 +63,10 @@ from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):
     import ray
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    import ray.exceptions
+    from ray.train import ControllerError, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal import exceptions as ray_train_internal
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +82,28 @@ RESIZE_CHECK_ENV = "SPOTRAY_ELASTIC_RESIZE_CHECK_S"
 ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
 # How long a preemption notice gives (GKE gives 15 s, AWS 120 s); the drain deadline we announce.
 DEFAULT_GRACE_SECONDS = 15
+# Faults of Ray's cluster and of Ray Train's machinery, not of the training code: a node, an actor or
+# an object lost, a scheduling or start-up that failed or timed out. Ray Train's own are in a private
+# module (Ray 2.60); a worker's exception in the training code reaches fit() as WorkerGroupError.
+# Not among them: a cluster that can never hold the workers (InsufficientClusterResourcesError), a
+# spec to change, which would otherwise be retried for ever.
+RAY_FAULTS: tuple[type[BaseException], ...] = (
+    ray.exceptions.RaySystemError,
+    ray.exceptions.RayActorError,
+    ray.exceptions.ActorUnschedulableError,
+    ray.exceptions.TaskUnschedulableError,
+    ray.exceptions.NodeDiedError,
+    ray.exceptions.LocalRayletDiedError,
+    ray.exceptions.ObjectLostError,
+    ray.exceptions.RpcError,
+    ray.exceptions.OutOfDiskError,
+    ray_train_internal.WorkerHealthCheckTimeoutError,
+    ray_train_internal.WorkerHealthCheckFailedError,
+    ray_train_internal.WorkerGroupStartupTimeoutError,
+    ray_train_internal.WorkerGroupStartupFailedError,
+    ray_train_internal.CollectiveTimeoutError,
+    ray_train_internal.CheckpointManagerInitializationError,
+)
 
 
 def build_scaling_config(context: RunContext, environ: dict[str, str] | None = None) -> ScalingConfig:
@@ -110,17 +144,40 @@ def default_storage_path() -> str:
     return os.environ.get("SPOTRAY_RAY_STORAGE", str(Path(tempfile.gettempdir()) / "spotray-ray-results"))
 
 
+def fit_failure_cause(error: BaseException) -> Cause:
+    """Whose fault it is that ``fit()`` raised ``error``: ``cause_of``, with Ray's own faults (``RAY_FAULTS``)
+    as infrastructure, and what Ray Train's controller failed on (``ControllerError``) classified in turn."""
+    if isinstance(error, ControllerError):
+        return fit_failure_cause(error.controller_failure)
+    if isinstance(error, RAY_FAULTS):
+        return Cause.INFRASTRUCTURE
+    return cause_of(error)
+
+
 def outcome_after_fit(store: ObjectStore, attempt: AttemptId, crash_loop: CrashLoop | None = None) -> AttemptOutcome:
-    """How a ``fit()`` that returned normally ended: gave up on a crash loop, preempted, or finished."""
+    """How a ``fit()`` that returned normally ended: gave up on a crash loop (its cause's code: only the
+    training code's own errors are a failure), preempted, or finished."""
     if crash_loop is not None:
-        code = EXIT_BAD_INPUT if crash_loop.bad_input else EXIT_FAILED
-        return AttemptOutcome(code, crash_loop.checkpoint_step, crash_loop.message)
+        return AttemptOutcome(exit_code_for_cause(crash_loop.cause), crash_loop.checkpoint_step, crash_loop.message)
     marker = read_record(store, attempt.preemption_key, attempt)
     if marker is None:
         return AttemptOutcome(EXIT_OK, None, "training finished")
     return AttemptOutcome(
         EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
     )
+
+
+def outcome_of_fit_error(error: BaseException) -> AttemptOutcome:
+    """How an attempt whose ``fit()`` raised ``error`` ended: its cause's exit code, and words for the record."""
+    cause = fit_failure_cause(error)
+    inner = error.controller_failure if isinstance(error, ControllerError) else error
+    if isinstance(inner, SpotrayError):
+        detail = inner.problem
+    elif cause is Cause.TRAINING:
+        detail = f"training failed: {type(error).__name__}: {error}"
+    else:
+        detail = f"an infrastructure fault, not the training code's: {type(inner).__name__}: {inner}"
+    return AttemptOutcome(exit_code_for_cause(cause), None, detail)
 
 
 def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) -> int:
@@ -228,18 +285,22 @@ def launch(
         worker_env |= {key: value for key, value in ELASTIC_RAY_TRAIN_SETTINGS.items() if key not in os.environ}
     if not ray.is_initialized():
         # RAY_ADDRESS is set by the RayJob (KubeRay) and by local mode; without it Ray starts its own.
-        ray.init(
-            address=os.environ.get("RAY_ADDRESS"),
-            logging_level=logging.WARNING,
-            runtime_env={"env_vars": driver_env_vars(worker_env)},
-        )
+        try:
+            ray.init(
+                address=os.environ.get("RAY_ADDRESS"),
+                logging_level=logging.WARNING,
+                runtime_env={"env_vars": driver_env_vars(worker_env)},
+            )
+        except (ConnectionError, TimeoutError, ray.exceptions.RaySystemError) as error:
+            print(f"error: cannot connect to the Ray cluster (an infrastructure fault): {error}", file=sys.stderr)
+            return EXIT_INFRASTRUCTURE
     install_sigterm_drain(grace_seconds)
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:
         write_fence(store, context.attempt_id)
     except SpotrayError as error:
         print(f"error: cannot claim the checkpoint URI for this attempt: {error}", file=sys.stderr)
-        return EXIT_FAILED
+        return attempt_exit_code(error)
     ledger = start_ledger(context.attempt_id)
     trainer = TorchTrainer(
         guard_against_crash_loops(train_loop),
@@ -250,14 +311,18 @@ def launch(
     )
     try:
         trainer.fit()
-    except SpotrayError as error:
-        print(f"error: {error}", file=sys.stderr)
-        outcome = AttemptOutcome(EXIT_BAD_INPUT, None, error.problem)
-    except Exception as error:  # noqa: BLE001 (any training failure ends the attempt with a clear code)
-        print(f"error: training failed: {error}", file=sys.stderr)
-        outcome = AttemptOutcome(EXIT_FAILED, None, f"training failed: {type(error).__name__}: {error}")
+    except Exception as error:  # noqa: BLE001 (whatever ended the attempt, it ends with its cause's code)
+        outcome = outcome_of_fit_error(error)
+        print(f"error: {outcome.detail}", file=sys.stderr)
+        if isinstance(error, SpotrayError):
+            print(f"  fix: {error.fix}", file=sys.stderr)
     else:
-        outcome = outcome_after_fit(store, context.attempt_id, ledger_verdict(ledger))
+        try:
+            outcome = outcome_after_fit(store, context.attempt_id, ledger_verdict(ledger))
+        except SpotrayError as error:  # the preemption marker cannot be read: finished or preempted is unknown
+            print(f"error: training ended, but how cannot be read from the store: {error}", file=sys.stderr)
+            # Tried again (75) when the store is down: the next attempt resumes, or finds the run finished.
+            outcome = AttemptOutcome(attempt_exit_code(error), None, f"how training ended is unknown: {error.problem}")
     try:
         write_outcome(store, context.attempt_id, outcome)
     except SpotrayError as error:

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from spotray.contract.attempts import FENCE_KEY, MAX_RECORD_BYTES, AttemptId, AttemptOutcome, AttemptRecords, Fence
-from spotray.contract.errors import ObjectTooLargeError, SpotrayError
+from spotray.contract.errors import Cause, ObjectTooLargeError, SpotrayError
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
 # ------------------------------------------------------------------------------------------ records
@@ -86,13 +86,28 @@ def read_fence(store: ObjectStore) -> Fence | None:
 
 
 class SupersededError(SpotrayError):
-    """A newer attempt has claimed the checkpoint URI; this one must not write there any more."""
+    """A newer attempt has claimed the checkpoint URI; this one must not write there any more.
+
+    Its cause (spotray/contract/errors.py) depends on who holds the fence: a newer attempt of the
+    same run is the normal course of things (infrastructure: this attempt just stops, spending
+    nothing); another run's attempt means two runs write to one checkpoint URI, which they would
+    take from each other for ever (bad input: give each run its own).
+    """
 
     def __init__(self, attempt: AttemptId, fence: Fence) -> None:
-        super().__init__(
-            f"{attempt} is superseded: attempt {fence.attempt} of run {fence.run_id} now owns the checkpoint URI",
-            "nothing to do: this attempt stops writing; the newer one goes on from its own checkpoints",
-        )
+        self.attempt, self.fence = attempt, fence
+        holder = f"attempt {fence.attempt} of run {fence.run_id} now owns the checkpoint URI"
+        if fence.run_id == attempt.run_id:
+            self.cause = Cause.INFRASTRUCTURE
+            fix = "nothing to do: this attempt stops writing; the newer one goes on from its own checkpoints"
+        else:
+            self.cause = Cause.BAD_INPUT
+            fix = "two runs write to the same checkpoint URI: give each run its own spec.checkpoint.uri"
+        super().__init__(f"{attempt} is superseded: {holder}", fix)
+
+    def __reduce__(self) -> tuple[type[SupersededError], tuple[AttemptId, Fence]]:  # type: ignore[override]
+        # Rebuilt from the attempt and the fence when it comes back from the upload process.
+        return (type(self), (self.attempt, self.fence))
 
 
 def check_fence(store: ObjectStore, attempt: AttemptId) -> Fence | None:

@@ -1,0 +1,85 @@
+"""The job side of infrastructure faults: the crash-loop guard's verdict, what ``fit()`` raised, and
+local mode's wait (the controller's side: tests/unit/test_infrastructure_faults.py)."""
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+import ray.exceptions
+from ray.train import ControllerError, WorkerGroupError
+from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
+
+from spotray.contract.attempts import AttemptId
+from spotray.contract.errors import Cause, SpotrayError, StoreCredentialsError, StoreUnreachableError
+from spotray.contract.spec import parse_training_run
+from spotray.controller.lifecycle import AttemptEnd, Observation, RunState, end_attempt, plan
+from spotray.local import pause_before_next_attempt
+from spotray.train.launch.crash_loop import Crash, crash_loop_verdict
+from spotray.train.launch.launcher import fit_failure_cause, outcome_after_fit
+from spotray.train.storage.store import open_store
+
+pytestmark = pytest.mark.unit
+
+NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+
+
+def run():
+    spec = {
+        "entrypoint": "python -m spotray.jobs.gpt2",
+        "checkpoint": {"uri": "s3://bkt/runs/r"},
+        "retry": {"maxPreemptions": 2, "maxFailures": 1, "backoffSeconds": 10},
+    }
+    return parse_training_run(
+        {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "r"}, "spec": spec}
+    )
+
+
+def started() -> RunState:
+    return plan(Observation(run(), RunState(), None), NOW).state
+
+
+@pytest.mark.parametrize(("cause", "code"), [(Cause.INFRASTRUCTURE, 75), (Cause.BAD_INPUT, 2), (Cause.TRAINING, 1)])
+def test_a_crash_loop_ends_its_attempt_with_its_causes_code(tmp_path: Path, cause: Cause, code: int) -> None:
+    """The guard counts only the training code's errors against maxFailures: a worker group that keeps
+    failing on an unreachable store ends its attempt as an interruption, which the controller retries."""
+    verdict = crash_loop_verdict([Crash(0, 20, f"{cause} error", cause)] * 3)
+    assert verdict is not None
+    assert verdict.cause is cause
+    outcome = outcome_after_fit(open_store(str(tmp_path)), AttemptId("uid-1", 1), verdict)
+    assert outcome.exit_code == code
+
+
+def test_a_crash_is_the_training_codes_unless_it_says_otherwise() -> None:
+    assert Crash(0, None, "ValueError: bug").cause is Cause.TRAINING
+
+
+@pytest.mark.parametrize(
+    ("error", "cause"),
+    [
+        (ControllerError(StoreUnreachableError("could not reach", "f")), Cause.INFRASTRUCTURE),
+        (ControllerError(StoreCredentialsError("refused", "f")), Cause.BAD_INPUT),
+        (ControllerError(WorkerGroupStartupTimeoutError(2)), Cause.INFRASTRUCTURE),
+        (ControllerError(ValueError("a bug in the dataset factory")), Cause.TRAINING),
+        (ray.exceptions.ActorDiedError(), Cause.INFRASTRUCTURE),
+        (ray.exceptions.NodeDiedError("node gone"), Cause.INFRASTRUCTURE),
+        (ray.exceptions.GetTimeoutError("timed out"), Cause.INFRASTRUCTURE),
+        (WorkerGroupError("rank 0 raised", {0: ValueError("bug")}), Cause.TRAINING),
+        (SpotrayError("bad flag", "f"), Cause.BAD_INPUT),
+        (ValueError("bug"), Cause.TRAINING),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, BaseException) else str(value),
+)
+def test_what_fit_raised_is_classified_with_rays_own_faults_as_infrastructure(error: BaseException, cause) -> None:
+    assert fit_failure_cause(error) is cause
+
+
+def test_local_mode_waits_the_backoff_only_after_an_interruption() -> None:
+    """Local mode starts the next attempt at once after a preemption or failure (no capacity to wait
+    for); after an infrastructure fault it waits as the controller does, or it would spin on a store that is down."""
+    state = started()
+    interrupted = AttemptEnd("Interrupted", "InfrastructureFault", "could not reach")
+    assert pause_before_next_attempt(interrupted, end_attempt(state, run(), interrupted, NOW)) == 15
+    failed = AttemptEnd("Failed", "TrainingFailed", "bug")
+    assert pause_before_next_attempt(failed, end_attempt(state, run(), failed, NOW)) == 0
+    preempted = AttemptEnd("Preempted", "SpotNotice", "notice")
+    assert pause_before_next_attempt(preempted, end_attempt(state, run(), preempted, NOW)) == 0
