@@ -11,25 +11,22 @@ after a backoff that doubles with each interruption in a row, at most 10 minutes
 """
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
 from spotray.contract.attempts import AttemptRecords
-from spotray.contract.spec import parse_training_run
 from spotray.controller.lifecycle import (
     AttemptEnd,
-    Observation,
     RayJobView,
     RunState,
     classify_end,
     end_attempt,
-    plan,
 )
+from tests.lifecycle_runs import NOW, run, step
 
 pytestmark = pytest.mark.unit
 
-NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 UNREACHABLE = (
     "error: could not reach http://minio.spotray:9000 to check bucket s3://runs: Could not connect to the endpoint "
     "URL\n  fix: check that the S3 server is running"
@@ -48,19 +45,6 @@ RAY_SUPERVISOR_FAULTS = [
     "environment variable RAY_JOB_START_TIMEOUT_SECONDS.",
     "Unexpected error occurred: failed to get job supervisor.",
 ]
-
-
-def run(**spec_overrides: object):
-    spec = {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/r"}}
-    spec["retry"] = {"maxPreemptions": 2, "maxFailures": 1, "backoffSeconds": 10}
-    spec.update(spec_overrides)
-    return parse_training_run(
-        {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "r"}, "spec": spec}
-    )
-
-
-def step(state: RunState, job: RayJobView | None, records: AttemptRecords | None = None, now=NOW, **spec):
-    return plan(Observation(run(**spec), state, job, records or AttemptRecords(), settle_seconds=5), now)
 
 
 def started(now: datetime = NOW) -> RunState:

@@ -1,7 +1,7 @@
 """Every transition of controller/lifecycle.plan, without a cluster (``now`` is an argument)."""
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
@@ -21,23 +21,9 @@ from spotray.controller.lifecycle import (
     plan,
 )
 from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
+from tests.lifecycle_runs import NOW, run, step
 
 pytestmark = pytest.mark.unit
-
-NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
-
-
-def run(**spec_overrides: object):
-    spec = {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/r"}}
-    spec["retry"] = {"maxPreemptions": 2, "maxFailures": 1, "backoffSeconds": 10}
-    spec.update(spec_overrides)
-    return parse_training_run(
-        {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "r"}, "spec": spec}
-    )
-
-
-def step(state: RunState, job: RayJobView | None, markers: AttemptRecords | None = None, now=NOW, **spec):
-    return plan(Observation(run(**spec), state, job, markers or AttemptRecords(), settle_seconds=5), now)
 
 
 RUNNING_JOB = RayJobView(job_status="RUNNING", deployment_status="Running")

@@ -21,7 +21,6 @@ import pytest
 
 from spotray.contract.attempts import AttemptRecords
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
-from spotray.contract.spec import TrainingRun, parse_training_run
 from spotray.contract.status import RunStatus, Unreadable, format_date_time, parse_date_time
 from spotray.controller.config import ControllerConfig
 from spotray.controller.lifecycle import Event, Observation, Plan, RayJobView, RunState, conditions, plan
@@ -29,19 +28,9 @@ from spotray.controller.reconcile import EVENTS, rayjob_view, reconcile
 from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.watch import StatusFollower
+from tests.lifecycle_runs import NOW, run
 
 pytestmark = pytest.mark.unit
-
-NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
-
-
-def run(**spec_overrides: object) -> TrainingRun:
-    spec: dict[str, Any] = {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bkt/runs/r"}}
-    spec["retry"] = {"maxPreemptions": 2, "maxFailures": 1, "backoffSeconds": 10}
-    spec.update(spec_overrides)
-    return parse_training_run(
-        {"apiVersion": "spotray.dev/v1alpha1", "kind": "TrainingRun", "metadata": {"name": "r"}, "spec": spec}
-    )
 
 
 def attempt(number: int, outcome: str, **fields: Any) -> dict[str, Any]:
