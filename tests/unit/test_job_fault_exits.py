@@ -1,6 +1,7 @@
 """The job side of infrastructure faults: the crash-loop guard's verdict, what ``fit()`` raised, and
 local mode's wait (the controller's side: tests/unit/test_infrastructure_faults.py)."""
 
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -83,3 +84,18 @@ def test_local_mode_waits_the_backoff_only_after_an_interruption() -> None:
     assert pause_before_next_attempt(failed, end_attempt(state, run(), failed, NOW)) == 0
     preempted = AttemptEnd("Preempted", "SpotNotice", "notice")
     assert pause_before_next_attempt(preempted, end_attempt(state, run(), preempted, NOW)) == 0
+
+
+def test_a_ray_without_ray_trains_private_fault_types_still_imports_the_launcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pyproject allows Ray >= 2.50; where Ray Train's private exceptions module is missing, those faults
+    count as the training code's (as before), and the launcher still imports."""
+    from spotray.train.launch import launcher  # noqa: PLC0415
+
+    monkeypatch.setitem(sys.modules, "ray.train.v2._internal.exceptions", None)  # import raises ImportError
+    assert launcher._ray_train_internal_exceptions() is None
+    assert launcher._exception_types(None, ("WorkerGroupStartupTimeoutError",)) == ()
+    assert launcher._exception_types(launcher.ray.exceptions, ("NodeDiedError", "NoSuchError")) == (
+        launcher.ray.exceptions.NodeDiedError,
+    )

@@ -30,6 +30,7 @@ attempts still draining stop uploading and pruning.
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import json
 import logging
@@ -64,9 +65,9 @@ from spotray.train.storage.store import ObjectStore
 with extra_required("ray"):
     import ray
     import ray.exceptions
-    from ray.train import ControllerError, FailureConfig, RunConfig, ScalingConfig
+    import ray.train
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-    from ray.train.v2._internal import exceptions as ray_train_internal
 
 log = logging.getLogger(__name__)
 
@@ -83,27 +84,49 @@ ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
 # How long a preemption notice gives (GKE gives 15 s, AWS 120 s); the drain deadline we announce.
 DEFAULT_GRACE_SECONDS = 15
 # Faults of Ray's cluster and of Ray Train's machinery, not of the training code: a node, an actor or
-# an object lost, a scheduling or start-up that failed or timed out. Ray Train's own are in a private
-# module (Ray 2.60); a worker's exception in the training code reaches fit() as WorkerGroupError.
-# Not among them: a cluster that can never hold the workers (InsufficientClusterResourcesError), a
-# spec to change, which would otherwise be retried for ever.
-RAY_FAULTS: tuple[type[BaseException], ...] = (
-    ray.exceptions.RaySystemError,
-    ray.exceptions.RayActorError,
-    ray.exceptions.ActorUnschedulableError,
-    ray.exceptions.TaskUnschedulableError,
-    ray.exceptions.NodeDiedError,
-    ray.exceptions.LocalRayletDiedError,
-    ray.exceptions.ObjectLostError,
-    ray.exceptions.RpcError,
-    ray.exceptions.OutOfDiskError,
-    ray_train_internal.WorkerHealthCheckTimeoutError,
-    ray_train_internal.WorkerHealthCheckFailedError,
-    ray_train_internal.WorkerGroupStartupTimeoutError,
-    ray_train_internal.WorkerGroupStartupFailedError,
-    ray_train_internal.CollectiveTimeoutError,
-    ray_train_internal.CheckpointManagerInitializationError,
+# an object lost, a scheduling or start-up that failed or timed out. A worker's exception in the
+# training code reaches fit() as WorkerGroupError. Not among them: a cluster that can never hold the
+# workers (InsufficientClusterResourcesError), a spec to change, which would otherwise be retried for ever.
+_RAY_FAULT_NAMES = (
+    "RaySystemError",
+    "RayActorError",
+    "ActorUnschedulableError",
+    "TaskUnschedulableError",
+    "NodeDiedError",
+    "LocalRayletDiedError",
+    "ObjectLostError",
+    "RpcError",
+    "OutOfDiskError",
 )
+# Ray Train's own live in a private module (Ray 2.60), and ControllerError is not in every Ray that
+# pyproject.toml allows (>= 2.50): where a Ray lacks them, those faults count as the training code's,
+# as before, instead of the launcher failing to import.
+_RAY_TRAIN_FAULT_NAMES = (
+    "WorkerHealthCheckTimeoutError",
+    "WorkerHealthCheckFailedError",
+    "WorkerGroupStartupTimeoutError",
+    "WorkerGroupStartupFailedError",
+    "CollectiveTimeoutError",
+    "CheckpointManagerInitializationError",
+)
+
+
+def _ray_train_internal_exceptions() -> Any:
+    try:
+        return importlib.import_module("ray.train.v2._internal.exceptions")
+    except ImportError:
+        return None
+
+
+def _exception_types(module: Any, names: tuple[str, ...]) -> tuple[type[BaseException], ...]:
+    return tuple(getattr(module, name) for name in names if module is not None and hasattr(module, name))
+
+
+RAY_FAULTS: tuple[type[BaseException], ...] = _exception_types(ray.exceptions, _RAY_FAULT_NAMES) + _exception_types(
+    _ray_train_internal_exceptions(), _RAY_TRAIN_FAULT_NAMES
+)
+# What fit() raises when Ray Train's controller failed; its ``controller_failure`` is the cause.
+CONTROLLER_ERROR: tuple[type[BaseException], ...] = _exception_types(ray.train, ("ControllerError",))
 
 
 def build_scaling_config(context: RunContext, environ: dict[str, str] | None = None) -> ScalingConfig:
@@ -147,8 +170,8 @@ def default_storage_path() -> str:
 def fit_failure_cause(error: BaseException) -> Cause:
     """Whose fault it is that ``fit()`` raised ``error``: ``cause_of``, with Ray's own faults (``RAY_FAULTS``)
     as infrastructure, and what Ray Train's controller failed on (``ControllerError``) classified in turn."""
-    if isinstance(error, ControllerError):
-        return fit_failure_cause(error.controller_failure)
+    if isinstance(error, CONTROLLER_ERROR):
+        return fit_failure_cause(error.controller_failure)  # type: ignore[attr-defined]
     if isinstance(error, RAY_FAULTS):
         return Cause.INFRASTRUCTURE
     return cause_of(error)
@@ -170,7 +193,7 @@ def outcome_after_fit(store: ObjectStore, attempt: AttemptId, crash_loop: CrashL
 def outcome_of_fit_error(error: BaseException) -> AttemptOutcome:
     """How an attempt whose ``fit()`` raised ``error`` ended: its cause's exit code, and words for the record."""
     cause = fit_failure_cause(error)
-    inner = error.controller_failure if isinstance(error, ControllerError) else error
+    inner = error.controller_failure if isinstance(error, CONTROLLER_ERROR) else error  # type: ignore[attr-defined]
     if isinstance(inner, SpotrayError):
         detail = inner.problem
     elif cause is Cause.TRAINING:
