@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the Docker-free Kubernetes test bed from the Go module proxy:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
-#   the KubeRay operator (plus its CRDs), helm, and MinIO with its client mc.
+#   the KubeRay operator (plus its CRDs), helm, and MinIO with its client mc;
+#   for real nodes: kubelet, kube-proxy, containerd (with its runc shim and ctr), CoreDNS, and a
+#   pause binary from Kubernetes' own pause.c. Images (base, pause, spotray) come from images.sh.
 # Each component lands in $TESTBED_CACHE/<component>-<version>/ and is skipped when present,
 # so a warm run takes well under a second. A cold run took 17 minutes on 2 busy cores.
 #
@@ -34,8 +36,20 @@ need() {
   return 1
 }
 
+# Debian packages of the real nodes and the image builds (docs/testbed.md, "Real pods"):
+# containerd is built below, but runc, the CNI plugins, podman/buildah and debootstrap come from
+# the distribution.
+DEBS=(runc containernetworking-plugins podman buildah debootstrap iptables iproute2 openssl)
+missing_debs() {
+  local pkg
+  for pkg in "${DEBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || echo "$pkg"
+  done
+}
+
 check_all() {
   MISSING=()
+  [[ -z "$(missing_debs)" ]] || MISSING+=(debs)
   need etcd "$ETCD_VERSION" bin/etcd && MISSING+=(etcd)
   need kubernetes "$KUBERNETES_VERSION" bin/kube-apiserver bin/kube-controller-manager \
     bin/kube-scheduler bin/kubectl && MISSING+=(kubernetes)
@@ -44,6 +58,10 @@ check_all() {
   need helm "$HELM_VERSION" bin/helm && MISSING+=(helm)
   need minio "$MINIO_VERSION" bin/minio && MISSING+=(minio)
   need mc "$MC_VERSION" bin/mc && MISSING+=(mc)
+  need kubenode "$KUBERNETES_VERSION" bin/kubelet bin/kube-proxy bin/pause && MISSING+=(kubenode)
+  need containerd "$CONTAINERD_VERSION" bin/containerd bin/containerd-shim-runc-v2 bin/ctr \
+    && MISSING+=(containerd)
+  need coredns "$COREDNS_VERSION" bin/coredns && MISSING+=(coredns)
   return 0
 }
 
@@ -60,6 +78,16 @@ publish() {
   rm -rf "$final"
   mv "$final.tmp" "$final"
   log "$1 $2 ready in $final ($(( SECONDS - START ))s)"
+}
+
+build_debs() {
+  local debs
+  mapfile -t debs < <(missing_debs)
+  ((${#debs[@]})) || return 0
+  [[ $EUID -eq 0 ]] || { log "installing ${debs[*]} needs root: sudo apt-get install ${debs[*]}"; return 1; }
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${debs[@]}" >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${debs[@]}" >/dev/null; }
+  log "installed ${debs[*]} ($(( SECONDS - START ))s)"
 }
 
 build_etcd() {
@@ -184,6 +212,98 @@ build_mc() {
   out="$(staging_dir mc "$MC_VERSION")"
   GOBIN="$out/bin" "${NICE[@]}" go install -ldflags "-s -w" "github.com/minio/mc@$MC_VERSION"
   publish mc "$MC_VERSION"
+}
+
+# kubelet and kube-proxy for real nodes, from the same k8s.io/kubernetes module as the control
+# plane (the Go cache it warmed makes this about half a minute), and the pause binary: Kubernetes'
+# own build/pause/linux/pause.c, static, for the pause image (hack/testbed/images.sh).
+build_kubenode() {
+  local out src gomod dir
+  out="$(staging_dir kubenode "$KUBERNETES_VERSION")"
+  src="$out/src"
+  mkdir -p "$src"
+  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  dir="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  {
+    printf 'module spotray.local/testbed/kubenode\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n' \
+      "$KUBERNETES_VERSION"
+    grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
+      awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
+  } >"$src/go.mod"
+  cat >"$src/tools.go" <<'GO'
+//go:build tools
+
+// Package tools only pins the node commands built from k8s.io/kubernetes.
+package tools
+
+import (
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+)
+GO
+  local v="$KUBERNETES_VERSION" minor="${KUBERNETES_VERSION#v1.}"
+  minor="${minor%%.*}"
+  local ldflags="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean"
+  done
+  (cd "$src" && go mod tidy &&
+    "${NICE[@]}" go build -ldflags "$ldflags" -o "$out/bin/" \
+      k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
+  gcc -Os -static -o "$out/bin/pause" "$dir/build/pause/linux/pause.c"
+  rm -rf "$src"
+  publish kubenode "$KUBERNETES_VERSION"
+}
+
+# containerd 2.x, its runc shim and ctr (Debian's runc runs the containers). Storage drivers this
+# test bed does not use are left out; overlayfs is built in.
+build_containerd() {
+  local out mod
+  out="$(staging_dir containerd "$CONTAINERD_VERSION")"
+  mod="$(go mod download -json "github.com/containerd/containerd/v2@$CONTAINERD_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "$mod" && -f "$mod/go.mod" ]] || { log "go mod download gave no containerd source"; return 1; }
+  (cd "$mod" && "${NICE[@]}" go build -mod=readonly -trimpath -tags "no_btrfs no_devmapper no_zfs" \
+    -ldflags "-s -w -X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+    -o "$out/bin/" ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr)
+  publish containerd "$CONTAINERD_VERSION"
+}
+
+# CoreDNS with only the kubernetes plugin (and bind/errors/log): it answers cluster names and has no
+# forward plugin to send anything further. Plugins register themselves when imported, so a
+# small main that imports just these builds the same server as CoreDNS's own, minus the rest.
+build_coredns() {
+  local out src
+  out="$(staging_dir coredns "$COREDNS_VERSION")"
+  src="$out/src"
+  mkdir -p "$src"
+  cat >"$src/go.mod" <<MOD
+module spotray.local/testbed/coredns
+
+go 1.26
+
+require github.com/coredns/coredns $COREDNS_VERSION
+MOD
+  cat >"$src/main.go" <<'GO'
+package main
+
+import (
+	_ "github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+	_ "github.com/coredns/coredns/plugin/log"
+)
+
+func main() { coremain.Run() }
+GO
+  (cd "$src" && go mod tidy && "${NICE[@]}" go build -ldflags "-s -w" -o "$out/bin/coredns" .)
+  rm -rf "$src"
+  publish coredns "$COREDNS_VERSION"
 }
 
 check_all

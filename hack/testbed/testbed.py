@@ -13,6 +13,7 @@ import argparse
 import collections
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import shutil
@@ -27,7 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import nodes as real
 import yaml
+from nodes import CACHE, versions
 
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.local_ray import LocalRayWorkerNode
@@ -36,7 +39,6 @@ from spotray.train.storage.local_s3 import free_port, free_ports
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-CACHE = Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "spotray" / "testbed"))
 # Every process the test bed starts carries this variable (children and grandchildren inherit
 # it), so teardown can find and kill anything that escaped its process group.
 MARKER = "SPOTRAY_TESTBED"
@@ -58,17 +60,6 @@ RAY_DASHBOARD_PORT = 8265  # the port KubeRay's head Service names `dashboard`
 # Ray's socket paths must stay under 107 bytes, so its temp dirs are short and in /tmp.
 RAY_TEMP_ROOT = "/tmp"  # noqa: S108 - only a parent for mkdtemp, which is safe
 RAY_TEMP_PREFIX = "spotray-testbed-ray-"
-
-
-def versions() -> dict[str, str]:
-    """The pinned versions from versions.env, the one place that names them."""
-    result = {}
-    for raw in (HERE / "versions.env").read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            result[key] = value
-    return result
 
 
 AUDIT_POLICY = """\
@@ -237,12 +228,13 @@ def _openssl(*args: str) -> None:
     subprocess.run(["openssl", *args], check=True, capture_output=True)
 
 
-def make_pki(pki: Path) -> None:
+def make_pki(pki: Path, extra_ips: tuple[str, ...] = ()) -> None:
     """A CA, the apiserver's serving cert, an admin client cert and the service account keys."""
     pki.mkdir(parents=True, exist_ok=True)
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj", "/CN=spotray-testbed-ca",
              "-keyout", str(pki / "ca.key"), "-out", str(pki / "ca.crt"))  # fmt: skip
     san = "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc"
+    san += "".join(f",IP:{ip}" for ip in extra_ips)
     for name, subject, ext in (
         ("apiserver", "/CN=kube-apiserver", san),
         # O=system:masters: the admin user; every component uses it (see docs/testbed.md).
@@ -325,9 +317,15 @@ class Testbed:
     for `make cluster-up`. Every component dies with its owner (PR_SET_PDEATHSIG).
     """
 
-    def __init__(self, workdir: Path, nodes: list[Node] | None = None) -> None:
+    def __init__(
+        self, workdir: Path, nodes: list[Node] | None = None, real_nodes: list[real.RealNode] | None = None
+    ) -> None:
         self.workdir = workdir
         self.nodes = DEFAULT_NODES if nodes is None else nodes
+        # Real kubelets running real containers (hack/testbed/nodes.py); none by default.
+        self.real_nodes = real_nodes or []
+        self.fabric = real.Fabric(os.getpid()) if self.real_nodes else None
+        self.api_address = real.HOST_IP if self.real_nodes else "127.0.0.1"
         self.marker = f"{os.getpid()}:{workdir}"
         self.kubeconfig = workdir / "kubeconfig"
         self.hosts_file = workdir / "hosts"
@@ -370,7 +368,9 @@ class Testbed:
         reap_orphans()
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            for phase in (self._start_control_plane, self._start_kwok, self._start_kuberay):
+            if self.fabric:
+                self.fabric.up()
+            for phase in (self._start_control_plane, self._start_kwok, self._start_real_nodes, self._start_kuberay):
                 phase()
                 print(f"[testbed] {phase.__name__[7:]} ready at {time.monotonic() - started:.1f}s", flush=True)
         except BaseException:
@@ -381,7 +381,12 @@ class Testbed:
 
     def _start_control_plane(self) -> None:
         pki = self.workdir / "pki"
-        make_pki(pki)
+        self.pki = pki
+        # With real nodes the API server listens on the fabric address, where kubelets and pods
+        # reach it, and pods reach it through the `kubernetes` Service's first address too.
+        service_cidr = real.SERVICE_CIDR if self.real_nodes else SERVICE_CIDR
+        first_service_ip = str(next(ipaddress.ip_network(service_cidr).hosts()))
+        make_pki(pki, (real.HOST_IP, first_service_ip) if self.real_nodes else ())
         etcd_port, etcd_peer, api_port = free_ports(3)
         self.api_port = api_port
         self._spawn("etcd", [
@@ -399,18 +404,16 @@ class Testbed:
         self._spawn("kube-apiserver", [
             str(binary("kube-apiserver")),
             "--etcd-servers", f"http://127.0.0.1:{etcd_port}",
-            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--bind-address", self.api_address, "--advertise-address", self.api_address,
             "--secure-port", str(api_port),
             "--tls-cert-file", str(pki / "apiserver.crt"), "--tls-private-key-file", str(pki / "apiserver.key"),
             "--client-ca-file", str(pki / "ca.crt"),
             "--service-account-issuer", f"https://kubernetes.default.svc.{CLUSTER_DOMAIN}",
             "--service-account-key-file", str(pki / "sa.pub"),
             "--service-account-signing-key-file", str(pki / "sa.key"),
-            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--service-cluster-ip-range", service_cidr,
             "--authorization-mode", "Node,RBAC",
-            # The apiserver's own endpoint would be 127.0.0.1, which Endpoints validation rejects;
-            # nothing in the test bed reaches the apiserver through the `kubernetes` Service.
-            "--endpoint-reconciler-type", "none",
+            *self._endpoint_flags(pki),
             "--allow-privileged=true",
             "--profiling=false",
             # Every request a ServiceAccount makes, in metadata (verb, resource, user, code): the
@@ -426,7 +429,7 @@ class Testbed:
             "--secure-port", "0",
             "--service-account-private-key-file", str(pki / "sa.key"),
             "--root-ca-file", str(pki / "ca.crt"),
-            "--service-cluster-ip-range", SERVICE_CIDR,
+            "--service-cluster-ip-range", service_cidr,
             "--use-service-account-credentials=false",
             # Nodes come and go in tests (preemption): act on them without the usual minutes of grace.
             "--node-monitor-grace-period", "20s",
@@ -434,6 +437,18 @@ class Testbed:
         self._spawn("kube-scheduler", [str(binary("kube-scheduler")), *common, "--secure-port", "0"])
         # Pods need their namespace's `default` service account, which the controller-manager makes.
         wait_until("the default service account", lambda: self._check_alive() or self._has_default_sa(), timeout=90)
+
+    def _endpoint_flags(self, pki: Path) -> list[str]:
+        if not self.real_nodes:
+            # The apiserver's own endpoint would be 127.0.0.1, which Endpoints validation rejects;
+            # nothing in the kwok test bed reaches the apiserver through the `kubernetes` Service.
+            return ["--endpoint-reconciler-type", "none"]
+        crt, key = real.client_cert(pki, "apiserver-kubelet-client", "/CN=kube-apiserver-kubelet-client")
+        return [
+            "--kubelet-client-certificate", str(crt), "--kubelet-client-key", str(key),
+            # The kubelets also publish a Hostname address the machine's resolver cannot answer.
+            "--kubelet-preferred-address-types", "InternalIP",
+        ]  # fmt: skip
 
     @property
     def audit_log(self) -> Path:
@@ -504,7 +519,7 @@ class Testbed:
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "testbed", "cluster": {
-                "server": f"https://127.0.0.1:{port}", "certificate-authority": str(pki / "ca.crt")}}],
+                "server": f"https://{self.api_address}:{port}", "certificate-authority": str(pki / "ca.crt")}}],
             "users": [{"name": "admin", "user": {
                 "client-certificate": str(pki / "admin.crt"), "client-key": str(pki / "admin.key")}}],
             "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": "admin"}}],
@@ -513,6 +528,8 @@ class Testbed:
         self.kubeconfig.write_text(yaml.safe_dump(config))
 
     def _start_kwok(self) -> None:
+        if not self.nodes:
+            return
         self._spawn("kwok", [
             str(binary("kwok")), "--kubeconfig", str(self.kubeconfig),
             "--config", str(HERE / "stages.yaml"),
@@ -527,6 +544,111 @@ class Testbed:
             self.apply(node.manifest())
         names = [n.name for n in self.nodes]
         wait_until("kwok nodes Ready", lambda: self._check_alive() or self._nodes_ready(names), timeout=60)
+
+    def _start_real_nodes(self) -> None:
+        if not self.real_nodes:
+            return
+        self.kubectl("apply", "-f", "-", stdin=real.COREDNS_RBAC)
+        crt, key = real.client_cert(self.pki, "coredns", "/CN=system:coredns")
+        server = f"https://{real.HOST_IP}:{self.api_port}"
+        dns_kubeconfig = real.write_kubeconfig(
+            self.workdir / "coredns.kubeconfig", server, self.pki / "ca.crt", crt, key
+        )
+        (self.workdir / "Corefile").write_text(real.corefile(dns_kubeconfig))
+        self._spawn("coredns", [real.testbed_binary("coredns", "coredns"), "-conf", str(self.workdir / "Corefile")])
+        for node in self.real_nodes:
+            self.start_real_node(node)
+        names = [n.name for n in self.real_nodes]
+        wait_until("real nodes Ready", lambda: self._check_alive() or self._nodes_ready(names), timeout=180)
+
+    def start_real_node(self, node: real.RealNode) -> None:
+        """Start (or start again, after reclaim_real_node) one real node and its processes."""
+        assert self.fabric is not None
+        node_dir = self.workdir / "nodes" / node.name
+        node_dir.mkdir(parents=True, exist_ok=True)
+        (node_dir / "pod-logs").mkdir(exist_ok=True)
+        # containerd's root (images, unpacked layers) is cached per node name: a warm start imports
+        # nothing. Its runtime state stays in the work dir.
+        root = CACHE / "nodes" / node.name / "containerd-root"
+        root.mkdir(parents=True, exist_ok=True)
+        images = real.images_manifest()
+        cni_dir = node_dir / "cni"
+        cni_dir.mkdir(exist_ok=True)
+        (cni_dir / "10-spotray.conflist").write_text(json.dumps(real.cni_config(node), indent=2))
+        (node_dir / "containerd.toml").write_text(
+            real.containerd_config(node_dir, root, cni_dir, images["pause"]["ref"], node.address)
+        )
+        server = f"https://{real.HOST_IP}:{self.api_port}"
+        ca = self.pki / "ca.crt"
+        crt, key = real.client_cert(self.pki, f"node-{node.name}", f"/O=system:nodes/CN=system:node:{node.name}")
+        kubelet_kubeconfig = real.write_kubeconfig(node_dir / "kubelet.kubeconfig", server, ca, crt, key)
+        crt, key = real.client_cert(self.pki, f"proxy-{node.name}", "/CN=system:kube-proxy")
+        proxy_kubeconfig = real.write_kubeconfig(node_dir / "kube-proxy.kubeconfig", server, ca, crt, key)
+        (node_dir / "kubelet.yaml").write_text(yaml.safe_dump(real.kubelet_config(node, node_dir, ca)))
+        (node_dir / "kube-proxy.yaml").write_text(yaml.safe_dump(real.kube_proxy_config(node, proxy_kubeconfig)))
+        labels = ",".join(f"{k}={v}" for k, v in {**node.labels, "spotray.io/testbed-node": "real"}.items())
+        config = {
+            "node_dir": str(node_dir),
+            "containerd": real.testbed_binary("containerd", "containerd"),
+            "ctr": real.testbed_binary("containerd", "ctr"),
+            "containerd_root": str(root),
+            "images": images,
+            "kubelet_argv": [
+                real.testbed_binary("kubenode", "kubelet"), "--config", str(node_dir / "kubelet.yaml"),
+                "--kubeconfig", str(kubelet_kubeconfig), "--hostname-override", node.name,
+                "--node-ip", node.address, "--node-labels", labels,
+                "--root-dir", str(node_dir / "kubelet"), "--cert-dir", str(node_dir / "pki"), "--v", "1",
+            ],
+            "kube_proxy_argv": [
+                real.testbed_binary("kubenode", "kube-proxy"), "--config", str(node_dir / "kube-proxy.yaml"),
+            ],
+        }  # fmt: skip
+        (node_dir / "node.json").write_text(json.dumps(config, indent=2))
+        real.prepare_cgroup_root(node.cgroup_root)
+        netns = self.fabric.add_node(node, self.real_nodes)
+        self._spawn(f"node-{node.name}", [
+            "nsenter", f"--net=/run/netns/{netns}", "--",
+            "unshare", "--mount", "--propagation", "private", "--",
+            sys.executable, str(HERE / "nodes.py"), str(node_dir / "node.json"),
+        ])  # fmt: skip
+
+    def stop_real_node(self, node: real.RealNode) -> None:
+        """Stop a node at once, as when its VM is gone: processes, containers, cgroups, namespace."""
+        assert self.fabric is not None
+        proc = self.procs.pop(f"node-{node.name}", None)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        real.kill_cgroup_processes(node.cgroup_root)
+        # containerd's shims re-parent themselves out of the node's process group; they carry
+        # the marker in their environment and the node's config path on their command line.
+        node_dir = str(self.workdir / "nodes" / node.name)
+        kill_pids([pid for pid in marked_processes(self.marker) if node_dir in _cmdline(pid)])
+        real.remove_cgroup_tree(node.cgroup_root)
+        self.fabric.remove_node(node)
+
+    def reclaim_real_node(self, name: str, timeout: float = 120) -> list[str]:
+        """A spot reclaim the way a cloud does it, on a real node.
+
+        The notice: the node is tainted (no new pods) and its pods are evicted through the
+        Eviction API with their own grace period, so preStop hooks and SIGTERM handlers run in
+        real containers. Then the VM goes: kubelet, containers and network stop, and the Node
+        object is deleted. Returns the pods (namespace/name) that were on it.
+        """
+        node = next(n for n in self.real_nodes if n.name == name)
+        pods = json.loads(self.kubectl("get", "pods", "-A", "-o", "json",
+                                       "--field-selector", f"spec.nodeName={name}").stdout)["items"]  # fmt: skip
+        self.kubectl("taint", "node", name, f"{SPOT_TAINT_KEY}-reclaimed=true:NoSchedule", "--overwrite")
+        self.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                     "--disable-eviction", f"--timeout={int(timeout)}s", check=False)  # fmt: skip
+        self.stop_real_node(node)
+        self.kubectl("delete", "node", name, "--wait=false", check=False)
+        for pod in pods:
+            meta = pod["metadata"]
+            self.kubectl("delete", "pod", meta["name"], "-n", meta["namespace"], "--force", "--grace-period=0",
+                         check=False)  # fmt: skip
+        return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods]
 
     def _nodes_ready(self, names: list[str]) -> bool:
         out = self.kubectl("get", "nodes", "-o", "json").stdout
@@ -565,8 +687,11 @@ class Testbed:
         # Ray heads for it alone; see docs/testbed.md ("The Ray bridge"). Its resolv.conf points
         # at loopback too, so a name the bridge does not know fails here instead of reaching the
         # machine's DNS server.
+        # With real nodes, the cluster's own DNS (CoreDNS on the fabric) answers those names with
+        # the head pods' addresses, which the host reaches through the fabric.
         resolv_conf = self.workdir / "resolv.conf"
-        resolv_conf.write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        nameserver = real.HOST_IP if self.real_nodes else "127.0.0.1"
+        resolv_conf.write_text(f"nameserver {nameserver}\noptions timeout:1 attempts:1\n")
         unshare = ["unshare", "--mount", "--propagation", "private"]
         if os.geteuid() != 0:
             unshare[1:1] = ["--user", "--map-root-user"]
@@ -694,6 +819,9 @@ class Testbed:
         SIGTERM first, then SIGKILL after two seconds: the apiserver and etcd would otherwise
         spend many seconds draining watches, and every byte of their state is thrown away anyway.
         """
+        for node in self.real_nodes:
+            if f"node-{node.name}" in self.procs:
+                self.stop_real_node(node)
         for proc in reversed(list(self.procs.values())):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)
@@ -706,6 +834,11 @@ class Testbed:
             proc.wait()
         wait_until("test bed processes to exit", lambda: _kill_marked(self.marker), timeout=15)
         self.procs.clear()
+        if self.fabric:
+            for node in self.real_nodes:
+                real.remove_cgroup_tree(node.cgroup_root)
+                self.fabric.remove_node(node)
+            self.fabric.down()
 
     def __enter__(self) -> Testbed:
         return self.start()
