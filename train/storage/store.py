@@ -307,18 +307,24 @@ def _read_bounded(read: Callable[[int], bytes], where: str, max_bytes: int | Non
     return data
 
 
+def _dir_base(prefix: str) -> str:
+    """``prefix/``, or nothing for the store's root: MinIO refuses a key with an empty segment ("a//b")."""
+    return prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+
+
 def upload_dir(store: ObjectStore, local_dir: Path, prefix: str, *, exclude: Iterable[str] = ()) -> list[str]:
-    """Upload every file under ``local_dir`` to ``prefix/``; returns the relative paths sent."""
+    """Upload every file under ``local_dir`` to ``prefix/`` ("": the store root); returns the paths sent."""
     skip = set(exclude)
     rel_paths = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
     rel_paths = [r for r in rel_paths if r not in skip]
-    store.upload_files([(local_dir / r, f"{prefix}/{r}") for r in rel_paths])
+    base = _dir_base(prefix)
+    store.upload_files([(local_dir / r, base + r) for r in rel_paths])
     return rel_paths
 
 
 def download_dir(store: ObjectStore, prefix: str, local_dir: Path) -> list[str]:
-    """Download every object under ``prefix/`` into ``local_dir``; returns the relative paths."""
-    base = prefix.rstrip("/") + "/"
+    """Download every object under ``prefix/`` ("": the store root) into ``local_dir``; returns the paths."""
+    base = _dir_base(prefix)
     rel_paths = [o.key[len(base) :] for o in store.list(base)]
     store.download_files([(base + r, local_dir / r) for r in rel_paths])
     return rel_paths
