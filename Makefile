@@ -73,10 +73,13 @@ test-e2e: setup testbed ## e2e tests only (the Docker-free Kubernetes test bed, 
 test-compat: setup ## the supported Pythons and transformers versions, each in a fresh venv (hack/compat.py)
 	UV=$(UV) $(PY) hack/compat.py
 
-# The test bed's binaries (etcd, Kubernetes, kwok, KubeRay, helm) are built from Go modules into
-# ~/.cache/spotray/testbed once (about 20 minutes on 2 cores) and reused: a warm check is instant.
-testbed: ## build the Kubernetes test bed binaries if missing (needs Go 1.26; see docs/testbed.md)
+# The test bed's binaries (etcd, Kubernetes, kwok, KubeRay, helm, and for real nodes kubelet,
+# containerd, CoreDNS) are built from Go modules into ~/.cache/spotray/testbed once (about 20 minutes
+# on 2 cores) and reused: a warm check is instant. images.sh then builds the nodes' images (a Debian
+# base, pause, MinIO, and the project's image from the Dockerfile), rebuilt when the sources change.
+testbed: ## build the Kubernetes test bed (binaries, Debian packages, images) if missing (needs Go 1.26; docs/testbed.md)
 	hack/testbed/build.sh
+	hack/testbed/images.sh
 
 cluster-up: setup testbed ## start a test bed cluster (with KubeRay and a local Ray head) and print its KUBECONFIG
 	$(PY) hack/testbed/testbed.py up

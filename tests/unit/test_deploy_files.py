@@ -32,6 +32,7 @@ pytestmark = pytest.mark.unit
 DOCKERFILE = ROOT / "Dockerfile"
 VALUES = ROOT / "charts" / "spotray" / "values.yaml"
 LOCK = ROOT / "docker" / "requirements.lock"
+TORCH_PYPI_LOCK = ROOT / "docker" / "requirements-torch-pypi.lock"
 KIND_CONFIG = ROOT / "kind-config.yaml"
 UP = ROOT / "hack" / "kind" / "up.sh"
 
@@ -74,37 +75,82 @@ def test_hadolint_passes() -> None:
 
 def test_dockerfile_is_multi_stage_pinned_and_runs_as_non_root() -> None:
     text = DOCKERFILE.read_text()
-    base = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", text, re.MULTILINE)
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
     assert base, "the base image is an ARG with a default"
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1)), "pinned to a patch release, slim"
-    build, final = stages()
-    assert build[0] == "FROM ${PYTHON_IMAGE} AS build"
-    assert final[0] == "FROM ${PYTHON_IMAGE}"
-    final_text = "\n".join(final)
-    # No compilers or pip installs in the final stage: it only copies the built venv.
-    assert not re.search(r"\b(gcc|g\+\+|build-essential|make|pip install)\b", final_text)
-    assert "COPY --from=build /opt/venv /opt/venv" in final
-    assert final[-2] == "USER 1000:1000"
-    assert "WORKDIR /app" in final
-    # spotray is installed into the venv as a package: nothing of it is copied into the final stage
-    # or put on PYTHONPATH, where a job's own train.py could shadow it.
-    assert "PYTHONPATH" not in final_text
-    assert not [line for line in final if line.startswith("COPY") and "--from=build" not in line]
-    build_text = "\n".join(build)
+    deps, build, final = stages()
+    assert deps[0] == "FROM ${BASE_IMAGE} AS deps"
+    assert build[0] == "FROM deps AS build"
+    assert final[0] == "FROM deps"
+    deps_text, build_text, final_text = ("\n".join(stage) for stage in (deps, build, final))
+    # The dependency venv is made and filled in deps, which copies none of spotray's sources: its
+    # layers stay the same when only they change.
+    assert "python3.11 -m venv /opt/venv" in deps_text
+    assert "-r /opt/spotray/docker/requirements.lock" in deps_text
+    assert [line for line in deps if line.startswith("COPY")] == [
+        "COPY docker/requirements-torch-pypi.lock /opt/spotray/docker/",
+        "COPY docker/requirements.lock /opt/spotray/docker/",
+    ]
+    # Debian's python3 (3.11) only where the base has no python3.11 (a bare Debian, not the python image).
+    assert deps_text.count("if ! command -v python3.11 >/dev/null; then") == 1
     for folder in ("spotray", "train", "jobs", "controller"):
         assert f"COPY {folder}/ /src/{folder}/" in build
-    assert "pip install --no-cache-dir --no-deps /src && pip check" in build_text
-    apt = re.findall(r"apt-get install[^&]*", final_text)
+    assert "pip wheel --no-cache-dir --no-deps --wheel-dir /wheels /src" in build_text
+    # ARGs are per stage: the wheel's build isolation downloads setuptools from the same index.
+    assert "ARG PIP_INDEX_URL=https://pypi.org/simple" in deps
+    assert "ARG PIP_INDEX_URL=https://pypi.org/simple" in build
+    # No compilers in the final stage, and no pip install but spotray's wheel, offline.
+    assert not re.search(r"\b(gcc|g\+\+|build-essential|make)\b", final_text)
+    pip_installs = [line.strip() for line in re.findall(r"pip install[^&]*", final_text)]
+    assert pip_installs == ["pip install --no-cache-dir --no-index --no-deps /tmp/wheels/spotray-*.whl"]
+    assert "pip check" in final_text
+    # spotray is installed into the venv as a package: nothing of it is copied into the final stage
+    # or put on PYTHONPATH, where a job's own train.py could shadow it.
+    assert [line for line in final if line.startswith("COPY")] == ["COPY --from=build /wheels/ /tmp/wheels/"]
+    assert "PYTHONPATH" not in text
+    assert final[-2] == "USER 1000:1000"
+    assert "WORKDIR /app" in final
+    apt = re.findall(r"apt-get install[^&;]*", text)
+    assert len(apt) == 2
     assert all(re.search(r"\S+=\S+", line) for line in apt), "apt packages are pinned"
+    # KubeRay runs Ray under `bash -lc`, whose /etc/profile resets PATH.
+    assert "/etc/profile.d/spotray-venv.sh" in final_text
 
 
 def test_dockerfile_installs_the_lock_with_hashes_and_uv_locks_torch() -> None:
     text = DOCKERFILE.read_text()
-    assert "--require-hashes -r /tmp/requirements.lock" in text
+    assert "--require-hashes -r /opt/spotray/docker/requirements.lock" in text
+    # PyPI's (CUDA) torch: its CUDA wheels from a hashed lock of their own, off by default.
+    assert 'ARG TORCH_CUDA_LOCK=""' in text
+    assert '--no-deps --require-hashes -r "/opt/spotray/${TORCH_CUDA_LOCK}"' in text
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
     assert "pip check" in text
     locked = uv_lock_versions()
     assert f"ARG TORCH_VERSION={locked['torch']}" in text
     assert f"ARG TORCHVISION_VERSION={locked['torchvision']}" in text
+    # A proxy's CA bundle reaches the steps that download (every pip call but the offline wheel
+    # install) as a build secret, never as a file of the image.
+    instructions = [line for stage in stages() for line in stage]
+    downloads = [line for line in instructions if re.search(r"pip (install|wheel)", line) and "--no-index" not in line]
+    assert len(downloads) == 4
+    assert all(line.startswith("RUN --mount=type=secret,id=build_ca ") for line in downloads)
+    assert "ca-certificates.crt" not in "\n".join(instructions)
+
+
+def test_torch_pypi_lock_holds_the_cuda_wheels_of_uv_lock() -> None:
+    lock = dict(
+        pinned(line.split()[0]) for line in TORCH_PYPI_LOCK.read_text().splitlines() if re.match(r"^[A-Za-z0-9]", line)
+    )
+    locked = uv_lock_versions()
+    cuda_only = {name for name in locked if name.startswith(("nvidia-", "cuda-")) or name == "triton"}
+    assert set(lock) == cuda_only
+    for name, version in lock.items():
+        assert locked[name] == version, f"{name}: image {version}, uv.lock {locked[name]} (run make lock)"
+    lines = TORCH_PYPI_LOCK.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"^[A-Za-z0-9]", line):
+            assert lines[i + 1].strip().startswith("--hash=sha256:"), f"{line}: no hash"
+    assert "!docker/requirements-torch-pypi.lock" in (ROOT / ".dockerignore").read_text().splitlines()
 
 
 def test_image_lock_matches_uv_lock_and_leaves_out_cuda_only_wheels() -> None:
