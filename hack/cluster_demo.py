@@ -1,30 +1,24 @@
-"""`make cluster-demo`: the cluster story in one command, on a machine without Docker.
+"""`make cluster-demo`: the cluster story in one command, on real pods, on a machine without Docker.
 
-What a person does on a real cluster, on the Docker-free test bed (docs/testbed.md): the chart
-installed with helm (CRDs, RBAC, the controller's ServiceAccount), an S3 server and the run's
-Secret, the GPT-2 TrainingRun applied with kubectl, its progress followed with `spotray watch`, a
-spot node deleted mid-run, the next attempt resuming from the newest checkpoint, Succeeded, then
-`spotray pull` and `spotray plot`.
-
-What stands in for what (the test bed runs no containers; see docs/testbed.md):
-- the RayJob's pods are scheduled on kwok nodes, and the Ray cluster they would form is one real
-  `ray start --head` on loopback, reached through the test bed's bridge. That head is started with
-  the environment a pod of the run gets from the Secret the TrainingRun names (read back from the
-  API server, as the kubelet would), plus the project on PYTHONPATH (the image's WORKDIR);
-- the controller runs as a process with the Deployment's settings and a token of the chart's
-  ServiceAccount (its own rights, nothing more), in HTTPMode (no submitter pod);
-- a lost spot node is what the cloud does: its pods marked DisruptionTarget, then the node and pods
-  deleted; the Ray job that ran "on" them is stopped, since the shared head outlives the kwok node.
+What a person does on a real cluster, on the test bed's real nodes (docs/testbed.md, "Real pods"):
+two real kubelets (one on-demand node, one spot node) run real containers with containerd, from
+images built from this repository's Dockerfile. `helm install` of the chart starts the controller
+Deployment and the in-cluster MinIO (the S3 store) as pods; the GPT-2 TrainingRun is applied with
+kubectl and its progress followed with `spotray watch`; KubeRay's RayCluster head and worker pods
+train it. Mid-run the spot node is reclaimed the way a cloud does it: the notice (a taint, and its
+pods evicted with their grace period, so the worker's preStop drain and the emergency checkpoint
+run in the container), then the VM goes (kubelet, containers and network stop, the Node is
+deleted). A new spot node joins, the next attempt resumes from the newest checkpoint, the run ends
+Succeeded, then `spotray pull` and `spotray plot` read the model and the loss from MinIO.
 
 The demo is the test bed's supervisor while it runs (its pid in <dir>/supervisor.pid), so
-`make cluster-down` from another terminal stops it and everything it started, the S3 server
-included. With --keep it stays up after the run, to poke at, until then (or Ctrl-C).
+`make cluster-down` from another terminal stops it and everything it started. With --keep it
+stays up after the run, to poke at, until then (or Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
 import json
 import os
@@ -45,21 +39,36 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent / "testbed"))
 import testbed as tb  # the test bed's module lives next to this script
 
-from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
-from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.contract.names import (
+    ATTEMPT_LABEL,
+    RUN_LABEL,
+    SPOT_LABEL,
+    SPOT_LABEL_ON_DEMAND,
+    SPOT_LABEL_SPOT,
+    SUCCEEDED,
+    TERMINAL_PHASES,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "spotray"
 RELEASE = "spotray"
 SYSTEM_NAMESPACE = "spotray-system"
 NAMESPACE = "spotray-demo"
-SECRET = "spotray-demo-s3"  # noqa: S105 (the Secret's name; its keys are the S3 server's own)
+SECRET = "spotray-demo-s3"  # noqa: S105 - the Secret's name
+# MinIO's root user, made up for this throwaway cluster (the chart takes it from s3.existingSecret).
+ROOT_USER, ROOT_PASSWORD = "spotray-demo", "spotray-demo-password"
 BUCKET = "spotray"
 RUN = "gpt2-demo"
-MAX_STEPS = 200
+MAX_STEPS = 120
 CHECKPOINT_EVERY = 20
 PREEMPT_AT_STEP = 50  # seen in status a few seconds late (status is refreshed every 2 s): mid-run all the same
-RUN_TIMEOUT_S = 900
+RUN_TIMEOUT_S = 1200
+# The job's scratch directory inside the Ray pods: the image user's home (uid 1000 owns it).
+POD_JOB_DIR = "/home/ray/job"
+SPOT_BACK_AFTER_S = 5  # a new spot VM joins this long after the old one is gone
+
+ON_DEMAND_NODE = tb.real.RealNode("real-ondemand-0", 1, labels={SPOT_LABEL: SPOT_LABEL_ON_DEMAND})
+SPOT_NODE = tb.real.RealNode("real-spot-0", 2, labels={SPOT_LABEL: SPOT_LABEL_SPOT}, taints=[dict(tb.SPOT_TAINT)])
 
 
 class StopRequestedError(Exception):
@@ -71,14 +80,21 @@ def say(text: str) -> None:
 
 
 def demo_training_run(
-    job_dir: Path, name: str = RUN, steps: int = MAX_STEPS, every: int = CHECKPOINT_EVERY, max_preemptions: int = 3
+    job_dir: str = POD_JOB_DIR,
+    name: str = RUN,
+    steps: int = MAX_STEPS,
+    every: int = CHECKPOINT_EVERY,
+    max_preemptions: int = 3,
 ) -> dict[str, Any]:
-    """jobs/gpt2/trainingrun.yaml, made to fit the demo: one CPU worker on a spot node, its own Secret."""
+    """jobs/gpt2/trainingrun.yaml, made to fit two small nodes: one CPU worker on the spot node."""
     document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
     document["metadata"] = {"name": name, "namespace": NAMESPACE}
     spec = document["spec"]
     spec["entrypoint"] = f"python -m spotray.jobs.gpt2 --max-steps {steps} --batch-size 8 --workdir {job_dir}"
-    spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi"}
+    # The head hosts the driver and Ray Train's controller actor besides Ray itself: about 2 GB in use,
+    # which Ray's memory monitor would kill tasks over under a 2Gi limit.
+    spec["head"] = {"cpu": "250m", "memory": "4Gi"}
+    spec["workers"] = {"replicas": 1, "cpu": "500m", "memory": "3Gi"}
     spec["checkpoint"] = {
         "uri": f"s3://{BUCKET}/runs/{name}",
         "everySteps": every,
@@ -90,12 +106,6 @@ def demo_training_run(
     return document
 
 
-def secret_env(testbed: tb.Testbed, namespace: str, name: str) -> dict[str, str]:
-    """The environment a pod gets from the Secret by envFrom: its keys and decoded values."""
-    secret = json.loads(testbed.kubectl("get", "secret", name, "-n", namespace, "-o", "json").stdout)
-    return {key: base64.b64decode(value).decode() for key, value in (secret.get("data") or {}).items()}
-
-
 def run_status(testbed: tb.Testbed, name: str = RUN) -> dict[str, Any]:
     found = testbed.kubectl("get", "trainingrun", name, "-n", NAMESPACE, "-o", "json", check=False)
     if found.returncode != 0:
@@ -104,33 +114,14 @@ def run_status(testbed: tb.Testbed, name: str = RUN) -> dict[str, Any]:
     return status
 
 
-def start_controller(testbed: tb.Testbed, workdir: Path) -> subprocess.Popen[bytes]:
-    """`python -m spotray.controller` with the chart's Deployment settings and ServiceAccount."""
-    deployment = json.loads(
-        testbed.kubectl("get", "deployment", f"{RELEASE}-controller", "-n", SYSTEM_NAMESPACE, "-o", "json").stdout
-    )
-    pod = deployment["spec"]["template"]["spec"]
-    chart_env = {e["name"]: e["value"] for e in pod["containers"][0]["env"] if "value" in e}
-    kubeconfig = testbed.service_account_kubeconfig(
-        SYSTEM_NAMESPACE, pod["serviceAccountName"], workdir / "controller.kubeconfig"
-    )
-    health_port, metrics_port = tb.free_ports(2)
-    env = {
-        **os.environ,
-        **chart_env,
-        "KUBECONFIG": str(kubeconfig),
-        "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # kwok runs no submitter pod
-        "SPOTRAY_HEALTH_PORT": str(health_port),
-        "SPOTRAY_METRICS_PORT": str(metrics_port),
-        "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "2",
-    }
-    log = (workdir / "controller.log").open("ab")
-    return subprocess.Popen([sys.executable, "-m", "spotray.controller"], cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
+def pods(testbed: tb.Testbed, namespace: str, selector: str) -> list[dict[str, Any]]:
+    out = testbed.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
+    items: list[dict[str, Any]] = json.loads(out)["items"]
+    return items
 
 
-def lose_the_spot_node(testbed: tb.Testbed, ray: tb.RayHead, stop: threading.Event) -> None:
-    """Once attempt 1 passed PREEMPT_AT_STEP: delete the node of its worker pod, as a cloud reclaims it."""
+def lose_the_spot_node(testbed: tb.Testbed, stop: threading.Event) -> None:
+    """Once attempt 1 passed PREEMPT_AT_STEP: reclaim the node of its worker pod, as a cloud does."""
     while not stop.is_set():
         status = run_status(testbed)
         step = (status.get("progress") or {}).get("step") or 0
@@ -141,24 +132,22 @@ def lose_the_spot_node(testbed: tb.Testbed, ray: tb.RayHead, stop: threading.Eve
         time.sleep(1)
     else:
         return
-    reclaim_worker_node(testbed, ray, status, RUN, stop)
+    reclaim_worker_node(testbed, status, RUN, stop)
 
 
-def reclaim_worker_node(
-    testbed: tb.Testbed, ray: tb.RayHead, status: dict[str, Any], name: str, stop: threading.Event
-) -> None:
-    """Delete the node of the current attempt's worker pod, as a cloud reclaims a spot VM; it comes back 10 s later."""
+def reclaim_worker_node(testbed: tb.Testbed, status: dict[str, Any], name: str, stop: threading.Event) -> float:
+    """Reclaim the node of the current attempt's worker pod (notice, then the VM gone); a new spot
+    VM joins SPOT_BACK_AFTER_S later. Returns when the notice was given (time.time())."""
     attempt = len(status.get("attempts") or [])
     step = (status.get("progress") or {}).get("step")
     selector = f"{RUN_LABEL}={name},{ATTEMPT_LABEL}={attempt},ray.io/node-type=worker"
-    pods = json.loads(testbed.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)["items"]
-    node = pods[0]["spec"]["nodeName"]
-    job = json.loads(testbed.kubectl("get", "rayjob", status["rayJob"], "-n", NAMESPACE, "-o", "json").stdout)
-    say(f"spot node {node} reclaimed at step {step} (its pods marked DisruptionTarget, node and pods deleted)")
-    testbed.preempt_node(node)
-    ray.kill_job(job["status"]["jobId"])  # the shared Ray head outlives the kwok node: stop its job to match
-    stop.wait(10)
-    testbed.restore_node(node)  # a new spot VM joins under the same name
+    node = pods(testbed, NAMESPACE, selector)[0]["spec"]["nodeName"]
+    say(f"spot node {node} reclaimed at step {step}: tainted, its pods evicted with their grace period, then gone")
+    noticed = time.time()
+    testbed.reclaim_real_node(node)
+    stop.wait(SPOT_BACK_AFTER_S)
+    testbed.start_real_node(next(n for n in testbed.real_nodes if n.name == node))  # a new spot VM, same name
+    return noticed
 
 
 def spotray(*args: str, kubeconfig: Path | None = None, env: dict[str, str] | None = None) -> int:
@@ -198,70 +187,94 @@ def as_supervisor(workdir: Path) -> Iterator[None]:
 
 @dataclass
 class DemoCluster:
-    """What `demo_cluster` starts: the test bed with the chart installed, S3, the Ray head, the controller."""
+    """What `demo_cluster` starts: the test bed on real nodes with the chart installed (controller, MinIO)."""
 
     testbed: tb.Testbed
-    s3: LocalS3Server
-    ray: tb.RayHead
     kubeconfig: Path
+    s3_env: dict[str, str]  # MinIO's endpoint (its pod address) and root keys, for `spotray pull` from here
+
+
+def minio_volume(testbed: tb.Testbed) -> dict[str, Any]:
+    """A PersistentVolume for the chart's MinIO claim: a directory of the work dir (the nodes share the
+    machine's disk). 0777: MinIO runs as a user that owns nothing here, and fsGroup skips hostPath."""
+    path = testbed.workdir / "minio-data"
+    path.mkdir(exist_ok=True)
+    path.chmod(0o777)
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "testbed-minio"},
+        "spec": {
+            "capacity": {"storage": "50Gi"},
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "hostPath": {"path": str(path), "type": "Directory"},
+        },
+    }
+
+
+def image_values() -> list[str]:
+    """helm --set flags that point the chart at the images `make testbed` built (never pulled)."""
+    refs = {name: image["ref"].rsplit(":", 1) for name, image in tb.real.images_manifest().items()}
+    return [
+        "--set", f"image.repository={refs['spotray'][0]}", "--set", f"image.tag={refs['spotray'][1]}",
+        "--set", "image.pullPolicy=Never",
+        "--set", f"minio.image.repository={refs['minio'][0]}", "--set", f"minio.image.tag={refs['minio'][1]}",
+        "--set", f"minio.mcImage.repository={refs['mc'][0]}", "--set", f"minio.mcImage.tag={refs['mc'][1]}",
+    ]  # fmt: skip
+
+
+def install_chart(testbed: tb.Testbed, *extra: str) -> dict[str, str]:
+    """The S3 Secret, MinIO's volume and `helm install --wait`; returns the S3 env for this machine."""
+    keys = {"AWS_ACCESS_KEY_ID": ROOT_USER, "AWS_SECRET_ACCESS_KEY": ROOT_PASSWORD}
+    for namespace in (SYSTEM_NAMESPACE, NAMESPACE):
+        testbed.kubectl("create", "namespace", namespace)
+        testbed.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+        testbed.kubectl("create", "secret", "generic", SECRET, "-n", namespace,
+                        *(f"--from-literal={k}={v}" for k, v in keys.items()))  # fmt: skip
+    testbed.apply(minio_volume(testbed))
+    helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig)]
+    subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--wait", "--timeout", "10m",
+                    *image_values(), "--set", "minio.enabled=true", "--set", f"s3.existingSecret={SECRET}",
+                    "--set", f"controller.watchNamespaces={{{NAMESPACE}}}",
+                    "--set", "controller.reconcileIntervalSeconds=2", *extra],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    minio = pods(testbed, SYSTEM_NAMESPACE, "app.kubernetes.io/component=minio")[0]
+    return {"AWS_ENDPOINT_URL": f"http://{minio['status']['podIP']}:9000", "AWS_REGION": "us-east-1", **keys}
 
 
 @contextlib.contextmanager
 def demo_cluster(workdir: Path) -> Iterator[DemoCluster]:
-    """The test bed, an S3 server, `helm install` of the chart, the run's Secret, a Ray head with what
-    its pods would get, and the controller; all stopped on the way out."""
-    with contextlib.ExitStack() as stack:
-        say(f"starting the test bed in {workdir} (etcd, kube-apiserver, scheduler, kwok nodes, KubeRay)")
-        testbed = stack.enter_context(tb.Testbed(workdir))
+    """The test bed on real nodes and `helm install` of the chart (controller and MinIO as pods)."""
+    say(f"starting the test bed in {workdir}: control plane, KubeRay, two real nodes (on-demand, spot)")
+    with tb.Testbed(workdir, nodes=[], real_nodes=[ON_DEMAND_NODE, SPOT_NODE]) as testbed:
         kubeconfig = testbed.kubeconfig
         print(
             "while it runs, from another terminal:\n"
             f"  export KUBECONFIG={kubeconfig}\n"
             f"  kubectl get trainingruns -n {NAMESPACE} -w\n"
-            f"  kubectl get events -n {NAMESPACE} --sort-by=.lastTimestamp\n"
-            f"  kubectl get rayjobs,pods -n {NAMESPACE} -o wide\n"
+            f"  kubectl get pods -A -o wide\n"
+            f"  kubectl logs -n {NAMESPACE} -l ray.io/node-type=head -c ray-head -f\n"
             "  make cluster-down    # stops everything this demo started",
             flush=True,
         )
-
-        say("an S3 server (SeaweedFS) for checkpoints and the dataset")
-        s3 = stack.enter_context(LocalS3Server(workdir / "s3"))
-        s3.create_bucket(BUCKET)
-
-        say(f"helm install {RELEASE} charts/spotray (CRDs, RBAC, the controller) watching {NAMESPACE}")
-        testbed.kubectl("create", "namespace", NAMESPACE)
-        testbed.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
-        helm = [str(tb.binary("helm")), "--kubeconfig", str(kubeconfig)]
-        subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--create-namespace", "--wait",
-                        "--set", f"controller.watchNamespaces={{{NAMESPACE}}}", "--set", f"s3.existingSecret={SECRET}",
-                        "--set-json", f"s3.allowedEndpoints={json.dumps([s3.endpoint_url])}"],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
-
-        say(f"the run's S3 Secret {SECRET} (endpoint and keys), and a Ray head with what its pods would get")
-        literals = [f"--from-literal={key}={value}" for key, value in s3.env().items()]
-        testbed.kubectl("create", "secret", "generic", SECRET, "-n", NAMESPACE, *literals)
-        pod_env = {**secret_env(testbed, NAMESPACE, SECRET), "PYTHONPATH": str(ROOT)}
-        ray = stack.enter_context(tb.RayHead(workdir / "ray", num_cpus=3, extra_env=pod_env))
-        testbed.set_default_ray_head(ray.address)
-
-        say("the controller, with the chart's settings and ServiceAccount")
-        controller = start_controller(testbed, workdir)
-        stack.callback(controller.wait)
-        stack.callback(controller.terminate)
-        yield DemoCluster(testbed, s3, ray, kubeconfig)
+        say(f"helm install {RELEASE} charts/spotray: the controller and MinIO as pods, watching {NAMESPACE}")
+        s3_env = install_chart(testbed)
+        print(testbed.kubectl("get", "pods", "-n", SYSTEM_NAMESPACE, "-o", "wide").stdout, flush=True)
+        yield DemoCluster(testbed, kubeconfig, s3_env)
 
 
 def demo(workdir: Path, keep: bool) -> int:
     with demo_cluster(workdir) as cluster, contextlib.ExitStack() as stack:
         testbed, kubeconfig = cluster.testbed, cluster.kubeconfig
         manifest = workdir / "trainingrun.yaml"
-        manifest.write_text(yaml.safe_dump(demo_training_run(workdir / "job"), sort_keys=False))
+        manifest.write_text(yaml.safe_dump(demo_training_run(), sort_keys=False))
         say(f"kubectl apply -f {manifest}")
         print(testbed.kubectl("apply", "-f", str(manifest)).stdout.strip(), flush=True)
 
         stop = threading.Event()
         stack.callback(stop.set)
-        threading.Thread(target=lose_the_spot_node, args=(testbed, cluster.ray, stop), daemon=True).start()
+        threading.Thread(target=lose_the_spot_node, args=(testbed, stop), daemon=True).start()
         say(f"spotray watch {RUN} (a spot node is lost after step {PREEMPT_AT_STEP})")
         spotray("watch", RUN, "-n", NAMESPACE, kubeconfig=kubeconfig)
         status = run_status(testbed)
@@ -273,7 +286,7 @@ def demo(workdir: Path, keep: bool) -> int:
             return 1
 
         say("the final model and the loss across attempts, from S3")
-        env = cluster.s3.env()
+        env = cluster.s3_env
         if spotray("pull", str(manifest), str(workdir / "model"), env=env) != 0:
             return 1
         if spotray("plot", str(manifest), "-o", str(workdir / "loss.png"), env=env) != 0:

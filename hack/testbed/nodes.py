@@ -172,7 +172,7 @@ def leftover_netns(tag: str = NETNS_PREFIX) -> list[str]:
 def leftover_links() -> list[str]:
     out = sh("ip", "-o", "link", "show", check=False).stdout
     names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
-    return [n for n in names if n.startswith(("srh", "srf")) or (n.startswith("sr") and "o" in n[2:])]
+    return [n for n in names if n.startswith(("srh", "srf")) and n[3:].isdigit()]
 
 
 def leftover_cgroups() -> list[Path]:
@@ -184,6 +184,39 @@ def leftover_mounts() -> list[str]:
     mount_points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
     markers = ("io.containerd.", "/kubelet/pods/", "/containerd-state/", "/run/containerd")
     return [m for m in mount_points if any(marker in m for marker in markers)]
+
+
+def reap_orphans() -> list[str]:
+    """Remove the nodes of test beds whose owner is dead (a test run SIGKILLed earlier): their
+    containers (by cgroup), network namespaces and host links. Returns what it removed.
+
+    A dead node's private mount namespace (and every container mount in it) went with its last
+    process; its kernel settings were never changed.
+    """
+    removed = []
+    live_nodes = set()
+    for netns in leftover_netns():
+        owner = netns[len(NETNS_PREFIX) :].partition("-")[0]
+        if owner.isdigit() and Path(f"/proc/{owner}").exists():
+            live_nodes.add(netns.partition("-")[2].partition("-")[2])
+            continue
+        for pid in sh("ip", "netns", "pids", netns, check=False).stdout.split():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        sh("ip", "netns", "del", netns, check=False)
+        removed.append(netns)
+    for link in leftover_links():
+        owner = link[3:]  # srh<pid>, srf<pid>
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            sh("ip", "link", "del", link, check=False)
+            removed.append(link)
+    # Routes through a deleted host link went with it.
+    for cgroup in {p.name for p in leftover_cgroups()}:
+        if cgroup.removeprefix("spotray-") not in live_nodes:
+            kill_cgroup_processes(f"/{cgroup}")
+            remove_cgroup_tree(f"/{cgroup}")
+            removed.append(cgroup)
+    return removed
 
 
 def kill_cgroup_processes(root: str) -> int:

@@ -190,6 +190,7 @@ def reap_orphans() -> list[int]:
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():
             victims.append(pid)
     kill_pids(victims)
+    real.reap_orphans()
     return victims
 
 

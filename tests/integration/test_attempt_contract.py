@@ -74,6 +74,9 @@ BUGGY_JOB = textwrap.dedent(
 )
 
 
+# About 2.5 minutes of real Ray: a campaign (make test-campaign), to keep make test within its budget
+# once the real-pods e2e joined it. make test keeps the rule (tests/unit/test_crash_loop.py).
+@pytest.mark.campaign
 @pytest.mark.timeout(900)
 def test_a_training_loop_that_keeps_raising_fails_the_attempt_within_the_bound(tmp_path: Path) -> None:
     script = tmp_path / "buggy.py"

@@ -14,7 +14,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "testbed"))
 
-import nodes as real  # noqa: E402 - lives in hack/testbed
+import nodes as real  # lives in hack/testbed
 
 pytestmark = pytest.mark.unit
 

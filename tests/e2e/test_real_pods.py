@@ -1,0 +1,112 @@
+"""The cluster story on real pods (hack/cluster_demo.py's cluster): real kubelets, containerd and runc
+run the images built from the repository's Dockerfile, on a pod network in 198.18.0.0/15 with no
+uplink (docs/testbed.md, "Real pods").
+
+`helm install` of the chart starts the controller Deployment and MinIO as real containers; a
+TrainingRun trains in the KubeRay RayCluster's head and worker pods; its spot node is reclaimed the
+way a cloud does it (the notice: taint and eviction with the pods' grace period, so the preStop drain
+and the emergency checkpoint run in the container; then the VM: kubelet, containers and network
+stop, the Node is deleted); a new spot node joins, the next attempt resumes from the newest
+checkpoint, the run ends Succeeded, and `spotray pull` verifies the model from MinIO. Afterwards
+nothing of the nodes is left on the machine and its kernel settings are as before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES
+from tests.e2e.conftest import ROOT, tb
+
+sys.path.insert(0, str(ROOT / "hack"))
+import cluster_demo
+
+pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
+
+real = tb.real
+RUN = "gpt2-real"
+MAX_STEPS = 300
+EVERY = 25
+RECLAIM_AT_STEP = 60
+TIMEOUT_S = 1200
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster_demo.DemoCluster]:
+    # The images must hold this tree's code: images.sh --check says whether they are current.
+    if subprocess.run([str(ROOT / "hack" / "testbed" / "images.sh"), "--check"], check=False).returncode != 0:
+        pytest.fail("the test bed's images are missing or older than the sources: run `make testbed`")
+    before = real.kernel_settings()
+    with cluster_demo.demo_cluster(tmp_path_factory.mktemp("real-pods")) as demo:
+        yield demo
+    # The machine as it was: no namespace, link, cgroup or mount of the nodes, same kernel settings.
+    assert real.kernel_settings() == before
+    assert real.leftover_netns() == []
+    assert real.leftover_links() == []
+    assert real.leftover_cgroups() == []
+    assert real.leftover_mounts() == []
+
+
+def test_the_chart_runs_its_controller_and_minio_as_real_pods(cluster: cluster_demo.DemoCluster) -> None:
+    bed = cluster.testbed
+    for component in ("controller", "minio"):
+        (pod,) = cluster_demo.pods(bed, cluster_demo.SYSTEM_NAMESPACE, f"app.kubernetes.io/component={component}")
+        assert pod["status"]["phase"] == "Running"
+        assert pod["status"]["podIP"].startswith("198.18."), pod["status"]
+        assert all(c["ready"] for c in pod["status"]["containerStatuses"]), pod["status"]
+    # kubectl logs and exec reach the real containers through the kubelets.
+    controller = ["-n", cluster_demo.SYSTEM_NAMESPACE, "deployment/spotray-controller"]
+    assert bed.kubectl("logs", *controller).stdout.strip(), "the controller container logged nothing"
+    probe = "import spotray, torch, ray; print('in the pod', torch.__version__, ray.__version__)"
+    assert "in the pod" in bed.kubectl("exec", *controller, "--", "python", "-c", probe).stdout
+
+
+def progress(status: dict[str, Any]) -> str:
+    attempts = [f"{a['attempt']}:{a.get('outcome')}" for a in status.get("attempts") or []]
+    return f"{status.get('phase')} step {(status.get('progress') or {}).get('step')} attempts {attempts}"
+
+
+@pytest.mark.timeout(TIMEOUT_S + 300)
+def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_demo.DemoCluster, tmp_path: Path) -> None:
+    bed = cluster.testbed
+    manifest = tmp_path / "trainingrun.yaml"
+    document = cluster_demo.demo_training_run(name=RUN, steps=MAX_STEPS, every=EVERY)
+    manifest.write_text(yaml.safe_dump(document))
+    bed.kubectl("apply", "-f", str(manifest))
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while (
+        step := ((status := cluster_demo.run_status(bed, RUN)).get("progress") or {}).get("step") or 0
+    ) < RECLAIM_AT_STEP:
+        assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
+        assert time.monotonic() < deadline, f"no step {RECLAIM_AT_STEP} in time: {status}"
+        print(progress(status), flush=True)
+        time.sleep(2)
+    cluster_demo.reclaim_worker_node(bed, status, RUN, threading.Event())
+    while (status := cluster_demo.run_status(bed, RUN)).get("phase") not in TERMINAL_PHASES:
+        assert time.monotonic() < deadline, f"the run did not end in time: {status}"
+        print(progress(status), flush=True)
+        time.sleep(3)
+    attempts = status.get("attempts") or []
+    assert status["phase"] == SUCCEEDED, json.dumps(status, indent=2)
+    assert attempts[0]["outcome"] == "Preempted", attempts
+    assert status.get("failures", 0) == 0, attempts
+
+    pulled = subprocess.run(
+        [sys.executable, "-m", "spotray.cli", "pull", str(manifest), str(tmp_path / "model")],
+        env={**os.environ, **cluster.s3_env}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert (tmp_path / "model" / "model.safetensors").exists()
+    assert step >= RECLAIM_AT_STEP
