@@ -120,13 +120,13 @@ GO
   publish etcd "$ETCD_VERSION"
 }
 
-build_kubernetes() {
-  local out src gomod
-  out="$(staging_dir kubernetes "$KUBERNETES_VERSION")"
-  src="$out/src"
+# Builds commands of k8s.io/kubernetes into $out/bin: component, then the cmd/ names. The module
+# points every k8s.io/<staging> module at ./staging/src; a consumer module must replace each of them
+# with the published v0.x tag of the same release (the list comes from the release's own go.mod).
+build_from_kubernetes() {
+  local out="$1" src="$1/src" gomod cmd
+  shift
   mkdir -p "$src"
-  # k8s.io/kubernetes points every k8s.io/<staging> module at ./staging/src; a consumer module
-  # must replace each of them with the published v0.x tag of the same release.
   gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
     sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
   {
@@ -135,19 +135,11 @@ build_kubernetes() {
     grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
       awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
   } >"$src/go.mod"
-  cat >"$src/tools.go" <<'GO'
-//go:build tools
-
-// Package tools only pins the commands built from k8s.io/kubernetes.
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-apiserver"
-	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
-	_ "k8s.io/kubernetes/cmd/kube-scheduler"
-	_ "k8s.io/kubernetes/cmd/kubectl"
-)
-GO
+  {
+    printf '//go:build tools\n\n// Package tools only pins the commands built from k8s.io/kubernetes.\npackage tools\n\nimport (\n'
+    for cmd in "$@"; do printf '\t_ "k8s.io/kubernetes/cmd/%s"\n' "$cmd"; done
+    printf ')\n'
+  } >"$src/tools.go"
   local v="$KUBERNETES_VERSION" minor="${KUBERNETES_VERSION#v1.}"
   minor="${minor%%.*}"
   # The version the binaries report (kubectl version, /version); upstream sets it the same way.
@@ -157,10 +149,14 @@ GO
     ldflags+=" -X $pkg.gitTreeState=clean"
   done
   (cd "$src" && go mod tidy &&
-    "${NICE[@]}" go build -ldflags "$ldflags" -o "$out/bin/" \
-      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-      k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl)
+    "${NICE[@]}" go build -ldflags "$ldflags" -o "$out/bin/" "${@/#/k8s.io/kubernetes/cmd/}")
   rm -rf "$src"
+}
+
+build_kubernetes() {
+  local out
+  out="$(staging_dir kubernetes "$KUBERNETES_VERSION")"
+  build_from_kubernetes "$out" kube-apiserver kube-controller-manager kube-scheduler kubectl
   publish kubernetes "$KUBERNETES_VERSION"
 }
 
@@ -218,43 +214,12 @@ build_mc() {
 # plane (the Go cache it warmed makes this about half a minute), and the pause binary: Kubernetes'
 # own build/pause/linux/pause.c, static, for the pause image (hack/testbed/images.sh).
 build_kubenode() {
-  local out src gomod dir
+  local out dir
   out="$(staging_dir kubenode "$KUBERNETES_VERSION")"
-  src="$out/src"
-  mkdir -p "$src"
-  gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
-    sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  build_from_kubernetes "$out" kubelet kube-proxy
   dir="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
     sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  {
-    printf 'module spotray.local/testbed/kubenode\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n' \
-      "$KUBERNETES_VERSION"
-    grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
-      awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
-  } >"$src/go.mod"
-  cat >"$src/tools.go" <<'GO'
-//go:build tools
-
-// Package tools only pins the node commands built from k8s.io/kubernetes.
-package tools
-
-import (
-	_ "k8s.io/kubernetes/cmd/kube-proxy"
-	_ "k8s.io/kubernetes/cmd/kubelet"
-)
-GO
-  local v="$KUBERNETES_VERSION" minor="${KUBERNETES_VERSION#v1.}"
-  minor="${minor%%.*}"
-  local ldflags="-s -w"
-  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ldflags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-    ldflags+=" -X $pkg.gitTreeState=clean"
-  done
-  (cd "$src" && go mod tidy &&
-    "${NICE[@]}" go build -ldflags "$ldflags" -o "$out/bin/" \
-      k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy)
   gcc -Os -static -o "$out/bin/pause" "$dir/build/pause/linux/pause.c"
-  rm -rf "$src"
   publish kubenode "$KUBERNETES_VERSION"
 }
 
