@@ -53,7 +53,7 @@ test: setup testbed ## every suite: unit, integration and e2e, then the compat m
 	$(PY) -m pytest -m "not unit and not campaign" --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-compat
 
-test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, fewer workers, elastic grow-back, CNN, cluster demo)
+test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, fewer workers, elastic grow-back, CNN, keep-raising, cluster demo)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)
@@ -118,8 +118,8 @@ bench-goodput-elastic: setup ## local runs losing a worker node at random: elast
 	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
 		--capacity-back-s 60 --name goodput_elastic
 
-bench-goodput-testbed: setup testbed ## the TrainingRun on the test bed (controller, KubeRay, Ray), its spot node reclaimed at random: goodput
-	$(PY) -m bench.goodput_testbed
+bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot node reclaimed once: goodput, RayJob -> first step, notice -> training again
+	$(PY) -m bench.goodput_testbed --steps 600 --interval 50 --reclaim-at 160
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
 	rm -rf $(VENV) demo-output bench/work build .pytest_cache .mypy_cache .ruff_cache
