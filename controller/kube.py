@@ -7,6 +7,7 @@ to the API server must fail one reconcile, which is retried, not hang it and its
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 import time
@@ -18,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spotray.contract.names import API_VERSION, GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
-from spotray.controller.lifecycle import Event, timestamp
+from spotray.controller.lifecycle import Event, RayJobRefusal, timestamp
 from spotray.controller.s3_access import SecretView
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,29 @@ log = logging.getLogger(__name__)
 COMPONENT = "spotray-controller"
 # (connect, read) seconds for every API call.
 REQUEST_TIMEOUT = (5.0, 30.0)
+
+
+class RayJobRefusedError(Exception):
+    """The API server answered a RayJob create with an error other than 409: it did not create it."""
+
+    def __init__(self, refusal: RayJobRefusal) -> None:
+        super().__init__(str(refusal))
+        self.refusal = refusal
+
+
+def refusal_of(error: ApiException) -> RayJobRefusal:
+    """The API server's metav1.Status in ``error`` (its reason and words), or what the client saw."""
+    try:
+        answer = json.loads(error.body or "")
+    except (TypeError, ValueError):
+        answer = None
+    if not isinstance(answer, dict):
+        answer = {}
+    return RayJobRefusal(
+        code=error.status,
+        reason=str(answer.get("reason") or error.reason or "Error"),
+        message=str(answer.get("message") or error.body or error.reason or ""),
+    )
 
 
 class Cluster:
@@ -92,6 +116,8 @@ class Cluster:
         """Create it; None when created, else the RayJob that already has its name.
 
         The caller decides whether that one is its own (the owner reference's UID), never this.
+        Raises ``RayJobRefusedError`` when the API server answers with any other error (a quota, an
+        admission policy, the schema): the caller decides what that means for the run.
         """
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
@@ -100,7 +126,7 @@ class Cluster:
             )
         except ApiException as error:
             if error.status != 409:
-                raise
+                raise RayJobRefusedError(refusal_of(error)) from error
             existing = self.get_rayjob(namespace, name)
             # Gone between the 409 and the read: say "exists" with no owner, and the next reconcile retries.
             return existing if existing is not None else {"metadata": {"name": name}}

@@ -61,6 +61,7 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.names import (
     DEPLOYMENT_ENDED,
+    DEPLOYMENT_VALIDATION_FAILED,
     FAILED,
     JOB_ENDED,
     JOB_PENDING,
@@ -140,6 +141,7 @@ REASON_WAITING_FOR_STORAGE = "WaitingForStorage"
 REASON_STORAGE_UNREACHABLE = "StorageUnreachable"  # also the StorageUnreachable condition's
 REASON_STATUS_UNREADABLE = "StatusUnreadable"  # a status field did not match its declaration: rebuilt
 REASON_RETRY_BUDGET_SPENT = "RetryBudgetSpent"  # an ended run's status did not say Failed: nothing starts
+REASON_RAYJOB_REFUSED = "RayJobRefused"  # the API server did not create the attempt's RayJob: tried again
 
 # status.conditions[].type
 CONDITION_PROGRESSING = "Progressing"
@@ -403,6 +405,9 @@ class Observation:
     records: AttemptRecords | None = field(default_factory=AttemptRecords)
     run_uid: str | None = None  # the TrainingRun's metadata.uid: a RayJob owned by another UID is not ours
     storage_error: str = ""
+    # The store answered and refused the controller, which has no credentials it may use for this run
+    # (it names no Secret): the records will never be readable, so the RayJob's facts alone decide.
+    storage_refused: bool = False
     settle_seconds: float = 5.0
     # An attempt whose Ray cluster has not started this long after it began ends as a failure
     # (pods refused by admission, a quota, no capacity): it must never wait for ever. 0: no deadline.
@@ -550,6 +555,76 @@ def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetim
     )
     kind = "Warning" if end.outcome == OUTCOME_FAILED else "Normal"
     return Plan(new, events=(Event(kind, end.reason, bounded(what)),), requeue_after_s=delay)
+
+
+@dataclass(frozen=True)
+class RayJobRefusal:
+    """Why the API server did not create a RayJob: its answer (a metav1.Status), or the controller's own
+    size check before asking (``code`` None)."""
+
+    code: int | None  # the HTTP status; None: the controller's own check of the content refused it
+    reason: str  # metav1.Status reason: Forbidden, Invalid, RequestEntityTooLarge, InternalError, ...
+    message: str
+
+    @property
+    def content_is_cause(self) -> bool:
+        """The RayJob's content is refused: the same spec would be refused again, so it is bad input.
+
+        400/413/422 are the schema, a CEL rule or the size; etcd's own size limit comes back as a 500
+        that says so. A quota or RBAC (403), an admission policy or webhook (which an administrator
+        changes, whatever status code it chose), an overloaded or failing API server (429, 5xx) may
+        all pass later: those are retried until the start deadline.
+        """
+        if self.code is None:
+            return True
+        policy = "admission webhook" in self.message or "ValidatingAdmissionPolicy" in self.message
+        if policy:
+            return False
+        return self.code in (400, 413, 422) or "request is too large" in self.message
+
+    def __str__(self) -> str:
+        said = f"{self.code} {self.reason}" if self.code is not None else self.reason
+        return f"{said}: {self.message}"
+
+
+def rayjob_refused(
+    decided: Plan, run: TrainingRun, refusal: RayJobRefusal, now: datetime, start_deadline_seconds: float
+) -> Plan:
+    """The plan after the API server refused to create the RayJob ``decided`` asked for.
+
+    ``decided.state`` already records the attempt (``start_attempt``, or a running attempt whose
+    RayJob is missing): it stays recorded, so its start deadline runs from its start. A refused
+    content fails the run at once with the server's words (bad input). Anything else is tried again
+    with a growing pause, the status saying why, until the start deadline ends the attempt
+    (``_plan_running_attempt``): a quota that never frees never leaves a run "starting" for ever.
+    """
+    state = decided.state
+    current = state.current
+    assert current is not None
+    assert current.attempt == decided.create_attempt
+    what = f"the API server refused to create RayJob {current.ray_job} ({refusal})"
+    if refusal.content_is_cause:
+        fix = "shorten spec.runtimeEnv or the other fields named" if "large" in str(refusal) else "fix the fields named"
+        end = AttemptEnd(OUTCOME_FAILED, REASON_BAD_INPUT, f"{what}; {fix} and create the run again")
+        return end_attempt(state, run, end, now)
+    started = parse_timestamp(current.start_time) or now
+    waited = (now - started).total_seconds()
+    until = (
+        f" until the start deadline, {start_deadline_seconds:.0f} s after it began at {current.start_time}"
+        if start_deadline_seconds
+        else ""
+    )
+    message = (
+        f"attempt {current.attempt} waiting: {what}; tried again{until}. A ResourceQuota, an admission policy or "
+        "webhook, or the controller's role decides this: `kubectl describe quota,validatingadmissionpolicy` "
+        f"and the controller's log say which"
+    )
+    # Half the time waited so far, within [5 s, 60 s]: a quota freed by another run is seen quickly,
+    # and a long refusal costs the API server one create a minute.
+    delay = min(max(waited / 2, 5.0), 60.0)
+    new = replace(state, phase=PENDING, message=bounded(message))
+    events = (*decided.events, Event("Warning", REASON_RAYJOB_REFUSED, bounded(message)))
+    return Plan(new, events=events, requeue_after_s=delay)
 
 
 def interruptions_in_a_row(attempts: Sequence[AttemptStatus]) -> int:
@@ -740,12 +815,16 @@ def _rayjob_name_too_long(state: RunState, run: TrainingRun, number: int) -> Pla
 def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:  # noqa: PLR0911
     state, job = obs.state, obs.job
     if job is None:
-        # Status says the attempt runs but its RayJob is missing: the controller stopped between
-        # recording the attempt and creating it (or someone deleted it). Create it; the name makes
-        # this idempotent.
+        # Status says the attempt runs but its RayJob is missing: the API server refused to create
+        # it (``rayjob_refused``), or someone deleted it. Create it; the name makes this
+        # idempotent. A RayJob that is never created ends the attempt at the start deadline too.
+        if _past_start_deadline(obs, current, now):
+            return _start_deadline_exceeded(obs, current, None, now)
         return Plan(replace(state, phase=PENDING), create_attempt=current.attempt)
     if obs.run_uid is not None and job.owner_uid != obs.run_uid:
         return wait_for_foreign_rayjob(state, obs.run, current.ray_job, current.attempt, job.owner_uid)
+    if job.deployment_status == DEPLOYMENT_VALIDATION_FAILED:
+        return _validation_failed(obs, current, job, now)
     if not job.finished:
         running = job.job_status == JOB_RUNNING
         if not running and _past_start_deadline(obs, current, now):
@@ -753,8 +832,12 @@ def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetim
         message = f"attempt {current.attempt} {'running' if running else 'starting'}"
         return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
     if obs.records is None and job.job_status != JOB_SUCCEEDED and not job.disruption:
-        return _wait_for_storage(obs, current, now)
-    end = classify_end(job, obs.records or AttemptRecords())
+        if not obs.storage_refused:
+            return _wait_for_storage(obs, current, now)
+        end = classify_end(job, AttemptRecords())
+        end = replace(end, message=f"{end.message} ({_judged_without_records(obs)})")
+    else:
+        end = classify_end(job, obs.records or AttemptRecords())
     if end.outcome in (OUTCOME_FAILED, OUTCOME_INTERRUPTED) and job.end_time is not None:
         waited = (now - job.end_time).total_seconds()
         if waited < obs.settle_seconds:
@@ -790,6 +873,15 @@ def _wait_for_storage(obs: Observation, current: AttemptStatus, now: datetime) -
     return Plan(new, events=events, requeue_after_s=STORAGE_RETRY_S)
 
 
+def _judged_without_records(obs: Observation) -> str:
+    return (
+        "judged from the RayJob alone: the run names no Secret, so the controller reads "
+        f"{obs.run.spec.checkpoint.uri} without credentials, and the store refused ({obs.storage_error}); a "
+        "spot notice the job recorded counts as a failure then. Give the run spec.checkpoint.secretRef with "
+        "read access for the controller to read its records"
+    )
+
+
 def _past_start_deadline(obs: Observation, current: AttemptStatus, now: datetime) -> bool:
     started = parse_timestamp(current.start_time)
     if not obs.start_deadline_seconds or started is None:
@@ -797,9 +889,22 @@ def _past_start_deadline(obs: Observation, current: AttemptStatus, now: datetime
     return (now - started).total_seconds() > obs.start_deadline_seconds
 
 
-def _start_deadline_exceeded(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:
+def _validation_failed(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:
+    """KubeRay refused the RayJob's content (``ValidationFailed``) and will never run it: bad input, at once."""
+    message = (
+        f"KubeRay refused RayJob {current.ray_job} (ValidationFailed): {job.message or 'no message'}; fix the "
+        "TrainingRun's spec (or the chart's rayJob settings) and create the run again"
+    )
+    decided = end_attempt(obs.state, obs.run, AttemptEnd(OUTCOME_FAILED, REASON_BAD_INPUT, message), now)
+    return replace(decided, delete_rayjob=current.ray_job)
+
+
+def _start_deadline_exceeded(obs: Observation, current: AttemptStatus, job: RayJobView | None, now: datetime) -> Plan:
     """End an attempt that never started as a failure, and delete its RayJob (and so its pods)."""
-    where = f"{job.deployment_status or 'no status yet'}" + (f": {job.message}" if job.message else "")
+    if job is None:
+        where = f"never created; last: {obs.state.message}"
+    else:
+        where = f"{job.deployment_status or 'no status yet'}" + (f": {job.message}" if job.message else "")
     message = (
         f"the Ray cluster of attempt {current.attempt} did not start within {obs.start_deadline_seconds:.0f} s "
         f"(RayJob {current.ray_job}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "

@@ -22,6 +22,7 @@ of the same attempt is refused by the API server, never duplicated). What goes i
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import yaml
@@ -37,6 +38,7 @@ from spotray.contract.names import (
 )
 from spotray.contract.spec import RunContext, TrainingRun
 from spotray.controller.config import ControllerConfig
+from spotray.controller.lifecycle import RayJobRefusal
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
@@ -230,3 +232,27 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
         },
         "spec": spec,
     }
+
+
+# etcd refuses a write over 1.5 MiB (its default --max-request-bytes), and KubeRay copies the RayJob's
+# cluster spec into a RayCluster: a RayJob over 1 MiB is refused before the API server is asked, with
+# its size. spec.runtimeEnv is the usual cause: it is in the RayJob twice (runtimeEnvYAML, and
+# SPOTRAY_RUN inside it).
+MAX_RAYJOB_BYTES = 1024 * 1024
+
+
+def size_refusal(rayjob: dict[str, Any], limit: int = MAX_RAYJOB_BYTES) -> RayJobRefusal | None:
+    """A refusal naming the RayJob's size when it is over ``limit`` bytes as JSON; None when it fits."""
+    size = len(json.dumps(rayjob, separators=(",", ":")).encode())
+    if size <= limit:
+        return None
+    runtime_env = len(str(rayjob.get("spec", {}).get("runtimeEnvYAML", "")).encode())
+    return RayJobRefusal(
+        code=None,
+        reason="TooLarge",
+        message=(
+            f"the RayJob would be {size} bytes, over the {limit} the API server's store can take with KubeRay's "
+            f"copies of it ({runtime_env} bytes of it are the runtime env, spec.runtimeEnv counted twice): "
+            "put large files in the image or the bucket, not in spec.runtimeEnv"
+        ),
+    )

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spotray.contract.attempts import AttemptId, AttemptRecords
-from spotray.contract.errors import SpotrayError
+from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.contract.names import (
     ATTEMPT_LABEL,
     DISRUPTED_AT_ANNOTATION,
@@ -42,7 +42,7 @@ from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
-from spotray.controller.kube import Cluster
+from spotray.controller.kube import Cluster, RayJobRefusedError
 from spotray.controller.lifecycle import (
     REASON_INVALID_SPEC,
     REASON_STATUS_UNREADABLE,
@@ -55,9 +55,10 @@ from spotray.controller.lifecycle import (
     conditions,
     parse_timestamp,
     plan,
+    rayjob_refused,
     wait_for_foreign_rayjob,
 )
-from spotray.controller.rayjob import build_rayjob
+from spotray.controller.rayjob import build_rayjob, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
     StoreReports,
@@ -155,13 +156,14 @@ def _report(
 
 def _records(
     run_store: Callable[[], ObjectStore], run: TrainingRun, attempt: AttemptId
-) -> tuple[AttemptRecords | None, str]:
-    """(the attempt's records, "") or (None, why) when the store cannot be read: unknown, not empty."""
+) -> tuple[AttemptRecords | None, str, Cause | None]:
+    """(the attempt's records, "", None) or (None, why, whose it is to fix) when the store cannot be
+    read: unknown, not empty."""
     try:
-        return read_attempt_records(run_store(), attempt), ""
+        return read_attempt_records(run_store(), attempt), "", None
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read the records of %s/%s %s: %s", run.namespace, run.name, attempt, error)
-        return None, str(error)
+        return None, str(error), cause_of(error)
 
 
 # run UID -> the attempt whose RayJob a reconcile created while leaving the status write to the next.
@@ -284,10 +286,14 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     current = state.current
     job = rayjob_view(cluster.get_rayjob(run.namespace, current.ray_job)) if current is not None else None
     records: AttemptRecords | None = AttemptRecords()
-    storage_error = ""
+    storage_error, refused = "", False
     ended = job is not None and job.finished and job.job_status != JOB_SUCCEEDED and job.owner_uid == run_uid
     if current is not None and ended:
-        records, storage_error = _records(run_store, run, AttemptId(run_uid, current.attempt))
+        records, storage_error, cause = _records(run_store, run, AttemptId(run_uid, current.attempt))
+        # No Secret: the controller reads unsigned (never with its own identity, run_store.py), so a
+        # bucket that answered "no" will answer "no" for ever; waiting for it would be no bound.
+        no_secret = (run.spec.checkpoint.secret_ref or config.s3_secret) is None
+        refused = records is None and no_secret and cause == Cause.BAD_INPUT
     return Observation(
         run,
         state,
@@ -295,6 +301,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         records,
         run_uid=run_uid,
         storage_error=storage_error,
+        storage_refused=refused,
         settle_seconds=config.settle_seconds,
         start_deadline_seconds=config.start_deadline_seconds,
         storage_patience_seconds=config.storage_patience_seconds,
@@ -342,7 +349,7 @@ def _act(  # noqa: PLR0917
         del _created_awaiting_status[uid]
         cluster.delete_rayjob(namespace, rayjob_name(name, unrecorded))
     if decided.create_attempt is not None:
-        created = _create_attempt(cluster, config, run, uid, state, decided, defer_status=defer_status)
+        created = _create_attempt(cluster, config, run, uid, state, decided, now, defer_status=defer_status)
         if created is None:
             return 0.0  # the status write is deferred: come back once no new run waits
         decided = created
@@ -393,10 +400,15 @@ def _create_attempt(  # noqa: PLR0917
     uid: str,
     state: RunState,
     decided: Plan,
+    now: datetime,
     *,
     defer_status: bool,
 ) -> Plan | None:
-    """Create the planned attempt's RayJob; the plan to carry out, or None when the rest is deferred."""
+    """Create the planned attempt's RayJob; the plan to carry out, or None when the rest is deferred.
+
+    A RayJob the API server refuses (or that is too large to ask for) leaves the attempt recorded
+    without one, and the plan says why (``rayjob_refused``).
+    """
     attempt = decided.create_attempt
     assert attempt is not None
     if _created_awaiting_status.get(uid) == attempt:
@@ -404,7 +416,12 @@ def _create_attempt(  # noqa: PLR0917
         # the API server as much as a create). Used once: a RayJob deleted since is made again.
         del _created_awaiting_status[uid]
         return decided
-    existing = cluster.create_rayjob(build_rayjob(run, attempt, uid, config))
+    body = build_rayjob(run, attempt, uid, config)
+    try:
+        existing = _create(cluster, body)
+    except RayJobRefusedError as error:
+        log.warning("%s/%s: RayJob %s not created: %s", run.namespace, run.name, body["metadata"]["name"], error)
+        return rayjob_refused(decided, run, error.refusal, now, config.start_deadline_seconds)
     if existing is None:
         metrics.ATTEMPTS_STARTED.inc()
         crash_point("rayjob-created")
@@ -421,6 +438,14 @@ def _create_attempt(  # noqa: PLR0917
         return wait_for_foreign_rayjob(state, run, existing["metadata"]["name"], attempt, owner)
     crash_point("rayjob-created")
     return decided
+
+
+def _create(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any] | None:
+    """``cluster.create_rayjob``, after the size check that the API server's store would make anyway."""
+    too_large = size_refusal(body)
+    if too_large is not None:
+        raise RayJobRefusedError(too_large)
+    return cluster.create_rayjob(body)
 
 
 def _status(

@@ -34,6 +34,8 @@ JOB_ENDED = (JOB_SUCCEEDED, JOB_FAILED, JOB_STOPPED)
 # ... and status.jobDeploymentStatus, KubeRay's: one of these once it is done with the job.
 DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED = "Complete", "Failed"
 DEPLOYMENT_ENDED = (DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED)
+# KubeRay's verdict on a RayJob whose spec it refuses (a name too long, an inconsistent spec): it never runs.
+DEPLOYMENT_VALIDATION_FAILED = "ValidationFailed"
 
 # On every RayJob and pod of an attempt: which run and attempt they belong to.
 RUN_LABEL = f"{GROUP}/run"

@@ -371,6 +371,133 @@ def test_an_attempt_whose_pods_are_refused_ends_at_the_start_deadline_not_never(
     tb.wait_until("the stuck RayJob to be deleted", lambda: rayjobs(testbed, namespace, "stuck") == [], 60)
 
 
+def events_of(testbed: tb.Testbed, namespace: str, name: str) -> list[dict[str, Any]]:
+    found = testbed.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}", "-o", "json"
+    ).stdout
+    items: list[dict[str, Any]] = json.loads(found)["items"]
+    return items
+
+
+def test_a_rayjob_refused_by_a_quota_waits_saying_so_and_the_same_attempt_starts_once_it_is_lifted(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """The real API server's quota admission refuses the RayJob (403, "exceeded quota"): no budget is
+    spent, the status says why, and once the quota is lifted attempt 1 (not 2) is created."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-rayjobs"},
+        "spec": {"hard": {"count/rayjobs.ray.io": "0"}},
+    }
+    testbed.apply(quota, namespace=namespace)
+    # Quota admission refuses everything until the quota controller has computed the usage.
+    tb.wait_until(
+        "the quota's usage to be computed",
+        lambda: (get(testbed, "resourcequota", "no-rayjobs", namespace).get("status") or {}).get("used"),
+        timeout=60,
+    )
+    start_controller()
+    testbed.apply(training_run("quota", tmp_path, max_steps=10), namespace=namespace)
+
+    status = wait_status(
+        testbed, namespace, "quota", "the refusal said", lambda s: "exceeded quota" in s.get("message", ""), 60
+    )
+    assert status["phase"] == "Pending"
+    assert [(a["attempt"], a["outcome"]) for a in status["attempts"]] == [(1, "Running")]
+    assert (status.get("failures", 0), status.get("preemptions", 0)) == (0, 0)
+    assert rayjobs(testbed, namespace, "quota") == []
+    tb.wait_until(
+        "a RayJobRefused Event",
+        lambda: any(e["reason"] == "RayJobRefused" for e in events_of(testbed, namespace, "quota")),
+        timeout=30,
+    )
+
+    testbed.kubectl("delete", "resourcequota", "no-rayjobs", "-n", namespace)
+    tb.wait_until("RayJob quota-a1", lambda: rayjobs(testbed, namespace, "quota") == ["quota-a1"], timeout=90)
+    status = get(testbed, "trainingrun", "quota", namespace)["status"]
+    assert [a["attempt"] for a in status["attempts"]] == [1]
+
+
+def test_a_rayjob_denied_by_an_admission_policy_ends_at_the_start_deadline_naming_the_policy(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """A ValidatingAdmissionPolicy denies every RayJob in the namespace (422 Invalid, an
+    administrator's rule, so tried again): the attempt ends at the start deadline, not never."""
+    policy_name = f"deny-rayjobs-{namespace}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["ray.io"],
+                        "apiVersions": ["*"],
+                        "operations": ["CREATE"],
+                        "resources": ["rayjobs"],
+                    }
+                ]
+            },
+            "validations": [{"expression": "false", "message": "RayJobs need an approval here"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": policy_name},
+        "spec": {
+            "policyName": policy_name,
+            "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+        },
+    }
+    testbed.apply(policy, binding)
+    try:
+        probe = {
+            "apiVersion": "ray.io/v1",
+            "kind": "RayJob",
+            "metadata": {"name": "probe"},
+            "spec": {"entrypoint": "true"},
+        }
+
+        def denied() -> bool:
+            refused = testbed.kubectl(
+                "create", "--dry-run=server", "-n", namespace, "-f", "-", stdin=json.dumps(probe), check=False
+            )
+            return refused.returncode != 0 and "RayJobs need an approval here" in refused.stderr
+
+        tb.wait_until("the policy to be enforced", denied, timeout=60, interval=1)
+        start_controller(SPOTRAY_START_DEADLINE_SECONDS="15")
+        document = training_run("denied", tmp_path, max_steps=10)
+        document["spec"]["retry"] = {"maxFailures": 0, "backoffSeconds": 1}
+        testbed.apply(document, namespace=namespace)
+
+        waiting = wait_status(
+            testbed, namespace, "denied", "the denial said", lambda s: "approval" in s.get("message", ""), 60
+        )
+        assert waiting["phase"] == "Pending"
+        status = wait_status(testbed, namespace, "denied", "Failed", lambda s: s.get("phase") == "Failed", 90)
+        (attempt,) = status["attempts"]
+        assert (attempt["outcome"], attempt["reason"]) == ("Failed", "StartDeadlineExceeded")
+        assert "never created" in attempt["message"]
+        assert "RayJobs need an approval here" in attempt["message"]
+        assert rayjobs(testbed, namespace, "denied") == []
+    finally:
+        testbed.kubectl("delete", "validatingadmissionpolicybinding", policy_name, "--ignore-not-found")
+        testbed.kubectl("delete", "validatingadmissionpolicy", policy_name, "--ignore-not-found")
+
+
 def test_a_rayjob_left_by_another_run_of_the_same_name_is_never_adopted(
     testbed: tb.Testbed,
     namespace: str,
