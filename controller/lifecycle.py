@@ -28,8 +28,12 @@ Preemptions never spend the failure budget: retrying a spot loss is the normal c
 cannot be read is never taken as an answer: when the store cannot be read at the end of an
 attempt, nothing is decided and no budget is spent; the run waits, says why, and after
 ``Observation.storage_patience_seconds`` (``SPOTRAY_STORAGE_PATIENCE_SECONDS``, controller/config.py) shows a
-``StorageUnreachable`` condition. A RayJob with the attempt's name
-that another TrainingRun owns (a deleted namesake's) is never adopted. ``end_attempt`` is the one
+``StorageUnreachable`` condition; a run without a Secret whose store refuses the controller's
+unsigned reads is judged from its RayJob alone instead (it would wait for ever). A RayJob with the
+attempt's name that another TrainingRun owns (a deleted namesake's) is never adopted. A RayJob the
+API server refuses to create, or KubeRay marks ``ValidationFailed``, fails the run at once when its
+content is the cause (bad input), and is tried again until the start deadline otherwise
+(``rayjob_refused``). ``end_attempt`` is the one
 budget decision; local mode (spotray/local.py) calls it too. A status value that cannot be read
 (``RunState.from_status``: a time that is not one, a list that is not a list, a phase it does not
 know) is never an exception: it is reported once in a ``StatusUnreadable`` Event and rebuilt from

@@ -498,6 +498,58 @@ def test_a_rayjob_denied_by_an_admission_policy_ends_at_the_start_deadline_namin
         testbed.kubectl("delete", "validatingadmissionpolicy", policy_name, "--ignore-not-found")
 
 
+def test_a_rayjob_kuberay_refuses_fails_the_run_at_once_with_kuberays_words(
+    testbed: tb.Testbed,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """The real KubeRay marks a RayJob ValidationFailed (here: a head without containers, which the
+    API server's schema lets through) and never runs it: the run fails at once, not after a start
+    deadline per attempt. The controller's own RayJobs never look like this, so the test makes one
+    under the run's name, owned by the run, before the controller starts."""
+    testbed.apply(training_run("invalid", tmp_path, max_steps=10), namespace=namespace)
+    run = get(testbed, "trainingrun", "invalid", namespace)
+    head = {"rayStartParams": {}, "template": {"spec": {"containers": []}}}
+    rayjob = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {
+            "name": "invalid-a1",
+            "labels": {"spotray.dev/run": "invalid", "spotray.dev/attempt": "1"},
+            "ownerReferences": [
+                {
+                    "apiVersion": "spotray.dev/v1alpha1",
+                    "kind": "TrainingRun",
+                    "name": "invalid",
+                    "uid": run["metadata"]["uid"],
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
+        },
+        "spec": {"entrypoint": "true", "rayClusterSpec": {"headGroupSpec": head}},
+    }
+    testbed.apply(rayjob, namespace=namespace)
+    tb.wait_until(
+        "KubeRay's verdict on RayJob invalid-a1",
+        lambda: (
+            (get(testbed, "rayjob", "invalid-a1", namespace).get("status") or {}).get("jobDeploymentStatus")
+            == "ValidationFailed"
+        ),
+        timeout=60,
+    )
+    start_controller()
+
+    status = wait_status(testbed, namespace, "invalid", "Failed", lambda s: s.get("phase") == "Failed", 60)
+    (attempt,) = status["attempts"]
+    assert (attempt["outcome"], attempt["reason"]) == ("Failed", "BadInput")
+    assert "KubeRay refused RayJob invalid-a1 (ValidationFailed)" in status["message"]
+    assert "container" in status["message"], "KubeRay's own words say what is wrong"
+    tb.wait_until("the refused RayJob to be deleted", lambda: rayjobs(testbed, namespace, "invalid") == [], 60)
+
+
 def test_a_rayjob_left_by_another_run_of_the_same_name_is_never_adopted(
     testbed: tb.Testbed,
     namespace: str,
