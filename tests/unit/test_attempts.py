@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from spotray.contract.attempts import AttemptId, AttemptOutcome
-from spotray.contract.errors import SpotrayError
+from spotray.contract.attempts import AttemptId, AttemptOutcome, Fence
+from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.train.checkpoints.checkpoint import (
     latest_complete_checkpoint,
     list_checkpoints,
@@ -15,6 +15,7 @@ from spotray.train.checkpoints.checkpoint import (
 from spotray.train.checkpoints.resume import fetch_resume_checkpoint
 from spotray.train.records.attempt_records import (
     SupersededError,
+    check_fence,
     read_attempt_records,
     read_fence,
     write_fence,
@@ -120,3 +121,48 @@ def test_a_checkpoint_pruned_between_list_and_read_is_skipped_not_fatal(tmp_path
     point = fetch_resume_checkpoint(racing, tmp_path / "resume")  # type: ignore[arg-type]
     assert point is not None
     assert point.step == 10
+
+
+def test_a_fence_another_run_left_is_taken_over_and_a_newer_attempt_still_supersedes(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another run given the same URI left its fence (issue #36): this run is not stopped by it."""
+    store = store_at(tmp_path)
+    this, newer = AttemptId("uid-1", 1), AttemptId("uid-1", 2)
+    write_fence(store, AttemptId("uid-other", 7), resumed_from=70)
+    assert check_fence(store, this) == Fence("uid-1", 1)
+    assert "run uid-other" in caplog.text
+    assert read_fence(store) == Fence("uid-1", 1)
+    write_fence(store, newer)
+    with pytest.raises(SupersededError) as caught:
+        check_fence(store, this)
+    assert cause_of(caught.value) is Cause.INFRASTRUCTURE
+
+
+def test_an_older_attempt_that_took_a_fence_over_does_not_supersede_the_newer_one(tmp_path: Path) -> None:
+    """Another run's fence replaced attempt 2's while attempt 1 still drained, and attempt 1 took it over:
+    attempt 2 takes it back, and attempt 1 is superseded again."""
+    store = store_at(tmp_path)
+    older, newer = AttemptId("uid-1", 1), AttemptId("uid-1", 2)
+    write_fence(store, AttemptId("uid-other", 7))
+    check_fence(store, older)
+    assert check_fence(store, newer) == Fence("uid-1", 2)
+    with pytest.raises(SupersededError):
+        check_fence(store, older)
+
+
+def test_a_run_that_took_over_the_claim_of_a_run_that_still_runs_stops_as_bad_input(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two runs that both still write to one URI would take the fence from each other for ever: the run
+    that claimed it comes back for it, and the one that took it over stops (give each run its own URI)."""
+    store = store_at(tmp_path)
+    this, other = AttemptId("uid-1", 1), AttemptId("uid-other", 7)
+    write_fence(store, other)  # the other run's driver claims the URI after this one's
+    assert check_fence(store, this) == Fence("uid-1", 1)  # taken over, as if left behind ...
+    assert check_fence(store, other) == Fence("uid-other", 7)  # ... but the other run still runs
+    assert "takes back" in caplog.text
+    with pytest.raises(SupersededError) as caught:
+        check_fence(store, this)
+    assert cause_of(caught.value) is Cause.BAD_INPUT
+    assert check_fence(store, other) == Fence("uid-other", 7)

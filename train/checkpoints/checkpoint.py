@@ -385,11 +385,11 @@ def download_checkpoint(store: ObjectStore, info: CheckpointInfo, dest_root: Pat
         partial = dest_root / f".{info.prefix}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         names = list(manifest.files)
-        digests = store.download_files([(f"{info.prefix}/{name}", partial / name) for name in names])
         try:
+            digests = store.download_files([(f"{info.prefix}/{name}", partial / name) for name in names])
             verify_local_checkpoint(partial, manifest, {name: digests[partial / name] for name in names})
-        except CorruptCheckpointError:
-            shutil.rmtree(partial, ignore_errors=True)
+        except Exception:
+            shutil.rmtree(partial, ignore_errors=True)  # the node's disk is not left holding a copy nobody uses
             raise
         (partial / MANIFEST_NAME).write_bytes(manifest.to_json())
         _record_verified(partial, manifest)

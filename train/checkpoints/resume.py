@@ -3,9 +3,11 @@
 ``ResumeFetch`` is what every training process does: the download starts in the background from
 the worker's first lines, and every rank ends on rank 0's choice.
 
-The newest complete checkpoint is downloaded and verified; if its bytes turn out not to match the
-manifest (bit rot, a bad copy), the next older complete one is tried, with a warning naming the one
-skipped. No complete checkpoint means a fresh start.
+The newest complete checkpoint is downloaded and verified; if that fails for a fault of the checkpoint
+itself (``checkpoint_fault``: bytes that do not match the manifest, an object it lists gone, keys that
+cannot be files here), the next older complete one is tried, with a warning naming the one skipped and
+why. A fault of the store, the node or the code is raised instead. No complete checkpoint that can be
+fetched means a fresh start.
 
 ``prefetch_in_background`` starts that download early, in the driver, when the workers will run on
 the same machine: a worker's own fetch waits for it (``download_checkpoint`` locks the directory)
@@ -14,6 +16,7 @@ and reuses the verified copy.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.errors import CorruptCheckpointError, StoreRequestError
+from spotray.contract.errors import Cause, CorruptCheckpointError, StoreRequestError, cause_of
 from spotray.train.checkpoints.checkpoint import (
     CheckpointInfo,
     Manifest,
@@ -48,19 +51,54 @@ class ResumePoint:
     uri: str
 
 
+# Errors writing the local copy that come from the checkpoint's keys, not from the node: S3 keeps the
+# keys ``x/y`` and ``x/y/z`` side by side, and a key's segment may be longer than a file's name.
+_KEY_LAYOUT_ERRNOS = frozenset({errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG})
+
+
+def checkpoint_fault(error: BaseException) -> str | None:
+    """Why ``error``, raised fetching one checkpoint, is that checkpoint's own fault; None when it is not.
+
+    Its own fault (an older complete checkpoint may do, so resume skips it with this reason): bytes or
+    a manifest that do not verify; the store refusing one of its objects for good (an object the
+    manifest lists, gone while the manifest stays; a directory store says FileNotFoundError); keys
+    that cannot be files on this node.
+
+    Not its fault (the error is raised and ends the attempt with its cause): skipping would resume
+    from an older step, or afresh, for a fault that no checkpoint can cure and that says nothing
+    about this one. An infrastructure fault (``cause_of``: a store that does not answer or keeps
+    failing, a connection cut or timed out), after which the next attempt finds the same newest
+    checkpoint; the run's access (refused credentials, a missing bucket: every checkpoint would fail
+    alike); the node's disk (full, read-only, denied); anything else, a bug.
+    """
+    if cause_of(error) is Cause.INFRASTRUCTURE:
+        return None
+    if isinstance(error, CorruptCheckpointError):
+        return error.problem
+    # The S3 store raises what failed the download, the local write included, as a StoreRequestError's cause.
+    local = error if isinstance(error, OSError) else error.__cause__
+    if isinstance(local, OSError):
+        if local.errno in _KEY_LAYOUT_ERRNOS:
+            return f"its keys cannot be files on this node ({local})"
+        return str(local) if isinstance(local, FileNotFoundError) else None
+    return error.problem if isinstance(error, StoreRequestError) else None
+
+
 def fetch_resume_checkpoint(store: ObjectStore, dest_root: Path) -> ResumePoint | None:
-    """Download the newest complete checkpoint that verifies into ``dest_root``; None if there is none."""
+    """Download the newest complete checkpoint that can be fetched and verifies into ``dest_root``; None if none can."""
     for info in complete_checkpoints(store):
         assert info.manifest is not None  # complete implies a parsed manifest
         try:
             local_dir = download_checkpoint(store, info, dest_root)
-        except CorruptCheckpointError as error:
-            log.warning("skipping %s: %s", store.uri.join(info.prefix), error.problem)
-            continue
-        except (StoreRequestError, FileNotFoundError):
-            if manifest_exists(store, info.prefix):
-                raise  # still there: a real fault, not a race with a prune
-            log.info("skipping %s: deleted while being downloaded (pruned meanwhile)", store.uri.join(info.prefix))
+        except Exception as error:
+            problem = checkpoint_fault(error)
+            if problem is None:
+                raise  # the store's, the node's or the code's: an older checkpoint would only hide it
+            where = store.uri.join(info.prefix)
+            if isinstance(error, StoreRequestError | FileNotFoundError) and not manifest_exists(store, info.prefix):
+                log.info("skipping %s: deleted while being downloaded (pruned meanwhile)", where)
+            else:
+                log.warning("skipping %s: %s", where, problem)
             continue
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
     return None
@@ -99,9 +137,10 @@ class ResumeFetch:
     same verified checkpoint on every rank, or None on a fresh start:
 
     - rank 0's thread downloads the newest complete checkpoint that verifies (an older one when the
-      newest turns out corrupt: ``fetch_resume_checkpoint``);
+      newest cannot be fetched or turns out corrupt: ``fetch_resume_checkpoint``);
     - every other rank's thread downloads the newest complete checkpoint it sees, betting that rank 0
-      ends with the same one (a corrupt newest or a checkpoint landing meanwhile lose the bet);
+      ends with the same one (a newest that cannot be fetched or a checkpoint landing meanwhile lose
+      the bet);
     - ``wait`` broadcasts rank 0's choice; a rank that fetched another step downloads that one then.
 
     Collectives run only in ``wait``, on the main thread: the threads only talk to the store. Ranks of
@@ -155,8 +194,8 @@ class ResumeFetch:
             return None
         if self.fetched is not None and self.fetched.step == step:
             return self.fetched
-        if self.error is not None and not isinstance(self.error, CorruptCheckpointError):
-            raise self.error  # the store failed this rank: what the step is does not change that
+        if self.error is not None and checkpoint_fault(self.error) is None:
+            raise self.error  # the store or this node failed this rank: what the step is does not change that
         return _fetch_agreed(self.store, _find_complete(self.store, step), self.dest_root)
 
 

@@ -7,12 +7,16 @@ newest attempt's driver stop older attempts' uploads and prunes.
 from __future__ import annotations
 
 import json
+import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from spotray.contract.attempts import FENCE_KEY, MAX_RECORD_BYTES, AttemptId, AttemptOutcome, AttemptRecords, Fence
 from spotray.contract.errors import Cause, ObjectTooLargeError, SpotrayError
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
+
+log = logging.getLogger(__name__)
 
 # ------------------------------------------------------------------------------------------ records
 
@@ -67,31 +71,55 @@ def write_preemption(store: ObjectStore, attempt: AttemptId, step: int, seconds_
 # ------------------------------------------------------------------------------------------ fencing
 
 
+@dataclass(frozen=True)
+class _FenceRecord:
+    """The fence as written: who holds it and, when it was taken over from another run (``check_fence``),
+    from which run, and whether that was taking back a claim the other run had taken over."""
+
+    fence: Fence
+    taken_from: str | None = None
+    taken_back: bool = False
+
+
 def write_fence(store: ObjectStore, attempt: AttemptId, resumed_from: int | None = None) -> None:
     """Claim the checkpoint URI for ``attempt``: older attempts see it and stop uploading and pruning."""
     write_record(store, FENCE_KEY, attempt, {"resumed_from": resumed_from})
 
 
-def read_fence(store: ObjectStore) -> Fence | None:
-    """The fence, or None when no attempt has claimed the URI (or the object is not one we wrote)."""
+def _take_over_fence(store: ObjectStore, attempt: AttemptId, taken_from: str, taken_back: bool) -> None:
+    write_record(store, FENCE_KEY, attempt, {"resumed_from": None, "taken_from": taken_from, "taken_back": taken_back})
+
+
+def _read_fence_record(store: ObjectStore) -> _FenceRecord | None:
     raw = get_bytes_if_exists(store, FENCE_KEY, max_bytes=MAX_RECORD_BYTES)
     if raw is None:
         return None
     try:
         record = json.loads(raw)
-        resumed = record.get("resumed_from")
-        return Fence(str(record["run_id"]), int(record["attempt"]), int(resumed) if resumed is not None else None)
+        resumed, taken_from = record.get("resumed_from"), record.get("taken_from")
+        return _FenceRecord(
+            Fence(str(record["run_id"]), int(record["attempt"]), int(resumed) if resumed is not None else None),
+            str(taken_from) if taken_from is not None else None,
+            record.get("taken_back") is True,
+        )
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
 
 
+def read_fence(store: ObjectStore) -> Fence | None:
+    """The fence, or None when no attempt has claimed the URI (or the object is not one we wrote)."""
+    record = _read_fence_record(store)
+    return record.fence if record else None
+
+
 class SupersededError(SpotrayError):
-    """A newer attempt has claimed the checkpoint URI; this one must not write there any more.
+    """The checkpoint URI is another attempt's now (``check_fence``); this one must not write there any more.
 
     Its cause (spotray/contract/errors.py) depends on who holds the fence: a newer attempt of the
     same run is the normal course of things (infrastructure: this attempt just stops, spending
-    nothing); another run's attempt means two runs write to one checkpoint URI, which they would
-    take from each other for ever (bad input: give each run its own).
+    nothing); another run's attempt, which came back for the claim this run took over
+    (``check_fence``), means two runs write to one checkpoint URI, which they would take from each
+    other for ever (bad input: give each run its own).
     """
 
     def __init__(self, attempt: AttemptId, fence: Fence) -> None:
@@ -111,8 +139,39 @@ class SupersededError(SpotrayError):
 
 
 def check_fence(store: ObjectStore, attempt: AttemptId) -> Fence | None:
-    """Raise ``SupersededError`` if another attempt holds the fence; return the fence (None: none yet)."""
-    fence = read_fence(store)
-    if fence is not None and not fence.holds(attempt):
-        raise SupersededError(attempt, fence)
-    return fence
+    """Raise ``SupersededError`` if ``attempt`` must stop writing; return the fence (None: none yet).
+
+    A newer attempt of this run stops ``attempt`` (an older one's fence is taken back: it took the
+    fence over meanwhile). Another run's fence must not: whatever another run left under the URI,
+    this run goes on, so it takes the fence over, with a warning naming that run. Only a run that
+    still runs comes back for its claim: it takes the fence back at its next check, and then the
+    run that took it over stops (bad input: two runs write to one URI; the latest claim wins, as
+    when every run kept to its own). A fence taken over no longer says which step ``attempt``
+    resumed from, which pruning then no longer spares.
+    """
+    record = _read_fence_record(store)
+    if record is None:
+        return None
+    fence = record.fence
+    if fence.holds(attempt):
+        return fence
+    if fence.run_id == attempt.run_id:
+        if fence.attempt > attempt.attempt:
+            raise SupersededError(attempt, fence)
+        log.info("%s takes the checkpoint URI %s back from its attempt %d", attempt, store.uri, fence.attempt)
+        write_fence(store, attempt)
+        return Fence(attempt.run_id, attempt.attempt)
+    taking_back = record.taken_from == attempt.run_id
+    if taking_back and record.taken_back:
+        raise SupersededError(attempt, fence)  # this run took over a claim whose run came back for it
+    log.warning(
+        "%s takes %s the checkpoint URI %s from attempt %d of run %s; if both runs still run, "
+        "the one that took the other's claim over stops: give each run its own spec.checkpoint.uri",
+        attempt,
+        "back" if taking_back else "over",
+        store.uri,
+        fence.attempt,
+        fence.run_id,
+    )
+    _take_over_fence(store, attempt, fence.run_id, taking_back)
+    return Fence(attempt.run_id, attempt.attempt)
