@@ -54,6 +54,7 @@ from typing import Any
 from spotray.contract.attempts import (
     EXIT_BAD_INPUT,
     EXIT_INFRASTRUCTURE,
+    EXIT_OK,
     EXIT_PREEMPTED,
     OUTCOME_FAILED,
     OUTCOME_INTERRUPTED,
@@ -65,9 +66,11 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.names import (
     DEPLOYMENT_ENDED,
+    DEPLOYMENT_FAILED,
     DEPLOYMENT_VALIDATION_FAILED,
     FAILED,
     JOB_ENDED,
+    JOB_FAILED,
     JOB_PENDING,
     JOB_RUNNING,
     JOB_SUCCEEDED,
@@ -145,7 +148,11 @@ REASON_WAITING_FOR_STORAGE = "WaitingForStorage"
 REASON_STORAGE_UNREACHABLE = "StorageUnreachable"  # also the StorageUnreachable condition's
 REASON_STATUS_UNREADABLE = "StatusUnreadable"  # a status field did not match its declaration: rebuilt
 REASON_RETRY_BUDGET_SPENT = "RetryBudgetSpent"  # an ended run's status did not say Failed: nothing starts
-REASON_RAYJOB_REFUSED = "RayJobRefused"  # the API server did not create the attempt's RayJob: tried again
+# The API server did not create the attempt's RayJob: tried again. Also the reason of a running
+# attempt (status.attempts[].reason) while its RayJob waits to be created: what tells it from a
+# RayJob that was created and then vanished.
+REASON_RAYJOB_REFUSED = "RayJobRefused"
+REASON_RAYJOB_GONE = "RayJobGone"  # the attempt's RayJob was deleted before the controller saw it end
 
 # status.conditions[].type
 CONDITION_PROGRESSING = "Progressing"
@@ -626,7 +633,8 @@ def rayjob_refused(
     # Half the time waited so far, within [5 s, 60 s]: a quota freed by another run is seen quickly,
     # and a long refusal costs the API server one create a minute.
     delay = min(max(waited / 2, 5.0), 60.0)
-    new = replace(state, phase=PENDING, message=bounded(message))
+    waiting = replace(current, reason=REASON_RAYJOB_REFUSED)
+    new = replace(state, phase=PENDING, message=bounded(message), attempts=(*state.attempts[:-1], waiting))
     events = (*decided.events, Event("Warning", REASON_RAYJOB_REFUSED, bounded(message)))
     return Plan(new, events=events, requeue_after_s=delay)
 
@@ -735,6 +743,8 @@ def _plan_unknown_outcome(obs: Observation, current: AttemptStatus, now: datetim
     since the status may have counted it already; nothing else is started for it.
     """
     job = obs.job
+    if job is None and current.reason != REASON_RAYJOB_REFUSED:
+        return _rayjob_gone(obs, current, now, counted=False)
     ours = job is not None and (obs.run_uid is None or job.owner_uid == obs.run_uid)
     if job is None or not ours or not job.finished:
         running = replace(current, outcome=OUTCOME_RUNNING, start_time=current.start_time or timestamp(now))
@@ -818,13 +828,18 @@ def _rayjob_name_too_long(state: RunState, run: TrainingRun, number: int) -> Pla
 
 def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:  # noqa: PLR0911
     state, job = obs.state, obs.job
-    if job is None:
-        # Status says the attempt runs but its RayJob is missing: the API server refused to create
-        # it (``rayjob_refused``), or someone deleted it. Create it; the name makes this
-        # idempotent. A RayJob that is never created ends the attempt at the start deadline too.
+    if job is None and current.reason == REASON_RAYJOB_REFUSED:
+        # The API server refused to create it (``rayjob_refused``): ask again, under the same name
+        # (nothing of this attempt ever ran). A RayJob never created ends the attempt at the start
+        # deadline too.
         if _past_start_deadline(obs, current, now):
             return _start_deadline_exceeded(obs, current, None, now)
-        return Plan(replace(state, phase=PENDING), create_attempt=current.attempt)
+        asking = replace(current, reason="")
+        return Plan(
+            replace(state, phase=PENDING, attempts=(*state.attempts[:-1], asking)), create_attempt=current.attempt
+        )
+    if job is None:
+        return _rayjob_gone(obs, current, now)
     if obs.run_uid is not None and job.owner_uid != obs.run_uid:
         return wait_for_foreign_rayjob(state, obs.run, current.ray_job, current.attempt, job.owner_uid)
     if job.deployment_status == DEPLOYMENT_VALIDATION_FAILED:
@@ -848,6 +863,36 @@ def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetim
             # A disruption that caused the failure may still be on its way from the pod watcher.
             return Plan(state, requeue_after_s=obs.settle_seconds - waited)
     return end_attempt(state, obs.run, end, now)
+
+
+def _rayjob_gone(obs: Observation, current: AttemptStatus, now: datetime, *, counted: bool = True) -> Plan:
+    """The attempt's RayJob was created and is gone: a person deleted it, or KubeRay did after it
+    finished (its TTL) while the controller was away. It never runs again under this number: the
+    attempt is judged from what it left (its records), and the next attempt has the next number.
+
+    No record: nothing is known of how it ended, so nothing is spent (Interrupted), and the next
+    attempt resumes from the newest complete checkpoint; the fence stops anything the old one may
+    still be writing.
+    """
+    if obs.records is None and not obs.storage_refused:
+        return _wait_for_storage(obs, current, now)
+    records = obs.records or AttemptRecords()
+    gone = f"RayJob {current.ray_job} is gone (deleted by a person, or by KubeRay after it finished)"
+    if records.exit_code == EXIT_OK:
+        end = AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, f"the job finished; {gone}")
+    elif records.outcome is None and records.preempted is None:
+        end = AttemptEnd(
+            OUTCOME_INTERRUPTED,
+            REASON_RAYJOB_GONE,
+            f"{gone}, and the job left no record of how the attempt ended: nothing is spent",
+        )
+    else:
+        # The job's own records say how it ended, as they would with the RayJob still there.
+        end = classify_end(RayJobView(JOB_FAILED, DEPLOYMENT_FAILED), records)
+        end = replace(end, message=f"{end.message} ({gone})")
+    if obs.storage_refused:
+        end = replace(end, message=f"{end.message} ({_judged_without_records(obs)})")
+    return end_attempt(obs.state, obs.run, end, now, counted=counted)
 
 
 def wait_for_foreign_rayjob(state: RunState, run: TrainingRun, rayjob: str, attempt: int, owner: str | None) -> Plan:

@@ -5,7 +5,9 @@ in status.attempts + 1", and its RayJob is ``<run>-a<N>``. So the RayJob is crea
 user waits for it) and the status written after: a controller killed in between finds the status
 one attempt behind on restart, plans the same attempt N again, and its create answers 409; nothing
 is duplicated. Deletions go the other way round: the status says "Suspended" before the RayJob is
-deleted, and a suspended run's RayJob is deleted again at every reconcile until it is gone.
+deleted, and a suspended run's RayJob is deleted again at every reconcile until it is gone. A
+recorded attempt whose RayJob vanished is judged from its records and never created again under
+its number (controller/lifecycle.py ``_rayjob_gone``).
 Reconciles triggered by a change read the TrainingRun fresh from the API server (not from a watch
 cache that may lag its own last patch), under a per-run lock, so two triggers never interleave.
 Events are posted from a background thread, each once (controller/events.py): they are for people.
@@ -24,7 +26,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from spotray.contract.attempts import AttemptId, AttemptRecords
+from spotray.contract.attempts import OUTCOME_RUNNING, AttemptId, AttemptRecords
 from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.contract.names import (
     ATTEMPT_LABEL,
@@ -44,7 +46,9 @@ from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster, RayJobRefusedError
 from spotray.controller.lifecycle import (
+    OUTCOME_UNKNOWN,
     REASON_INVALID_SPEC,
+    REASON_RAYJOB_REFUSED,
     REASON_STATUS_UNREADABLE,
     Event,
     Observation,
@@ -288,7 +292,14 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     records: AttemptRecords | None = AttemptRecords()
     storage_error, refused = "", False
     ended = job is not None and job.finished and job.job_status != JOB_SUCCEEDED and job.owner_uid == run_uid
-    if current is not None and ended:
+    # A RayJob created and then gone: its attempt is judged from its records (lifecycle._rayjob_gone).
+    gone = (
+        job is None
+        and current is not None
+        and current.outcome in (OUTCOME_RUNNING, OUTCOME_UNKNOWN)
+        and current.reason != REASON_RAYJOB_REFUSED
+    )
+    if current is not None and (ended or gone):
         records, storage_error, cause = _records(run_store, run, AttemptId(run_uid, current.attempt))
         # No Secret: the controller reads unsigned (never with its own identity, run_store.py), so a
         # bucket that answered "no" will answer "no" for ever; waiting for it would be no bound.

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
 CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
 SPOT_RUN_STEPS = 150
+TERMINAL = ("Succeeded", "Failed")
 SUSPEND, UNSUSPEND = '{"spec": {"suspend": true}}', '{"spec": {"suspend": false}}'
 
 
@@ -231,6 +232,34 @@ def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_
     assert status["attempt"] == 1
     assert [a["outcome"] for a in status["attempts"]] == ["Succeeded"]
     assert rayjobs(testbed, namespace, "restart") == ["restart-a1"]
+
+
+def test_a_rayjob_deleted_mid_attempt_is_judged_once_and_its_number_never_used_again(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """`kubectl delete rayjob <run>-a1` while it runs (or KubeRay's TTL while the controller was away):
+    attempt 1 is judged from what it left (no record: nothing spent) and attempt 2 runs as
+    `<run>-a2`. Before, `<run>-a1` was created again and believed the first one's records."""
+    start_controller()
+    sleeper = "python -c 'import time; time.sleep(30)'"
+    testbed.apply(training_run("deleted", tmp_path, max_steps=10, entrypoint=sleeper), namespace=namespace)
+    wait_status(testbed, namespace, "deleted", "running", lambda s: s.get("phase") == "Running", 120)
+    job = get(testbed, "rayjob", "deleted-a1", namespace)
+    testbed.kubectl("delete", "rayjob", "deleted-a1", "-n", namespace, "--wait=true")
+    ray_head.kill_job(job["status"]["jobId"])  # its pods' processes go with it (kwok pods run nothing)
+
+    status = wait_status(testbed, namespace, "deleted", "Succeeded", lambda s: s.get("phase") in TERMINAL, 180)
+    assert status["phase"] == "Succeeded", status
+    first, second = status["attempts"]
+    assert (first["attempt"], first["outcome"], first["reason"]) == (1, "Interrupted", "RayJobGone")
+    assert (second["attempt"], second["rayJob"], second["outcome"]) == (2, "deleted-a2", "Succeeded")
+    assert (status.get("preemptions", 0), status.get("failures", 0)) == (0, 0)
+    assert rayjobs(testbed, namespace, "deleted") == ["deleted-a2"], "deleted-a1 was never made again"
 
 
 def test_the_api_server_lost_mid_attempt_changes_no_outcome(

@@ -48,9 +48,31 @@ def test_a_running_job_makes_the_run_running_and_creates_nothing() -> None:
     assert result.create_attempt is None
 
 
-def test_a_missing_rayjob_of_the_current_attempt_is_created_again_with_the_same_attempt() -> None:
-    result = step(step(started(), RUNNING_JOB).state, None)
-    assert result.create_attempt == 1
+def test_a_rayjob_that_vanished_is_judged_from_its_records_and_its_number_is_never_used_again() -> None:
+    running = step(started(), RUNNING_JOB).state
+    # No record: nothing known of its end, nothing spent; the next attempt is 2, never 1 again.
+    unknown = step(running, None)
+    assert unknown.create_attempt is None
+    ended = unknown.state.current
+    assert (ended.attempt, ended.outcome, ended.reason) == (1, "Interrupted", "RayJobGone")
+    assert "r-a1 is gone" in ended.message
+    assert (unknown.state.preemptions, unknown.state.failures) == (0, 0)
+    later = step(unknown.state, None, now=NOW + timedelta(seconds=60))
+    assert later.create_attempt == 2
+    # Its records say: a spot notice, a success, a failure of the training code.
+    assert step(running, None, AttemptRecords(preempted={"step": 3})).state.current.reason == "SpotNotice"
+    finished = step(running, None, AttemptRecords(outcome={"exit_code": 0, "detail": "training finished"}))
+    assert finished.state.phase == "Succeeded"
+    failed = step(running, None, AttemptRecords(outcome={"exit_code": 1, "detail": "boom"}))
+    assert (failed.state.current.reason, failed.state.failures) == ("TrainingFailed", 1)
+
+
+def test_an_unreadable_store_when_a_rayjob_vanished_decides_nothing() -> None:
+    running = step(started(), RUNNING_JOB).state
+    obs = Observation(run(), running, None, None, storage_error="connect timeout", settle_seconds=5)
+    waiting = plan(obs, NOW)
+    assert waiting.state.current.outcome == "Running"
+    assert [e.reason for e in waiting.events] == ["WaitingForStorage"]
 
 
 def test_success_ends_the_run() -> None:

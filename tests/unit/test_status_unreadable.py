@@ -258,11 +258,13 @@ def test_a_current_attempt_whose_entry_is_lost_is_placed_from_status_attempt() -
     assert state.history_lost
     assert state.current is not None
     assert (state.current.attempt, state.current.ray_job, state.current.outcome) == (2, "r-a2", "")
-    missing = plan(Observation(run(), state, None), NOW)
-    assert missing.create_attempt == 2, "its RayJob is gone: the same attempt again, by name, never a third"
-    assert missing.state.current is not None
-    assert missing.state.current.outcome == "Running"
-    assert missing.state.current.start_time == "2026-11-23T12:00:00Z"  # the start deadline counts from now
+    gone = plan(Observation(run(), state, None), NOW)
+    assert gone.create_attempt is None, "its RayJob is gone: attempt 2 is judged, never run again under its number"
+    assert gone.state.current is not None
+    assert (gone.state.current.attempt, gone.state.current.outcome) == (2, "Interrupted")
+    assert (gone.state.preemptions, gone.state.failures) == (1, 0), "not counted: the status may have counted it"
+    later = plan(Observation(run(), gone.state, None), NOW + timedelta(minutes=5))
+    assert later.create_attempt == 3
 
 
 def test_the_run_s_rayjobs_place_the_current_attempt_when_the_status_cannot() -> None:
@@ -649,8 +651,8 @@ def test_a_finished_run_with_an_unreadable_field_is_reported_and_cleaned_once(tm
 
 
 def test_an_unreadable_status_is_reported_while_the_run_waits_for_its_secret(tmp_path: Path) -> None:
-    """Attempt 2's RayJob is gone and would be created again, but the Secret is missing: the run waits,
-    and what it writes meanwhile is a status the API server accepts (no outcome it does not know)."""
+    """Attempt 2's RayJob is gone, so its records decide, but the Secret to read them is missing: the run
+    waits, and what it writes meanwhile is a status the API server accepts (no outcome it does not know)."""
     fake = FakeCluster(body(tmp_path, {**RUNNING_STATUS, "attempts": "garbage"}))
     fake.add_rayjob(1, "FAILED", "Failed")
     config = ControllerConfig(s3_secret="missing-creds")
@@ -658,7 +660,8 @@ def test_an_unreadable_status_is_reported_while_the_run_waits_for_its_secret(tmp
     fake.reconcile(config)
     assert fake.created == []
     assert len(fake.warnings("StatusUnreadable")) == 1
-    assert len(fake.warnings("SecretMissing")) == 1
+    (waiting,) = fake.warnings("WaitingForStorage")
+    assert "waiting for Secret missing-creds" in waiting
     entries = fake.run["status"]["attempts"]
     assert [entry["attempt"] for entry in entries] == [2]
     assert "outcome" not in entries[0], "unknown until its RayJob says; never an outcome the CRD refuses"
