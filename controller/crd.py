@@ -332,6 +332,9 @@ def training_run_crd() -> dict[str, Any]:
         _status_column("Goodput", "Surviving step time over wall time.", "goodput", "ratio"),
         _status_column("Failures", "Job failures so far.", "failures", priority=1),
         _printer_column("Age", ".metadata.creationTimestamp", "date", "Time since the run was created."),
+        # Last, as `kubectl get events` has it: what a waiting run waits for (a quota, storage, a
+        # Secret, its backoff) is said here, not only in `kubectl describe`.
+        _status_column("Message", "What the run is doing or waiting for, and since when.", "message"),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -440,6 +440,7 @@ def test_a_rayjob_refused_by_a_quota_waits_saying_so_and_the_same_attempt_starts
     assert [(a["attempt"], a["outcome"]) for a in status["attempts"]] == [(1, "Running")]
     assert (status.get("failures", 0), status.get("preemptions", 0)) == (0, 0)
     assert rayjobs(testbed, namespace, "quota") == []
+    assert "exceeded quota" in testbed.kubectl("get", "trainingrun", "quota", "-n", namespace).stdout
     tb.wait_until(
         "a RayJobRefused Event",
         lambda: any(e["reason"] == "RayJobRefused" for e in events_of(testbed, namespace, "quota")),
