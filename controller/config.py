@@ -99,6 +99,9 @@ class ControllerConfig:
     peering: str | None = None
     log_format: str = "text"
     prices: Prices | None = None  # status.cost (controller/cost.py); None: no cost shown
+    # Whether the controller may get Nodes (the chart's rbac.readNodes): how a node lost while it
+    # was down is read back (controller/reconcile.py _node_loss_read_back).
+    read_nodes: bool = True
 
     @property
     def s3_endpoints_allowed(self) -> tuple[str, ...]:
@@ -153,4 +156,14 @@ class ControllerConfig:
             peering=env.get("SPOTRAY_PEERING") or None,
             log_format=log_format,
             prices=Prices.from_env(env),
+            read_nodes=_bool_env(env, "SPOTRAY_READ_NODES", defaults.read_nodes),
         )
+
+
+def _bool_env(env: dict[str, str], name: str, default: bool) -> bool:
+    text = env.get(name, "").strip().lower()
+    if not text:
+        return default
+    if text not in ("true", "false"):
+        raise SpotrayError(f"{name} must be true or false, got {text!r}", f"set {name}=true or {name}=false")
+    return text == "true"

@@ -156,6 +156,33 @@ class Cluster:
             if error.status != 404:
                 raise
 
+    def list_attempt_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The pods that carry all of ``labels`` (one LIST), as plain dicts."""
+        page = self.core.list_namespaced_pod(
+            namespace,
+            label_selector=",".join(f"{key}={value}" for key, value in labels.items()),
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return [self.core.api_client.sanitize_for_serialization(pod) for pod in page.items]
+
+    def list_scheduled_events(self, namespace: str) -> list[dict[str, Any]]:
+        """The scheduler's "Scheduled" Events in ``namespace`` (one LIST): which node each pod went to."""
+        page = self.core.list_namespaced_event(
+            namespace, field_selector="reason=Scheduled,involvedObject.kind=Pod", _request_timeout=REQUEST_TIMEOUT
+        )
+        return [self.core.api_client.sanitize_for_serialization(event) for event in page.items]
+
+    def node_created(self, name: str) -> datetime | None:
+        """When the Node named ``name`` was created; None when there is no such Node."""
+        try:
+            node = self.core.read_node(name, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        created: datetime | None = node.metadata.creation_timestamp if node.metadata else None
+        return created
+
     def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> SecretView | None:
         """The Secret's labels and decoded data; None when it does not exist. Whether its data may be
         used is controller/s3_access.py's decision, made before any use.

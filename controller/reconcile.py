@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import threading
 import time
 from collections import defaultdict
@@ -25,6 +26,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
+
+from kubernetes.client.exceptions import ApiException
 
 from spotray.contract.attempts import OUTCOME_RUNNING, AttemptId, AttemptRecords
 from spotray.contract.errors import Cause, SpotrayError, cause_of
@@ -60,6 +63,7 @@ from spotray.controller.lifecycle import (
     parse_timestamp,
     plan,
     rayjob_refused,
+    timestamp,
     wait_for_foreign_rayjob,
 )
 from spotray.controller.rayjob import build_rayjob, size_refusal
@@ -252,7 +256,7 @@ def _reconcile_locked(  # noqa: PLR0917
     run_store = functools.cache(functools.partial(open_run_store, run, cluster, config))
 
     # Observe: every fact the decision needs, an unreadable one marked unknown.
-    observation = _observe(cluster, config, run, body["metadata"]["uid"], state, run_store)
+    observation = _observe(cluster, config, run, body["metadata"]["uid"], state, run_store, now)
     # Decide: a pure function of the facts (controller/lifecycle.py).
     decided = plan(observation, now)
     if decided.create_attempt is not None:
@@ -286,6 +290,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     run_uid: str,
     state: RunState,
     run_store: Callable[[], ObjectStore],
+    now: datetime,
 ) -> Observation:
     current = state.current
     job = rayjob_view(cluster.get_rayjob(run.namespace, current.ray_job)) if current is not None else None
@@ -299,6 +304,16 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         and current.outcome in (OUTCOME_RUNNING, OUTCOME_UNKNOWN)
         and current.reason != REASON_RAYJOB_REFUSED
     )
+    settled = job is not None and (
+        job.end_time is None or (now - job.end_time).total_seconds() >= config.settle_seconds
+    )
+    if job is not None and current is not None and ended and settled and not job.disruption:
+        # The pod watch sees a node lost only while the controller runs (its report has had the
+        # settle time to arrive); one lost while it was down is read back from what remains
+        # (controller/kube.py: pods, Scheduled events, Nodes).
+        lost = _node_loss_read_back(cluster, run, current.attempt, current.ray_job, read_nodes=config.read_nodes)
+        if lost is not None:
+            job = replace(job, disruption=lost)
     if current is not None and (ended or gone):
         records, storage_error, cause = _records(run_store, run, AttemptId(run_uid, current.attempt))
         # No Secret: the controller reads unsigned (never with its own identity, run_store.py), so a
@@ -317,6 +332,27 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         start_deadline_seconds=config.start_deadline_seconds,
         storage_patience_seconds=config.storage_patience_seconds,
     )
+
+
+def _node_loss_read_back(
+    cluster: Cluster, run: TrainingRun, attempt: int, rayjob: str, *, read_nodes: bool
+) -> str | None:
+    """A node of the attempt's pods lost while nobody watched, read back; None when none was, or
+    when it cannot be read (then the attempt is judged as before, from the pod watch's facts).
+    Without ``read_nodes`` only the pods still there are read (a namespaced install's default)."""
+    try:
+        pods = cluster.list_attempt_pods(run.namespace, {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt)})
+        for pod in pods:
+            note = disruption_note(pod)
+            if note is not None:
+                return note
+        if not read_nodes:
+            return None
+        placed = scheduled_nodes(pods, cluster.list_scheduled_events(run.namespace), rayjob)
+        return node_loss_note(placed, {node: cluster.node_created(node) for node in placed})
+    except (ApiException, OSError) as error:  # a namespaced install may not read Nodes (rbac.readNodes)
+        log.warning("cannot read back the nodes of %s/%s: %s", run.namespace, rayjob, getattr(error, "reason", error))
+        return None
 
 
 def _hold_without_credentials(
@@ -526,6 +562,47 @@ def disruption_note(pod: dict[str, Any]) -> str | None:
     where = f"pod {pod['metadata']['name']} on node {pod.get('spec', {}).get('nodeName') or '?'}"
     detail = condition.get("message") or ""
     return f"{where}: {condition.get('reason') or 'disrupted'}" + (f": {detail}" if detail else "")
+
+
+# The scheduler's words in its "Scheduled" Event (k8s.io/kubernetes pkg/scheduler/schedule_one.go).
+SCHEDULED = re.compile(r"^Successfully assigned (\S+) to (\S+)$")
+
+
+def scheduled_nodes(
+    pods: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], rayjob: str
+) -> dict[str, tuple[str, datetime | None]]:
+    """node -> (a pod of the RayJob's that was placed on it, when), from the scheduler's Events (which
+    outlive pods deleted with their node, for the API server's event TTL, an hour by default) and
+    the pods that are left. KubeRay names every pod of a RayJob's cluster ``<rayjob>-...``."""
+    placed: dict[str, tuple[str, datetime | None]] = {}
+    for event in events:
+        pod_name = str((event.get("involvedObject") or {}).get("name") or "")
+        found = SCHEDULED.match(str(event.get("message") or ""))
+        if found is None or not pod_name.startswith(f"{rayjob}-"):
+            continue
+        when = event.get("eventTime") or event.get("firstTimestamp") or event.get("lastTimestamp")
+        placed.setdefault(found.group(2), (pod_name, timestamp_or_none(when)))
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node:
+            placed.setdefault(str(node), (str(pod["metadata"]["name"]), None))
+    return placed
+
+
+def node_loss_note(placed: dict[str, tuple[str, datetime | None]], created: dict[str, datetime | None]) -> str | None:
+    """ "pod P on node N: ..." for the first node a pod was placed on that is gone or was made anew
+    since (a spot VM reclaimed and a new one under its name); None when every node is still there."""
+    for node in sorted(placed):
+        pod, placed_at = placed[node]
+        made = created.get(node)
+        if node in created and made is None:
+            why = "the node no longer exists"
+        elif made is not None and placed_at is not None and made > placed_at:
+            why = f"the node was created anew at {timestamp(made)}, after the pod was placed on it"
+        else:
+            continue
+        return f"pod {pod} on node {node}: {why} (read back: the controller was not watching when it went)"
+    return None
 
 
 def disruption_time(pod: dict[str, Any]) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from spotray.contract.attempts import AttemptRecords
 from spotray.contract.spec import TrainingRun, parse_training_run
@@ -26,3 +27,21 @@ def step(
 ) -> Plan:
     """One decision of the lifecycle on ``run(**spec)``, as the reconcile makes it."""
     return plan(Observation(run(**spec), state, job, records or AttemptRecords(), settle_seconds=5), now)
+
+
+class LeftoverFacts:
+    """What a fake API server holds of the attempts' pods and nodes, for controller/reconcile.py's
+    ``_node_loss_read_back``: by default no pod is left, no Scheduled Event, no Node."""
+
+    pods: tuple[dict[str, Any], ...] = ()
+    scheduled: tuple[dict[str, Any], ...] = ()
+    nodes: tuple[tuple[str, datetime], ...] = ()  # (name, created)
+
+    def list_attempt_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
+        return list(self.pods)
+
+    def list_scheduled_events(self, namespace: str) -> list[dict[str, Any]]:
+        return list(self.scheduled)
+
+    def node_created(self, name: str) -> datetime | None:
+        return dict(self.nodes).get(name)

@@ -153,6 +153,51 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then
         assert reason in events
 
 
+# Three minutes (a training run, a controller down while its node goes): the unit tests of
+# tests/unit/test_node_loss_read_back.py hold the decision in make test.
+@pytest.mark.campaign
+def test_a_spot_node_lost_while_the_controller_is_down_counts_a_preemption_not_a_failure(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,
+    start_controller: Callable[..., ControllerProcess],
+    tmp_path: Path,
+) -> None:
+    """The controller SIGKILLed, then the spot node reclaimed (pods marked, node and pods deleted, the
+    job killed), then the controller back: nothing watched the pods go, and the attempt used to be
+    judged TrainingFailed. It is read back from the scheduler's Events and the Nodes: NodeLost."""
+    controller = start_controller()
+    manifest = training_run("away", tmp_path, max_steps=SPOT_RUN_STEPS)
+    testbed.apply(manifest, namespace=namespace)
+    wait_status(testbed, namespace, "away", "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
+    job = get(testbed, "rayjob", "away-a1", namespace)
+    pods = json.loads(
+        testbed.kubectl("get", "pods", "-n", namespace, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
+    )["items"]
+    spot_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+
+    controller.stop(signal.SIGKILL)
+    testbed.preempt_node(spot_node)
+    try:
+        ray_head.kill_job(job["status"]["jobId"])
+        tb.wait_until(
+            "RayJob away-a1 to fail",
+            lambda: (get(testbed, "rayjob", "away-a1", namespace).get("status") or {}).get("jobStatus") == "FAILED",
+            timeout=120,
+        )
+        start_controller()
+        status = wait_status(testbed, namespace, "away", "attempt 1 judged", lambda s: s.get("attempt") == 2, 120)
+    finally:
+        testbed.restore_node(spot_node)
+    first = status["attempts"][0]
+    assert (first["outcome"], first["reason"]) == ("Preempted", "NodeLost"), first
+    assert spot_node in first["message"]
+    assert (status["preemptions"], status.get("failures", 0)) == (1, 0)
+    status = wait_status(testbed, namespace, "away", "the end", lambda s: s.get("phase") in TERMINAL, 600)
+    assert status["phase"] == "Succeeded", status
+
+
 def test_training_failures_spend_the_failure_budget_and_end_in_failed(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,

@@ -135,6 +135,10 @@ NAMESPACED_PERMISSIONS = {
     ("", "secrets"): {"get"},
     ("", "events"): {"create"},
 }
+# What a cluster-wide install adds (rbac.readNodes, on by default there): the scheduler's Events and
+# the Nodes they name, read back when a node was lost while the controller was down
+# (controller/reconcile.py _node_loss_read_back).
+NODES, EVENTS = ("", "nodes"), ("", "events")
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +330,9 @@ def test_cluster_wide_rbac_grants_the_controllers_contract(helm: Path) -> None:
     for key, verbs in NAMESPACED_PERMISSIONS.items():
         assert verbs <= granted.get(key, set()), key
     # Least privilege: nothing beyond the contract (no peering without HA, no writes to pods or secrets).
-    assert set(granted) == set(NAMESPACED_PERMISSIONS)  # no nodes, no CRDs: kopf's scanning is off
+    assert set(granted) == {*NAMESPACED_PERMISSIONS, NODES}  # no CRDs: kopf's scanning is off
+    assert (granted[NODES], granted[EVENTS]) == ({"get"}, {"create", "list"})
+    assert controller_env(objects)["SPOTRAY_READ_NODES"] == "true"
     assert granted[("", "secrets")] == {"get"}
     binding = only(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
@@ -347,6 +353,23 @@ def test_namespaced_rbac_uses_a_role_per_namespace_and_no_node_access(helm: Path
     # Nothing cluster-wide: no ClusterRole, no ClusterRoleBinding.
     assert not [o for o in objects if o["kind"].startswith("Cluster")]
     assert controller_env(objects)["SPOTRAY_NAMESPACES"] == "team-a,team-b"
+    assert controller_env(objects)["SPOTRAY_READ_NODES"] == "false"
+
+
+def test_node_reads_are_one_cluster_wide_rule_a_namespaced_install_asks_for_and_a_cluster_wide_one_can_drop(
+    helm: Path,
+) -> None:
+    namespaced = render("namespaced.yaml", "rbac.readNodes=true")
+    (role,) = [o for o in namespaced if o["kind"] == "ClusterRole"]
+    assert permissions(role) == {NODES: {"get"}}
+    (binding,) = [o for o in namespaced if o["kind"] == "ClusterRoleBinding"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] == f"{FULLNAME}-nodes"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+    assert all(permissions(o)[EVENTS] == {"create", "list"} for o in namespaced if o["kind"] == "Role")
+    assert controller_env(namespaced)["SPOTRAY_READ_NODES"] == "true"
+    dropped = render("defaults.yaml", "rbac.readNodes=false")
+    assert NODES not in permissions(only(dropped, "ClusterRole"))
+    assert controller_env(dropped)["SPOTRAY_READ_NODES"] == "false"
 
 
 def test_ha_enables_kopf_peering(helm: Path) -> None:

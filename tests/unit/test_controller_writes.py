@@ -26,6 +26,7 @@ from spotray.train.checkpoints.checkpoint import upload_checkpoint
 from spotray.train.records.progress_log import AttemptProgress
 from spotray.train.storage.store import LocalObjectStore, ObjectInfo
 from tests.conftest import write_files
+from tests.lifecycle_runs import LeftoverFacts
 
 pytestmark = pytest.mark.unit
 NOW = datetime(2026, 11, 23, tzinfo=UTC)
@@ -201,7 +202,7 @@ def test_a_remembered_report_is_read_again_after_max_age(tmp_path: Path) -> None
     assert reports.full_reads == 2
 
 
-class FakeCluster:
+class FakeCluster(LeftoverFacts):
     """The calls reconcile makes, over dicts: enough to follow one run through a deferred status write.
 
     (The e2e tests run the same code against the real API server and KubeRay; this one pins what is

@@ -28,7 +28,7 @@ from spotray.controller.reconcile import EVENTS, rayjob_view, reconcile
 from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.watch import StatusFollower
-from tests.lifecycle_runs import NOW, run
+from tests.lifecycle_runs import NOW, LeftoverFacts, run
 
 pytestmark = pytest.mark.unit
 
@@ -329,7 +329,7 @@ def test_an_unreadable_phase_after_the_last_allowed_attempt_neither_fails_nor_st
 # The reconcile path, over a fake API server.
 
 
-class FakeCluster:
+class FakeCluster(LeftoverFacts):
     """The calls reconcile makes, over dicts; RayJobs as the API server would list them."""
 
     def __init__(self, body: dict[str, Any]) -> None:

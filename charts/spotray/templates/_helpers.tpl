@@ -152,3 +152,15 @@ volumes:
       claimName: {{ include "spotray.sharedClaim" . }}
 {{- end }}
 {{- end }}
+
+{{/*
+"true" when the controller may get Nodes (rbac.readNodes; unset: a cluster-wide install may, a
+namespaced one, which makes nothing cluster-wide, may not).
+*/}}
+{{- define "spotray.readNodes" -}}
+{{- if kindIs "invalid" .Values.rbac.readNodes -}}
+{{- empty .Values.controller.watchNamespaces -}}
+{{- else -}}
+{{- .Values.rbac.readNodes -}}
+{{- end -}}
+{{- end -}}
