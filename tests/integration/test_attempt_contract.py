@@ -1,5 +1,6 @@
 """The attempt contract through real local runs: a finished run is not trained again, and a training
-loop that keeps raising ends as a failure instead of being retried for ever (issue 13)."""
+loop that keeps raising (issue 13) or whose worker keeps dying by a signal (issue 36) ends as a
+failure instead of being retried for ever."""
 
 import subprocess
 import sys
@@ -55,8 +56,10 @@ def test_a_finished_run_started_again_is_a_no_op_that_says_so(tmp_path: Path) ->
     assert len([e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"]) == starts, "trained again"
 
 
-BUGGY_JOB = textwrap.dedent(
+CRASHING_JOB = textwrap.dedent(
     """
+    import os
+    import signal
     import sys
 
     from spotray.train.launch.launcher import launch
@@ -64,34 +67,56 @@ BUGGY_JOB = textwrap.dedent(
     from spotray.train.storage.store import open_store
 
 
-    def train_loop(config):
+    def raise_a_bug(config):
         raise ValueError("a deterministic bug in the training code")
 
 
+    def die_by_sigkill(config):
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+
+
+    train_loop = {"raise": raise_a_bug, "sigkill": die_by_sigkill}[sys.argv[1]]
     context = RunContext.from_env()
     sys.exit(launch(train_loop, {}, context, open_store(context.spec.checkpoint.uri)))
     """
 )
 
 
-# About 2.5 minutes of real Ray: a campaign (make test-campaign), to keep make test within its budget
-# once the real-pods e2e joined it. make test keeps the rule (tests/unit/test_crash_loop.py).
+def run_crashing_job(tmp_path: Path, name: str, how: str) -> subprocess.CompletedProcess[str]:
+    """A one-worker local run whose training loop crashes ``how`` every time, with no failure to spare."""
+    script = tmp_path / "crashing.py"
+    script.write_text(CRASHING_JOB)
+    path = manifest(
+        tmp_path,
+        name,
+        f"python {script} {how}",
+        workers={"replicas": 1, "cpu": "1", "memory": "1Gi", "gpu": 0},
+        checkpoint={"uri": f"s3://spotray-demo/runs/{name}"},
+        retry={"maxFailures": 0, "maxPreemptions": 5, "backoffSeconds": 1},
+    )
+    return run_local(path, tmp_path / "wd", timeout=600)
+
+
+# About 2.5 minutes of real Ray each: campaigns (make test-campaign), to keep make test within its
+# budget once the real-pods e2e joined it. make test keeps the rule (tests/unit/test_crash_loop.py).
 @pytest.mark.campaign
 @pytest.mark.timeout(900)
 def test_a_training_loop_that_keeps_raising_fails_the_attempt_within_the_bound(tmp_path: Path) -> None:
-    script = tmp_path / "buggy.py"
-    script.write_text(BUGGY_JOB)
-    path = manifest(
-        tmp_path,
-        "buggy",
-        f"python {script}",
-        workers={"replicas": 1, "cpu": "1", "memory": "1Gi", "gpu": 0},
-        checkpoint={"uri": "s3://spotray-demo/runs/buggy"},
-        retry={"maxFailures": 0, "maxPreemptions": 5, "backoffSeconds": 1},
-    )
-    result = run_local(path, tmp_path / "wd", timeout=600)
+    result = run_crashing_job(tmp_path, "buggy", "raise")
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-4000:]
-    assert "raised 3 times with no new checkpoint" in output
+    assert "crashed 3 times with no new checkpoint" in output
     assert "ValueError: a deterministic bug in the training code" in output
+    assert "1 failures exceed spec.retry.maxFailures=0" in output
+
+
+@pytest.mark.campaign
+@pytest.mark.timeout(900)
+def test_a_worker_that_keeps_dying_by_sigkill_fails_the_attempt_within_the_bound(tmp_path: Path) -> None:
+    """Issue 36: no exception to report, yet the same bound (a lost node still counts nothing)."""
+    result = run_crashing_job(tmp_path, "sigkilled", "sigkill")
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-4000:]
+    assert "crashed 3 times with no new checkpoint" in output
+    assert "died without raising an exception" in output
     assert "1 failures exceed spec.retry.maxFailures=0" in output

@@ -1,20 +1,25 @@
-"""Crash-loop detection: a training loop that keeps raising ends its attempt as a failure.
+"""Crash-loop detection: a training loop that keeps crashing ends its attempt as a failure.
 
 Ray Train replaces a worker group whose worker failed (``FailureConfig(max_failures=-1)``), which
-is right when a process or node was lost: the new group resumes from the latest complete
-checkpoint. It is wrong when the training code itself raises the same way every time (a bug, an
-out-of-memory error, a deleted bucket): the group is replaced for ever, the RayJob stays RUNNING
-and ``spec.retry.maxFailures`` is never spent.
+is right when a node was lost, or a process once: the new group resumes from the latest complete
+checkpoint. It is wrong when the training code itself crashes the same way every time (a bug, an
+out-of-memory error or kill, a segfault, a deleted bucket): the group is replaced for ever, the
+RayJob stays RUNNING and ``spec.retry.maxFailures`` is never spent.
 
-So every worker's loop runs under ``guard_against_crash_loops``. An exception from the training
-code is reported, before it propagates, to a small actor the driver owns for the attempt (the
-``CrashLedger``), with the newest complete checkpoint at that moment (None when the store cannot
-say) and the traceback's last lines. The ledger lives in Ray, not in the store, because a deleted
-bucket or revoked credentials is one of the loops to catch. When a new worker group starts and the
-last ``MAX_CRASHES_WITHOUT_PROGRESS`` crashes all saw the same newest checkpoint (no progress in
-between), every rank returns without training; ``fit()`` then returns normally and the driver
-reads the verdict, with the last error in its message. A worker lost to SIGKILL or a node loss
-reports nothing, so it is retried without limit, as before.
+So every worker's loop runs under ``guard_against_crash_loops``, which keeps a small actor the
+driver owns for the attempt (the ``CrashLedger``) told of each worker group: its start (rank 0:
+the group's size, the Ray nodes alive, the newest complete checkpoint), an exception from the
+training code (reported before it propagates, with the newest complete checkpoint at that moment,
+None when the store cannot say, and the traceback's last lines) and a normal return. A group that
+ended in none of these ways died silently: a worker killed by a signal, the OOM killer or a
+segfault. The next group's start counts it as a crash of the training code against the newest
+checkpoint then, unless a node alive at the dead group's start is gone (a spot reclaim, a removed
+Ray node: infrastructure, retried without limit) or the group size changed (an elastic group that
+Ray Train stopped to resize). The ledger lives in Ray, not in the store, because a deleted bucket
+or revoked credentials is one of the loops to catch. When a new worker group starts and the last
+``MAX_CRASHES_WITHOUT_PROGRESS`` crashes, exceptions and silent deaths alike, all saw the same
+newest checkpoint (no progress in between), every rank returns without training; ``fit()`` then
+returns normally and the driver reads the verdict, with the last error in its message.
 
 Each crash carries its cause (spotray/contract/errors.py ``cause_of``), and the verdict the last
 crash's: only the training code's own exceptions end the attempt as a failure (exit code 1, which
@@ -59,8 +64,8 @@ def error_tail(error: BaseException, max_chars: int = MAX_ERROR_CHARS) -> str:
 
 @dataclass(frozen=True)
 class Crash:
-    rank: int
-    checkpoint_step: int | None  # the newest complete checkpoint when it raised; None: unknown or none
+    rank: int | None  # None: a worker that died without an exception, whichever it was
+    checkpoint_step: int | None  # the newest complete checkpoint when it crashed; None: unknown or none
     error: str
     # Whose it is to fix (cause_of): the training code's, the input's or the infrastructure's.
     cause: Cause = Cause.TRAINING
@@ -86,7 +91,7 @@ class CrashLoop:
         since = f"checkpoint-{self.checkpoint_step}" if self.checkpoint_step is not None else "the start"
         what = _WHAT[self.cause]
         return (
-            f"the training code raised {self.crashes} times with no new checkpoint since {since}; "
+            f"the training code crashed {self.crashes} times with no new checkpoint since {since}; "
             f"gave up instead of retrying for ever ({what}). Last error:\n{self.last_error}"
         )
 
@@ -104,26 +109,67 @@ def crash_loop_verdict(crashes: list[Crash], bound: int = MAX_CRASHES_WITHOUT_PR
     return CrashLoop(stuck, last.checkpoint_step, last.error, last.cause) if stuck >= bound else None
 
 
+@dataclass(frozen=True)
+class GroupStart:
+    """What rank 0 saw as its worker group started: the facts that explain the group's silent end."""
+
+    workers: int
+    alive_nodes: frozenset[str]  # Ray node IDs
+
+
+def silent_death(group: int, start: GroupStart, next_start: GroupStart, checkpoint_step: int | None) -> Crash | None:
+    """The crash to count for ``group``, which neither raised nor returned before ``next_start``.
+
+    None when it was not the training code's doing: a node alive at its start is gone (its workers
+    were lost with it), or the next group has another size (Ray Train stopped it to resize).
+    """
+    if start.alive_nodes - next_start.alive_nodes or start.workers != next_start.workers:
+        return None
+    error = (
+        f"a worker of group {group} died without raising an exception "
+        "(killed by a signal, the OOM killer or a segfault)"
+    )
+    return Crash(None, checkpoint_step, error, Cause.TRAINING)
+
+
 class CrashLedger:
     """The attempt's crash records, held by one actor that the driver owns (see the module docstring).
 
-    One record per worker group: when several ranks of a group raise, the first report counts.
+    One record per worker group: when several ranks of a group raise, the first report counts, and
+    a group whose end was accounted for (a crash, a return, the next group's start) is not counted again.
     """
 
     def __init__(self) -> None:
         self.crashes: list[Crash] = []
-        self.groups_started = 0
-        self.groups_crashed: set[int] = set()
+        self.groups: list[GroupStart] = []  # group N started as groups[N - 1]
+        self.groups_ended: set[int] = set()
 
-    def new_group(self) -> tuple[int, CrashLoop | None]:
-        """A number for a worker group that starts, and the verdict it must respect."""
-        self.groups_started += 1
-        return self.groups_started, crash_loop_verdict(self.crashes)
+    def new_group(
+        self, *, workers: int, alive_nodes: set[str] | frozenset[str], checkpoint_step: int | None
+    ) -> tuple[int, CrashLoop | None]:
+        """A number for a worker group that starts, and the verdict it must respect.
+
+        ``checkpoint_step``: the newest complete checkpoint now, which the previous group's silent
+        death, if it was one, is counted against.
+        """
+        start = GroupStart(workers, frozenset(alive_nodes))
+        previous = len(self.groups)
+        if previous and previous not in self.groups_ended:
+            crash = silent_death(previous, self.groups[-1], start, checkpoint_step)
+            self.groups_ended.add(previous)
+            if crash is not None:
+                self.crashes.append(crash)
+        self.groups.append(start)
+        return len(self.groups), crash_loop_verdict(self.crashes)
 
     def report(self, group: int, crash: Crash) -> None:
-        if group not in self.groups_crashed:
-            self.groups_crashed.add(group)
+        if group not in self.groups_ended:
+            self.groups_ended.add(group)
             self.crashes.append(crash)
+
+    def finished(self, group: int) -> None:
+        """The group's loop returned on rank 0: whatever ends the group now, its code did not crash."""
+        self.groups_ended.add(group)
 
     def verdict(self) -> CrashLoop | None:
         return crash_loop_verdict(self.crashes)
@@ -160,7 +206,11 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
 
     @functools.wraps(train_loop)
     def guarded(loop_config: dict[str, Any]) -> None:
-        from spotray.train.processes.ranks import broadcast_from_rank0, world_rank  # noqa: PLC0415 - torch, only in workers
+        from spotray.train.processes.ranks import (  # noqa: PLC0415 - torch, only in workers
+            broadcast_from_rank0,
+            world_rank,
+            world_size,
+        )
 
         context = RunContext.from_env()
         if context is None:  # launch() always sets it; a loop run some other way is not guarded
@@ -170,7 +220,10 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
         rank = world_rank()
         group, verdict = 0, cast("CrashLoop | None", None)
         if rank == 0:
-            group, verdict = ray.get(ledger.new_group.remote())
+            step = _newest_checkpoint_step(context)
+            group, verdict = ray.get(
+                ledger.new_group.remote(workers=world_size(), alive_nodes=alive_node_ids(), checkpoint_step=step)
+            )
         group, give_up = broadcast_from_rank0((group, verdict is not None))
         if give_up:
             if verdict is not None:
@@ -182,8 +235,18 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
             crash = Crash(rank, _newest_checkpoint_step(context), error_tail(error), cause_of(error))
             ray.get(ledger.report.remote(group, crash))
             raise
+        if rank == 0:
+            try:
+                ray.get(ledger.finished.remote(group), timeout=30)
+            except Exception as error:  # noqa: BLE001 - the loop's work is done: a lost ledger must not undo it
+                log.warning("cannot tell the crash ledger that the loop returned: %s", error)
 
     return guarded
+
+
+def alive_node_ids() -> frozenset[str]:
+    """The Ray nodes alive now, by ID (a node that returns gets a new one)."""
+    return frozenset(node["NodeID"] for node in ray.nodes() if node.get("Alive"))  # type: ignore[no-untyped-call]
 
 
 def _newest_checkpoint_step(context: RunContext) -> int | None:

@@ -12,7 +12,8 @@ What each part of the spec becomes:
 - the run name -> ``RunConfig(name=...)``, stable across attempts, so Ray's run directory is reused;
 - worker failures -> ``FailureConfig(max_failures=-1)`` by default: a worker process or node that
   dies is replaced and training goes on from the latest complete checkpoint in our store (seed 003);
-  a training loop that raises again and again is not (train/launch/crash_loop.py).
+  a training loop that crashes again and again (raises, or its worker dies by a signal) is not
+  (train/launch/crash_loop.py).
 
 Ray Train V2 (the default in Ray 2.60) has no ``TorchTrainer.restore``: a new attempt is a new
 ``fit()``, and resume comes from our own S3 checkpoints, which each worker fetches at start. We
@@ -21,7 +22,7 @@ holds only small run metadata and may be a local directory.
 
 Exit codes and the records an attempt leaves: spotray/contract/attempts.py. A ``fit()`` that returns normally
 either finished or stopped on a preemption notice (rank 0's record says which), or gave up on a
-training loop that kept raising (train/launch/crash_loop.py); one that raises ended the attempt for
+training loop that kept crashing (train/launch/crash_loop.py); one that raises ended the attempt for
 the cause ``fit_failure_cause`` gives (spotray/contract/errors.py): the training code's failure (1),
 bad input (2), or an infrastructure fault (75: Ray's cluster, the store), which spends no budget.
 Before ``fit()`` the driver claims the checkpoint URI (the fence, spotray/contract/attempts.py): older
