@@ -26,6 +26,9 @@ with extra_required("controller"):
     from kubernetes.config.config_exception import ConfigException
 
 FIELD_MANAGER = "spotray-cli"
+# (connect, read) seconds for every call: an API server that accepts the connection and never
+# answers (a half-open link, a hung proxy) fails the command with the fix instead of hanging it.
+REQUEST_TIMEOUT = (10.0, 30.0)
 _CONTEXT_FIX = (
     "check that the cluster is up and that `kubectl get nodes` works; pick another cluster with "
     "--context NAME or --kubeconfig FILE (`kubectl config get-contexts` lists them)"
@@ -42,7 +45,8 @@ def _api_message(error: ApiException) -> str:
 class ClusterConnection:
     """A connection to one cluster and a default namespace."""
 
-    def __init__(self, options: KubeOptions) -> None:
+    def __init__(self, options: KubeOptions, request_timeout: tuple[float, float] = REQUEST_TIMEOUT) -> None:
+        self.request_timeout = request_timeout
         try:
             contexts, current = config.list_kube_config_contexts(options.kubeconfig)  # type: ignore[no-untyped-call]
             self.api = config.new_client_from_config(  # type: ignore[no-untyped-call]
@@ -99,13 +103,17 @@ class ClusterConnection:
     def get_run(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         namespace = namespace or self.namespace
         with self._call(f"get TrainingRun {name}", namespace):
-            run = self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            run = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout
+            )
         return cast("dict[str, Any]", run)
 
     def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
         namespace = namespace or self.namespace
         with self._call("list TrainingRuns", namespace):
-            listing = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            listing = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _request_timeout=self.request_timeout
+            )
         items: list[dict[str, Any]] = cast("dict[str, Any]", listing).get("items", [])
         return sorted(items, key=lambda item: item["metadata"]["name"])
 
@@ -128,6 +136,7 @@ class ClusterConnection:
                 field_manager=FIELD_MANAGER,
                 force=True,  # take over fields an earlier `kubectl apply` owned, as re-submitting means
                 _content_type="application/apply-patch+yaml",
+                _request_timeout=self.request_timeout,
             )
         after = cast("dict[str, Any]", after)
         if before is None:
@@ -140,5 +149,7 @@ class ClusterConnection:
     def get_ray_job(self, name: str, namespace: str | None = None) -> dict[str, Any]:
         namespace = namespace or self.namespace
         with self._call(f"get RayJob {name}", namespace, kind=RAYJOB_KIND):
-            job = self.custom.get_namespaced_custom_object(RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name)
+            job = self.custom.get_namespaced_custom_object(
+                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, _request_timeout=self.request_timeout
+            )
         return cast("dict[str, Any]", job)
