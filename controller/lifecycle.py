@@ -239,8 +239,10 @@ class RunState:
                 (c.reason or "" for c in stored.conditions or () if c.type == CONDITION_FAILED and c.status == "True"),
                 "",
             ),
-            preemptions=stored.preemptions or sum(a.outcome == OUTCOME_PREEMPTED for a in attempts),
-            failures=stored.failures or sum(a.outcome == OUTCOME_FAILED for a in attempts),
+            # Never fewer than the attempts kept show: a counter patched lower (status reset by
+            # someone allowed to patch it) does not give a run its budget back.
+            preemptions=max(stored.preemptions or 0, sum(a.outcome == OUTCOME_PREEMPTED for a in attempts)),
+            failures=max(stored.failures or 0, sum(a.outcome == OUTCOME_FAILED for a in attempts)),
             storage_unreachable_since=stored.storage_unreachable_since,
             unreadable=unreadable,
             history_lost=history_lost,

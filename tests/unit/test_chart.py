@@ -37,17 +37,23 @@ FULLNAME = "sr-spotray"
 
 # What each values file renders (kind -> count); hook Jobs included, as `helm template` prints them.
 EXPECTED_KINDS = {
-    "defaults.yaml": {"ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1, "Service": 1},
+    "defaults.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+    },
     "existing-s3-secret.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
     },
     "minio.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "NetworkPolicy": 1,  # who may reach Ray and MinIO ports
         "Deployment": 1,
@@ -57,7 +63,7 @@ EXPECTED_KINDS = {
     },
     "minio-tenants.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "NetworkPolicy": 1,
         "Deployment": 1,
@@ -69,7 +75,7 @@ EXPECTED_KINDS = {
     },
     "nfs.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
@@ -79,7 +85,7 @@ EXPECTED_KINDS = {
     },
     "storage-class.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
@@ -97,7 +103,7 @@ EXPECTED_KINDS = {
     },
     "ha.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "Deployment": 1,
         "Service": 1,
@@ -114,7 +120,7 @@ EXPECTED_KINDS = {
     },
     "raycluster.yaml": {
         "ServiceAccount": 1,
-        "ClusterRole": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
         "ClusterRoleBinding": 1,
         "NetworkPolicy": 2,  # who may reach Ray and MinIO ports
         "Deployment": 1,
@@ -326,7 +332,7 @@ def test_controller_pod_is_hardened_probed_and_sized(helm: Path) -> None:
 
 def test_cluster_wide_rbac_grants_the_controllers_contract(helm: Path) -> None:
     objects = render("defaults.yaml")
-    granted = permissions(only(objects, "ClusterRole"))
+    granted = permissions(only(objects, "ClusterRole", FULLNAME))
     for key, verbs in NAMESPACED_PERMISSIONS.items():
         assert verbs <= granted.get(key, set()), key
     # Least privilege: nothing beyond the contract (no peering without HA, no writes to pods or secrets).
@@ -368,7 +374,7 @@ def test_node_reads_are_one_cluster_wide_rule_a_namespaced_install_asks_for_and_
     assert all(permissions(o)[EVENTS] == {"create", "list"} for o in namespaced if o["kind"] == "Role")
     assert controller_env(namespaced)["SPOTRAY_READ_NODES"] == "true"
     dropped = render("defaults.yaml", "rbac.readNodes=false")
-    assert NODES not in permissions(only(dropped, "ClusterRole"))
+    assert NODES not in permissions(only(dropped, "ClusterRole", FULLNAME))
     assert controller_env(dropped)["SPOTRAY_READ_NODES"] == "false"
 
 
@@ -379,7 +385,7 @@ def test_ha_enables_kopf_peering(helm: Path) -> None:
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     peering = only(objects, "ClusterKopfPeering")
     assert controller_env(objects)["SPOTRAY_PEERING"] == peering["metadata"]["name"] == FULLNAME
-    assert permissions(only(objects, "ClusterRole"))[("kopf.dev", "clusterkopfpeerings")] == {
+    assert permissions(only(objects, "ClusterRole", FULLNAME))[("kopf.dev", "clusterkopfpeerings")] == {
         "get",
         "list",
         "watch",
@@ -679,12 +685,12 @@ def test_allowed_secrets_and_endpoints_reach_the_controller(helm: Path) -> None:
     assert config.allowed_s3_secrets == ("team-a", "team-b")
     assert config.s3_endpoints_allowed == ("http://minio.storage:9000",)
     # Without rbac.secretsByName the controller may get any Secret (to see the opt-in label).
-    assert not [r for r in only(objects, "ClusterRole")["rules"] if "resourceNames" in r]
+    assert not [r for r in only(objects, "ClusterRole", FULLNAME)["rules"] if "resourceNames" in r]
 
 
 def test_secrets_by_name_narrows_rbac_to_the_named_secrets(helm: Path) -> None:
     objects = render(None, "rbac.secretsByName=true", "s3.existingSecret=s3-credentials", "s3.allowedSecrets={team-a}")
-    (rule,) = [r for r in only(objects, "ClusterRole")["rules"] if "secrets" in r["resources"]]
+    (rule,) = [r for r in only(objects, "ClusterRole", FULLNAME)["rules"] if "secrets" in r["resources"]]
     assert rule == {
         "apiGroups": [""],
         "resources": ["secrets"],
@@ -734,3 +740,18 @@ def test_minio_and_the_long_lived_cluster_get_policies_and_the_console_is_off(he
 
 def test_network_policies_can_be_turned_off(helm: Path) -> None:
     assert not network_policies(render("raycluster.yaml", "networkPolicy.enabled=false"))
+
+
+def test_people_get_trainingruns_through_the_aggregated_roles_but_never_their_status(helm: Path) -> None:
+    objects = render("defaults.yaml")
+    edit = only(objects, "ClusterRole", f"{FULLNAME}-edit")
+    view = only(objects, "ClusterRole", f"{FULLNAME}-view")
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    assert set(permissions(edit)) == set(permissions(view)) == {("spotray.dev", "trainingruns")}
+    assert "patch" in permissions(edit)[("spotray.dev", "trainingruns")]
+    assert permissions(view)[("spotray.dev", "trainingruns")] == {"get", "list", "watch"}
+    # A namespaced install makes nothing cluster-wide unless asked.
+    assert not [o for o in render("namespaced.yaml") if o["kind"] == "ClusterRole"]
+    assert len([o for o in render("namespaced.yaml", "rbac.userRoles=true") if o["kind"] == "ClusterRole"]) == 2

@@ -733,3 +733,12 @@ def test_the_cli_shows_a_malformed_status_without_raising(case: str) -> None:
     assert status_table([malformed], CLI_NOW)
     assert run_summary(malformed)
     StatusFollower(ProgressView(stream=io.StringIO()), "gpt2", "team-a").update(malformed)
+
+
+def test_budgets_patched_lower_than_the_attempts_kept_show_are_counted_from_the_attempts() -> None:
+    """Whoever may patch trainingruns/status could reset the counters: the attempts kept still count."""
+    attempts = [attempt(1, "Failed"), attempt(2, "Preempted"), attempt(3, "Failed"), attempt(4, "Running")]
+    reset = RunState.from_status({**RUNNING_STATUS, "attempts": attempts, "failures": 1, "preemptions": 0})
+    assert (reset.failures, reset.preemptions) == (2, 1)
+    more = RunState.from_status({**RUNNING_STATUS, "attempts": attempts, "failures": 5, "preemptions": 7})
+    assert (more.failures, more.preemptions) == (5, 7), "older attempts than the 20 kept counted too"
