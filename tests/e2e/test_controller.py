@@ -99,6 +99,24 @@ def wait_status(
     return result
 
 
+def training_past_a_checkpoint(
+    testbed: tb.Testbed, namespace: str, name: str, tmp_path: Path
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """A GPT-2 run applied and trained past its first complete checkpoint: (its manifest, attempt 1's
+    RayJob, the spot node its worker runs on). Enough steps that a node is lost mid-run even on a
+    fast machine: the checkpoint (step 10) must reach the status and the test must find and delete
+    the node before training ends."""
+    manifest = training_run(name, tmp_path, max_steps=SPOT_RUN_STEPS)
+    testbed.apply(manifest, namespace=namespace)
+    wait_status(testbed, namespace, name, "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
+    job = get(testbed, "rayjob", f"{name}-a1", namespace)
+    pods = json.loads(
+        testbed.kubectl("get", "pods", "-n", namespace, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
+    )["items"]
+    spot_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+    return manifest, job, spot_node
+
+
 def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then_succeeds_with_status(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
@@ -109,16 +127,7 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then
     tmp_path: Path,
 ) -> None:
     start_controller()
-    # Enough steps that the node is lost mid-run even on a fast machine: the first checkpoint (step
-    # 10) must reach the status and the test must find and delete the node before training ends.
-    manifest = training_run("spot", tmp_path, max_steps=SPOT_RUN_STEPS)
-    testbed.apply(manifest, namespace=namespace)
-    wait_status(testbed, namespace, "spot", "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
-    job = get(testbed, "rayjob", "spot-a1", namespace)
-    pods = json.loads(
-        testbed.kubectl("get", "pods", "-n", namespace, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
-    )["items"]
-    spot_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+    manifest, job, spot_node = training_past_a_checkpoint(testbed, namespace, "spot", tmp_path)
 
     # The cloud takes the spot VM: its pods are disrupted and the training processes die with it.
     testbed.preempt_node(spot_node)
@@ -168,14 +177,7 @@ def test_a_spot_node_lost_while_the_controller_is_down_counts_a_preemption_not_a
     job killed), then the controller back: nothing watched the pods go, and the attempt used to be
     judged TrainingFailed. It is read back from the scheduler's Events and the Nodes: NodeLost."""
     controller = start_controller()
-    manifest = training_run("away", tmp_path, max_steps=SPOT_RUN_STEPS)
-    testbed.apply(manifest, namespace=namespace)
-    wait_status(testbed, namespace, "away", "a complete checkpoint", lambda s: "lastCheckpoint" in s, 600)
-    job = get(testbed, "rayjob", "away-a1", namespace)
-    pods = json.loads(
-        testbed.kubectl("get", "pods", "-n", namespace, "-l", "spotray.dev/attempt=1", "-o", "json").stdout
-    )["items"]
-    spot_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker")
+    _, job, spot_node = training_past_a_checkpoint(testbed, namespace, "away", tmp_path)
 
     controller.stop(signal.SIGKILL)
     testbed.preempt_node(spot_node)
