@@ -257,6 +257,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
     env = controller_env(render("defaults.yaml"))
     assert env == {
         "SPOTRAY_NAMESPACES": "",
+        "SPOTRAY_READ_NODES": "true",
         "SPOTRAY_DEFAULT_IMAGE": "spotray/spotray:0.1.0",
         "SPOTRAY_RAY_VERSION": "2.60.0",
         "SPOTRAY_SUBMISSION_MODE": "K8sJobMode",
