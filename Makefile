@@ -53,7 +53,7 @@ test: setup testbed ## every suite: unit, integration and e2e, then the compat m
 	$(PY) -m pytest -m "not unit and not campaign" --durations=25 $(PYTEST_ARGS)
 	$(MAKE) --no-print-directory test-compat
 
-test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, fewer workers, elastic grow-back, CNN, keep-raising, cluster demo)
+test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic grow-back, CNN, keep-raising, cluster demo)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)

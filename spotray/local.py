@@ -15,14 +15,15 @@ Faults can be injected at a chosen step so a user sees recovery for themselves:
   and comes back (spotray/node_faults.py): an elastic run goes on smaller, a fixed-size one waits.
 
 How an attempt ended and what comes next is decided by the controller's own functions
-(controller/lifecycle.py ``classify_end`` and ``end_attempt``), from the same records in the store:
-the budgets mean the same here as on a cluster. Only the backoff differs: local mode starts the
-next attempt at once after a preemption or a failure, since there is no capacity to wait for; after
-an infrastructure fault (the driver's exit code 75: a store that did not answer), which spends no
-budget, it waits the controller's backoff, as a store that is down is not back at once. The run's
-state (its id, attempts and budgets spent, in the status' own shape) is kept in
-``<workdir>/run-state.json``, so the same command run again goes on from where the run stopped, and
-a finished run is not trained again.
+(controller/lifecycle.py ``classify_end`` and ``end_attempt``), from the same records in the store
+and, for an attempt that left none, the driver's exit code and the last lines of its log, as a
+RayJob's message gives them: the budgets mean the same here as on a cluster, and so do the words.
+Only the backoff differs: local mode starts the next attempt at once after a preemption or a
+failure, since there is no capacity to wait for; after an infrastructure fault (the driver's exit
+code 75: a store that did not answer), which spends no budget, it waits the controller's backoff,
+as a store that is down is not back at once. The run's state (its id, attempts and budgets spent,
+in the status' own shape) is kept in ``<workdir>/run-state.json``, so the same command run again
+goes on from where the run stopped, and a finished run is not trained again.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from spotray.contract.names import DEPLOYMENT_COMPLETE, FAILED, JOB_FAILED, JOB_
 from spotray.contract.spec import RunContext, TrainingRun
 from spotray.contract.uris import parse_uri
 from spotray.controller.lifecycle import (
+    LOG_TAIL_CHARS,
     REASON_BAD_INPUT,
     REASON_INTERRUPTED,
     AttemptEnd,
@@ -141,6 +143,27 @@ def start_worker_node(cluster: LocalRayCluster, cpus: int, schedule: NodeSchedul
     node = cluster.add_worker_node(cpus)
     schedule.new_cluster(time.monotonic())
     return node
+
+
+def log_tail(path: Path, chars: int = LOG_TAIL_CHARS) -> str:
+    """The end of a log, at most ``chars``, from a whole line; empty when there is no log."""
+    try:
+        with path.open("rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(size - chars, 0))
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return ""
+    if size > chars:
+        text = text.partition("\n")[2]
+    return text.strip()
+
+
+def driver_message(code: int, log: Path) -> str:
+    """How a driver ended, as a RayJob's message says it on a cluster: its exit code, then its last
+    words, where a driver that left no record of how it ended (a store that did not answer) said why."""
+    tail = log_tail(log)
+    return f"the driver exited with code {code} (log: {log})" + (f", which ends with:\n{tail}" if tail else "")
 
 
 def pause_before_next_attempt(end: AttemptEnd, decided: Plan) -> float:
@@ -241,7 +264,7 @@ class LocalRun:
         job = RayJobView(
             job_status=JOB_SUCCEEDED if code == EXIT_OK and disruption is None else JOB_FAILED,
             deployment_status=DEPLOYMENT_COMPLETE,
-            message=f"the driver exited with code {code} (log: {self._log_path(attempt.attempt)})",
+            message=driver_message(code, self._log_path(attempt.attempt)),
             disruption=disruption,
             exit_code=code,
         )

@@ -26,11 +26,11 @@ MAX_STEPS = 100
 SAVE_STEPS = 10
 
 
-def short_manifest(tmp_path: Path) -> Path:
+def short_manifest(tmp_path: Path, max_steps: int = MAX_STEPS) -> Path:
     document = yaml.safe_load((REPO / "jobs/gpt2/trainingrun.yaml").read_text())
     document["metadata"]["name"] = "demo-test"
     document["spec"]["entrypoint"] = (
-        f"python -m spotray.jobs.gpt2 --max-steps {MAX_STEPS} --batch-size 8 --workdir {tmp_path}"
+        f"python -m spotray.jobs.gpt2 --max-steps {max_steps} --batch-size 8 --workdir {tmp_path}"
     )
     document["spec"]["checkpoint"]["everySteps"] = SAVE_STEPS
     path = tmp_path / "trainingrun.yaml"

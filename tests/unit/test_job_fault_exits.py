@@ -1,5 +1,5 @@
 """The job side of infrastructure faults: the crash-loop guard's verdict, what ``fit()`` raised, and
-local mode's wait (the controller's side: tests/unit/test_infrastructure_faults.py)."""
+local mode's wait and words (the controller's side: tests/unit/test_infrastructure_faults.py)."""
 
 import sys
 from datetime import UTC, datetime
@@ -10,11 +10,19 @@ import ray.exceptions
 from ray.train import ControllerError, WorkerGroupError
 from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 
-from spotray.contract.attempts import AttemptId
+from spotray.contract.attempts import AttemptId, AttemptRecords
 from spotray.contract.errors import Cause, SpotrayError, StoreCredentialsError, StoreUnreachableError
 from spotray.contract.spec import parse_training_run
-from spotray.controller.lifecycle import AttemptEnd, Observation, RunState, end_attempt, plan
-from spotray.local import pause_before_next_attempt
+from spotray.controller.lifecycle import (
+    AttemptEnd,
+    Observation,
+    RayJobView,
+    RunState,
+    classify_end,
+    end_attempt,
+    plan,
+)
+from spotray.local import driver_message, pause_before_next_attempt
 from spotray.train.launch.crash_loop import Crash, crash_loop_verdict
 from spotray.train.launch.launcher import fit_failure_cause, outcome_after_fit
 from spotray.train.storage.store import open_store
@@ -84,6 +92,31 @@ def test_local_mode_waits_the_backoff_only_after_an_interruption() -> None:
     assert pause_before_next_attempt(failed, end_attempt(state, run(), failed, NOW)) == 0
     preempted = AttemptEnd("Preempted", "SpotNotice", "notice")
     assert pause_before_next_attempt(preempted, end_attempt(state, run(), preempted, NOW)) == 0
+
+
+def test_local_mode_tells_an_attempt_without_a_record_in_the_drivers_last_words(tmp_path: Path) -> None:
+    """A driver that found its store hung exits 75 without a record: local mode's message about the
+    attempt ends with the last lines of its log (what a RayJob's message holds on a cluster), from a
+    whole line, so the user reads what the run waits for."""
+    log = tmp_path / "attempt-1.log"
+    log.write_text(
+        "noise " * 1000 + "\nerror: could not reach http://127.0.0.1:9 to check bucket s3://b: Read timeout\n"
+        "  fix: check that the S3 server is running\n"
+    )
+    message = driver_message(75, log)
+    assert message.startswith(f"the driver exited with code 75 (log: {log}), which ends with:\nerror: could not reach")
+    assert message.endswith("fix: check that the S3 server is running")
+    assert "noise" not in message
+    assert (
+        driver_message(1, tmp_path / "no-such.log")
+        == f"the driver exited with code 1 (log: {tmp_path / 'no-such.log'})"
+    )
+
+    end = classify_end(RayJobView("FAILED", "Complete", message, exit_code=75), AttemptRecords())
+    assert (end.outcome, end.reason) == ("Interrupted", "InfrastructureFault")
+    said = end_attempt(started(), run(), end, NOW).state.message
+    assert "could not reach http://127.0.0.1:9" in said
+    assert "waiting for the infrastructure" in said
 
 
 def test_a_ray_without_ray_trains_private_fault_types_still_imports_the_launcher(

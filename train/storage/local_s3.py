@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -205,6 +206,7 @@ class LocalS3Server:
         if self._process is None:
             return
         if self._process.poll() is None:
+            self.resume()  # a paused server would hold the SIGTERM until the SIGKILL
             self._process.terminate()
             try:
                 self._process.wait(timeout=STOP_GRACE_S)
@@ -219,6 +221,18 @@ class LocalS3Server:
             self._process.kill()
             self._process.wait()
             self._process = None
+
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP), to simulate S3 hanging: its port still accepts connections, and
+        nothing answers until ``resume``. Harder on a client than a server that is gone: only its own
+        timeouts end a call."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused server go on (SIGCONT); it answers what was sent to it meanwhile."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.send_signal(signal.SIGCONT)
 
     def __enter__(self) -> LocalS3Server:
         return self.start()
