@@ -615,7 +615,10 @@ def rayjob_refused(
     current = state.current
     assert current is not None
     assert current.attempt == decided.create_attempt
-    what = f"the API server refused to create RayJob {current.ray_job} ({refusal})"
+    if refusal.code is None:
+        what = f"RayJob {current.ray_job} was not sent to the API server ({refusal.message})"
+    else:
+        what = f"the API server refused to create RayJob {current.ray_job} ({refusal})"
     if refusal.content_is_cause:
         fix = "shorten spec.runtimeEnv or the other fields named" if "large" in str(refusal) else "fix the fields named"
         end = AttemptEnd(OUTCOME_FAILED, REASON_BAD_INPUT, f"{what}; {fix} and create the run again")

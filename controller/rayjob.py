@@ -15,6 +15,11 @@ of the same attempt is refused by the API server, never duplicated). What goes i
   KubeRay would otherwise make without a securityContext): non-root uid 1000, no privilege
   escalation, no capabilities, the runtime's default seccomp profile. KubeRay copies the Ray
   container's securityContext into the init container it injects into workers;
+- no Kubernetes API token in any pod (``automountServiceAccountToken: false``): the job's code
+  needs none, and the namespace's default ServiceAccount is not the user's to borrow;
+- no shell that the user did not ask for: the entrypoint is run by Ray's job manager through one
+  shell, by design; the K8sJobMode submitter gets a command of ours (argv, no shell) instead of
+  KubeRay's ``bash -c`` line, and the Ray containers get no command, only ``rayStartParams``;
 - ``shutdownAfterJobFinishes`` + TTL so a finished attempt's cluster goes away, and
   ``backoffLimit: 0``: retries are the controller's (it tells preemptions from failures).
 """
@@ -53,8 +58,10 @@ POD_SECURITY_CONTEXT: dict[str, Any] = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 CONTAINER_SECURITY_CONTEXT: dict[str, Any] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-# What KubeRay gives its default submitter; ours differs only by the securityContext.
+# What KubeRay gives its default submitter.
 SUBMITTER_RESOURCES = {"requests": {"cpu": "500m", "memory": "200Mi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+# The submitter's command (train/launch/submitter.py), in the run's image like the preStop hook's.
+SUBMITTER_MODULE = "spotray.train.launch.submitter"
 
 
 def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
@@ -66,6 +73,15 @@ def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+def _argv_literal(text: str) -> str:
+    """``text`` as an element of a container's command that the kubelet passes on unchanged.
+
+    The kubelet replaces ``$(NAME)`` in command and args with the container's variable NAME (KubeRay
+    defines some on the submitter) and ``$$`` with ``$``; ``$$`` for every ``$`` undoes both.
+    """
+    return text.replace("$", "$$")
 
 
 def _runtime_env(run: TrainingRun, attempt: int, run_uid: str) -> dict[str, Any]:
@@ -100,7 +116,11 @@ def _pod_template(
     tolerations: list[dict[str, Any]],
     grace_seconds: int | None = None,
 ) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": [container], "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT)}
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+        "automountServiceAccountToken": False,
+    }
     if node_selector:
         spec["nodeSelector"] = dict(node_selector)
     if tolerations:
@@ -182,15 +202,31 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     }
 
 
-def _submitter_template(run: TrainingRun, attempt: int, image: str) -> dict[str, Any]:
-    """KubeRay's default submitter pod (it fills in the `ray job submit` command), made restricted.
+def _submitter_template(run: TrainingRun, attempt: int, image: str, runtime_env: dict[str, Any]) -> dict[str, Any]:
+    """The K8sJobMode submitter pod: KubeRay's default one, made restricted, with a command of ours.
+
+    Left without a command, KubeRay runs ``bash -c`` on one line with the entrypoint pasted in and
+    the runtime env (the whole spec, in SPOTRAY_RUN) in double quotes, where ``$(...)`` and
+    backticks run in this pod and the entrypoint is split and expanded before Ray's own shell sees
+    it. Ours hands both to the job API as argv elements (train/launch/submitter.py); KubeRay still
+    sets RAY_DASHBOARD_ADDRESS and RAY_JOB_SUBMISSION_ID, which it reads. KubeRay's line would also
+    pass the RayJob's metadata and entrypoint resources: this RayJob sets neither.
 
     It gets no S3 Secret: it only submits the job to the head's dashboard. It carries the run's
     labels, which the chart's NetworkPolicy admits to the run's Ray ports.
     """
+    runtime_env_json = json.dumps(runtime_env, sort_keys=True, separators=(",", ":"))
     container = {
         "name": "ray-job-submitter",
         "image": image,
+        "command": [
+            "python",
+            "-m",
+            SUBMITTER_MODULE,
+            f"--runtime-env-json={_argv_literal(runtime_env_json)}",
+            "--",
+            _argv_literal(run.spec.entrypoint),
+        ],
         "resources": copy.deepcopy(SUBMITTER_RESOURCES),
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
@@ -199,6 +235,7 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str) -> dict[str,
         "spec": {
             "restartPolicy": "Never",
             "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
+            "automountServiceAccountToken": False,
             "containers": [container],
         },
     }
@@ -206,14 +243,16 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str) -> dict[str,
 
 def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
     """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it)."""
+    runtime_env = _runtime_env(run, attempt, run_uid)
     spec: dict[str, Any] = {
         "entrypoint": run.spec.entrypoint,
-        "runtimeEnvYAML": yaml.safe_dump(_runtime_env(run, attempt, run_uid), sort_keys=True),
+        "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),
         "submissionMode": config.submission_mode,
         "backoffLimit": 0,
     }
     if config.submission_mode == "K8sJobMode":
-        spec["submitterPodTemplate"] = _submitter_template(run, attempt, run.spec.image or config.default_image)
+        image = run.spec.image or config.default_image
+        spec["submitterPodTemplate"] = _submitter_template(run, attempt, image, runtime_env)
     if config.ray_cluster_selector:
         # A long-lived RayCluster (the chart's optional one): nothing to create or shut down.
         spec["clusterSelector"] = dict(config.ray_cluster_selector)
@@ -237,22 +276,42 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
 # etcd refuses a write over 1.5 MiB (its default --max-request-bytes), and KubeRay copies the RayJob's
 # cluster spec into a RayCluster: a RayJob over 1 MiB is refused before the API server is asked, with
 # its size. spec.runtimeEnv is the usual cause: it is in the RayJob twice (runtimeEnvYAML, and
-# SPOTRAY_RUN inside it).
+# SPOTRAY_RUN inside it), and twice more in K8sJobMode (the submitter's command).
 MAX_RAYJOB_BYTES = 1024 * 1024
 
 
+# Linux refuses to start a process with one argument of 128 KiB or more (MAX_ARG_STRLEN): the
+# K8sJobMode submitter takes the runtime env as one argument, so its pod would never start.
+MAX_ARGUMENT_BYTES = 128 * 1024 - 1
+
+
 def size_refusal(rayjob: dict[str, Any], limit: int = MAX_RAYJOB_BYTES) -> RayJobRefusal | None:
-    """A refusal naming the RayJob's size when it is over ``limit`` bytes as JSON; None when it fits."""
+    """A refusal naming the RayJob's size when it is over ``limit`` bytes as JSON, or one argument of
+    its submitter's command when Linux would not start it; None when it fits."""
+    spec = rayjob.get("spec", {})
+    submitter = (spec.get("submitterPodTemplate") or {}).get("spec", {}).get("containers") or [{}]
+    longest = max((len(str(arg).encode()) for arg in submitter[0].get("command") or []), default=0)
+    if longest > MAX_ARGUMENT_BYTES:
+        return RayJobRefusal(
+            code=None,
+            reason="TooLarge",
+            message=(
+                f"the submitter pod's command would have an argument of {longest} bytes (the runtime env), and "
+                f"Linux starts no process with one over {MAX_ARGUMENT_BYTES}: put large files in the image or "
+                "the bucket, not in spec.runtimeEnv"
+            ),
+        )
     size = len(json.dumps(rayjob, separators=(",", ":")).encode())
     if size <= limit:
         return None
-    runtime_env = len(str(rayjob.get("spec", {}).get("runtimeEnvYAML", "")).encode())
+    runtime_env = len(str(spec.get("runtimeEnvYAML", "")).encode())
+    submitter = "; the submitter's command holds the runtime env once more" if "submitterPodTemplate" in spec else ""
     return RayJobRefusal(
         code=None,
         reason="TooLarge",
         message=(
             f"the RayJob would be {size} bytes, over the {limit} the API server's store can take with KubeRay's "
-            f"copies of it ({runtime_env} bytes of it are the runtime env, spec.runtimeEnv counted twice): "
+            f"copies of it ({runtime_env} bytes of it are the runtime env, spec.runtimeEnv counted twice{submitter}): "
             "put large files in the image or the bucket, not in spec.runtimeEnv"
         ),
     )

@@ -680,6 +680,45 @@ def test_every_pod_meets_pod_security_restricted(helm: Path, values_file: str) -
             assert restricted_violations(pod) == [], name
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def mounts_of(pod: dict[str, Any]) -> set[str]:
+    return {
+        m["mountPath"]
+        for c in pod.get("containers", []) + pod.get("initContainers", [])
+        for m in c.get("volumeMounts", [])
+    }
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_ray_pods_of_the_long_lived_cluster_mount_no_api_token(helm: Path, values_file: str) -> None:
+    # Jobs need no Kubernetes credentials, and the namespace's default ServiceAccount is not theirs (issue 38).
+    for name, pod in pod_specs(render(values_file)).items():
+        if name.startswith("RayCluster/"):
+            assert pod["automountServiceAccountToken"] is False, name
+            assert SERVICE_ACCOUNT_DIR not in mounts_of(pod), name
+
+
+def test_with_autoscaling_only_kuberays_autoscaler_gets_the_heads_api_token(helm: Path) -> None:
+    # raycluster.yaml turns autoscaling on: the autoscaler patches the RayCluster through the API.
+    spec = only(render("raycluster.yaml"), "RayCluster")["spec"]
+    head = spec["headGroupSpec"]["template"]["spec"]
+    (token,) = [v for v in head["volumes"] if "projected" in v]
+    sources = token["projected"]["sources"]
+    assert {"path": "token", "expirationSeconds": 3607} in [s.get("serviceAccountToken") for s in sources]
+    assert spec["autoscalerOptions"]["volumeMounts"] == [
+        {"name": token["name"], "mountPath": SERVICE_ACCOUNT_DIR, "readOnly": True}
+    ]
+    assert all(m["name"] != token["name"] for c in head["containers"] for m in c.get("volumeMounts", []))
+    (workers,) = spec["workerGroupSpecs"]
+    assert all("projected" not in v for v in workers["template"]["spec"].get("volumes", []))
+
+    plain = only(render(None, "rayCluster.enabled=true"), "RayCluster")["spec"]
+    assert "autoscalerOptions" not in plain
+    assert "volumes" not in plain["headGroupSpec"]["template"]["spec"]
+
+
 def test_allowed_secrets_and_endpoints_reach_the_controller(helm: Path) -> None:
     objects = render(None, "s3.allowedSecrets={team-a,team-b}", "s3.allowedEndpoints={http://minio.storage:9000}")
     config = ControllerConfig.from_env(controller_env(objects))

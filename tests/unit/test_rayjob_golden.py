@@ -72,17 +72,30 @@ def test_workers_drain_their_ray_node_before_sigterm() -> None:
     assert command == ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", "30"]
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_every_pod_of_the_rayjob_meets_pod_security_restricted(case: str) -> None:
-    spec = build(case)["spec"]
-    pods = {"submitter": spec.get("submitterPodTemplate", {}).get("spec")}
+def pod_specs(rayjob: dict) -> dict[str, dict]:
+    """Every pod spec of the RayJob, by role: submitter, head, and each worker group."""
+    spec = rayjob["spec"]
+    pods = {}
+    if "submitterPodTemplate" in spec:
+        pods["submitter"] = spec["submitterPodTemplate"]["spec"]
     if "rayClusterSpec" in spec:
         cluster = spec["rayClusterSpec"]
         pods["head"] = cluster["headGroupSpec"]["template"]["spec"]
         pods |= {group["groupName"]: group["template"]["spec"] for group in cluster["workerGroupSpecs"]}
-    for role, pod in pods.items():
-        if pod is not None:
-            assert restricted_violations(pod) == [], f"{case} {role}"
+    return pods
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_pod_of_the_rayjob_meets_pod_security_restricted(case: str) -> None:
+    for role, pod in pod_specs(build(case)).items():
+        assert restricted_violations(pod) == [], f"{case} {role}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_no_pod_of_the_rayjob_mounts_a_kubernetes_api_token(case: str) -> None:
+    # The job's code needs no Kubernetes credentials; the namespace's default ServiceAccount is not its own.
+    for role, pod in pod_specs(build(case)).items():
+        assert pod["automountServiceAccountToken"] is False, f"{case} {role}"
 
 
 def test_k8s_job_mode_gets_a_restricted_submitter_without_the_s3_secret() -> None:
@@ -90,7 +103,8 @@ def test_k8s_job_mode_gets_a_restricted_submitter_without_the_s3_secret() -> Non
     config = ControllerConfig.from_env({**document["controllerEnv"], "SPOTRAY_SUBMISSION_MODE": "K8sJobMode"})
     spec = build_rayjob(parse_training_run(document["trainingRun"]), 1, "uid", config)["spec"]
     (submitter,) = spec["submitterPodTemplate"]["spec"]["containers"]
-    assert "command" not in submitter, "KubeRay fills in its `ray job submit` command"
+    # Ours, not KubeRay's `bash -c` line (tests/unit/test_rayjob_no_shell.py).
+    assert submitter["command"][:3] == ["python", "-m", "spotray.train.launch.submitter"]
     assert "envFrom" not in submitter
     assert submitter["image"] == spec["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]
     http = ControllerConfig.from_env({**document["controllerEnv"], "SPOTRAY_SUBMISSION_MODE": "HTTPMode"})

@@ -146,10 +146,11 @@ def test_a_rayjob_too_large_for_the_api_server_is_refused_before_asking_with_its
     fake = RefusingCluster(new_run("uid-large"), None)
     fake.run["spec"]["runtimeEnv"] = {"env_vars": {"BLOB": "x" * (MAX_RAYJOB_BYTES // 2 + 1000)}}
     cluster: Any = fake
-    reconcile(cluster, ControllerConfig(), "ns", "burst")
+    reconcile(cluster, ControllerConfig(submission_mode="HTTPMode"), "ns", "burst")  # no submitter's argument
     status = fake.run["status"]
     assert status["phase"] == "Failed"
     assert "bytes, over the 1048576" in status["message"]
+    assert "was not sent to the API server" in status["message"]
     assert "spec.runtimeEnv" in status["message"]
     assert not any(call.startswith("create") for call in fake.calls), "never sent"
 
@@ -173,3 +174,20 @@ def test_kuberays_validation_failed_fails_the_run_at_once_and_deletes_the_rayjob
     assert "KubeRay refused RayJob r-a1 (ValidationFailed): RayJob name should be no more" in result.state.message
     assert result.delete_rayjob == "r-a1"
     assert [event.reason for event in result.events] == ["BadInput"]
+
+
+def test_a_runtime_env_too_long_for_one_argument_of_the_submitter_is_refused_before_asking() -> None:
+    """K8sJobMode passes the runtime env to the submitter as one argument: Linux starts no process
+    with one of 128 KiB or more, so the pod would never start and the attempt wait out its deadline."""
+    # The runtime env holds the blob twice: in env_vars, and in SPOTRAY_RUN's copy of the spec.
+    fits = build_rayjob(run(runtimeEnv={"env_vars": {"BLOB": "x" * 50_000}}), 1, "uid", ControllerConfig())
+    assert size_refusal(fits) is None
+    large = build_rayjob(run(runtimeEnv={"env_vars": {"BLOB": "x" * 70_000}}), 1, "uid", ControllerConfig())
+    refused = size_refusal(large)
+    assert refused is not None
+    assert refused.content_is_cause
+    assert "argument of" in refused.message
+    http = build_rayjob(
+        run(runtimeEnv={"env_vars": {"BLOB": "x" * 70_000}}), 1, "uid", ControllerConfig(submission_mode="HTTPMode")
+    )
+    assert size_refusal(http) is None, "no submitter pod in HTTPMode"

@@ -132,25 +132,69 @@ volumeMounts:
 {{- end }}
 {{- end }}
 
-{{/* Pod fields shared by the long-lived RayCluster's head and workers. */}}
+{{/*
+Pod fields shared by the long-lived RayCluster's head and workers, called with (list . "head") or
+(list . "worker"). No pod mounts a Kubernetes API token: the jobs need none (the controller's
+RayJob pods neither, controller/rayjob.py). With rayCluster.autoscaling, KubeRay's autoscaler in
+the head pod scales the RayCluster through the API: the head then holds the token its
+ServiceAccount would have mounted as a volume, which only the autoscaler mounts
+(spotray.autoscalerTokenMount in raycluster.yaml), never the Ray container that runs jobs.
+*/}}
 {{- define "spotray.rayPodCommon" -}}
+{{- $root := index . 0 -}}
+{{- $autoscalerToken := and (eq (index . 1) "head") $root.Values.rayCluster.autoscaling -}}
+automountServiceAccountToken: false
 securityContext:
-  fsGroup: {{ .Values.ray.fsGroup }}
+  fsGroup: {{ $root.Values.ray.fsGroup }}
   runAsNonRoot: true
   runAsUser: 1000
   runAsGroup: 1000
   seccompProfile:
     type: RuntimeDefault
-{{- with .Values.imagePullSecrets }}
+{{- with $root.Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- if .Values.sharedStorage.enabled }}
+{{- if or $root.Values.sharedStorage.enabled $autoscalerToken }}
 volumes:
+  {{- if $root.Values.sharedStorage.enabled }}
   - name: shared
     persistentVolumeClaim:
-      claimName: {{ include "spotray.sharedClaim" . }}
+      claimName: {{ include "spotray.sharedClaim" $root }}
+  {{- end }}
+  {{- if $autoscalerToken }}
+  # What the kubelet's automount would project: a token that expires and is renewed, the API
+  # server's CA, the namespace.
+  - name: {{ include "spotray.autoscalerTokenVolume" $root }}
+    projected:
+      sources:
+        - serviceAccountToken:
+            path: token
+            expirationSeconds: 3607
+        - configMap:
+            name: kube-root-ca.crt
+            items:
+              - key: ca.crt
+                path: ca.crt
+        - downwardAPI:
+            items:
+              - path: namespace
+                fieldRef:
+                  fieldPath: metadata.namespace
+  {{- end }}
 {{- end }}
+{{- end }}
+
+{{/* The head pod's API token volume for KubeRay's autoscaler (spotray.rayPodCommon). */}}
+{{- define "spotray.autoscalerTokenVolume" -}}
+autoscaler-api-token
+{{- end }}
+
+{{/* Where the autoscaler (Ray's KubeRay node provider) reads the token and CA: the automount path. */}}
+{{- define "spotray.autoscalerTokenMount" -}}
+- name: {{ include "spotray.autoscalerTokenVolume" . }}
+  mountPath: /var/run/secrets/kubernetes.io/serviceaccount
+  readOnly: true
 {{- end }}
 
 {{/*
