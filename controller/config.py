@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,20 @@ def _json_env(environ: dict[str, str], name: str, default: Any, kind: type) -> A
 def _list_env(environ: dict[str, str], name: str) -> tuple[str, ...]:
     """A comma-separated list; blanks around and between items ignored."""
     return tuple(item.strip() for item in environ.get(name, "").split(",") if item.strip())
+
+
+def _directories_env(environ: dict[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of absolute directories, normalized; never ``/`` (a whole file system)."""
+    directories = []
+    for item in _list_env(environ, name):
+        path = "/" + posixpath.normpath(item).lstrip("/")  # POSIX keeps a leading "//"; one is enough
+        if not item.startswith("/") or path == "/":
+            raise SpotrayError(
+                f"{name} must list absolute directories other than /, got {item!r}",
+                f"list the shared volumes mounted into the controller in {name}, e.g. /mnt/shared",
+            )
+        directories.append(path)
+    return tuple(directories)
 
 
 def _int_env(environ: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -76,6 +91,9 @@ class ControllerConfig:
     # besides s3_endpoint (controller/s3_access.py).
     allowed_s3_secrets: tuple[str, ...] = ()
     allowed_s3_endpoints: tuple[str, ...] = ()
+    # Directories inside which a run's file:// checkpoint URI is read (a shared volume mounted in the
+    # controller at the same path as in the Ray pods); empty: none (controller/run_store.py).
+    file_roots: tuple[str, ...] = ()
     shared_pvc: str | None = None
     shared_mount_path: str = "/mnt/shared"
     fs_group: int = 1000
@@ -135,6 +153,7 @@ class ControllerConfig:
             s3_endpoint=env.get("SPOTRAY_S3_ENDPOINT") or None,
             allowed_s3_secrets=_list_env(env, "SPOTRAY_ALLOWED_S3_SECRETS"),
             allowed_s3_endpoints=_list_env(env, "SPOTRAY_ALLOWED_S3_ENDPOINTS"),
+            file_roots=_directories_env(env, "SPOTRAY_FILE_ROOTS"),
             shared_pvc=env.get("SPOTRAY_SHARED_PVC") or None,
             shared_mount_path=env.get("SPOTRAY_SHARED_MOUNT_PATH") or defaults.shared_mount_path,
             fs_group=_int_env(env, "SPOTRAY_FS_GROUP", defaults.fs_group),

@@ -70,6 +70,7 @@ from spotray.controller.rayjob import build_rayjob, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
     StoreReports,
+    file_access_refusal,
     open_run_store,
     s3_access_refusal,
 )
@@ -241,6 +242,14 @@ def _reconcile_locked(  # noqa: PLR0917
         run = parse_training_run(body, where=f"TrainingRun {namespace}/{name}")
     except InvalidSpecError as error:
         _refuse_invalid(cluster, body, error, now)
+        metrics.set_phase(namespace, name, FAILED)
+        return None
+    refused_directory = file_access_refusal(run, config)
+    if refused_directory is not None:
+        # The controller could never read this run's records: it would judge its attempts blind or
+        # wait for ever. Bad input, at once (_refuse_invalid does nothing to a run already Failed).
+        fix = "use an s3:// URI, or ask the operator to list its directory in the chart's controller.fileRoots"
+        _refuse_invalid(cluster, body, InvalidSpecError([f"spec.checkpoint.uri: {refused_directory}; {fix}"]), now)
         metrics.set_phase(namespace, name, FAILED)
         return None
     # Never raises: what the status holds unreadably is unknown, and the plan reports and rebuilds it.

@@ -8,7 +8,10 @@ even when the job died mid-report. The cost is one LIST and a few small GETs per
 Credentials come from the run's Secret (``spec.checkpoint.secretRef``, or the chart's default),
 the same one the pods get by reference, once controller/s3_access.py allows it; the endpoint from
 that Secret's ``AWS_ENDPOINT_URL`` or the controller's ``SPOTRAY_S3_ENDPOINT``, once allowed. A run
-with no Secret is read with unsigned requests: never with the controller's own identity.
+with no Secret is read with unsigned requests: never with the controller's own identity. A
+``file://`` URI is read only inside the operator's ``SPOTRAY_FILE_ROOTS`` (``file_access_refusal``).
+Every object read is bounded in bytes and JSON values (spotray/contract/bounded_json.py): the run's
+owner writes them, and the controller serves every run of the cluster.
 
 At a thousand runs this is on the hot path, so a Secret as read is remembered for
 ``SECRET_TTL_S`` (rotated credentials are used within that), and runs that reach S3 the same way
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -36,7 +40,7 @@ from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import timestamp
-from spotray.controller.s3_access import SecretView, endpoint_refusal, secret_refusal
+from spotray.controller.s3_access import SecretView, endpoint_refusal, file_uri_refusal, secret_refusal
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.records.goodput import Tally, attempts_from_progress, kept_up_to, ledger_of, tally
 from spotray.train.records.progress_log import (
@@ -80,8 +84,29 @@ def _shared_client(config: StoreConfig) -> S3Client:
     return make_s3_client(config)
 
 
+def file_access_refusal(run: TrainingRun, config: ControllerConfig) -> str | None:
+    """Why the controller may not read the run's file:// checkpoint URI (s3_access.file_uri_refusal), or
+    None: an s3:// URI, or a directory inside ``config.file_roots``.
+
+    Resolved at every opening of the run's store: the run's pods write to the shared volume, a
+    symbolic link included, and a link made since the last look must not lead the controller out.
+    """
+    uri = parse_uri(run.spec.checkpoint.uri)
+    if uri.scheme != "file":
+        return None
+    roots = tuple(os.path.realpath(root) for root in config.file_roots)
+    return file_uri_refusal(str(uri), os.path.realpath(uri.prefix), roots)
+
+
 def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> StoreConfig:
     """How the controller reaches the run's store; raises SpotrayError when s3_access refuses it."""
+    refused_directory = file_access_refusal(run, config)
+    if refused_directory is not None:
+        raise SpotrayError(
+            refused_directory,
+            "use an s3:// URI, or one inside those directories (on the shared volume the run's pods mount); "
+            "the controller reads nothing of this run until then",
+        )
     # The controller's environment gives settings (region, endpoint), never credentials.
     base = replace(
         StoreConfig.from_env(),

@@ -1,4 +1,4 @@
-"""Which Secret and which S3 endpoint a run may use: the controller's half of least privilege (pure).
+"""Which Secret, S3 endpoint and directory a run may use: the controller's half of least privilege (pure).
 
 Whoever can create a TrainingRun names a Secret in ``spec.checkpoint.secretRef``. Without a rule,
 that would let them read every Secret of the namespace (the controller injects it into pods that
@@ -11,9 +11,13 @@ run their image) and point the controller's own S3 requests anywhere (the Secret
 - the controller sends S3 requests only to AWS S3 (no endpoint) or to an endpoint the operator
   allowed: the chart's ``s3.endpoint`` or ``s3.allowedEndpoints``;
 - a run that names no Secret is read without credentials (unsigned requests): the controller's
-  own identity (IRSA, an instance profile) never reads a bucket on a run's behalf.
+  own identity (IRSA, an instance profile) never reads a bucket on a run's behalf;
+- a ``file://`` checkpoint URI is read on the controller's own file system, so only strictly inside
+  a directory the operator listed (the chart's ``controller.fileRoots``: a shared volume mounted in
+  the controller), never elsewhere: ``checkpoint.uri: /`` made it list its whole file system.
 
-A refusal makes the run wait, with a message that names the fix, and spends no attempt.
+A refusal of the Secret or the endpoint makes the run wait, with a message that names the fix, and
+spends no attempt; a directory refused leaves the run's store unread (controller/run_store.py).
 docs/security.md has the whole threat model.
 """
 
@@ -72,4 +76,21 @@ def endpoint_refusal(endpoint: str | None, secret_name: str | None, *, allowed: 
         f"the S3 endpoint {normalized_endpoint(endpoint)} ({source}) is not one the controller may "
         f"connect to (allowed: {', '.join(sorted(allowed)) or 'AWS S3 only'}): add it to the chart's "
         "s3.allowedEndpoints, or fix the Secret"
+    )
+
+
+def file_uri_refusal(uri: str, resolved: str, roots: tuple[str, ...]) -> str | None:
+    """Why the controller may not read the file:// checkpoint URI ``uri`` (naming the setting), or None.
+
+    ``resolved``: its directory with symbolic links and ``..`` resolved; ``roots``: the operator's
+    directories, resolved likewise. Allowed: a directory strictly inside one of them (a root itself
+    holds every run's directory); a root that resolves to ``/`` allows nothing.
+    """
+    if any(root.strip("/") and resolved.startswith(root.rstrip("/") + "/") for root in roots):
+        return None
+    seen = f" ({resolved}, its links resolved)" if resolved != uri.removeprefix("file://").rstrip("/") else ""
+    return (
+        f"spec.checkpoint.uri {uri}{seen} is not inside a directory the controller may read: it reads "
+        f"file:// URIs on its own file system, and only inside the directories of SPOTRAY_FILE_ROOTS "
+        f"(the chart's controller.fileRoots: {', '.join(roots) or 'none'})"
     )

@@ -32,9 +32,12 @@ from spotray.contract.errors import Cause, SpotrayError, cause_of
 
 RECORDS_PREFIX = "_spotray"
 FENCE_KEY = f"{RECORDS_PREFIX}/fence.json"
-# Records (outcomes, preemption markers, progress, the fence) are a few hundred bytes: a larger one
-# was not written by us, and the bound keeps a hostile object out of memory.
+# Records (outcomes, preemption markers, the fence) are a few hundred bytes and a dozen JSON values:
+# a larger one was not written by us, and the bounds keep a hostile object out of the controller's
+# memory (spotray/contract/bounded_json.py). An outcome's detail is cut to fit (MAX_DETAIL_CHARS).
 MAX_RECORD_BYTES = 1 << 20
+MAX_RECORD_VALUES = 1_000
+MAX_DETAIL_CHARS = 64_000
 
 # Exit codes, one set for the job's driver (train/launch/launcher.py; the controller and local mode
 # read them to tell how an attempt ended), the ``spotray`` command (scripts may rely on them:

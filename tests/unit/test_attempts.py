@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.contract.attempts import AttemptId, AttemptOutcome, Fence
+from spotray.contract.attempts import MAX_DETAIL_CHARS, AttemptId, AttemptOutcome, Fence
 from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.train.checkpoints.checkpoint import (
     latest_complete_checkpoint,
@@ -49,6 +49,17 @@ def test_records_are_read_only_by_the_attempt_that_wrote_them(tmp_path: Path) ->
     # A record copied under another attempt's key still names its writer, and is ignored.
     store.put_bytes(new_run.preemption_key, store.get_bytes(old_run.preemption_key))
     assert read_attempt_records(store, new_run).preempted is None
+
+
+def test_an_outcome_with_an_error_text_of_any_length_is_a_record_its_readers_read(tmp_path: Path) -> None:
+    """An exception's text can be any length; escaped, a character past the BMP takes twelve bytes."""
+    store, attempt = store_at(tmp_path), AttemptId("uid", 1)
+    write_outcome(store, attempt, AttemptOutcome(1, 7, "training failed: ValueError: " + "\U0001f600" * 2_000_000))
+    outcome = read_attempt_records(store, attempt).outcome
+    assert outcome is not None
+    assert outcome["detail"].startswith("training failed: ValueError: ")
+    assert outcome["detail"].endswith(" [cut]")
+    assert len(outcome["detail"]) == MAX_DETAIL_CHARS + len(" [cut]")
 
 
 @pytest.mark.parametrize("run_id", ["../x", "a/b", "", "x" * 65, "-lead"])

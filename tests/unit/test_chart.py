@@ -273,6 +273,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_ALLOWED_S3_ENDPOINTS": "",
         "SPOTRAY_SHARED_PVC": "",
         "SPOTRAY_SHARED_MOUNT_PATH": "/mnt/shared",
+        "SPOTRAY_FILE_ROOTS": "",
         "SPOTRAY_RAY_CLUSTER_SELECTOR": "",
         "SPOTRAY_RAYJOB_TTL_SECONDS": "600",
         "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "10",
@@ -545,6 +546,29 @@ def test_nfs_volume_is_mounted_with_permissions_set_by_the_chart(helm: Path) -> 
     assert pod["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": f"{FULLNAME}-shared"}}]
 
 
+def test_file_roots_reach_the_controller_which_mounts_the_shared_volume_read_only_only_to_read_them(
+    helm: Path,
+) -> None:
+    def controller_mounts(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        pod = only(objects, "Deployment")["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        return {m["mountPath"]: {**m, **volumes[m["name"]]} for m in controller_container(objects)["volumeMounts"]}
+
+    assert set(controller_mounts(render("defaults.yaml"))) == {"/tmp"}
+    assert set(controller_mounts(render("nfs.yaml"))) == {"/tmp"}, "a shared volume alone is the Ray pods'"
+
+    objects = render("nfs.yaml", "controller.fileRoots={/mnt/shared/runs,/mnt/shared/teams}")
+    config = ControllerConfig.from_env(controller_env(objects))
+    assert config.file_roots == ("/mnt/shared/runs", "/mnt/shared/teams")
+    shared = controller_mounts(objects)["/mnt/shared"]
+    assert shared["readOnly"] is True
+    assert shared["persistentVolumeClaim"] == {"claimName": f"{FULLNAME}-shared", "readOnly": True}
+    # Anywhere else, or with no shared volume, a root would be the controller's own file system.
+    outside = ("sharedStorage.enabled=true", "controller.fileRoots={/data}")
+    for sets in [outside, ("controller.fileRoots={/mnt/shared}",)]:
+        assert "the controller would read its own file system there" in refused(*sets)
+
+
 def test_shared_volume_from_a_storage_class(helm: Path) -> None:
     objects = render("storage-class.yaml")
     claim = only(objects, "PersistentVolumeClaim")
@@ -593,6 +617,8 @@ def test_long_lived_ray_cluster_is_targeted_by_selector_and_keeps_its_dashboard_
         (("controller.watchNamespaces={Team_A}",), "does not match pattern"),
         (("s3.endpoint=minio:9000",), "does not match pattern"),
         (("sharedStorage.mountPath=mnt/shared",), "does not match pattern"),
+        (("controller.fileRoots={/}",), "does not match pattern"),
+        (("controller.fileRoots={mnt/shared}",), "does not match pattern"),
         (("ray.version=latest",), "does not match pattern"),
         (("ray.workers.tolerations[0].operator=Maybe",), "value must be one of 'Exists', 'Equal'"),
         (("controller.resources.limits.memory=lots",), "/controller/resources/limits/memory"),

@@ -7,15 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from spotray.contract.errors import CorruptCheckpointError
+from spotray.contract.errors import Cause, CorruptCheckpointError, SpotrayError, cause_of
 from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints import checkpoint
 from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
+    FileEntry,
     Manifest,
     build_manifest,
     complete_checkpoints,
     latest_complete_checkpoint,
     list_checkpoints,
+    manifest_json,
     prune_checkpoints,
     upload_checkpoint,
     verify_local_checkpoint,
@@ -68,6 +71,34 @@ def test_corrupt_manifest_is_named(payload: bytes) -> None:
     with pytest.raises(CorruptCheckpointError) as caught:
         Manifest.from_json(payload, "s3://b/run/checkpoint-7/spotray-manifest.json")
     assert "s3://b/run/checkpoint-7/spotray-manifest.json" in str(caught.value)
+
+
+def sharded(files: int) -> Manifest:
+    """A manifest of ``files`` shards with names and sizes like torch's distributed checkpoints'."""
+    entries = {f"__{rank}_0.distcp": FileEntry(1_234_567_890, "e3" * 32) for rank in range(files)}
+    return Manifest(step=1_000_000, world_size=files, files=entries, created_at=1763869990.512345)
+
+
+def test_a_manifest_of_nine_thousand_files_is_written_and_read_back() -> None:
+    manifest = sharded(9_000)
+    assert Manifest.from_json(manifest_json(manifest), "here") == manifest
+
+
+def test_a_manifest_past_the_readers_bounds_is_refused_when_saved_as_bad_input() -> None:
+    with pytest.raises(SpotrayError) as caught:
+        manifest_json(sharded(12_000))
+    assert "checkpoint-1000000 has 12000 files" in caught.value.problem
+    assert "fewer, larger files" in caught.value.fix
+    assert cause_of(caught.value) == Cause.BAD_INPUT
+
+
+def test_a_checkpoint_with_too_many_files_is_refused_before_any_file_goes_up(
+    store: RecordingStore, local_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(checkpoint, "MAX_MANIFEST_VALUES", 10)  # three files and the versions take more
+    with pytest.raises(SpotrayError, match="too many for its manifest"):
+        upload_checkpoint(store, local_checkpoint, step=5, world_size=1)
+    assert store.list() == []
 
 
 def test_verify_local_checkpoint_detects_each_kind_of_damage(local_checkpoint: Path) -> None:

@@ -60,7 +60,7 @@ def failed_attempt(fake: FakeCluster, store: Path) -> dict[str, Any]:
     (none) in a directory store."""
     fake.run["spec"]["checkpoint"] = {"uri": f"file://{store}"}
     cluster: Any = fake
-    config = ControllerConfig(settle_seconds=0)
+    config = ControllerConfig(settle_seconds=0, file_roots=(str(store.parent),))
     reconcile(cluster, config, "ns", "burst")
     fake.rayjobs["burst-a1"]["status"] = {
         "jobStatus": "FAILED",

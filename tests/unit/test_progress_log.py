@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 
 from spotray.contract.attempts import AttemptId
+from spotray.contract.bounded_json import bounds_problem
 from spotray.train.records.progress_log import (
+    MAX_POINTS,
+    MAX_PROGRESS_BYTES,
+    MAX_PROGRESS_VALUES,
+    MAX_RESTARTS,
     AttemptProgress,
     ProgressWriter,
     continue_attempt_progress,
@@ -134,3 +139,39 @@ def test_checkpoint_stalls_stay_bounded_and_keep_their_sum() -> None:
     progress.thin(max_points=50)
     assert len(progress.checkpoint_stalls) == 75
     assert sum(seconds for _, seconds, _ in progress.checkpoint_stalls) == pytest.approx(100.0)
+
+
+def test_the_largest_object_the_writer_keeps_is_one_its_readers_parse() -> None:
+    """What thinning leaves at most, with the longest numbers of each field: within the bounds the
+    controller keeps against hostile objects, so a long run's progress is never refused as one."""
+    step, loss, at = 2**63 - 1, -2.2250738585072014e-308, 1763869990.5123456
+    decision_keys = ("steps", "targetSeconds", "checkpointSeconds", "stepSeconds", "interruptions", "minSteps")
+    largest = AttemptProgress(
+        attempt=2**31,
+        run_id="r" * 64,
+        resumed_from=step,
+        max_steps=step,
+        world_size=2**31,
+        started=at,
+        updated=at,
+        points=[(step, loss, at)] * MAX_POINTS,
+        checkpoint_stalls=[(step, 86400.1234, at)] * MAX_POINTS,
+        restarts=[(step, at)] * MAX_RESTARTS,
+        checkpoint_interval=dict.fromkeys(decision_keys, 1.7976931348623157e308),
+    )
+    largest.thin()  # the writer thins after every change: at these counts it drops nothing
+    written = largest.to_json()
+    assert bounds_problem(written, max_bytes=MAX_PROGRESS_BYTES, max_values=MAX_PROGRESS_VALUES) is None
+    assert len(written) < 0.9 * MAX_PROGRESS_BYTES
+    assert AttemptProgress.from_json(written) == largest
+
+
+def test_restarts_stay_bounded_also_when_a_worker_group_continues_the_object(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "ckpt"))
+    restarts = [(step, float(step)) for step in range(MAX_RESTARTS)]
+    many = AttemptProgress(attempt=1, run_id="r1", points=[(1, 1.0, 1.0)], restarts=restarts)
+    store.put_bytes(many.attempt_id.progress_key, many.to_json())
+    continued = continue_attempt_progress(store, AttemptProgress(attempt=1, run_id="r1", resumed_from=MAX_RESTARTS))
+    assert len(continued.restarts) <= MAX_RESTARTS
+    assert continued.restarts[0][0] == 0
+    assert continued.restarts[-1][0] == MAX_RESTARTS  # the newest restart is kept

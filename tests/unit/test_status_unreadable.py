@@ -22,6 +22,7 @@ import pytest
 from spotray.contract.attempts import AttemptRecords
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
 from spotray.contract.status import RunStatus, Unreadable, format_date_time, parse_date_time
+from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.lifecycle import Event, Observation, Plan, RayJobView, RunState, conditions, plan
 from spotray.controller.reconcile import EVENTS, rayjob_view, reconcile
@@ -390,10 +391,15 @@ class FakeCluster(LeftoverFacts):
     def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> None:
         return None
 
+    def config(self, **settings: Any) -> ControllerConfig:
+        """The controller's settings, with the directory holding the run's file:// checkpoints as a root."""
+        checkpoints = Path(parse_uri(self.run["spec"]["checkpoint"]["uri"]).prefix)
+        return ControllerConfig(file_roots=(str(checkpoints.parent),), **settings)
+
     def reconcile(self, config: ControllerConfig | None = None) -> float | None:
         cluster: Any = self
         try:
-            return reconcile(cluster, config or ControllerConfig(), "ns", self.run["metadata"]["name"])
+            return reconcile(cluster, config or self.config(), "ns", self.run["metadata"]["name"])
         finally:
             EVENTS.drain()
 
@@ -655,7 +661,7 @@ def test_an_unreadable_status_is_reported_while_the_run_waits_for_its_secret(tmp
     waits, and what it writes meanwhile is a status the API server accepts (no outcome it does not know)."""
     fake = FakeCluster(body(tmp_path, {**RUNNING_STATUS, "attempts": "garbage"}))
     fake.add_rayjob(1, "FAILED", "Failed")
-    config = ControllerConfig(s3_secret="missing-creds")
+    config = fake.config(s3_secret="missing-creds")
     fake.reconcile(config)
     fake.reconcile(config)
     assert fake.created == []

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.errors import CorruptCheckpointError, ObjectTooLargeError, StoreRequestError
+from spotray.contract.bounded_json import bounds_problem, load_json
+from spotray.contract.errors import CorruptCheckpointError, ObjectTooLargeError, SpotrayError, StoreRequestError
 from spotray.train.records.attempt_records import check_fence
 from spotray.train.storage.store import ObjectInfo, ObjectStore, object_exists, upload_dir
 
@@ -46,9 +47,14 @@ NO_MANIFEST = "no manifest (upload unfinished or interrupted)"
 # Listed, then gone before it could be read: pruned or replaced meanwhile (by another attempt, or the controller
 # reading while the job prunes). As normal as NO_MANIFEST: the checkpoint is simply not there any more.
 VANISHED = "deleted while being read (pruned or replaced meanwhile)"
-# About 100 bytes per file: room for a hundred thousand files (sharded states), and a bound on what
-# a hostile bucket can make a reader hold in memory.
-MAX_MANIFEST_BYTES = 16 << 20
+# The bounds of a manifest (spotray/contract/bounded_json.py): the controller reads the newest one
+# of every running run, from a bucket the run's owner can write. A file takes about 130 bytes and
+# its name's, and 6 values: room for about 9,000 files (the shards and RNG states of 3,000 ranks).
+# A checkpoint with more is refused when it is saved (``manifest_json``), never written unreadable.
+# A read of a manifest at these bounds stays within the 16 MiB budget of tests/unit/test_read_memory.py;
+# the 16 MiB bound they replaced let one hostile manifest take 420 MiB of the controller's 512 MiB.
+MAX_MANIFEST_BYTES = 1536 << 10
+MAX_MANIFEST_VALUES = 64_000
 _VERSIONED_PACKAGES = ("torch", "transformers", "ray", "mosaicml-streaming", "spotray")
 
 
@@ -93,7 +99,7 @@ class Manifest:
     def from_json(cls, data: bytes, where: str) -> Manifest:
         """Parse a manifest; anything malformed raises ``CorruptCheckpointError`` naming ``where``."""
         try:
-            raw = json.loads(data)
+            raw = load_json(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
             if not isinstance(raw, dict):
                 raise TypeError("top level is not an object")
             if raw.get("format") != MANIFEST_FORMAT:
@@ -112,12 +118,26 @@ class Manifest:
                 versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
                 resume=dict(raw.get("resume", {})),
             )
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
             raise CorruptCheckpointError(
                 f"the manifest {where} is corrupt ({type(error).__name__}: {error})",
                 "nothing to do: this checkpoint is skipped and an older complete one is used; "
                 "delete it to silence this warning",
             ) from error
+
+
+def manifest_json(manifest: Manifest) -> bytes:
+    """The manifest as uploaded; SpotrayError (bad input: every save would fail the same way) when it
+    is past the bounds its readers keep, which would leave the checkpoint complete to no one."""
+    data = manifest.to_json()
+    problem = bounds_problem(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
+    if problem is not None:
+        raise SpotrayError(
+            f"checkpoint-{manifest.step} has {len(manifest.files)} files, too many for its manifest: {problem}",
+            "save the checkpoint in fewer, larger files (a manifest lists about 9,000 at most): "
+            "fewer shards, or the optimizer state in one file per rank",
+        )
+    return data
 
 
 def check_file_name(name: str, where: str) -> None:
@@ -351,10 +371,11 @@ def upload_checkpoint(
         # A checkpoint of this step from an earlier attempt: retract it before replacing its files.
         delete_checkpoint(store, CheckpointInfo(step, prefix, 0, None, "replaced"), existing)
     manifest = build_manifest(local_dir, step, world_size, resume)
+    committed = manifest_json(manifest)  # refused before any file goes up
     upload_dir(store, local_dir, prefix, exclude={MANIFEST_NAME})
     if attempt is not None:
         check_fence(store, attempt)
-    store.put_bytes(f"{prefix}/{MANIFEST_NAME}", manifest.to_json())
+    store.put_bytes(f"{prefix}/{MANIFEST_NAME}", committed)
     return manifest
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from spotray.contract.attempts import AttemptId
+from spotray.contract.bounded_json import load_json
 from spotray.contract.errors import (
     CheckpointAbandonedError,
     CheckpointUploadError,
@@ -42,11 +43,13 @@ from spotray.contract.errors import (
 from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
     MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_VALUES,
     FileEntry,
     Manifest,
     build_manifest,
     check_file_name,
     checkpoint_dir_name,
+    manifest_json,
 )
 from spotray.train.records.attempt_records import check_fence
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists, upload_dir
@@ -89,12 +92,12 @@ class NodePart:
     @classmethod
     def from_json(cls, data: bytes, where: str) -> NodePart:
         try:
-            raw = json.loads(data)
+            raw = load_json(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
             files = {str(name): FileEntry(int(e["size"]), str(e["sha256"])) for name, e in raw["files"].items()}
             for name in files:
                 check_file_name(name, f"the node part {where}")
             return cls(int(raw["node"]), str(raw["save_id"]), files, bool(raw["dropped"]))
-        except (ValueError, TypeError, KeyError, AttributeError) as error:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
             raise CorruptCheckpointError(
                 f"the node part {where} is corrupt ({type(error).__name__}: {error})",
                 "spotray never writes such a part: check who can write to the bucket; this checkpoint is not completed",
@@ -171,7 +174,7 @@ def upload_shared_checkpoint(
     if attempt is not None:
         check_fence(store, attempt)
     manifest = Manifest(step, world_size, files, time.time(), own.versions, own.resume)
-    store.put_bytes(f"{checkpoint_dir_name(step)}/{MANIFEST_NAME}", manifest.to_json())
+    store.put_bytes(f"{checkpoint_dir_name(step)}/{MANIFEST_NAME}", manifest_json(manifest))
     return manifest
 
 

@@ -12,7 +12,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from spotray.contract.attempts import FENCE_KEY, MAX_RECORD_BYTES, AttemptId, AttemptOutcome, AttemptRecords, Fence
+from spotray.contract.attempts import (
+    FENCE_KEY,
+    MAX_DETAIL_CHARS,
+    MAX_RECORD_BYTES,
+    MAX_RECORD_VALUES,
+    AttemptId,
+    AttemptOutcome,
+    AttemptRecords,
+    Fence,
+)
+from spotray.contract.bounded_json import load_json
 from spotray.contract.errors import Cause, ObjectTooLargeError, SpotrayError
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
@@ -41,7 +51,7 @@ def read_record(store: ObjectStore, key: str, attempt: AttemptId) -> dict[str, A
     if raw is None:
         return None
     try:
-        record = json.loads(raw)
+        record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
     except ValueError:
         return None
     if not isinstance(record, dict):
@@ -52,7 +62,10 @@ def read_record(store: ObjectStore, key: str, attempt: AttemptId) -> dict[str, A
 
 
 def write_outcome(store: ObjectStore, attempt: AttemptId, outcome: AttemptOutcome) -> None:
-    fields = {"exit_code": outcome.exit_code, "step": outcome.step, "detail": outcome.detail}
+    """The detail is cut to ``MAX_DETAIL_CHARS`` (an error's text can be any length): even at twelve
+    bytes a character (escaped past the Basic Multilingual Plane) the record stays under ``MAX_RECORD_BYTES``."""
+    detail = outcome.detail if len(outcome.detail) <= MAX_DETAIL_CHARS else outcome.detail[:MAX_DETAIL_CHARS] + " [cut]"
+    fields = {"exit_code": outcome.exit_code, "step": outcome.step, "detail": detail}
     write_record(store, attempt.outcome_key, attempt, fields)
 
 
@@ -95,14 +108,14 @@ def _read_fence_record(store: ObjectStore) -> _FenceRecord | None:
     if raw is None:
         return None
     try:
-        record = json.loads(raw)
+        record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
         resumed, taken_from = record.get("resumed_from"), record.get("taken_from")
         return _FenceRecord(
             Fence(str(record["run_id"]), int(record["attempt"]), int(resumed) if resumed is not None else None),
             str(taken_from) if taken_from is not None else None,
             record.get("taken_back") is True,
         )
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return None
 
 

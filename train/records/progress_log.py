@@ -19,8 +19,11 @@ The controller reads the newest attempt's last point for ``status.progress``;
 The training thread never waits for S3: ``ProgressWriter.record`` appends to memory, and a
 background thread writes the newest snapshot at most every ``interval_s`` seconds (writes coalesce:
 an S3 outage delays progress, never a step). The object is bounded: past ``MAX_POINTS`` points,
-every other point of the older half is dropped, so a long run keeps its whole curve, thinned.
-Writing is best effort: progress that cannot be written is logged and training goes on.
+every other point of the older half is dropped, so a long run keeps its whole curve, thinned; the
+checkpoint stalls and the restarts likewise. So it stays under the bounds every reader keeps
+(``MAX_PROGRESS_BYTES``, ``MAX_PROGRESS_VALUES``; spotray/contract/bounded_json.py): the controller
+reads a run's progress from a bucket the run's owner can write, and one hostile object must not
+take its memory. Writing is best effort: progress that cannot be written is logged and training goes on.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotray.contract.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
+from spotray.contract.bounded_json import load_json
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
@@ -43,8 +47,18 @@ _PROGRESS_KEY_PATTERN = re.compile(
     rf"^{RECORDS_PREFIX}/({RUN_ID_PATTERN.pattern[1:-1]})/attempt-(\d+)\.progress\.json$"
 )
 DEFAULT_INTERVAL_S = 5.0
-# About 40 bytes a point: the object stays under 400 kB however long the run.
+# Points and checkpoint stalls kept each (``AttemptProgress.thin``): a long run's whole curve, thinned.
 MAX_POINTS = 10_000
+# Worker groups restarted inside one attempt that are kept apart in the ledger: a restart past them
+# joins its lifetime to the one before (its restart's lost time then counts as a step's).
+MAX_RESTARTS = 1_000
+# The bounds of the object, which the writer keeps by the three above: at most 10,000 points and
+# 10,000 stalls of about 70 and 55 bytes with the longest numbers (a 19-digit step, a 24-character
+# loss), and 1,000 restarts: 1.3 MB and 83,000 values (tests/unit/test_progress_log.py). A read of
+# an object at these bounds stays within the 16 MiB budget of tests/unit/test_read_memory.py; the
+# bound of 64 MiB they replaced let one hostile object take 2 GiB of the controller's 512 MiB.
+MAX_PROGRESS_BYTES = 1536 << 10
+MAX_PROGRESS_VALUES = 100_000
 
 
 @dataclass
@@ -97,7 +111,8 @@ class AttemptProgress:
 
     @classmethod
     def from_json(cls, data: bytes) -> AttemptProgress:
-        raw: dict[str, Any] = json.loads(data)
+        """The object's content; ValueError when it is past its bounds or is not JSON."""
+        raw: dict[str, Any] = load_json(data, max_bytes=MAX_PROGRESS_BYTES, max_values=MAX_PROGRESS_VALUES)
         return cls(
             attempt=int(raw["attempt"]),
             run_id=str(raw["run_id"]),
@@ -118,15 +133,19 @@ class AttemptProgress:
     def attempt_id(self) -> AttemptId:
         return AttemptId(self.run_id, self.attempt)
 
-    def thin(self, max_points: int = MAX_POINTS) -> None:
+    def thin(self, max_points: int = MAX_POINTS, max_restarts: int = MAX_RESTARTS) -> None:
         """Past ``max_points``, drop every other point of the older half (the newest stay dense).
 
         Checkpoint stalls are thinned the same way (a run with a checkpoint every few steps has many);
         each kept one then stands for the one dropped beside it, so their sum stays about right.
+        Restarts past ``max_restarts`` too: a dropped one's lifetime joins the one before it.
         """
         if len(self.points) > max_points:
             half = len(self.points) // 2
             self.points = self.points[:half:2] + self.points[half:]
+        if len(self.restarts) > max_restarts:
+            half = len(self.restarts) // 2
+            self.restarts = self.restarts[:half:2] + self.restarts[half:]
         if len(self.checkpoint_stalls) > max_points:
             half = len(self.checkpoint_stalls) // 2
             older = self.checkpoint_stalls[: half - half % 2]
@@ -208,11 +227,6 @@ class ProgressWriter:
                 self._hurry.clear()
 
 
-# A point is about 40 bytes and one is kept per logged step, so a long run's object can pass the
-# 1 MiB bound of other records; this bound still keeps a hostile object out of memory.
-MAX_PROGRESS_BYTES = 64 << 20
-
-
 def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProgress | None:
     """One attempt's progress; None if it wrote none (yet), or the object is unreadable or not this attempt's."""
     raw = get_bytes_if_exists(store, attempt.progress_key, max_bytes=MAX_PROGRESS_BYTES)
@@ -235,6 +249,7 @@ def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> Att
         return fresh
     earlier.restarts.append((fresh.resumed_from or 0, time.time()))
     earlier.world_size = fresh.world_size
+    earlier.thin()
     return earlier
 
 
@@ -242,7 +257,7 @@ def parse_attempt_progress(raw: bytes, attempt: AttemptId) -> AttemptProgress | 
     """The progress object's content; None if it is unreadable or not this attempt's."""
     try:
         progress = AttemptProgress.from_json(raw)
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, OverflowError) as error:
         log.warning("ignoring unreadable progress of %s: %s", attempt, error)
         return None
     return progress if progress.attempt_id == attempt else None
