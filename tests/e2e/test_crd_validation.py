@@ -390,6 +390,7 @@ def test_printer_columns(testbed: tb.Testbed, crd: dict[str, Any], namespace: st
         "GOODPUT",
         "FAILURES",
         "AGE",
+        "MESSAGE",
     ]
 
 
