@@ -142,7 +142,10 @@ class LocalS3Server:
             "-s3.port.lance=0",
             "-s3.autoCreateBucket=false",
             "-master.volumeSizeLimitMB=1024",
-            "-volume.max=0",
+            # A count, not 0: 0 means free disk / volume size (14 slots with 15 GB free), and each
+            # bucket takes 7 slots on its first write, so on a fuller disk a second bucket's writes
+            # failed with InternalError. Slots are not preallocated; files grow as data comes.
+            "-volume.max=64",
             # One volume server and no peers to warn: its default 10 s pause before stopping helps no one.
             "-volume.preStopSeconds=0",
             # A single master elects itself; at the default 10 s a restart waited about 20 s for it.
