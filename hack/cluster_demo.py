@@ -147,7 +147,31 @@ def reclaim_worker_node(testbed: tb.Testbed, status: dict[str, Any], name: str, 
     testbed.reclaim_real_node(node)
     stop.wait(SPOT_BACK_AFTER_S)
     testbed.start_real_node(next(n for n in testbed.real_nodes if n.name == node))  # a new spot VM, same name
+    testbed.wait_real_nodes_ready([node])
     return noticed
+
+
+def diagnose(testbed: tb.Testbed, log_lines: int = 40) -> str:
+    """What a person would look at when a run on the real nodes stalls: pods, recent events, the
+    pods that are not ready, and the tail of each real node's kubelet and containerd logs."""
+    parts = [
+        testbed.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout,
+        testbed.kubectl("get", "nodes", "-o", "wide", check=False).stdout,
+        testbed.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-6000:],
+    ]
+    for pod in json.loads(testbed.kubectl("get", "pods", "-A", "-o", "json", check=False).stdout or '{"items": []}')[
+        "items"
+    ]:
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        if pod["status"].get("phase") != "Succeeded" and not (statuses and all(c.get("ready") for c in statuses)):
+            meta = pod["metadata"]
+            parts.append(testbed.kubectl("describe", "pod", "-n", meta["namespace"], meta["name"], check=False).stdout)
+    for node in testbed.real_nodes:
+        for log in ("kubelet", "containerd"):
+            path = testbed.workdir / "nodes" / node.name / f"{log}.log"
+            lines = path.read_text(errors="replace").splitlines()[-log_lines:] if path.exists() else ["(none)"]
+            parts.append(f"--- {path} (last {log_lines} lines)\n" + "\n".join(lines))
+    return "\n".join(parts)
 
 
 def spotray(*args: str, kubeconfig: Path | None = None, env: dict[str, str] | None = None) -> int:

@@ -30,6 +30,7 @@ import ipaddress
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -431,6 +432,15 @@ def import_images(ctr: str, socket_path: Path, root: Path, images: dict[str, dic
 # -- the process that runs inside a node's namespaces -----------------------------------------
 
 
+def accepts_connections(socket_path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(socket_path))
+        except OSError:
+            return False
+    return True
+
+
 def node_main(config_path: Path) -> None:
     """Run inside the node's network namespace and a fresh private mount namespace (see start_node).
 
@@ -471,10 +481,15 @@ def node_main(config_path: Path) -> None:
     containerd_bin = Path(config["containerd"]).parent
     # Its own bin directory first: containerd must find its own runc shim, not an older one.
     path = f"{containerd_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    spawn("containerd", [config["containerd"], "--config", str(node_dir / "containerd.toml")], env={"PATH": path})
     socket_path = node_dir / "containerd.sock"
+    # A node started again (a new spot VM with the old one's name) finds the killed containerd's
+    # socket files still there: waiting for the file alone started the kubelet before containerd
+    # listened, the kubelet exited on "connection refused" and the node never came back.
+    for stale in node_dir.glob("containerd*.sock"):
+        stale.unlink()
+    spawn("containerd", [config["containerd"], "--config", str(node_dir / "containerd.toml")], env={"PATH": path})
     deadline = time.monotonic() + 60
-    while not socket_path.exists():
+    while not accepts_connections(socket_path):
         if procs["containerd"].poll() is not None or time.monotonic() > deadline:
             print("containerd did not start; see containerd.log", flush=True)
             stop()

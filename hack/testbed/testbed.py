@@ -559,8 +559,12 @@ class Testbed:
         self._spawn("coredns", [real.testbed_binary("coredns", "coredns"), "-conf", str(self.workdir / "Corefile")])
         for node in self.real_nodes:
             self.start_real_node(node)
-        names = [n.name for n in self.real_nodes]
-        wait_until("real nodes Ready", lambda: self._check_alive() or self._nodes_ready(names), timeout=180)
+        self.wait_real_nodes_ready([n.name for n in self.real_nodes])
+
+    def wait_real_nodes_ready(self, names: list[str], timeout: float = 180) -> None:
+        """Until the nodes are Ready; a node process that exited fails the wait with its log's name."""
+        wait_until(f"real nodes {', '.join(names)} Ready", lambda: self._check_alive() or self._nodes_ready(names),
+                   timeout=timeout)  # fmt: skip
 
     def start_real_node(self, node: real.RealNode) -> None:
         """Start (or start again, after reclaim_real_node) one real node and its processes."""
