@@ -756,7 +756,7 @@ def _plan_unknown_outcome(obs: Observation, current: AttemptStatus, now: datetim
         state = replace(obs.state, attempts=(*obs.state.attempts[:-1], running))
         return _plan_running_attempt(replace(obs, state=state), running, now)
     end = classify_end(job, obs.records or AttemptRecords())
-    return end_attempt(obs.state, obs.run, end, now, counted=False)
+    return _released(end_attempt(obs.state, obs.run, end, now, counted=False), end, current)
 
 
 def _plan_suspended(state: RunState, now: datetime) -> Plan:
@@ -867,7 +867,19 @@ def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetim
         if waited < obs.settle_seconds:
             # A disruption that caused the failure may still be on its way from the pod watcher.
             return Plan(state, requeue_after_s=obs.settle_seconds - waited)
-    return end_attempt(state, obs.run, end, now)
+    return _released(end_attempt(state, obs.run, end, now), end, current)
+
+
+def _released(decided: Plan, end: AttemptEnd, ended: AttemptStatus) -> Plan:
+    """A preempted or interrupted attempt's RayJob is deleted as soon as its end is recorded, when the
+    run goes on: KubeRay keeps a finished RayJob's cluster for its TTL (600 s) and replaces the pods
+    the lost node took, so that cluster's head and new workers would hold, and race the next attempt
+    for, the very capacity it waits for. A failed attempt's cluster stays for its TTL, for its logs.
+    """
+    goes_on = decided.state.phase not in TERMINAL_PHASES
+    if goes_on and end.outcome in (OUTCOME_PREEMPTED, OUTCOME_INTERRUPTED):
+        return replace(decided, delete_rayjob=ended.ray_job)
+    return decided
 
 
 def _rayjob_gone(obs: Observation, current: AttemptStatus, now: datetime, *, counted: bool = True) -> Plan:

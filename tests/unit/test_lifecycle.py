@@ -99,6 +99,20 @@ def test_preemption_facts_count_as_preemptions_not_failures(job, markers, reason
     assert result.state.next_attempt_time == "2026-11-23T12:00:10Z"  # backoffSeconds
 
 
+def test_a_preempted_or_interrupted_attempts_rayjob_is_deleted_once_judged_a_failed_ones_kept() -> None:
+    """KubeRay keeps a finished RayJob's cluster for its TTL and replaces the pods a lost node took:
+    they would hold the capacity the next attempt waits for. A failed attempt's stays, for its logs."""
+    preempted = step(started(), FAILED_JOB, AttemptRecords(preempted={"step": 40}))
+    assert (preempted.state.current.outcome, preempted.delete_rayjob) == ("Preempted", "r-a1")
+    interrupted = step(started(), FAILED_JOB, AttemptRecords(outcome={"exit_code": 75, "detail": "store down"}))
+    assert (interrupted.state.current.outcome, interrupted.delete_rayjob) == ("Interrupted", "r-a1")
+    failed = step(started(), FAILED_JOB)
+    assert (failed.state.current.outcome, failed.delete_rayjob) == ("Failed", None)
+    # The run's last attempt keeps its cluster for the TTL: the run is over, nothing waits for capacity.
+    spent = step(started(), FAILED_JOB, AttemptRecords(preempted={"step": 40}), retry={"maxPreemptions": 0})
+    assert (spent.state.phase, spent.delete_rayjob) == ("Failed", None)
+
+
 def test_a_node_lost_long_before_a_failure_is_not_its_cause() -> None:
     """An elastic run loses a node and goes on; an hour later it fails on a bug: a failure, not a preemption."""
     long_ago = replace(
