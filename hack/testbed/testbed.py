@@ -42,6 +42,8 @@ REPO = HERE.parent.parent
 # Every process the test bed starts carries this variable (children and grandchildren inherit
 # it), so teardown can find and kill anything that escaped its process group.
 MARKER = "SPOTRAY_TESTBED"
+# containerd refuses a socket path longer than this ("unix socket path too long (> 104)").
+MAX_SOCKET_PATH = 104
 CLUSTER_DOMAIN = "cluster.local"
 # Nothing may send traffic to private ranges here, so cluster IPs and pod IPs are loopback
 # addresses nobody listens on: a stray connection fails locally instead of leaving the machine.
@@ -570,6 +572,12 @@ class Testbed:
         """Start (or start again, after reclaim_real_node) one real node and its processes."""
         assert self.fabric is not None
         node_dir = self.workdir / "nodes" / node.name
+        longest_socket = node_dir / "containerd-ttrpc.sock"
+        if len(bytes(longest_socket)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"{longest_socket} is longer than a Unix socket path may be ({MAX_SOCKET_PATH} bytes): "
+                "containerd could not listen there; use a shorter work directory (--dir)"
+            )
         node_dir.mkdir(parents=True, exist_ok=True)
         (node_dir / "pod-logs").mkdir(exist_ok=True)
         # containerd's root (images, unpacked layers) is cached per node name: a warm start imports

@@ -44,7 +44,6 @@ ALLOWED_IN_NAMESPACE = [
 # Rights granted that the spot-loss run below does not call, each with the path that needs it.
 NOT_CALLED_IN_THIS_RUN: dict[tuple[str, str], str] = {
     ("patch", "trainingruns.spotray.dev"): "kopf's finalizer on each run, kept with HA peering (replicas > 1)",
-    ("delete", "rayjobs.ray.io"): "a suspended run, and an attempt past its start deadline",
     ("update", "trainingruns.spotray.dev/finalizers"): (
         "never a request: the OwnerReferencesPermissionEnforcement admission plugin (OpenShift) checks it "
         "when a RayJob whose owner reference blocks the run's deletion is created"

@@ -16,7 +16,12 @@ ROOT = Path(__file__).resolve().parents[2]
 KEPT_UP = "kept up:"
 
 
-def test_the_cluster_demo_loses_a_spot_node_resumes_and_cluster_down_stops_it_all(tmp_path: Path) -> None:
+def test_the_cluster_demo_loses_a_spot_node_resumes_and_cluster_down_stops_it_all(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # A short directory: the nodes' containerd sockets live in it, and a Unix socket's path has at
+    # most 104 bytes to containerd (tmp_path, named after this test, took the ttrpc socket's past it).
+    tmp_path = tmp_path_factory.mktemp("demo")
     workdir = tmp_path / "demo"
     log_path = tmp_path / "demo.log"
     with log_path.open("wb") as log:

@@ -104,6 +104,17 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     assert status["phase"] == SUCCEEDED, json.dumps(status, indent=2)
     assert attempts[0]["outcome"] == "Preempted", attempts
     assert status.get("failures", 0) == 0, attempts
+    # Attempt 2 resumed from the emergency checkpoint of attempt 1, and the status says where it ended.
+    assert attempts[1]["resumedFrom"] == int(attempts[0]["message"].rsplit("step ", 1)[1]), attempts
+    assert status["progress"]["step"] == status["progress"]["totalSteps"] == MAX_STEPS
+    assert status["lastCheckpoint"]["uri"].endswith(f"/{RUN}/checkpoint-{MAX_STEPS}"), status["lastCheckpoint"]
+    about_the_run = f"involvedObject.name={RUN}"
+    events = bed.kubectl("get", "events", "-n", cluster_demo.NAMESPACE, "--field-selector", about_the_run)
+    for reason in ("AttemptStarted", "SpotNotice", "Succeeded"):
+        assert reason in events.stdout, events.stdout
+    # The preempted attempt's RayJob (and so its cluster) was deleted once judged.
+    rayjobs = bed.kubectl("get", "rayjobs", "-n", cluster_demo.NAMESPACE, "-o", "name").stdout.split()
+    assert rayjobs == [f"rayjob.ray.io/{RUN}-a2"], rayjobs
 
     pulled = subprocess.run(
         [sys.executable, "-m", "spotray.cli", "pull", str(manifest), str(tmp_path / "model")],
