@@ -13,7 +13,7 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
-from spotray.contract.attempts import EXIT_OK
+from spotray.contract.attempts import EXIT_OK, OUTCOME_INTERRUPTED, OUTCOME_PREEMPTED
 from spotray.contract.names import rayjob_name
 from spotray.contract.status import RunStatus
 from spotray.errors import CommandFailedError, NotFoundError
@@ -44,6 +44,13 @@ def fetch_job_logs(dashboard: str, job_id: str) -> str:
         return str(json.loads(response.read())["logs"])
 
 
+def _attempt_outcome(cluster: ClusterConnection, run: str, attempt: int) -> str | None:
+    for entry in RunStatus.of(cluster.get_run(run)).attempts or []:
+        if entry.attempt == attempt:
+            return entry.outcome
+    return None
+
+
 def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dashboard: str | None) -> int:
     namespace = cluster.namespace
     if attempt is None:
@@ -54,7 +61,18 @@ def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dash
                 f"wait for it to start: spotray watch {run} -n {namespace}",
             )
     job_name = rayjob_name(run, attempt)
-    job = cluster.get_ray_job(job_name)
+    try:
+        job = cluster.get_ray_job(job_name)
+    except NotFoundError:
+        ended = _attempt_outcome(cluster, run, attempt)
+        if ended not in (OUTCOME_PREEMPTED, OUTCOME_INTERRUPTED):
+            raise
+        raise NotFoundError(
+            f"attempt {attempt} of {namespace}/{run} ended {ended}, and its RayJob {job_name} was deleted with "
+            "its Ray cluster, so that the next attempt had its capacity; its logs went with it",
+            f"`spotray status {run} -n {namespace}` says how it ended; a failed attempt's cluster (and logs) "
+            "stays for the chart's controller.rayJobTTLSeconds",
+        ) from None
     job_id = (job.get("status") or {}).get("jobId")
     if not job_id:
         raise NotFoundError(
