@@ -11,6 +11,7 @@ import importlib.metadata
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,9 @@ def test_readers_killed_one_after_another_leave_nothing_the_next_trips_over(
     s3_server: LocalS3Server, s3_store: ObjectStore, s3_uri: str, tmp_path: Path, s3_env: dict[str, str]
 ) -> None:
     write_mds_dataset(s3_store, ({"sample_id": i} for i in range(SAMPLES)), {"sample_id": "int"})
-    cache = tmp_path / "mds-cache"
+    # Named for this run: the "registered" reader calls streaming's own registration, which refuses a
+    # path an earlier, interrupted run of this test left registered (pytest's tmp paths repeat).
+    cache = tmp_path / f"mds-cache-{uuid.uuid4().hex[:8]}"
     for how in ("registered", "one-batch"):
         killed = read_in_subprocess(s3_uri, cache, how, s3_env)
         assert killed.returncode == -signal.SIGKILL, f"a reader ({how}) died of its own error:\n{killed.stderr[-3000:]}"
