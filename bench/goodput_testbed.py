@@ -90,6 +90,13 @@ def reclaim_at(
             stop.wait(POLL_S)
 
 
+def rayjob_to_first_step(lost_seconds: dict[str, Any]) -> int | None:
+    """Of a run with no reclaim: waitingForCapacity (RayJob created -> the workers run the loop) plus
+    startUp (-> the first step). Of a reclaimed run, waitingForCapacity also holds each new attempt's."""
+    parts = [lost_seconds.get("waitingForCapacity"), lost_seconds.get("startUp")]
+    return None if all(part is None for part in parts) else sum(int(part or 0) for part in parts)
+
+
 def run_leg(
     cluster: DemoCluster, workdir: Path, name: str, steps: int, interval: int, reclaims: list[int], timeout_s: float
 ) -> dict[str, Any]:
@@ -129,8 +136,9 @@ def run_leg(
         "surviving_step_s": goodput.get("survivingStepSeconds"),
         "lost_s": goodput.get("lostSeconds"),
         "steps_redone": goodput.get("stepsRedone"),
-        # RayJob created -> first step (the ledger's start-up), and each reclaim notice -> training again.
-        "rayjob_to_first_step_s": (goodput.get("lostSeconds") or {}).get("startUp"),
+        # RayJob created -> first step: the ledger's time waiting for the workers to run (nodes, pods,
+        # Ray) plus the first attempt's start-up in them; and each reclaim notice -> training again.
+        "rayjob_to_first_step_s": rayjob_to_first_step(goodput.get("lostSeconds") or {}),
         "notice_to_training_again_s": back_s,
         "seconds": round(time.monotonic() - started, 1),
     }
