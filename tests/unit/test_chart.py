@@ -501,6 +501,20 @@ def test_minio_tenants_get_a_user_of_their_own_in_their_namespace_and_the_hook_n
             ),
             "namespace abc is listed twice",
         ),
+        (
+            (
+                "minio.enabled=true",
+                "s3.existingSecret=s3",
+                "minio.tenants[0].namespace=team-a",
+                "minio.tenants[1].namespace=team-b",
+                "minio.tenants[1].bucket=team-a",
+            ),
+            "bucket team-a is given to namespace team-b and to team-a",
+        ),
+        (
+            ("minio.enabled=true", "s3.existingSecret=s3", "minio.tenants[0].namespace=spotray"),
+            "bucket spotray of namespace spotray is one of minio.buckets",
+        ),
         (("minio.enabled=true", "s3.existingSecret=s3", "minio.tenants[0].namespace=Team_A"), "does not match pattern"),
         (
             ("minio.enabled=true", "s3.existingSecret=s3", "minio.tenants[0].bucket=b"),
@@ -511,7 +525,16 @@ def test_minio_tenants_get_a_user_of_their_own_in_their_namespace_and_the_hook_n
             "ab is not a valid bucket name",
         ),
     ],
-    ids=["minio-off", "release-namespace", "twice", "bad-namespace", "no-namespace", "short-namespace"],
+    ids=[
+        "minio-off",
+        "release-namespace",
+        "twice",
+        "shared-bucket",
+        "shared-with-root",
+        "bad-namespace",
+        "no-namespace",
+        "short-namespace",
+    ],
 )
 def test_bad_minio_tenants_are_refused_with_the_reason(helm: Path, sets: tuple[str, ...], message: str) -> None:
     assert re.search(message, refused(*sets)), refused(*sets)
