@@ -159,9 +159,8 @@ def diagnose(testbed: tb.Testbed, log_lines: int = 40) -> str:
         testbed.kubectl("get", "nodes", "-o", "wide", check=False).stdout,
         testbed.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout[-6000:],
     ]
-    for pod in json.loads(testbed.kubectl("get", "pods", "-A", "-o", "json", check=False).stdout or '{"items": []}')[
-        "items"
-    ]:
+    listed = testbed.kubectl("get", "pods", "-A", "-o", "json", check=False).stdout
+    for pod in json.loads(listed)["items"] if listed else []:
         statuses = (pod.get("status") or {}).get("containerStatuses") or []
         if pod["status"].get("phase") != "Succeeded" and not (statuses and all(c.get("ready") for c in statuses)):
             meta = pod["metadata"]

@@ -44,13 +44,6 @@ def fetch_job_logs(dashboard: str, job_id: str) -> str:
         return str(json.loads(response.read())["logs"])
 
 
-def _attempt_outcome(cluster: ClusterConnection, run: str, attempt: int) -> str | None:
-    for entry in RunStatus.of(cluster.get_run(run)).attempts or []:
-        if entry.attempt == attempt:
-            return entry.outcome
-    return None
-
-
 def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dashboard: str | None) -> int:
     namespace = cluster.namespace
     if attempt is None:
@@ -64,7 +57,7 @@ def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dash
     try:
         job = cluster.get_ray_job(job_name)
     except NotFoundError:
-        ended = _attempt_outcome(cluster, run, attempt)
+        ended = RunStatus.of(cluster.get_run(run)).attempt_entry(attempt).outcome
         if ended not in (OUTCOME_PREEMPTED, OUTCOME_INTERRUPTED):
             raise
         raise NotFoundError(

@@ -20,7 +20,7 @@ from spotray.contract.attempts import (
     OUTCOME_RUNNING,
 )
 from spotray.contract.names import FAILED, SUCCEEDED
-from spotray.contract.status import AttemptStatus, LastCheckpoint, Progress, RunStatus
+from spotray.contract.status import LastCheckpoint, Progress, RunStatus
 from spotray.errors import CommandFailedError
 from spotray.output import parse_time
 from spotray.progress import ProgressView
@@ -38,11 +38,6 @@ def _first_line(message: str | None, limit: int = 160) -> str:
     lines = (message or "").strip().splitlines()
     line = lines[0] if lines else ""
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-def _attempt_entry(status: RunStatus, attempt: int) -> AttemptStatus:
-    """The attempt's history entry; an empty one until the controller writes it."""
-    return next((entry for entry in status.attempts or () if entry.attempt == attempt), AttemptStatus())
 
 
 @dataclass
@@ -65,7 +60,7 @@ class StatusFollower:
         self._report_ended_attempts(status, quiet=first)
         attempt = status.attempt or 0
         if attempt and attempt != self.attempt:
-            entry = _attempt_entry(status, attempt)
+            entry = status.attempt_entry(attempt)
             # Until the controller writes the attempt's history entry, the last checkpoint is where it resumes.
             last_checkpoint = status.last_checkpoint.step if attempt > 1 and status.last_checkpoint else None
             resumed = last_checkpoint if entry.resumed_from is None else entry.resumed_from

@@ -270,17 +270,23 @@ def prepare_cgroup_root(root: str) -> None:
 # -- configuration files ----------------------------------------------------------------------
 
 
+def containerd_sockets(node_dir: Path) -> tuple[Path, Path]:
+    """containerd's gRPC socket (the kubelet's runtime endpoint) and its ttrpc socket, in the node's directory."""
+    return node_dir / "containerd.sock", node_dir / "containerd-ttrpc.sock"
+
+
 def containerd_config(node_dir: Path, root: Path, cni_conf_dir: Path, pause_ref: str, address: str) -> str:
+    grpc_socket, ttrpc_socket = containerd_sockets(node_dir)
     return f"""\
 version = 3
 root = "{root}"
 state = "{node_dir / "containerd-state"}"
 
 [grpc]
-  address = "{node_dir / "containerd.sock"}"
+  address = "{grpc_socket}"
 
 [ttrpc]
-  address = "{node_dir / "containerd-ttrpc.sock"}"
+  address = "{ttrpc_socket}"
 
 [debug]
   level = "warn"
@@ -363,7 +369,7 @@ def kubelet_config(node: RealNode, node_dir: Path, ca: Path) -> dict[str, Any]:
         "resolvConf": "",
         "makeIPTablesUtilChains": False,
         "protectKernelDefaults": False,
-        "containerRuntimeEndpoint": f"unix://{node_dir / 'containerd.sock'}",
+        "containerRuntimeEndpoint": f"unix://{containerd_sockets(node_dir)[0]}",
         "podLogsDir": str(node_dir / "pod-logs"),
         "staticPodPath": "",
         "registerWithTaints": node.taints,
@@ -481,12 +487,12 @@ def node_main(config_path: Path) -> None:
     containerd_bin = Path(config["containerd"]).parent
     # Its own bin directory first: containerd must find its own runc shim, not an older one.
     path = f"{containerd_bin}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-    socket_path = node_dir / "containerd.sock"
+    socket_path, ttrpc_socket = containerd_sockets(node_dir)
     # A node started again (a new spot VM with the old one's name) finds the killed containerd's
     # socket files still there: waiting for the file alone started the kubelet before containerd
     # listened, the kubelet exited on "connection refused" and the node never came back.
-    for stale in node_dir.glob("containerd*.sock"):
-        stale.unlink()
+    for stale in (socket_path, ttrpc_socket):
+        stale.unlink(missing_ok=True)
     spawn("containerd", [config["containerd"], "--config", str(node_dir / "containerd.toml")], env={"PATH": path})
     deadline = time.monotonic() + 60
     while not accepts_connections(socket_path):

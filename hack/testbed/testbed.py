@@ -572,7 +572,7 @@ class Testbed:
         """Start (or start again, after reclaim_real_node) one real node and its processes."""
         assert self.fabric is not None
         node_dir = self.workdir / "nodes" / node.name
-        longest_socket = node_dir / "containerd-ttrpc.sock"
+        longest_socket = max(real.containerd_sockets(node_dir), key=lambda path: len(bytes(path)))
         if len(bytes(longest_socket)) > MAX_SOCKET_PATH:
             raise ValueError(
                 f"{longest_socket} is longer than a Unix socket path may be ({MAX_SOCKET_PATH} bytes): "

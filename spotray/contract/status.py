@@ -468,6 +468,10 @@ class RunStatus(StatusObject):
         """The status of a TrainingRun object (all None before the controller wrote one)."""
         return cls.from_status(run.get("status") or {})
 
+    def attempt_entry(self, attempt: int) -> AttemptStatus:
+        """The attempt's history entry; an empty one (no outcome) until the controller writes it."""
+        return next((entry for entry in self.attempts or () if entry.attempt == attempt), AttemptStatus())
+
     def to_patch(self) -> dict[str, Any]:
         """The status as a merge patch, which keeps the stored value of every key it leaves out.
 
