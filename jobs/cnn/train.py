@@ -55,7 +55,13 @@ from spotray.jobs.common import (
     worker_context,
 )
 from spotray.train.checkpoints.checkpoint import checkpoint_dir_name, prune_checkpoints, upload_checkpoint
-from spotray.train.checkpoints.resume import ResumePoint, agree_on_resume_point, node_resume_dir
+from spotray.train.checkpoints.resume import (
+    LoadCheck,
+    ResumePoint,
+    agree_on_resume_point,
+    node_resume_dir,
+    read_or_refuse,
+)
 from spotray.train.launch.batching import check_batch_splits
 from spotray.train.launch.launcher import launch
 from spotray.train.processes.ranks import world_rank, world_size
@@ -195,6 +201,19 @@ def train_epoch(
     return totals
 
 
+def state_check(image_size: int) -> LoadCheck:
+    """Resume skips a checkpoint this job cannot load (train/checkpoints/resume.py): its state must fit the model."""
+    fix = "the run goes on from an older checkpoint; if none loads, give the run a checkpoint URI of its own"
+
+    def fits(point: ResumePoint) -> None:
+        state: dict[str, Any] = torch.load(point.local_dir / STATE_NAME, map_location="cpu", weights_only=True)
+        # load_state_dict refuses other names or shapes (RuntimeError); a scratch model: this one is cheap.
+        SmallCnn(image_size).load_state_dict(state["model"])
+        _ = state["optimizer"]["state"], int(point.manifest.resume["epochs_done"])
+
+    return lambda point: read_or_refuse(STATE_NAME, partial(fits, point), fix)
+
+
 def restore(config: CnnJobConfig, resume_point: ResumePoint | None) -> tuple[nn.Module, torch.optim.Optimizer, int]:
     """The model (wrapped for DDP), its optimizer, and the epochs already done: from the checkpoint or fresh."""
     torch.manual_seed(config.seed)
@@ -220,7 +239,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(context.spec.checkpoint.uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    resume_point = agree_on_resume_point(store, node_resume_dir(config.workdir), context.attempt_id)
+    resume_point = agree_on_resume_point(
+        store, node_resume_dir(config.workdir), context.attempt_id, state_check(config.image_size)
+    )
     model, optimizer, start_epoch = restore(config, resume_point)
     unwrapped = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 

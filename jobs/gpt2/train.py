@@ -59,6 +59,7 @@ from spotray.train.hf.data import (
     open_streaming_dataset,
     release_after_training,
 )
+from spotray.train.hf.loadable import trainer_checkpoint_check
 from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback
 from spotray.train.launch.batching import check_batch_splits, plan_batch
 from spotray.train.launch.launcher import launch, outcome_after_fit
@@ -174,7 +175,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     fetch = ResumeFetch(store, node_resume_dir(config.workdir), context.attempt_id)
     set_seed(config.seed)  # the initial weights of a fresh start
     model = build_model(config)
-    resume_point = fetch.wait()
+    resume_point = fetch.wait(trainer_checkpoint_check(model))  # an older one if the Trainer could not load it
     position = DataPosition.from_dict(resume_point.manifest.resume.get("data_position") if resume_point else None)
     start_step = resume_point.step if resume_point else 0
     cache_dir = config.workdir / "mds-cache"

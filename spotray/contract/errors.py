@@ -79,6 +79,16 @@ class CorruptCheckpointError(SpotrayError):
     """A checkpoint's files do not match its manifest."""
 
 
+class UnloadableCheckpointError(SpotrayError):
+    """A complete checkpoint whose files verify, but that the job cannot load.
+
+    Not the model the job builds (another shape, other weights), or files its loader refuses
+    (a truncated weights file, pickled objects a safe load will not run). Resume skips such a
+    checkpoint for an older one; when no complete checkpoint loads, the run's checkpoint URI holds
+    another job's checkpoints: bad input, since starting afresh there would mix two runs' steps.
+    """
+
+
 class ObjectTooLargeError(SpotrayError):
     """A manifest or record is larger than any spotray writes: read no further, it was not ours."""
 

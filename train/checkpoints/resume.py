@@ -9,6 +9,13 @@ cannot be files here), the next older complete one is tried, with a warning nami
 why. A fault of the store, the node or the code is raised instead. No complete checkpoint that can be
 fetched means a fresh start.
 
+A checkpoint can also fetch and verify and still not load: the bytes are the ones written, but not
+for the model this job builds, or files its loader refuses. The job passes a ``LoadCheck`` (the
+Trainer's: train/hf/loadable.py) and rank 0 runs it on the checkpoint chosen, once the model is
+built; one that fails is skipped like a corrupt one, with a warning, for the next older. When none
+loads, the URI holds another job's checkpoints: ``UnloadableCheckpointError``, bad input, and no
+fresh start on top of them.
+
 ``prefetch_in_background`` starts that download early, in the driver, when the workers will run on
 the same machine: a worker's own fetch waits for it (``download_checkpoint`` locks the directory)
 and reuses the verified copy.
@@ -18,13 +25,25 @@ from __future__ import annotations
 
 import errno
 import logging
+import pickle
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+import torch
+from safetensors import SafetensorError
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.errors import Cause, CorruptCheckpointError, StoreRequestError, cause_of
+from spotray.contract.errors import (
+    Cause,
+    CorruptCheckpointError,
+    StoreRequestError,
+    UnloadableCheckpointError,
+    cause_of,
+)
 from spotray.train.checkpoints.checkpoint import (
     CheckpointInfo,
     Manifest,
@@ -49,6 +68,32 @@ class ResumePoint:
     local_dir: Path
     manifest: Manifest
     uri: str
+
+
+# Raises UnloadableCheckpointError when the job cannot load this checkpoint; anything else it raises
+# is not the checkpoint's fault (the node, the code) and ends the attempt.
+LoadCheck = Callable[[ResumePoint], None]
+
+# What reading a damaged or foreign file raises: safetensors' header checks, torch.load of a damaged
+# archive (RuntimeError, EOFError), a weights_only load refusing a pickled object, bad JSON, a missing key.
+_READ_ERRORS = (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError, ValueError, KeyError, TypeError)
+# Enough of a loader's message to say what it refused (weights_only's runs to a page).
+_REASON_CHARS = 300
+T = TypeVar("T")
+
+
+def read_or_refuse(name: str, load: Callable[[], T], fix: str) -> T:
+    """``load()``, for a ``LoadCheck``: what a damaged or foreign file raises becomes ``UnloadableCheckpointError``."""
+    try:
+        return load()
+    except _READ_ERRORS as error:
+        reason = " ".join(str(error).split())[:_REASON_CHARS]  # one line: load_state_dict's starts with a title
+        raise UnloadableCheckpointError(f"{name} cannot be read ({type(error).__name__}: {reason})", fix) from error
+
+
+def load_torch_file(path: Path) -> object:
+    """A torch file as a check reads it: tensors only (``weights_only``), mapped rather than read."""
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
 # Errors writing the local copy that come from the checkpoint's keys, not from the node: S3 keeps the
@@ -84,10 +129,21 @@ def checkpoint_fault(error: BaseException) -> str | None:
     return error.problem if isinstance(error, StoreRequestError) else None
 
 
-def fetch_resume_checkpoint(store: ObjectStore, dest_root: Path) -> ResumePoint | None:
-    """Download the newest complete checkpoint that can be fetched and verifies into ``dest_root``; None if none can."""
+def fetch_resume_checkpoint(
+    store: ObjectStore, dest_root: Path, check: LoadCheck | None = None, *, below_step: int | None = None
+) -> ResumePoint | None:
+    """Download the newest complete checkpoint that can be fetched and verifies into ``dest_root``; None if none can.
+
+    With ``check``, also one the job can load (``loadable_or_older``); with ``below_step``, only older ones.
+    """
+    if check is not None:
+        return loadable_or_older(
+            store, dest_root, fetch_resume_checkpoint(store, dest_root, below_step=below_step), check
+        )
     for info in complete_checkpoints(store):
         assert info.manifest is not None  # complete implies a parsed manifest
+        if below_step is not None and info.step >= below_step:
+            continue
         try:
             local_dir = download_checkpoint(store, info, dest_root)
         except Exception as error:
@@ -102,6 +158,33 @@ def fetch_resume_checkpoint(store: ObjectStore, dest_root: Path) -> ResumePoint 
             continue
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
     return None
+
+
+def loadable_or_older(
+    store: ObjectStore, dest_root: Path, point: ResumePoint | None, check: LoadCheck
+) -> ResumePoint | None:
+    """``point`` if ``check`` passes, else the newest older checkpoint that fetches and passes; None on a fresh start.
+
+    Raises ``UnloadableCheckpointError`` (bad input) when checkpoints were there and none loads.
+    """
+    refused: list[str] = []
+    while point is not None:
+        try:
+            check(point)
+        except UnloadableCheckpointError as error:
+            log.warning("skipping %s: this job cannot load it: %s", point.uri, error.problem)
+            refused.append(f"checkpoint-{point.step}: {error.problem}")
+            point = fetch_resume_checkpoint(store, dest_root, below_step=point.step)
+            continue
+        return point
+    if not refused:
+        return None
+    shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+    raise UnloadableCheckpointError(
+        f"no complete checkpoint under {store.uri} can be loaded by this job ({shown})",
+        "they were written for another model or by another job: give this run a checkpoint URI of its own, "
+        "or run it with the settings that wrote them",
+    )
 
 
 def prefetch_in_background(store: ObjectStore, dest_root: Path) -> threading.Thread:
@@ -171,13 +254,18 @@ class ResumeFetch:
             self.error = error
         self.fetch_s = time.monotonic() - self.started
 
-    def wait(self) -> ResumePoint | None:
+    def wait(self, check: LoadCheck | None = None) -> ResumePoint | None:
+        """The checkpoint every rank resumes from; with ``check``, rank 0 makes sure the job can load it
+        (call this once the model is built: a check compares the checkpoint with it)."""
         blocked_from = time.monotonic()
         self._thread.join()
         self.waited_s = time.monotonic() - blocked_from
         if self.rank == 0 and self.error is not None:
             raise self.error
         chosen = self.fetched if self.rank == 0 else None
+        if chosen is not None and check is not None:
+            # The same verified bytes on every rank: rank 0's verdict holds for all.
+            chosen = loadable_or_older(self.store, self.dest_root, chosen, check)
         if chosen is not None and self.attempt is not None:
             write_fence(self.store, self.attempt, resumed_from=chosen.step)
         step = broadcast_from_rank0(chosen.step if chosen else None)
@@ -199,13 +287,15 @@ class ResumeFetch:
         return _fetch_agreed(self.store, _find_complete(self.store, step), self.dest_root)
 
 
-def agree_on_resume_point(store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> ResumePoint | None:
+def agree_on_resume_point(
+    store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None, check: LoadCheck | None = None
+) -> ResumePoint | None:
     """The same verified checkpoint on every rank, or None on a fresh start (``ResumeFetch``, waited for).
 
     With ``attempt``, rank 0 records the step in the fence (spotray/contract/attempts.py): pruning never
-    deletes the checkpoint a running attempt resumed from.
+    deletes the checkpoint a running attempt resumed from. With ``check``, one the job can load.
     """
-    return ResumeFetch(store, dest_root, attempt).wait()
+    return ResumeFetch(store, dest_root, attempt).wait(check)
 
 
 def _fetch_agreed(store: ObjectStore, info: CheckpointInfo, dest_root: Path) -> ResumePoint:
