@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
@@ -217,6 +218,7 @@ class LocalS3Server:
                 self._process.kill()
                 self._process.wait()
         self._process = None
+        self._remove_sockets()
 
     def kill(self) -> None:
         """Stop abruptly (SIGKILL), to simulate S3 going away; ``start`` again with the same port."""
@@ -224,6 +226,15 @@ class LocalS3Server:
             self._process.kill()
             self._process.wait()
             self._process = None
+            self._remove_sockets()
+
+    def _remove_sockets(self) -> None:
+        """Delete the unix sockets weed listens on beside its TCP ports (``seaweedfs-<service>-<port>.sock``
+        in the temp directory): a killed weed leaves them, and a test session left hundreds in /tmp."""
+        temp = Path(tempfile.gettempdir())
+        for port in {self.port, *self._ports.values(), *self._grpc_ports.values()}:
+            for path in temp.glob(f"seaweedfs-*-{port}.sock"):
+                path.unlink(missing_ok=True)
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP), to simulate S3 hanging: its port still accepts connections, and
