@@ -9,7 +9,7 @@ import pytest
 
 from spotray.train.storage.local_s3 import LocalS3Server
 
-pytestmark = [pytest.mark.integration, pytest.mark.core]
+pytestmark = pytest.mark.integration
 
 
 def sockets_of(server: LocalS3Server) -> list[Path]:
