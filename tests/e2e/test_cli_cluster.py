@@ -125,7 +125,12 @@ def test_a_run_name_resolves_to_its_checkpoint_uri_through_the_cluster(
     assert spotray("checkpoints", "nope", "-n", namespace).returncode == 3
 
 
+# About 100 s: a campaign (make test-campaign), to keep make test within 35 minutes. make test keeps
+# its parts: the views' rendering (tests/unit/test_cli_views.py) and, on real pods after a reclaim,
+# the goodput ledger in the status, kubectl's table, `spotray status`, `watch` of an ended run, `pull`
+# and `plot` (tests/e2e/test_real_pods.py).
 @pytest.mark.slow
+@pytest.mark.campaign
 @pytest.mark.timeout(900)
 def test_watch_follows_a_run_to_success_with_the_real_controller(
     testbed: tb.Testbed,

@@ -116,10 +116,25 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     rayjobs = bed.kubectl("get", "rayjobs", "-n", cluster_demo.NAMESPACE, "-o", "name").stdout.split()
     assert rayjobs == [f"rayjob.ray.io/{RUN}-a2"], rayjobs
 
-    pulled = subprocess.run(
-        [sys.executable, "-m", "spotray.cli", "pull", str(manifest), str(tmp_path / "model")],
-        env={**os.environ, **cluster.s3_env}, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+    # The goodput ledger adds up to the wall time, in the status, kubectl's table and `spotray status`.
+    goodput = status["goodput"]
+    assert 0 < goodput["ratio"] <= 1, goodput
+    accounted = goodput["survivingStepSeconds"] + sum(goodput["lostSeconds"].values())
+    assert accounted == pytest.approx(goodput["wallSeconds"], abs=4), goodput  # each part in whole seconds
+    assert "GOODPUT" in bed.kubectl("get", "trainingruns", "-n", cluster_demo.NAMESPACE).stdout.splitlines()[0]
+
+    def spotray(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **cluster.s3_env, "KUBECONFIG": str(bed.kubeconfig)}
+        command = [sys.executable, "-m", "spotray.cli", *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+    detail = spotray("status", RUN, "-n", cluster_demo.NAMESPACE)
+    assert "Phase:           Succeeded" in detail.stdout, detail.stdout + detail.stderr
+    assert "Goodput:         " in detail.stdout, detail.stdout
+    assert spotray("watch", RUN, "-n", cluster_demo.NAMESPACE).returncode == 0  # an ended run: at once
+    pulled = spotray("pull", str(manifest), str(tmp_path / "model"))
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert (tmp_path / "model" / "model.safetensors").exists()
+    plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "-o", str(tmp_path / "loss.png"))
+    assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert step >= RECLAIM_AT_STEP
