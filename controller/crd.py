@@ -30,12 +30,23 @@ from spotray.contract.spec import (
     AUTO,
     CPU,
     CPU_PATTERN,
+    ENV_FROM_SECRETS,
+    ENV_NAME_PATTERN,
+    ENV_NAME_RULE,
+    MAX_ENV_NAME_LENGTH,
     MAX_NAME_LENGTH,
+    MAX_SECRET_REF_LENGTH,
     MEMORY,
     MEMORY_PATTERN,
     NAME_LENGTH_RULE,
     NAME_PATTERN,
     NAME_PATTERN_RULE,
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_ENV_RULE,
+    SECRET_REF_LENGTH_PATTERN,
+    SECRET_REF_PATTERN,
+    SECRET_REF_RULE,
     STEPS_OR_AUTO,
     TEXT,
     URI,
@@ -126,6 +137,37 @@ def _memory() -> dict[str, Any]:
     }
 
 
+def _secret_env(declared: SpecField) -> dict[str, Any]:
+    """spec.secretEnv: the parser's rules on each entry (spotray/contract/spec.py ``_Reader.secret_env``).
+
+    A map's keys can carry no schema of their own (no propertyNames in a structural schema), so
+    the rules on names are CEL over the whole map; the values' too, so every refusal names
+    spec.secretEnv, as the parser does (with the variable after it).
+    """
+    prefixes = "|".join(RESERVED_ENV_PREFIXES)
+    names = ", ".join(_cel_string(name) for name in RESERVED_ENV_NAMES)
+    return {
+        "maxProperties": declared.max_items,
+        "additionalProperties": {"type": "string", "maxLength": MAX_SECRET_REF_LENGTH},
+        "x-kubernetes-validations": [
+            {
+                "rule": f"self.all(name, size(name) <= {MAX_ENV_NAME_LENGTH} && "
+                f"name.matches({_cel_string(ENV_NAME_PATTERN.pattern)}))",
+                "message": f"each variable's name must {ENV_NAME_RULE}",
+            },
+            {
+                "rule": f"self.all(name, !name.matches({_cel_string(f'^({prefixes})')}) && !(name in [{names}]))",
+                "message": f"each variable's name must {RESERVED_ENV_RULE}",
+            },
+            {
+                "rule": f"self.all(name, self[name].matches({_cel_string(SECRET_REF_PATTERN.pattern)}) && "
+                f"self[name].matches({_cel_string(SECRET_REF_LENGTH_PATTERN.pattern)}))",
+                "message": f"each value must {SECRET_REF_RULE}",
+            },
+        ],
+    }
+
+
 # Rules across the fields of one section; the parser checks the same in the section's ``problems``.
 _SECTION_RULES: dict[type[Any], list[dict[str, str]]] = {
     CheckpointSpec: [
@@ -151,6 +193,8 @@ def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:
         return _cpu()
     if declared.kind == MEMORY:
         return _memory()
+    if declared.kind == ENV_FROM_SECRETS:
+        return _secret_env(declared)
     if declared.kind == STEPS_OR_AUTO:
         return {
             "x-kubernetes-int-or-string": True,
@@ -189,7 +233,9 @@ def _spec_schema(cls: type[Any], prefix: str) -> dict[str, Any]:
         if isinstance(python_type, type) and dataclasses.is_dataclass(python_type):
             schema.update(_spec_schema(python_type, f"{path}."))
         elif typing.get_origin(python_type) is dict:
-            schema.update({"type": "object", "x-kubernetes-preserve-unknown-fields": True})
+            schema["type"] = "object"
+            if declared.kind is None:  # free-form (runtimeEnv); a declared kind says what its entries are
+                schema["x-kubernetes-preserve-unknown-fields"] = True
         elif declared.kind not in (CPU, MEMORY, STEPS_OR_AUTO):  # those are int-or-string
             schema["type"] = {bool: "boolean", int: "integer", str: "string"}[python_type]
         if spec_field.default is not dataclasses.MISSING and spec_field.default is not None:

@@ -974,7 +974,8 @@ def _start_deadline_exceeded(obs: Observation, current: AttemptStatus, job: RayJ
     message = (
         f"the Ray cluster of attempt {current.attempt} did not start within {obs.start_deadline_seconds:.0f} s "
         f"(RayJob {current.ray_job}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "
-        "refused by admission (Pod Security, a quota), an image that cannot be pulled, or no node with capacity"
+        "refused by admission (Pod Security, a quota), an image that cannot be pulled, a Secret or key that "
+        "spec.secretEnv names and the namespace lacks, or no node with capacity"
     )
     decided = end_attempt(obs.state, obs.run, AttemptEnd(OUTCOME_FAILED, REASON_START_DEADLINE_EXCEEDED, message), now)
     return replace(decided, delete_rayjob=current.ray_job)

@@ -8,6 +8,11 @@ of the same attempt is refused by the API server, never duplicated). What goes i
 - a head on on-demand nodes with ``num-cpus: 0`` (it hosts the driver, never training workers), and
   a worker group on spot nodes (node selector + toleration), one pod per replica, GPUs as limits;
 - S3 credentials by reference only (``envFrom`` the Secret), never copied into the RayJob;
+- ``spec.secretEnv`` as ``env`` items with ``valueFrom.secretKeyRef`` on the head (the driver) and the
+  workers (training): the kubelet reads the Secret when it starts the container, so no value passes
+  through the controller (which never reads these Secrets), the RayJob, the runtime env, the
+  submitter's arguments or Ray's dashboard. The chart's long-lived RayCluster started its pods
+  without them: a run with ``secretEnv`` is refused there (``secret_env_refusal``);
 - a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
   take an emergency checkpoint within the grace period (train/launch/drain.py);
 - the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
@@ -41,7 +46,7 @@ from spotray.contract.names import (
     RUN_LABEL,
     rayjob_name,
 )
-from spotray.contract.spec import RunContext, TrainingRun
+from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
 from spotray.controller.config import ControllerConfig
 from spotray.controller.lifecycle import RayJobRefusal
 
@@ -106,6 +111,15 @@ def _s3_env(run: TrainingRun, config: ControllerConfig) -> tuple[list[dict[str, 
     return env, env_from
 
 
+def _secret_env(run: TrainingRun) -> list[dict[str, Any]]:
+    """``spec.secretEnv`` as references that the kubelet resolves, in name order."""
+    env = []
+    for name, ref in sorted(run.spec.secret_env.items()):
+        secret, key = split_secret_ref(ref)
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return env
+
+
 def _pod_template(
     run: TrainingRun,
     attempt: int,
@@ -152,6 +166,7 @@ def _container(name: str, image: str, *, cpu: str, memory: str, env: list[Any], 
 def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> dict[str, Any]:
     image = run.spec.image or config.default_image
     env, env_from = _s3_env(run, config)
+    env += _secret_env(run)
     head = _container("ray-head", image, cpu=run.spec.head.cpu, memory=run.spec.head.memory, env=env, env_from=env_from)
     workers = run.spec.workers
     worker = _container("ray-worker", image, cpu=workers.cpu, memory=workers.memory, env=env, env_from=env_from)
@@ -271,6 +286,23 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
         },
         "spec": spec,
     }
+
+
+def secret_env_refusal(run: TrainingRun, config: ControllerConfig) -> RayJobRefusal | None:
+    """A refusal when the run names ``spec.secretEnv`` but its jobs go to the chart's long-lived RayCluster,
+    whose pods were started without them: the job would run without its variables."""
+    if not (run.spec.secret_env and config.ray_cluster_selector):
+        return None
+    return RayJobRefusal(
+        code=None,
+        reason="SecretEnvNeedsOwnCluster",
+        message=(
+            f"spec.secretEnv ({', '.join(sorted(run.spec.secret_env))}) reaches only the pods of a Ray cluster of "
+            "the run's own, and this controller sends every job to the chart's long-lived RayCluster "
+            f"({json.dumps(config.ray_cluster_selector, sort_keys=True)}), whose pods started without them: remove "
+            "spec.secretEnv, or run the controller without rayCluster.enabled"
+        ),
+    )
 
 
 # etcd refuses a write over 1.5 MiB (its default --max-request-bytes), and KubeRay copies the RayJob's

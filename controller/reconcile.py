@@ -66,7 +66,7 @@ from spotray.controller.lifecycle import (
     timestamp,
     wait_for_foreign_rayjob,
 )
-from spotray.controller.rayjob import build_rayjob, size_refusal
+from spotray.controller.rayjob import build_rayjob, secret_env_refusal, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
     StoreReports,
@@ -474,7 +474,7 @@ def _create_attempt(  # noqa: PLR0917
         return decided
     body = build_rayjob(run, attempt, uid, config)
     try:
-        existing = _create(cluster, body)
+        existing = _create(cluster, run, config, body)
     except RayJobRefusedError as error:
         log.warning("%s/%s: RayJob %s not created: %s", run.namespace, run.name, body["metadata"]["name"], error)
         return rayjob_refused(decided, run, error.refusal, now, config.start_deadline_seconds)
@@ -496,11 +496,14 @@ def _create_attempt(  # noqa: PLR0917
     return decided
 
 
-def _create(cluster: Cluster, body: dict[str, Any]) -> dict[str, Any] | None:
-    """``cluster.create_rayjob``, after the size check that the API server's store would make anyway."""
-    too_large = size_refusal(body)
-    if too_large is not None:
-        raise RayJobRefusedError(too_large)
+def _create(
+    cluster: Cluster, run: TrainingRun, config: ControllerConfig, body: dict[str, Any]
+) -> dict[str, Any] | None:
+    """``cluster.create_rayjob``, after the controller's own checks: a run this controller's Ray clusters
+    cannot serve, and the size check that the API server's store would make anyway."""
+    refused = secret_env_refusal(run, config) or size_refusal(body)
+    if refused is not None:
+        raise RayJobRefusedError(refused)
     return cluster.create_rayjob(body)
 
 

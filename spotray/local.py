@@ -21,7 +21,10 @@ RayJob's message gives them: the budgets mean the same here as on a cluster, and
 Only the backoff differs: local mode starts the next attempt at once after a preemption or a
 failure, since there is no capacity to wait for; after an infrastructure fault (the driver's exit
 code 75: a store that did not answer), which spends no budget, it waits the controller's backoff,
-as a store that is down is not back at once. The run's state (its id, attempts and budgets spent,
+as a store that is down is not back at once. ``spec.secretEnv`` has no Secrets to read here: each
+variable comes from this process's variable of the same name, checked before anything starts and
+given to the driver and the Ray cluster (its values never printed, nor in ``SPOTRAY_RUN``, which holds
+the references only). The run's state (its id, attempts and budgets spent,
 in the status' own shape) is kept in ``<workdir>/run-state.json``, so the same command run again
 goes on from where the run stopped, and a finished run is not trained again.
 """
@@ -35,6 +38,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,7 +57,7 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import DEPLOYMENT_COMPLETE, FAILED, JOB_FAILED, JOB_SUCCEEDED, SUCCEEDED, TERMINAL_PHASES
-from spotray.contract.spec import RunContext, TrainingRun
+from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
 from spotray.contract.uris import parse_uri
 from spotray.controller.lifecycle import (
     LOG_TAIL_CHARS,
@@ -130,6 +134,23 @@ def needs_embedded_s3(run: TrainingRun, environ: dict[str, str]) -> bool:
     return bool(s3_uris(run)) and not configured
 
 
+def secret_env_from(run: TrainingRun, environ: Mapping[str, str]) -> dict[str, str]:
+    """``spec.secretEnv``'s variables, each from ``environ``'s variable of the same name: local mode reads
+    no Secrets. Every one that is not set is named at once, with the Secret and key it stands for."""
+    missing = {name: split_secret_ref(ref) for name, ref in run.spec.secret_env.items() if name not in environ}
+    if missing:
+        named = ", ".join(
+            f"{name} (key {key} of Secret {secret} on a cluster)" for name, (secret, key) in missing.items()
+        )
+        exports = "; ".join(f"export {name}=..." for name in missing)
+        raise SpotrayError(
+            f"spec.secretEnv names {named}, and this process's environment has no {' nor '.join(missing)}: "
+            "local mode reads no Secrets and takes each variable from its own environment",
+            f"`{exports}` with the value that key holds, then run the same command again",
+        )
+    return {name: environ[name] for name in run.spec.secret_env}
+
+
 def ray_cpus_for(run: TrainingRun) -> int:
     """Enough logical CPUs for every worker (Ray may oversubscribe a small machine; that is fine here)."""
     needed = math.ceil(run.spec.workers.num_workers * run.spec.workers.cpu_per_worker)
@@ -190,6 +211,8 @@ class LocalRun:
         self.tally = RunTally()
         self.events_path = self.workdir / "events.jsonl"
         self.s3_env: dict[str, str] = {}
+        # Checked before anything starts, like the node layout below.
+        self.secret_env = secret_env_from(run, os.environ)
         self.store_config = StoreConfig.from_env()
         self.reaper = Reaper()
         # Checked before anything starts: a schedule the run cannot live through is refused here.
@@ -327,26 +350,14 @@ class LocalRun:
         cluster = LocalRayCluster(
             num_cpus=layout.head_cpus if layout.node_cpus else ray_cpus_for(self.run_spec),
             log_path=self.workdir / "ray.log",
-            env=self.s3_env,
+            env={**self.s3_env, **self.secret_env},
             on_launch=self.reaper.watch_session,
         ).start()
         try:
             node = None
             if layout.node_cpus:
                 node = start_worker_node(cluster, layout.node_cpus, self.faults.nodes)
-            env = {
-                **os.environ,
-                **self.s3_env,
-                **context.to_env(),
-                "RAY_ADDRESS": cluster.address,
-                "SPOTRAY_EVENTS": str(self.events_path),
-                "PYTHONUNBUFFERED": "1",
-                # `python` in the entrypoint is this interpreter, with spotray installed.
-                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            }
-            if layout.node_cpus:
-                # The node returns when the user said: look for it every few seconds, not Ray's 60.
-                env.setdefault(RESIZE_CHECK_ENV, str(LOCAL_RESIZE_CHECK_S))
+            env = self.driver_env(context, cluster.address)
             self.progress.start_attempt(attempt.attempt, self.run_spec.spec.entrypoint)
             with self._log_path(attempt.attempt).open("ab") as log_file:
                 driver = subprocess.Popen(
@@ -365,6 +376,25 @@ class LocalRun:
                     raise
         finally:
             cluster.stop()
+
+    def driver_env(self, context: RunContext, ray_address: str) -> dict[str, str]:
+        """The environment of an attempt's driver: this process's, the S3 settings, ``spec.secretEnv``'s
+        values and the run's context, which names the variables but holds none of their values."""
+        env = {
+            **os.environ,
+            **self.s3_env,
+            **self.secret_env,
+            **context.to_env(),
+            "RAY_ADDRESS": ray_address,
+            "SPOTRAY_EVENTS": str(self.events_path),
+            "PYTHONUNBUFFERED": "1",
+            # `python` in the entrypoint is this interpreter, with spotray installed.
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        }
+        if self.node_layout.node_cpus:
+            # The node returns when the user said: look for it every few seconds, not Ray's 60.
+            env.setdefault(RESIZE_CHECK_ENV, str(LOCAL_RESIZE_CHECK_S))
+        return env
 
     def _watch(
         self,

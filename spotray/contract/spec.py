@@ -13,6 +13,10 @@ declarations:
   types, defaults, minimums, descriptions;
 - the example jobs' hand-start flags take their defaults and help from them (jobs/common.py).
 
+``spec.secretEnv`` holds references only (``{HF_TOKEN: hf-token/token}``, never a value), so the
+spec, and ``SPOTRAY_RUN`` with it, can go anywhere: the kubelet reads the Secrets (controller/rayjob.py),
+and local mode takes the values from its own environment (spotray/local.py).
+
 Standard library and PyYAML only: the controller decides with it without boto3, torch or Ray.
 """
 
@@ -58,6 +62,60 @@ AUTO = "auto"
 
 # What kind of value a field holds: how this parser checks it, and which rules the CRD adds.
 CPU, MEMORY, URI, TEXT, STEPS_OR_AUTO = "cpu", "memory", "uri", "text", "steps-or-auto"
+ENV_FROM_SECRETS = "env-from-secrets"  # a map of environment variable -> SECRET/KEY
+
+# spec.secretEnv: each variable of the job's environment that a Secret's key supplies. The CRD
+# (controller/crd.py) turns these patterns and limits into its rules, so the API server refuses
+# what this parser refuses. Kubernetes' own rules: a Secret's name is a DNS-1123 subdomain, and a
+# key is [-._a-zA-Z0-9]+ but not ".", ".." or "..anything" (hence the key pattern's one optional
+# leading dot), each at most 253 characters. Neither holds a '/', so SECRET/KEY splits one way only.
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DNS_1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_CONFIG_MAP_KEY = r"\.?[-_a-zA-Z0-9][-._a-zA-Z0-9]*"
+SECRET_REF_PATTERN = re.compile(rf"^{_DNS_1123_LABEL}(\.{_DNS_1123_LABEL})*/{_CONFIG_MAP_KEY}$")
+MAX_SECRET_NAME_LENGTH = MAX_SECRET_KEY_LENGTH = 253
+SECRET_REF_LENGTH_PATTERN = re.compile(rf"^[^/]{{1,{MAX_SECRET_NAME_LENGTH}}}/[^/]{{1,{MAX_SECRET_KEY_LENGTH}}}$")
+MAX_SECRET_REF_LENGTH = MAX_SECRET_NAME_LENGTH + 1 + MAX_SECRET_KEY_LENGTH
+MAX_ENV_NAME_LENGTH = 128
+# Names the job's environment gets from spotray, KubeRay or Ray: a Secret's value under one of them
+# would be overwritten, or overwrite what they rely on. SPOTRAY_RUN, SPOTRAY_EVENTS; RAY_* (KubeRay
+# and Ray: RAY_ADDRESS, RAY_IP, ...); AWS_* (the checkpoint Secret, envFrom, which an env item would
+# override; AWS_ENDPOINT_URL); KUBERAY_GEN_RAY_START_CMD. Then the single names: KubeRay's head
+# address and Redis credentials; controller/rayjob.py's S3 endpoint for MosaicML streaming; Ray
+# Train's torch.distributed variables; what local mode sets for its driver and Ray (spotray/local.py,
+# spotray/local_ray.py). tests/unit/test_secret_env.py checks the RayJob's and local mode's names against them.
+RESERVED_ENV_PREFIXES = ("SPOTRAY_", "RAY_", "AWS_", "KUBERAY_")
+RESERVED_ENV_NAMES = (
+    "FQ_RAY_IP",
+    "REDIS_PASSWORD",
+    "REDIS_USERNAME",
+    "S3_ENDPOINT_URL",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "NODE_RANK",
+    "CUDA_VISIBLE_DEVICES",
+    "PATH",
+    "PYTHONUNBUFFERED",
+    "GLOO_SOCKET_IFNAME",
+)
+# What each rule says where it refuses an entry: the API server (the CRD's rules) and this parser.
+ENV_NAME_RULE = (
+    f"be a C identifier of at most {MAX_ENV_NAME_LENGTH} characters (letters, digits and '_', not starting "
+    "with a digit), e.g. HF_TOKEN"
+)
+RESERVED_ENV_RULE = (
+    f"not start with {', '.join(RESERVED_ENV_PREFIXES)} nor be {', '.join(RESERVED_ENV_NAMES)}: spotray, KubeRay "
+    "or Ray set those in the job's environment (AWS_*: the checkpoint Secret); give the variable another name"
+)
+SECRET_REF_RULE = (
+    "be SECRET/KEY: a Secret of the run's namespace (lowercase letters, digits, '-' and '.', a DNS-1123 "
+    f"subdomain) and one of its keys (letters, digits, '-', '_' and '.', not '.' or '..'), each at most "
+    f"{MAX_SECRET_NAME_LENGTH} characters, e.g. hf-token/token"
+)
 
 
 class InvalidSpecError(SpotrayError):
@@ -82,10 +140,11 @@ class SpecField:
 
     description: str  # `kubectl explain` and docs/trainingrun.md print it
     minimum: int | None = None
-    kind: str | None = None  # CPU, MEMORY, URI, TEXT or STEPS_OR_AUTO
+    kind: str | None = None  # CPU, MEMORY, URI, TEXT, STEPS_OR_AUTO or ENV_FROM_SECRETS
     max_length: int | None = None  # for the API server's CEL cost estimates
     immutable: str | None = None  # why the value cannot change once set
     when_missing: str | None = None  # a required field: what to write
+    max_items: int | None = None  # the most entries of a mapping
 
 
 def spec_field(description: str, *, default: Any = dataclasses.MISSING, **declared: Any) -> Any:
@@ -114,6 +173,17 @@ def camel(name: str) -> str:
     """A dataclass field's key in the manifest: ``min_every_steps`` -> ``minEverySteps``."""
     head, *rest = name.split("_")
     return head + "".join(part.capitalize() for part in rest)
+
+
+def split_secret_ref(ref: str) -> tuple[str, str]:
+    """A ``spec.secretEnv`` value, ``SECRET/KEY``, as (the Secret's name, the key)."""
+    secret, _, key = ref.partition("/")
+    return secret, key
+
+
+def reserved_env_name(name: str) -> bool:
+    """Whether spotray, KubeRay or Ray set ``name`` in the job's environment (see RESERVED_ENV_NAMES)."""
+    return name.startswith(RESERVED_ENV_PREFIXES) or name in RESERVED_ENV_NAMES
 
 
 def parse_cpu(text: str) -> float:
@@ -318,7 +388,20 @@ class RunSpec:
         max_length=1024,
     )
     runtime_env: dict[str, Any] = spec_field(
-        "A Ray runtime_env (env_vars, pip, working_dir, ...) passed to the job unchanged.", default={}
+        "A Ray runtime_env (env_vars, pip, working_dir, ...) passed to the job unchanged. It is in plain "
+        "text in the RayJob, the submitter's arguments and Ray's dashboard: give secrets in secretEnv.",
+        default={},
+    )
+    secret_env: dict[str, str] = spec_field(
+        "Environment variables of the job that Secrets of the run's namespace supply: a map from the "
+        "variable's name to SECRET/KEY, e.g. {HF_TOKEN: hf-token/token}. The kubelet reads the Secret when it "
+        "starts the Ray head and worker pods (which fail to start while it or its key is missing); the value "
+        "is never in the TrainingRun, the RayJob, the job's runtime env or Ray's dashboard. Names that "
+        "spotray, KubeRay or Ray set are refused (SPOTRAY_*, RAY_*, AWS_*, KUBERAY_*, ...). Local mode "
+        "(spotray run --local) takes each from its own environment variable of the same name.",
+        default={},
+        kind=ENV_FROM_SECRETS,
+        max_items=32,
     )
     suspend: bool = spec_field(
         "true stops the current attempt after a checkpoint and starts none; false resumes the run.", default=False
@@ -427,7 +510,7 @@ class _Reader:
         if _is_section(python_type):
             return self.section(python_type, value, path)
         if typing.get_origin(python_type) is dict:
-            return self.mapping(value, path)
+            return self.secret_env(value, info, path) if info.kind == ENV_FROM_SECRETS else self.mapping(value, path)
         if python_type is bool:
             return self.boolean(value, path, fallback)
         if info.kind == STEPS_OR_AUTO:
@@ -443,6 +526,25 @@ class _Reader:
             self.problems.append(f"{path}: must be a mapping, got {value!r}")
             return {}
         return value
+
+    def secret_env(self, value: Any, info: SpecField, path: str) -> dict[str, str]:
+        mapping = self.mapping(value, path)
+        if info.max_items is not None and len(mapping) > info.max_items:
+            self.problems.append(
+                f"{path}: at most {info.max_items} variables, got {len(mapping)}; put several values in one "
+                "Secret key (e.g. a JSON document) that the job splits"
+            )
+        for name, ref in mapping.items():
+            musts = []
+            if not isinstance(name, str) or len(name) > MAX_ENV_NAME_LENGTH or not ENV_NAME_PATTERN.match(name):
+                musts.append(f"the variable's name must {ENV_NAME_RULE}")
+            elif reserved_env_name(name):
+                musts.append(f"the variable's name must {RESERVED_ENV_RULE}")
+            if not (isinstance(ref, str) and SECRET_REF_PATTERN.match(ref) and SECRET_REF_LENGTH_PATTERN.match(ref)):
+                musts.append(f"the value must {SECRET_REF_RULE}; got {ref!r}")
+            if musts:
+                self.problems.append(f"{path}.{name}: {'; and '.join(musts)}")
+        return mapping
 
     def boolean(self, value: Any, path: str, fallback: Any) -> Any:
         if not isinstance(value, bool):
@@ -503,14 +605,15 @@ def parse_spec(spec: Any, where: str = "TrainingRun") -> RunSpec:
 
 
 def encode_spec(section: Any) -> dict[str, Any]:
-    """The manifest form of a spec (or one of its sections): camelCase keys, unset fields left out.
+    """The manifest form of a spec (or one of its sections): camelCase keys, unset fields (None, an empty
+    mapping) left out, so a job whose spotray predates a field reads a spec that does not use it.
 
     ``parse_spec(encode_spec(spec)) == spec`` for every spec ``parse_spec`` returns.
     """
     encoded: dict[str, Any] = {}
     for spec_f in dataclasses.fields(section):
         value = getattr(section, spec_f.name)
-        if value is None:
+        if value is None or value == {}:
             continue
         encoded[camel(spec_f.name)] = encode_spec(value) if dataclasses.is_dataclass(value) else value
     return encoded

@@ -73,6 +73,32 @@ class Case:
     id: str
     document: dict[str, Any]
     field: str  # the path both the API server and the parser must name
+    parser_field: str | None = None  # where the parser is more precise: a map's entry, not the map
+    server_says: str = ""  # in the API server's message: the rule that refused it, not another
+
+
+def secret_env_cases() -> list[Case]:
+    """spec.secretEnv: the API server names the map (its rules on names and values are CEL over the
+    whole map: a structural schema declares nothing on a map's keys), the parser the entry."""
+    cases: list[Case] = []
+
+    def add(secret_env: dict[str, Any], parser_field: str, says: str, field: str = "spec.secretEnv") -> None:
+        label = json.dumps(secret_env)[:60]
+        document = with_field("spec.secretEnv", secret_env)
+        cases.append(Case(f"secretEnv:{label}", document, field, parser_field, says))
+
+    for name in ["1X", "HF-TOKEN", "HF.TOKEN", "N" * 129, "SPOTRAY_RUN", "RAY_ADDRESS", "RAY_AUTH_TOKEN",
+                 "AWS_SECRET_ACCESS_KEY", "KUBERAY_GEN_RAY_START_CMD", "FQ_RAY_IP", "REDIS_PASSWORD",
+                 "S3_ENDPOINT_URL", "MASTER_ADDR", "PATH"]:  # fmt: skip
+        add({name: "hf-token/token"}, f"spec.secretEnv.{name}", "each variable's name must")
+    for ref in ["hf-token", "hf-token/", "/token", "Hf-Token/token", "hf_token/token", "-hf/token", "a..b/token",
+                "a/b/c", "hf-token/to ken", "hf-token/.", "hf-token/..", "hf-token/..x", "", "a" * 254 + "/k",
+                "hf-token/" + "k" * 254]:  # fmt: skip
+        add({"HF_TOKEN": ref}, "spec.secretEnv.HF_TOKEN", "each value must be SECRET/KEY")
+    for value in [5, True, ["hf-token", "token"]]:
+        add({"HF_TOKEN": value}, "spec.secretEnv.HF_TOKEN", "must be of type string", "spec.secretEnv.HF_TOKEN")
+    add({f"V{i}": "s/k" for i in range(33)}, "spec.secretEnv", "must have at most 32 items")
+    return cases
 
 
 def leaf_schemas() -> Iterator[tuple[str, dict[str, Any]]]:
@@ -182,7 +208,7 @@ def malformed_cases() -> list[Case]:
     too_long = ["a" * (MAX_NAME_LENGTH + 1), issue, "b" * 63]
     for name in [*too_long, "run.with.dots", "Upper", "-leading", "trailing-", "0-numeric-start", "7b"]:
         cases.append(Case(f"name:{name}", base_manifest(name), "metadata.name"))
-    return cases
+    return cases + secret_env_cases()
 
 
 MALFORMED = malformed_cases()
@@ -213,6 +239,10 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("spec.image", "rayproject/ray:2.60.0"),
     ("spec.checkpoint.secretRef", "s3-credentials"),
     ("spec.runtimeEnv", {"env_vars": {"A": "1"}, "pip": ["x"], "nested": {"any": [1, {"thing": True}]}}),
+    ("spec.secretEnv", {"HF_TOKEN": "hf-token/token", "WANDB_API_KEY": "tracker.keys/wandb.key"}),
+    ("spec.secretEnv", {"_x": "a/.dotfile", "Mixed_Case9": "s-1/a..b", "T": "s/key-with_all.chars"}),
+    ("spec.secretEnv", {"LONG": "a" * 253 + "/" + "k" * 253, "N" * 128: "s/k"}),
+    ("spec.secretEnv", {f"V{i}": "s/k" for i in range(32)}),
     ("spec.suspend", True),
     ("spec.checkpoint.everySteps", "auto"),
     ("spec.checkpoint.maxEverySteps", 10),
@@ -273,9 +303,10 @@ def test_malformed_run_is_refused_by_api_server_and_parser_on_the_same_field(
     # where a string belongs (strict decoding runs before the type checks).
     named = case.field in fields or f'"{case.field}"' in message or f'"{case.field}.' in message
     assert named, (error.status, fields, message)
+    assert case.server_says in message, message
 
     problems = parser_problems(case.document)
-    assert any(problem.startswith(f"{case.field}:") for problem in problems), problems
+    assert any(problem.startswith(f"{case.parser_field or case.field}:") for problem in problems), problems
 
 
 def test_enough_malformed_cases() -> None:
@@ -283,7 +314,7 @@ def test_enough_malformed_cases() -> None:
     assert len({case.id for case in MALFORMED}) == len(MALFORMED)
 
 
-@pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[f"{p}={json.dumps(v)[:30]}" for p, v in ACCEPTED])
+@pytest.mark.parametrize(("path", "value"), ACCEPTED, ids=[f"{p}={json.dumps(v)[:40]}" for p, v in ACCEPTED])
 def test_valid_edge_case_is_accepted_by_both(custom_objects: client.CustomObjectsApi, path: str, value: Any) -> None:
     document = with_field(path, value, name=value if path == "metadata.name" else "fuzz")
     error = server_dry_run(custom_objects, document)

@@ -1,7 +1,7 @@
 """A RayJob that the API server or KubeRay refuses: bad content fails the run at once with the words
 that say why; a quota, a policy or a failing server is tried again with the reason in the status
 until the start deadline; nothing waits for ever with "attempt N starting" (controller/lifecycle.py
-``rayjob_refused``, ``_validation_failed``; controller/rayjob.py ``size_refusal``)."""
+``rayjob_refused``, ``_validation_failed``; controller/rayjob.py ``size_refusal``, ``secret_env_refusal``)."""
 
 from __future__ import annotations
 
@@ -152,6 +152,19 @@ def test_a_rayjob_too_large_for_the_api_server_is_refused_before_asking_with_its
     assert "bytes, over the 1048576" in status["message"]
     assert "was not sent to the API server" in status["message"]
     assert "spec.runtimeEnv" in status["message"]
+    assert not any(call.startswith("create") for call in fake.calls), "never sent"
+
+
+def test_a_run_with_secret_env_on_the_long_lived_ray_cluster_fails_at_once_never_sent() -> None:
+    """The chart's RayCluster started its pods without the run's Secrets: the job would run without them."""
+    fake = RefusingCluster(new_run("uid-secret-env"), None)
+    fake.run["spec"]["secretEnv"] = {"HF_TOKEN": "hf-token/token"}
+    cluster: Any = fake
+    reconcile(cluster, ControllerConfig(ray_cluster_selector={"ray.io/cluster": "shared"}), "ns", "burst")
+    status = fake.run["status"]
+    assert status["phase"] == "Failed"
+    assert status["attempts"][0]["reason"] == "BadInput"
+    assert "spec.secretEnv (HF_TOKEN) reaches only the pods of a Ray cluster of the run's own" in status["message"]
     assert not any(call.startswith("create") for call in fake.calls), "never sent"
 
 

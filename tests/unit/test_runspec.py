@@ -253,6 +253,7 @@ FULL_SPEC: dict[str, Any] = {
     "retry": {"maxPreemptions": 5, "maxFailures": 1, "backoffSeconds": 0},
     "image": "example/spotray:1",
     "runtimeEnv": {"env_vars": {"A": "1"}},
+    "secretEnv": {"HF_TOKEN": "hf-token/token"},
     "suspend": True,
 }
 
