@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES
+from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
 from tests.e2e.conftest import ROOT, tb
 
 sys.path.insert(0, str(ROOT / "hack"))
@@ -40,6 +40,7 @@ MAX_STEPS = 300
 EVERY = 25
 RECLAIM_AT_STEP = 60
 TIMEOUT_S = 1200
+TOKEN = "s3cr3t-run-token"
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +78,29 @@ def progress(status: dict[str, Any]) -> str:
     return f"{status.get('phase')} step {(status.get('progress') or {}).get('step')} attempts {attempts}"
 
 
+def check_secret_env(bed: tb.Testbed) -> None:
+    """The head and the worker of attempt 1 hold the Secret's value; the RayJob only the reference."""
+    for node_type in ("head", "worker"):
+        selector = f"{RUN_LABEL}={RUN},ray.io/node-type={node_type}"
+        [pod] = cluster_demo.pods(bed, cluster_demo.NAMESPACE, selector)
+        printed = bed.kubectl(
+            "exec", "-n", cluster_demo.NAMESPACE, pod["metadata"]["name"], "--", "printenv", "RUN_TOKEN"
+        )
+        assert printed.stdout.strip() == TOKEN, (node_type, printed.stdout, printed.stderr)
+    rayjob = bed.kubectl("get", "rayjob", f"{RUN}-a1", "-n", cluster_demo.NAMESPACE, "-o", "yaml").stdout
+    assert TOKEN not in rayjob
+    assert "secretKeyRef" in rayjob
+
+
 @pytest.mark.timeout(TIMEOUT_S + 300)
 def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_demo.DemoCluster, tmp_path: Path) -> None:
     bed = cluster.testbed
     manifest = tmp_path / "trainingrun.yaml"
     document = cluster_demo.demo_training_run(name=RUN, steps=MAX_STEPS, every=EVERY)
+    # A Secret's key as the job's variable (spec.secretEnv): the kubelet puts it in the containers.
+    secret = ["secret", "generic", "run-token", "-n", cluster_demo.NAMESPACE, f"--from-literal=token={TOKEN}"]
+    bed.kubectl("create", *secret)
+    document["spec"]["secretEnv"] = {"RUN_TOKEN": "run-token/token"}
     manifest.write_text(yaml.safe_dump(document))
     bed.kubectl("apply", "-f", str(manifest))
 
@@ -93,6 +112,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
         assert time.monotonic() < deadline, f"no step {RECLAIM_AT_STEP} in time: {status}"
         print(progress(status), flush=True)
         time.sleep(2)
+    check_secret_env(bed)
     cluster_demo.reclaim_worker_node(bed, status, RUN, threading.Event())
     while (status := cluster_demo.run_status(bed, RUN)).get("phase") not in TERMINAL_PHASES:
         if time.monotonic() > deadline:
