@@ -2,6 +2,8 @@
 
 import hashlib
 import os
+import socket
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -141,6 +143,25 @@ def test_unreachable_endpoint_fails_fast_with_the_fix() -> None:
     assert config.endpoint_url is not None
     assert config.endpoint_url in str(caught.value)
     assert "AWS_ENDPOINT_URL" in str(caught.value)
+
+
+def test_a_hung_endpoint_fails_the_preflight_check_within_seconds() -> None:
+    """A server that accepts connections and never answers (hung, or paused as in
+    tests/integration/test_store_outage.py) fails the check by the preflight's own read timeout,
+    as an unreachable one does: a job facing it exits as an infrastructure fault in seconds, not
+    after botocore's 4 tries of a store's 60 s read timeout (measured: 241 s)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # the kernel completes each connection; nothing ever reads a request
+        config = StoreConfig(
+            endpoint_url=f"http://127.0.0.1:{listener.getsockname()[1]}", access_key_id="a", secret_access_key="b"
+        )
+        started = time.monotonic()
+        with pytest.raises(StoreUnreachableError) as caught:
+            S3ObjectStore(parse_uri(f"s3://{TEST_BUCKET}/x"), config).check()
+        took = time.monotonic() - started
+    assert "Read timeout" in str(caught.value)
+    assert took < 45, f"the check gave up after {took:.0f} s"
 
 
 def test_file_bodies_go_unsigned_and_a_checking_server_takes_them(

@@ -6,9 +6,8 @@ port accepts connections and nothing ever answers, so only the clients' own time
 What has to happen, and about when:
 
 - attempt 1: the local Ray cluster starts, then the driver's preflight check of the bucket times out
-  (train/storage/store.py ``check``: each request waits its read timeout, 60 s, four tries, so up to
-  4 minutes; on a busy machine the store may be back first, and then attempt 1 simply trains) and
-  the driver exits 75, an infrastructure fault;
+  (train/storage/store.py ``PREFLIGHT_READ_TIMEOUT_S``: about 20 s) and the driver exits 75, an
+  infrastructure fault;
 - local mode reads the attempt's records, which the store gives once it answers again (reads are
   retried for 10 minutes); the attempt ends Interrupted (InfrastructureFault), no budget is spent, and
   local mode says what it waits for, in the driver's words, then waits the backoff

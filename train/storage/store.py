@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, TypeVar
@@ -133,6 +133,12 @@ DOWNLOAD_PART_BYTES = 16 * 1024 * 1024
 # Each range is read and written in chunks of this size; 4 MiB chunks cost twice the CPU (270 MB).
 DOWNLOAD_READ_BYTES = 1024 * 1024
 PREFLIGHT_RETRY = RetryPolicy(deadline_s=10.0)
+# How long each request of the preflight check's HEAD waits for an answer (a store's own reads wait
+# 60 s, for large objects). A store that accepts connections and never answers (a hung or paused
+# server) then fails the check in about 20 s (botocore's 4 tries of 5 s each), as one that refuses them
+# fails it in 10, not after 4 minutes: the attempt ends as an infrastructure fault and is tried again
+# after the backoff.
+PREFLIGHT_READ_TIMEOUT_S = 5.0
 
 
 # ---------------------------------------------------------------------------------- fault handling
@@ -424,11 +430,19 @@ class S3ObjectStore:
         """Fail fast, with the fix, on a wrong endpoint, wrong credentials or a missing bucket."""
         bucket = self.uri.bucket
         retry = PREFLIGHT_RETRY if self.retry.deadline_s > PREFLIGHT_RETRY.deadline_s else self.retry
+        # The HEAD goes through a client of its own with a short read timeout, so that a hung server
+        # fails the check in seconds (PREFLIGHT_READ_TIMEOUT_S); the store's client keeps its long one.
+        head_client = self._client
+        if self.config.read_timeout_s > PREFLIGHT_READ_TIMEOUT_S:
+            head_client = make_s3_client(replace(self.config, read_timeout_s=PREFLIGHT_READ_TIMEOUT_S))
         try:
-            self._with_retry(f"check bucket s3://{bucket}", lambda: self._client.head_bucket(Bucket=bucket), retry)
+            self._with_retry(f"check bucket s3://{bucket}", lambda: head_client.head_bucket(Bucket=bucket), retry)
         except BucketMissingError:
             if not create_bucket:
                 raise
+            # The store's own client, with its long read timeout: the server has just answered the
+            # HEAD, so it is not hung, and a CreateBucket cut short while the server goes on to create
+            # the bucket would be sent again by botocore and refused (BucketAlreadyOwnedByYou).
             log.info("creating bucket s3://%s at %s", bucket, self.config.describe_endpoint())
             self._with_retry(f"create bucket s3://{bucket}", lambda: self._client.create_bucket(Bucket=bucket), retry)
 
