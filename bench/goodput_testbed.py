@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 from cluster_demo import DemoCluster  # noqa: E402
 
-from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES  # noqa: E402
+from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES, rayjob_name  # noqa: E402
 
 POLL_S = 1.0
 
@@ -97,6 +97,44 @@ def rayjob_to_first_step(lost_seconds: dict[str, Any]) -> int | None:
     return None if all(part is None for part in parts) else sum(int(part or 0) for part in parts)
 
 
+def startup_phases(cluster: DemoCluster, name: str, lost_seconds: dict[str, Any]) -> dict[str, float | None]:
+    """Where a fresh start's time goes (issue #39, item 3): seconds from attempt 1's RayJob creation to
+    each milestone, from the objects' own timestamps (whole seconds: the API server's resolution), read
+    while its pods are still there (KubeRay keeps a finished job's cluster for its TTL).
+
+    Pods: created, scheduled, container started, Ready (Ray up and its probes passing), head then
+    worker. Then the ledger's: the workers run the training loop (waitingForCapacity ends: the driver
+    submitted, Ray Train's worker group up) and the first step (startUp ends: imports, model,
+    checkpoint fetch, data).
+    """
+    bed = cluster.testbed
+    found = bed.kubectl("get", "rayjob", rayjob_name(name, 1), "-n", cluster_demo.NAMESPACE, "-o", "json")
+    created = _moment(json.loads(found.stdout)["metadata"]["creationTimestamp"])
+
+    def since(moment: str | None) -> float | None:
+        return None if moment is None else round(_moment(moment) - created, 1)
+
+    phases: dict[str, float | None] = {}
+    for node_type in ("head", "worker"):
+        selector = f"{RUN_LABEL}={name},{ATTEMPT_LABEL}=1,ray.io/node-type={node_type}"
+        pods = cluster_demo.pods(bed, cluster_demo.NAMESPACE, selector)
+        if not pods:
+            phases[f"{node_type} pod gone"] = None
+            continue
+        pod = pods[0]
+        conditions = {c["type"]: c.get("lastTransitionTime") for c in pod["status"].get("conditions") or []}
+        container = (pod["status"].get("containerStatuses") or [{}])[0]
+        running = (container.get("state") or {}).get("running") or {}
+        phases[f"{node_type} pod created"] = since(pod["metadata"]["creationTimestamp"])
+        phases[f"{node_type} scheduled"] = since(conditions.get("PodScheduled"))
+        phases[f"{node_type} container started"] = since(running.get("startedAt"))
+        phases[f"{node_type} ready"] = since(conditions.get("Ready"))
+    waiting = lost_seconds.get("waitingForCapacity")
+    phases["workers run the training loop"] = None if waiting is None else float(waiting)
+    phases["first step"] = None if waiting is None else float(waiting + (lost_seconds.get("startUp") or 0))
+    return phases
+
+
 def run_leg(
     cluster: DemoCluster, workdir: Path, name: str, steps: int, interval: int, reclaims: list[int], timeout_s: float
 ) -> dict[str, Any]:
@@ -123,6 +161,7 @@ def run_leg(
     time.sleep(4)  # one more status refresh (every 2 s): the ledger of the finished run
     status = cluster_demo.run_status(cluster.testbed, name)
     goodput = status.get("goodput") or {}
+    phases = startup_phases(cluster, name, goodput.get("lostSeconds") or {}) if not reclaims else None
     return {
         "name": name,
         "phase": status.get("phase"),
@@ -140,6 +179,8 @@ def run_leg(
         # Ray) plus the first attempt's start-up in them; and each reclaim notice -> training again.
         "rayjob_to_first_step_s": rayjob_to_first_step(goodput.get("lostSeconds") or {}),
         "notice_to_training_again_s": back_s,
+        # A fresh start, phase by phase: seconds from the RayJob's creation (startup_phases).
+        "startup_phases_s": phases,
         "seconds": round(time.monotonic() - started, 1),
     }
 
