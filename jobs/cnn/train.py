@@ -203,7 +203,6 @@ def train_epoch(
 
 def state_check(image_size: int) -> LoadCheck:
     """Resume skips a checkpoint this job cannot load (train/checkpoints/resume.py): its state must fit the model."""
-    fix = "the run goes on from an older checkpoint; if none loads, give the run a checkpoint URI of its own"
 
     def fits(point: ResumePoint) -> None:
         state: dict[str, Any] = torch.load(point.local_dir / STATE_NAME, map_location="cpu", weights_only=True)
@@ -211,7 +210,7 @@ def state_check(image_size: int) -> LoadCheck:
         SmallCnn(image_size).load_state_dict(state["model"])
         _ = state["optimizer"]["state"], int(point.manifest.resume["epochs_done"])
 
-    return lambda point: read_or_refuse(STATE_NAME, partial(fits, point), fix)
+    return lambda point: read_or_refuse(STATE_NAME, partial(fits, point))
 
 
 def restore(config: CnnJobConfig, resume_point: ResumePoint | None) -> tuple[nn.Module, torch.optim.Optimizer, int]:

@@ -80,9 +80,11 @@ _READ_ERRORS = (SafetensorError, RuntimeError, EOFError, pickle.UnpicklingError,
 # Enough of a loader's message to say what it refused (weights_only's runs to a page).
 _REASON_CHARS = 300
 T = TypeVar("T")
+# What a LoadCheck's refusal tells the user to do: the fallback is automatic, the URI is theirs.
+UNLOADABLE_FIX = "the run goes on from an older checkpoint; if none loads, give the run a checkpoint URI of its own"
 
 
-def read_or_refuse(name: str, load: Callable[[], T], fix: str) -> T:
+def read_or_refuse(name: str, load: Callable[[], T], fix: str = UNLOADABLE_FIX) -> T:
     """``load()``, for a ``LoadCheck``: what a damaged or foreign file raises becomes ``UnloadableCheckpointError``."""
     try:
         return load()

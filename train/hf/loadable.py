@@ -31,12 +31,11 @@ from transformers.trainer import OPTIMIZER_NAME, SCHEDULER_NAME, TRAINER_STATE_N
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from spotray.contract.errors import UnloadableCheckpointError
-from spotray.train.checkpoints.resume import LoadCheck, ResumePoint, load_torch_file, read_or_refuse
+from spotray.train.checkpoints.resume import UNLOADABLE_FIX, LoadCheck, ResumePoint, load_torch_file, read_or_refuse
 
 # Layouts whose loaders judge the weights themselves: FSDP's sharded state, DeepSpeed's, PEFT adapters,
 # and the pickled weights of old checkpoints (the Trainer loads those through its own rules).
 _OTHER_LAYOUTS = ("pytorch_model_fsdp", "global_step", "adapter_model")
-_FIX = "the run goes on from an older checkpoint; if none loads, give the run a checkpoint URI of its own"
 
 
 def trainer_checkpoint_check(model: torch.nn.Module) -> LoadCheck:
@@ -49,7 +48,7 @@ def trainer_checkpoint_check(model: torch.nn.Module) -> LoadCheck:
         _check_weights(directory, shapes)
         for name in (OPTIMIZER_NAME, SCHEDULER_NAME):
             if (directory / name).is_file():
-                read_or_refuse(name, partial(load_torch_file, directory / name), _FIX)
+                read_or_refuse(name, partial(load_torch_file, directory / name))
 
     return check
 
@@ -57,12 +56,14 @@ def trainer_checkpoint_check(model: torch.nn.Module) -> LoadCheck:
 def _check_trainer_state(directory: Path, step: int) -> None:
     path = directory / TRAINER_STATE_NAME
     if not path.is_file():
-        raise UnloadableCheckpointError(f"it has no {TRAINER_STATE_NAME}: the Trainer would count from step 0", _FIX)
-    state = read_or_refuse(TRAINER_STATE_NAME, lambda: json.loads(path.read_bytes()), _FIX)
+        raise UnloadableCheckpointError(
+            f"it has no {TRAINER_STATE_NAME}: the Trainer would count from step 0", UNLOADABLE_FIX
+        )
+    state = read_or_refuse(TRAINER_STATE_NAME, lambda: json.loads(path.read_bytes()))
     global_step = state.get("global_step") if isinstance(state, dict) else None
     if global_step != step:
         raise UnloadableCheckpointError(
-            f"its {TRAINER_STATE_NAME} is at step {global_step!r}, its manifest at step {step}", _FIX
+            f"its {TRAINER_STATE_NAME} is at step {global_step!r}, its manifest at step {step}", UNLOADABLE_FIX
         )
 
 
@@ -74,13 +75,17 @@ def _weights_files(directory: Path) -> list[Path]:
     if not index.is_file():
         other = [WEIGHTS_NAME, WEIGHTS_INDEX_NAME, *_OTHER_LAYOUTS]
         if not any(entry.name.startswith(prefix) for entry in directory.iterdir() for prefix in other):
-            raise UnloadableCheckpointError(f"it has no model weights ({SAFE_WEIGHTS_NAME} or another layout)", _FIX)
+            raise UnloadableCheckpointError(
+                f"it has no model weights ({SAFE_WEIGHTS_NAME} or another layout)", UNLOADABLE_FIX
+            )
         return []
-    weight_map = read_or_refuse(SAFE_WEIGHTS_INDEX_NAME, lambda: json.loads(index.read_bytes())["weight_map"], _FIX)
+    weight_map = read_or_refuse(SAFE_WEIGHTS_INDEX_NAME, lambda: json.loads(index.read_bytes())["weight_map"])
     shards = sorted({str(shard) for shard in weight_map.values()}) if isinstance(weight_map, dict) else []
     # A shard's name comes from the checkpoint: only plain names in the checkpoint's own directory.
     if not shards or any(Path(shard).name != shard or shard in {".", ".."} for shard in shards):
-        raise UnloadableCheckpointError(f"{SAFE_WEIGHTS_INDEX_NAME} does not name its shards as files beside it", _FIX)
+        raise UnloadableCheckpointError(
+            f"{SAFE_WEIGHTS_INDEX_NAME} does not name its shards as files beside it", UNLOADABLE_FIX
+        )
     return [directory / shard for shard in shards]
 
 
@@ -92,7 +97,7 @@ def _check_weights(directory: Path, shapes: dict[str, tuple[int, ...]]) -> None:
             with safe_open(str(path), framework="pt") as weights:
                 return {name: tuple(weights.get_slice(name).get_shape()) for name in weights.keys()}  # noqa: SIM118
 
-        found.update(read_or_refuse(path.name, header, _FIX))
+        found.update(read_or_refuse(path.name, header))
     if not found:
         return  # a layout other loaders judge (_OTHER_LAYOUTS)
     mismatched = [name for name, shape in found.items() if name in shapes and shapes[name] != shape]
@@ -101,11 +106,11 @@ def _check_weights(directory: Path, shapes: dict[str, tuple[int, ...]]) -> None:
         raise UnloadableCheckpointError(
             f"its weight {name} has shape {list(found[name])}, this model's {list(shapes[name])} "
             f"({len(mismatched)} of {len(found)} differ): another model's checkpoint",
-            _FIX,
+            UNLOADABLE_FIX,
         )
     if not any(name in shapes for name in found):
         raise UnloadableCheckpointError(
             f"none of its {len(found)} weights is a parameter of this model (it has {next(iter(found))}): "
             "another model's checkpoint",
-            _FIX,
+            UNLOADABLE_FIX,
         )
