@@ -108,7 +108,7 @@ bench: setup ## run the benchmarks; results land in bench/results/*.json
 bench-controller-scale: setup testbed ## 1,000 TrainingRuns at once vs a no-op operator, then the steady state (~20 min)
 	$(PY) -m bench.controller --runs 1000 --rounds 1 --settle-seconds 120
 
-bench-gpu-carry: setup ## put boto3 wheels and SeaweedFS (xz) under .device/ for bench/gpu_checkpoint.py on a lent GPU machine
+bench-gpu-carry: setup ## put boto3, uv.lock's transformers and SeaweedFS (xz) under .device/ for bench/gpu_checkpoint.py and gpu_resume.py on a lent GPU machine
 	hack/device_carry.sh
 
 bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs fixed checkpoint interval (~40 min)

@@ -20,12 +20,12 @@ median(serial) / median(fresh) beside it. Goals (issue #18, one H100): at most 1
 
 On a machine lent by the `device` tool, after ``make bench-gpu-carry``:
 
-    run(command="python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl
-         && mkdir -p /tmp/bin && xz -dc .device/weed.xz > /tmp/bin/weed && chmod +x /tmp/bin/weed
+    run(command="mkdir -p /tmp/site /tmp/bin && tar -xJf .device/site.tar.xz -C /tmp/site
+         && xz -dc .device/weed.xz > /tmp/bin/weed && chmod +x /tmp/bin/weed
          && PYTHONPATH=/tmp/site:. PATH=/tmp/bin:$PATH python3 -m bench.gpu_resume
-         --models 124m --out $OUT", carry=[".device"])
+         --models 124m --rounds 2 --out $OUT", carry=[".device"])
 
-One model per call keeps each command inside the tool's 10 minutes (1.5B: ``--rounds 2``).
+124M with ``--rounds 2`` took 2.5 minutes on an H200. One model per call (1.5B: ``--rounds 2``).
 """
 
 from __future__ import annotations
