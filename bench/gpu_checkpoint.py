@@ -20,16 +20,17 @@ with a checkpoint every 60 s; each checkpoint complete in S3 before the next one
 Without CUDA it says so and exits 0 (CI and this project's own machines have no GPU). ``--cpu-smoke``
 runs the same code on a tiny model on the CPU, to check the script itself.
 
-On a machine lent by the `device` tool (torch and transformers are there, boto3 and SeaweedFS are
-not): ``hack/device_carry.sh`` puts boto3's wheels and the compressed ``weed`` binary under
-``.device/``, then
+On a machine lent by the `device` tool (torch is there; boto3, SeaweedFS and uv.lock's transformers
+are not): ``make bench-gpu-carry`` puts them under ``.device/``, then
 
-    run(command="python3 -m pip install -q --no-index --no-deps --target /tmp/site .device/whl/*.whl
-         && mkdir -p /tmp/bin && xz -dc .device/weed.xz > /tmp/bin/weed && chmod +x /tmp/bin/weed
+    run(command="mkdir -p /tmp/site /tmp/bin && tar -xJf .device/site.tar.xz -C /tmp/site
+         && xz -dc .device/weed.xz > /tmp/bin/weed && chmod +x /tmp/bin/weed
          && PYTHONPATH=/tmp/site:. PATH=/tmp/bin:$PATH python3 -m bench.gpu_checkpoint
-         --models 124m --out $OUT", carry=[".device"])
+         --models 124m --save-every-s 20 --out $OUT", carry=[".device"])
 
-One model per call keeps each command inside the tool's 10 minutes (1.5B: ``--checkpoints 2``).
+124M with ``--save-every-s 20`` takes about 4 minutes on an H200, a third of a session's 15 minutes of
+device time (a save every 20 s costs throughput three times what one every 60 s does, so it is the
+harder test). One model per call (1.5B: ``--checkpoints 2``).
 """
 
 from __future__ import annotations
@@ -226,7 +227,9 @@ def bench_model(key: str, server: LocalS3Server, args: argparse.Namespace, *, gp
     size = SIZES[key]
     probe = run_mode("none", size, server, 0, WARMUP_STEPS + 10, gpu=gpu)
     save_steps = max(1, round(args.save_every_s / probe["step_s"]))
-    max_steps = WARMUP_STEPS + save_steps * args.checkpoints
+    # The last save falls on the last step: the Trainer saves there anyway, and a save a few steps
+    # after the one before would wait for that one's write and count it as blocking.
+    max_steps = save_steps * args.checkpoints
     print(
         f"{size.name}: {probe['step_s'] * 1000:.0f} ms/step, a checkpoint every {save_steps} steps, {max_steps} steps"
     )

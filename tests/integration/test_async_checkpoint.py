@@ -270,6 +270,38 @@ def test_host_buffers_are_reused_and_keep_tied_weights_tied() -> None:
     assert torch.equal(second["transformer.wte.weight"], model.transformer.wte.weight)
 
 
+class BufferSizeAtSaveTrainer(AsyncSaveTrainer):
+    """Records how many bytes of host buffers exist as each save starts copying."""
+
+    def _capture(self, buffers: HostBuffers, output_dir: Path) -> Callable[[], None]:
+        self.buffer_bytes_at_save = [*getattr(self, "buffer_bytes_at_save", []), buffers.nbytes]
+        return super()._capture(buffers, output_dir)
+
+
+def test_the_first_save_finds_its_host_buffers_already_allocated(tmp_path: Path) -> None:
+    """Allocating (pinning) the buffers took 1.2 s of GPT-2 124M's first save on an H200, 40 times
+    its copy: they are allocated in the background after the first step, when the optimizer state
+    they mirror exists, so no save pays for them."""
+    sync = sync_callback(tmp_path, async_save=True)
+    trainer = make_trainer(BufferSizeAtSaveTrainer, tmp_path, [sync])
+    trainer.train()
+    assert sync.snapshot_writer is not None
+    whole = sync.snapshot_writer.buffers.nbytes
+    assert whole > 0
+    assert trainer.buffer_bytes_at_save == [whole, whole]  # type: ignore[attr-defined]
+
+
+def test_reserved_host_buffers_are_the_ones_a_copy_fills() -> None:
+    model = tiny_gpt2()
+    buffers = HostBuffers()
+    buffers.reserve("model", model.state_dict())
+    size = buffers.nbytes
+    copied = buffers.copy("model", model.state_dict())
+    assert buffers.nbytes == size  # the copy allocated nothing: reserve made exactly its buffers
+    assert copied["lm_head.weight"] is copied["transformer.wte.weight"]  # tied weights: one buffer
+    assert torch.equal(copied["transformer.wte.weight"], model.transformer.wte.weight)
+
+
 def test_a_save_while_the_previous_is_written_waits_or_is_skipped() -> None:
     skipping = SnapshotWriter("skip")
     waiting = SnapshotWriter("wait")

@@ -5,7 +5,9 @@ what copying the same state into pinned host memory costs (issue #15's table). H
 halves:
 
 1. In the training loop (``AsyncSaveTrainer._save_checkpoint``): the model's and the optimizer's
-   tensors are copied into host buffers that are allocated at the first save and reused after;
+   tensors are copied into host buffers, reused from save to save. They are allocated once, in the
+   background, after the first optimizer step (when the optimizer state they mirror exists):
+   pinning 1.5 GB took 1.2 s on an H200, 40 times the copy, and no save waits for it now;
    the scheduler state and trainer state (small) are copied as they are; the RNG states are
    written at once by the Trainer's own ``_save_rng_state`` (a few KB, every rank its own file).
 2. In one background thread (``SnapshotWriter``): the Trainer's own writers turn the snapshot into
@@ -58,7 +60,7 @@ def when_busy_policy(value: str) -> WhenBusy:
 
 
 class HostBuffers:
-    """Host copies of a training state's tensors, allocated at the first snapshot and reused after.
+    """Host copies of a training state's tensors, allocated once (``reserve``, or the first ``copy``) and reused.
 
     Buffers are pinned when CUDA is there (a device-to-host copy into pinned memory runs at full
     bus speed and can be asynchronous); on a CPU-only machine they are ordinary memory. Tensors that
@@ -76,27 +78,35 @@ class HostBuffers:
 
     def copy(self, name: str, tree: Any) -> Any:
         """``tree`` (dicts, lists and tuples of tensors and plain values) with its tensors copied into buffers."""
-        aliases: dict[tuple[Any, ...], torch.Tensor] = {}
-        copied = self._copy(name, tree, aliases)
+        copied = self._copy(name, tree, {}, fill=True)
         if torch.cuda.is_available():
             torch.cuda.synchronize()  # copies from the GPU were queued non-blocking: the snapshot is whole only now
         return copied
 
-    def _copy(self, path: str, value: Any, aliases: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+    def reserve(self, name: str, tree: Any) -> None:
+        """Allocate the buffers ``copy(name, tree)`` will fill, copying nothing (safe off the training thread)."""
+        self._copy(name, tree, {}, fill=False)
+
+    def _copy(self, path: str, value: Any, aliases: dict[tuple[Any, ...], torch.Tensor], *, fill: bool) -> Any:
         if isinstance(value, torch.Tensor):
             source = value.detach()
             alias_key = (source.device, source.data_ptr(), source.dtype, tuple(source.shape), source.stride())
             if alias_key in aliases:
                 return aliases[alias_key]
             buffer = self._buffer(path, source)
-            buffer.copy_(source, non_blocking=buffer.is_pinned())
+            if fill:
+                buffer.copy_(source, non_blocking=buffer.is_pinned())
             aliases[alias_key] = buffer
             return buffer
         if isinstance(value, dict):
-            return type(value)((key, self._copy(f"{path}/{key}", item, aliases)) for key, item in value.items())
+            return type(value)(
+                (key, self._copy(f"{path}/{key}", item, aliases, fill=fill)) for key, item in value.items()
+            )
         if isinstance(value, list | tuple):
-            return type(value)(self._copy(f"{path}/{index}", item, aliases) for index, item in enumerate(value))
-        return copy.deepcopy(value)
+            return type(value)(
+                self._copy(f"{path}/{index}", item, aliases, fill=fill) for index, item in enumerate(value)
+            )
+        return copy.deepcopy(value) if fill else None
 
     def _buffer(self, path: str, source: torch.Tensor) -> torch.Tensor:
         buffer = self._buffers.get(path)
@@ -132,6 +142,8 @@ class SnapshotWriter:
         self.pending: Snapshot | None = None  # taken, not yet handed to the thread (on_save does that)
         self._idle = threading.Event()
         self._idle.set()
+        self._buffers_ready = threading.Event()  # cleared while reserve_in_background allocates
+        self._buffers_ready.set()
         self._failure: BaseException | None = None
         self._failed_step: int | None = None
 
@@ -146,8 +158,33 @@ class SnapshotWriter:
             self.skipped += 1
             return False
         self._idle.wait()
+        self._buffers_ready.wait()
         self.raise_if_failed()
         return True
+
+    def reserve_in_background(self, trees: dict[str, Any]) -> None:
+        """Allocate the buffers for ``trees`` (name -> state dict) in the background; ``begin`` waits for it.
+
+        A failure here is only logged: the first save allocates what is missing, and raises there.
+        """
+        self._buffers_ready.clear()
+
+        def reserve() -> None:
+            started = time.monotonic()
+            try:
+                for name, tree in trees.items():
+                    self.buffers.reserve(name, tree)
+                log.info(
+                    "host buffers for checkpoints: %.2f GB in %.2fs",
+                    self.buffers.nbytes / 1e9,
+                    time.monotonic() - started,
+                )
+            except Exception:
+                log.warning("allocating host buffers ahead of the first save failed; it will try again", exc_info=True)
+            finally:
+                self._buffers_ready.set()
+
+        threading.Thread(target=reserve, name="spotray-reserve-host-buffers", daemon=True).start()
 
     def write_in_background(self, snapshot: Snapshot, then: Callable[[Snapshot], None]) -> None:
         """Write ``snapshot`` (and run ``then`` with it) in the background; the buffers are busy until done."""
@@ -217,6 +254,18 @@ class AsyncSaveTrainer(DirectLoadTrainer):
 
     It resumes as a ``DirectLoadTrainer``: weights and optimizer state read straight onto the device.
     """
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        # The first call after an optimizer step: the optimizer state exists, so its buffers can be made.
+        if self.state.global_step >= 1 and not getattr(self, "_host_buffers_reserved", False):
+            self._host_buffers_reserved = True
+            writer = self._snapshot_writer()
+            if writer is not None and self.args.should_save and self.model is not None and self.optimizer is not None:
+                trees = {"model": self.model.state_dict()}
+                if not self.args.save_only_model:
+                    trees["optimizer"] = self.optimizer.state_dict()
+                writer.reserve_in_background(trees)
+        return super().training_step(*args, **kwargs)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         writer = self._snapshot_writer()
