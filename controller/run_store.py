@@ -113,8 +113,13 @@ def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -
         access_key_id=None,
         secret_access_key=None,
         session_token=None,
+        # One try per request, each waiting at most 5 s for a byte, so that CONTROLLER_RETRY's 5 s
+        # deadline holds against a store that accepts and never answers: a read ends within about
+        # 12 s, where botocore's own four tries of a 10 s read made it 40 s
+        # (tests/integration/test_silent_s3.py).
         connect_timeout_s=2.0,
-        read_timeout_s=10.0,
+        read_timeout_s=5.0,
+        request_attempts=1,
     )
     endpoint = config.s3_endpoint or base.endpoint_url
     secret_name = run.spec.checkpoint.secret_ref or config.s3_secret

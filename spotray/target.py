@@ -11,7 +11,7 @@ cluster: the CLI reads the bucket directly.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from spotray.cluster_options import KubeOptions
@@ -24,6 +24,10 @@ from spotray.train.storage.store import ObjectStore, RetryPolicy, StoreConfig, o
 _RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 # A wrong endpoint should fail within seconds at a terminal, not after the trainer's ten minutes.
 CLI_RETRY = RetryPolicy(deadline_s=20.0)
+# A server that accepts and never answers, too: one try per request, each waiting at most 15 s for a
+# byte (a transfer that flows is never cut), so a read ends within about 40 s, where botocore's
+# own four tries of the trainer's 60 s read timeout made it 240 s (tests/integration/test_silent_s3.py).
+CLI_READ_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -65,4 +69,5 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
 
 def open_run_store(location: RunLocation) -> ObjectStore:
     """The run's checkpoint store, with S3 endpoint and credentials from the AWS_* environment."""
-    return open_store(location.uri, StoreConfig.from_env(), CLI_RETRY)
+    reach = replace(StoreConfig.from_env(), read_timeout_s=CLI_READ_TIMEOUT_S, request_attempts=1)
+    return open_store(location.uri, reach, CLI_RETRY)

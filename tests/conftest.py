@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -119,3 +121,31 @@ def saved_steps_and_uploads_checked(events_path: Path, store: ObjectStore) -> li
     assert saved[-1] not in dropped
     assert sorted(info.step for info in complete_checkpoints(store)) == [s for s in sorted(saved) if s not in dropped]
     return saved
+
+
+@pytest.fixture
+def silent_peer() -> Iterator[int]:
+    """A port on 127.0.0.1 that accepts connections and never sends a byte."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            held.append(connection)  # kept open, never answered
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    for connection in held:
+        connection.close()
+    listener.close()

@@ -2,17 +2,14 @@
 answers (a hung proxy, a half-open link): the kind of silence a killed API server never gives,
 since a closed port answers at once with a reset.
 
-The peer is a real TCP listener on loopback that accepts and then reads forever. The clients are
+The peer is a real TCP listener on loopback that accepts and then reads forever (tests/conftest.py). The clients are
 the real ones: the CLI's ClusterConnection (spotray/kube.py) and the controller's Cluster
 (controller/kube.py), over the kubernetes client and urllib3.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,34 +23,6 @@ from spotray.controller import kube as controller_kube
 from spotray.kube import ClusterConnection
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def silent_peer() -> Iterator[int]:
-    """A port on 127.0.0.1 that accepts connections and never sends a byte."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                connection, _ = listener.accept()
-            except TimeoutError:
-                continue
-            held.append(connection)  # kept open, never answered
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join()
-    for connection in held:
-        connection.close()
-    listener.close()
 
 
 def kubeconfig_for(port: int, path: Path) -> Path:

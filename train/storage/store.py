@@ -92,6 +92,10 @@ class StoreConfig:
     multipart_chunk_bytes: int = 16 * 1024 * 1024
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
+    # Tries botocore makes of each request, inside each of our own (RetryPolicy) tries. Where a
+    # deadline must hold against a server that accepts and never answers (the controller, the CLI),
+    # 1: our deadline is then checked after each read timeout, not after four of them.
+    request_attempts: int = 4
 
     @classmethod
     def from_env(cls) -> StoreConfig:
@@ -352,8 +356,8 @@ def make_s3_client(config: StoreConfig) -> S3Client:
         # on plain HTTP it never made a store trustworthy; HTTPS covers the bytes in transit both
         # ways, and every checkpoint file is checked against its manifest's SHA-256 when fetched.
         s3={"addressing_style": "path", "payload_signing_enabled": False},
-        # A couple of quick retries inside botocore; the long, deadline-bound retry is ours.
-        retries={"mode": "standard", "max_attempts": 3},
+        # A few quick retries inside botocore (request_attempts); the long, deadline-bound retry is ours.
+        retries={"mode": "standard", "total_max_attempts": config.request_attempts},
         max_pool_connections=config.max_concurrency + 4,
         connect_timeout=config.connect_timeout_s,
         read_timeout=config.read_timeout_s,
