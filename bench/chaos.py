@@ -40,6 +40,7 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import CorruptCheckpointError
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import (
+    MANIFEST_NAME,
     complete_checkpoints,
     download_checkpoint,
     prune_checkpoints,
@@ -64,6 +65,28 @@ class Trial:
     steps_lost: int
     problem: str = ""
     faults: tuple[str, ...] = ()  # the faults injected (a cheap trial's is its kind)
+    landed: str = ""  # where the fault landed: what the store or the node held when it struck
+
+
+# The window every commit protocol must survive: a checkpoint's files all written, its manifest not yet.
+MANIFEST_WINDOW = "all files, manifest pending"
+
+
+def checkpoint_state(store: S3ObjectStore, step: int) -> str:
+    """How far checkpoint-``step`` got in the store: what an upload killed at this moment had done."""
+    names = {info.key.rsplit("/", 1)[-1] for info in store.list(f"checkpoint-{step}/")}
+    if MANIFEST_NAME in names:
+        return "manifest written"
+    files = len(names)
+    if files == 0:
+        return "no file yet"
+    return MANIFEST_WINDOW if files == FILES else f"files {files}/{FILES}"
+
+
+def checkpoints_left(store: S3ObjectStore, steps: list[int]) -> str:
+    """Which of ``steps`` a prune killed at this moment had left, a torn one (files, no manifest) marked."""
+    states = [f"{step}: {checkpoint_state(store, step)}" for step in steps]
+    return "; ".join(states)
 
 
 def store_for(config: StoreConfig, prefix: str) -> S3ObjectStore:
@@ -136,14 +159,44 @@ def trial_kill_upload(config: StoreConfig, prefix: str, scratch: Path, rng: rand
         prune_checkpoints(child_store, keep=1, attempt=attempt, just_uploaded=30)
 
     killed_at_random(upload, 1.5, rng)
-    return judge("kill-upload", store, scratch, newest_begun=30, floor=20)
+    landed = f"checkpoint-30 {checkpoint_state(store, 30)}; older: {checkpoints_left(store, [10, 20])}"
+    return replace(judge("kill-upload", store, scratch, newest_begun=30, floor=20), landed=landed)
+
+
+def trial_kill_before_manifest(config: StoreConfig, prefix: str, scratch: Path, _rng: random.Random) -> Trial:
+    """The upload killed exactly between its last file and its manifest (the commit), which a kill at a
+    random moment rarely hits: the child kills itself as it is about to write the manifest."""
+    store = store_for(config, prefix)
+    attempt = AttemptId("chaos", 1)
+    write_fence(store, attempt)
+    seed_checkpoints(store, scratch / "seed", [10, 20], attempt)
+    source = local_checkpoint(scratch / "next", 30, 2)
+
+    def upload_until_the_manifest() -> None:
+        child_store = store_for(config, prefix)
+        put_bytes = child_store.put_bytes
+
+        def killed_at_the_commit(key: str, data: bytes) -> None:
+            if key.endswith(f"/{MANIFEST_NAME}"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            put_bytes(key, data)
+
+        child_store.put_bytes = killed_at_the_commit  # type: ignore[method-assign]
+        upload_checkpoint(child_store, source, 30, 1, attempt=attempt)
+
+    child = _FORK.Process(target=upload_until_the_manifest)
+    child.start()
+    child.join()
+    landed = f"checkpoint-30 {checkpoint_state(store, 30)}"
+    return replace(judge("kill-before-manifest", store, scratch, newest_begun=30, floor=20), landed=landed)
 
 
 def trial_kill_prune(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
     store = store_for(config, prefix)
     seed_checkpoints(store, scratch / "seed", [10, 20, 30])
     killed_at_random(lambda: prune_checkpoints(store_for(config, prefix), keep=1, just_uploaded=30), 0.3, rng)
-    return judge("kill-prune", store, scratch, newest_begun=30, floor=30)
+    landed = checkpoints_left(store, [10, 20])
+    return replace(judge("kill-prune", store, scratch, newest_begun=30, floor=30), landed=landed)
 
 
 def trial_kill_download(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
@@ -151,14 +204,18 @@ def trial_kill_download(config: StoreConfig, prefix: str, scratch: Path, rng: ra
     seed_checkpoints(store, scratch / "seed", [10, 20])
     dest = scratch / "dest"
     killed_at_random(lambda: fetch_resume_checkpoint(store_for(config, prefix), dest), 0.6, rng)
+    on_disk = sum(1 for path in dest.rglob("*") if path.is_file()) if dest.exists() else 0
+    landed = f"{on_disk} files on disk"
     # A second attempt on the same node reuses or replaces what the killed download left.
     point = fetch_resume_checkpoint(store, dest)
     if point is None or point.step != 20:
-        return Trial("kill-download", False, 20, f"after a killed download the resume point is {point}")
+        return Trial("kill-download", False, 20, f"after a killed download the resume point is {point}", landed=landed)
     leftovers = [p.name for p in dest.iterdir() if p.name.startswith("checkpoint-") and p.name != "checkpoint-20"]
     if leftovers:
-        return Trial("kill-download", False, 0, f"a torn download was taken as a checkpoint: {leftovers}")
-    return Trial("kill-download", True, 0)
+        return Trial(
+            "kill-download", False, 0, f"a torn download was taken as a checkpoint: {leftovers}", landed=landed
+        )
+    return Trial("kill-download", True, 0, landed=landed)
 
 
 def trial_stale_attempt(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
@@ -184,6 +241,7 @@ def trial_stale_attempt(config: StoreConfig, prefix: str, scratch: Path, rng: ra
     time.sleep(rng.uniform(0, 1.0))
     write_fence(store, new)  # as the new attempt's driver does before fit() ...
     fenced_at = time.time()
+    landed = f"fence moved with checkpoint-30 {checkpoint_state(store, 30)}"
     resumed = resume_step(store, scratch)  # ... then its rank 0 picks the resume point and records it
     write_fence(store, new, resumed_from=resumed)
     child.join()
@@ -194,7 +252,7 @@ def trial_stale_attempt(config: StoreConfig, prefix: str, scratch: Path, rng: ra
     late = names.get(30)
     if outcome == "superseded" and late is not None and late.manifest and late.manifest.created_at > fenced_at:
         return Trial("stale-attempt", False, 0, "a superseded attempt completed checkpoint-30 after the fence")
-    return judge("stale-attempt", store, scratch, newest_begun=30, floor=20)
+    return replace(judge("stale-attempt", store, scratch, newest_begun=30, floor=20), landed=landed)
 
 
 def trial_corrupt_newest(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
@@ -203,19 +261,25 @@ def trial_corrupt_newest(config: StoreConfig, prefix: str, scratch: Path, rng: r
     seed_checkpoints(store, scratch / "seed", [10, 20])
     shard = f"checkpoint-20/shard-{rng.randrange(FILES)}.bin"
     store.put_bytes(shard, bytes(FILE_BYTES))  # same size, wrong bytes
+    landed = shard
     resumed = resume_step(store, scratch)
     if resumed != 10:
-        return Trial("corrupt-newest", False, 20, f"resumed from {resumed}, not the verified checkpoint-10")
+        return Trial(
+            "corrupt-newest", False, 20, f"resumed from {resumed}, not the verified checkpoint-10", landed=landed
+        )
     upload_checkpoint(store, local_checkpoint(scratch / "next", 15, 3), 15, 1)  # trained on from 10
     prune_checkpoints(store, keep=1, just_uploaded=15)
     after = resume_step(store, scratch / "again")
     if after != 15:
-        return Trial("corrupt-newest", False, 15 - (after or 0), f"after pruning, resumes from {after}, not 15")
-    return Trial("corrupt-newest", True, 5)
+        return Trial(
+            "corrupt-newest", False, 15 - (after or 0), f"after pruning, resumes from {after}, not 15", landed=landed
+        )
+    return Trial("corrupt-newest", True, 5, landed=landed)
 
 
 KINDS: dict[str, Callable[[StoreConfig, str, Path, random.Random], Trial]] = {
     "kill-upload": trial_kill_upload,
+    "kill-before-manifest": trial_kill_before_manifest,
     "kill-prune": trial_kill_prune,
     "kill-download": trial_kill_download,
     "stale-attempt": trial_stale_attempt,
@@ -225,7 +289,8 @@ KINDS: dict[str, Callable[[StoreConfig, str, Path, random.Random], Trial]] = {
 
 def report(number: int, trial: Trial) -> None:
     mark = "ok  " if trial.passed else "FAIL"
-    print(f"{mark} {number:4d} {trial.kind:30s} steps lost {trial.steps_lost:3d} {trial.problem}", flush=True)
+    landed = f" [{trial.landed}]" if trial.landed else ""
+    print(f"{mark} {number:4d} {trial.kind:30s} steps lost {trial.steps_lost:3d}{landed} {trial.problem}", flush=True)
 
 
 def cheap_trials(count: int, rng: random.Random, work: Path) -> list[Trial]:
@@ -261,7 +326,8 @@ def full_run_trials(
         kinds = tuple(fault.kind for fault in run.faults)
         name = "run:" + "+".join(f"{fault.kind}@{fault.step}" for fault in run.faults)
         problem = "; ".join(run.problems)[:1000]
-        trials.append(Trial(name, not run.problems, max(run.steps_lost, default=0), problem, kinds))
+        landed = "; ".join(run.injected)[:500]
+        trials.append(Trial(name, not run.problems, max(run.steps_lost, default=0), problem, kinds, landed))
         lost_by_faults.setdefault("+".join(kinds), []).extend(run.steps_lost)
         report(number, trials[-1])
         print(f"       {run.seconds:.0f} s; injected: {'; '.join(run.injected)}; lost {run.steps_lost}", flush=True)
@@ -311,6 +377,13 @@ def main(argv: list[str] | None = None) -> int:
             + Counter(f"run:{kind}" for t in full for kind in t.faults)
         ),
         "max_steps_lost": {kind: max(values) for kind, values in lost.items()},
+        # Where each cheap trial's fault landed (the store's or the node's state when it struck), and
+        # how many landed in the window between a checkpoint's last file and its manifest.
+        "landed": {
+            kind: dict(Counter(t.landed for t in cheap if t.kind == kind)) for kind in sorted({t.kind for t in cheap})
+        },
+        "in_manifest_window": sum(MANIFEST_WINDOW in t.landed for t in cheap),
+        "full_run_injected": [f"{t.kind}: {t.landed}" for t in full],
         "full_run_steps_lost_per_restart": lost_by_faults,
         "full_run_setup": {
             "steps": chaos_runs.MAX_STEPS,

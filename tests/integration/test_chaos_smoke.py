@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import BUCKET, KINDS
+from bench.chaos import BUCKET, KINDS, MANIFEST_WINDOW
 from spotray.train.storage.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.integration
@@ -19,3 +19,6 @@ def test_one_trial_of_each_fault_keeps_every_invariant(
     trial = KINDS[kind](s3_server.config, f"smoke-{request.node.name}", tmp_path, random.Random(7))
     assert trial.passed, trial.problem
     assert trial.steps_lost <= 10, "at most one checkpoint interval lost"
+    assert trial.landed, "every trial says where its fault landed"
+    if kind == "kill-before-manifest":
+        assert MANIFEST_WINDOW in trial.landed, trial.landed
