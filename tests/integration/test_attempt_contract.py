@@ -75,7 +75,13 @@ CRASHING_JOB = textwrap.dedent(
         os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
 
 
-    train_loop = {"raise": raise_a_bug, "sigkill": die_by_sigkill}[sys.argv[1]]
+    def refuse_the_input(config):
+        from spotray.contract.errors import UnloadableCheckpointError
+
+        raise UnloadableCheckpointError("no checkpoint under the URI loads into this model", "use a new URI")
+
+
+    train_loop = {"raise": raise_a_bug, "sigkill": die_by_sigkill, "bad-input": refuse_the_input}[sys.argv[1]]
     context = RunContext.from_env()
     sys.exit(launch(train_loop, {}, context, open_store(context.spec.checkpoint.uri)))
     """
@@ -108,6 +114,19 @@ def test_a_training_loop_that_keeps_raising_fails_the_attempt_within_the_bound(t
     assert "crashed 3 times with no new checkpoint" in output
     assert "ValueError: a deterministic bug in the training code" in output
     assert "1 failures exceed spec.retry.maxFailures=0" in output
+
+
+@pytest.mark.campaign
+@pytest.mark.timeout(900)
+def test_bad_input_fails_the_run_at_the_first_crash(tmp_path: Path) -> None:
+    """A worker that meets bad input (here a checkpoint no model loads) fails the run with exit code 2
+    after one crash: the worker group Ray Train starts next does not train (it took three)."""
+    result = run_crashing_job(tmp_path, "refused", "bad-input")
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output[-4000:]
+    assert "gave up at the first crash" in output
+    assert "no checkpoint under the URI loads into this model" in output
+    assert "crashed 3 times" not in output
 
 
 @pytest.mark.campaign

@@ -121,3 +121,29 @@ def test_error_tail_keeps_the_end_of_a_long_traceback() -> None:
     assert len(tail) == 500
     assert tail.endswith("the cause")
     assert tail.startswith("...")
+
+
+def test_bad_input_ends_the_attempt_at_its_first_crash() -> None:
+    """A checkpoint no model loads, a refused credential, a deleted bucket: a retry meets the same
+    input, so the first such crash decides (it took three worker groups, 316 s in local mode)."""
+    refused = Crash(0, 20, "UnloadableCheckpointError: no checkpoint loads", Cause.BAD_INPUT)
+    verdict = crash_loop_verdict([refused])
+    assert verdict is not None
+    assert (verdict.crashes, verdict.cause) == (1, Cause.BAD_INPUT)
+    assert "no checkpoint loads" in verdict.message
+    assert "refused its input" in verdict.message
+    assert "crashed 1 times" not in verdict.message
+    assert crash_loop_verdict([Crash(0, 20, "ValueError: bug"), refused]) == verdict
+    # The training code's own crash, or an infrastructure fault, still gets its three tries.
+    assert crash_loop_verdict([Crash(0, 20, "ValueError: bug")]) is None
+    assert crash_loop_verdict([Crash(0, 20, "store down", Cause.INFRASTRUCTURE)]) is None
+
+
+def test_the_group_after_a_bad_input_crash_does_not_train() -> None:
+    ledger = CrashLedger()
+    group, verdict = ledger.new_group(workers=2, alive_nodes={HEAD}, checkpoint_step=20)
+    assert verdict is None
+    ledger.report(group, Crash(1, 20, "BucketMissingError", Cause.BAD_INPUT))
+    _, verdict = ledger.new_group(workers=2, alive_nodes={HEAD}, checkpoint_step=20)
+    assert verdict is not None
+    assert verdict.cause is Cause.BAD_INPUT

@@ -23,8 +23,9 @@ returns normally and the driver reads the verdict, with the last error in its me
 
 Each crash carries its cause (spotray/contract/errors.py ``cause_of``), and the verdict the last
 crash's: only the training code's own exceptions end the attempt as a failure (exit code 1, which
-spends ``spec.retry.maxFailures``); bad input (refused credentials, a deleted bucket) fails the run
-(2); an infrastructure fault (an unreachable store, a failed upload, a newer attempt holding the
+spends ``spec.retry.maxFailures``); bad input (refused credentials, a deleted bucket, a checkpoint
+no model loads) fails the run (2), at its first crash: a retry would meet the same input; an
+infrastructure fault (an unreachable store, a failed upload, a newer attempt holding the
 fence) ends the attempt as an interruption (75), which spends nothing and is tried again after a
 backoff, so a store that is down for a while costs no budget.
 """
@@ -88,6 +89,11 @@ class CrashLoop:
 
     @property
     def message(self) -> str:
+        if self.cause is Cause.BAD_INPUT and self.crashes == 1:
+            return (
+                "the job refused its input, and a retry would meet the same input: gave up at the first "
+                f"crash instead of retrying. Error:\n{self.last_error}"
+            )
         since = f"checkpoint-{self.checkpoint_step}" if self.checkpoint_step is not None else "the start"
         what = _WHAT[self.cause]
         return (
@@ -97,7 +103,11 @@ class CrashLoop:
 
 
 def crash_loop_verdict(crashes: list[Crash], bound: int = MAX_CRASHES_WITHOUT_PROGRESS) -> CrashLoop | None:
-    """A ``CrashLoop`` when the last ``bound`` crashes all saw the same newest checkpoint; else None."""
+    """A ``CrashLoop`` when the last ``bound`` crashes all saw the same newest checkpoint, or at once
+    when the last crash was bad input (a retry meets the same input); else None."""
+    if crashes and crashes[-1].cause is Cause.BAD_INPUT:
+        last = crashes[-1]
+        return CrashLoop(1, last.checkpoint_step, last.error, last.cause)
     if len(crashes) < bound:
         return None
     last = crashes[-1]
