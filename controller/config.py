@@ -21,6 +21,8 @@ SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
 # long shows a StorageUnreachable condition (controller/lifecycle.py, which local mode uses too).
 # The chart's controller.storagePatienceSeconds repeats it (tests/unit/test_deploy_files.py checks).
 STORAGE_PATIENCE_SECONDS = 600
+# The labels of KubeRay's own Helm chart on the operator's pods (the chart's networkPolicy.kuberayPodSelector).
+KUBERAY_OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
 
 
 def _json_env(environ: dict[str, str], name: str, default: Any, kind: type) -> Any:
@@ -120,6 +122,13 @@ class ControllerConfig:
     # Whether the controller may get Nodes (the chart's rbac.readNodes): how a node lost while it
     # was down is read back (controller/reconcile.py _node_loss_read_back).
     read_nodes: bool = True
+    # A NetworkPolicy per run, made before its first RayJob (controller/network_policy.py): only the
+    # run's own pods and ``kuberay_peer`` reach its Ray ports (the chart's networkPolicy.enabled).
+    run_network_policy: bool = False
+    # The KubeRay operator's pods, as a NetworkPolicy peer (it polls every Ray head's dashboard).
+    kuberay_peer: dict[str, Any] = field(
+        default_factory=lambda: {"namespaceSelector": {}, "podSelector": {"matchLabels": KUBERAY_OPERATOR_LABELS}}
+    )
 
     @property
     def s3_endpoints_allowed(self) -> tuple[str, ...]:
@@ -176,6 +185,8 @@ class ControllerConfig:
             log_format=log_format,
             prices=Prices.from_env(env),
             read_nodes=_bool_env(env, "SPOTRAY_READ_NODES", defaults.read_nodes),
+            run_network_policy=_bool_env(env, "SPOTRAY_RUN_NETWORK_POLICY", defaults.run_network_policy),
+            kuberay_peer=_json_env(env, "SPOTRAY_KUBERAY_PEER", defaults.kuberay_peer, dict),
         )
 
 

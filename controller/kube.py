@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
 
@@ -58,6 +59,7 @@ class Cluster:
     def __init__(self, api_client: client.ApiClient) -> None:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.networking = client.NetworkingV1Api(api_client)
         self._secrets: dict[tuple[str, str], tuple[float, SecretView]] = {}  # (namespace, name) -> (read at, it)
         self._secrets_lock = threading.Lock()
 
@@ -131,6 +133,22 @@ class Cluster:
             # Gone between the 409 and the read: say "exists" with no owner, and the next reconcile retries.
             return existing if existing is not None else {"metadata": {"name": name}}
         return None
+
+    def create_network_policy(self, body: dict[str, Any]) -> None:
+        """Create it; one of that name already there (made for an earlier attempt) is left as it is.
+
+        Raises ``RayJobRefusedError`` on any other answer: the run's RayJob waits for its policy.
+        """
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            # A dict body is sent as it is (the client serializes dicts and models alike).
+            self.networking.create_namespaced_network_policy(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
+        except ApiException as error:
+            if error.status != 409:
+                refusal = refusal_of(error)
+                raise RayJobRefusedError(
+                    replace(refusal, message=f"NetworkPolicy {name}: {refusal.message}")
+                ) from error
 
     def delete_rayjob(self, namespace: str, name: str) -> None:
         try:

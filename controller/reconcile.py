@@ -66,6 +66,7 @@ from spotray.controller.lifecycle import (
     timestamp,
     wait_for_foreign_rayjob,
 )
+from spotray.controller.network_policy import build_run_network_policy
 from spotray.controller.rayjob import build_rayjob, secret_env_refusal, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
@@ -474,7 +475,7 @@ def _create_attempt(  # noqa: PLR0917
         return decided
     body = build_rayjob(run, attempt, uid, config)
     try:
-        existing = _create(cluster, run, config, body)
+        existing = _create(cluster, run, uid, config, body)
     except RayJobRefusedError as error:
         log.warning("%s/%s: RayJob %s not created: %s", run.namespace, run.name, body["metadata"]["name"], error)
         return rayjob_refused(decided, run, error.refusal, now, config.start_deadline_seconds)
@@ -497,13 +498,16 @@ def _create_attempt(  # noqa: PLR0917
 
 
 def _create(
-    cluster: Cluster, run: TrainingRun, config: ControllerConfig, body: dict[str, Any]
+    cluster: Cluster, run: TrainingRun, uid: str, config: ControllerConfig, body: dict[str, Any]
 ) -> dict[str, Any] | None:
-    """``cluster.create_rayjob``, after the controller's own checks: a run this controller's Ray clusters
-    cannot serve, and the size check that the API server's store would make anyway."""
+    """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
+    cannot serve, and the size check that the API server's store would make anyway) and, when they are
+    on, the run's NetworkPolicy: its pods never start unprotected (controller/network_policy.py)."""
     refused = secret_env_refusal(run, config) or size_refusal(body)
     if refused is not None:
         raise RayJobRefusedError(refused)
+    if config.run_network_policy:
+        cluster.create_network_policy(build_run_network_policy(run, uid, config))
     return cluster.create_rayjob(body)
 
 

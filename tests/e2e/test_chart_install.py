@@ -40,6 +40,7 @@ ALLOWED_IN_NAMESPACE = [
     *[(verb, "pods") for verb in ("list", "watch")],
     ("get", "secrets"),
     ("create", "events"),
+    ("create", "networkpolicies.networking.k8s.io"),  # each run's own (controller/network_policy.py)
 ]
 # Rights granted that the spot-loss run below does not call, each with the path that needs it.
 NOT_CALLED_IN_THIS_RUN: dict[tuple[str, str], str] = {
@@ -183,13 +184,10 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
             ).stdout
         )["spec"]["template"]["spec"]["containers"][0]["env"]
         assert {"name": "SPOTRAY_NAMESPACES", "value": watched} in env
-        # The run pods' NetworkPolicy, accepted by the API server (no CNI here enforces it).
-        policy = json.loads(
-            testbed.kubectl(
-                "get", "networkpolicy", f"{release.name}-spotray-ray-runs", "-n", watched, "-o", "json"
-            ).stdout
-        )
-        assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/managed-by": "spotray"}}
+        # Run pods get their policies from the controller, one per run (the spot-loss test below sees
+        # one made); the chart renders none that would admit every run of the namespace.
+        assert {"name": "SPOTRAY_RUN_NETWORK_POLICY", "value": "true"} in env
+        assert testbed.kubectl("get", "networkpolicies", "-n", watched, "-o", "name").stdout.split() == []
 
         for verb, resource in ALLOWED_IN_NAMESPACE:
             assert release.can_i(verb, resource, watched), (verb, resource)
@@ -281,6 +279,14 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
             ("Succeeded", "TrainingFinished"),
         ]
         assert "Forbidden" not in controller.log_path.read_text()
+        # The run's own NetworkPolicy, made before its first RayJob and accepted by the API server (no
+        # CNI here enforces it): only the run's pods and KubeRay's reach them; it goes with the run.
+        policy = json.loads(testbed.kubectl("get", "networkpolicy", "chart-run-ray", "-n", runs, "-o", "json").stdout)
+        run_pods = {"matchLabels": {"spotray.dev/run": "chart-run", "app.kubernetes.io/managed-by": "spotray"}}
+        assert policy["spec"]["podSelector"] == run_pods
+        assert policy["spec"]["ingress"][0]["from"][0] == {"podSelector": run_pods}
+        run_uid = json.loads(testbed.kubectl("get", "trainingrun", "chart-run", "-n", runs, "-o", "json").stdout)
+        assert policy["metadata"]["ownerReferences"][0]["uid"] == run_uid["metadata"]["uid"]
         # The rights the Role grants, against the requests the API server's audit log saw the
         # controller make in this run (the list is derived from a run, not from reading the code).
         requests = testbed.requests_by(release.service_account)

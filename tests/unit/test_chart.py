@@ -97,7 +97,6 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "Role": 2,
         "RoleBinding": 2,
-        "NetworkPolicy": 2,  # who may reach Ray and MinIO ports
         "Deployment": 1,
         "Service": 1,
     },
@@ -113,7 +112,6 @@ EXPECTED_KINDS = {
         "ServiceAccount": 1,
         "Role": 1,
         "RoleBinding": 1,
-        "NetworkPolicy": 1,  # who may reach Ray and MinIO ports
         "Deployment": 1,
         "Service": 1,
         "KopfPeering": 1,
@@ -140,6 +138,7 @@ NAMESPACED_PERMISSIONS = {
     ("", "pods"): {"list", "watch"},
     ("", "secrets"): {"get"},
     ("", "events"): {"create"},
+    ("networking.k8s.io", "networkpolicies"): {"create"},  # each run's (networkPolicy.enabled, the default)
 }
 # What a cluster-wide install adds (rbac.readNodes, on by default there): the scheduler's Events and
 # the Nodes they name, read back when a node was lost while the controller was down
@@ -286,6 +285,9 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_PEERING": "",
         "SPOTRAY_LOG_FORMAT": "json",
         "SPOTRAY_PRICES": "{}",
+        "SPOTRAY_RUN_NETWORK_POLICY": "true",
+        "SPOTRAY_KUBERAY_PEER": '{"namespaceSelector":{"matchLabels":{}},"podSelector":{"matchLabels":'
+        '{"app.kubernetes.io/name":"kuberay-operator"}}}',
     }
     # Every JSON-valued setting parses as the controller expects.
     assert isinstance(json.loads(env["SPOTRAY_SPOT_TOLERATIONS"]), list)
@@ -795,22 +797,22 @@ def network_policies(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dic
     }
 
 
-def test_run_pods_accept_only_spotray_ray_pods_of_their_namespace_and_the_kuberay_operator(helm: Path) -> None:
-    policies = network_policies(render(None, "controller.watchNamespaces={ml,cv}"))
-    assert set(policies) == {("ml", f"{FULLNAME}-ray-runs"), ("cv", f"{FULLNAME}-ray-runs")}
-    spec = policies[("ml", f"{FULLNAME}-ray-runs")]
-    run_pods = {"matchLabels": {"app.kubernetes.io/managed-by": "spotray"}}
-    assert spec["podSelector"] == run_pods
-    assert spec["policyTypes"] == ["Ingress"]
-    (rule,) = spec["ingress"]
-    assert rule["from"] == [
-        {"podSelector": run_pods},
-        {
-            "namespaceSelector": {"matchLabels": {}},
-            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
-        },
-    ]
-    assert "ports" not in rule  # every Ray port, for these peers only
+def test_each_run_gets_its_policy_from_the_controller_and_none_spans_runs(helm: Path) -> None:
+    """Policies add up, so a namespace-wide one for run pods would admit every run to every other:
+    the chart renders none, and tells the controller to make one per run, with KubeRay as the peer."""
+    objects = render(None, "controller.watchNamespaces={ml,cv}")
+    assert not network_policies(objects)  # no MinIO, no RayCluster here: nothing for the chart to render
+    config = ControllerConfig.from_env(controller_env(objects))
+    assert config.run_network_policy
+    assert config.kuberay_peer == {
+        "namespaceSelector": {"matchLabels": {}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
+    }
+    for role in (o for o in objects if o["kind"] == "Role"):
+        assert permissions(role)[("networking.k8s.io", "networkpolicies")] == {"create"}
+    off = render(None, "controller.watchNamespaces={ml,cv}", "networkPolicy.enabled=false")
+    assert not ControllerConfig.from_env(controller_env(off)).run_network_policy
+    assert all(("networking.k8s.io", "networkpolicies") not in permissions(o) for o in off if o["kind"] == "Role")
 
 
 def test_minio_and_the_long_lived_cluster_get_policies_and_the_console_is_off(helm: Path) -> None:

@@ -1,0 +1,142 @@
+"""controller/network_policy.py: each run's NetworkPolicy admits only the run's own pods and KubeRay.
+
+Before, the only policy for run pods was the chart's, one per namespace admitting every spotray pod
+of the namespace, and none at all for a cluster-wide install (issue 38): any pod could POST a job to
+``<run>-head-svc:8265``. The rule is checked here by evaluating the policy against pods' labels, as a
+CNI would; the API server's acceptance of it is in tests/e2e (no CNI here enforces it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiException
+
+from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
+from spotray.contract.spec import parse_training_run
+from spotray.controller.config import ControllerConfig
+from spotray.controller.kube import Cluster
+from spotray.controller.network_policy import build_run_network_policy, network_policy_name
+from tests.unit.test_status_unreadable import FakeCluster, body
+
+pytestmark = pytest.mark.unit
+
+MANAGED = {"app.kubernetes.io/managed-by": "spotray"}
+KUBERAY = {"app.kubernetes.io/name": "kuberay-operator"}
+
+
+def run(name: str, namespace: str = "ml") -> Any:
+    return parse_training_run(
+        {
+            "apiVersion": "spotray.dev/v1alpha1",
+            "kind": "TrainingRun",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": "s3://bucket/runs/x"}},
+        }
+    )
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.get("matchLabels", {}).items())
+
+
+def admits(policy: dict[str, Any], pod: dict[str, str], namespace: str, namespace_labels: dict[str, str]) -> bool:
+    """Whether ``policy`` lets a pod with labels ``pod`` in ``namespace`` reach the pods it selects."""
+    for rule in policy["spec"]["ingress"]:
+        for peer in rule["from"]:
+            in_namespace = (
+                selects(peer["namespaceSelector"], namespace_labels)
+                if "namespaceSelector" in peer
+                else namespace == policy["metadata"]["namespace"]
+            )
+            if in_namespace and selects(peer.get("podSelector", {}), pod):
+                return True
+    return False
+
+
+def test_a_runs_pods_admit_only_their_own_run_and_the_kuberay_operator() -> None:
+    policy = build_run_network_policy(run("alpha"), "uid-alpha", ControllerConfig())
+    assert policy["metadata"]["name"] == network_policy_name("alpha") == "alpha-ray"
+    assert policy["metadata"]["ownerReferences"][0]["uid"] == "uid-alpha"  # goes with the run
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    head = {RUN_LABEL: "alpha", ATTEMPT_LABEL: "3", **MANAGED, "ray.io/node-type": "head"}
+    assert selects(policy["spec"]["podSelector"], head)
+    assert not selects(policy["spec"]["podSelector"], {RUN_LABEL: "beta", **MANAGED})
+    ml = {"kubernetes.io/metadata.name": "ml"}
+    # its own pods, of any attempt; and the KubeRay operator, wherever it runs
+    assert admits(policy, {RUN_LABEL: "alpha", ATTEMPT_LABEL: "1", **MANAGED}, "ml", ml)
+    assert admits(policy, KUBERAY, "ray-system", {"kubernetes.io/metadata.name": "ray-system"})
+    # nobody else: another run of the namespace, a pod with the run's label elsewhere, any pod
+    assert not admits(policy, {RUN_LABEL: "beta", ATTEMPT_LABEL: "1", **MANAGED}, "ml", ml)
+    assert not admits(policy, {RUN_LABEL: "alpha", **MANAGED}, "other", {"kubernetes.io/metadata.name": "other"})
+    assert not admits(policy, {"app": "curl"}, "ml", ml)
+
+
+def test_the_kuberay_peer_comes_from_the_chart() -> None:
+    peer = {"namespaceSelector": {"matchLabels": {"team": "ray"}}, "podSelector": {"matchLabels": {"app": "op"}}}
+    config = ControllerConfig.from_env(
+        {
+            "SPOTRAY_RUN_NETWORK_POLICY": "true",
+            "SPOTRAY_KUBERAY_PEER": '{"namespaceSelector": {"matchLabels": '
+            '{"team": "ray"}}, "podSelector": {"matchLabels": {"app": "op"}}}',
+        }
+    )
+    assert config.run_network_policy
+    assert build_run_network_policy(run("a"), "u", config)["spec"]["ingress"][0]["from"][1] == peer
+    assert not ControllerConfig.from_env({}).run_network_policy
+
+
+class PolicyCluster(FakeCluster):
+    def __init__(self, run_body: dict[str, Any], refuse: ApiException | None = None) -> None:
+        super().__init__(run_body)
+        self.policies: list[dict[str, Any]] = []
+        self.refuse = refuse
+        self.calls: list[str] = []
+
+    def create_network_policy(self, policy: dict[str, Any]) -> None:
+        self.calls.append("policy")
+        if self.refuse is not None:
+            # The real Cluster's handling of the API server's answer, over this fake's "server".
+            real = Cluster.__new__(Cluster)
+            real.networking = self  # type: ignore[assignment]
+            Cluster.create_network_policy(real, policy)
+            return
+        self.policies.append(policy)
+
+    def create_namespaced_network_policy(self, namespace: str, policy: dict[str, Any], **_: Any) -> None:
+        assert self.refuse is not None
+        raise self.refuse
+
+    def create_rayjob(self, rayjob: dict[str, Any]) -> dict[str, Any] | None:
+        self.calls.append("rayjob")
+        return super().create_rayjob(rayjob)
+
+
+def test_the_policy_is_made_before_the_runs_first_rayjob(tmp_path: Path) -> None:
+    fake = PolicyCluster(body(tmp_path, None))
+    fake.reconcile(fake.config(run_network_policy=True))
+    assert fake.calls == ["policy", "rayjob"]
+    assert fake.policies[0]["metadata"]["ownerReferences"][0]["uid"] == fake.run["metadata"]["uid"]
+
+
+def test_a_policy_the_api_server_refuses_holds_the_rayjob_back(tmp_path: Path) -> None:
+    """No pod of the run starts unprotected: a 403 (the controller's role lacks the right) leaves the
+    attempt waiting, as a refused RayJob does, saying why."""
+    forbidden = ApiException(status=403, reason="Forbidden")
+    forbidden.body = '{"reason": "Forbidden", "message": "networkpolicies.networking.k8s.io is forbidden"}'
+    fake = PolicyCluster(body(tmp_path, None), refuse=forbidden)
+    fake.reconcile(fake.config(run_network_policy=True))
+    assert fake.calls == ["policy"]
+    assert fake.rayjobs == {}
+    status = fake.run["status"]
+    assert status["phase"] == "Pending"
+    assert "NetworkPolicy r-ray" in status["message"]
+    assert "forbidden" in status["message"]
+
+
+def test_without_the_setting_no_policy_is_made(tmp_path: Path) -> None:
+    fake = PolicyCluster(body(tmp_path, None))
+    fake.reconcile()
+    assert fake.calls == ["rayjob"]
