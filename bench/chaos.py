@@ -146,12 +146,17 @@ def judge(kind: str, store: S3ObjectStore, scratch: Path, newest_begun: int, flo
 # ----------------------------------------------------------------------------------- trial kinds
 
 
-def trial_kill_upload(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+def checkpoint_30_to_upload(config: StoreConfig, prefix: str, scratch: Path) -> tuple[S3ObjectStore, AttemptId, Path]:
+    """Attempt 1 holds the fence, checkpoints 10 and 20 are complete, and checkpoint-30 is ready to go up."""
     store = store_for(config, prefix)
     attempt = AttemptId("chaos", 1)
     write_fence(store, attempt)
     seed_checkpoints(store, scratch / "seed", [10, 20], attempt)
-    source = local_checkpoint(scratch / "next", 30, 2)
+    return store, attempt, local_checkpoint(scratch / "next", 30, 2)
+
+
+def trial_kill_upload(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    store, attempt, source = checkpoint_30_to_upload(config, prefix, scratch)
 
     def upload() -> None:
         child_store = store_for(config, prefix)
@@ -166,11 +171,7 @@ def trial_kill_upload(config: StoreConfig, prefix: str, scratch: Path, rng: rand
 def trial_kill_before_manifest(config: StoreConfig, prefix: str, scratch: Path, _rng: random.Random) -> Trial:
     """The upload killed exactly between its last file and its manifest (the commit), which a kill at a
     random moment rarely hits: the child kills itself as it is about to write the manifest."""
-    store = store_for(config, prefix)
-    attempt = AttemptId("chaos", 1)
-    write_fence(store, attempt)
-    seed_checkpoints(store, scratch / "seed", [10, 20], attempt)
-    source = local_checkpoint(scratch / "next", 30, 2)
+    store, attempt, source = checkpoint_30_to_upload(config, prefix, scratch)
 
     def upload_until_the_manifest() -> None:
         child_store = store_for(config, prefix)

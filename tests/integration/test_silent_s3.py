@@ -21,42 +21,27 @@ import pytest
 
 from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import TrainingRun, parse_training_run
 from spotray.controller import reconcile
 from spotray.controller.config import ControllerConfig
 from spotray.controller.run_store import CONTROLLER_RETRY, open_run_store, store_config
 from spotray.target import CLI_RETRY, RunLocation
 from spotray.target import open_run_store as cli_open_run_store
+from tests.unit.test_file_roots import NoSecrets, run
 
 pytestmark = pytest.mark.integration
 
 
-class NoSecrets:
-    def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> None:
-        raise AssertionError("a run with no Secret reads none")
-
-
-def run_on(uri: str) -> TrainingRun:
-    document = {
-        "apiVersion": "spotray.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": "r", "namespace": "ml", "uid": "uid-1"},
-        "spec": {"entrypoint": "python -m spotray.jobs.gpt2", "checkpoint": {"uri": uri}},
-    }
-    return parse_training_run(document)
-
-
 def test_the_controllers_reads_of_a_silent_store_end_within_their_deadline(silent_peer: int) -> None:
     endpoint = f"http://127.0.0.1:{silent_peer}"
-    run, config = run_on("s3://bucket/runs/r"), ControllerConfig(s3_endpoint=endpoint)
-    reach = store_config(run, NoSecrets(), config)  # type: ignore[arg-type]
+    training_run, config = run("s3://bucket/runs/r"), ControllerConfig(s3_endpoint=endpoint)
+    reach = store_config(training_run, NoSecrets(), config)  # type: ignore[arg-type]
     bound = CONTROLLER_RETRY.deadline_s + reach.connect_timeout_s + reach.read_timeout_s + 1.0
 
     def store() -> object:
-        return open_run_store(run, NoSecrets(), config)  # type: ignore[arg-type]
+        return open_run_store(training_run, NoSecrets(), config)  # type: ignore[arg-type]
 
     started = time.monotonic()
-    records, why, _ = reconcile._records(store, run, AttemptId("uid-1", 1))  # type: ignore[arg-type]
+    records, why, _ = reconcile._records(store, training_run, AttemptId("uid-1", 1))  # type: ignore[arg-type]
     took = time.monotonic() - started
     assert records is None, "unknown, not empty: nothing is decided from a store that did not answer"
     assert took < bound, f"the records read took {took:.1f} s, past its bound of {bound:.1f} s"
