@@ -463,8 +463,9 @@ class FullRun:
 def full_run_trial(
     work: Path, number: int, rng: random.Random, reference: RunResult, choices: list[str] = FULL_RUN_KINDS
 ) -> FullRun:
-    """Run ``number`` of a campaign: the kinds of ``choices`` take turns leading, so each is tried."""
-    faults = schedule(rng, choices, lead=choices[number % len(choices)] if len(choices) < len(FULL_RUN_KINDS) else None)
+    """Run ``number`` of a campaign: the kinds of ``choices`` take turns leading, so that a campaign of at
+    least ``len(choices)`` runs tries each (drawn at random, 12 runs of all ten kinds missed three)."""
+    faults = schedule(rng, choices, lead=choices[number % len(choices)])
     result = run_local(work / f"run-{number}", faults, f"run-{number}-{os.getpid()}", rng)
     try:
         problems = judge(result, faults, reference)
