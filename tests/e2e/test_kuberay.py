@@ -207,7 +207,10 @@ TorchTrainer(
 """
 
 
+# About 75 s: a campaign (make test-campaign). In make test, the real-pods reclaim test
+# (tests/e2e/test_real_pods.py) runs a Ray Train job through KubeRay in real pods.
 @pytest.mark.slow
+@pytest.mark.campaign
 def test_ray_job_runs_a_ray_train_job(
     testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str, tmp_path: Path
 ) -> None:
