@@ -14,7 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from spotray.contract.attempts import EXIT_OK
+from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.errors import CorruptCheckpointError, SpotrayError
+from spotray.contract.names import (
+    CHECKPOINT_KEY_SECRET_DATA_KEY,
+    CHECKPOINT_KEY_SECRET_SUFFIX,
+    checkpoint_key_secret_name,
+)
 from spotray.errors import CommandFailedError, NotFoundError
 from spotray.output import emit, human_age, human_bytes, render_data, render_table
 from spotray.target import RunLocation, open_run_store
@@ -115,4 +121,24 @@ def pull_command(location: RunLocation, step: int | None, dest: Path) -> int:
         f"from {store.uri.join(info.prefix)} into {dest}"
     )
     emit("every file verified against the checkpoint's manifest (size and SHA-256)")
+    emit(signature_line(store, info, location))
     return EXIT_OK
+
+
+def signature_line(store: ObjectStore, info: CheckpointInfo, location: RunLocation) -> str:
+    """What the pull could say of who wrote the manifest (spotray/contract/checkpoint_key.py)."""
+    signed = info.manifest is not None and info.manifest.signed
+    if store.checkpoint_key is not None:
+        return f"its manifest is signed with the run's key ({CHECKPOINT_KEY_ENV}): no writer without the key made it"
+    if not signed:
+        return (
+            "its manifest is not signed (the run had no checkpoint key): "
+            "it is only as trustworthy as everyone who can write to the bucket"
+        )
+    named = location.source.startswith(("TrainingRun", "manifest"))  # a URI's last segment need not be the run
+    secret = checkpoint_key_secret_name(location.name) if named else "<run>" + CHECKPOINT_KEY_SECRET_SUFFIX
+    return (
+        f"its manifest is signed, but the signature was NOT checked: {CHECKPOINT_KEY_ENV} is not set. For a "
+        f"TrainingRun: export {CHECKPOINT_KEY_ENV}=$(kubectl get secret {secret} "
+        f"-o jsonpath='{{.data.{CHECKPOINT_KEY_SECRET_DATA_KEY}}}' | base64 -d) and pull again"
+    )

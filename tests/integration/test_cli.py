@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 from PIL import Image
 
+from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, upload_checkpoint
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter
-from spotray.train.storage.store import ObjectStore
+from spotray.train.storage.store import ObjectStore, S3ObjectStore
 from tests.conftest import write_files
 
 pytestmark = pytest.mark.integration
@@ -245,3 +247,38 @@ def test_help_documents_exit_codes_and_every_command_has_examples() -> None:
         assert result.returncode == 0, command
         assert "examples:" in result.stdout, command
     assert spotray("pull", env={"PATH": "/usr/bin:/bin"}).returncode == 2  # usage error
+
+
+def test_pull_checks_the_run_key_when_it_is_set_and_says_plainly_when_it_is_not(
+    s3_store: S3ObjectStore, s3_uri: str, s3_env: dict[str, str], tmp_path: Path
+) -> None:
+    """checkpoint-10 signed with the run's key; checkpoint-20 complete by its sizes, written by a writer
+    of the bucket without the key (issue #38, item 4)."""
+    key = "k" * 64
+    save_checkpoint(replace(s3_store, checkpoint_key=CheckpointKey(key.encode())), tmp_path, 10)
+    save_checkpoint(s3_store, tmp_path, 20)
+    keyed = {**s3_env, CHECKPOINT_KEY_ENV: key}
+
+    listing = json.loads(spotray("checkpoints", s3_uri, "-o", "json", env=keyed).stdout)
+    assert [(c["step"], c["complete"]) for c in listing] == [(20, False), (10, True)]
+    assert "is not signed" in listing[0]["problem"]
+
+    pulled = spotray("pull", s3_uri, str(tmp_path / "keyed"), env=keyed)
+    assert pulled.returncode == 0, pulled.stderr
+    assert "pulled checkpoint-10" in pulled.stdout
+    assert "signed with the run's key" in pulled.stdout
+
+    unchecked = spotray("pull", s3_uri, "--step", "10", str(tmp_path / "unchecked"), env=s3_env)
+    assert unchecked.returncode == 0, unchecked.stderr
+    assert f"signature was NOT checked: {CHECKPOINT_KEY_ENV} is not set" in unchecked.stdout
+    assert "kubectl get secret <run>-checkpoint-key" in unchecked.stdout
+
+    unsigned = spotray("pull", s3_uri, "--step", "20", str(tmp_path / "unsigned"), env=s3_env)
+    assert unsigned.returncode == 0, unsigned.stderr
+    assert "its manifest is not signed" in unsigned.stdout
+
+    refused = spotray("pull", s3_uri, "--step", "20", str(tmp_path / "refused"), env=keyed)
+    assert refused.returncode == 1
+    assert "checkpoint-20 under" in refused.stderr
+    assert "is not signed" in refused.stderr
+    assert not (tmp_path / "refused").exists()

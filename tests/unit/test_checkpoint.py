@@ -81,12 +81,12 @@ def sharded(files: int) -> Manifest:
 
 def test_a_manifest_of_nine_thousand_files_is_written_and_read_back() -> None:
     manifest = sharded(9_000)
-    assert Manifest.from_json(manifest_json(manifest), "here") == manifest
+    assert Manifest.from_json(manifest_json(manifest, None), "here") == manifest
 
 
 def test_a_manifest_past_the_readers_bounds_is_refused_when_saved_as_bad_input() -> None:
     with pytest.raises(SpotrayError) as caught:
-        manifest_json(sharded(12_000))
+        manifest_json(sharded(12_000), None)
     assert "checkpoint-1000000 has 12000 files" in caught.value.problem
     assert "fewer, larger files" in caught.value.fix
     assert cause_of(caught.value) == Cause.BAD_INPUT

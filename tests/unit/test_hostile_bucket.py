@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from spotray.contract.checkpoint_key import CheckpointKey
 from spotray.contract.errors import ObjectTooLargeError
 from spotray.contract.uris import StorageUri, parse_uri
 from spotray.train.checkpoints.checkpoint import MANIFEST_FORMAT, MANIFEST_NAME, MAX_MANIFEST_BYTES, list_checkpoints
@@ -32,6 +33,7 @@ class AwsKeyStore:
 
     def __init__(self) -> None:
         self.uri: StorageUri = parse_uri("s3://shared-bucket/runs/victim")
+        self.checkpoint_key: CheckpointKey | None = None
         self.objects: dict[str, bytes] = {}
 
     def check(self, *, create_bucket: bool = False) -> None:

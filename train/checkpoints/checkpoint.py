@@ -10,7 +10,9 @@ The manifest lists every file with its size and SHA-256, plus the step, world si
 versions and what resume needs. A checkpoint is complete when its manifest parses and every file it
 lists is present with the listed size; its checksums are verified when it is downloaded. Because the
 manifest goes up last and comes down first on deletion, a checkpoint cut off at any moment, while
-being written or while being pruned, is never taken for complete.
+being written or while being pruned, is never taken for complete. Where the store has the run's
+checkpoint key (spotray/contract/checkpoint_key.py), the manifest is signed with it, and one that
+is not signed with it is not complete either: a writer of the bucket cannot forge what is loaded.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from spotray.contract.attempts import AttemptId
 from spotray.contract.bounded_json import bounds_problem, load_json
+from spotray.contract.checkpoint_key import SIGNATURE_FIELD, CheckpointKey
 from spotray.contract.errors import CorruptCheckpointError, ObjectTooLargeError, SpotrayError, StoreRequestError
 from spotray.train.records.attempt_records import check_fence
 from spotray.train.storage.store import ObjectInfo, ObjectStore, object_exists, upload_dir
@@ -56,6 +59,8 @@ VANISHED = "deleted while being read (pruned or replaced meanwhile)"
 MAX_MANIFEST_BYTES = 1536 << 10
 MAX_MANIFEST_VALUES = 64_000
 _VERSIONED_PACKAGES = ("torch", "transformers", "ray", "mosaicml-streaming", "spotray")
+# What a manifest's HMAC is for (spotray/contract/checkpoint_key.py).
+MANIFEST_PURPOSE = "checkpoint manifest"
 
 
 def checkpoint_dir_name(step: int) -> str:
@@ -87,37 +92,53 @@ class Manifest:
     versions: dict[str, str] = field(default_factory=dict)
     resume: dict[str, Any] = field(default_factory=dict)
     format: int = MANIFEST_FORMAT
+    # Whether the manifest as read carried an HMAC (checked against the key the reader had, if any).
+    signed: bool = field(default=False, compare=False)
 
     @property
     def total_bytes(self) -> int:
         return sum(entry.size for entry in self.files.values())
 
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), indent=2, sort_keys=True).encode()
+    def to_json(self, key: CheckpointKey | None = None) -> bytes:
+        """The manifest as stored: signed with ``key`` when there is one."""
+        content = asdict(self)
+        del content["signed"]
+        signed = key.sign(MANIFEST_PURPOSE, content) if key is not None else content
+        return json.dumps(signed, indent=2, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> Manifest:
-        """Parse a manifest; anything malformed raises ``CorruptCheckpointError`` naming ``where``."""
+    def from_json(cls, data: bytes, where: str, key: CheckpointKey | None = None) -> Manifest:
+        """Parse a manifest; anything malformed, or not signed with ``key`` when there is one, raises
+        ``CorruptCheckpointError`` naming ``where``."""
         try:
             raw = load_json(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
             if not isinstance(raw, dict):
                 raise TypeError("top level is not an object")
             if raw.get("format") != MANIFEST_FORMAT:
                 raise ValueError(f"unknown manifest format {raw.get('format')!r}")
+            forged = key.problem(MANIFEST_PURPOSE, raw) if key is not None else None
             files = {
                 str(name): FileEntry(size=int(entry["size"]), sha256=str(entry["sha256"]))
                 for name, entry in raw["files"].items()
             }
             for name in files:
                 check_file_name(name, f"the manifest {where}")
-            return cls(
+            manifest = cls(
                 step=int(raw["step"]),
                 world_size=int(raw["world_size"]),
                 files=files,
                 created_at=float(raw["created_at"]),
                 versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
                 resume=dict(raw.get("resume", {})),
+                signed=SIGNATURE_FIELD in raw,
             )
+            if forged is not None:
+                raise CorruptCheckpointError(
+                    f"the manifest {where} {forged}",
+                    "nothing to do: this checkpoint is skipped and an older one signed with the run's key is "
+                    "used; find out who else can write to the bucket, and delete it",
+                )
+            return manifest
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
             raise CorruptCheckpointError(
                 f"the manifest {where} is corrupt ({type(error).__name__}: {error})",
@@ -126,10 +147,11 @@ class Manifest:
             ) from error
 
 
-def manifest_json(manifest: Manifest) -> bytes:
-    """The manifest as uploaded; SpotrayError (bad input: every save would fail the same way) when it
-    is past the bounds its readers keep, which would leave the checkpoint complete to no one."""
-    data = manifest.to_json()
+def manifest_json(manifest: Manifest, key: CheckpointKey | None) -> bytes:
+    """The manifest as uploaded (signed with ``key`` when there is one); SpotrayError (bad input: every
+    save would fail the same way) when it is past the bounds its readers keep, which would leave the
+    checkpoint complete to no one."""
+    data = manifest.to_json(key)
     problem = bounds_problem(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
     if problem is not None:
         raise SpotrayError(
@@ -275,7 +297,7 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
     where = str(store.uri.join(prefix, MANIFEST_NAME))
     try:
         raw_manifest = store.get_bytes(f"{prefix}/{MANIFEST_NAME}", max_bytes=MAX_MANIFEST_BYTES)
-        manifest = Manifest.from_json(raw_manifest, where)
+        manifest = Manifest.from_json(raw_manifest, where, store.checkpoint_key)
     except (CorruptCheckpointError, ObjectTooLargeError) as error:
         return found(None, error.problem)
     except (StoreRequestError, FileNotFoundError):
@@ -371,7 +393,7 @@ def upload_checkpoint(
         # A checkpoint of this step from an earlier attempt: retract it before replacing its files.
         delete_checkpoint(store, CheckpointInfo(step, prefix, 0, None, "replaced"), existing)
     manifest = build_manifest(local_dir, step, world_size, resume)
-    committed = manifest_json(manifest)  # refused before any file goes up
+    committed = manifest_json(manifest, store.checkpoint_key)  # refused before any file goes up
     upload_dir(store, local_dir, prefix, exclude={MANIFEST_NAME})
     if attempt is not None:
         check_fence(store, attempt)

@@ -33,6 +33,7 @@ from typing import Any
 
 from spotray.contract.attempts import AttemptId
 from spotray.contract.bounded_json import load_json
+from spotray.contract.checkpoint_key import CheckpointKey
 from spotray.contract.errors import (
     CheckpointAbandonedError,
     CheckpointUploadError,
@@ -55,6 +56,9 @@ from spotray.train.records.attempt_records import check_fence
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists, upload_dir
 
 PARTS_DIR = ".parts"
+# What a part record's HMAC is for (spotray/contract/checkpoint_key.py): node 0 copies the files'
+# checksums from the parts into the manifest it signs, so a part is checked as a manifest is.
+PART_PURPOSE = "checkpoint node part"
 # How long node 0 waits for the other nodes' parts once its own files are up. The other nodes
 # upload at the same time as node 0, so their parts normally arrive within seconds of its own end;
 # a node gone for good takes the whole job with it long before this.
@@ -86,13 +90,21 @@ class NodePart:
     files: dict[str, FileEntry] = field(default_factory=dict)
     dropped: bool = False
 
-    def to_json(self) -> bytes:
-        return json.dumps(asdict(self), sort_keys=True).encode()
+    def to_json(self, key: CheckpointKey | None = None) -> bytes:
+        """The part as stored: signed with ``key`` when there is one (node 0 signs the manifest from it)."""
+        content = asdict(self)
+        return json.dumps(key.sign(PART_PURPOSE, content) if key else content, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> NodePart:
+    def from_json(cls, data: bytes, where: str, key: CheckpointKey | None = None) -> NodePart:
         try:
             raw = load_json(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
+            forged = key.problem(PART_PURPOSE, raw) if key is not None else None
+            if forged is not None:
+                raise CorruptCheckpointError(
+                    f"the node part {where} {forged}",
+                    "find out who else can write to the bucket; this checkpoint is not completed",
+                )
             files = {str(name): FileEntry(int(e["size"]), str(e["sha256"])) for name, e in raw["files"].items()}
             for name in files:
                 check_file_name(name, f"the node part {where}")
@@ -141,7 +153,7 @@ def upload_node_part(
         part = NodePart(share.node, share.save_id, files)
         if attempt is not None:
             check_fence(store, attempt)
-    store.put_bytes(part_key(step, share.node), part.to_json())
+    store.put_bytes(part_key(step, share.node), part.to_json(store.checkpoint_key))
     return part
 
 
@@ -174,7 +186,7 @@ def upload_shared_checkpoint(
     if attempt is not None:
         check_fence(store, attempt)
     manifest = Manifest(step, world_size, files, time.time(), own.versions, own.resume)
-    store.put_bytes(f"{checkpoint_dir_name(step)}/{MANIFEST_NAME}", manifest_json(manifest))
+    store.put_bytes(f"{checkpoint_dir_name(step)}/{MANIFEST_NAME}", manifest_json(manifest, store.checkpoint_key))
     return manifest
 
 
@@ -228,7 +240,7 @@ def _read_part(store: ObjectStore, key: str) -> NodePart | None:
         return None  # replaced between the listing and the read: read again at the next poll
     except ObjectTooLargeError as error:
         raise CorruptCheckpointError(error.problem, error.fix) from error
-    return None if data is None else NodePart.from_json(data, str(store.uri.join(key)))
+    return None if data is None else NodePart.from_json(data, str(store.uri.join(key)), store.checkpoint_key)
 
 
 def _check_uploaded(store: ObjectStore, step: int, files: dict[str, FileEntry]) -> None:

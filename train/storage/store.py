@@ -22,7 +22,7 @@ from contextlib import closing
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
 
 import boto3
 from botocore import UNSIGNED
@@ -42,6 +42,7 @@ from s3transfer.manager import TransferConfig, TransferManager
 from urllib3.exceptions import ProtocolError
 
 from spotray.contract.attempts import MAX_RECORD_BYTES
+from spotray.contract.checkpoint_key import CheckpointKey
 from spotray.contract.errors import (
     BucketMissingError,
     ObjectTooLargeError,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+KeyFromEnv = Literal["from the environment"]
 
 # ------------------------------------------------------------------------------------------- config
 
@@ -275,9 +277,15 @@ class ObjectInfo:
 
 
 class ObjectStore(Protocol):
-    """What the checkpoint code needs from storage. Keys are relative to ``uri``."""
+    """What the checkpoint code needs from storage. Keys are relative to ``uri``.
+
+    ``checkpoint_key`` travels with the store, not with each call, so that every job (the user's own
+    script too) signs and checks checkpoints once its environment holds the run's key: the store
+    code never uses it, the checkpoint code (train/checkpoints/checkpoint.py) always does.
+    """
 
     uri: StorageUri
+    checkpoint_key: CheckpointKey | None
 
     def check(self, *, create_bucket: bool = False) -> None: ...
     def list(self, prefix: str = "") -> list[ObjectInfo]: ...
@@ -396,6 +404,7 @@ class S3ObjectStore:
     # A client made from this same config, to share: the controller reads many runs' stores with
     # one Secret's credentials, and making a client costs tens of milliseconds of CPU. None: make one.
     client: S3Client | None = field(default=None, repr=False, compare=False)
+    checkpoint_key: CheckpointKey | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         self._client: S3Client = self.client or make_s3_client(self.config)
@@ -579,6 +588,7 @@ class LocalObjectStore:
     """
 
     uri: StorageUri
+    checkpoint_key: CheckpointKey | None = field(default=None, kw_only=True)
 
     @property
     def root(self) -> Path:
@@ -649,10 +659,18 @@ class LocalObjectStore:
 
 
 def open_store(
-    uri: str | StorageUri, config: StoreConfig | None = None, retry: RetryPolicy | None = None
+    uri: str | StorageUri,
+    config: StoreConfig | None = None,
+    retry: RetryPolicy | None = None,
+    checkpoint_key: CheckpointKey | KeyFromEnv | None = "from the environment",
 ) -> ObjectStore:
-    """The one factory for stores: ``s3://`` gives an S3 store, ``file://`` or ``/path`` a directory."""
+    """The one factory for stores: ``s3://`` gives an S3 store, ``file://`` or ``/path`` a directory.
+
+    The store signs and checks checkpoints with ``checkpoint_key``: by default the run's key in this
+    process's environment (``SPOTRAY_CHECKPOINT_KEY``), if any; None for a reader that has no key.
+    """
     parsed = uri if isinstance(uri, StorageUri) else parse_uri(uri)
+    key = CheckpointKey.from_env() if checkpoint_key == "from the environment" else checkpoint_key
     if parsed.scheme == "file":
-        return LocalObjectStore(parsed)
-    return S3ObjectStore(parsed, config or StoreConfig.from_env(), retry or DEFAULT_RETRY)
+        return LocalObjectStore(parsed, checkpoint_key=key)
+    return S3ObjectStore(parsed, config or StoreConfig.from_env(), retry or DEFAULT_RETRY, checkpoint_key=key)
