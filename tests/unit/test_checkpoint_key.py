@@ -5,6 +5,7 @@ On a directory store; the same code reads S3 (tests/integration/test_checkpoint_
 """
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ from spotray.train.checkpoints.node_parts import (
     upload_node_part,
     upload_shared_checkpoint,
 )
-from spotray.train.storage.store import LocalObjectStore, open_store
+from spotray.train.storage.store import LocalObjectStore, S3ObjectStore, StoreConfig, open_store
 from tests.conftest import write_files
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
@@ -198,3 +199,14 @@ def test_the_key_comes_from_the_environment_and_a_short_one_is_refused_as_bad_in
     assert store.checkpoint_key == CheckpointKey(b"a" * 64)
     assert open_store(str(tmp_path / "bucket"), checkpoint_key=None).checkpoint_key is None
     assert "a" * 32 not in repr(store), "the key must never be printed"
+
+
+def test_the_key_survives_the_trip_to_the_upload_process() -> None:
+    """The upload process gets the store pickled: an S3 store dropped its key on the way (its state
+    was written field by field), so every checkpoint went up unsigned and a keyed resume skipped all
+    of them. Found on real pods: attempt 2 started from step 0."""
+    config = StoreConfig(endpoint_url="http://127.0.0.1:9", access_key_id="a", secret_access_key="b")
+    store = S3ObjectStore(parse_uri("s3://bucket/run"), config, checkpoint_key=KEY)
+    assert pickle.loads(pickle.dumps(store)).checkpoint_key == KEY
+    local = LocalObjectStore(parse_uri("/tmp/bucket"), checkpoint_key=KEY)
+    assert pickle.loads(pickle.dumps(local)).checkpoint_key == KEY

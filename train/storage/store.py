@@ -19,7 +19,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, TypeVar
@@ -416,8 +416,9 @@ class S3ObjectStore:
         )
 
     def __getstate__(self) -> dict[str, object]:
-        # A boto3 client cannot be pickled; the upload process builds its own from the config.
-        return {"uri": self.uri, "config": self.config, "retry": self.retry, "client": None}
+        # A boto3 client cannot be pickled; the upload process builds its own from the config. Every
+        # other field goes as it is: a list of them kept by hand once dropped the checkpoint key.
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "client": None}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
