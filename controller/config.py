@@ -125,6 +125,9 @@ class ControllerConfig:
     # A NetworkPolicy per run, made before its first RayJob (controller/network_policy.py): only the
     # run's own pods and ``kuberay_peer`` reach its Ray ports (the chart's networkPolicy.enabled).
     run_network_policy: bool = False
+    # A checkpoint key per run, in a Secret made before its first RayJob (controller/checkpoint_key.py):
+    # its jobs sign their checkpoints and load only signed ones (the chart's checkpointKeys.enabled).
+    run_checkpoint_keys: bool = False
     # The KubeRay operator's pods, as a NetworkPolicy peer (it polls every Ray head's dashboard).
     kuberay_peer: dict[str, Any] = field(
         default_factory=lambda: {"namespaceSelector": {}, "podSelector": {"matchLabels": KUBERAY_OPERATOR_LABELS}}
@@ -187,6 +190,7 @@ class ControllerConfig:
             read_nodes=_bool_env(env, "SPOTRAY_READ_NODES", defaults.read_nodes),
             run_network_policy=_bool_env(env, "SPOTRAY_RUN_NETWORK_POLICY", defaults.run_network_policy),
             kuberay_peer=_json_env(env, "SPOTRAY_KUBERAY_PEER", defaults.kuberay_peer, dict),
+            run_checkpoint_keys=_bool_env(env, "SPOTRAY_RUN_CHECKPOINT_KEYS", defaults.run_checkpoint_keys),
         )
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, cast
@@ -134,8 +134,9 @@ class Cluster:
             return existing if existing is not None else {"metadata": {"name": name}}
         return None
 
-    def create_network_policy(self, body: dict[str, Any]) -> None:
-        """Create it; one of that name already there (made for an earlier attempt) is left as it is.
+    def create_network_policy(self, body: dict[str, Any]) -> list[str] | None:
+        """Create it; None when created, else the owner UIDs of the policy that already has its name
+        (made for an earlier attempt, or a deleted namesake's): the caller decides whether it is the run's.
 
         Raises ``RayJobRefusedError`` on any other answer: the run's RayJob waits for its policy.
         """
@@ -149,6 +150,50 @@ class Cluster:
                 raise RayJobRefusedError(
                     replace(refusal, message=f"NetworkPolicy {name}: {refusal.message}")
                 ) from error
+        else:
+            return None
+        return self._owner_uids(self.networking.read_namespaced_network_policy, namespace, name)
+
+    def create_checkpoint_key_secret(self, body: dict[str, Any]) -> list[str] | None:
+        """Create it; None when created, else the owner UIDs of the Secret that already has its name
+        (the caller decides whether that one is the run's). Of that Secret only the owners are looked
+        at: its data is never kept, logged or used.
+
+        Raises ``RayJobRefusedError`` on any other answer: the run's RayJob waits for its key.
+        """
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.core.create_namespaced_secret(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
+        except ApiException as error:
+            if error.status != 409:
+                refusal = refusal_of(error)
+                raise RayJobRefusedError(replace(refusal, message=f"Secret {name}: {refusal.message}")) from error
+        else:
+            return None
+        try:
+            return self._owner_uids(self.core.read_namespaced_secret, namespace, name)
+        except ApiException as error:
+            if error.status != 403:
+                raise
+            # rbac.secretsByName: `get` only on the named Secrets. A Secret of this name is almost
+            # always the run's own (the controller stopped between it and the RayJob); docs/security.md
+            # says what taking a leftover namesake's for it costs.
+            log.warning(
+                "%s/%s exists and its owner cannot be read (%s): taken as the run's", namespace, name, error.reason
+            )
+            return None
+
+    def _owner_uids(self, read: Callable[..., Any], namespace: str, name: str) -> list[str]:
+        """The owner UIDs of the object ``read`` returns (a typed read of the client: its models are
+        the same in every client version the controller supports); [] when it is gone since (the next
+        reconcile creates it again). Only its metadata is looked at."""
+        try:
+            found = read(name, namespace, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as error:
+            if error.status == 404:
+                return []
+            raise
+        return [str(reference.uid) for reference in (found.metadata.owner_references or [])]
 
     def delete_rayjob(self, namespace: str, name: str) -> None:
         try:

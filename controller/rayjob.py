@@ -8,6 +8,7 @@ of the same attempt is refused by the API server, never duplicated). What goes i
 - a head on on-demand nodes with ``num-cpus: 0`` (it hosts the driver, never training workers), and
   a worker group on spot nodes (node selector + toleration), one pod per replica, GPUs as limits;
 - S3 credentials by reference only (``envFrom`` the Secret), never copied into the RayJob;
+- the run's checkpoint key the same way (``checkpoint_key_env``, controller/checkpoint_key.py);
 - ``spec.secretEnv`` as ``env`` items with ``valueFrom.secretKeyRef`` on the head (the driver) and the
   workers (training): the kubelet reads the Secret when it starts the container, so no value passes
   through the controller (which never reads these Secrets), the RayJob, the runtime env, the
@@ -37,13 +38,16 @@ from typing import Any
 
 import yaml
 
+from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import (
     API_VERSION,
     ATTEMPT_LABEL,
+    CHECKPOINT_KEY_SECRET_DATA_KEY,
     KIND,
     RAY_API_VERSION,
     RAYJOB_KIND,
     RUN_LABEL,
+    checkpoint_key_secret_name,
     rayjob_name,
 )
 from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
@@ -120,6 +124,13 @@ def _secret_env(run: TrainingRun) -> list[dict[str, Any]]:
     return env
 
 
+def checkpoint_key_env(run: TrainingRun) -> dict[str, Any]:
+    """The env item that gives a Ray container the run's checkpoint key (controller/checkpoint_key.py),
+    if its Secret exists: a run without one goes on neither signing nor checking."""
+    ref = {"name": checkpoint_key_secret_name(run.name), "key": CHECKPOINT_KEY_SECRET_DATA_KEY, "optional": True}
+    return {"name": CHECKPOINT_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}
+
+
 def _pod_template(
     run: TrainingRun,
     attempt: int,
@@ -167,6 +178,8 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     image = run.spec.image or config.default_image
     env, env_from = _s3_env(run, config)
     env += _secret_env(run)
+    if config.run_checkpoint_keys:
+        env.append(checkpoint_key_env(run))
     head = _container("ray-head", image, cpu=run.spec.head.cpu, memory=run.spec.head.memory, env=env, env_from=env_from)
     workers = run.spec.workers
     worker = _container("ray-worker", image, cpu=workers.cpu, memory=workers.memory, env=env, env_from=env_from)

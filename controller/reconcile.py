@@ -44,6 +44,7 @@ from spotray.contract.names import (
 from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
 from spotray.contract.status import Condition, RunStatus
 from spotray.controller import metrics
+from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
@@ -56,6 +57,7 @@ from spotray.controller.lifecycle import (
     Event,
     Observation,
     Plan,
+    RayJobRefusal,
     RayJobView,
     RunState,
     bounded,
@@ -67,6 +69,7 @@ from spotray.controller.lifecycle import (
     wait_for_foreign_rayjob,
 )
 from spotray.controller.network_policy import build_run_network_policy
+from spotray.controller.ownership import foreign_object_refusal
 from spotray.controller.rayjob import build_rayjob, secret_env_refusal, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
@@ -475,7 +478,7 @@ def _create_attempt(  # noqa: PLR0917
         return decided
     body = build_rayjob(run, attempt, uid, config)
     try:
-        existing = _create(cluster, run, uid, config, body)
+        existing = _create(cluster, run, uid, config, body, attempt=attempt)
     except RayJobRefusedError as error:
         log.warning("%s/%s: RayJob %s not created: %s", run.namespace, run.name, body["metadata"]["name"], error)
         return rayjob_refused(decided, run, error.refusal, now, config.start_deadline_seconds)
@@ -498,17 +501,30 @@ def _create_attempt(  # noqa: PLR0917
 
 
 def _create(
-    cluster: Cluster, run: TrainingRun, uid: str, config: ControllerConfig, body: dict[str, Any]
+    cluster: Cluster, run: TrainingRun, uid: str, config: ControllerConfig, body: dict[str, Any], *, attempt: int
 ) -> dict[str, Any] | None:
     """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
     cannot serve, and the size check that the API server's store would make anyway) and, when they are
-    on, the run's NetworkPolicy: its pods never start unprotected (controller/network_policy.py)."""
+    on, the run's NetworkPolicy (its pods never start unprotected: controller/network_policy.py) and,
+    for its first attempt, its checkpoint key (controller/checkpoint_key.py)."""
     refused = secret_env_refusal(run, config) or size_refusal(body)
     if refused is not None:
         raise RayJobRefusedError(refused)
     if config.run_network_policy:
-        cluster.create_network_policy(build_run_network_policy(run, uid, config))
+        policy = build_run_network_policy(run, uid, config)
+        _refuse_if_foreign("NetworkPolicy", policy, run, uid, cluster.create_network_policy(policy))
+    if config.run_checkpoint_keys and not config.ray_cluster_selector and attempt == 1:
+        secret = build_checkpoint_key_secret(run, uid, new_checkpoint_key())
+        _refuse_if_foreign("Secret", secret, run, uid, cluster.create_checkpoint_key_secret(secret))
     return cluster.create_rayjob(body)
+
+
+def _refuse_if_foreign(kind: str, made: dict[str, Any], run: TrainingRun, uid: str, owners: list[str] | None) -> None:
+    """The RayJob waits (``RayJobRefusedError``) while an object of the name the controller makes for the
+    run is another's: a deleted namesake's that the garbage collector would remove under the new run."""
+    foreign = None if owners is None else foreign_object_refusal(kind, made["metadata"]["name"], run, uid, owners)
+    if foreign is not None:
+        raise RayJobRefusedError(RayJobRefusal(code=409, reason="AlreadyExists", message=foreign))
 
 
 def _status(

@@ -149,7 +149,8 @@ def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig)
     uri = parse_uri(run.spec.checkpoint.uri)
     reach = store_config(run, cluster, config)
     if uri.scheme != "s3":
-        return open_store(uri, reach, CONTROLLER_RETRY)
+        # No checkpoint key: the controller holds none (docs/security.md), it reports what the store shows.
+        return open_store(uri, reach, CONTROLLER_RETRY, checkpoint_key=None)
     return S3ObjectStore(uri, reach, CONTROLLER_RETRY, client=_shared_client(reach))
 
 

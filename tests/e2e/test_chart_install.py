@@ -39,8 +39,10 @@ ALLOWED_IN_NAMESPACE = [
     *[(verb, "rayjobs.ray.io") for verb in ("get", "list", "watch", "create", "delete", "patch")],
     *[(verb, "pods") for verb in ("list", "watch")],
     ("get", "secrets"),
+    ("create", "secrets"),  # each run's checkpoint key (controller/checkpoint_key.py)
     ("create", "events"),
     ("create", "networkpolicies.networking.k8s.io"),  # each run's own (controller/network_policy.py)
+    ("get", "networkpolicies.networking.k8s.io"),  # its owner, when one of its name exists (attempt 2 here)
 ]
 # Rights granted that the spot-loss run below does not call, each with the path that needs it.
 NOT_CALLED_IN_THIS_RUN: dict[tuple[str, str], str] = {
@@ -55,7 +57,9 @@ DENIED = [
     ("list", "secrets"),
     ("patch", "events"),
     ("create", "events.events.k8s.io"),
-    ("create", "secrets"),
+    ("update", "secrets"),
+    ("patch", "secrets"),
+    ("delete", "secrets"),
     ("delete", "pods"),
     ("create", "pods"),
     ("create", "rayclusters.ray.io"),
@@ -287,6 +291,13 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
         assert policy["spec"]["ingress"][0]["from"][0] == {"podSelector": run_pods}
         run_uid = json.loads(testbed.kubectl("get", "trainingrun", "chart-run", "-n", runs, "-o", "json").stdout)
         assert policy["metadata"]["ownerReferences"][0]["uid"] == run_uid["metadata"]["uid"]
+        # The run's checkpoint key (checkpointKeys.enabled): made once, owned by the run, immutable.
+        key_secret = json.loads(
+            testbed.kubectl("get", "secret", "chart-run-checkpoint-key", "-n", runs, "-o", "json").stdout
+        )
+        assert key_secret["metadata"]["ownerReferences"][0]["uid"] == run_uid["metadata"]["uid"]
+        assert key_secret["immutable"] is True
+        run_key = base64.b64decode(key_secret["data"]["key"]).decode()
         # The rights the Role grants, against the requests the API server's audit log saw the
         # controller make in this run (the list is derived from a run, not from reading the code).
         requests = testbed.requests_by(release.service_account)
@@ -306,7 +317,7 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
             testbed.kubectl("get", "rayjobs", "-n", runs, "-o", "json").stdout,
         ]
         # (The test server's access key id is the word "spotray"; ids are masked by unit tests.)
-        assert not [text[:200] for text in readable if s3_server.secret_key in text]
+        assert not [text[:200] for text in readable if s3_server.secret_key in text or run_key in text]
 
         release.helm("uninstall", release.name, "--wait")
         assert release.leftovers() == []

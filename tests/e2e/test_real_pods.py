@@ -13,6 +13,7 @@ nothing of the nodes is left on the machine and its kernel settings are as befor
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
 from tests.e2e.conftest import ROOT, tb
 
@@ -143,8 +145,8 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     assert accounted == pytest.approx(goodput["wallSeconds"], abs=4), goodput  # each part in whole seconds
     assert "GOODPUT" in bed.kubectl("get", "trainingruns", "-n", cluster_demo.NAMESPACE).stdout.splitlines()[0]
 
-    def spotray(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, **cluster.s3_env, "KUBECONFIG": str(bed.kubeconfig)}
+    def spotray(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, **cluster.s3_env, "KUBECONFIG": str(bed.kubeconfig), **(env or {})}
         command = [sys.executable, "-m", "spotray.cli", *args]
         return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
 
@@ -155,6 +157,21 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     pulled = spotray("pull", str(manifest), str(tmp_path / "model"))
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr
     assert (tmp_path / "model" / "model.safetensors").exists()
+    # The jobs signed every checkpoint with the run's key, which the controller made and the kubelet
+    # gave the pods (attempt 2 resumed from a signed one: a keyed resume takes nothing else).
+    assert f"signature was NOT checked: {CHECKPOINT_KEY_ENV} is not set" in pulled.stdout, pulled.stdout
+
+    def get(kind: str, name: str) -> dict[str, Any]:
+        return json.loads(bed.kubectl("get", kind, name, "-n", cluster_demo.NAMESPACE, "-o", "json").stdout)  # type: ignore[no-any-return]
+
+    key_secret = get("secret", f"{RUN}-checkpoint-key")
+    assert key_secret["metadata"]["ownerReferences"][0]["uid"] == get("trainingrun", RUN)["metadata"]["uid"]
+    key = base64.b64decode(key_secret["data"]["key"]).decode()
+    checked = spotray("pull", str(manifest), str(tmp_path / "checked"), env={CHECKPOINT_KEY_ENV: key})
+    assert "signed with the run's key" in checked.stdout, checked.stdout + checked.stderr
+    wrong = spotray("pull", str(manifest), str(tmp_path / "wrong"), env={CHECKPOINT_KEY_ENV: "w" * 64})
+    assert wrong.returncode == 1, wrong.stdout + wrong.stderr
+    assert "does not match the run's key" in wrong.stderr, wrong.stderr
     plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "-o", str(tmp_path / "loss.png"))
     assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert step >= RECLAIM_AT_STEP

@@ -136,9 +136,9 @@ NAMESPACED_PERMISSIONS = {
     ("spotray.dev", "trainingruns/finalizers"): {"update"},
     ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods"): {"list", "watch"},
-    ("", "secrets"): {"get"},
+    ("", "secrets"): {"get", "create"},  # create: each run's checkpoint key (checkpointKeys.enabled, the default)
     ("", "events"): {"create"},
-    ("networking.k8s.io", "networkpolicies"): {"create"},  # each run's (networkPolicy.enabled, the default)
+    ("networking.k8s.io", "networkpolicies"): {"create", "get"},  # each run's (networkPolicy.enabled, the default)
 }
 # What a cluster-wide install adds (rbac.readNodes, on by default there): the scheduler's Events and
 # the Nodes they name, read back when a node was lost while the controller was down
@@ -286,6 +286,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_LOG_FORMAT": "json",
         "SPOTRAY_PRICES": "{}",
         "SPOTRAY_RUN_NETWORK_POLICY": "true",
+        "SPOTRAY_RUN_CHECKPOINT_KEYS": "true",
         "SPOTRAY_KUBERAY_PEER": '{"namespaceSelector":{"matchLabels":{}},"podSelector":{"matchLabels":'
         '{"app.kubernetes.io/name":"kuberay-operator"}}}',
     }
@@ -339,11 +340,12 @@ def test_cluster_wide_rbac_grants_the_controllers_contract(helm: Path) -> None:
     granted = permissions(only(objects, "ClusterRole", FULLNAME))
     for key, verbs in NAMESPACED_PERMISSIONS.items():
         assert verbs <= granted.get(key, set()), key
-    # Least privilege: nothing beyond the contract (no peering without HA, no writes to pods or secrets).
+    # Least privilege: nothing beyond the contract (no peering without HA, no writes to pods; of
+    # Secrets, only the creation of each run's checkpoint key, never an update or a delete).
     assert set(granted) == {*NAMESPACED_PERMISSIONS, NODES}  # no CRDs: kopf's scanning is off
     assert (granted[NODES], granted[EVENTS]) == ({"get"}, {"create", "list"})
     assert controller_env(objects)["SPOTRAY_READ_NODES"] == "true"
-    assert granted[("", "secrets")] == {"get"}
+    assert granted[("", "secrets")] == {"get", "create"}
     binding = only(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
 
@@ -781,13 +783,16 @@ def test_allowed_secrets_and_endpoints_reach_the_controller(helm: Path) -> None:
 
 def test_secrets_by_name_narrows_rbac_to_the_named_secrets(helm: Path) -> None:
     objects = render(None, "rbac.secretsByName=true", "s3.existingSecret=s3-credentials", "s3.allowedSecrets={team-a}")
-    (rule,) = [r for r in only(objects, "ClusterRole", FULLNAME)["rules"] if "secrets" in r["resources"]]
-    assert rule == {
+    read, create = [r for r in only(objects, "ClusterRole", FULLNAME)["rules"] if "secrets" in r["resources"]]
+    assert read == {
         "apiGroups": [""],
         "resources": ["secrets"],
         "verbs": ["get"],
         "resourceNames": ["s3-credentials", "team-a"],
     }
+    # Creating each run's checkpoint key: a create cannot be narrowed by name (Kubernetes ignores
+    # resourceNames for create), and it reads nothing.
+    assert create == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
     assert "rbac.secretsByName needs s3.existingSecret or s3.allowedSecrets" in refused("rbac.secretsByName=true")
 
 
@@ -809,7 +814,7 @@ def test_each_run_gets_its_policy_from_the_controller_and_none_spans_runs(helm: 
         "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}},
     }
     for role in (o for o in objects if o["kind"] == "Role"):
-        assert permissions(role)[("networking.k8s.io", "networkpolicies")] == {"create"}
+        assert permissions(role)[("networking.k8s.io", "networkpolicies")] == {"create", "get"}
     off = render(None, "controller.watchNamespaces={ml,cv}", "networkPolicy.enabled=false")
     assert not ControllerConfig.from_env(controller_env(off)).run_network_policy
     assert all(("networking.k8s.io", "networkpolicies") not in permissions(o) for o in off if o["kind"] == "Role")
@@ -827,6 +832,16 @@ def test_minio_and_the_long_lived_cluster_get_policies_and_the_console_is_off(he
     (container,) = only(objects, "StatefulSet")["spec"]["template"]["spec"]["containers"]
     assert {"name": "MINIO_BROWSER", "value": "off"} in container["env"]
     assert [p["containerPort"] for p in container["ports"]] == [9000]
+
+
+def test_each_run_gets_a_checkpoint_key_and_the_right_to_make_it_goes_with_the_setting(helm: Path) -> None:
+    objects = render(None, "controller.watchNamespaces={ml,cv}")
+    assert ControllerConfig.from_env(controller_env(objects)).run_checkpoint_keys
+    for role in (o for o in objects if o["kind"] == "Role"):
+        assert permissions(role)[("", "secrets")] == {"get", "create"}
+    off = render(None, "controller.watchNamespaces={ml,cv}", "checkpointKeys.enabled=false")
+    assert not ControllerConfig.from_env(controller_env(off)).run_checkpoint_keys
+    assert all(permissions(o)[("", "secrets")] == {"get"} for o in off if o["kind"] == "Role")
 
 
 def test_network_policies_can_be_turned_off(helm: Path) -> None:

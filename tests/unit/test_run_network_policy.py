@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException
+from kubernetes.client import ApiException, V1NetworkPolicy, V1ObjectMeta, V1OwnerReference
 
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
 from spotray.contract.spec import parse_training_run
@@ -89,25 +89,35 @@ def test_the_kuberay_peer_comes_from_the_chart() -> None:
 
 
 class PolicyCluster(FakeCluster):
-    def __init__(self, run_body: dict[str, Any], refuse: ApiException | None = None) -> None:
+    """The fake API server, plus NetworkPolicies: ``existing`` is one already there with those owner UIDs."""
+
+    def __init__(
+        self, run_body: dict[str, Any], refuse: ApiException | None = None, existing: list[str] | None = None
+    ) -> None:
         super().__init__(run_body)
         self.policies: list[dict[str, Any]] = []
         self.refuse = refuse
+        self.existing = existing
         self.calls: list[str] = []
 
-    def create_network_policy(self, policy: dict[str, Any]) -> None:
+    def create_network_policy(self, policy: dict[str, Any]) -> list[str] | None:
         self.calls.append("policy")
-        if self.refuse is not None:
-            # The real Cluster's handling of the API server's answer, over this fake's "server".
-            real = Cluster.__new__(Cluster)
-            real.networking = self  # type: ignore[assignment]
-            Cluster.create_network_policy(real, policy)
-            return
-        self.policies.append(policy)
+        # The real Cluster's handling of the API server's answers, over this fake's "server".
+        real = Cluster.__new__(Cluster)
+        real.networking = self  # type: ignore[assignment]
+        return Cluster.create_network_policy(real, policy)
 
     def create_namespaced_network_policy(self, namespace: str, policy: dict[str, Any], **_: Any) -> None:
-        assert self.refuse is not None
-        raise self.refuse
+        if self.refuse is not None:
+            raise self.refuse
+        if self.existing is not None:
+            raise ApiException(status=409, reason="AlreadyExists")
+        self.policies.append(policy)
+
+    def read_namespaced_network_policy(self, name: str, namespace: str, **_: Any) -> V1NetworkPolicy:
+        assert (namespace, name) == ("ns", "r-ray")
+        owners = [V1OwnerReference(api_version="v1", kind="Thing", name="t", uid=uid) for uid in self.existing or []]
+        return V1NetworkPolicy(metadata=V1ObjectMeta(name=name, owner_references=owners or None))
 
     def create_rayjob(self, rayjob: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append("rayjob")
@@ -140,3 +150,24 @@ def test_without_the_setting_no_policy_is_made(tmp_path: Path) -> None:
     fake = PolicyCluster(body(tmp_path, None))
     fake.reconcile()
     assert fake.calls == ["rayjob"]
+
+
+def test_a_policy_left_by_an_earlier_attempt_of_the_run_is_kept(tmp_path: Path) -> None:
+    run_body = body(tmp_path, None)
+    fake = PolicyCluster(run_body, existing=[run_body["metadata"]["uid"]])
+    fake.reconcile(fake.config(run_network_policy=True))
+    assert fake.calls == ["policy", "rayjob"]
+
+
+def test_a_deleted_namesakes_policy_holds_the_new_runs_rayjob_back_until_it_is_gone(tmp_path: Path) -> None:
+    """Before, a 409 was taken as made: the garbage collector then removed the deleted run's policy
+    and the new run's pods ran without one until its next attempt (docs/security.md named the gap)."""
+    fake = PolicyCluster(body(tmp_path, None), existing=["uid-of-the-deleted-run"])
+    fake.reconcile(fake.config(run_network_policy=True))
+    assert fake.calls == ["policy"]
+    assert fake.rayjobs == {}
+    message = fake.run["status"]["message"]
+    assert "NetworkPolicy ns/r-ray exists and is not this run's (owned by another object)" in message
+    fake.existing = None  # collected: the next reconcile makes the run's own, then the RayJob
+    fake.reconcile(fake.config(run_network_policy=True))
+    assert fake.calls == ["policy", "policy", "rayjob"]
