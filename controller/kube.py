@@ -135,53 +135,49 @@ class Cluster:
         return None
 
     def create_network_policy(self, body: dict[str, Any]) -> list[str] | None:
-        """Create it; None when created, else the owner UIDs of the policy that already has its name
-        (made for an earlier attempt, or a deleted namesake's): the caller decides whether it is the run's.
-
-        Raises ``RayJobRefusedError`` on any other answer: the run's RayJob waits for its policy.
-        """
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            # A dict body is sent as it is (the client serializes dicts and models alike).
-            self.networking.create_namespaced_network_policy(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
-        except ApiException as error:
-            if error.status != 409:
-                refusal = refusal_of(error)
-                raise RayJobRefusedError(
-                    replace(refusal, message=f"NetworkPolicy {name}: {refusal.message}")
-                ) from error
-        else:
-            return None
-        return self._owner_uids(self.networking.read_namespaced_network_policy, namespace, name)
+        """The run's NetworkPolicy: see ``_create_for_run`` (one left by an earlier attempt is the run's)."""
+        policies = self.networking
+        return self._create_for_run(
+            "NetworkPolicy", policies.create_namespaced_network_policy, policies.read_namespaced_network_policy, body
+        )
 
     def create_checkpoint_key_secret(self, body: dict[str, Any]) -> list[str] | None:
-        """Create it; None when created, else the owner UIDs of the Secret that already has its name
-        (the caller decides whether that one is the run's). Of that Secret only the owners are looked
-        at: its data is never kept, logged or used.
-
-        Raises ``RayJobRefusedError`` on any other answer: the run's RayJob waits for its key.
-        """
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        """The run's checkpoint key: see ``_create_for_run``. Of a Secret already there only the owners
+        are looked at: its data is never kept, logged or used."""
         try:
-            self.core.create_namespaced_secret(namespace, body, _request_timeout=REQUEST_TIMEOUT)  # type: ignore[arg-type]
-        except ApiException as error:
-            if error.status != 409:
-                refusal = refusal_of(error)
-                raise RayJobRefusedError(replace(refusal, message=f"Secret {name}: {refusal.message}")) from error
-        else:
-            return None
-        try:
-            return self._owner_uids(self.core.read_namespaced_secret, namespace, name)
-        except ApiException as error:
+            return self._create_for_run(
+                "Secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret, body
+            )
+        except ApiException as error:  # from reading the owner: a refused create is a RayJobRefusedError
             if error.status != 403:
                 raise
             # rbac.secretsByName: `get` only on the named Secrets. A Secret of this name is almost
             # always the run's own (the controller stopped between it and the RayJob); docs/security.md
             # says what taking a leftover namesake's for it costs.
-            log.warning(
-                "%s/%s exists and its owner cannot be read (%s): taken as the run's", namespace, name, error.reason
-            )
+            name = f"{body['metadata']['namespace']}/{body['metadata']['name']}"
+            log.warning("%s exists and its owner cannot be read (%s): taken as the run's", name, error.reason)
             return None
+
+    def _create_for_run(
+        self, kind: str, create: Callable[..., Any], read: Callable[..., Any], body: dict[str, Any]
+    ) -> list[str] | None:
+        """Create ``body``, an object the controller makes for a run under the run's name; None when
+        created, else the owner UIDs of the one that already has its name: the caller decides whether
+        it is the run's (controller/ownership.py).
+
+        Raises ``RayJobRefusedError`` on any other answer: the run's RayJob waits for it.
+        """
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            # A dict body is sent as it is (the client serializes dicts and models alike).
+            create(namespace, body, _request_timeout=REQUEST_TIMEOUT)
+        except ApiException as error:
+            if error.status != 409:
+                refusal = refusal_of(error)
+                raise RayJobRefusedError(replace(refusal, message=f"{kind} {name}: {refusal.message}")) from error
+        else:
+            return None
+        return self._owner_uids(read, namespace, name)
 
     def _owner_uids(self, read: Callable[..., Any], namespace: str, name: str) -> list[str]:
         """The owner UIDs of the object ``read`` returns (a typed read of the client: its models are
