@@ -117,13 +117,19 @@ class Manifest:
             if raw.get("format") != MANIFEST_FORMAT:
                 raise ValueError(f"unknown manifest format {raw.get('format')!r}")
             forged = key.problem(MANIFEST_PURPOSE, raw) if key is not None else None
+            if forged is not None:  # before any of its content is taken for what it says
+                raise CorruptCheckpointError(
+                    f"the manifest {where} {forged}",
+                    "nothing to do: this checkpoint is skipped and an older one signed with the run's key is "
+                    "used; find out who else can write to the bucket, and delete it",
+                )
             files = {
                 str(name): FileEntry(size=int(entry["size"]), sha256=str(entry["sha256"]))
                 for name, entry in raw["files"].items()
             }
             for name in files:
                 check_file_name(name, f"the manifest {where}")
-            manifest = cls(
+            return cls(
                 step=int(raw["step"]),
                 world_size=int(raw["world_size"]),
                 files=files,
@@ -132,13 +138,6 @@ class Manifest:
                 resume=dict(raw.get("resume", {})),
                 signed=SIGNATURE_FIELD in raw,
             )
-            if forged is not None:
-                raise CorruptCheckpointError(
-                    f"the manifest {where} {forged}",
-                    "nothing to do: this checkpoint is skipped and an older one signed with the run's key is "
-                    "used; find out who else can write to the bucket, and delete it",
-                )
-            return manifest
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as error:
             raise CorruptCheckpointError(
                 f"the manifest {where} is corrupt ({type(error).__name__}: {error})",

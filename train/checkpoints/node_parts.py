@@ -93,7 +93,7 @@ class NodePart:
     def to_json(self, key: CheckpointKey | None = None) -> bytes:
         """The part as stored: signed with ``key`` when there is one (node 0 signs the manifest from it)."""
         content = asdict(self)
-        return json.dumps(key.sign(PART_PURPOSE, content) if key else content, sort_keys=True).encode()
+        return json.dumps(key.sign(PART_PURPOSE, content) if key is not None else content, sort_keys=True).encode()
 
     @classmethod
     def from_json(cls, data: bytes, where: str, key: CheckpointKey | None = None) -> NodePart:
