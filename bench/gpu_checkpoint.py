@@ -8,7 +8,8 @@ For each model (GPT-2 124M, 350M, 1.5B built from config; bf16, fused AdamW, ran
 - ``hf``:    the Trainer's synchronous save + ``S3CheckpointCallback`` (what the project did before);
 - ``async``: ``AsyncSaveTrainer`` + ``S3CheckpointCallback(async_save=True)``.
 
-Printed and written to ``bench/results/gpu_checkpoint.json`` (and ``gpu_checkpoint_throughput.json``):
+Printed and written to ``bench/results/gpu_checkpoint.json`` (and ``gpu_checkpoint_throughput.json``;
+for any models but 124M alone, ``gpu_checkpoint_<models>.json`` and ``gpu_checkpoint_throughput_<models>.json``):
 per-checkpoint blocking seconds of each mode beside the pinned-copy floor (the model and optimizer
 tensors copied once more into warm pinned buffers, timed alone), throughput against ``none``, and
 the seconds from a save's start until the checkpoint is complete in S3 (SeaweedFS on the same
@@ -278,9 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_smoke:
         print("smoke run: nothing written to bench/results")
         return 0
+    # 124M alone keeps the plain names (the figures issue #15 set its goals on); any other set of
+    # models gets its own files, so that measuring 350M does not overwrite the 124M record.
+    suffix = "" if models == ["124m"] else "_" + "_".join(models)
     paths = [
         write_result(
-            "gpu_checkpoint",
+            f"gpu_checkpoint{suffix}",
             max(s["async_blocking_vs_floor"] for s in summaries),
             "<= 3",
             "the pinned-copy floor: model and optimizer tensors copied once into warm pinned host buffers",
@@ -288,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
             details,
         ),
         write_result(
-            "gpu_checkpoint_throughput",
+            f"gpu_checkpoint_throughput{suffix}",
             min(s["throughput_vs_none"]["async"] for s in summaries),
             ">= 0.99",
             f"the same training with no checkpoints (a checkpoint every {args.save_every_s:.0f} s of training)",
