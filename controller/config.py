@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,11 @@ class ControllerConfig:
     # A checkpoint key per run, in a Secret made before its first RayJob (controller/checkpoint_key.py):
     # its jobs sign their checkpoints and load only signed ones (the chart's checkpointKeys.enabled).
     run_checkpoint_keys: bool = False
+    # Ray's token auth on each attempt's RayCluster (KubeRay's authOptions, mode token; the chart's
+    # rayTokenAuth.enabled): KubeRay makes the token's Secret with the cluster and deletes it with it,
+    # and gives it to the Ray containers and the submitter; the dashboard, job API and GCS refuse
+    # callers without it.
+    ray_token_auth: bool = False
     # The KubeRay operator's pods, as a NetworkPolicy peer (it polls every Ray head's dashboard).
     kuberay_peer: dict[str, Any] = field(
         default_factory=lambda: {"namespaceSelector": {}, "podSelector": {"matchLabels": KUBERAY_OPERATOR_LABELS}}
@@ -152,10 +158,14 @@ class ControllerConfig:
         if log_format not in ("text", "json"):
             raise SpotrayError(f"SPOTRAY_LOG_FORMAT must be text or json, got {log_format!r}", "use json or text")
         namespaces = _list_env(env, "SPOTRAY_NAMESPACES")
+        ray_version = env.get("SPOTRAY_RAY_VERSION") or defaults.ray_version
+        ray_token_auth = _bool_env(env, "SPOTRAY_RAY_TOKEN_AUTH", defaults.ray_token_auth)
+        if ray_token_auth:
+            _require_token_auth_version(ray_version)
         return cls(
             namespaces=namespaces,
             default_image=env.get("SPOTRAY_DEFAULT_IMAGE") or defaults.default_image,
-            ray_version=env.get("SPOTRAY_RAY_VERSION") or defaults.ray_version,
+            ray_version=ray_version,
             submission_mode=mode,
             head_node_selector=_json_env(env, "SPOTRAY_HEAD_NODE_SELECTOR", defaults.head_node_selector, dict),
             head_tolerations=_json_env(env, "SPOTRAY_HEAD_TOLERATIONS", defaults.head_tolerations, list),
@@ -191,6 +201,27 @@ class ControllerConfig:
             run_network_policy=_bool_env(env, "SPOTRAY_RUN_NETWORK_POLICY", defaults.run_network_policy),
             kuberay_peer=_json_env(env, "SPOTRAY_KUBERAY_PEER", defaults.kuberay_peer, dict),
             run_checkpoint_keys=_bool_env(env, "SPOTRAY_RUN_CHECKPOINT_KEYS", defaults.run_checkpoint_keys),
+            ray_token_auth=ray_token_auth,
+        )
+
+
+# Ray's token auth came in 2.52.0; KubeRay refuses authOptions for an older spec.rayVersion.
+TOKEN_AUTH_MIN_RAY_VERSION = (2, 52, 0)
+
+
+def _require_token_auth_version(ray_version: str) -> None:
+    """Refuse, at start, a Ray version that KubeRay would refuse token auth for on every RayJob."""
+    release = re.match(r"(\d+)\.(\d+)\.(\d+)", ray_version.strip())
+    wanted = ".".join(map(str, TOKEN_AUTH_MIN_RAY_VERSION))
+    if release is None:
+        raise SpotrayError(
+            f"SPOTRAY_RAY_VERSION must be a Ray release like 2.60.0 for token auth, got {ray_version!r}",
+            "set the chart's ray.version to the Ray version of the image",
+        )
+    if tuple(int(number) for number in release.groups()) < TOKEN_AUTH_MIN_RAY_VERSION:
+        raise SpotrayError(
+            f"Ray's token auth (SPOTRAY_RAY_TOKEN_AUTH) needs Ray {wanted} or newer, not {ray_version}",
+            f"use an image with Ray {wanted} or newer and set ray.version to it, or set rayTokenAuth.enabled=false",
         )
 
 

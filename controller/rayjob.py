@@ -14,6 +14,8 @@ of the same attempt is refused by the API server, never duplicated). What goes i
   through the controller (which never reads these Secrets), the RayJob, the runtime env, the
   submitter's arguments or Ray's dashboard. The chart's long-lived RayCluster started its pods
   without them: a run with ``secretEnv`` is refused there (``secret_env_refusal``);
+- Ray's token auth when configured (``ray_token_auth``): ``authOptions`` mode token, so that the
+  dashboard, the job API and the GCS refuse whoever does not hold the cluster's token;
 - a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
   take an emergency checkpoint within the grace period (train/launch/drain.py);
 - the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
@@ -194,7 +196,7 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
     }
     worker_selector = config.spot_node_selector if workers.spot else config.head_node_selector
     worker_tolerations = config.spot_tolerations if workers.spot else config.head_tolerations
-    return {
+    spec: dict[str, Any] = {
         "rayVersion": config.ray_version,
         "headGroupSpec": {
             "rayStartParams": {"num-cpus": "0"},
@@ -228,6 +230,13 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
             }
         ],
     }
+    if config.ray_token_auth:
+        # KubeRay makes a Secret with a random token for this cluster (owned by it, so deleted with
+        # it) and sets RAY_AUTH_MODE and RAY_AUTH_TOKEN on the Ray containers, the wait-gcs-ready init
+        # container and the submitter; its own dashboard client reads the Secret. The controller
+        # never sees the token, and every attempt's cluster has another one.
+        spec["authOptions"] = {"mode": "token"}
+    return spec
 
 
 def _submitter_template(run: TrainingRun, attempt: int, image: str, runtime_env: dict[str, Any]) -> dict[str, Any]:

@@ -90,10 +90,14 @@ LOGS_EXAMPLES = """examples:
   spotray logs gpt2                    # the current attempt's driver log
   spotray logs gpt2 --attempt 1        # an earlier attempt's, while its Ray cluster still exists
   kubectl port-forward -n team-a svc/gpt2-a2-raycluster-xxxxx-head-svc 8265:8265 &
+  export RAY_AUTH_TOKEN=$(kubectl get secret gpt2-a2-raycluster-xxxxx -n team-a \
+      -o jsonpath='{.data.auth_token}' | base64 -d)
   spotray logs gpt2 -n team-a --dashboard http://localhost:8265
 
 The logs come from Ray's jobs API on the attempt's Ray head (RayJob RUN-aN). The dashboard is
-reachable only inside the cluster unless you port-forward it; the error says which service.
+reachable only inside the cluster unless you port-forward it; the error says which service. With
+Ray's token auth on (the chart's rayTokenAuth.enabled) the dashboard also wants the cluster's token,
+from RAY_AUTH_TOKEN; KubeRay keeps it in a Secret named after the RayCluster.
 """
 
 CHECKPOINTS_EXAMPLES = """examples:

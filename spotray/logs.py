@@ -2,12 +2,15 @@
 
 The controller runs attempt N as the RayJob ``<run>-a<N>``; KubeRay records the job's ID and the
 head's dashboard address in the RayJob's status. The dashboard is a cluster-internal service, so
-from a laptop it needs a port-forward; the error says exactly which.
+from a laptop it needs a port-forward; the error says exactly which. With Ray's token auth on (the
+chart's default) it also needs the cluster's token in RAY_AUTH_TOKEN; the CLI never reads a Secret
+itself, and the error says which one holds the token and how to read it.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -22,6 +25,8 @@ if TYPE_CHECKING:
     from spotray.kube import ClusterConnection
 
 DASHBOARD_PORT = 8265
+# What Ray's own clients read the token from (KubeRay sets it in the cluster's containers).
+RAY_TOKEN_ENV = "RAY_AUTH_TOKEN"  # noqa: S105 - the variable's name, not a token
 TIMEOUT_SECONDS = 10.0
 
 
@@ -38,10 +43,41 @@ def dashboard_base(url: str) -> str:
     return url if "://" in url else f"http://{url}"
 
 
-def fetch_job_logs(dashboard: str, job_id: str) -> str:
-    """``GET {dashboard}/api/jobs/{job_id}/logs``: the driver's whole log so far."""
-    with urllib.request.urlopen(f"{dashboard}/api/jobs/{job_id}/logs", timeout=TIMEOUT_SECONDS) as response:  # noqa: S310 - http(s) only, built above
+def ray_token_secret_name(cluster: str) -> str:
+    """The Secret in which KubeRay keeps a RayCluster's token (authOptions mode token, no secretName):
+    the cluster's name as KubeRay's ``utils.CheckName`` shortens it (its last 50 characters, a leading
+    digit or punctuation made ``r``)."""
+    name = cluster[-50:]
+    return "r" + name[1:] if name and not name[0].isalpha() else name
+
+
+def fetch_job_logs(dashboard: str, job_id: str, token: str | None = None) -> str:
+    """``GET {dashboard}/api/jobs/{job_id}/logs``: the driver's whole log so far.
+
+    ``token``: the Ray cluster's token, for a cluster with Ray's token auth on (Ray 2.52+).
+    """
+    request = urllib.request.Request(f"{dashboard}/api/jobs/{job_id}/logs")  # noqa: S310 - http(s) only, built above
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS) as response:  # noqa: S310 - http(s) only, built above
         return str(json.loads(response.read())["logs"])
+
+
+def token_refusal(
+    code: int, base: str, ray_job: dict[str, Any], *, token_sent: bool, command: tuple[str, str, int, str | None]
+) -> CommandFailedError:
+    """The error for a dashboard that wants Ray's token: which Secret holds it, and the command that reads it."""
+    run, namespace, attempt, dashboard = command
+    secret = ray_token_secret_name(str((ray_job.get("status") or {}).get("rayClusterName") or "<raycluster>"))
+    why = f"refused the token in {RAY_TOKEN_ENV}" if token_sent else f"needs its token ({RAY_TOKEN_ENV} is not set)"
+    read = f"kubectl get secret {secret} -n {namespace} -o jsonpath='{{.data.auth_token}}' | base64 -d"
+    again = f"spotray logs {run} -n {namespace} --attempt {attempt}" + (
+        f" --dashboard {dashboard}" if dashboard else ""
+    )
+    return CommandFailedError(
+        f"the Ray dashboard at {base} answered {code}: Ray's token auth is on, and it {why}",
+        f"the token is in the Secret {secret} (KubeRay's, made with the cluster): {RAY_TOKEN_ENV}=$({read}) {again}",
+    )
 
 
 def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dashboard: str | None) -> int:
@@ -73,9 +109,14 @@ def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dash
             f"its Ray cluster is still starting; `kubectl get rayjob {job_name} -n {namespace}` shows how far it got",
         )
     base = dashboard_base(dashboard or (job.get("status") or {}).get("dashboardURL") or "")
+    token = os.environ.get(RAY_TOKEN_ENV, "").strip() or None
     try:
-        sys.stdout.write(fetch_job_logs(base, job_id))
+        sys.stdout.write(fetch_job_logs(base, job_id, token))
     except urllib.error.HTTPError as error:
+        if error.code in (401, 403):
+            raise token_refusal(
+                error.code, base, job, token_sent=bool(token), command=(run, namespace, attempt, dashboard)
+            ) from None
         if error.code == 404:
             raise NotFoundError(
                 f"the Ray dashboard at {base} does not know job {job_id} of {job_name}",

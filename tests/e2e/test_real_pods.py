@@ -7,8 +7,10 @@ TrainingRun trains in the KubeRay RayCluster's head and worker pods; its spot no
 way a cloud does it (the notice: taint and eviction with the pods' grace period, so the preStop drain
 and the emergency checkpoint run in the container; then the VM: kubelet, containers and network
 stop, the Node is deleted); a new spot node joins, the next attempt resumes from the newest
-checkpoint, the run ends Succeeded, and `spotray pull` verifies the model from MinIO. Afterwards
-nothing of the nodes is left on the machine and its kernel settings are as before.
+checkpoint, the run ends Succeeded, and `spotray pull` verifies the model from MinIO. All of it with
+Ray's token auth on (the chart's default): the head's dashboard refuses a caller without the
+cluster's token, and `spotray logs` reads the driver's log through a port-forward only with it.
+Afterwards nothing of the nodes is left on the machine and its kernel settings are as before.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import yaml
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
+from spotray.train.storage.local_s3 import free_port
 from tests.e2e.conftest import ROOT, tb
 
 sys.path.insert(0, str(ROOT / "hack"))
@@ -94,6 +97,89 @@ def check_secret_env(bed: tb.Testbed) -> None:
     assert "secretKeyRef" in rayjob
 
 
+# Run in the head's Ray container: its own dashboard, asked for the job list without a token, with a
+# wrong one and with the one KubeRay gave the container.
+DASHBOARD_ASKS = """
+import os, urllib.error, urllib.request
+def ask(token):
+    request = urllib.request.Request("http://127.0.0.1:8265/api/jobs/")
+    if token:
+        request.add_header("Authorization", "Bearer " + token)
+    try:
+        return urllib.request.urlopen(request, timeout=10).status
+    except urllib.error.HTTPError as error:
+        return error.code
+print(ask(None), ask("not-the-token"), ask(os.environ["RAY_AUTH_TOKEN"]))
+"""
+
+
+def check_ray_token_auth(bed: tb.Testbed) -> None:
+    """Issue #38, item 2: Ray's token auth is on in attempt 1's cluster (KubeRay's authOptions, the
+    chart's default): the dashboard refuses a caller without the cluster's token, and the run's own
+    parts (workers joining the GCS, the submitter, the preStop drain later) hold it."""
+    [head] = cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={RUN},ray.io/node-type=head")
+    env = {e["name"]: e for e in head["spec"]["containers"][0]["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token", env
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "auth_token", env
+    name = head["metadata"]["name"]
+    asked = bed.kubectl("exec", "-n", cluster_demo.NAMESPACE, name, "--", "python", "-c", DASHBOARD_ASKS)
+    assert asked.stdout.split() == ["401", "403", "200"], asked.stdout + asked.stderr
+
+
+def check_logs_need_the_token(bed: tb.Testbed, spotray: Any, attempt: int) -> None:
+    """`spotray logs` through a port-forward to the attempt's head: refused without the token (the error
+    names the Secret that holds it), the driver's log with the token read from that Secret."""
+    rayjob = json.loads(
+        bed.kubectl("get", "rayjob", f"{RUN}-a{attempt}", "-n", cluster_demo.NAMESPACE, "-o", "json").stdout
+    )
+    cluster_name = rayjob["status"]["rayClusterName"]
+    port = free_port()
+    forward = subprocess.Popen(
+        [
+            str(tb.binary("kubectl")),
+            "--kubeconfig",
+            str(bed.kubeconfig),
+            "port-forward",
+            "-n",
+            cluster_demo.NAMESPACE,
+            f"svc/{cluster_name}-head-svc",
+            f"{port}:8265",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None
+        started = forward.stdout.readline()
+        assert "Forwarding from" in started, f"kubectl port-forward did not start: {started}"
+        dashboard = [
+            "logs",
+            RUN,
+            "-n",
+            cluster_demo.NAMESPACE,
+            "--attempt",
+            str(attempt),
+            "--dashboard",
+            f"http://127.0.0.1:{port}",
+        ]
+        refused = spotray(*dashboard, env={"RAY_AUTH_TOKEN": ""})
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "RAY_AUTH_TOKEN is not set" in refused.stderr, refused.stderr
+        assert f"kubectl get secret {cluster_name} -n {cluster_demo.NAMESPACE}" in refused.stderr, refused.stderr
+        secret = json.loads(
+            bed.kubectl("get", "secret", cluster_name, "-n", cluster_demo.NAMESPACE, "-o", "json").stdout
+        )
+        assert secret["metadata"]["ownerReferences"][0]["kind"] == "RayCluster", secret["metadata"]
+        token = base64.b64decode(secret["data"]["auth_token"]).decode()
+        logged = spotray(*dashboard, env={"RAY_AUTH_TOKEN": token})
+        assert logged.returncode == 0, logged.stdout + logged.stderr
+        assert logged.stdout.strip(), "the driver's log came back empty"
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+
+
 @pytest.mark.timeout(TIMEOUT_S + 300)
 def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_demo.DemoCluster, tmp_path: Path) -> None:
     bed = cluster.testbed
@@ -115,6 +201,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
         print(progress(status), flush=True)
         time.sleep(2)
     check_secret_env(bed)
+    check_ray_token_auth(bed)
     cluster_demo.reclaim_worker_node(bed, status, RUN, threading.Event())
     while (status := cluster_demo.run_status(bed, RUN)).get("phase") not in TERMINAL_PHASES:
         if time.monotonic() > deadline:
@@ -172,6 +259,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     wrong = spotray("pull", str(manifest), str(tmp_path / "wrong"), env={CHECKPOINT_KEY_ENV: "w" * 64})
     assert wrong.returncode == 1, wrong.stdout + wrong.stderr
     assert "does not match the run's key" in wrong.stderr, wrong.stderr
+    check_logs_need_the_token(bed, spotray, attempt=2)
     plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "-o", str(tmp_path / "loss.png"))
     assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert step >= RECLAIM_AT_STEP

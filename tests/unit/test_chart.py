@@ -861,3 +861,15 @@ def test_people_get_trainingruns_through_the_aggregated_roles_but_never_their_st
     # A namespaced install makes nothing cluster-wide unless asked.
     assert not [o for o in render("namespaced.yaml") if o["kind"] == "ClusterRole"]
     assert len([o for o in render("namespaced.yaml", "rbac.userRoles=true") if o["kind"] == "ClusterRole"]) == 2
+
+
+def test_rays_token_auth_is_on_for_every_runs_cluster_and_the_charts_own(helm: Path) -> None:
+    # Issue #38, item 2: KubeRay makes each cluster's token Secret; the controller needs no new right.
+    objects = render(None, "rayCluster.enabled=true")
+    assert ControllerConfig.from_env(controller_env(objects)).ray_token_auth
+    assert only(objects, "RayCluster")["spec"]["authOptions"] == {"mode": "token"}
+    off = render(None, "rayCluster.enabled=true", "rayTokenAuth.enabled=false")
+    assert not ControllerConfig.from_env(controller_env(off)).ray_token_auth
+    assert "authOptions" not in only(off, "RayCluster")["spec"]
+    roles = [o for o in objects if o["kind"] in ("Role", "ClusterRole")]
+    assert roles == [o for o in off if o["kind"] in ("Role", "ClusterRole")]
