@@ -16,6 +16,10 @@ owner writes them, and the controller serves every run of the cluster.
 At a thousand runs this is on the hot path, so a Secret as read is remembered for
 ``SECRET_TTL_S`` (rotated credentials are used within that), and runs that reach S3 the same way
 share one boto3 client (making one costs tens of milliseconds of CPU).
+
+With checkpoint keys on, the store is opened with the run's key (``run_checkpoint_key``), so the
+status's last checkpoint is one the run's jobs signed: a bucket writer's forged checkpoint, which no
+resume takes, does not show as the run's either.
 """
 
 from __future__ import annotations
@@ -29,10 +33,15 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+from kubernetes.client import ApiException
+
 from spotray.contract.attempts import AttemptId
-from spotray.contract.errors import SpotrayError
+from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
+from spotray.contract.errors import Cause, SpotrayError
+from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY, checkpoint_key_secret_name
 from spotray.contract.spec import TrainingRun
 from spotray.contract.status import CheckpointInterval, Goodput, LastCheckpoint, Progress
 from spotray.contract.uris import parse_uri
@@ -145,13 +154,42 @@ def store_config(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -
 CONTROLLER_RETRY = RetryPolicy(deadline_s=5.0, first_delay_s=0.2, max_delay_s=1.0)
 
 
+class CheckpointKeyUnreadableError(SpotrayError):
+    """The API server did not answer the read of a run's checkpoint key: try again at the next reconcile."""
+
+    cause = Cause.INFRASTRUCTURE
+
+
+def run_checkpoint_key(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> CheckpointKey | None:
+    """The run's checkpoint key (controller/checkpoint_key.py made it), so that the status counts only
+    checkpoints the run's jobs signed, as their resumes do; None when the run has none: keys off, a
+    run begun before them, or a controller that may not read it (``rbac.secretsByName``), which then
+    reports what the store shows."""
+    if not config.run_checkpoint_keys:
+        return None
+    name = checkpoint_key_secret_name(run.name)
+    try:
+        # Immutable: a copy read a while ago is the same key (a namesake run's new one comes in time).
+        secret = cluster.read_secret(run.namespace, name, max_age_s=SECRET_TTL_S)
+    except ApiException as error:
+        if error.status == HTTPStatus.FORBIDDEN:
+            return None
+        raise CheckpointKeyUnreadableError(
+            f"cannot read the run's checkpoint key, Secret {run.namespace}/{name}: {error.status} {error.reason}",
+            "nothing to do if it passes: the API server is asked again at the next reconcile",
+        ) from None
+    if secret is None:
+        return None
+    return CheckpointKey.from_env({CHECKPOINT_KEY_ENV: secret.data.get(CHECKPOINT_KEY_SECRET_DATA_KEY, "")})
+
+
 def open_run_store(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> ObjectStore:
     uri = parse_uri(run.spec.checkpoint.uri)
     reach = store_config(run, cluster, config)
+    key = run_checkpoint_key(run, cluster, config)
     if uri.scheme != "s3":
-        # No checkpoint key: the controller holds none (docs/security.md), it reports what the store shows.
-        return open_store(uri, reach, CONTROLLER_RETRY, checkpoint_key=None)
-    return S3ObjectStore(uri, reach, CONTROLLER_RETRY, client=_shared_client(reach))
+        return open_store(uri, reach, CONTROLLER_RETRY, checkpoint_key=key)
+    return S3ObjectStore(uri, reach, CONTROLLER_RETRY, client=_shared_client(reach), checkpoint_key=key)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ of that name that is not the run's holding the RayJob back; the API server's ref
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,16 @@ from kubernetes.client import ApiException, V1ObjectMeta, V1OwnerReference, V1Se
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
 from spotray.contract.spec import parse_training_run
+from spotray.contract.uris import parse_uri
 from spotray.controller import reconcile
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.rayjob import build_rayjob
+from spotray.controller.s3_access import SecretView
+from spotray.train.checkpoints.checkpoint import upload_checkpoint
+from spotray.train.storage.store import LocalObjectStore
+from tests.conftest import write_files
 from tests.unit.test_status_unreadable import FakeCluster, body
 
 pytestmark = pytest.mark.unit
@@ -168,3 +174,53 @@ def test_the_fakes_stand_in_for_calls_the_kubernetes_client_has() -> None:
         (client.NetworkingV1Api, "read_namespaced_network_policy"),
     ]:
         assert callable(getattr(api, method, None)), f"{api.__name__}.{method}"
+
+
+class SecretKeyCluster(FakeCluster):
+    """A running attempt, and the run's key Secret as the API server answers its read."""
+
+    def __init__(self, run_body: dict[str, Any], key: str | None, refuse: int | None = None) -> None:
+        super().__init__(run_body)
+        self.key = key
+        self.refuse = refuse
+        self.add_rayjob(1, "RUNNING", "Running")
+
+    def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> SecretView | None:  # type: ignore[override]
+        assert (namespace, name) == ("ns", "r-checkpoint-key")
+        if self.refuse is not None:
+            raise ApiException(status=self.refuse, reason="Forbidden" if self.refuse == 403 else "Internal")
+        return None if self.key is None else SecretView(name, {}, {"key": self.key})
+
+
+RUNNING = {"phase": "Running", "attempt": 1, "rayJob": "r-a1", "observedGeneration": 1, "attempts": [{"attempt": 1}]}
+
+
+@pytest.mark.parametrize(
+    ("key", "refuse", "shown"),
+    [("k" * 64, None, 10), (None, None, 20), ("k" * 64, 403, 20)],
+    ids=["the-runs-key", "a-run-without-a-key", "a-key-the-controller-may-not-read"],
+)
+def test_the_status_shows_the_newest_checkpoint_the_run_signed_not_a_forged_newer_one(
+    tmp_path: Path, key: str | None, refuse: int | None, shown: int
+) -> None:
+    """A writer of the bucket forges checkpoint-20 beside the run's signed checkpoint-10: no resume
+    takes it, and with the run's key neither does the status. Without a key (a run begun before
+    keys; rbac.secretsByName), the status shows what the store shows, as before."""
+    fake = SecretKeyCluster(body(tmp_path, dict(RUNNING)), key, refuse)
+    uri = parse_uri(fake.run["spec"]["checkpoint"]["uri"])
+    run_store = LocalObjectStore(uri, checkpoint_key=CheckpointKey(b"k" * 64))
+    upload_checkpoint(run_store, write_files(tmp_path / "genuine", {"model.safetensors": b"m" * 100}), 10, world_size=1)
+    forged = write_files(tmp_path / "forged", {"model.safetensors": b"M" * 100})
+    upload_checkpoint(LocalObjectStore(uri), forged, 20, world_size=1)
+    fake.reconcile(fake.config(**KEYED))
+    assert fake.run["status"]["lastCheckpoint"]["step"] == shown, fake.run["status"]
+
+
+def test_a_key_read_the_api_server_fails_is_retried_not_taken_as_no_key(tmp_path: Path) -> None:
+    fake = SecretKeyCluster(body(tmp_path, dict(RUNNING)), "k" * 64, refuse=500)
+    uri = parse_uri(fake.run["spec"]["checkpoint"]["uri"])
+    upload_checkpoint(LocalObjectStore(uri), write_files(tmp_path / "forged", {"m": b"M"}), 20, world_size=1)
+    fake.reconcile(fake.config(**KEYED))
+    status = fake.run["status"]
+    assert "lastCheckpoint" not in status, status  # not the unsigned one: unknown until the key is read
+    assert "cannot read the run's checkpoint key, Secret ns/r-checkpoint-key: 500" in json.dumps(status), status
