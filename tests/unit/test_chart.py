@@ -287,6 +287,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_PRICES": "{}",
         "SPOTRAY_RUN_NETWORK_POLICY": "true",
         "SPOTRAY_RUN_CHECKPOINT_KEYS": "true",
+        "SPOTRAY_RAY_TOKEN_AUTH": "true",
         "SPOTRAY_KUBERAY_PEER": '{"namespaceSelector":{"matchLabels":{}},"podSelector":{"matchLabels":'
         '{"app.kubernetes.io/name":"kuberay-operator"}}}',
     }
