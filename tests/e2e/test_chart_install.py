@@ -191,6 +191,8 @@ def test_namespaced_install_grants_rights_only_in_the_watched_namespace(
         # Run pods get their policies from the controller, one per run (the spot-loss test below sees
         # one made); the chart renders none that would admit every run of the namespace.
         assert {"name": "SPOTRAY_RUN_NETWORK_POLICY", "value": "true"} in env
+        # Ray's token auth on every run's cluster (KubeRay makes the token; real pods check it is enforced).
+        assert {"name": "SPOTRAY_RAY_TOKEN_AUTH", "value": "true"} in env
         assert testbed.kubectl("get", "networkpolicies", "-n", watched, "-o", "name").stdout.split() == []
 
         for verb, resource in ALLOWED_IN_NAMESPACE:
@@ -298,6 +300,9 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
         assert key_secret["metadata"]["ownerReferences"][0]["uid"] == run_uid["metadata"]["uid"]
         assert key_secret["immutable"] is True
         run_key = base64.b64decode(key_secret["data"]["key"]).decode()
+        rayjobs = json.loads(testbed.kubectl("get", "rayjobs", "-n", runs, "-o", "json").stdout)["items"]
+        assert rayjobs, "no RayJob of the run is left to read"
+        assert all(job["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"} for job in rayjobs)
         # The rights the Role grants, against the requests the API server's audit log saw the
         # controller make in this run (the list is derived from a run, not from reading the code).
         requests = testbed.requests_by(release.service_account)
