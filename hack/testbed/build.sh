@@ -290,9 +290,14 @@ exec 9>"$TESTBED_CACHE/.build.lock"
 flock 9
 check_all
 log "building into $TESTBED_CACHE: ${MISSING[*]} (cold: about 20 minutes on 2 cores)"
+# Go's build cache of these builds (about 7 GB of object files) is worth nothing once the binaries
+# are cached by version, and the disk it would keep is what the tests need (a cold CI run filled it):
+# a private one, deleted once every component is built (kept after a failure, for the retry).
+export GOCACHE="$TESTBED_CACHE/.go-build"
 for component in "${MISSING[@]}"; do
   START=$SECONDS
   log "building $component ..."
   "build_$component"
 done
+rm -rf "$GOCACHE"
 log "all components built"
