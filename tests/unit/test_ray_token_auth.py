@@ -24,6 +24,7 @@ from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import build_rayjob
 from spotray.errors import CommandFailedError
 from spotray.logs import RAY_TOKEN_ENV, logs_command, ray_token_secret_name
+from tests.unit.test_run_checkpoint_key import ray_containers
 from tests.unit.test_status_unreadable import body
 
 pytestmark = pytest.mark.unit
@@ -36,14 +37,12 @@ def rayjob(tmp_path: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def test_token_auth_asks_kuberay_for_a_token_per_cluster_and_sets_no_auth_variable_itself(tmp_path: Path) -> None:
-    spec = rayjob(tmp_path, {"SPOTRAY_RAY_TOKEN_AUTH": "true"})["spec"]
-    assert spec["rayClusterSpec"]["authOptions"] == {"mode": "token"}  # no secretName: KubeRay makes one
+    built = rayjob(tmp_path, {"SPOTRAY_RAY_TOKEN_AUTH": "true"})
+    assert built["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}  # no secretName: KubeRay makes one
     # KubeRay keeps a RAY_AUTH_* entry a container already has (RAY_AUTH_MODE=disabled would win).
-    cluster = spec["rayClusterSpec"]
-    pods = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"], spec["submitterPodTemplate"]]
-    for pod in pods:
-        for container in pod["template"]["spec"]["containers"] if "template" in pod else pod["spec"]["containers"]:
-            assert not [e for e in container.get("env", []) if e["name"].startswith("RAY_AUTH")], container
+    submitter = built["spec"]["submitterPodTemplate"]["spec"]["containers"]
+    for container in [*ray_containers(built), *submitter]:
+        assert not [e for e in container.get("env", []) if e["name"].startswith("RAY_AUTH")], container
 
 
 def test_token_auth_is_off_unless_configured_and_absent_on_a_shared_cluster(tmp_path: Path) -> None:
