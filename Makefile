@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -67,6 +67,9 @@ test-campaign: setup testbed ## long campaigns left out of make test (3-fault lo
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)
 	$(PY) -m bench.chaos --trials 200 --full-runs 20
+
+nemesis: setup testbed ## the controller in the loop: 200 trials on the kwok test bed, faults at random moments, a history checker (bench/nemesis.py)
+	$(PY) -m bench.nemesis --trials 200 --parallel 3
 
 test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)

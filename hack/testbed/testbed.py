@@ -99,12 +99,17 @@ def kuberay_crds() -> list[Path]:
     return sorted((CACHE / f"kuberay-{versions()['KUBERAY_VERSION']}" / "crds").glob("*.yaml"))
 
 
+def ray_head_address_free(address: str) -> bool:
+    """Nobody listens on ``address``'s dashboard port."""
+    with socket.socket() as s:
+        return s.connect_ex((address, RAY_DASHBOARD_PORT)) != 0
+
+
 def free_ray_head_address() -> str:
     """The first of RAY_HEAD_IPS whose dashboard port nobody holds."""
     for address in RAY_HEAD_IPS:
-        with socket.socket() as s:
-            if s.connect_ex((address, RAY_DASHBOARD_PORT)) != 0:
-                return address
+        if ray_head_address_free(address):
+            return address
     raise RuntimeError(f"port {RAY_DASHBOARD_PORT} is taken on every one of {RAY_HEAD_IPS}")
 
 
@@ -479,9 +484,9 @@ class Testbed:
                 counts[f"{event['verb']} {ref.get('resource', '?')}{subresource}"] += 1
         return counts
 
-    def service_account_kubeconfig(self, namespace: str, account: str, path: Path) -> Path:
+    def service_account_kubeconfig(self, namespace: str, account: str, path: Path, duration: str = "2h") -> Path:
         """A kubeconfig that authenticates as a ServiceAccount (a token from the TokenRequest API)."""
-        token = self.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
+        token = self.kubectl("create", "token", account, "-n", namespace, f"--duration={duration}").stdout.strip()
         admin = yaml.safe_load(self.kubeconfig.read_text())
         cluster = admin["clusters"][0]
         path.write_text(
@@ -808,13 +813,26 @@ class Testbed:
         Same port, certificates and etcd, so every client (controllers, kwok, tests) reconnects to
         the same address and finds the same objects, as after a control-plane crash.
         """
-        proc = self.procs["kube-apiserver"]
+        self.restart("kube-apiserver", down_s)
+        wait_until("kube-apiserver /readyz after its restart", lambda: self._check_alive() or self._readyz(), 120)
+
+    def restart(self, name: str, down_s: float) -> None:
+        """SIGKILL one component (``kube-apiserver``, ``ray-operator``, ``kwok``...) with its children,
+        keep it down ``down_s`` seconds, and start it again with the same command."""
+        proc = self.procs[name]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         time.sleep(down_s)
-        self._spawn("kube-apiserver", *self.commands["kube-apiserver"])
-        wait_until("kube-apiserver /readyz after its restart", lambda: self._check_alive() or self._readyz(), 120)
+        self._spawn(name, *self.commands[name])
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP one component: its ports still accept connections (the kernel's backlog), and
+        nothing answers; ``resume`` lets it go on where it stopped."""
+        os.killpg(self.procs[name].pid, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        os.killpg(self.procs[name].pid, signal.SIGCONT)
 
     def add_node(self, node: Node) -> None:
         self.apply(node.manifest())

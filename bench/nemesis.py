@@ -1,0 +1,1035 @@
+"""Nemesis campaign: the controller in the loop, with the API server, KubeRay, Ray and S3 all real,
+each trial a TrainingRun hit by faults at random moments, then judged by a history checker.
+
+Where it runs: the kwok test bed (hack/testbed/testbed.py: a real kube-apiserver and etcd, the real
+KubeRay operator, kwok nodes) with the real controller as a process (as the chart's Deployment runs
+it, with a ServiceAccount's token, so the API server's audit log holds every request it made), a
+real Ray head on loopback for each attempt's RayCluster (started when its RayJob appears, reached
+through the Ray bridge: a new cluster per attempt, as KubeRay makes), and a real S3 server
+(SeaweedFS) behind a fault proxy (bench/fault_proxy.py) that the controller and the jobs reach. The
+job is the real GPT-2 example (Ray Train, the Hugging Face Trainer, the S3 checkpoint callback),
+made small: ``MAX_STEPS`` steps, a checkpoint every ``INTERVAL``.
+
+Faults (``KINDS``), one or two per trial, each fired at a drawn step, right after a drawn checkpoint
+save (its upload in flight), or a drawn number of seconds into an attempt's start-up:
+- the controller SIGKILLed, or SIGSTOPped for longer than its timeouts (``controller-kill``,
+  ``controller-pause``); a stand-in for the kubelet's liveness probe (the chart's: 3 failures 20 s
+  apart) restarts a controller that stops answering /healthz;
+- the API server SIGKILLed and started again, or SIGSTOPped (accepting and never answering);
+- S3 refusing connections, silent, or answering 500 for a while (the proxy);
+- the KubeRay operator SIGKILLed and started again;
+- the attempt's spot node lost (pods marked DisruptionTarget, node and pods deleted, the job's
+  processes killed), with the controller up or SIGKILLed first and started only after the RayJob
+  failed (``node-lost``, ``node-lost-controller-down``);
+- the attempt's RayJob deleted; the job's driver SIGKILLed; a spot notice (the driver's SIGTERM, as
+  the preStop drain gives it: an emergency checkpoint, then exit 143).
+
+A node lost takes every attempt with a pod on it (``--parallel`` trials share the spot nodes); each
+of those attempts gets a landing of its own.
+
+The history checker (``judge``) reads what happened: the TrainingRun's status as it was polled
+(every second), the API server's audit log, the RayJobs seen, the job's event log and sample log,
+and asserts for each trial:
+- the run Succeeded, with every step asked, and its last checkpoint at the last step;
+- every attempt judged once: numbers 1..n, each RayJob name created once, an outcome never changed
+  once given, budgets never going down;
+- each attempt's outcome is one its fault allows (``KindOfFault.judged``), and an attempt no run fault
+  hit Succeeded or was Interrupted by an infrastructure fault (nothing spent); so the preemptions
+  and failures counted are the faults that should count;
+- every restart resumed from the newest checkpoint complete when it was hit (from the emergency
+  checkpoint after a notice), and every step trained the uninterrupted run's batch.
+Each landing records the attempt, the step, and what the store held (a checkpoint being written,
+its manifest not yet there: the window every commit protocol must survive). A trial that fails
+keeps its directory (the controller's log, the run's status history, the job's events).
+
+Result: bench/results/nemesis.json (ratio: trials that kept every promise / trials; goal 1.0).
+
+    .venv/bin/python -m bench.nemesis --trials 200 --parallel 3     # make nemesis
+    .venv/bin/python -m bench.nemesis --trials 4 --seed 7           # a few
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from bench.chaos_runs import restarts
+from bench.common import machine_details, write_result
+from bench.fault_proxy import FaultProxy, fault
+from spotray.contract.names import (
+    ATTEMPT_LABEL,
+    GROUP,
+    PLURAL,
+    RUN_LABEL,
+    S3_OPT_IN_LABEL,
+    TERMINAL_PHASES,
+    VERSION,
+    rayjob_name,
+)
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
+from spotray.train.hf.data import trained_batches
+from spotray.train.storage.local_s3 import LocalS3Server, free_ports
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+import testbed as tb  # noqa: E402 - hack/testbed, shared with `make cluster-up` and the e2e tests
+
+MAX_STEPS = 30
+INTERVAL = 10  # steps between checkpoints
+BATCH = 4
+BUCKET = "nemesis"
+SECRET = "s3-credentials"  # noqa: S105 - the Secret's name, not a password
+ACCOUNT = "spotray-controller"
+TRIAL_TIMEOUT_S = 900.0
+POLL_S = 1.0  # the run's status and RayJobs, from the API server
+EVENTS_POLL_S = 0.1  # the job's event log: a fault "right after a save" must land while the upload runs
+CRD = ROOT / "charts" / "spotray" / "crds" / "trainingruns.spotray.dev.yaml"
+# The chart's livenessProbe: /healthz every 20 s, 3 failures in a row restart the container.
+LIVENESS_PERIOD_S, LIVENESS_FAILURES = 20.0, 3
+
+SUCCEEDED_ = ("Succeeded", "TrainingFinished")
+INTERRUPTED = ("Interrupted", "InfrastructureFault")
+
+
+@dataclass(frozen=True)
+class KindOfFault:
+    scope: str  # "cluster": whatever runs at the moment; "run": the attempt it lands on
+    judged: tuple[tuple[str, str], ...]  # (outcome, reason) the attempt it lands on may get
+    text: str
+
+
+KINDS: dict[str, KindOfFault] = {
+    "controller-kill": KindOfFault("cluster", (), "the controller SIGKILLed, started again 0-5 s later"),
+    "controller-pause": KindOfFault("cluster", (), "the controller SIGSTOPped 20-45 s (its timeouts are 5-15 s)"),
+    "apiserver-kill": KindOfFault("cluster", (), "kube-apiserver SIGKILLed, started again 2-10 s later"),
+    "apiserver-silent": KindOfFault(
+        "cluster", (), "kube-apiserver SIGSTOPped 10-30 s: connections accepted, no answer"
+    ),
+    "s3-refuse": KindOfFault("cluster", (), "S3 refusing connections for 5-30 s"),
+    "s3-silent": KindOfFault("cluster", (), "S3 accepting and never answering for 5-30 s"),
+    "s3-500": KindOfFault("cluster", (), "S3 answering 500 InternalError for 5-30 s"),
+    "kuberay-restart": KindOfFault("cluster", (), "the KubeRay operator SIGKILLed, started again 0-5 s later"),
+    "node-lost": KindOfFault("run", (("Preempted", "NodeLost"),), "the attempt's spot node lost"),
+    "node-lost-controller-down": KindOfFault(
+        "run", (("Preempted", "NodeLost"),), "the spot node lost while the controller is down"
+    ),
+    # Deleting a RayJob stops its Ray job (KubeRay's finalizer): a driver that had time for its
+    # emergency checkpoint recorded a notice, one that had not left no record.
+    "rayjob-deleted": KindOfFault(
+        "run", (("Interrupted", "RayJobGone"), ("Preempted", "SpotNotice")), "the attempt's RayJob deleted"
+    ),
+    "driver-killed": KindOfFault("run", (("Failed", "TrainingFailed"),), "the job's driver SIGKILLed"),
+    "spot-notice": KindOfFault("run", (("Preempted", "SpotNotice"),), "the driver's SIGTERM (a spot notice)"),
+}
+RUN_KINDS = [kind for kind, what in KINDS.items() if what.scope == "run"]
+CLUSTER_KINDS = [kind for kind, what in KINDS.items() if what.scope == "cluster"]
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    trigger: str  # "step": at a step; "upload": right after a checkpoint save; "start": into an attempt's start-up
+    value: float  # the step, the save's step, or the seconds after the attempt's RayJob appeared
+
+
+@dataclass
+class Landing:
+    kind: str
+    trigger: str
+    attempts: list[int]  # the attempts it hit (a cluster fault: the one running, if any)
+    step: int  # the newest step the job had reported
+    store: str  # what the run's checkpoint prefix held at that moment
+    seconds: float  # since the trial began
+    detail: str = ""
+    missed: bool = False  # nothing to hit (the attempt had ended): it counts for nothing
+
+
+def draw_faults(rng: random.Random, lead: str | None = None) -> list[Fault]:
+    """One or two faults (``lead`` among them), at distinct moments; a run fault acts on a running job,
+    so it fires at a step or after a save, and cluster faults also in an attempt's start-up."""
+    kinds = [lead] if lead else []
+    while len(kinds) < rng.choice([1, 1, 2]) or not kinds:
+        kinds.append(rng.choice(list(KINDS)))
+    faults = []
+    for kind in kinds:
+        triggers = ["step", "upload"] + (["start"] if KINDS[kind].scope == "cluster" else [])
+        trigger = rng.choice(triggers)
+        if trigger == "step":
+            value: float = rng.randrange(2, MAX_STEPS - 2)
+        elif trigger == "upload":
+            value = rng.randrange(INTERVAL, MAX_STEPS, INTERVAL)
+        else:
+            value = round(rng.uniform(0, 20), 1)
+        faults.append(Fault(kind, trigger, value))
+    return faults
+
+
+# ------------------------------------------------------------------------------- the controller
+
+
+class Controller:
+    """``python -m spotray.controller`` as a process, with a stand-in for the kubelet's liveness probe."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, s3_endpoint: str) -> None:
+        self.log_path = log_path
+        self.health_port, metrics_port = free_ports(2)
+        self.env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "SPOTRAY_NAMESPACES": namespace,
+            "SPOTRAY_SUBMISSION_MODE": "HTTPMode",  # kwok pods run no submitter
+            "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "1",
+            "SPOTRAY_SETTLE_SECONDS": "2",
+            "SPOTRAY_METRICS_PORT": str(metrics_port),
+            "SPOTRAY_HEALTH_PORT": str(self.health_port),
+            "SPOTRAY_ALLOWED_S3_ENDPOINTS": s3_endpoint,
+        }
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lock = threading.Lock()  # one change of the process at a time (faults, the liveness probe)
+        self.liveness_restarts = 0
+        self._paused = False
+        self._stop = threading.Event()
+        self._prober = threading.Thread(target=self._liveness, daemon=True)
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "spotray.controller"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                preexec_fn=tb._die_with_parent,  # noqa: PLW1509 - only prctl
+            )  # fmt: skip
+        tb.wait_until("the controller's /healthz", self.healthy, timeout=90, interval=0.5)
+        if not self._prober.is_alive():
+            self._prober.start()
+
+    def healthy(self, timeout: float = 2) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=timeout) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+        self._paused = False
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self._paused = True
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self._paused = False
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.lock:
+            self.kill()
+
+    def _liveness(self) -> None:
+        failures = 0
+        while not self._stop.wait(LIVENESS_PERIOD_S):
+            with self.lock:
+                if self._paused or self.proc is None or self.proc.poll() is not None:
+                    failures = 0  # a fault holds it down on purpose and brings it back itself
+                    continue
+                failures = 0 if self.healthy(timeout=5) else failures + 1
+                if failures >= LIVENESS_FAILURES:
+                    print(f"[nemesis] liveness: /healthz failed {failures} times, restarting the controller")
+                    self.kill()
+                    self.start()
+                    self.liveness_restarts += 1
+                    failures = 0
+
+    def log_tail(self, lines: int = 80) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# ------------------------------------------------------------------------------- the campaign
+
+
+class Campaign:
+    """The test bed's parts every trial shares, and the faults acting on them."""
+
+    def __init__(self, bed: tb.Testbed, s3: LocalS3Server, namespace: str, workdir: Path, warm_heads: int = 1) -> None:
+        self.bed, self.s3, self.namespace, self.workdir = bed, s3, namespace, workdir
+        self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
+        self.heads_lock = threading.Lock()
+        self.warm: queue.Queue[tb.RayHead] = queue.Queue()  # started, not yet given to an attempt
+        self.starting: list[tb.RayHead] = []
+        self.head_count = 0
+        self.warm_heads = warm_heads
+        # Every process the campaign starts dies with the thread that started it (the test bed's
+        # PR_SET_PDEATHSIG follows the parent thread, not the process): a fault's own thread ends
+        # with the fault, so processes are started from these two, which live as long as the campaign.
+        self.starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-starter")
+        self.head_starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-heads")
+        self.proxy = FaultProxy(s3.port)
+        self.cluster_lock = threading.Lock()  # cluster faults never overlap: each brings its part back
+        self.api = config.new_client_from_config(str(bed.kubeconfig))
+        self.custom = client.CustomObjectsApi(self.api)
+        self.controller: Controller | None = None
+        self.user = f"system:serviceaccount:{namespace}:{ACCOUNT}"
+        self.direct = s3.config  # the campaign's own reads bypass the proxy
+        self.collateral: dict[str, list[Landing]] = {}  # run -> landings of faults other trials fired
+        self.reference_batches: dict[int, list[int]] | None = None  # the uninterrupted run's, step -> sample ids
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Campaign]:
+        self.proxy.start()
+        try:
+            self.s3.create_bucket(BUCKET)  # kept if there (a second campaign on one server)
+            self.bed.kubectl("apply", "--server-side", "-f", str(CRD))
+            self.bed.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
+            self._s3_secret()
+            kubeconfig = self._controller_kubeconfig()
+            self.controller = Controller(
+                kubeconfig, self.namespace, self.workdir / "controller.log", self.proxy.endpoint_url
+            )
+            self.in_starter(self.controller.start)
+            for _ in range(self.warm_heads):
+                self._warm_one()
+            tb.wait_until("the warm Ray heads", lambda: self.warm.qsize() >= self.warm_heads, timeout=300, interval=1)
+            yield self
+        finally:
+            if self.controller is not None:
+                self.controller.stop()
+            self.stop_all_heads()
+            self.proxy.stop()
+            self.starter.shutdown()
+            self.head_starter.shutdown()
+            self.bed.kubectl("delete", "clusterrolebinding", f"nemesis-{self.namespace}", check=False)
+
+    def in_starter(self, start: Callable[..., Any], *args: Any) -> Any:
+        """Call ``start`` (which starts a process) in the starter thread, and wait for it."""
+        return self.starter.submit(start, *args).result()
+
+    def _s3_secret(self) -> None:
+        env = {**self.s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url}
+        keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION")
+        literals = [f"--from-literal={key}={env[key]}" for key in keys]
+        self.bed.kubectl("create", "secret", "generic", SECRET, "-n", self.namespace, *literals)
+        self.bed.kubectl("label", "secret", SECRET, "-n", self.namespace, f"{S3_OPT_IN_LABEL}=true")
+
+    def _controller_kubeconfig(self) -> Path:
+        """A ServiceAccount's: the audit log records ServiceAccounts' requests, so every RayJob the
+        controller created is on record. Cluster-wide rights: the campaign is not about RBAC."""
+        self.bed.kubectl("create", "serviceaccount", ACCOUNT, "-n", self.namespace)
+        self.bed.kubectl(
+            "create", "clusterrolebinding", f"nemesis-{self.namespace}", "--clusterrole=cluster-admin",
+            f"--serviceaccount={self.namespace}:{ACCOUNT}",
+        )  # fmt: skip
+        path = self.workdir / "controller.kubeconfig"
+        return self.bed.service_account_kubeconfig(self.namespace, ACCOUNT, path, duration="24h")
+
+    # -- reading the cluster (every read may fail while a fault holds the API server) -----------
+
+    def run_status(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=(3, 5)
+            )
+        except Exception:  # noqa: BLE001 - unknown this round, asked again next round
+            return None
+        return dict(found.get("status") or {})
+
+    def rayjobs(self, run: str) -> list[dict[str, Any]] | None:
+        try:
+            found = self.custom.list_namespaced_custom_object(
+                "ray.io", "v1", self.namespace, "rayjobs", label_selector=f"{RUN_LABEL}={run}", _request_timeout=(3, 5)
+            )
+        except Exception:  # noqa: BLE001
+            return None
+        return list(found.get("items") or [])
+
+    def rayjob_creations(self, run: str) -> Counter[str]:
+        """RayJob name -> how many times the controller's create of it succeeded (the audit log)."""
+        created: Counter[str] = Counter()
+        pattern = re.compile(rf"^{re.escape(run)}-a\d+$")
+        for event in self.bed.requests_by(self.user):
+            ref = event.get("objectRef") or {}
+            code = (event.get("responseStatus") or {}).get("code", 0)
+            if event.get("verb") == "create" and ref.get("resource") == "rayjobs" and 200 <= code < 300:
+                name = str(ref.get("name") or (event.get("responseObject") or {}).get("metadata", {}).get("name", ""))
+                if pattern.match(name):
+                    created[name] += 1
+        return created
+
+    def run_uri(self, run: str) -> str:
+        return f"s3://{BUCKET}/{self.namespace}/runs/{run}"
+
+    def store(self, run: str) -> S3ObjectStore:
+        return S3ObjectStore(parse_uri(self.run_uri(run)), self.direct, RetryPolicy(deadline_s=10))
+
+    def store_state(self, run: str) -> str:
+        """Which checkpoints of the run are being written (files, no manifest): the commit window."""
+        try:
+            keys = [info.key for info in self.store(run).list("")]
+        except Exception as error:  # noqa: BLE001
+            return f"unreadable: {type(error).__name__}"
+        files: dict[str, set[str]] = {}
+        for key in keys:
+            match = re.match(r"^(checkpoint-\d+)/(.+)$", key)
+            if match:
+                files.setdefault(match.group(1), set()).add(match.group(2))
+        pending = sorted(name for name, names in files.items() if MANIFEST_NAME not in names)
+        if pending:
+            return "being written: " + ", ".join(f"{name} ({len(files[name])} files, no manifest)" for name in pending)
+        return "between checkpoints"
+
+    # -- the faults -----------------------------------------------------------------------------
+
+    def cluster_fault(self, kind: str, rng: random.Random) -> str:
+        """Act on a shared part; returns what was done. Holds it down, then brings it back."""
+        assert self.controller is not None
+        with self.cluster_lock:
+            if kind == "controller-kill":
+                with self.controller.lock:
+                    self.controller.kill()
+                    time.sleep(down := rng.uniform(0, 5))
+                    self.in_starter(self.controller.start)
+                return f"down {down:.1f} s"
+            if kind == "controller-pause":
+                with self.controller.lock:
+                    self.controller.pause()
+                time.sleep(down := rng.uniform(20, 45))
+                with self.controller.lock:
+                    self.controller.resume()
+                return f"stopped {down:.1f} s"
+            if kind == "apiserver-kill":
+                self.in_starter(self.bed.restart_apiserver, down := rng.uniform(2, 10))
+                return f"down {down:.1f} s"
+            if kind == "apiserver-silent":
+                self.bed.pause("kube-apiserver")
+                try:
+                    time.sleep(down := rng.uniform(10, 30))
+                finally:
+                    self.bed.resume("kube-apiserver")
+                return f"silent {down:.1f} s"
+            if kind == "kuberay-restart":
+                self.in_starter(self.bed.restart, "ray-operator", down := rng.uniform(0, 5))
+                return f"down {down:.1f} s"
+            mode = {"s3-refuse": "refuse", "s3-silent": "silent", "s3-500": "error500"}[kind]
+            with fault(self.proxy, mode):
+                time.sleep(down := rng.uniform(5, 30))
+            return f"{mode} {down:.1f} s"
+
+    def attempt_pods(self, run: str, attempt: int) -> list[dict[str, Any]]:
+        out = self.bed.kubectl(
+            "get", "pods", "-n", self.namespace, "-l", f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt}", "-o", "json",
+            check=False,
+        )  # fmt: skip
+        return list(json.loads(out.stdout)["items"]) if out.returncode == 0 else []
+
+    def job_id(self, run: str, attempt: int) -> str:
+        out = self.bed.kubectl(
+            "get", "rayjob", rayjob_name(run, attempt), "-n", self.namespace, "-o", "jsonpath={.status.jobId}",
+            check=False,
+        )  # fmt: skip
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    # -- each attempt's Ray cluster: a real Ray head per RayCluster ------------------------------
+
+    def start_head(self, run: str, attempt: int) -> None:
+        """Give that attempt's RayCluster a Ray head of its own, from the warm ones, and route the
+        operator to it. A head pod is not Ready before its Ray is up, but a kwok pod is Ready at
+        once: a head started only now would make KubeRay's first submissions fail and back off for
+        minutes, which no real cluster does. So the campaign keeps ``warm_heads`` heads started."""
+        with self.heads_lock:
+            if (run, attempt) in self.heads:
+                return
+            self.heads[(run, attempt)] = None
+
+        def assign() -> None:
+            try:
+                head = self.warm.get(timeout=300)
+                with self.heads_lock:
+                    self.heads[(run, attempt)] = head
+                self._warm_one()
+                name = rayjob_name(run, attempt)
+                self.bed.bridge_ray_job(self.namespace, name, head.address, timeout=120)
+                # KubeRay may have tried the head before the bridge knew it, and backed off for
+                # up to minutes: any change to the RayJob makes it look again now.
+                self.bed.kubectl("annotate", "--overwrite", "rayjob", name, "-n", self.namespace,
+                                 f"nemesis.spotray.dev/ray-head={head.address}", check=False)  # fmt: skip
+            except Exception as error:  # noqa: BLE001 - the attempt then never starts, which the trial reports
+                print(f"[nemesis] no Ray head for {rayjob_name(run, attempt)}: {error!r}", flush=True)
+
+        threading.Thread(target=assign, daemon=True).start()
+
+    def _warm_one(self) -> None:
+        """Start one more head in the background and put it in the warm queue once it answers."""
+        with self.heads_lock:
+            taken = {head.address for head in [*self.heads.values(), *self.starting] if head is not None}
+            address = next(a for a in tb.RAY_HEAD_IPS if a not in taken and tb.ray_head_address_free(a))
+            self.head_count += 1
+            pod_env = {**self.s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
+                       "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
+            head = tb.RayHead(self.workdir / "ray" / f"head-{self.head_count}", address, num_cpus=2, extra_env=pod_env)
+            self.starting.append(head)
+
+        def start() -> None:
+            try:
+                head.start()
+                self.warm.put(head)
+            except Exception as error:  # noqa: BLE001 - one fewer warm head; the next attempt waits for another
+                print(f"[nemesis] a Ray head did not start: {error!r}", flush=True)
+            finally:
+                with self.heads_lock:
+                    self.starting.remove(head)
+
+        self.head_starter.submit(start)
+
+    def stop_heads(self, run: str, attempts: list[int]) -> None:
+        for attempt in attempts:
+            with self.heads_lock:
+                head = self.heads.pop((run, attempt), None)
+            if head is not None:
+                with contextlib.suppress(Exception):
+                    head.stop()
+
+    def stop_all_heads(self) -> None:
+        with self.heads_lock:
+            heads = [head for head in self.heads.values() if head is not None]
+            self.heads.clear()
+        while not self.warm.empty():
+            heads.append(self.warm.get())
+        tb.wait_until("Ray heads still starting", lambda: not self.starting, timeout=180)
+        while not self.warm.empty():
+            heads.append(self.warm.get())
+        for head in heads:
+            with contextlib.suppress(Exception):
+                head.stop()
+
+    def driver_pids(self, run: str, attempt: int, job_id: str) -> list[int]:
+        """The job's entrypoint processes (the driver and what it runs), found by its open driver log."""
+        head = self.heads.get((run, attempt))
+        if not job_id or head is None or head.temp_dir is None:  # None: not yet given one
+            return []
+        log = head.temp_dir / "session_latest" / "logs" / f"job-driver-{job_id}.log"
+        if not log.exists():
+            return []
+        return [pid for pid in tb.processes_using(log.resolve()) if not tb._cmdline(pid).startswith("ray::")]
+
+    def lose_node(
+        self, run: str, attempt: int, controller_down: bool, rng: random.Random
+    ) -> tuple[str, list[tuple[str, int]]]:
+        """The node of the attempt's worker lost as a cloud loses a spot VM; every attempt with a pod
+        on it loses its job's processes. Returns the node and the (run, attempt) pairs it hit."""
+        assert self.controller is not None
+        workers = [
+            p for p in self.attempt_pods(run, attempt) if p["metadata"]["labels"].get("ray.io/node-type") == "worker"
+        ]
+        node = next((p["spec"].get("nodeName") for p in workers if p["spec"].get("nodeName")), None)
+        if node is None:
+            return "", []
+        with self.cluster_lock if controller_down else contextlib.nullcontext():
+            if controller_down:
+                with self.controller.lock:
+                    self.controller.kill()
+            hit = sorted(set(self.attempts_on(node)) | {(run, attempt)})
+            with contextlib.suppress(RuntimeError):  # a pod already gone, or the API server held by a fault
+                self.bed.preempt_node(node)
+            jobs = {pair: self.job_id(*pair) for pair in hit}
+            for (name, number), job in jobs.items():
+                tb.kill_pids(self.driver_pids(name, number, job))
+            if controller_down:
+                # What the controller finds when it is back: the RayJobs failed, the pods and node gone.
+                for name, number in jobs:
+                    with contextlib.suppress(TimeoutError):
+                        tb.wait_until(
+                            f"RayJob {rayjob_name(name, number)} to fail",
+                            lambda n=name, a=number: self._job_ended(n, a),
+                            60,
+                            1,
+                        )
+                time.sleep(rng.uniform(0, 5))
+                with self.controller.lock:
+                    self.in_starter(self.controller.start)
+            time.sleep(3)
+            self.bed.restore_node(node)
+        return node, hit
+
+    def attempts_on(self, node: str) -> list[tuple[str, int]]:
+        """(run, attempt) of every pod of a run on ``node``."""
+        out = self.bed.kubectl(
+            "get", "pods", "-n", self.namespace, "--field-selector", f"spec.nodeName={node}", "-o", "json", check=False
+        )  # fmt: skip
+        pods = json.loads(out.stdout)["items"] if out.returncode == 0 else []
+        labels = [p["metadata"].get("labels") or {} for p in pods]
+        return [
+            (pod[RUN_LABEL], int(pod[ATTEMPT_LABEL])) for pod in labels if RUN_LABEL in pod and ATTEMPT_LABEL in pod
+        ]
+
+    def _job_ended(self, run: str, attempt: int) -> bool:
+        out = self.bed.kubectl(
+            "get", "rayjob", rayjob_name(run, attempt), "-n", self.namespace, "-o", "jsonpath={.status.jobStatus}",
+            check=False,
+        )  # fmt: skip
+        return out.returncode != 0 or out.stdout.strip() in ("FAILED", "STOPPED", "SUCCEEDED")
+
+
+# ------------------------------------------------------------------------------- one trial
+
+
+@dataclass
+class TrialResult:
+    number: int
+    seed: int
+    faults: list[Fault]
+    landings: list[Landing]
+    problems: list[str]
+    seconds: float
+    attempts: list[str] = field(default_factory=list)  # "1 Preempted/NodeLost", ...
+    steps_lost: list[int] = field(default_factory=list)
+    kept: str = ""  # where a failed trial's logs are
+
+
+class Trial:
+    """One TrainingRun, followed every second, its faults fired when due."""
+
+    def __init__(self, campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> None:
+        self.campaign, self.number, self.seed = campaign, number, seed
+        self.faults = sorted(faults, key=lambda f: (f.trigger != "start", f.value))
+        self.name = f"t{number}"
+        self.dir = campaign.workdir / self.name
+        self.rng = random.Random(seed)
+        self.history: list[tuple[float, dict[str, Any]]] = []
+        self.rayjob_uids: dict[str, set[str]] = {}
+        self.appeared: dict[int, float] = {}  # attempt -> when its RayJob was first seen
+        self.events = self.dir / "events.jsonl"
+        self.offset = 0
+        self.step = 0  # the newest step the job reported
+        self.saved: list[int] = []  # checkpoint saves since the last landing
+        self.job_attempt = 0  # the attempt the job's newest worker group belongs to
+        self.landings: list[Landing] = []
+        self.in_flight: threading.Thread | None = None
+        self.started = 0.0
+        self.since = 0.0  # when the last fault finished (triggers count from there)
+
+    def manifest(self) -> dict[str, Any]:
+        document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
+        document["metadata"] = {"name": self.name}
+        spec = document["spec"]
+        spec["entrypoint"] = (
+            f"SPOTRAY_SAMPLE_LOG={self.dir / 'samples'} python -m spotray.jobs.gpt2 --max-steps {MAX_STEPS} "
+            f"--batch-size {BATCH} --n-layer 1 --n-embd 32 --workdir {self.dir / 'job'} --events {self.events}"
+        )
+        spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi", "gpu": 0, "spot": True}
+        spec["checkpoint"] = {
+            "uri": self.campaign.run_uri(self.name),
+            "everySteps": INTERVAL,
+            "keep": 3,
+            "secretRef": SECRET,
+        }
+        spec["data"] = {"uri": f"s3://{BUCKET}/datasets/gpt2-nemesis"}
+        spec["retry"] = {"maxPreemptions": 10, "maxFailures": 5, "backoffSeconds": 1}
+        return document
+
+    def run(self) -> TrialResult:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.campaign.bed.apply(self.manifest(), namespace=self.campaign.namespace)
+        pending = list(self.faults)
+        problems: list[str] = []
+        next_poll = 0.0
+        while True:
+            now = time.monotonic() - self.started
+            if now > TRIAL_TIMEOUT_S:
+                problems.append(f"not ended after {TRIAL_TIMEOUT_S:.0f} s: {self._last_status().get('message')}")
+                break
+            if now >= next_poll:
+                self._observe(now)
+                next_poll = now + POLL_S
+            self._read_events()
+            idle = self.in_flight is None or not self.in_flight.is_alive()
+            if idle and self.in_flight is not None:
+                self.in_flight, self.since, self.saved = None, time.monotonic() - self.started, []
+            if idle and pending and self._due(pending[0], now):
+                self._fire(pending.pop(0), now)
+            ended = self._last_status().get("phase") in TERMINAL_PHASES
+            if ended and self.in_flight is None:
+                break
+            time.sleep(EVENTS_POLL_S)
+        self.campaign.stop_heads(self.name, list(self.appeared))
+        for missed in pending:  # the run ended before its moment came
+            self.landings.append(Landing(missed.kind, missed.trigger, [], self.step, "", now, "never due", True))
+        self.landings += self.campaign.collateral.pop(self.name, [])
+        problems += judge(self)
+        return TrialResult(
+            self.number,
+            self.seed,
+            self.faults,
+            self.landings,
+            problems,
+            round(time.monotonic() - self.started, 1),
+            [
+                f"{a.get('attempt')} {a.get('outcome')}/{a.get('reason')}"
+                for a in self._last_status().get("attempts") or []
+            ],
+            [r["reached"] - r["resumed"] for r in restarts(self.events)],
+        )
+
+    # -- following the run ------------------------------------------------------------------------
+
+    def _last_status(self) -> dict[str, Any]:
+        return self.history[-1][1] if self.history else {}
+
+    def _observe(self, now: float) -> None:
+        status = self.campaign.run_status(self.name)
+        if status is not None:
+            self.history.append((now, status))
+        jobs = self.campaign.rayjobs(self.name)
+        for job in jobs or []:
+            meta = job["metadata"]
+            self.rayjob_uids.setdefault(meta["name"], set()).add(meta["uid"])
+            attempt = int(meta.get("labels", {}).get(ATTEMPT_LABEL, 0))
+            if attempt not in self.appeared:
+                self.appeared[attempt] = now
+                self.campaign.start_head(self.name, attempt)
+        if jobs is not None and self.appeared:  # a head whose RayJob is gone has nothing left to run
+            listed = {int(job["metadata"].get("labels", {}).get(ATTEMPT_LABEL, 0)) for job in jobs}
+            gone = [a for a in self.appeared if a not in listed and a < max(self.appeared)]
+            self.campaign.stop_heads(self.name, gone)
+
+    def _read_events(self) -> None:
+        for event in self._new_events():
+            if event["event"] == "step":
+                self.step = int(event["step"])
+            elif event["event"] == "checkpoint_saved":
+                self.saved.append(int(event["step"]))
+            elif event["event"] == "start":  # a worker group began: from its resume point on
+                self.job_attempt = int(event.get("attempt") or 0)
+                self.step = int(event.get("resumed_from") or 0)
+
+    def _new_events(self) -> list[dict[str, Any]]:
+        try:
+            with self.events.open("rb") as handle:
+                handle.seek(self.offset)
+                chunk = handle.read()
+        except FileNotFoundError:
+            return []
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        found = []
+        for line in complete.splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                found.append(json.loads(line))
+        return found
+
+    def _due(self, fault: Fault, now: float) -> bool:
+        if fault.trigger == "step":
+            return self.step >= fault.value and self.job_attempt > 0
+        if fault.trigger == "upload":
+            return any(step >= fault.value for step in self.saved)
+        fresh = [at for at in self.appeared.values() if at >= self.since]  # an attempt begun since the last fault
+        return bool(fresh) and now >= min(fresh) + fault.value
+
+    def _fire(self, fault: Fault, now: float) -> None:
+        def inject() -> None:
+            try:
+                self.landings.append(self._inject(fault, now))
+            except Exception as error:  # noqa: BLE001 - recorded: a fault the campaign could not deliver
+                self.landings.append(Landing(fault.kind, fault.trigger, [], self.step, "", now, f"{error!r}", True))
+
+        self.in_flight = threading.Thread(target=inject, daemon=True)
+        self.in_flight.start()
+
+    def _inject(self, fault: Fault, now: float) -> Landing:
+        campaign, attempt = self.campaign, self.job_attempt
+        store = campaign.store_state(self.name)
+        job = campaign.job_id(self.name, attempt) if attempt else ""
+        running = bool(campaign.driver_pids(self.name, attempt, job))
+        landing = Landing(fault.kind, fault.trigger, [attempt] if running else [], self.step, store, round(now, 1))
+        if KINDS[fault.kind].scope == "cluster":
+            landing.detail = campaign.cluster_fault(fault.kind, self.rng)
+            return landing
+        if not running:
+            landing.missed, landing.detail = True, f"attempt {attempt}'s job was not running"
+            return landing
+        if fault.kind in ("node-lost", "node-lost-controller-down"):
+            node, hit = campaign.lose_node(self.name, attempt, fault.kind.endswith("controller-down"), self.rng)
+            landing.detail = f"node {node}; attempts hit: {hit}"
+            for run, number in hit:
+                if run != self.name:
+                    campaign.collateral.setdefault(run, []).append(
+                        Landing(fault.kind, "collateral", [number], -1, "", -1, f"node {node}, lost by {self.name}")
+                    )
+            landing.missed = not node
+        elif fault.kind == "rayjob-deleted":
+            campaign.bed.kubectl(
+                "delete", "rayjob", rayjob_name(self.name, attempt), "-n", campaign.namespace, "--timeout=60s",
+                check=False,
+            )  # fmt: skip
+            # Its pods' processes go with it (kwok pods run nothing).
+            tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
+        elif fault.kind == "driver-killed":
+            tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
+        else:  # spot-notice: the driver's own SIGTERM (it drains this attempt's Ray cluster)
+            pids = campaign.driver_pids(self.name, attempt, job)
+            drivers = [pid for pid in pids if "-m spotray.jobs.gpt2" in tb._cmdline(pid)]
+            for pid in drivers[:1]:
+                os.kill(pid, signal.SIGTERM)
+            landing.missed = not drivers
+        return landing
+
+
+# ------------------------------------------------------------------------------- the checker
+
+
+def judge(trial: Trial) -> list[str]:
+    """Every promise the run broke, as sentences; empty when it kept them all."""
+    final = trial._last_status()
+    if final.get("phase") != "Succeeded":
+        return [f"phase {final.get('phase')}: {final.get('message')}"]
+    problems = []
+    progress, last = final.get("progress") or {}, final.get("lastCheckpoint") or {}
+    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (MAX_STEPS, MAX_STEPS, MAX_STEPS):
+        problems.append(
+            f"progress {progress.get('step')}/{progress.get('totalSteps')}, last checkpoint {last.get('step')}"
+        )
+    attempts = final.get("attempts") or []
+    numbers = [int(a["attempt"]) for a in attempts]
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"attempt numbers {numbers}: one was skipped or used twice")
+    problems += judged_once(trial.history)
+    for name, uids in trial.rayjob_uids.items():
+        if len(uids) > 1:
+            problems.append(f"RayJob {name} existed as {len(uids)} different objects: created again")
+    for name, count in trial.campaign.rayjob_creations(trial.name).items():
+        if count > 1:
+            problems.append(f"RayJob {name} created {count} times (audit log)")
+    problems += outcomes_allowed(attempts, trial.landings)
+    spent = (int(final.get("preemptions", 0)), int(final.get("failures", 0)))
+    counted = (
+        sum(a.get("outcome") == "Preempted" for a in attempts),
+        sum(a.get("outcome") == "Failed" for a in attempts),
+    )
+    if spent != counted:
+        problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
+    for restart in restarts(trial.events):
+        if restart["resumed"] < restart["complete"]:
+            problems.append(f"resumed from {restart['resumed']}, but checkpoint-{restart['complete']} was complete")
+        if restart["emergency"] is not None and restart["resumed"] != restart["emergency"]:
+            problems.append(f"resumed from {restart['resumed']}, not the emergency checkpoint {restart['emergency']}")
+    reference = trial.campaign.reference_batches
+    if reference is not None and trained_batches(trial.dir / "samples") != reference:
+        problems.append("the batches trained differ from the uninterrupted run's")
+    return problems
+
+
+def judged_once(history: list[tuple[float, dict[str, Any]]]) -> list[str]:
+    """An attempt's outcome, once given, never changes; the budgets spent never go down."""
+    problems: list[str] = []
+    outcomes: dict[int, tuple[Any, Any]] = {}
+    spent = (0, 0)
+    for at, status in history:
+        now = (int(status.get("preemptions", 0)), int(status.get("failures", 0)))
+        if now[0] < spent[0] or now[1] < spent[1]:
+            problems.append(f"at {at:.0f} s the budgets spent went from {spent} to {now}")
+        spent = now
+        for attempt in status.get("attempts") or []:
+            pair = (attempt.get("outcome"), attempt.get("reason"))
+            if pair[0] in (None, "Running"):
+                continue
+            first = outcomes.setdefault(int(attempt["attempt"]), pair)
+            if first != pair:
+                problems.append(f"attempt {attempt['attempt']} judged {first}, then {pair} at {at:.0f} s")
+                outcomes[int(attempt["attempt"])] = pair
+    return problems
+
+
+def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing]) -> list[str]:
+    """Each attempt's outcome is one that what hit it allows: a run fault's own, or (no run fault)
+    finished, or interrupted by an infrastructure fault, which spends nothing."""
+    cluster_faults = any(KINDS[land.kind].scope == "cluster" and not land.missed for land in landings)
+    by_attempt: dict[int, Landing] = {}
+    for land in landings:
+        if KINDS[land.kind].scope == "run" and not land.missed:
+            for number in land.attempts:
+                by_attempt.setdefault(number, land)
+    problems = []
+    for attempt in attempts:
+        number, pair = int(attempt["attempt"]), (attempt.get("outcome"), attempt.get("reason"))
+        allowed = {SUCCEEDED_} | ({INTERRUPTED} if cluster_faults else set())
+        hit = by_attempt.get(number)
+        if hit is not None:
+            allowed |= set(KINDS[hit.kind].judged)
+        if pair not in allowed:
+            what = f"{hit.kind} at step {hit.step}" if hit else "no run fault"
+            judged = f"attempt {number} judged {pair[0]}/{pair[1]} ({attempt.get('message')})"
+            problems.append(f"{judged}; {what} allows {sorted(allowed)}")
+    return problems
+
+
+# ------------------------------------------------------------------------------- the campaign's run
+
+
+def keep_logs(campaign: Campaign, trial: Trial, result: TrialResult) -> str:
+    """What a failed trial leaves for a person: its status history, landings, the controller's log."""
+    record = {"result": asdict(result), "history": [{"t": t, "status": s} for t, s in trial.history]}
+    (trial.dir / "trial.json").write_text(json.dumps(record, indent=2, default=str))
+    if campaign.controller is not None:
+        shutil.copy(campaign.controller.log_path, trial.dir / "controller.log")
+    return str(trial.dir)
+
+
+def run_trial(campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> TrialResult:
+    trial = Trial(campaign, number, seed, faults)
+    result = trial.run()
+    if result.problems:
+        result.kept = keep_logs(campaign, trial, result)
+    elif number == 0:
+        campaign.reference_batches = trained_batches(trial.dir / "samples")
+    campaign.bed.kubectl("delete", "trainingrun", trial.name, "-n", campaign.namespace, "--wait=false", check=False)
+    if not result.problems:
+        shutil.rmtree(trial.dir, ignore_errors=True)
+    return result
+
+
+def print_result(result: TrialResult) -> None:
+    verdict = "ok  " if not result.problems else "FAIL"
+    landed = "; ".join(
+        f"{land.kind}@{land.trigger}{' (missed)' if land.missed else ''}: step {land.step}, attempts {land.attempts}, "
+        f"{land.store or '-'}"
+        for land in result.landings
+    )
+    head = f"[nemesis] {verdict} trial {result.number} (seed {result.seed}, {result.seconds:.0f} s)"
+    print(f"{head} attempts {result.attempts}: {landed}", flush=True)
+    for problem in result.problems:
+        print(f"           - {problem}", flush=True)
+    if result.kept:
+        print(f"           logs: {result.kept}", flush=True)
+
+
+def campaign_trials(
+    campaign: Campaign, trials: int, seed: int, parallel: int, kinds: list[str] | None = None
+) -> list[TrialResult]:
+    """The reference run, then ``trials`` trials, ``parallel`` at a time."""
+    reference = run_trial(campaign, 0, seed, [])
+    print_result(reference)
+    if reference.problems:
+        raise SystemExit("the uninterrupted reference run failed: nothing to compare the trials with")
+
+    def one(number: int) -> TrialResult:
+        rng = random.Random(seed * 100_003 + number)
+        lead = (kinds or list(KINDS))[(number - 1) % len(kinds or KINDS)]
+        result = run_trial(campaign, number, seed * 100_003 + number, draw_faults(rng, lead))
+        print_result(result)
+        return result
+
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        return list(pool.map(one, range(1, trials + 1)))
+
+
+def summary(results: list[TrialResult]) -> dict[str, Any]:
+    landed = [land for r in results for land in r.landings if land.trigger != "collateral"]
+    by_kind: dict[str, dict[str, int]] = {}
+    for kind in KINDS:
+        mine = [r for r in results if any(land.kind == kind for land in r.landings)]
+        by_kind[kind] = {
+            "trials": len(mine),
+            "landed": sum(1 for land in landed if land.kind == kind and not land.missed),
+            "missed": sum(1 for land in landed if land.kind == kind and land.missed),
+            "trials_passed": sum(1 for r in mine if not r.problems),
+        }
+    windows = Counter(
+        "checkpoint being written" if land.store.startswith("being written") else
+        "attempt start-up" if land.trigger == "start" else "between checkpoints"
+        for land in landed if not land.missed
+    )  # fmt: skip
+    lost = [n for r in results for n in r.steps_lost]
+    return {
+        "trials": len(results),
+        "passes": sum(1 for r in results if not r.problems),
+        "fault_kinds": by_kind,
+        "windows": dict(windows),
+        "steps_lost_per_restart": {
+            "count": len(lost), "max": max(lost, default=0), "mean": round(sum(lost) / max(1, len(lost)), 2),
+        },
+        "seconds_per_trial": round(sum(r.seconds for r in results) / max(1, len(results)), 1),
+        "failures": [
+            {"trial": r.number, "seed": r.seed, "faults": [asdict(f) for f in r.faults], "problems": r.problems,
+             "logs": r.kept}
+            for r in results if r.problems
+        ],
+    }  # fmt: skip
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=200)
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="trials at once (they share the cluster and its faults)"
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kinds", default="", help="comma-separated fault kinds to lead trials (default: all)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where trials and kept logs go (default: a new temp dir)"
+    )
+    parser.add_argument("--no-write", action="store_true", help="do not write bench/results/nemesis.json")
+    args = parser.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k] or None
+    for kind in kinds or []:
+        if kind not in KINDS:
+            parser.error(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotray-nemesis-"))
+    print(f"[nemesis] work directory (failed trials keep their logs here): {workdir}", flush=True)
+    started = time.monotonic()
+    with tb.Testbed(workdir / "testbed") as bed, LocalS3Server(workdir / "seaweedfs") as s3:
+        bed.kubectl("create", "namespace", "nemesis")
+        with Campaign(bed, s3, "nemesis", workdir, warm_heads=args.parallel + 1).running() as campaign:
+            results = campaign_trials(campaign, args.trials, args.seed, args.parallel, kinds)
+            liveness = campaign.controller.liveness_restarts if campaign.controller else 0
+    details = summary(results) | {
+        "minutes": round((time.monotonic() - started) / 60, 1),
+        "parallel": args.parallel,
+        "seed": args.seed,
+        "max_steps": MAX_STEPS,
+        "checkpoint_every": INTERVAL,
+        "liveness_restarts": liveness,
+        "where": "kwok test bed: real kube-apiserver, etcd, KubeRay, the controller, a Ray head per attempt, SeaweedFS",
+        "machine": machine_details(),
+    }
+    ratio = details["passes"] / max(1, details["trials"])
+    print(json.dumps({k: details[k] for k in ("trials", "passes", "windows", "fault_kinds")}, indent=2))
+    if not args.no_write:
+        command = " ".join(["python -m bench.nemesis", *sys.argv[1:]])
+        path = write_result("nemesis", ratio, ">= 1.0", "every trial keeps every promise", command, details)
+        print(f"[nemesis] wrote {path}")
+    return 0 if ratio == 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""The nemesis campaign's history checker (bench/nemesis.py) and its fault proxy (bench/fault_proxy.py).
+
+The checker must fail the histories a broken controller would write (an outcome that changes, a
+budget that goes down, a preemption counted for a fault that should cost nothing) and pass the
+ones a correct controller writes; the proxy must fail traffic in each of its modes and pass it again.
+"""
+
+from __future__ import annotations
+
+import http.server
+import random
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from bench.fault_proxy import FaultProxy, fault
+from bench.nemesis import KINDS, MAX_STEPS, Landing, draw_faults, judged_once, outcomes_allowed
+
+pytestmark = pytest.mark.unit
+
+
+def attempt(number: int, outcome: str, reason: str) -> dict[str, object]:
+    return {"attempt": number, "outcome": outcome, "reason": reason, "message": "m"}
+
+
+def landing(kind: str, attempts: list[int], *, missed: bool = False) -> Landing:
+    return Landing(kind, "step", attempts, 12, "between checkpoints", 30.0, missed=missed)
+
+
+def test_an_outcome_that_changes_or_a_budget_that_goes_down_is_caught() -> None:
+    history = [
+        (1.0, {"attempts": [attempt(1, "Running", "")]}),
+        (2.0, {"preemptions": 1, "attempts": [attempt(1, "Preempted", "NodeLost")]}),
+        (3.0, {"preemptions": 0, "failures": 1, "attempts": [attempt(1, "Failed", "TrainingFailed")]}),
+    ]
+    problems = judged_once(history)
+    assert any("judged ('Preempted', 'NodeLost'), then ('Failed', 'TrainingFailed')" in p for p in problems)
+    assert any("budgets spent went from (1, 0) to (0, 1)" in p for p in problems)
+    assert judged_once(history[:2]) == []
+
+
+def test_a_run_fault_allows_only_its_own_outcome_on_the_attempt_it_hit() -> None:
+    hit = [landing("node-lost", [1])]
+    good = [attempt(1, "Preempted", "NodeLost"), attempt(2, "Succeeded", "TrainingFinished")]
+    assert outcomes_allowed(good, hit) == []
+    counted_as_failure = [attempt(1, "Failed", "TrainingFailed"), attempt(2, "Succeeded", "TrainingFinished")]
+    assert "attempt 1 judged Failed/TrainingFailed" in outcomes_allowed(counted_as_failure, hit)[0]
+
+
+def test_an_attempt_no_run_fault_hit_may_only_finish_or_be_interrupted_by_a_cluster_fault() -> None:
+    preempted = [attempt(1, "Preempted", "NodeLost"), attempt(2, "Succeeded", "TrainingFinished")]
+    assert outcomes_allowed(preempted, [landing("s3-silent", [1])]), "an S3 outage is never a preemption"
+    interrupted = [attempt(1, "Interrupted", "InfrastructureFault"), attempt(2, "Succeeded", "TrainingFinished")]
+    assert outcomes_allowed(interrupted, [landing("s3-silent", [1])]) == []
+    assert outcomes_allowed(interrupted, []), "interrupted with no fault at all"
+    # A fault that missed (the job had ended) excuses nothing.
+    assert outcomes_allowed(preempted, [landing("node-lost", [1], missed=True)])
+
+
+def test_faults_are_drawn_where_they_can_land() -> None:
+    rng = random.Random(3)
+    for number in range(300):
+        lead = list(KINDS)[number % len(KINDS)]
+        faults = draw_faults(rng, lead)
+        assert 1 <= len(faults) <= 2
+        assert faults[0].kind == lead
+        for drawn in faults:
+            assert drawn.kind in KINDS
+            if KINDS[drawn.kind].scope == "run":
+                assert drawn.trigger in ("step", "upload"), "a run fault acts on a running job"
+            if drawn.trigger == "step":
+                assert 2 <= drawn.value < MAX_STEPS - 2
+            if drawn.trigger == "upload":
+                assert drawn.value in (10, 20)
+
+
+class _Ok(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection carries several requests
+
+    def do_GET(self) -> None:
+        body = b"ok"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def proxy() -> Iterator[FaultProxy]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    with FaultProxy(server.server_address[1]) as started:
+        yield started
+    server.shutdown()
+
+
+def get(proxy: FaultProxy, timeout: float = 2) -> int:
+    with urllib.request.urlopen(f"{proxy.endpoint_url}/x", timeout=timeout) as response:
+        return int(response.status)
+
+
+def test_the_proxy_passes_then_fails_in_each_mode_then_passes_again(proxy: FaultProxy) -> None:
+    assert get(proxy) == 200
+    with fault(proxy, "error500"), pytest.raises(urllib.error.HTTPError) as answered:
+        get(proxy)
+    assert answered.value.code == 500
+    with fault(proxy, "refuse"), pytest.raises(urllib.error.URLError) as refused:
+        get(proxy)
+    assert isinstance(refused.value.reason, ConnectionRefusedError)
+    with fault(proxy, "silent"):
+        started = time.monotonic()
+        with pytest.raises((TimeoutError, urllib.error.URLError)):
+            get(proxy, timeout=0.5)
+        assert time.monotonic() - started < 2
+    assert get(proxy) == 200
+
+
+def response(connection: socket.socket) -> bytes:
+    """One whole response of the test server (its body is ``ok``), however the bytes arrive."""
+    received = b""
+    while not received.endswith(b"ok"):
+        chunk = connection.recv(1000)
+        if not chunk:
+            break
+        received += chunk
+    return received
+
+
+def test_a_silence_stalls_an_open_connection_that_then_flows_again(proxy: FaultProxy) -> None:
+    request = b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n"
+    connection = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    connection.sendall(request)
+    assert response(connection).startswith(b"HTTP/1.1 200"), "relayed in pass mode first"
+    proxy.set_mode("silent")
+    connection.sendall(request)
+    connection.settimeout(0.6)
+    with pytest.raises(TimeoutError):
+        connection.recv(1000)
+    proxy.set_mode("pass")
+    connection.settimeout(5)
+    assert response(connection).startswith(b"HTTP/1.1 200")
+    connection.close()
