@@ -46,13 +46,13 @@ class FaultProxy:
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._listen()  # the port is known (and held) from here on
 
     @property
     def endpoint_url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> FaultProxy:
-        self._listen()
         self._spawn(self._accept_loop)
         return self
 

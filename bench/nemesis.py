@@ -274,6 +274,93 @@ class Controller:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
+# ------------------------------------------------------------------------------- Ray heads
+
+
+class RayHeads:
+    """Real Ray heads on loopback, one per attempt's RayCluster, ``warm`` of them kept started.
+
+    A head pod is not Ready before its Ray is up, but a kwok pod is Ready at once: a head started
+    only when its RayJob appears would make KubeRay's first submissions fail and back off for
+    minutes, which no real cluster does. So heads are started ahead, and handed out as RayJobs
+    appear. Every head is started from one long-lived thread: a process started by the test bed
+    dies with the thread that started it (PR_SET_PDEATHSIG follows the thread).
+    """
+
+    def __init__(self, root: Path, pod_env: dict[str, str], warm: int) -> None:
+        self.root, self.pod_env, self.warm_target = root, pod_env, warm
+        self.warm: queue.Queue[tb.RayHead] = queue.Queue()  # up, not yet given to an attempt
+        self.owned: list[tb.RayHead] = []  # every head not yet stopped, up or starting
+        self.lock = threading.Lock()
+        self.count = 0
+        self.starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-heads")
+
+    @staticmethod
+    def alive(head: tb.RayHead) -> bool:
+        return head.proc is not None and head.proc.poll() is None and not tb.ray_head_address_free(head.address)
+
+    def fill(self) -> None:
+        """Start ``warm`` heads and wait until they answer."""
+        for _ in range(self.warm_target):
+            self._start_one()
+        tb.wait_until("the warm Ray heads", lambda: self.warm.qsize() >= self.warm_target, timeout=300, interval=1)
+
+    def take(self) -> tb.RayHead:
+        """A head that is up (one that died while it waited is stopped and replaced); another starts."""
+        while True:
+            head = self.warm.get(timeout=300)
+            self._start_one()
+            if self.alive(head):
+                return head
+            print(f"[nemesis] a warm Ray head at {head.address} died; taking another", flush=True)
+            self.release(head)
+
+    def replace(self, dead: tb.RayHead) -> tb.RayHead:
+        """Stop what is left of ``dead`` and start another at its address; returns it once up."""
+        self.release(dead)
+        head = self._new(dead.address)
+        self.starter.submit(head.start).result()
+        return head
+
+    def release(self, head: tb.RayHead) -> None:
+        with self.lock:
+            if head in self.owned:
+                self.owned.remove(head)
+        with contextlib.suppress(Exception):
+            head.stop()
+
+    def stop(self) -> None:
+        self.starter.shutdown(wait=True)  # the heads still starting are up (or failed) after this
+        with self.lock:
+            heads, self.owned = list(self.owned), []
+        for head in heads:
+            with contextlib.suppress(Exception):
+                head.stop()
+
+    def _new(self, address: str = "") -> tb.RayHead:
+        with self.lock:
+            if not address:
+                taken = {head.address for head in self.owned}  # some not listening yet
+                address = next(a for a in tb.RAY_HEAD_IPS if a not in taken and tb.ray_head_address_free(a))
+            self.count += 1
+            head = tb.RayHead(self.root / f"head-{self.count}", address, num_cpus=2, extra_env=self.pod_env)
+            self.owned.append(head)
+        return head
+
+    def _start_one(self) -> None:
+        head = self._new()
+
+        def start() -> None:
+            try:
+                head.start()
+                self.warm.put(head)
+            except Exception as error:  # noqa: BLE001 - one fewer warm head; take() waits for another
+                print(f"[nemesis] a Ray head did not start: {error!r}", flush=True)
+                self.release(head)
+
+        self.starter.submit(start)
+
+
 # ------------------------------------------------------------------------------- the campaign
 
 
@@ -282,18 +369,16 @@ class Campaign:
 
     def __init__(self, bed: tb.Testbed, s3: LocalS3Server, namespace: str, workdir: Path, warm_heads: int = 1) -> None:
         self.bed, self.s3, self.namespace, self.workdir = bed, s3, namespace, workdir
+        self.proxy = FaultProxy(s3.port)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
         self.heads_lock = threading.Lock()
-        self.warm: queue.Queue[tb.RayHead] = queue.Queue()  # started, not yet given to an attempt
-        self.starting: list[tb.RayHead] = []
-        self.head_count = 0
-        self.warm_heads = warm_heads
         # Every process the campaign starts dies with the thread that started it (the test bed's
         # PR_SET_PDEATHSIG follows the parent thread, not the process): a fault's own thread ends
         # with the fault, so processes are started from these two, which live as long as the campaign.
         self.starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-starter")
-        self.head_starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-heads")
-        self.proxy = FaultProxy(s3.port)
+        pod_env = {**s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
+                   "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
+        self.ray_heads = RayHeads(workdir / "ray", pod_env, warm_heads)
         self.cluster_lock = threading.Lock()  # cluster faults never overlap: each brings its part back
         self.api = config.new_client_from_config(str(bed.kubeconfig))
         self.custom = client.CustomObjectsApi(self.api)
@@ -316,17 +401,14 @@ class Campaign:
                 kubeconfig, self.namespace, self.workdir / "controller.log", self.proxy.endpoint_url
             )
             self.in_starter(self.controller.start)
-            for _ in range(self.warm_heads):
-                self._warm_one()
-            tb.wait_until("the warm Ray heads", lambda: self.warm.qsize() >= self.warm_heads, timeout=300, interval=1)
+            self.ray_heads.fill()
             yield self
         finally:
             if self.controller is not None:
                 self.controller.stop()
-            self.stop_all_heads()
+            self.ray_heads.stop()
             self.proxy.stop()
             self.starter.shutdown()
-            self.head_starter.shutdown()
             self.bed.kubectl("delete", "clusterrolebinding", f"nemesis-{self.namespace}", check=False)
 
     def in_starter(self, start: Callable[..., Any], *args: Any) -> Any:
@@ -460,10 +542,8 @@ class Campaign:
     # -- each attempt's Ray cluster: a real Ray head per RayCluster ------------------------------
 
     def start_head(self, run: str, attempt: int) -> None:
-        """Give that attempt's RayCluster a Ray head of its own, from the warm ones, and route the
-        operator to it. A head pod is not Ready before its Ray is up, but a kwok pod is Ready at
-        once: a head started only now would make KubeRay's first submissions fail and back off for
-        minutes, which no real cluster does. So the campaign keeps ``warm_heads`` heads started."""
+        """Give that attempt's RayCluster a warm Ray head of its own and route the operator to it
+        (in the background; the attempt waits for it as a RayCluster waits for its head pod)."""
         with self.heads_lock:
             if (run, attempt) in self.heads:
                 return
@@ -471,64 +551,43 @@ class Campaign:
 
         def assign() -> None:
             try:
-                head = self.warm.get(timeout=300)
+                head = self.ray_heads.take()
                 with self.heads_lock:
                     self.heads[(run, attempt)] = head
-                self._warm_one()
-                name = rayjob_name(run, attempt)
-                self.bed.bridge_ray_job(self.namespace, name, head.address, timeout=120)
-                # KubeRay may have tried the head before the bridge knew it, and backed off for
-                # up to minutes: any change to the RayJob makes it look again now.
-                self.bed.kubectl("annotate", "--overwrite", "rayjob", name, "-n", self.namespace,
-                                 f"nemesis.spotray.dev/ray-head={head.address}", check=False)  # fmt: skip
+                self._route(run, attempt, head)
             except Exception as error:  # noqa: BLE001 - the attempt then never starts, which the trial reports
                 print(f"[nemesis] no Ray head for {rayjob_name(run, attempt)}: {error!r}", flush=True)
 
         threading.Thread(target=assign, daemon=True).start()
 
-    def _warm_one(self) -> None:
-        """Start one more head in the background and put it in the warm queue once it answers."""
+    def _route(self, run: str, attempt: int, head: tb.RayHead) -> None:
+        name = rayjob_name(run, attempt)
+        self.bed.bridge_ray_job(self.namespace, name, head.address, timeout=120)
+        # KubeRay may have tried the head before the bridge knew it, and backed off for up to
+        # minutes: any change to the RayJob makes it look again now.
+        self.bed.kubectl("annotate", "--overwrite", "rayjob", name, "-n", self.namespace,
+                         f"nemesis.spotray.dev/ray-head={head.address}", check=False)  # fmt: skip
+
+    def revive_head(self, run: str, attempt: int) -> bool:
+        """A head given to an attempt that died by itself (Ray's start-up timing out on a loaded
+        machine; a head pod's container would be restarted): start another at its address.
+        Returns whether it had to. Not a fault of the campaign's: the trial notes it."""
         with self.heads_lock:
-            taken = {head.address for head in [*self.heads.values(), *self.starting] if head is not None}
-            address = next(a for a in tb.RAY_HEAD_IPS if a not in taken and tb.ray_head_address_free(a))
-            self.head_count += 1
-            pod_env = {**self.s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
-                       "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
-            head = tb.RayHead(self.workdir / "ray" / f"head-{self.head_count}", address, num_cpus=2, extra_env=pod_env)
-            self.starting.append(head)
-
-        def start() -> None:
-            try:
-                head.start()
-                self.warm.put(head)
-            except Exception as error:  # noqa: BLE001 - one fewer warm head; the next attempt waits for another
-                print(f"[nemesis] a Ray head did not start: {error!r}", flush=True)
-            finally:
-                with self.heads_lock:
-                    self.starting.remove(head)
-
-        self.head_starter.submit(start)
+            head = self.heads.get((run, attempt))
+        if head is None or self.ray_heads.alive(head):
+            return False
+        replacement = self.ray_heads.replace(head)
+        with self.heads_lock:
+            self.heads[(run, attempt)] = replacement
+        self._route(run, attempt, replacement)
+        return True
 
     def stop_heads(self, run: str, attempts: list[int]) -> None:
         for attempt in attempts:
             with self.heads_lock:
                 head = self.heads.pop((run, attempt), None)
             if head is not None:
-                with contextlib.suppress(Exception):
-                    head.stop()
-
-    def stop_all_heads(self) -> None:
-        with self.heads_lock:
-            heads = [head for head in self.heads.values() if head is not None]
-            self.heads.clear()
-        while not self.warm.empty():
-            heads.append(self.warm.get())
-        tb.wait_until("Ray heads still starting", lambda: not self.starting, timeout=180)
-        while not self.warm.empty():
-            heads.append(self.warm.get())
-        for head in heads:
-            with contextlib.suppress(Exception):
-                head.stop()
+                self.ray_heads.release(head)
 
     def driver_pids(self, run: str, attempt: int, job_id: str) -> list[int]:
         """The job's entrypoint processes (the driver and what it runs), found by its open driver log."""
@@ -612,6 +671,7 @@ class TrialResult:
     attempts: list[str] = field(default_factory=list)  # "1 Preempted/NodeLost", ...
     steps_lost: list[int] = field(default_factory=list)
     kept: str = ""  # where a failed trial's logs are
+    notes: list[str] = field(default_factory=list)  # what went wrong on the campaign's side (not judged)
 
 
 class Trial:
@@ -635,6 +695,7 @@ class Trial:
         self.in_flight: threading.Thread | None = None
         self.started = 0.0
         self.since = 0.0  # when the last fault finished (triggers count from there)
+        self.notes: list[str] = []
 
     def manifest(self) -> dict[str, Any]:
         document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
@@ -697,6 +758,7 @@ class Trial:
                 for a in self._last_status().get("attempts") or []
             ],
             [r["reached"] - r["resumed"] for r in restarts(self.events)],
+            notes=self.notes,
         )
 
     # -- following the run ------------------------------------------------------------------------
@@ -720,6 +782,10 @@ class Trial:
             listed = {int(job["metadata"].get("labels", {}).get(ATTEMPT_LABEL, 0)) for job in jobs}
             gone = [a for a in self.appeared if a not in listed and a < max(self.appeared)]
             self.campaign.stop_heads(self.name, gone)
+        newest = max(self.appeared, default=0)
+        running = self._last_status().get("phase") not in TERMINAL_PHASES
+        if newest and running and self.campaign.revive_head(self.name, newest):
+            self.notes.append(f"the Ray head of attempt {newest} died by itself at {now:.0f} s; another was started")
 
     def _read_events(self) -> None:
         for event in self._new_events():
@@ -927,6 +993,8 @@ def print_result(result: TrialResult) -> None:
     print(f"{head} attempts {result.attempts}: {landed}", flush=True)
     for problem in result.problems:
         print(f"           - {problem}", flush=True)
+    for note in result.notes:
+        print(f"           (note: {note})", flush=True)
     if result.kept:
         print(f"           logs: {result.kept}", flush=True)
 
@@ -977,6 +1045,7 @@ def summary(results: list[TrialResult]) -> dict[str, Any]:
             "count": len(lost), "max": max(lost, default=0), "mean": round(sum(lost) / max(1, len(lost)), 2),
         },
         "seconds_per_trial": round(sum(r.seconds for r in results) / max(1, len(results)), 1),
+        "campaign_notes": [f"trial {r.number}: {note}" for r in results for note in r.notes],
         "failures": [
             {"trial": r.number, "seed": r.seed, "faults": [asdict(f) for f in r.faults], "problems": r.problems,
              "logs": r.kept}

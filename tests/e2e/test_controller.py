@@ -286,6 +286,8 @@ def test_controller_killed_between_rayjob_and_status_creates_exactly_one_rayjob_
     assert rayjobs(testbed, namespace, "restart") == ["restart-a1"]
 
 
+# About 70 s: the nemesis smoke (tests/e2e/test_nemesis_smoke.py) deletes a RayJob mid-attempt in make test.
+@pytest.mark.campaign
 def test_a_rayjob_deleted_mid_attempt_is_judged_once_and_its_number_never_used_again(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
@@ -314,6 +316,9 @@ def test_a_rayjob_deleted_mid_attempt_is_judged_once_and_its_number_never_used_a
     assert rayjobs(testbed, namespace, "deleted") == ["deleted-a2"], "deleted-a1 was never made again"
 
 
+# About 55 s: the nemesis smoke (tests/e2e/test_nemesis_smoke.py) kills the API server as an attempt
+# starts, in make test.
+@pytest.mark.campaign
 def test_the_api_server_lost_mid_attempt_changes_no_outcome(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,

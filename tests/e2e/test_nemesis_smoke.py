@@ -1,10 +1,13 @@
-"""A smoke of the nemesis campaign (bench/nemesis.py, `make nemesis`) in make test: two trials with
-fixed faults that land in different windows, judged by the campaign's own history checker.
+"""A smoke of the nemesis campaign (bench/nemesis.py, `make nemesis`) in make test: one trial with
+two fixed faults in two windows, judged by the campaign's own history checker.
 
-- trial 1: S3 silent as attempt 1 starts (the controller's and the job's first reads), then the
-  spot node lost right after a checkpoint save (its upload in flight): one preemption, nothing else;
-- trial 2: the controller SIGKILLed mid-training, then the attempt's RayJob deleted: nothing spent,
-  attempt 2 resumes from the newest complete checkpoint.
+- the API server SIGKILLed 2 s into attempt 1's start-up, back a few seconds later: nothing is
+  lost or added;
+- attempt 1's RayJob deleted at step 5: judged from what it left (no record: Interrupted, nothing
+  spent), and attempt 2 (never 1 again) resumes and finishes.
+
+The e2e tests of the same two faults alone (tests/e2e/test_controller.py: the deleted RayJob, the
+API server lost mid-attempt) moved to make test-campaign: this covers them in about the same time.
 """
 
 from __future__ import annotations
@@ -20,26 +23,20 @@ from tests.e2e.conftest import tb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SMOKE = [
-    (1, [Fault("s3-silent", "start", 2.0), Fault("node-lost", "upload", 10)]),
-    (2, [Fault("controller-kill", "step", 5), Fault("rayjob-deleted", "step", 15)]),
-]
+SMOKE = [Fault("apiserver-kill", "start", 2.0), Fault("rayjob-deleted", "step", 5)]
 
 
-def test_a_few_nemesis_trials_keep_every_promise(testbed: tb.Testbed, s3_server: LocalS3Server, tmp_path: Path) -> None:
+def test_a_nemesis_trial_keeps_every_promise(testbed: tb.Testbed, s3_server: LocalS3Server, tmp_path: Path) -> None:
     namespace = f"nemesis-smoke-{uuid.uuid4().hex[:6]}"
     testbed.kubectl("create", "namespace", namespace)
     try:
-        with Campaign(testbed, s3_server, namespace, tmp_path).running() as campaign:
-            results = [run_trial(campaign, number, 1000 + number, faults) for number, faults in SMOKE]
+        with Campaign(testbed, s3_server, namespace, tmp_path, warm_heads=2).running() as campaign:
+            result = run_trial(campaign, 1, 1001, SMOKE)
     finally:
         testbed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-    for result in results:
-        print_result(result)
-    for result in results:
-        assert [land.kind for land in result.landings if not land.missed] == [f.kind for f in result.faults], (
-            "every planned fault landed"
-        )
-        assert result.problems == [], f"trial {result.number}: {result.problems}; logs in {result.kept}"
-    assert results[0].attempts[0].endswith("Preempted/NodeLost")
-    assert results[1].attempts[0].endswith("Interrupted/RayJobGone") or "SpotNotice" in results[1].attempts[0]
+    print_result(result)
+    assert [land.kind for land in result.landings if not land.missed] == [f.kind for f in SMOKE], "all landed"
+    assert result.problems == [], f"{result.problems}; logs in {result.kept}"
+    # Deleting a RayJob stops its Ray job: a driver quick enough for its emergency checkpoint records a notice.
+    assert result.attempts[0] in ("1 Interrupted/RayJobGone", "1 Preempted/SpotNotice")
+    assert result.attempts[1:] == ["2 Succeeded/TrainingFinished"]
