@@ -145,8 +145,6 @@ KINDS: dict[str, KindOfFault] = {
     "driver-killed": KindOfFault("run", (("Failed", "TrainingFailed"),), "the job's driver SIGKILLed"),
     "spot-notice": KindOfFault("run", (("Preempted", "SpotNotice"),), "the driver's SIGTERM (a spot notice)"),
 }
-RUN_KINDS = [kind for kind, what in KINDS.items() if what.scope == "run"]
-CLUSTER_KINDS = [kind for kind, what in KINDS.items() if what.scope == "cluster"]
 
 
 @dataclass(frozen=True)
@@ -171,8 +169,9 @@ class Landing:
 def draw_faults(rng: random.Random, lead: str | None = None) -> list[Fault]:
     """One or two faults (``lead`` among them), at distinct moments; a run fault acts on a running job,
     so it fires at a step or after a save, and cluster faults also in an attempt's start-up."""
+    count = rng.choice([1, 1, 2])
     kinds = [lead] if lead else []
-    while len(kinds) < rng.choice([1, 1, 2]) or not kinds:
+    while len(kinds) < count:
         kinds.append(rng.choice(list(KINDS)))
     faults = []
     for kind in kinds:
@@ -601,9 +600,10 @@ class Campaign:
 
     def lose_node(
         self, run: str, attempt: int, controller_down: bool, rng: random.Random
-    ) -> tuple[str, list[tuple[str, int]]]:
+    ) -> tuple[str, list[tuple[str, int, bool]]]:
         """The node of the attempt's worker lost as a cloud loses a spot VM; every attempt with a pod
-        on it loses its job's processes. Returns the node and the (run, attempt) pairs it hit."""
+        on it loses its job's processes. Returns the node and (run, attempt, whether its job was
+        running) for each attempt it hit."""
         assert self.controller is not None
         workers = [
             p for p in self.attempt_pods(run, attempt) if p["metadata"]["labels"].get("ray.io/node-type") == "worker"
@@ -619,8 +619,9 @@ class Campaign:
             with contextlib.suppress(RuntimeError):  # a pod already gone, or the API server held by a fault
                 self.bed.preempt_node(node)
             jobs = {pair: self.job_id(*pair) for pair in hit}
-            for (name, number), job in jobs.items():
-                tb.kill_pids(self.driver_pids(name, number, job))
+            killed = {pair: self.driver_pids(*pair, job) for pair, job in jobs.items()}
+            for pids in killed.values():
+                tb.kill_pids(pids)
             if controller_down:
                 # What the controller finds when it is back: the RayJobs failed, the pods and node gone.
                 for name, number in jobs:
@@ -636,7 +637,7 @@ class Campaign:
                     self.in_starter(self.controller.start)
             time.sleep(3)
             self.bed.restore_node(node)
-        return node, hit
+        return node, [(name, number, bool(killed[name, number])) for name, number in hit]
 
     def attempts_on(self, node: str) -> list[tuple[str, int]]:
         """(run, attempt) of every pod of a run on ``node``."""
@@ -844,11 +845,14 @@ class Trial:
             return landing
         if fault.kind in ("node-lost", "node-lost-controller-down"):
             node, hit = campaign.lose_node(self.name, attempt, fault.kind.endswith("controller-down"), self.rng)
-            landing.detail = f"node {node}; attempts hit: {hit}"
-            for run, number in hit:
+            landing.detail = f"node {node}; attempts hit (run, attempt, its job running): {hit}"
+            for run, number, running in hit:
+                # Another trial's attempt on the same node: hit too, if its job was running. One not
+                # yet started gets its pods back from KubeRay and may be judged either way: unjudged.
                 if run != self.name:
+                    what = f"node {node}, lost by {self.name}"
                     campaign.collateral.setdefault(run, []).append(
-                        Landing(fault.kind, "collateral", [number], -1, "", -1, f"node {node}, lost by {self.name}")
+                        Landing(fault.kind, "collateral", [number], -1, "", -1, what, missed=not running)
                     )
             landing.missed = not node
         elif fault.kind == "rayjob-deleted":
@@ -934,11 +938,18 @@ def judged_once(history: list[tuple[float, dict[str, Any]]]) -> list[str]:
     return problems
 
 
+def late_from(kind: str) -> int:
+    """From this step on a run fault may find the job already finished: at the last step, or for a
+    notice within the last interval, where the steps left can take less time than the drain."""
+    return MAX_STEPS - INTERVAL if kind == "spot-notice" else MAX_STEPS
+
+
 def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing]) -> list[str]:
     """Each attempt's outcome is one that what hit it allows: a run fault's own, or (no run fault)
     finished, or interrupted by an infrastructure fault, which spends nothing."""
     cluster_faults = any(KINDS[land.kind].scope == "cluster" and not land.missed for land in landings)
     by_attempt: dict[int, Landing] = {}
+    before_start = {n for land in landings if land.trigger == "collateral" and land.missed for n in land.attempts}
     for land in landings:
         if KINDS[land.kind].scope == "run" and not land.missed:
             for number in land.attempts:
@@ -946,10 +957,14 @@ def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing]) ->
     problems = []
     for attempt in attempts:
         number, pair = int(attempt["attempt"]), (attempt.get("outcome"), attempt.get("reason"))
-        allowed = {SUCCEEDED_} | ({INTERRUPTED} if cluster_faults else set())
         hit = by_attempt.get(number)
+        allowed = {INTERRUPTED} if cluster_faults else set()
+        if hit is None or hit.step >= late_from(hit.kind):  # late: the job may have finished first
+            allowed.add(SUCCEEDED_)
         if hit is not None:
             allowed |= set(KINDS[hit.kind].judged)
+        if number in before_start:  # its pods lost before its job ran: either judgement is fair
+            allowed |= {SUCCEEDED_, *KINDS["node-lost"].judged}
         if pair not in allowed:
             what = f"{hit.kind} at step {hit.step}" if hit else "no run fault"
             judged = f"attempt {number} judged {pair[0]}/{pair[1]} ({attempt.get('message')})"

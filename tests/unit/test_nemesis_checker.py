@@ -52,6 +52,16 @@ def test_a_run_fault_allows_only_its_own_outcome_on_the_attempt_it_hit() -> None
     assert "attempt 1 judged Failed/TrainingFailed" in outcomes_allowed(counted_as_failure, hit)[0]
 
 
+def test_a_fault_that_reached_a_finished_job_may_leave_the_attempt_succeeded() -> None:
+    finished = [attempt(1, "Succeeded", "TrainingFinished")]
+    late_kill = Landing("driver-killed", "step", [1], MAX_STEPS, "between checkpoints", 30.0)
+    assert outcomes_allowed(finished, [late_kill]) == []
+    early_kill = Landing("driver-killed", "step", [1], MAX_STEPS - 5, "between checkpoints", 30.0)
+    assert outcomes_allowed(finished, [early_kill]), "a driver killed mid-training must count a failure"
+    late_notice = Landing("spot-notice", "step", [1], MAX_STEPS - 5, "between checkpoints", 30.0)
+    assert outcomes_allowed(finished, [late_notice]) == [], "the last interval may finish before the drain"
+
+
 def test_an_attempt_no_run_fault_hit_may_only_finish_or_be_interrupted_by_a_cluster_fault() -> None:
     preempted = [attempt(1, "Preempted", "NodeLost"), attempt(2, "Succeeded", "TrainingFinished")]
     assert outcomes_allowed(preempted, [landing("s3-silent", [1])]), "an S3 outage is never a preemption"
