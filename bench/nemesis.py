@@ -89,6 +89,7 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.uris import parse_uri
+from spotray.local import EventCursor
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
 from spotray.train.hf.data import trained_batches
 from spotray.train.storage.local_s3 import LocalS3Server, free_ports
@@ -164,6 +165,7 @@ class Landing:
     seconds: float  # since the trial began
     detail: str = ""
     missed: bool = False  # nothing to hit (the attempt had ended): it counts for nothing
+    reached: int = -1  # the newest step once the fault had acted (a RayJob's deletion takes seconds)
 
 
 def draw_faults(rng: random.Random, lead: str | None = None) -> list[Fault]:
@@ -221,7 +223,10 @@ class Controller:
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                 preexec_fn=tb._die_with_parent,  # noqa: PLW1509 - only prctl
             )  # fmt: skip
-        tb.wait_until("the controller's /healthz", self.healthy, timeout=90, interval=0.5)
+        try:
+            tb.wait_until("the controller's /healthz", self.healthy, timeout=90, interval=0.5)
+        except TimeoutError:  # kept running: the liveness probe restarts it if it never gets there
+            print("[nemesis] the controller is not healthy 90 s after its start", flush=True)
         if not self._prober.is_alive():
             self._prober.start()
 
@@ -268,9 +273,6 @@ class Controller:
                     self.start()
                     self.liveness_restarts += 1
                     failures = 0
-
-    def log_tail(self, lines: int = 80) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
 # ------------------------------------------------------------------------------- Ray heads
@@ -688,7 +690,7 @@ class Trial:
         self.rayjob_uids: dict[str, set[str]] = {}
         self.appeared: dict[int, float] = {}  # attempt -> when its RayJob was first seen
         self.events = self.dir / "events.jsonl"
-        self.offset = 0
+        self.cursor = EventCursor(self.events)
         self.step = 0  # the newest step the job reported
         self.saved: list[int] = []  # checkpoint saves since the last landing
         self.job_attempt = 0  # the attempt the job's newest worker group belongs to
@@ -789,7 +791,7 @@ class Trial:
             self.notes.append(f"the Ray head of attempt {newest} died by itself at {now:.0f} s; another was started")
 
     def _read_events(self) -> None:
-        for event in self._new_events():
+        for event in self.cursor.new_events():
             if event["event"] == "step":
                 self.step = int(event["step"])
             elif event["event"] == "checkpoint_saved":
@@ -797,21 +799,6 @@ class Trial:
             elif event["event"] == "start":  # a worker group began: from its resume point on
                 self.job_attempt = int(event.get("attempt") or 0)
                 self.step = int(event.get("resumed_from") or 0)
-
-    def _new_events(self) -> list[dict[str, Any]]:
-        try:
-            with self.events.open("rb") as handle:
-                handle.seek(self.offset)
-                chunk = handle.read()
-        except FileNotFoundError:
-            return []
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        found = []
-        for line in complete.splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                found.append(json.loads(line))
-        return found
 
     def _due(self, fault: Fault, now: float) -> bool:
         if fault.trigger == "step":
@@ -870,6 +857,7 @@ class Trial:
             for pid in drivers[:1]:
                 os.kill(pid, signal.SIGTERM)
             landing.missed = not drivers
+        landing.reached = self.step
         return landing
 
 
@@ -959,7 +947,7 @@ def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing]) ->
         number, pair = int(attempt["attempt"]), (attempt.get("outcome"), attempt.get("reason"))
         hit = by_attempt.get(number)
         allowed = {INTERRUPTED} if cluster_faults else set()
-        if hit is None or hit.step >= late_from(hit.kind):  # late: the job may have finished first
+        if hit is None or max(hit.step, hit.reached) >= late_from(hit.kind):  # the job may have finished first
             allowed.add(SUCCEEDED_)
         if hit is not None:
             allowed |= set(KINDS[hit.kind].judged)

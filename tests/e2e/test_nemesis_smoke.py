@@ -32,6 +32,8 @@ def test_a_nemesis_trial_keeps_every_promise(testbed: tb.Testbed, s3_server: Loc
     try:
         with Campaign(testbed, s3_server, namespace, tmp_path, warm_heads=2).running() as campaign:
             result = run_trial(campaign, 1, 1001, SMOKE)
+            # The checker's count of creations reads the audit log: it must see them to catch a second one.
+            created = campaign.rayjob_creations("t1")
     finally:
         testbed.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     print_result(result)
@@ -40,3 +42,4 @@ def test_a_nemesis_trial_keeps_every_promise(testbed: tb.Testbed, s3_server: Loc
     # Deleting a RayJob stops its Ray job: a driver quick enough for its emergency checkpoint records a notice.
     assert result.attempts[0] in ("1 Interrupted/RayJobGone", "1 Preempted/SpotNotice")
     assert result.attempts[1:] == ["2 Succeeded/TrainingFinished"]
+    assert created == {"t1-a1": 1, "t1-a2": 1}
