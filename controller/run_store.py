@@ -331,9 +331,24 @@ class StoreReports:
 
 
 def progress_status(progress: AttemptProgress | None) -> tuple[Progress | None, int | None]:
-    """(status.progress, the step the attempt resumed from) from the attempt's progress object."""
-    if progress is None or progress.last_step is None:
-        return None, progress.resumed_from if progress else None
+    """(status.progress, the step the attempt resumed from) from the attempt's progress object.
+
+    An attempt that resumed and has not logged a step yet is at its resume point: that, not the
+    previous attempt's last report, which can be steps behind (its last write before it was cut
+    short) or ahead (the steps lost with it). One that resumed at the last step finishes with none.
+    """
+    if progress is None:
+        return None, None
+    if progress.last_step is None:
+        if progress.resumed_from is None:
+            return None, None
+        started = progress.started or progress.updated
+        at_resume = Progress(
+            step=progress.resumed_from,
+            total_steps=progress.max_steps,
+            update_time=timestamp(datetime.fromtimestamp(started, UTC)) if started else None,
+        )
+        return at_resume, progress.resumed_from
     speed = progress.steps_per_second()
     status = Progress(
         step=progress.last_step,
