@@ -164,9 +164,13 @@ class ProgressWriter:
         self._dirty = threading.Event()  # points not written yet
         self._hurry = threading.Event()  # a flush: do not wait out the interval
         self._written = threading.Condition(self._lock)
-        self._generation = 0  # snapshots taken; a flush waits for the one it asked for
+        # Snapshots taken; a flush waits for the one it asked for. The first is the attempt as it
+        # begins (its resume point, its target): an attempt that resumed at the last step logs no
+        # step, and without it the run's status kept the previous attempt's last report.
+        self._generation = 1
         self._writes_done = 0
         self._closed = False
+        self._dirty.set()
         self._thread = threading.Thread(target=self._run, name="spotray-progress", daemon=True)
         self._thread.start()
 
