@@ -116,6 +116,14 @@ SUCCEEDED_ = ("Succeeded", "TrainingFinished")
 INTERRUPTED = ("Interrupted", "InfrastructureFault")
 
 
+# Every process the test bed starts dies with the thread that started it (its PR_SET_PDEATHSIG
+# follows the parent thread, not the process). A fault's own thread ends with the fault, and a
+# campaign ends before the test bed it borrowed (the e2e smoke shares the session's): so the API
+# server, the operator and the controller are (re)started from this thread, which lives as long as
+# the process. It was once the campaign's own, and the API server it restarted died with it.
+STARTER = ThreadPoolExecutor(1, thread_name_prefix="nemesis-starter")
+
+
 @dataclass(frozen=True)
 class KindOfFault:
     scope: str  # "cluster": whatever runs at the moment; "run": the attempt it lands on
@@ -373,10 +381,7 @@ class Campaign:
         self.proxy = FaultProxy(s3.port)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
         self.heads_lock = threading.Lock()
-        # Every process the campaign starts dies with the thread that started it (the test bed's
-        # PR_SET_PDEATHSIG follows the parent thread, not the process): a fault's own thread ends
-        # with the fault, so processes are started from these two, which live as long as the campaign.
-        self.starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-starter")
+        self.starter = STARTER
         pod_env = {**s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
                    "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
         self.ray_heads = RayHeads(workdir / "ray", pod_env, warm_heads)
@@ -409,7 +414,6 @@ class Campaign:
                 self.controller.stop()
             self.ray_heads.stop()
             self.proxy.stop()
-            self.starter.shutdown()
             self.bed.kubectl("delete", "clusterrolebinding", f"nemesis-{self.namespace}", check=False)
 
     def in_starter(self, start: Callable[..., Any], *args: Any) -> Any:
