@@ -599,10 +599,7 @@ class Campaign:
         head = self.heads.get((run, attempt))
         if not job_id or head is None or head.temp_dir is None:  # None: not yet given one
             return []
-        log = head.temp_dir / "session_latest" / "logs" / f"job-driver-{job_id}.log"
-        if not log.exists():
-            return []
-        return [pid for pid in tb.processes_using(log.resolve()) if not tb._cmdline(pid).startswith("ray::")]
+        return head.job_pids(job_id)
 
     def lose_node(
         self, run: str, attempt: int, controller_down: bool, rng: random.Random

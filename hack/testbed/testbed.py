@@ -984,12 +984,16 @@ class RayHead:
         The entrypoint (and every process it starts) holds the job's driver log open, which is
         how it is found. For a RayJob the submission id is `status.jobId`. Returns the pids killed.
         """
+        pids = self.job_pids(submission_id)
+        kill_pids(pids)
+        return pids
+
+    def job_pids(self, submission_id: str) -> list[int]:
+        """The pids of a Ray job's entrypoint and every process it starts (they hold its driver log open)."""
         assert self.temp_dir is not None, "the Ray head is not running"
         log = self.temp_dir / "session_latest" / "logs" / f"job-driver-{submission_id}.log"
         # Only the entrypoint's processes: Ray's own (titled "ray::...") may have the log open too.
-        pids = [pid for pid in processes_using(log.resolve()) if not _cmdline(pid).startswith("ray::")]
-        kill_pids(pids)
-        return pids
+        return [pid for pid in processes_using(log.resolve()) if not _cmdline(pid).startswith("ray::")]
 
     def _jobs_api_up(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
