@@ -194,7 +194,9 @@ def draw_faults(rng: random.Random, lead: str | None = None) -> list[Fault]:
         else:
             value = round(rng.uniform(0, 20), 1)
         faults.append(Fault(kind, trigger, value))
-    return faults
+    # In firing order, start-up faults first: one drawn second would wait for an attempt begun after
+    # the first fault fired, and most faults start none.
+    return sorted(faults, key=lambda f: (f.trigger != "start", f.value))
 
 
 # ------------------------------------------------------------------------------- the controller
@@ -538,11 +540,24 @@ class Campaign:
         return list(json.loads(out.stdout)["items"]) if out.returncode == 0 else []
 
     def job_id(self, run: str, attempt: int) -> str:
-        out = self.bed.kubectl(
-            "get", "rayjob", rayjob_name(run, attempt), "-n", self.namespace, "-o", "jsonpath={.status.jobId}",
-            check=False,
-        )  # fmt: skip
-        return out.stdout.strip() if out.returncode == 0 else ""
+        """The Ray job id of the attempt's RayJob; "" when it has none or is gone.
+
+        Read, never guessed from an error: an API server just restarted refuses or does not serve
+        the RayJob kind yet for a few seconds, and a fault judged "missed" on that would be wrong.
+        """
+        deadline = time.monotonic() + 60
+        while True:
+            out = self.bed.kubectl(
+                "get", "rayjob", rayjob_name(run, attempt), "-n", self.namespace, "-o", "jsonpath={.status.jobId}",
+                check=False,
+            )  # fmt: skip
+            if out.returncode == 0:
+                return out.stdout.strip()
+            if "(NotFound)" in out.stderr:
+                return ""
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the RayJob {rayjob_name(run, attempt)} unreadable for 60 s: {out.stderr.strip()}")
+            time.sleep(1)
 
     # -- each attempt's Ray cluster: a real Ray head per RayCluster ------------------------------
 
@@ -683,7 +698,7 @@ class Trial:
 
     def __init__(self, campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> None:
         self.campaign, self.number, self.seed = campaign, number, seed
-        self.faults = sorted(faults, key=lambda f: (f.trigger != "start", f.value))
+        self.faults = faults  # fired in this order, each once the one before it has landed
         self.name = f"t{number}"
         self.dir = campaign.workdir / self.name
         self.rng = random.Random(seed)
@@ -698,7 +713,7 @@ class Trial:
         self.landings: list[Landing] = []
         self.in_flight: threading.Thread | None = None
         self.started = 0.0
-        self.since = 0.0  # when the last fault finished (triggers count from there)
+        self.since = 0.0  # when the last fault fired: a start trigger waits for an attempt begun after it
         self.notes: list[str] = []
 
     def manifest(self) -> dict[str, Any]:
@@ -738,7 +753,7 @@ class Trial:
             self._read_events()
             idle = self.in_flight is None or not self.in_flight.is_alive()
             if idle and self.in_flight is not None:
-                self.in_flight, self.since, self.saved = None, time.monotonic() - self.started, []
+                self.in_flight, self.saved = None, []
             if idle and pending and self._due(pending[0], now):
                 self._fire(pending.pop(0), now)
             ended = self._last_status().get("phase") in TERMINAL_PHASES
@@ -810,6 +825,8 @@ class Trial:
         return bool(fresh) and now >= min(fresh) + fault.value
 
     def _fire(self, fault: Fault, now: float) -> None:
+        self.since = now
+
         def inject() -> None:
             try:
                 self.landings.append(self._inject(fault, now))
@@ -845,10 +862,11 @@ class Trial:
             landing.missed = not node
         elif fault.kind == "rayjob-deleted":
             campaign.bed.kubectl(
-                "delete", "rayjob", rayjob_name(self.name, attempt), "-n", campaign.namespace, "--timeout=60s",
+                "delete", "rayjob", rayjob_name(self.name, attempt), "-n", campaign.namespace, "--wait=false",
                 check=False,
             )  # fmt: skip
-            # Its pods' processes go with it (kwok pods run nothing).
+            # Its pods' processes go with it, as KubeRay's finalizer tears its cluster down (kwok pods
+            # run nothing): at once, not once the finalizer is done, or the job trains on meanwhile.
             tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
         elif fault.kind == "driver-killed":
             tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
