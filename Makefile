@@ -69,6 +69,7 @@ chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/downloa
 	$(PY) -m bench.chaos --trials 200 --full-runs 20
 
 nemesis: setup testbed ## the controller in the loop: 200 trials on the kwok test bed, faults at random moments, a history checker (bench/nemesis.py)
+	rm -f bench/results/nemesis-trials.jsonl
 	$(PY) -m bench.nemesis --trials 200 --parallel 3
 
 test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)

@@ -76,7 +76,7 @@ import yaml
 from kubernetes import client, config
 
 from bench.chaos_runs import restarts
-from bench.common import machine_details, write_result
+from bench.common import RESULTS_DIR, machine_details, write_result
 from bench.fault_proxy import FaultProxy, fault
 from spotray.contract.names import (
     ATTEMPT_LABEL,
@@ -1022,9 +1022,15 @@ def print_result(result: TrialResult) -> None:
 
 
 def campaign_trials(
-    campaign: Campaign, trials: int, seed: int, parallel: int, kinds: list[str] | None = None
+    campaign: Campaign,
+    numbers: range,
+    seed: int,
+    parallel: int,
+    kinds: list[str] | None = None,
+    log: TrialLog | None = None,
 ) -> list[TrialResult]:
-    """The reference run, then ``trials`` trials, ``parallel`` at a time."""
+    """The reference run, then the trials ``numbers``, ``parallel`` at a time; each one's faults
+    depend on (seed, number) only, so a campaign split over several runs draws the same trials."""
     reference = run_trial(campaign, 0, seed, [])
     print_result(reference)
     if reference.problems:
@@ -1035,10 +1041,45 @@ def campaign_trials(
         lead = (kinds or list(KINDS))[(number - 1) % len(kinds or KINDS)]
         result = run_trial(campaign, number, seed * 100_003 + number, draw_faults(rng, lead))
         print_result(result)
+        if log is not None:
+            log.append(result)
         return result
 
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        return list(pool.map(one, range(1, trials + 1)))
+        return list(pool.map(one, numbers))
+
+
+class TrialLog:
+    """Every judged trial, one JSON line each, appended as it ends: a campaign longer than one sitting
+    (200 trials take hours) is run in parts (``--first``), and a part cut short keeps what it judged.
+    Each line names the commit it ran, so the summary says which code the trials tested."""
+
+    def __init__(self, path: Path, campaign_seed: int, parallel: int) -> None:
+        self.path, self.lock = path, threading.Lock()
+        self.stamp = {"commit": current_commit(), "campaign_seed": campaign_seed, "parallel": parallel}
+
+    def append(self, result: TrialResult) -> None:
+        line = json.dumps(asdict(result) | self.stamp, sort_keys=True)
+        with self.lock, self.path.open("a") as out:
+            out.write(line + "\n")
+
+    @staticmethod
+    def read(path: Path) -> tuple[list[TrialResult], list[dict[str, Any]]]:
+        """The results, and each line's stamp (commit, campaign seed, parallel)."""
+        results, stamps = [], []
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            stamps.append({key: record.pop(key) for key in ("commit", "campaign_seed", "parallel")})
+            record["faults"] = [Fault(**f) for f in record["faults"]]
+            record["landings"] = [Landing(**land) for land in record["landings"]]
+            results.append(TrialResult(**record))
+        return results, stamps
+
+
+def current_commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=False)
+    return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if out.returncode == 0 else "unknown"
 
 
 def summary(results: list[TrialResult]) -> dict[str, Any]:
@@ -1082,6 +1123,18 @@ def main() -> int:
     )
     parser.add_argument("--trials", type=int, default=200)
     parser.add_argument(
+        "--first", type=int, default=1, help="number of the first trial (to run a campaign in parts; see --log)"
+    )
+    parser.add_argument(
+        "--log",
+        type=Path,
+        default=RESULTS_DIR / "nemesis-trials.jsonl",
+        help="append each judged trial here; bench/results/nemesis.json summarizes every trial in it",
+    )
+    parser.add_argument(
+        "--summarize", action="store_true", help="run nothing: rewrite nemesis.json from the trials in --log"
+    )
+    parser.add_argument(
         "--parallel", type=int, default=1, help="trials at once (they share the cluster and its faults)"
     )
     parser.add_argument("--seed", type=int, default=1)
@@ -1095,31 +1148,48 @@ def main() -> int:
     for kind in kinds or []:
         if kind not in KINDS:
             parser.error(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotray-nemesis-"))
-    print(f"[nemesis] work directory (failed trials keep their logs here): {workdir}", flush=True)
-    started = time.monotonic()
-    with tb.Testbed(workdir / "testbed") as bed, LocalS3Server(workdir / "seaweedfs") as s3:
-        bed.kubectl("create", "namespace", "nemesis")
-        with Campaign(bed, s3, "nemesis", workdir, warm_heads=args.parallel + 1).running() as campaign:
-            results = campaign_trials(campaign, args.trials, args.seed, args.parallel, kinds)
-            liveness = campaign.controller.liveness_restarts if campaign.controller else 0
+    log = None if args.no_write else args.log
+    if not args.summarize:
+        ran = run_campaign(args, kinds, log)
+        if log is None:
+            return 0 if all(not r.problems for r in ran) else 1
+    if log is None or not log.exists():
+        parser.error(f"no trials to summarize: {log} does not exist")
+    results, stamps = TrialLog.read(log)
     details = summary(results) | {
-        "minutes": round((time.monotonic() - started) / 60, 1),
-        "parallel": args.parallel,
-        "seed": args.seed,
+        "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
+        "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
+        "campaign_seeds": sorted({stamp["campaign_seed"] for stamp in stamps}),
+        "parallel": sorted({stamp["parallel"] for stamp in stamps}),
         "max_steps": MAX_STEPS,
         "checkpoint_every": INTERVAL,
-        "liveness_restarts": liveness,
         "where": "kwok test bed: real kube-apiserver, etcd, KubeRay, the controller, a Ray head per attempt, SeaweedFS",
         "machine": machine_details(),
     }
     ratio = details["passes"] / max(1, details["trials"])
-    print(json.dumps({k: details[k] for k in ("trials", "passes", "windows", "fault_kinds")}, indent=2))
-    if not args.no_write:
-        command = " ".join(["python -m bench.nemesis", *sys.argv[1:]])
-        path = write_result("nemesis", ratio, ">= 1.0", "every trial keeps every promise", command, details)
-        print(f"[nemesis] wrote {path}")
+    print(json.dumps({k: details[k] for k in ("trials", "passes", "windows", "fault_kinds", "commits")}, indent=2))
+    command = " ".join(["python -m bench.nemesis", *sys.argv[1:]])
+    path = write_result("nemesis", ratio, ">= 1.0", "every trial keeps every promise", command, details)
+    print(f"[nemesis] wrote {path} ({details['trials']} trials in {log})")
     return 0 if ratio == 1.0 else 1
+
+
+def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | None) -> list[TrialResult]:
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotray-nemesis-"))
+    print(f"[nemesis] work directory (failed trials keep their logs here): {workdir}", flush=True)
+    started = time.monotonic()
+    trial_log = TrialLog(log, args.seed, args.parallel) if log is not None else None
+    numbers = range(args.first, args.first + args.trials)
+    with tb.Testbed(workdir / "testbed") as bed, LocalS3Server(workdir / "seaweedfs") as s3:
+        bed.kubectl("create", "namespace", "nemesis")
+        with Campaign(bed, s3, "nemesis", workdir, warm_heads=args.parallel + 1).running() as campaign:
+            results = campaign_trials(campaign, numbers, args.seed, args.parallel, kinds, trial_log)
+            liveness = campaign.controller.liveness_restarts if campaign.controller else 0
+    passed = sum(1 for r in results if not r.problems)
+    minutes = (time.monotonic() - started) / 60
+    print(f"[nemesis] trials {numbers.start}-{numbers.stop - 1}: {passed}/{len(results)} passed in {minutes:.1f} min, "
+          f"{liveness} liveness restarts of the controller", flush=True)  # fmt: skip
+    return results
 
 
 if __name__ == "__main__":

@@ -15,11 +15,23 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bench.fault_proxy import FaultProxy, fault
-from bench.nemesis import KINDS, MAX_STEPS, Landing, draw_faults, judged_once, outcomes_allowed
+from bench.nemesis import (
+    KINDS,
+    MAX_STEPS,
+    Fault,
+    Landing,
+    TrialLog,
+    TrialResult,
+    draw_faults,
+    judged_once,
+    outcomes_allowed,
+    summary,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -91,6 +103,24 @@ def test_faults_are_drawn_where_they_can_land() -> None:
                 assert 2 <= drawn.value < MAX_STEPS - 2
             if drawn.trigger == "upload":
                 assert drawn.value in (10, 20)
+
+
+def test_a_campaign_in_parts_is_summarized_from_its_trial_log_with_the_commit_of_each(tmp_path: Path) -> None:
+    log_path = tmp_path / "trials.jsonl"
+    failed_landing = Landing("s3-silent", "upload", [1], 20, "being written: checkpoint-20 (3 files, no manifest)", 9.0)
+    passed = TrialResult(1, 101, [Fault("node-lost", "step", 12)], [landing("node-lost", [1])], [], 150.0, ["1 x"])
+    failed = TrialResult(2, 102, [Fault("s3-silent", "upload", 20)], [failed_landing], ["lost a step"], 90.0)
+    TrialLog(log_path, campaign_seed=1, parallel=3).append(passed)
+    TrialLog(log_path, campaign_seed=1, parallel=1).append(failed)  # a second part, later
+
+    results, stamps = TrialLog.read(log_path)
+    assert results == [passed, failed]
+    assert [stamp["parallel"] for stamp in stamps] == [3, 1]
+    assert all(stamp["commit"] for stamp in stamps)
+    totals = summary(results)
+    assert (totals["trials"], totals["passes"]) == (2, 1)
+    assert totals["windows"] == {"between checkpoints": 1, "checkpoint being written": 1}
+    assert totals["failures"][0]["problems"] == ["lost a step"]
 
 
 class _Ok(http.server.BaseHTTPRequestHandler):
