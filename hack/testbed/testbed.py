@@ -772,6 +772,11 @@ class Testbed:
         self.bridge(namespace, name, address)
         return name
 
+    def default_ray_head(self) -> str | None:
+        """Where RayClusters without their own bridge entry go (None: nowhere)."""
+        default = json.loads(self.ray_heads_file.read_text()).get("default")
+        return str(default) if default is not None else None
+
     def set_default_ray_head(self, address: str | None) -> None:
         """Route every RayCluster without its own bridge entry to the Ray head at address."""
         heads = json.loads(self.ray_heads_file.read_text())

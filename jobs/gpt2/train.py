@@ -91,6 +91,25 @@ class Gpt2JobConfig(LoopConfig):
         True  # the loop waits only for a copy to host memory (train/checkpoints/async_checkpoint.py)
     )
     when_busy: str = "wait"  # a save while the previous one is still being written: "wait" or "skip"
+    min_step_seconds: float = 0.0  # a step lasts at least this long (see StepFloor)
+
+
+class StepFloor(TrainerCallback):
+    """Make each step last at least ``seconds``, by sleeping (no CPU spent).
+
+    A model small enough for a 2-core fault campaign trains a step in 10 ms, so a fault drawn for
+    step 5 can only land once training is over; paced like a real model's steps, it lands near its
+    step and the campaign samples every window of a run (bench/nemesis.py).
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.began = seconds, 0.0
+
+    def on_step_begin(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        self.began = time.monotonic()
+
+    def on_step_end(self, args: TrainingArguments, state: Any, control: Any, **kwargs: Any) -> None:
+        time.sleep(max(0.0, self.seconds - (time.monotonic() - self.began)))
 
 
 def build_model(config: Gpt2JobConfig) -> GPT2LMHeadModel:
@@ -245,6 +264,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     report = ProgressCallback(sync, events, progress)
     notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id)
     callbacks: list[TrainerCallback] = [sync, report, notice]
+    if config.min_step_seconds > 0:
+        callbacks.append(StepFloor(config.min_step_seconds))
     if spec.checkpoint.auto_interval:
         history = run_history(store, progress.progress) if progress is not None else None
         callbacks.append(AutoCheckpointInterval(spec.checkpoint, sync, history, progress))
@@ -289,6 +310,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         events_path=events_path(args),
         async_checkpoints=args.checkpoint_mode == "async",
         when_busy=args.when_busy,
+        min_step_seconds=args.min_step_seconds,
     )
 
 
@@ -318,7 +340,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="wait",
         help="async: a save that comes while the previous one is still being written waits for it, or is skipped",
     )
+    parser.add_argument(
+        "--min-step-seconds",
+        type=float,
+        default=0.0,
+        help="make each step last at least this long (a fault campaign's tiny model paced like a real one)",
+    )
     args = parser.parse_args(argv)
+    if args.min_step_seconds < 0:
+        parser.error("--min-step-seconds must be >= 0")
     for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
