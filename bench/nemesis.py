@@ -299,8 +299,11 @@ class RayHeads:
     dies with the thread that started it (PR_SET_PDEATHSIG follows the thread).
     """
 
-    def __init__(self, root: Path, pod_env: dict[str, str], warm: int) -> None:
+    def __init__(self, root: Path, pod_env: dict[str, str], warm: int, needed: int | None = None) -> None:
         self.root, self.pod_env, self.warm_target = root, pod_env, warm
+        # How many attempts will want one (None: no end in sight): none is started beyond that,
+        # but one that died is always replaced. On 2 cores a spare head's start-up slows the rest.
+        self.needed = needed
         self.warm: queue.Queue[tb.RayHead] = queue.Queue()  # up, not yet given to an attempt
         self.owned: list[tb.RayHead] = []  # every head not yet stopped, up or starting
         self.lock = threading.Lock()
@@ -321,8 +324,10 @@ class RayHeads:
         """A head that is up (one that died while it waited is stopped and replaced); another starts."""
         while True:
             head = self.warm.get(timeout=300)
-            self._start_one()
-            if self.alive(head):
+            alive = self.alive(head)
+            if not alive or self.needed is None or self.count < self.needed:
+                self._start_one()  # the next spare, or a replacement for a dead one
+            if alive:
                 return head
             print(f"[nemesis] a warm Ray head at {head.address} died; taking another", flush=True)
             self.release(head)
@@ -379,7 +384,15 @@ class RayHeads:
 class Campaign:
     """The test bed's parts every trial shares, and the faults acting on them."""
 
-    def __init__(self, bed: tb.Testbed, s3: LocalS3Server, namespace: str, workdir: Path, warm_heads: int = 1) -> None:
+    def __init__(
+        self,
+        bed: tb.Testbed,
+        s3: LocalS3Server,
+        namespace: str,
+        workdir: Path,
+        warm_heads: int = 1,
+        heads_needed: int | None = None,
+    ) -> None:
         self.bed, self.s3, self.namespace, self.workdir = bed, s3, namespace, workdir
         self.proxy = FaultProxy(s3.port)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
@@ -387,7 +400,7 @@ class Campaign:
         self.starter = STARTER
         pod_env = {**s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
                    "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
-        self.ray_heads = RayHeads(workdir / "ray", pod_env, warm_heads)
+        self.ray_heads = RayHeads(workdir / "ray", pod_env, warm_heads, heads_needed)
         self.cluster_lock = threading.Lock()  # cluster faults never overlap: each brings its part back
         self.api = config.new_client_from_config(str(bed.kubeconfig))
         self.custom = client.CustomObjectsApi(self.api)

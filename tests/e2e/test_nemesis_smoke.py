@@ -1,8 +1,8 @@
 """A smoke of the nemesis campaign (bench/nemesis.py, `make nemesis`) in make test: one trial with
 two fixed faults in two windows, judged by the campaign's own history checker.
 
-- attempt 1's RayJob deleted at step 5: judged from what it left (no record: Interrupted, nothing
-  spent), and attempt 2 (never 1 again) resumes;
+- attempt 1's RayJob deleted at step 14: judged from what it left (no record: Interrupted, nothing
+  spent), and attempt 2 (never 1 again) resumes from checkpoint-10 (or the emergency one);
 - the API server SIGKILLed 2 s into attempt 2's start-up, back a few seconds later: nothing is
   lost or added, and attempt 2 finishes.
 
@@ -26,14 +26,14 @@ from tests.e2e.conftest import tb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SMOKE = [Fault("rayjob-deleted", "step", 5), Fault("apiserver-kill", "start", 2.0)]
+SMOKE = [Fault("rayjob-deleted", "step", 14), Fault("apiserver-kill", "start", 2.0)]
 
 
 def test_a_nemesis_trial_keeps_every_promise(testbed: tb.Testbed, s3_server: LocalS3Server, tmp_path: Path) -> None:
     namespace = f"nemesis-smoke-{uuid.uuid4().hex[:6]}"
     testbed.kubectl("create", "namespace", namespace)
     try:
-        with Campaign(testbed, s3_server, namespace, tmp_path, warm_heads=2).running() as campaign:
+        with Campaign(testbed, s3_server, namespace, tmp_path, warm_heads=2, heads_needed=2).running() as campaign:
             result = run_trial(campaign, 1, 1001, SMOKE)
             # The checker's count of creations reads the audit log: it must see them to catch a second one.
             created = campaign.rayjob_creations("t1")
