@@ -416,9 +416,9 @@ class Campaign:
         # session's shared head) would take the job of an attempt not yet routed, where no fault
         # finds its driver: in make test the smoke's RayJob deletion then "missed" a running job.
         shared_head = self.bed.default_ray_head()
-        self.bed.set_default_ray_head(None)
         self.proxy.start()
         try:
+            self.bed.set_default_ray_head(None)  # given back in the finally, whatever fails
             self.s3.create_bucket(BUCKET)  # kept if there (a second campaign on one server)
             self.bed.kubectl("apply", "--server-side", "-f", str(CRD))
             self.bed.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
@@ -1076,9 +1076,11 @@ class TrialLog:
     (200 trials take hours) is run in parts (``--first``), and a part cut short keeps what it judged.
     Each line names the commit it ran, so the summary says which code the trials tested."""
 
+    STAMP = ("commit", "campaign_seed", "parallel")  # on every line, beside the trial's result
+
     def __init__(self, path: Path, campaign_seed: int, parallel: int) -> None:
         self.path, self.lock = path, threading.Lock()
-        self.stamp = {"commit": current_commit(), "campaign_seed": campaign_seed, "parallel": parallel}
+        self.stamp = dict(zip(self.STAMP, (current_commit(), campaign_seed, parallel), strict=True))
 
     def append(self, result: TrialResult) -> None:
         line = json.dumps(asdict(result) | self.stamp, sort_keys=True)
@@ -1091,7 +1093,7 @@ class TrialLog:
         results, stamps = [], []
         for line in path.read_text().splitlines():
             record = json.loads(line)
-            stamps.append({key: record.pop(key) for key in ("commit", "campaign_seed", "parallel")})
+            stamps.append({key: record.pop(key) for key in TrialLog.STAMP})
             record["faults"] = [Fault(**f) for f in record["faults"]]
             record["landings"] = [Landing(**land) for land in record["landings"]]
             results.append(TrialResult(**record))
@@ -1099,9 +1101,15 @@ class TrialLog:
 
 
 def current_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=False)
-    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, check=False)
-    return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "") if out.returncode == 0 else "unknown"
+    """HEAD's short hash, "+changes" when the tree differs from it; "unknown" outside a checkout."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if git("status", "--porcelain").stdout.strip() else "")
 
 
 def summary(results: list[TrialResult]) -> dict[str, Any]:
@@ -1170,13 +1178,15 @@ def main() -> int:
     for kind in kinds or []:
         if kind not in KINDS:
             parser.error(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
+    if args.summarize and args.no_write:
+        parser.error("--summarize writes nemesis.json: it cannot go with --no-write")
     log = None if args.no_write else args.log
     if not args.summarize:
         ran = run_campaign(args, kinds, log)
         if log is None:
             return 0 if all(not r.problems for r in ran) else 1
     if log is None or not log.exists():
-        parser.error(f"no trials to summarize: {log} does not exist")
+        parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
     results, stamps = TrialLog.read(log)
     details = summary(results) | {
         "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
