@@ -8,7 +8,9 @@ real Ray head on loopback for each attempt's RayCluster (started when its RayJob
 through the Ray bridge: a new cluster per attempt, as KubeRay makes), and a real S3 server
 (SeaweedFS) behind a fault proxy (bench/fault_proxy.py) that the controller and the jobs reach. The
 job is the real GPT-2 example (Ray Train, the Hugging Face Trainer, the S3 checkpoint callback),
-made small: ``MAX_STEPS`` steps, a checkpoint every ``INTERVAL``.
+made small and paced (``Pace``: ``CAMPAIGN_PACE.steps`` steps of at least ``step_seconds`` each, a
+checkpoint every ``every``), so that a trial's second fault still finds the job training after the
+first one, held for up to 45 s, is over.
 
 Faults (``KINDS``), one or two per trial, each fired at a drawn step, right after a drawn checkpoint
 save (its upload in flight), or a drawn number of seconds into an attempt's start-up:
@@ -99,10 +101,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 import testbed as tb  # noqa: E402 - hack/testbed, shared with `make cluster-up` and the e2e tests
 
-MAX_STEPS = 30
-INTERVAL = 10  # steps between checkpoints
 BATCH = 4
-STEP_SECONDS = 0.3  # each step at least this long: a fault drawn for a step lands near it, not after the run
 BUCKET = "nemesis"
 SECRET = "s3-credentials"  # noqa: S105 - the Secret's name, not a password
 ACCOUNT = "spotray-controller"
@@ -126,23 +125,55 @@ STARTER = ThreadPoolExecutor(1, thread_name_prefix="nemesis-starter")
 
 
 @dataclass(frozen=True)
+class Pace:
+    """How a trial's job trains, and where its faults may land."""
+
+    steps: int
+    every: int  # steps between checkpoints
+    # Each step at least this long (the job's --min-step-seconds): the tiny model trains a step in
+    # about 10 ms, so unpaced a fault drawn for a step lands after the run, and a second fault finds
+    # the job done once the first is over.
+    step_seconds: float
+
+    def steps_for(self, order: int, count: int) -> range:
+        """The steps where the ``order``-th of ``count`` faults may land: one anywhere before the last
+        two steps; of two, the first in the first third and the second from halfway on."""
+        late = self.steps - 2
+        if count == 1:
+            return range(2, late)
+        return range(2, self.steps // 3 + 1) if order == 0 else range(self.steps // 2, late)
+
+    def saves_for(self, order: int, count: int) -> list[int]:
+        """The checkpoint saves after which the ``order``-th of ``count`` faults may land."""
+        return [step for step in self.steps_for(order, count) if step % self.every == 0]
+
+
+# Two minutes of training: a first fault fired by step 20 (40 s in) and held for the longest 45 s
+# is over by step 43, before the second fault's last save (50) is due.
+CAMPAIGN_PACE = Pace(steps=60, every=10, step_seconds=2.0)
+
+
+@dataclass(frozen=True)
 class KindOfFault:
     scope: str  # "cluster": whatever runs at the moment; "run": the attempt it lands on
     judged: tuple[tuple[str, str], ...]  # (outcome, reason) the attempt it lands on may get
     text: str
+    held_s: tuple[float, float] = (0.0, 0.0)  # a cluster fault holds its part down this long (drawn between)
 
 
 KINDS: dict[str, KindOfFault] = {
-    "controller-kill": KindOfFault("cluster", (), "the controller SIGKILLed, started again 0-5 s later"),
-    "controller-pause": KindOfFault("cluster", (), "the controller SIGSTOPped 20-45 s (its timeouts are 5-15 s)"),
-    "apiserver-kill": KindOfFault("cluster", (), "kube-apiserver SIGKILLed, started again 2-10 s later"),
-    "apiserver-silent": KindOfFault(
-        "cluster", (), "kube-apiserver SIGSTOPped 10-30 s: connections accepted, no answer"
+    "controller-kill": KindOfFault("cluster", (), "the controller SIGKILLed, started again 0-5 s later", (0, 5)),
+    "controller-pause": KindOfFault(
+        "cluster", (), "the controller SIGSTOPped 20-45 s (its timeouts are 5-15 s)", (20, 45)
     ),
-    "s3-refuse": KindOfFault("cluster", (), "S3 refusing connections for 5-30 s"),
-    "s3-silent": KindOfFault("cluster", (), "S3 accepting and never answering for 5-30 s"),
-    "s3-500": KindOfFault("cluster", (), "S3 answering 500 InternalError for 5-30 s"),
-    "kuberay-restart": KindOfFault("cluster", (), "the KubeRay operator SIGKILLed, started again 0-5 s later"),
+    "apiserver-kill": KindOfFault("cluster", (), "kube-apiserver SIGKILLed, started again 2-10 s later", (2, 10)),
+    "apiserver-silent": KindOfFault(
+        "cluster", (), "kube-apiserver SIGSTOPped 10-30 s: connections accepted, no answer", (10, 30)
+    ),
+    "s3-refuse": KindOfFault("cluster", (), "S3 refusing connections for 5-30 s", (5, 30)),
+    "s3-silent": KindOfFault("cluster", (), "S3 accepting and never answering for 5-30 s", (5, 30)),
+    "s3-500": KindOfFault("cluster", (), "S3 answering 500 InternalError for 5-30 s", (5, 30)),
+    "kuberay-restart": KindOfFault("cluster", (), "the KubeRay operator SIGKILLed, started again 0-5 s later", (0, 5)),
     "node-lost": KindOfFault("run", (("Preempted", "NodeLost"),), "the attempt's spot node lost"),
     "node-lost-controller-down": KindOfFault(
         "run", (("Preempted", "NodeLost"),), "the spot node lost while the controller is down"
@@ -177,27 +208,29 @@ class Landing:
     reached: int = -1  # the newest step once the fault had acted (a RayJob's deletion takes seconds)
 
 
-def draw_faults(rng: random.Random, lead: str | None = None) -> list[Fault]:
-    """One or two faults (``lead`` among them), at distinct moments; a run fault acts on a running job,
-    so it fires at a step or after a save, and cluster faults also in an attempt's start-up."""
+def draw_faults(rng: random.Random, pace: Pace, lead: str | None = None) -> list[Fault]:
+    """One or two faults (``lead`` among them) in firing order, the second later in the run than the
+    first (``Pace.steps_for``). A run fault acts on a running job, so it fires at a step or after a
+    save; a cluster fault also into an attempt's start-up: the first attempt's, or, second, the one
+    the first fault's attempt made way for (every run fault ends its attempt; a cluster fault may not)."""
     count = rng.choice([1, 1, 2])
     kinds = [lead] if lead else []
     while len(kinds) < count:
         kinds.append(rng.choice(list(KINDS)))
-    faults = []
-    for kind in kinds:
-        triggers = ["step", "upload"] + (["start"] if KINDS[kind].scope == "cluster" else [])
+    rng.shuffle(kinds)
+    faults: list[Fault] = []
+    for order, kind in enumerate(kinds):
+        starts_one = order == 0 or KINDS[faults[0].kind].scope == "run"
+        triggers = ["step", "upload"] + (["start"] if KINDS[kind].scope == "cluster" and starts_one else [])
         trigger = rng.choice(triggers)
         if trigger == "step":
-            value: float = rng.randrange(2, MAX_STEPS - 2)
+            value: float = rng.choice(pace.steps_for(order, count))
         elif trigger == "upload":
-            value = rng.randrange(INTERVAL, MAX_STEPS, INTERVAL)
+            value = rng.choice(pace.saves_for(order, count))
         else:
             value = round(rng.uniform(0, 20), 1)
         faults.append(Fault(kind, trigger, value))
-    # In firing order, start-up faults first: one drawn second would wait for an attempt begun after
-    # the first fault fired, and most faults start none.
-    return sorted(faults, key=lambda f: (f.trigger != "start", f.value))
+    return faults
 
 
 # ------------------------------------------------------------------------------- the controller
@@ -392,8 +425,9 @@ class Campaign:
         workdir: Path,
         warm_heads: int = 1,
         heads_needed: int | None = None,
+        pace: Pace = CAMPAIGN_PACE,
     ) -> None:
-        self.bed, self.s3, self.namespace, self.workdir = bed, s3, namespace, workdir
+        self.bed, self.s3, self.namespace, self.workdir, self.pace = bed, s3, namespace, workdir, pace
         self.proxy = FaultProxy(s3.port)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
         self.heads_lock = threading.Lock()
@@ -524,32 +558,32 @@ class Campaign:
             if kind == "controller-kill":
                 with self.controller.lock:
                     self.controller.kill()
-                    time.sleep(down := rng.uniform(0, 5))
+                    time.sleep(down := rng.uniform(*KINDS[kind].held_s))
                     self.in_starter(self.controller.start)
                 return f"down {down:.1f} s"
             if kind == "controller-pause":
                 with self.controller.lock:
                     self.controller.pause()
-                time.sleep(down := rng.uniform(20, 45))
+                time.sleep(down := rng.uniform(*KINDS[kind].held_s))
                 with self.controller.lock:
                     self.controller.resume()
                 return f"stopped {down:.1f} s"
             if kind == "apiserver-kill":
-                self.in_starter(self.bed.restart_apiserver, down := rng.uniform(2, 10))
+                self.in_starter(self.bed.restart_apiserver, down := rng.uniform(*KINDS[kind].held_s))
                 return f"down {down:.1f} s"
             if kind == "apiserver-silent":
                 self.bed.pause("kube-apiserver")
                 try:
-                    time.sleep(down := rng.uniform(10, 30))
+                    time.sleep(down := rng.uniform(*KINDS[kind].held_s))
                 finally:
                     self.bed.resume("kube-apiserver")
                 return f"silent {down:.1f} s"
             if kind == "kuberay-restart":
-                self.in_starter(self.bed.restart, "ray-operator", down := rng.uniform(0, 5))
+                self.in_starter(self.bed.restart, "ray-operator", down := rng.uniform(*KINDS[kind].held_s))
                 return f"down {down:.1f} s"
             mode = {"s3-refuse": "refuse", "s3-silent": "silent", "s3-500": "error500"}[kind]
             with fault(self.proxy, mode):
-                time.sleep(down := rng.uniform(5, 30))
+                time.sleep(down := rng.uniform(*KINDS[kind].held_s))
             return f"{mode} {down:.1f} s"
 
     def attempt_pods(self, run: str, attempt: int) -> list[dict[str, Any]]:
@@ -739,16 +773,16 @@ class Trial:
     def manifest(self) -> dict[str, Any]:
         document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
         document["metadata"] = {"name": self.name}
-        spec = document["spec"]
+        spec, pace = document["spec"], self.campaign.pace
         spec["entrypoint"] = (
-            f"SPOTRAY_SAMPLE_LOG={self.dir / 'samples'} python -m spotray.jobs.gpt2 --max-steps {MAX_STEPS} "
-            f"--batch-size {BATCH} --n-layer 1 --n-embd 32 --min-step-seconds {STEP_SECONDS} "
+            f"SPOTRAY_SAMPLE_LOG={self.dir / 'samples'} python -m spotray.jobs.gpt2 --max-steps {pace.steps} "
+            f"--batch-size {BATCH} --n-layer 1 --n-embd 32 --min-step-seconds {pace.step_seconds} "
             f"--workdir {self.dir / 'job'} --events {self.events}"
         )
         spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi", "gpu": 0, "spot": True}
         spec["checkpoint"] = {
             "uri": self.campaign.run_uri(self.name),
-            "everySteps": INTERVAL,
+            "everySteps": pace.every,
             "keep": 3,
             "secretRef": SECRET,
         }
@@ -912,7 +946,8 @@ def judge(trial: Trial) -> list[str]:
         return [f"phase {final.get('phase')}: {final.get('message')}"]
     problems = []
     progress, last = final.get("progress") or {}, final.get("lastCheckpoint") or {}
-    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (MAX_STEPS, MAX_STEPS, MAX_STEPS):
+    steps = trial.campaign.pace.steps
+    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (steps, steps, steps):
         problems.append(
             f"progress {progress.get('step')}/{progress.get('totalSteps')}, last checkpoint {last.get('step')}"
         )
@@ -927,7 +962,7 @@ def judge(trial: Trial) -> list[str]:
     for name, count in trial.campaign.rayjob_creations(trial.name).items():
         if count > 1:
             problems.append(f"RayJob {name} created {count} times (audit log)")
-    problems += outcomes_allowed(attempts, trial.landings)
+    problems += outcomes_allowed(attempts, trial.landings, trial.campaign.pace)
     spent = (int(final.get("preemptions", 0)), int(final.get("failures", 0)))
     counted = (
         sum(a.get("outcome") == "Preempted" for a in attempts),
@@ -967,13 +1002,13 @@ def judged_once(history: list[tuple[float, dict[str, Any]]]) -> list[str]:
     return problems
 
 
-def late_from(kind: str) -> int:
+def late_from(kind: str, pace: Pace) -> int:
     """From this step on a run fault may find the job already finished: at the last step, or for a
     notice within the last interval, where the steps left can take less time than the drain."""
-    return MAX_STEPS - INTERVAL if kind == "spot-notice" else MAX_STEPS
+    return pace.steps - pace.every if kind == "spot-notice" else pace.steps
 
 
-def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing]) -> list[str]:
+def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing], pace: Pace) -> list[str]:
     """Each attempt's outcome is one that what hit it allows: a run fault's own, or (no run fault)
     finished, or interrupted by an infrastructure fault, which spends nothing."""
     cluster_faults = any(KINDS[land.kind].scope == "cluster" and not land.missed for land in landings)
@@ -988,7 +1023,7 @@ def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing]) ->
         number, pair = int(attempt["attempt"]), (attempt.get("outcome"), attempt.get("reason"))
         hit = by_attempt.get(number)
         allowed = {INTERRUPTED} if cluster_faults else set()
-        if hit is None or max(hit.step, hit.reached) >= late_from(hit.kind):  # the job may have finished first
+        if hit is None or max(hit.step, hit.reached) >= late_from(hit.kind, pace):  # the job may have finished first
             allowed.add(SUCCEEDED_)
         if hit is not None:
             allowed |= set(KINDS[hit.kind].judged)
@@ -1061,7 +1096,8 @@ def campaign_trials(
     def one(number: int) -> TrialResult:
         rng = random.Random(seed * 100_003 + number)
         lead = (kinds or list(KINDS))[(number - 1) % len(kinds or KINDS)]
-        result = run_trial(campaign, number, seed * 100_003 + number, draw_faults(rng, lead))
+        faults = draw_faults(rng, campaign.pace, lead)
+        result = run_trial(campaign, number, seed * 100_003 + number, faults)
         print_result(result)
         if log is not None:
             log.append(result)
@@ -1193,8 +1229,7 @@ def main() -> int:
         "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
         "campaign_seeds": sorted({stamp["campaign_seed"] for stamp in stamps}),
         "parallel": sorted({stamp["parallel"] for stamp in stamps}),
-        "max_steps": MAX_STEPS,
-        "checkpoint_every": INTERVAL,
+        "pace": asdict(CAMPAIGN_PACE),
         "where": "kwok test bed: real kube-apiserver, etcd, KubeRay, the controller, a Ray head per attempt, SeaweedFS",
         "machine": machine_details(),
     }

@@ -20,20 +20,23 @@ from pathlib import Path
 
 import pytest
 
-from bench.nemesis import Campaign, Fault, print_result, run_trial
+from bench.nemesis import Campaign, Fault, Pace, print_result, run_trial
 from spotray.train.storage.local_s3 import LocalS3Server
 from tests.e2e.conftest import tb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMOKE = [Fault("rayjob-deleted", "step", 14), Fault("apiserver-kill", "start", 2.0)]
+# Shorter than the campaign's pace: these two faults are short, and a smoke's minutes count in make test.
+SMOKE_PACE = Pace(steps=30, every=10, step_seconds=0.3)
 
 
 def test_a_nemesis_trial_keeps_every_promise(testbed: tb.Testbed, s3_server: LocalS3Server, tmp_path: Path) -> None:
     namespace = f"nemesis-smoke-{uuid.uuid4().hex[:6]}"
     testbed.kubectl("create", "namespace", namespace)
     try:
-        with Campaign(testbed, s3_server, namespace, tmp_path, warm_heads=2, heads_needed=2).running() as campaign:
+        campaign = Campaign(testbed, s3_server, namespace, tmp_path, warm_heads=2, heads_needed=2, pace=SMOKE_PACE)
+        with campaign.running():
             result = run_trial(campaign, 1, 1001, SMOKE)
             # The checker's count of creations reads the audit log: it must see them to catch a second one.
             created = campaign.rayjob_creations("t1")

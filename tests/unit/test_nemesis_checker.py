@@ -21,8 +21,8 @@ import pytest
 
 from bench.fault_proxy import FaultProxy, fault
 from bench.nemesis import (
+    CAMPAIGN_PACE,
     KINDS,
-    MAX_STEPS,
     Fault,
     Landing,
     TrialLog,
@@ -56,53 +56,76 @@ def test_an_outcome_that_changes_or_a_budget_that_goes_down_is_caught() -> None:
     assert judged_once(history[:2]) == []
 
 
+PACE = CAMPAIGN_PACE
+LAST = PACE.steps
+
+
 def test_a_run_fault_allows_only_its_own_outcome_on_the_attempt_it_hit() -> None:
     hit = [landing("node-lost", [1])]
     good = [attempt(1, "Preempted", "NodeLost"), attempt(2, "Succeeded", "TrainingFinished")]
-    assert outcomes_allowed(good, hit) == []
+    assert outcomes_allowed(good, hit, PACE) == []
     counted_as_failure = [attempt(1, "Failed", "TrainingFailed"), attempt(2, "Succeeded", "TrainingFinished")]
-    assert "attempt 1 judged Failed/TrainingFailed" in outcomes_allowed(counted_as_failure, hit)[0]
+    assert "attempt 1 judged Failed/TrainingFailed" in outcomes_allowed(counted_as_failure, hit, PACE)[0]
 
 
 def test_a_fault_that_reached_a_finished_job_may_leave_the_attempt_succeeded() -> None:
     finished = [attempt(1, "Succeeded", "TrainingFinished")]
-    late_kill = Landing("driver-killed", "step", [1], MAX_STEPS, "between checkpoints", 30.0)
-    assert outcomes_allowed(finished, [late_kill]) == []
-    early_kill = Landing("driver-killed", "step", [1], MAX_STEPS - 5, "between checkpoints", 30.0)
-    assert outcomes_allowed(finished, [early_kill]), "a driver killed mid-training must count a failure"
-    late_notice = Landing("spot-notice", "step", [1], MAX_STEPS - 5, "between checkpoints", 30.0)
-    assert outcomes_allowed(finished, [late_notice]) == [], "the last interval may finish before the drain"
+    late_kill = Landing("driver-killed", "step", [1], LAST, "between checkpoints", 30.0)
+    assert outcomes_allowed(finished, [late_kill], PACE) == []
+    early_kill = Landing("driver-killed", "step", [1], LAST - 5, "between checkpoints", 30.0)
+    assert outcomes_allowed(finished, [early_kill], PACE), "a driver killed mid-training must count a failure"
+    late_notice = Landing("spot-notice", "step", [1], LAST - 5, "between checkpoints", 30.0)
+    assert outcomes_allowed(finished, [late_notice], PACE) == [], "the last interval may finish before the drain"
 
 
 def test_an_attempt_no_run_fault_hit_may_only_finish_or_be_interrupted_by_a_cluster_fault() -> None:
     preempted = [attempt(1, "Preempted", "NodeLost"), attempt(2, "Succeeded", "TrainingFinished")]
-    assert outcomes_allowed(preempted, [landing("s3-silent", [1])]), "an S3 outage is never a preemption"
+    assert outcomes_allowed(preempted, [landing("s3-silent", [1])], PACE), "an S3 outage is never a preemption"
     interrupted = [attempt(1, "Interrupted", "InfrastructureFault"), attempt(2, "Succeeded", "TrainingFinished")]
-    assert outcomes_allowed(interrupted, [landing("s3-silent", [1])]) == []
-    assert outcomes_allowed(interrupted, []), "interrupted with no fault at all"
+    assert outcomes_allowed(interrupted, [landing("s3-silent", [1])], PACE) == []
+    assert outcomes_allowed(interrupted, [], PACE), "interrupted with no fault at all"
     # A fault that missed (the job had ended) excuses nothing.
-    assert outcomes_allowed(preempted, [landing("node-lost", [1], missed=True)])
+    assert outcomes_allowed(preempted, [landing("node-lost", [1], missed=True)], PACE)
 
 
 def test_faults_are_drawn_where_they_can_land() -> None:
     rng = random.Random(3)
+    pairs = second_starts = 0
     for number in range(300):
         lead = list(KINDS)[number % len(KINDS)]
-        faults = draw_faults(rng, lead)
+        faults = draw_faults(rng, PACE, lead)
         assert 1 <= len(faults) <= 2
         assert lead in [drawn.kind for drawn in faults]
-        # Fired in this order: a start-up fault drawn after another would wait for an attempt that may never begin.
-        assert [drawn.trigger == "start" for drawn in faults] == sorted(
-            (drawn.trigger == "start" for drawn in faults), reverse=True
-        )
-        for drawn in faults:
+        for order, drawn in enumerate(faults):
             assert drawn.kind in KINDS
             if KINDS[drawn.kind].scope == "run":
                 assert drawn.trigger in ("step", "upload"), "a run fault acts on a running job"
             if drawn.trigger == "step":
-                assert 2 <= drawn.value < MAX_STEPS - 2
+                assert drawn.value in PACE.steps_for(order, len(faults))
+                assert 2 <= drawn.value < LAST - 2
             if drawn.trigger == "upload":
-                assert drawn.value in (10, 20)
+                assert drawn.value in PACE.saves_for(order, len(faults))
+            if drawn.trigger == "start" and order == 1:
+                # It waits for an attempt begun after the first fault: only a run fault surely makes one.
+                assert KINDS[faults[0].kind].scope == "run"
+                second_starts += 1
+        if len(faults) == 2:
+            pairs += 1
+            first, second = faults
+            if "start" not in (first.trigger, second.trigger):
+                assert first.value < second.value, "the second fault lands later in the run"
+    assert pairs > 50, "a third of the trials have two faults"
+    assert second_starts > 0, "a cluster fault in the start-up of the attempt a run fault made"
+
+
+def test_a_first_fault_held_longest_is_over_while_the_job_still_has_a_save_to_come() -> None:
+    """The flaw of the campaign's first part: 30 steps of 0.3 s were over inside a first fault held
+    20-45 s, and every second fault was "never due"."""
+    longest = max(kind.held_s[1] for kind in KINDS.values())
+    assert longest == 45, "the controller's pause"
+    coming_back = 10  # a stopped part answering again
+    first_fault_over = max(PACE.steps_for(0, 2)) * PACE.step_seconds + longest + coming_back
+    assert first_fault_over < max(PACE.saves_for(1, 2)) * PACE.step_seconds
 
 
 def test_a_campaign_in_parts_is_summarized_from_its_trial_log_with_the_commit_of_each(tmp_path: Path) -> None:
