@@ -796,25 +796,30 @@ class Trial:
         self.campaign.bed.apply(self.manifest(), namespace=self.campaign.namespace)
         pending = list(self.faults)
         problems: list[str] = []
-        next_poll = 0.0
-        while True:
-            now = time.monotonic() - self.started
-            if now > TRIAL_TIMEOUT_S:
-                problems.append(f"not ended after {TRIAL_TIMEOUT_S:.0f} s: {self._last_status().get('message')}")
-                break
-            if now >= next_poll:
-                self._observe(now)
-                next_poll = now + POLL_S
-            self._read_events()
-            idle = self.in_flight is None or not self.in_flight.is_alive()
-            if idle and self.in_flight is not None:
-                self.in_flight, self.saved = None, []
-            if idle and pending and self._due(pending[0], now):
-                self._fire(pending.pop(0), now)
-            ended = self._last_status().get("phase") in TERMINAL_PHASES
-            if ended and self.in_flight is None:
-                break
-            time.sleep(EVENTS_POLL_S)
+        # The API server is read in a thread of its own: its calls take a second or more under load,
+        # and a fault due right after a save must fire within EVENTS_POLL_S, while the upload runs.
+        done_observing = threading.Event()
+        observer = threading.Thread(target=self._observe_until, args=(done_observing,), name=f"{self.name}-observer")
+        observer.start()
+        try:
+            while True:
+                now = time.monotonic() - self.started
+                if now > TRIAL_TIMEOUT_S:
+                    problems.append(f"not ended after {TRIAL_TIMEOUT_S:.0f} s: {self._last_status().get('message')}")
+                    break
+                self._read_events()
+                idle = self.in_flight is None or not self.in_flight.is_alive()
+                if idle and self.in_flight is not None:
+                    self.in_flight, self.saved = None, []
+                if idle and pending and self._due(pending[0], now):
+                    self._fire(pending.pop(0), now)
+                ended = self._last_status().get("phase") in TERMINAL_PHASES
+                if ended and self.in_flight is None:
+                    break
+                time.sleep(EVENTS_POLL_S)
+        finally:
+            done_observing.set()
+            observer.join()
         self.campaign.stop_heads(self.name, list(self.appeared))
         for missed in pending:  # the run ended before its moment came
             why = f"never due: the job's newest step {self.step}, of attempt {self.job_attempt}"
@@ -840,6 +845,11 @@ class Trial:
 
     def _last_status(self) -> dict[str, Any]:
         return self.history[-1][1] if self.history else {}
+
+    def _observe_until(self, done: threading.Event) -> None:
+        while not done.is_set():
+            self._observe(time.monotonic() - self.started)
+            done.wait(POLL_S)
 
     def _observe(self, now: float) -> None:
         status = self.campaign.run_status(self.name)
@@ -877,7 +887,8 @@ class Trial:
             return self.step >= fault.value and self.job_attempt > 0
         if fault.trigger == "upload":
             return any(step >= fault.value for step in self.saved)
-        fresh = [at for at in self.appeared.values() if at >= self.since]  # an attempt begun since the last fault
+        # An attempt begun since the last fault (the observer thread adds to appeared: a copy, read at once).
+        fresh = [at for at in list(self.appeared.values()) if at >= self.since]
         return bool(fresh) and now >= min(fresh) + fault.value
 
     def _fire(self, fault: Fault, now: float) -> None:
