@@ -6,6 +6,7 @@ a developer running ``python -m spotray.controller`` against a test cluster sets
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import posixpath
@@ -57,6 +58,19 @@ def _directories_env(environ: dict[str, str], name: str) -> tuple[str, ...]:
             )
         directories.append(path)
     return tuple(directories)
+
+
+def _cidrs_env(environ: dict[str, str], name: str) -> tuple[str, ...]:
+    """A comma-separated list of CIDRs (an address alone is its /32 or /128), as NetworkPolicy ipBlocks take them."""
+    cidrs = []
+    for item in _list_env(environ, name):
+        try:
+            cidrs.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise SpotrayError(
+                f"{name} must list CIDRs, got {item!r}", f"list addresses or ranges in {name}, e.g. 192.0.2.10/32"
+            ) from None
+    return tuple(cidrs)
 
 
 def _int_env(environ: dict[str, str], name: str, default: int, minimum: int = 0) -> int:
@@ -138,6 +152,13 @@ class ControllerConfig:
     kuberay_peer: dict[str, Any] = field(
         default_factory=lambda: {"namespaceSelector": {}, "podSelector": {"matchLabels": KUBERAY_OPERATOR_LABELS}}
     )
+    # The operator's addresses when it runs outside the pod network (host network, or off-cluster),
+    # where no pod selector matches it: each an ipBlock peer beside ``kuberay_peer``.
+    kuberay_ip_blocks: tuple[str, ...] = ()
+    # Where a run's pods may connect besides their own run's pods and DNS, as NetworkPolicy egress
+    # rules (the chart's networkPolicy.runEgress, plus MinIO's S3 port when it runs MinIO); None:
+    # anywhere (the run's policy limits ingress only).
+    run_egress: list[dict[str, Any]] | None = None
 
     @property
     def s3_endpoints_allowed(self) -> tuple[str, ...]:
@@ -200,6 +221,8 @@ class ControllerConfig:
             read_nodes=_bool_env(env, "SPOTRAY_READ_NODES", defaults.read_nodes),
             run_network_policy=_bool_env(env, "SPOTRAY_RUN_NETWORK_POLICY", defaults.run_network_policy),
             kuberay_peer=_json_env(env, "SPOTRAY_KUBERAY_PEER", defaults.kuberay_peer, dict),
+            kuberay_ip_blocks=_cidrs_env(env, "SPOTRAY_KUBERAY_IP_BLOCKS"),
+            run_egress=_json_env(env, "SPOTRAY_RUN_EGRESS", None, list),
             run_checkpoint_keys=_bool_env(env, "SPOTRAY_RUN_CHECKPOINT_KEYS", defaults.run_checkpoint_keys),
             ray_token_auth=ray_token_auth,
         )

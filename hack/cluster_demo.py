@@ -260,7 +260,13 @@ def install_chart(testbed: tb.Testbed, *extra: str) -> dict[str, str]:
     subprocess.run([*helm, "install", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--wait", "--timeout", "10m",
                     *image_values(), "--set", "minio.enabled=true", "--set", f"s3.existingSecret={SECRET}",
                     "--set", f"controller.watchNamespaces={{{NAMESPACE}}}",
-                    "--set", "controller.reconcileIntervalSeconds=2", *extra],
+                    "--set", "controller.reconcileIntervalSeconds=2",
+                    # The nodes enforce NetworkPolicies; the KubeRay operator and this machine's S3
+                    # client (spotray pull) are on the host, outside the pod network. The fabric's
+                    # range: a Service's traffic from the host reaches another node masqueraded as
+                    # the node that routed it (kube-proxy), as a host-network operator's would.
+                    "--set", f"networkPolicy.kuberayIPBlocks={{{tb.real.FABRIC_PREFIX}.0/24}}",
+                    "--set", f"networkPolicy.minioIPBlocks={{{tb.real.FABRIC_PREFIX}.0/24}}", *extra],
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     minio = pods(testbed, SYSTEM_NAMESPACE, "app.kubernetes.io/component=minio")[0]
     return {"AWS_ENDPOINT_URL": f"http://{minio['status']['podIP']}:9000", "AWS_REGION": "us-east-1", **keys}

@@ -3,7 +3,8 @@
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
 #   the KubeRay operator (plus its CRDs), helm, and MinIO with its client mc;
 #   for real nodes: kubelet, kube-proxy, containerd (with its runc shim and ctr), CoreDNS, and a
-#   pause binary from Kubernetes' own pause.c. Images (base, pause, spotray) come from images.sh.
+#   pause binary from Kubernetes' own pause.c, and kube-network-policies (the NetworkPolicy agent).
+#   Images (base, pause, spotray) come from images.sh.
 # Each component lands in $TESTBED_CACHE/<component>-<version>/ and is skipped when present,
 # so a warm run takes well under a second. A cold run took 17 minutes on 2 busy cores.
 #
@@ -62,6 +63,7 @@ check_all() {
   need containerd "$CONTAINERD_VERSION" bin/containerd bin/containerd-shim-runc-v2 bin/ctr \
     && MISSING+=(containerd)
   need coredns "$COREDNS_VERSION" bin/coredns && MISSING+=(coredns)
+  need netpol "$KUBE_NETWORK_POLICIES_VERSION" bin/kube-network-policies && MISSING+=(netpol)
   return 0
 }
 
@@ -269,6 +271,16 @@ GO
   (cd "$src" && go mod tidy && "${NICE[@]}" go build -ldflags "-s -w" -o "$out/bin/coredns" .)
   rm -rf "$src"
   publish coredns "$COREDNS_VERSION"
+}
+
+# kube-network-policies, the NetworkPolicy agent of real nodes (hack/testbed/nodes.py runs it).
+build_netpol() {
+  local out
+  out="$(staging_dir netpol "$KUBE_NETWORK_POLICIES_VERSION")"
+  GOBIN="$out/bin" "${NICE[@]}" go install -ldflags "-s -w" \
+    "sigs.k8s.io/kube-network-policies/cmd@$KUBE_NETWORK_POLICIES_VERSION"
+  mv "$out/bin/cmd" "$out/bin/kube-network-policies"
+  publish netpol "$KUBE_NETWORK_POLICIES_VERSION"
 }
 
 check_all

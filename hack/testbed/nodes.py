@@ -29,11 +29,13 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,13 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Debian's containernetworking-plugins (bridge, host-local, portmap, loopback).
 CNI_BIN = "/usr/lib/cni"
+# The NetworkPolicy agent (kube-network-policies) judges the first packet of each connection to or
+# from a pod in userspace, from this NFQUEUE; see network_policy_rules().
+NETWORK_POLICY_QUEUE = 100
+NETWORK_POLICY_CHAIN = "SPOTRAY-NETPOL"
+# Where an in-cluster client reads its ServiceAccount token and CA (client-go's InClusterConfig; the
+# agent takes no kubeconfig). In a node's mount namespace /run is its own tmpfs.
+SERVICE_ACCOUNT_DIR = Path("/run/secrets/kubernetes.io/serviceaccount")
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "spotray" / "testbed"))
 
@@ -402,6 +411,37 @@ def kube_proxy_config(node: RealNode, kubeconfig: Path) -> dict[str, Any]:
     }
 
 
+def network_policy_rules(pod_supernet: str, queue: int = NETWORK_POLICY_QUEUE) -> list[list[str]]:
+    """iptables arguments that hand the agent each new connection to or from a pod, in the node's namespace.
+
+    kube-network-policies writes its own nft table in one transaction whose rules end in the nft
+    `queue` expression, which this kernel lacks (CONFIG_NFT_QUEUE is not set and modules cannot be
+    loaded): the whole table fails and the agent runs enforcing nothing. The xt NFQUEUE target
+    works (through nft_compat), so these rules queue the same packets its table would, where its
+    chain sits: mangle POSTROUTING, after a Service's DNAT, for routed and (br_netfilter) bridged
+    traffic alike. Replies ride on their connection. What the node itself sends, such as the
+    kubelet's probes, is not judged, as Cilium and Calico admit the local host. No --queue-bypass:
+    with the agent gone, pods' new connections fail instead of passing unjudged (and the node stops).
+    """
+    chain, mangle = NETWORK_POLICY_CHAIN, ["-w", "-t", "mangle"]
+    to_queue = ["-j", "NFQUEUE", "--queue-num", str(queue)]
+    return [
+        [*mangle, "-N", chain],
+        [*mangle, "-A", chain, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"],
+        [*mangle, "-A", chain, "-m", "addrtype", "--src-type", "LOCAL", "-j", "RETURN"],
+        [*mangle, "-A", chain, "-d", pod_supernet, *to_queue],
+        [*mangle, "-A", chain, "-s", pod_supernet, *to_queue],
+        [*mangle, "-A", "POSTROUTING", "-j", chain],
+    ]
+
+
+def queue_bound(queue: int = NETWORK_POLICY_QUEUE, table: Path = Path("/proc/net/netfilter/nfnetlink_queue")) -> bool:
+    """Whether a process listens on NFQUEUE ``queue`` in this network namespace."""
+    with contextlib.suppress(FileNotFoundError):
+        return any(line.split()[:1] == [str(queue)] for line in table.read_text().splitlines())
+    return False
+
+
 def corefile(kubeconfig: Path) -> str:
     return f"""\
 {CLUSTER_DOMAIN}:53 in-addr.arpa:53 {{
@@ -444,6 +484,17 @@ def accepts_connections(socket_path: Path) -> bool:
             probe.connect(str(socket_path))
         except OSError:
             return False
+    return True
+
+
+def started(name: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool], timeout: float = 60) -> bool:
+    """Wait until ``ready()``; False (and why, for the node's log) if ``proc`` exits or time runs out first."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            print(f"{name} did not start in {timeout:.0f} s; see {name}.log", flush=True)
+            return False
+        time.sleep(0.1)
     return True
 
 
@@ -494,13 +545,19 @@ def node_main(config_path: Path) -> None:
     for stale in (socket_path, ttrpc_socket):
         stale.unlink(missing_ok=True)
     spawn("containerd", [config["containerd"], "--config", str(node_dir / "containerd.toml")], env={"PATH": path})
-    deadline = time.monotonic() + 60
-    while not accepts_connections(socket_path):
-        if procs["containerd"].poll() is not None or time.monotonic() > deadline:
-            print("containerd did not start; see containerd.log", flush=True)
-            stop()
-        time.sleep(0.1)
+    if not started("containerd", procs["containerd"], lambda: accepts_connections(socket_path)):
+        stop()
     import_images(config["ctr"], socket_path, Path(config["containerd_root"]), config["images"])
+    agent = config.get("network_policy_agent")
+    if agent:  # before the kubelet: no pod starts on a node that does not yet enforce policies
+        SERVICE_ACCOUNT_DIR.mkdir(parents=True)
+        shutil.copy(agent["token_file"], SERVICE_ACCOUNT_DIR / "token")
+        shutil.copy(agent["ca_file"], SERVICE_ACCOUNT_DIR / "ca.crt")
+        spawn("kube-network-policies", agent["argv"], env=agent["env"])
+        if not started("kube-network-policies", procs["kube-network-policies"], queue_bound):
+            stop()
+        for rule in network_policy_rules(agent["pod_supernet"]):
+            subprocess.run(["iptables", *rule], check=True)
     spawn("kubelet", config["kubelet_argv"])
     spawn("kube-proxy", config["kube_proxy_argv"])
     while all(p.poll() is None for p in procs.values()):
@@ -557,6 +614,28 @@ metadata: {name: spotray-testbed:coredns}
 roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: spotray-testbed:coredns}
 subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: system:coredns}]
 ---
+# The NetworkPolicy agent of every real node reads pods, namespaces and policies, nothing else.
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: kube-network-policies, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: spotray-testbed:kube-network-policies}
+rules:
+  - apiGroups: [""]
+    resources: [pods, namespaces]
+    verbs: [list, watch]
+  - apiGroups: [networking.k8s.io]
+    resources: [networkpolicies]
+    verbs: [list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: spotray-testbed:kube-network-policies}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: spotray-testbed:kube-network-policies}
+subjects: [{kind: ServiceAccount, name: kube-network-policies, namespace: kube-system}]
+---
 # The API server's own client certificate, for logs, exec and port-forward through the kubelets.
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRoleBinding
@@ -570,7 +649,7 @@ def testbed_binary(component: str, name: str) -> str:
     """A binary that hack/testbed/build.sh built, by component (versions.env names it)."""
     v = versions()
     version = {"kubenode": v["KUBERNETES_VERSION"], "containerd": v["CONTAINERD_VERSION"],
-               "coredns": v["COREDNS_VERSION"]}[component]  # fmt: skip
+               "coredns": v["COREDNS_VERSION"], "netpol": v["KUBE_NETWORK_POLICIES_VERSION"]}[component]  # fmt: skip
     path = CACHE / f"{component}-{version}" / "bin" / name
     if not path.exists():
         raise FileNotFoundError(f"{path} is missing: run make testbed")

@@ -605,6 +605,10 @@ class Testbed:
         (node_dir / "kubelet.yaml").write_text(yaml.safe_dump(real.kubelet_config(node, node_dir, ca)))
         (node_dir / "kube-proxy.yaml").write_text(yaml.safe_dump(real.kube_proxy_config(node, proxy_kubeconfig)))
         labels = ",".join(f"{k}={v}" for k, v in {**node.labels, "spotray.io/testbed-node": "real"}.items())
+        token_file = node_dir / "network-policy-agent.token"
+        token = self.kubectl("create", "token", "kube-network-policies", "-n", "kube-system", "--duration=24h")
+        token_file.touch(mode=0o600)
+        token_file.write_text(token.stdout.strip())
         config = {
             "node_dir": str(node_dir),
             "containerd": real.testbed_binary("containerd", "containerd"),
@@ -620,6 +624,22 @@ class Testbed:
             "kube_proxy_argv": [
                 real.testbed_binary("kubenode", "kube-proxy"), "--config", str(node_dir / "kube-proxy.yaml"),
             ],
+            # Enforces NetworkPolicies on the node's pods (nodes.network_policy_rules says how).
+            "network_policy_agent": {
+                "argv": [
+                    real.testbed_binary("netpol", "kube-network-policies"), "--hostname-override", node.name,
+                    "--nfqueue-id", str(real.NETWORK_POLICY_QUEUE),
+                    # Kernels from 6.12 on fixed the DNS race that workaround is for (this one is newer).
+                    "--netfilter-bug-1766-fix=false",
+                    # Pod addresses from the API server: containerd's NRI socket is not offered to it.
+                    "--disable-nri",
+                    "--metrics-bind-address", "127.0.0.1:9080",  # the node's own loopback
+                ],
+                "env": {"KUBERNETES_SERVICE_HOST": real.HOST_IP, "KUBERNETES_SERVICE_PORT": str(self.api_port)},
+                "token_file": str(token_file),
+                "ca_file": str(ca),
+                "pod_supernet": real.POD_SUPERNET,
+            },
         }  # fmt: skip
         (node_dir / "node.json").write_text(json.dumps(config, indent=2))
         real.prepare_cgroup_root(node.cgroup_root)

@@ -9,7 +9,9 @@ and the emergency checkpoint run in the container; then the VM: kubelet, contain
 stop, the Node is deleted); a new spot node joins, the next attempt resumes from the newest
 checkpoint, the run ends Succeeded, and `spotray pull` verifies the model from MinIO. All of it with
 Ray's token auth on (the chart's default): the head's dashboard refuses a caller without the
-cluster's token, and `spotray logs` reads the driver's log through a port-forward only with it.
+cluster's token, and `spotray logs` reads the driver's log through a port-forward only with it. And
+with NetworkPolicies enforced on the nodes (kube-network-policies): a pod of another namespace
+reaches neither the run's Ray ports nor MinIO, while the run trains and checkpoints through it all.
 Afterwards nothing of the nodes is left on the machine and its kernel settings are as before.
 """
 
@@ -126,6 +128,81 @@ def check_ray_token_auth(bed: tb.Testbed) -> None:
     assert asked.stdout.split() == ["401", "403", "200"], asked.stdout + asked.stderr
 
 
+# Run in a pod: a TCP connection to each host:port given, 3 s at most; prints "open", "timeout" or the error.
+CONNECT = """
+import socket, sys
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        print(target, "open")
+    except TimeoutError:
+        print(target, "timeout")
+    except OSError as error:
+        print(target, type(error).__name__)
+"""
+
+
+def connections(bed: tb.Testbed, namespace: str, pod: str, *targets: str) -> dict[str, str]:
+    asked = bed.kubectl("exec", "-n", namespace, pod, "--", "python", "-c", CONNECT, *targets)
+    return dict(line.split(" ", 1) for line in asked.stdout.splitlines())
+
+
+def intruder_pod(namespace: str) -> dict[str, Any]:
+    """A pod of the project's image in a namespace of its own, with nothing of the run's."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "probe",
+                    "image": real.images_manifest()["spotray"]["ref"],
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "infinity"],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "runAsNonRoot": True,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                }
+            ],
+            "automountServiceAccountToken": False,
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+
+
+def check_network_policies_hold(bed: tb.Testbed) -> None:
+    """Issue #38, item 3: the nodes enforce NetworkPolicies (kube-network-policies), and the run's
+    own policy and MinIO's hold. From another namespace a pod reaches neither the head's dashboard
+    nor its GCS, by pod address or through the head's Service, nor MinIO's S3 port (so no job and
+    no checkpoint of the run's); it does reach the API server, so what stops it is the policy. The
+    run's worker reaches its head and MinIO but not the API server (the run's egress), and the run
+    trains on, under enforcement, to the end."""
+    namespace = "intruder"
+    bed.kubectl("create", "namespace", namespace)
+    bed.apply(intruder_pod(namespace))
+    bed.kubectl("wait", "--for=condition=Ready", "pod/intruder", "-n", namespace, "--timeout=120s")
+    [head] = cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={RUN},ray.io/node-type=head")
+    [worker] = cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={RUN},ray.io/node-type=worker")
+    [minio] = cluster_demo.pods(bed, cluster_demo.SYSTEM_NAMESPACE, "app.kubernetes.io/component=minio")
+    services = json.loads(bed.kubectl("get", "services", "-n", cluster_demo.NAMESPACE, "-o", "json").stdout)
+    [head_service] = [s for s in services["items"] if s["metadata"]["name"].endswith("-head-svc")]
+    head_ip, minio_ip = head["status"]["podIP"], minio["status"]["podIP"]
+    guarded = [f"{head_ip}:8265", f"{head_ip}:6379", f"{head_service['spec']['clusterIP']}:8265", f"{minio_ip}:9000"]
+    api_server = f"{real.HOST_IP}:{bed.api_port}"
+    seen = connections(bed, namespace, "intruder", *guarded, api_server)
+    assert seen == {**dict.fromkeys(guarded, "timeout"), api_server: "open"}, seen
+    # The run's pods reach their own and MinIO, and (egress limited, the chart's default) not the API server.
+    wanted = [f"{head_ip}:8265", f"{head_ip}:6379", f"{minio_ip}:9000"]
+    own = connections(bed, cluster_demo.NAMESPACE, worker["metadata"]["name"], *wanted, api_server)
+    assert own == {**dict.fromkeys(wanted, "open"), api_server: "timeout"}, own
+    bed.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
 def check_logs_need_the_token(bed: tb.Testbed, spotray: Any, attempt: int) -> None:
     """`spotray logs` through a port-forward to the attempt's head: refused without the token (the error
     names the Secret that holds it), the driver's log with the token read from that Secret."""
@@ -202,6 +279,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
         time.sleep(2)
     check_secret_env(bed)
     check_ray_token_auth(bed)
+    check_network_policies_hold(bed)
     cluster_demo.reclaim_worker_node(bed, status, RUN, threading.Event())
     while (status := cluster_demo.run_status(bed, RUN)).get("phase") not in TERMINAL_PHASES:
         if time.monotonic() > deadline:

@@ -290,6 +290,8 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_RAY_TOKEN_AUTH": "true",
         "SPOTRAY_KUBERAY_PEER": '{"namespaceSelector":{"matchLabels":{}},"podSelector":{"matchLabels":'
         '{"app.kubernetes.io/name":"kuberay-operator"}}}',
+        "SPOTRAY_KUBERAY_IP_BLOCKS": "",
+        "SPOTRAY_RUN_EGRESS": '[{"ports":[{"port":443,"protocol":"TCP"}]}]',
     }
     # Every JSON-valued setting parses as the controller expects.
     assert isinstance(json.loads(env["SPOTRAY_SPOT_TOLERATIONS"]), list)
@@ -843,6 +845,49 @@ def test_each_run_gets_a_checkpoint_key_and_the_right_to_make_it_goes_with_the_s
     off = render(None, "controller.watchNamespaces={ml,cv}", "checkpointKeys.enabled=false")
     assert not ControllerConfig.from_env(controller_env(off)).run_checkpoint_keys
     assert all(permissions(o)[("", "secrets")] == {"get"} for o in off if o["kind"] == "Role")
+
+
+def test_an_operator_and_s3_clients_outside_the_pod_network_are_admitted_by_address(helm: Path) -> None:
+    """A KubeRay operator on the host network matches no pod selector (the real-pods test bed's runs on
+    the host): kuberayIPBlocks admits it to every run's Ray ports and the RayCluster's; minioIPBlocks
+    lets a node's `spotray pull` reach MinIO. Nothing by default."""
+    values = ("networkPolicy.kuberayIPBlocks={198.18.254.254/32}", "networkPolicy.minioIPBlocks={198.18.254.0/24}")
+    objects = render("raycluster.yaml", *values)
+    assert ControllerConfig.from_env(controller_env(objects)).kuberay_ip_blocks == ("198.18.254.254/32",)
+    policies = network_policies(objects)
+    ray_peers = policies[(NAMESPACE, f"{FULLNAME}-raycluster")]["ingress"][0]["from"]
+    assert {"ipBlock": {"cidr": "198.18.254.254/32"}} in ray_peers
+    (minio_rule,) = policies[(NAMESPACE, f"{FULLNAME}-minio")]["ingress"]
+    assert minio_rule["from"][-1] == {"ipBlock": {"cidr": "198.18.254.0/24"}}
+    assert minio_rule["ports"] == [{"port": 9000}]
+    plain = network_policies(render("raycluster.yaml"))
+    assert not [
+        peer for spec in plain.values() for rule in spec["ingress"] for peer in rule["from"] if "ipBlock" in peer
+    ]
+
+
+def test_runs_egress_is_limited_to_https_and_the_charts_minio_unless_turned_off(helm: Path) -> None:
+    https = {"ports": [{"port": 443, "protocol": "TCP"}]}
+    assert ControllerConfig.from_env(controller_env(render(None))).run_egress == [https]
+    with_minio = ControllerConfig.from_env(controller_env(render("minio.yaml"))).run_egress
+    assert with_minio is not None
+    assert with_minio[0] == https
+    assert with_minio[1] == {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+                "podSelector": {
+                    "matchLabels": {
+                        "app.kubernetes.io/name": "spotray",
+                        "app.kubernetes.io/instance": RELEASE,
+                        "app.kubernetes.io/component": "minio",
+                    }
+                },
+            }
+        ],
+        "ports": [{"port": 9000, "protocol": "TCP"}],
+    }
+    assert ControllerConfig.from_env(controller_env(render(None, "networkPolicy.egress=false"))).run_egress is None
 
 
 def test_network_policies_can_be_turned_off(helm: Path) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException, V1NetworkPolicy, V1ObjectMeta, V1OwnerReference
 
+from spotray.contract.errors import SpotrayError
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
 from spotray.contract.spec import parse_training_run
 from spotray.controller.config import ControllerConfig
@@ -46,6 +47,8 @@ def admits(policy: dict[str, Any], pod: dict[str, str], namespace: str, namespac
     """Whether ``policy`` lets a pod with labels ``pod`` in ``namespace`` reach the pods it selects."""
     for rule in policy["spec"]["ingress"]:
         for peer in rule["from"]:
+            if "ipBlock" in peer:  # admits addresses outside the pod network, never a pod by its labels
+                continue
             in_namespace = (
                 selects(peer["namespaceSelector"], namespace_labels)
                 if "namespaceSelector" in peer
@@ -86,6 +89,41 @@ def test_the_kuberay_peer_comes_from_the_chart() -> None:
     assert config.run_network_policy
     assert build_run_network_policy(run("a"), "u", config)["spec"]["ingress"][0]["from"][1] == peer
     assert not ControllerConfig.from_env({}).run_network_policy
+
+
+def test_an_operator_outside_the_pod_network_is_admitted_by_its_addresses_alone() -> None:
+    """A KubeRay operator on the host network (or the test bed's, on the host) matches no pod selector."""
+    config = ControllerConfig.from_env({"SPOTRAY_KUBERAY_IP_BLOCKS": "198.18.254.254, 192.0.2.0/28"})
+    assert config.kuberay_ip_blocks == ("198.18.254.254/32", "192.0.2.0/28")
+    policy = build_run_network_policy(run("alpha"), "uid-alpha", config)
+    peers = policy["spec"]["ingress"][0]["from"]
+    assert peers[2:] == [{"ipBlock": {"cidr": "198.18.254.254/32"}}, {"ipBlock": {"cidr": "192.0.2.0/28"}}]
+    ml = {"kubernetes.io/metadata.name": "ml"}
+    assert not admits(policy, {"app": "curl"}, "ml", ml), "an address block admits no pod of the namespace"
+    assert len(build_run_network_policy(run("a"), "u", ControllerConfig())["spec"]["ingress"][0]["from"]) == 2
+
+
+def test_a_kuberay_ip_block_that_is_not_an_address_stops_the_controller_with_the_fix() -> None:
+    with pytest.raises(SpotrayError, match=r"SPOTRAY_KUBERAY_IP_BLOCKS must list CIDRs, got 'kuberay\.ray-system'"):
+        ControllerConfig.from_env({"SPOTRAY_KUBERAY_IP_BLOCKS": "kuberay.ray-system"})
+
+
+def test_with_egress_limited_a_runs_pods_reach_only_their_run_dns_and_the_rules_given() -> None:
+    https = {"ports": [{"port": 443, "protocol": "TCP"}]}
+    config = ControllerConfig.from_env({"SPOTRAY_RUN_EGRESS": '[{"ports": [{"port": 443, "protocol": "TCP"}]}]'})
+    assert config.run_egress == [https]
+    spec = build_run_network_policy(run("alpha"), "uid-alpha", config)["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    own, dns, *given = spec["egress"]
+    assert own == {"to": [{"podSelector": {"matchLabels": {RUN_LABEL: "alpha", **MANAGED}}}]}  # every port
+    assert dns == {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}  # to any resolver
+    assert given == [https]
+    # No rule opens another run's Ray ports (its ingress would refuse anyway) or the metadata server's port 80.
+    ports = {port["port"] for rule in spec["egress"] if "to" not in rule for port in rule["ports"]}
+    assert ports == {53, 443}
+    unlimited = build_run_network_policy(run("alpha"), "uid-alpha", ControllerConfig())["spec"]
+    assert unlimited["policyTypes"] == ["Ingress"]
+    assert "egress" not in unlimited
 
 
 class PolicyCluster(FakeCluster):

@@ -35,6 +35,7 @@ def rendered(tmp_path: Path) -> str:
             yaml.safe_dump(real.kube_proxy_config(node, tmp_path / "kubeconfig")),
             real.containerd_config(tmp_path, tmp_path / "root", tmp_path / "cni", "localhost/pause:1", node.address),
         ]
+    parts += [" ".join(rule) for rule in real.network_policy_rules(real.POD_SUPERNET)]
     return "\n".join(parts)
 
 
@@ -70,3 +71,33 @@ def test_the_kubelet_keeps_to_its_own_cgroups_and_leaves_the_host_iptables_alone
     assert second["registerWithTaints"] == NODES[1].taints
     # kube-proxy must not touch the machine-wide conntrack table size.
     assert real.kube_proxy_config(NODES[0], tmp_path)["conntrack"]["maxPerCore"] == 0
+
+
+def test_every_new_connection_to_or_from_a_pod_goes_to_the_policy_agent_and_nothing_passes_unjudged() -> None:
+    """The shim that stands in for kube-network-policies' own nft rules (this kernel has no nft queue)."""
+    rules = real.network_policy_rules(real.POD_SUPERNET)
+    assert all(rule[:3] == ["-w", "-t", "mangle"] for rule in rules)
+    chain = real.NETWORK_POLICY_CHAIN
+    body = [rule[3:] for rule in rules if rule[3:5] == ["-A", chain]]
+    queue = ["-j", "NFQUEUE", "--queue-num", str(real.NETWORK_POLICY_QUEUE)]
+    # Replies ride on their connection, and the node's own traffic (the kubelet's probes) is not judged...
+    assert body[0][2:] == ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"]
+    assert body[1][2:] == ["-m", "addrtype", "--src-type", "LOCAL", "-j", "RETURN"]
+    # ... every other packet to or from a pod is, with no bypass when the agent is gone.
+    assert body[2:] == [["-A", chain, "-d", real.POD_SUPERNET, *queue], ["-A", chain, "-s", real.POD_SUPERNET, *queue]]
+    assert not any("--queue-bypass" in rule for rule in rules)
+    # The chain is filled before POSTROUTING jumps to it.
+    assert rules[0][3:] == ["-N", chain]
+    assert rules[-1][3:] == ["-A", "POSTROUTING", "-j", chain]
+
+
+def test_the_node_waits_for_the_agent_to_listen_on_its_queue(tmp_path: Path) -> None:
+    table = tmp_path / "nfnetlink_queue"
+    assert not real.queue_bound(100, tmp_path / "absent")
+    table.write_text("")
+    assert not real.queue_bound(100, table)
+    other = "    1  12345     0 2  128     0     0        0  1\n"
+    table.write_text(other)
+    assert not real.queue_bound(100, table)
+    table.write_text(other + "  100  23415     0 2  128     0     0        7  1\n")
+    assert real.queue_bound(100, table)

@@ -208,3 +208,16 @@ namespaced one, which makes nothing cluster-wide, may not).
 {{- .Values.rbac.readNodes -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The egress rules each run's pods get besides their own pods and DNS, as JSON: networkPolicy.runEgress,
+and the chart's MinIO's S3 port when it runs MinIO. */}}
+{{- define "spotray.runEgress" -}}
+{{- $rules := .Values.networkPolicy.runEgress | default list }}
+{{- if .Values.minio.enabled }}
+{{- $minioPods := include "spotray.componentSelectorLabels" (list . "minio") | fromYaml }}
+{{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace }}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" $namespace) "podSelector" (dict "matchLabels" $minioPods) }}
+{{- $rules = append $rules (dict "to" (list $peer) "ports" (list (dict "port" 9000 "protocol" "TCP"))) }}
+{{- end }}
+{{- $rules | toJson }}
+{{- end }}
