@@ -63,6 +63,9 @@ NETWORK_POLICY_CHAIN = "SPOTRAY-NETPOL"
 # Where an in-cluster client reads its ServiceAccount token and CA (client-go's InClusterConfig; the
 # agent takes no kubeconfig). In a node's mount namespace /run is its own tmpfs.
 SERVICE_ACCOUNT_DIR = Path("/run/secrets/kubernetes.io/serviceaccount")
+# Written in the node's directory once its containerd holds every image: a cold import of the
+# project's 3.7 GB image takes minutes on a busy machine, and readiness is waited for only after it.
+IMAGES_IMPORTED = "images-imported"
 HERE = Path(__file__).resolve().parent
 CACHE = Path(os.environ.get("TESTBED_CACHE", Path.home() / ".cache" / "spotray" / "testbed"))
 
@@ -548,6 +551,7 @@ def node_main(config_path: Path) -> None:
     if not started("containerd", procs["containerd"], lambda: accepts_connections(socket_path)):
         stop()
     import_images(config["ctr"], socket_path, Path(config["containerd_root"]), config["images"])
+    (node_dir / IMAGES_IMPORTED).touch()
     agent = config.get("network_policy_agent")
     if agent:  # before the kubelet: no pod starts on a node that does not yet enforce policies
         SERVICE_ACCOUNT_DIR.mkdir(parents=True)

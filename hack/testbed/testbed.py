@@ -568,8 +568,18 @@ class Testbed:
             self.start_real_node(node)
         self.wait_real_nodes_ready([n.name for n in self.real_nodes])
 
-    def wait_real_nodes_ready(self, names: list[str], timeout: float = 180) -> None:
-        """Until the nodes are Ready; a node process that exited fails the wait with its log's name."""
+    def wait_real_nodes_ready(self, names: list[str], timeout: float = 180, import_timeout: float = 1200) -> None:
+        """Until the nodes are Ready; a node process that exited fails the wait with its log's name.
+
+        First until each node's containerd holds the images (instant when its root is cached; a cold
+        one imports 4 GB, minutes when the machine is busy), then ``timeout`` for the rest."""
+        markers = [self.workdir / "nodes" / name / real.IMAGES_IMPORTED for name in names]
+        wait_until(
+            f"the images imported into real nodes {', '.join(names)} (cold: minutes)",
+            lambda: self._check_alive() or all(m.exists() for m in markers),
+            timeout=import_timeout,
+            interval=1,
+        )
         wait_until(f"real nodes {', '.join(names)} Ready", lambda: self._check_alive() or self._nodes_ready(names),
                    timeout=timeout)  # fmt: skip
 
@@ -584,6 +594,7 @@ class Testbed:
                 "containerd could not listen there; use a shorter work directory (--dir)"
             )
         node_dir.mkdir(parents=True, exist_ok=True)
+        (node_dir / real.IMAGES_IMPORTED).unlink(missing_ok=True)  # a node started again imports (or checks) anew
         (node_dir / "pod-logs").mkdir(exist_ok=True)
         # containerd's root (images, unpacked layers) is cached per node name: a warm start imports
         # nothing. Its runtime state stays in the work dir.

@@ -66,6 +66,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster_demo.D
     assert real.leftover_mounts() == []
 
 
+# The first test's time includes the module's cluster: on a cold cache each node imports the 4 GB
+# image (up to 20 minutes: Testbed.wait_real_nodes_ready), then helm install.
+@pytest.mark.timeout(1800)
 def test_the_chart_runs_its_controller_and_minio_as_real_pods(cluster: cluster_demo.DemoCluster) -> None:
     bed = cluster.testbed
     for component in ("controller", "minio"):
