@@ -192,10 +192,11 @@ def check_network_policies_hold(bed: tb.Testbed) -> None:
     [head] = cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={RUN},ray.io/node-type=head")
     [worker] = cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={RUN},ray.io/node-type=worker")
     [minio] = cluster_demo.pods(bed, cluster_demo.SYSTEM_NAMESPACE, "app.kubernetes.io/component=minio")
-    services = json.loads(bed.kubectl("get", "services", "-n", cluster_demo.NAMESPACE, "-o", "json").stdout)
-    [head_service] = [s for s in services["items"] if s["metadata"]["name"].endswith("-head-svc")]
+    rayjob = json.loads(bed.kubectl("get", "rayjob", f"{RUN}-a1", "-n", cluster_demo.NAMESPACE, "-o", "json").stdout)
+    # The cluster's head Service, by name (KubeRay makes it headless: the name is the head pod's address).
+    head_service = f"{rayjob['status']['rayClusterName']}-head-svc.{cluster_demo.NAMESPACE}.svc.cluster.local"
     head_ip, minio_ip = head["status"]["podIP"], minio["status"]["podIP"]
-    guarded = [f"{head_ip}:8265", f"{head_ip}:6379", f"{head_service['spec']['clusterIP']}:8265", f"{minio_ip}:9000"]
+    guarded = [f"{head_ip}:8265", f"{head_ip}:6379", f"{head_service}:8265", f"{minio_ip}:9000"]
     api_server = f"{real.HOST_IP}:{bed.api_port}"
     seen = connections(bed, namespace, "intruder", *guarded, api_server)
     assert seen == {**dict.fromkeys(guarded, "timeout"), api_server: "open"}, seen
