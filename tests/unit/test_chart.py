@@ -887,6 +887,15 @@ def test_runs_egress_is_limited_to_https_and_the_charts_minio_unless_turned_off(
         ],
         "ports": [{"port": 9000, "protocol": "TCP"}],
     }
+    # The chart's long-lived RayCluster: the submitters of runs that use it post their jobs to its dashboard.
+    shared = ControllerConfig.from_env(controller_env(render(None, "rayCluster.enabled=true"))).run_egress
+    assert shared is not None
+    assert shared[-1]["ports"] == [{"port": 8265, "protocol": "TCP"}]
+    assert shared[-1]["to"][0]["podSelector"]["matchLabels"]["ray.io/is-ray-node"] == "yes"
+    raycluster = only(render(None, "rayCluster.enabled=true"), "RayCluster")
+    head_labels = raycluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"]
+    head_pod_labels = {**head_labels, "ray.io/is-ray-node": "yes"}  # KubeRay adds the last one
+    assert shared[-1]["to"][0]["podSelector"]["matchLabels"].items() <= head_pod_labels.items()
     assert ControllerConfig.from_env(controller_env(render(None, "networkPolicy.egress=false"))).run_egress is None
 
 

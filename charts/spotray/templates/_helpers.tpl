@@ -210,7 +210,8 @@ namespaced one, which makes nothing cluster-wide, may not).
 {{- end -}}
 
 {{/* The egress rules each run's pods get besides their own pods and DNS, as JSON: networkPolicy.runEgress,
-and the chart's MinIO's S3 port when it runs MinIO. */}}
+the chart's MinIO's S3 port when it runs MinIO, and its RayCluster's dashboard when it runs one (the
+submitters of runs that use it post their jobs there). */}}
 {{- define "spotray.runEgress" -}}
 {{- $rules := .Values.networkPolicy.runEgress | default list }}
 {{- if .Values.minio.enabled }}
@@ -218,6 +219,12 @@ and the chart's MinIO's S3 port when it runs MinIO. */}}
 {{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace }}
 {{- $peer := dict "namespaceSelector" (dict "matchLabels" $namespace) "podSelector" (dict "matchLabels" $minioPods) }}
 {{- $rules = append $rules (dict "to" (list $peer) "ports" (list (dict "port" 9000 "protocol" "TCP"))) }}
+{{- end }}
+{{- if .Values.rayCluster.enabled }}
+{{- $rayPods := merge (include "spotray.selectorLabels" . | fromYaml) (dict "ray.io/is-ray-node" "yes") }}
+{{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace }}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" $namespace) "podSelector" (dict "matchLabels" $rayPods) }}
+{{- $rules = append $rules (dict "to" (list $peer) "ports" (list (dict "port" 8265 "protocol" "TCP"))) }}
 {{- end }}
 {{- $rules | toJson }}
 {{- end }}
