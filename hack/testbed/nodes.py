@@ -599,8 +599,9 @@ def write_kubeconfig(path: Path, server: str, ca: Path, crt: Path, key: Path) ->
     return path
 
 
-# CoreDNS reads Services, EndpointSlices and Namespaces, nothing else.
-COREDNS_RBAC = """\
+# The rights of the real nodes' own services. CoreDNS reads Services, EndpointSlices and Namespaces,
+# nothing else.
+REAL_NODES_RBAC = """\
 apiVersion: rbac.authorization.k8s.io/v1
 kind: ClusterRole
 metadata: {name: spotray-testbed:coredns}

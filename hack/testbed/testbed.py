@@ -556,7 +556,7 @@ class Testbed:
     def _start_real_nodes(self) -> None:
         if not self.real_nodes:
             return
-        self.kubectl("apply", "-f", "-", stdin=real.COREDNS_RBAC)
+        self.kubectl("apply", "-f", "-", stdin=real.REAL_NODES_RBAC)
         crt, key = real.client_cert(self.pki, "coredns", "/CN=system:coredns")
         server = f"https://{real.HOST_IP}:{self.api_port}"
         dns_kubeconfig = real.write_kubeconfig(
