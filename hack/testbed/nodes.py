@@ -495,7 +495,8 @@ def started(name: str, proc: subprocess.Popen[bytes], ready: Callable[[], bool],
     deadline = time.monotonic() + timeout
     while not ready():
         if proc.poll() is not None or time.monotonic() > deadline:
-            print(f"{name} did not start in {timeout:.0f} s; see {name}.log", flush=True)
+            why = "exited" if proc.poll() is not None else f"was not ready after {timeout:.0f} s"
+            print(f"{name} {why}; see {name}.log", flush=True)
             return False
         time.sleep(0.1)
     return True
@@ -505,7 +506,8 @@ def node_main(config_path: Path) -> None:
     """Run inside the node's network namespace and a fresh private mount namespace (see start_node).
 
     Covers the kernel settings the kubelet writes with plain files, starts containerd, waits for its
-    socket, then the kubelet and kube-proxy, and stays until one of them exits or it is told to stop.
+    socket, imports the images, starts the NetworkPolicy agent and queues pods' traffic to it, then
+    the kubelet and kube-proxy, and stays until one of them exits or it is told to stop.
     """
     config = json.loads(config_path.read_text())
     node_dir = Path(config["node_dir"])

@@ -642,7 +642,9 @@ class Testbed:
                     "--nfqueue-id", str(real.NETWORK_POLICY_QUEUE),
                     # Kernels from 6.12 on fixed the DNS race that workaround is for (this one is newer).
                     "--netfilter-bug-1766-fix=false",
-                    # Pod addresses from the API server: containerd's NRI socket is not offered to it.
+                    # Pod addresses from the API server, not as an NRI plugin of containerd (one takes
+                    # part in every pod's start); a pod's first packets may come before the API has
+                    # its address, are dropped, and its retries pass.
                     "--disable-nri",
                     "--metrics-bind-address", "127.0.0.1:9080",  # the node's own loopback
                 ],
