@@ -896,7 +896,15 @@ def test_runs_egress_is_limited_to_https_and_the_charts_minio_unless_turned_off(
     head_labels = raycluster["spec"]["headGroupSpec"]["template"]["metadata"]["labels"]
     head_pod_labels = {**head_labels, "ray.io/is-ray-node": "yes"}  # KubeRay adds the last one
     assert shared[-1]["to"][0]["podSelector"]["matchLabels"].items() <= head_pod_labels.items()
+    # The long-lived RayCluster's own pods get the same: their pods, DNS, and what runs may reach.
+    shared_policy = network_policies(render(None, "rayCluster.enabled=true"))[(NAMESPACE, f"{FULLNAME}-raycluster")]
+    assert shared_policy["policyTypes"] == ["Ingress", "Egress"]
+    assert shared_policy["egress"][0]["to"] == shared_policy["ingress"][0]["from"][:1]  # its own head and workers
+    assert shared_policy["egress"][1] == {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]}
+    assert shared_policy["egress"][2:] == shared
     assert ControllerConfig.from_env(controller_env(render(None, "networkPolicy.egress=false"))).run_egress is None
+    off = network_policies(render(None, "rayCluster.enabled=true", "networkPolicy.egress=false"))
+    assert off[(NAMESPACE, f"{FULLNAME}-raycluster")]["policyTypes"] == ["Ingress"]
 
 
 def test_network_policies_can_be_turned_off(helm: Path) -> None:
