@@ -554,36 +554,37 @@ class Campaign:
     def cluster_fault(self, kind: str, rng: random.Random) -> str:
         """Act on a shared part; returns what was done. Holds it down, then brings it back."""
         assert self.controller is not None
+        down = rng.uniform(*KINDS[kind].held_s)
         with self.cluster_lock:
             if kind == "controller-kill":
                 with self.controller.lock:
                     self.controller.kill()
-                    time.sleep(down := rng.uniform(*KINDS[kind].held_s))
+                    time.sleep(down)
                     self.in_starter(self.controller.start)
                 return f"down {down:.1f} s"
             if kind == "controller-pause":
                 with self.controller.lock:
                     self.controller.pause()
-                time.sleep(down := rng.uniform(*KINDS[kind].held_s))
+                time.sleep(down)
                 with self.controller.lock:
                     self.controller.resume()
                 return f"stopped {down:.1f} s"
             if kind == "apiserver-kill":
-                self.in_starter(self.bed.restart_apiserver, down := rng.uniform(*KINDS[kind].held_s))
+                self.in_starter(self.bed.restart_apiserver, down)
                 return f"down {down:.1f} s"
             if kind == "apiserver-silent":
                 self.bed.pause("kube-apiserver")
                 try:
-                    time.sleep(down := rng.uniform(*KINDS[kind].held_s))
+                    time.sleep(down)
                 finally:
                     self.bed.resume("kube-apiserver")
                 return f"silent {down:.1f} s"
             if kind == "kuberay-restart":
-                self.in_starter(self.bed.restart, "ray-operator", down := rng.uniform(*KINDS[kind].held_s))
+                self.in_starter(self.bed.restart, "ray-operator", down)
                 return f"down {down:.1f} s"
             mode = {"s3-refuse": "refuse", "s3-silent": "silent", "s3-500": "error500"}[kind]
             with fault(self.proxy, mode):
-                time.sleep(down := rng.uniform(*KINDS[kind].held_s))
+                time.sleep(down)
             return f"{mode} {down:.1f} s"
 
     def attempt_pods(self, run: str, attempt: int) -> list[dict[str, Any]]:

@@ -568,12 +568,16 @@ class Testbed:
             self.start_real_node(node)
         self.wait_real_nodes_ready([n.name for n in self.real_nodes])
 
+    def node_dir(self, name: str) -> Path:
+        """A real node's directory in the work dir: its configs, sockets, logs and import marker."""
+        return self.workdir / "nodes" / name
+
     def wait_real_nodes_ready(self, names: list[str], timeout: float = 180, import_timeout: float = 1200) -> None:
         """Until the nodes are Ready; a node process that exited fails the wait with its log's name.
 
         First until each node's containerd holds the images (instant when its root is cached; a cold
         one imports 4 GB, minutes when the machine is busy), then ``timeout`` for the rest."""
-        markers = [self.workdir / "nodes" / name / real.IMAGES_IMPORTED for name in names]
+        markers = [self.node_dir(name) / real.IMAGES_IMPORTED for name in names]
         wait_until(
             f"the images imported into real nodes {', '.join(names)} (cold: minutes)",
             lambda: self._check_alive() or all(m.exists() for m in markers),
@@ -586,7 +590,7 @@ class Testbed:
     def start_real_node(self, node: real.RealNode) -> None:
         """Start (or start again, after reclaim_real_node) one real node and its processes."""
         assert self.fabric is not None
-        node_dir = self.workdir / "nodes" / node.name
+        node_dir = self.node_dir(node.name)
         longest_socket = max(real.containerd_sockets(node_dir), key=lambda path: len(bytes(path)))
         if len(bytes(longest_socket)) > MAX_SOCKET_PATH:
             raise ValueError(
@@ -674,7 +678,7 @@ class Testbed:
         real.kill_cgroup_processes(node.cgroup_root)
         # containerd's shims re-parent themselves out of the node's process group; they carry
         # the marker in their environment and the node's config path on their command line.
-        node_dir = str(self.workdir / "nodes" / node.name)
+        node_dir = str(self.node_dir(node.name))
         kill_pids([pid for pid in marked_processes(self.marker) if node_dir in _cmdline(pid)])
         real.remove_cgroup_tree(node.cgroup_root)
         self.fabric.remove_node(node)

@@ -214,15 +214,14 @@ the chart's MinIO's S3 port when it runs MinIO, and its RayCluster's dashboard w
 submitters of runs that use it post their jobs there). */}}
 {{- define "spotray.runEgress" -}}
 {{- $rules := .Values.networkPolicy.runEgress | default list }}
+{{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace }}
 {{- if .Values.minio.enabled }}
 {{- $minioPods := include "spotray.componentSelectorLabels" (list . "minio") | fromYaml }}
-{{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace }}
 {{- $peer := dict "namespaceSelector" (dict "matchLabels" $namespace) "podSelector" (dict "matchLabels" $minioPods) }}
 {{- $rules = append $rules (dict "to" (list $peer) "ports" (list (dict "port" 9000 "protocol" "TCP"))) }}
 {{- end }}
 {{- if .Values.rayCluster.enabled }}
 {{- $rayPods := merge (include "spotray.selectorLabels" . | fromYaml) (dict "ray.io/is-ray-node" "yes") }}
-{{- $namespace := dict "kubernetes.io/metadata.name" .Release.Namespace }}
 {{- $peer := dict "namespaceSelector" (dict "matchLabels" $namespace) "podSelector" (dict "matchLabels" $rayPods) }}
 {{- $rules = append $rules (dict "to" (list $peer) "ports" (list (dict "port" 8265 "protocol" "TCP"))) }}
 {{- end }}
