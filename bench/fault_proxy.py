@@ -11,6 +11,12 @@ controller and the jobs); the campaign's own reads go to the server directly. Mo
   server, a half-open link); when the mode ends, the stalled connections flow again;
 - ``error500``: every request is answered ``500 InternalError`` with S3's XML body, and open
   connections are closed so that their next request comes through a new one.
+
+``upload_bytes_per_s`` gives the proxy an upload link of that speed, shared by every connection
+(bytes from the clients to the server; answers and downloads are not slowed). On loopback a small
+checkpoint's upload is over in milliseconds, before a fault fired "right after a save" can act;
+over a link as slow as a spot node's to a remote bucket, it lasts seconds, and the fault lands
+while the checkpoint's files are written and its manifest is not.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Iterator
 
 MODES = ("pass", "refuse", "silent", "error500")
@@ -36,8 +43,11 @@ _ERROR_500 = (
 class FaultProxy:
     """``with FaultProxy(upstream_port) as proxy:`` then ``proxy.port``; ``proxy.set_mode(...)`` at will."""
 
-    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1", upload_bytes_per_s: float | None = None) -> None:
+        if upload_bytes_per_s is not None and upload_bytes_per_s <= 0:
+            raise ValueError(f"upload_bytes_per_s {upload_bytes_per_s}: a speed above 0, or None for no limit")
         self.upstream = (host, upstream_port)
+        self.upload = _Link(upload_bytes_per_s) if upload_bytes_per_s else None
         self.host = host
         self.port = 0
         self.mode = "pass"
@@ -162,9 +172,27 @@ class FaultProxy:
                     data = source.recv(_CHUNK)
                     if not data:
                         return
+                    if source is client and self.upload is not None:
+                        self.upload.carry(len(data))
                     peers[source].sendall(data)
                 except OSError:
                     return
+
+
+class _Link:
+    """A link of fixed speed that every connection shares: bytes go out one after another."""
+
+    def __init__(self, bytes_per_s: float) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._free_at = 0.0  # when the link has sent what it was given so far (monotonic seconds)
+        self._lock = threading.Lock()
+
+    def carry(self, size: int) -> None:
+        """Wait until ``size`` bytes, queued behind every byte handed over before them, are sent."""
+        with self._lock:
+            done_at = max(self._free_at, time.monotonic()) + size / self.bytes_per_s
+            self._free_at = done_at
+        time.sleep(max(0.0, done_at - time.monotonic()))
 
 
 def _close_listener(listener: socket.socket) -> None:

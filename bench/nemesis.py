@@ -134,6 +134,11 @@ class Pace:
     # about 10 ms, so unpaced a fault drawn for a step lands after the run, and a second fault finds
     # the job done once the first is over.
     step_seconds: float
+    # The S3 upload link (bench/fault_proxy.py), None for loopback speed. The tiny model's checkpoint
+    # (about 0.3 MB) uploads in milliseconds on loopback, so a fault fired right after a save found
+    # the checkpoint already complete; over a link this slow its upload lasts seconds, as a real
+    # model's does over a real link, and the fault lands while its files are written.
+    upload_bytes_per_s: float | None = None
 
     def steps_for(self, order: int, count: int) -> range:
         """The steps where the ``order``-th of ``count`` faults may land: one anywhere before the last
@@ -150,7 +155,7 @@ class Pace:
 
 # Two minutes of training: a first fault fired by step 20 (40 s in) and held for the longest 45 s
 # is over by step 43, before the second fault's last save (50) is due.
-CAMPAIGN_PACE = Pace(steps=60, every=10, step_seconds=2.0)
+CAMPAIGN_PACE = Pace(steps=60, every=10, step_seconds=2.0, upload_bytes_per_s=100_000)
 
 
 @dataclass(frozen=True)
@@ -428,7 +433,7 @@ class Campaign:
         pace: Pace = CAMPAIGN_PACE,
     ) -> None:
         self.bed, self.s3, self.namespace, self.workdir, self.pace = bed, s3, namespace, workdir, pace
-        self.proxy = FaultProxy(s3.port)
+        self.proxy = FaultProxy(s3.port, upload_bytes_per_s=pace.upload_bytes_per_s)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
         self.heads_lock = threading.Lock()
         self.starter = STARTER

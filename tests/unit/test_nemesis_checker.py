@@ -148,13 +148,18 @@ def test_a_campaign_in_parts_is_summarized_from_its_trial_log_with_the_commit_of
 
 class _Ok(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one connection carries several requests
+    BIG = b"x" * 1_000_000
 
-    def do_GET(self) -> None:
-        body = b"ok"
+    def do_GET(self) -> None:  # /big answers a megabyte, anything else "ok"
+        body = self.BIG if self.path == "/big" else b"ok"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def do_PUT(self) -> None:  # an upload: its body read whole, then "ok"
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.do_GET()
 
     def log_message(self, *args: object) -> None:
         pass
@@ -188,6 +193,32 @@ def test_the_proxy_passes_then_fails_in_each_mode_then_passes_again(proxy: Fault
             get(proxy, timeout=0.5)
         assert time.monotonic() - started < 2
     assert get(proxy) == 200
+
+
+def test_an_upload_link_slows_uploads_shared_by_every_connection_and_not_downloads() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def put(url: str, size: int) -> None:
+        request = urllib.request.Request(url, data=b"y" * size, method="PUT")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            assert answer.read() == b"ok"
+
+    with FaultProxy(server.server_address[1], upload_bytes_per_s=2_000_000) as slow:
+        started = time.monotonic()
+        with urllib.request.urlopen(f"{slow.endpoint_url}/big", timeout=10) as download:
+            assert len(download.read()) == 1_000_000
+        assert time.monotonic() - started < 0.4, "a download is not slowed"
+        started = time.monotonic()
+        two = [threading.Thread(target=put, args=(slow.endpoint_url, 500_000)) for _ in range(2)]
+        for upload in two:
+            upload.start()
+        for upload in two:
+            upload.join()
+        assert 0.45 <= time.monotonic() - started < 3, "two half-megabyte uploads share a 2 MB/s link"
+    server.shutdown()
+    with pytest.raises(ValueError, match="a speed above 0"):
+        FaultProxy(1, upload_bytes_per_s=0)
 
 
 def response(connection: socket.socket) -> bytes:
