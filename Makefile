@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-local-recovery test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -130,6 +130,9 @@ bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs 
 bench-goodput-elastic: setup ## local runs losing a worker node at random: elastic vs fixed worker count (~25 min)
 	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
 		--capacity-back-s 60 --name goodput_elastic
+
+bench-local-recovery: setup ## make demo's run twice per round: a new Ray cluster per attempt vs the one left standing (~12 min)
+	$(PY) -m bench.local_recovery
 
 bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot node reclaimed once: goodput, RayJob -> first step, notice -> training again
 	$(PY) -m bench.goodput_testbed --steps 600 --interval 50 --reclaim-at 160

@@ -143,6 +143,11 @@ def run_command(args: argparse.Namespace) -> int:
                 f"{', '.join(injected)} injects faults into a local run, and this run goes to the cluster",
                 "add --local, or drop the fault flags (on a cluster, spot machines bring their own)",
             )
+        if args.fresh_ray_cluster:
+            raise SpotrayError(
+                "--fresh-ray-cluster chooses local mode's Ray cluster, and this run goes to the cluster",
+                "add --local, or drop --fresh-ray-cluster",
+            )
         return submit_command(args)
     from spotray.contract.spec import load_training_run  # noqa: PLC0415
     from spotray.local import Faults, LocalRun  # noqa: PLC0415
@@ -160,7 +165,7 @@ def run_command(args: argparse.Namespace) -> int:
     progress = ProgressView()
     progress.note(f"spotray: running TrainingRun {training_run.name!r} locally; logs and data in {workdir}")
     stop_like_ctrl_c()
-    return LocalRun(training_run, workdir, faults, progress=progress).run()
+    return LocalRun(training_run, workdir, faults, progress=progress, keep_ray_cluster=not args.fresh_ray_cluster).run()
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -282,6 +287,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--watch", action="store_true", help="(cluster) follow the run until it ends")
     run.add_argument(
         "--workdir", type=Path, default=None, help="logs, events and local S3 data (default: spotray-local/RUN)"
+    )
+    run.add_argument(
+        "--fresh-ray-cluster",
+        action="store_true",
+        help="local mode: a new Ray cluster for every attempt, even when the last one left it standing "
+        "(slower; to compare, or to rule the kept cluster out)",
     )
     add_fault_flags(run)
     add_cluster_flags(run)

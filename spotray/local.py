@@ -19,7 +19,9 @@ How an attempt ended and what comes next is decided by the controller's own func
 and, for an attempt that left none, the driver's exit code and the last lines of its log, as a
 RayJob's message gives them: the budgets mean the same here as on a cluster, and so do the words.
 Only the backoff differs: local mode starts the next attempt at once after a preemption or a
-failure, since there is no capacity to wait for; after an infrastructure fault (the driver's exit
+failure, since there is no capacity to wait for, and on the same Ray cluster when the fault left it
+standing (a spot notice, a failed driver, a worker node lost): only a lost head starts a new one,
+as a reclaim that spares the head keeps its RayCluster on a cluster; after an infrastructure fault (the driver's exit
 code 75: a store that did not answer), which spends no budget, it waits the controller's backoff,
 as a store that is down is not back at once. ``spec.secretEnv`` has no Secrets to read here: each
 variable comes from this process's variable of the same name, checked before anything starts and
@@ -80,7 +82,7 @@ from spotray.train.checkpoints.checkpoint import download_checkpoint, latest_com
 from spotray.train.launch.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
 from spotray.train.processes.subprocesses import die_with_parent
 from spotray.train.records.attempt_records import read_attempt_records
-from spotray.train.records.events import read_events
+from spotray.train.records.events import EventLog, read_events
 from spotray.train.records.goodput import ledger, split_lifetimes
 from spotray.train.records.plot import plot_loss_across_attempts
 from spotray.train.storage.local_s3 import LocalS3Server
@@ -198,7 +200,9 @@ def pause_before_next_attempt(end: AttemptEnd, decided: Plan) -> float:
 class LocalRun:
     """One TrainingRun run locally; ``run()`` returns the exit code for the command line."""
 
-    def __init__(self, run: TrainingRun, workdir: Path, faults: Faults, *, progress: ProgressView) -> None:
+    def __init__(
+        self, run: TrainingRun, workdir: Path, faults: Faults, *, progress: ProgressView, keep_ray_cluster: bool = True
+    ) -> None:
         if run.spec.workers.gpu:
             raise SpotrayError(
                 f"spec.workers.gpu is {run.spec.workers.gpu}, but local mode trains on CPU",
@@ -217,6 +221,11 @@ class LocalRun:
         self.reaper = Reaper()
         # Checked before anything starts: a schedule the run cannot live through is refused here.
         self.node_layout: NodeLayout = faults.nodes.check(run.spec.workers)
+        # The next attempt runs on the Ray cluster the last one left standing (False: a new cluster
+        # for every attempt, as before; bench/local_recovery.py measures one against the other).
+        self.keep_ray_cluster = keep_ray_cluster
+        self.cluster: LocalRayCluster | None = None
+        self.node: LocalRayWorkerNode | None = None  # the worker node of a run with node faults, while up
 
     def run(self) -> int:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -240,6 +249,7 @@ class LocalRun:
                 self.progress.note(f"embedded S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}")
             return self._attempts(run_id, state)
         finally:
+            self._stop_cluster()  # before the S3 server: its workers may still be writing
             if server is not None:
                 server.stop()
 
@@ -346,36 +356,62 @@ class LocalRun:
         )
         cursor = EventCursor(self.events_path)
         cursor.new_events()  # only this attempt's events from here on
+        asked = time.monotonic()
+        cluster, kept = self._cluster_for(attempt.attempt)
+        # For the ledger and bench/local_recovery.py: where an attempt's start-up went before the job's own events.
+        EventLog(self.events_path).emit(
+            "attempt_begun",
+            attempt=attempt.attempt,
+            ray_cluster="kept" if kept else "new",
+            ray_start_s=round(time.monotonic() - asked, 3),
+        )
+        env = self.driver_env(context, cluster.address)
+        self.progress.start_attempt(attempt.attempt, self.run_spec.spec.entrypoint)
+        with self._log_path(attempt.attempt).open("ab") as log_file:
+            driver = subprocess.Popen(
+                ["bash", "-c", self.run_spec.spec.entrypoint],
+                env=env,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group: a head loss is one killpg
+                preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
+            )
+            self.reaper.watch_session(driver.pid)
+            try:
+                return self._watch(driver, cluster, cursor)
+            except KeyboardInterrupt:
+                self._stop_gracefully(driver)
+                raise
+            finally:
+                if not self.keep_ray_cluster:
+                    self._stop_cluster()
+
+    def _cluster_for(self, attempt: int) -> tuple[LocalRayCluster, bool]:
+        """The Ray cluster an attempt runs on, and whether it is kept: the one the last attempt left
+        standing, else a new one.
+
+        Ray ends a driver's actors and placement groups when the driver exits, so the next driver finds
+        the cluster's CPUs free again. Only a cluster whose head is gone is replaced, with its worker node.
+        """
+        if self.cluster is not None and self.cluster.standing():
+            self.progress.note(f"attempt {attempt} runs on the Ray cluster still standing at {self.cluster.address}")
+            return self.cluster, True
+        self._stop_cluster()  # what is left of a lost one: its temp dir, any node still up
         layout = self.node_layout
-        cluster = LocalRayCluster(
+        self.cluster = LocalRayCluster(
             num_cpus=layout.head_cpus if layout.node_cpus else ray_cpus_for(self.run_spec),
             log_path=self.workdir / "ray.log",
             env={**self.s3_env, **self.secret_env},
             on_launch=self.reaper.watch_session,
         ).start()
-        try:
-            node = None
-            if layout.node_cpus:
-                node = start_worker_node(cluster, layout.node_cpus, self.faults.nodes)
-            env = self.driver_env(context, cluster.address)
-            self.progress.start_attempt(attempt.attempt, self.run_spec.spec.entrypoint)
-            with self._log_path(attempt.attempt).open("ab") as log_file:
-                driver = subprocess.Popen(
-                    ["bash", "-c", self.run_spec.spec.entrypoint],
-                    env=env,
-                    stdout=log_file,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own group: a head loss is one killpg
-                    preexec_fn=die_with_parent,  # noqa: PLW1509 - one prctl call, see its docstring
-                )
-                self.reaper.watch_session(driver.pid)
-                try:
-                    return self._watch(driver, cluster, cursor, node)
-                except KeyboardInterrupt:
-                    self._stop_gracefully(driver)
-                    raise
-        finally:
-            cluster.stop()
+        if layout.node_cpus:
+            self.node = start_worker_node(self.cluster, layout.node_cpus, self.faults.nodes)
+        return self.cluster, False
+
+    def _stop_cluster(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+        self.cluster, self.node = None, None
 
     def driver_env(self, context: RunContext, ray_address: str) -> dict[str, str]:
         """The environment of an attempt's driver: this process's, the S3 settings, ``spec.secretEnv``'s
@@ -401,7 +437,6 @@ class LocalRun:
         driver: subprocess.Popen[bytes],
         cluster: LocalRayCluster,
         cursor: EventCursor,
-        node: LocalRayWorkerNode | None,
     ) -> tuple[int, str | None]:
         workers: dict[int, int] = {}
         step = 0
@@ -416,7 +451,7 @@ class LocalRun:
                     if lost is not None:
                         return driver.returncode, lost
             if self.node_layout.node_cpus:  # a run with node faults
-                node = self._move_node(step, cluster, node)
+                self.node = self._move_node(step, cluster, self.node)
             if driver.poll() is not None:
                 for event in cursor.new_events():
                     self._on_event(event)

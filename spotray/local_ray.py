@@ -215,6 +215,10 @@ class LocalRayCluster:
             "the machine may be overloaded; try again, or raise startup_timeout_s",
         )
 
+    def standing(self) -> bool:
+        """True while the head's processes run and its GCS accepts connections: a new driver can use it."""
+        return self._process is not None and self._process.poll() is None and _accepts(self.host, self.gcs_port)
+
     def kill(self) -> None:
         """SIGKILL every process of the cluster at once: what losing the head node looks like."""
         for node in self._nodes:

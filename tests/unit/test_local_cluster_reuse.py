@@ -1,0 +1,131 @@
+"""Local mode runs the next attempt on the Ray cluster the last one left standing (issue 39, item 5).
+
+Ray itself is replaced here by a stand-in that says whether its head still runs: what is decided is
+which cluster an attempt gets. That Ray frees a finished driver's CPUs for the next driver is shown
+by the real runs (tests/integration/test_attempt_contract.py, test_demo.py) and measured in
+bench/local_recovery.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.local_recovery import attempt_phases
+from spotray import local
+from spotray.cli import main
+from spotray.contract.spec import parse_training_run
+from spotray.local import Faults, LocalRun
+from spotray.progress import ProgressView
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class StandInCluster:
+    num_cpus: int
+    log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    on_launch: Any = None
+    up: bool = False
+    stops: int = 0
+
+    address = "127.0.0.2:6379"
+
+    def start(self) -> StandInCluster:
+        self.up = True
+        STARTED.append(self)
+        return self
+
+    def standing(self) -> bool:
+        return self.up
+
+    def stop(self) -> None:
+        self.up, self.stops = False, self.stops + 1
+
+
+STARTED: list[StandInCluster] = []
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> LocalRun:
+    STARTED.clear()
+    monkeypatch.setattr(local, "LocalRayCluster", StandInCluster)
+    document = {
+        "apiVersion": "spotray.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "reuse"},
+        "spec": {"entrypoint": "true", "checkpoint": {"uri": "s3://bucket/runs/reuse"}, "workers": {"gpu": 0}},
+    }
+    return LocalRun(parse_training_run(document), tmp_path, Faults(), progress=ProgressView())
+
+
+def test_the_next_attempt_gets_the_cluster_still_standing(run: LocalRun) -> None:
+    first, kept = run._cluster_for(1)
+    assert not kept
+    assert run._cluster_for(2) == (first, True)
+    assert len(STARTED) == 1, "a notice or a failed driver leaves the head up: no second `ray start`"
+
+
+def test_a_cluster_whose_head_is_gone_is_cleaned_up_and_replaced(run: LocalRun) -> None:
+    first, _ = run._cluster_for(1)
+    first.up = False  # --kill-all-at: the head SIGKILLed
+    second, kept = run._cluster_for(2)
+    assert not kept
+    assert second is not first
+    assert second.standing()
+    assert first.stops == 1, "what the lost one left (its temp dir) is removed"
+
+
+def test_the_run_ends_by_stopping_the_cluster_it_kept(run: LocalRun) -> None:
+    cluster, _ = run._cluster_for(1)
+    run._stop_cluster()
+    assert (cluster.stops, run.cluster) == (1, None)
+
+
+def test_without_reuse_every_attempt_starts_a_cluster_of_its_own(run: LocalRun) -> None:
+    run.keep_ray_cluster = False
+    first, _ = run._cluster_for(1)
+    run._stop_cluster()  # what _one_attempt does at the end of each attempt then
+    assert run._cluster_for(2) == (STARTED[1], False)
+    assert STARTED[1] is not first
+    assert len(STARTED) == 2
+
+
+def test_fresh_ray_cluster_without_local_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "jobs/gpt2/trainingrun.yaml", "--fresh-ray-cluster"]) == 2
+    assert "--fresh-ray-cluster chooses local mode's Ray cluster" in capsys.readouterr().err
+
+
+def test_the_benchmark_splits_each_restart_into_its_phases() -> None:
+    def event(kind: str, at: float, **fields: Any) -> dict[str, Any]:
+        return {"event": kind, "time": at, **fields}
+
+    log = [
+        event("attempt_begun", 0.0, attempt=1, ray_cluster="new", ray_start_s=5.0),
+        event("worker_start", 12.0),
+        event("start", 14.0, attempt=1),
+        event("step", 15.0, step=1),
+        event("step", 16.0, step=2),  # the notice: attempt 1 ends after this step
+        event("attempt_begun", 20.0, attempt=2, ray_cluster="kept", ray_start_s=0.0),
+        event("worker_start", 27.0),
+        event("worker_start", 27.5),  # the second rank: the group was up at the first
+        event("start", 30.0, attempt=2),
+        event("step", 31.5, step=3),
+        event("step", 32.0, step=4),
+    ]
+    assert attempt_phases(log) == [
+        {
+            "attempt": 2,
+            "ray_cluster": "kept",
+            "end_to_next_attempt_s": 4.0,
+            "ray_start_s": 0.0,
+            "driver_to_workers_up_s": 7.0,
+            "workers_up_to_loop_s": 3.0,
+            "loop_to_first_step_s": 1.5,
+            "last_step_to_first_step_s": 15.5,
+        }
+    ]
