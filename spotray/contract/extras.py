@@ -19,6 +19,7 @@ EXTRAS = {
     "streaming": "MosaicML streaming datasets",
     "controller": "the Kubernetes clients of the controller and the CLI's cluster commands",
     "plot": "matplotlib for plots",
+    "sweep": "Optuna's samplers and pruners for sweeps (TrainingSweep)",
 }
 
 

@@ -1,0 +1,230 @@
+"""A sweep's decisions as a pure function: the trials' facts -> which trials to start, stop or resume.
+
+The search itself is Optuna's: its random and TPE samplers choose each new trial's values, and its
+successive-halving pruner judges a trial at a rung (a step ``minSteps * factor^k``, on a checkpoint).
+A grid is every combination of the parameters' values, in the order they are declared.
+
+Optuna does not suspend and resume trials: its pruner decides once, when a trial reports at a rung.
+Here a trial that does not make the cut is suspended (its TrainingRun's ``spec.suspend``: it stops on
+a checkpoint and keeps everything), and the pruner's rule is applied to it again each time the sweep
+decides, with every trial that has since reached that rung among the competitors: once it ranks
+among the best 1/factor there, it is promoted and resumes from its newest complete checkpoint, as
+asynchronous successive halving (ASHA) promotes. A promotion is for good (``TrialFacts.promoted_rung``
+records it), so a trial is never stopped at a rung it was let past.
+
+Nothing is kept between calls: the study is rebuilt from the trials' facts every time, and each new
+trial's values come from a sampler seeded with the sweep's seed and the trial's number, so a
+controller that restarts (or decides twice) asks for the same values for the same trial.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spotray.contract.extras import extra_required
+from spotray.contract.sweep import EarlyStopping, Parameter, SweepSpec
+
+with extra_required("sweep"):
+    import optuna
+    from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.pruners import SuccessiveHalvingPruner
+    from optuna.samplers import BaseSampler, RandomSampler, TPESampler
+    from optuna.study import StudyDirection
+    from optuna.trial import FrozenTrial, TrialState, create_trial
+
+RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Running", "Suspended", "Succeeded", "Failed"
+# TPE's first trials are random: it needs a few results to model (Optuna's default is 10).
+TPE_STARTUP_TRIALS = 4
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True)
+class TrialFacts:
+    """What is known of one trial: its values, its state, and its objective at each rung it reached.
+
+    ``rung_values`` maps a rung's step to the objective there (the mean loss over the checkpoint
+    interval that ends at it), for the rungs whose checkpoint is complete; ``value`` is the objective
+    at the trial's end, once it Succeeded.
+    """
+
+    number: int
+    values: dict[str, Any]
+    state: str  # RUNNING (pending or training), SUSPENDED, SUCCEEDED or FAILED
+    rung_values: dict[int, float] = field(default_factory=dict)
+    value: float | None = None
+    promoted_rung: int | None = None  # the highest rung step it was let past (None: none yet)
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    start: list[tuple[int, dict[str, Any]]]  # new trials: (number, values)
+    suspend: list[int]  # trials stopped at a rung: (number)
+    resume: list[int]  # suspended trials promoted
+    promoted: dict[int, int]  # trial -> the rung step it was let past, to record
+    best: tuple[int, float] | None  # (trial, objective) of the best trial that Succeeded
+    finished: bool  # nothing runs and nothing more will start or resume
+
+
+def distributions(parameters: Sequence[Parameter]) -> dict[str, BaseDistribution]:
+    """The search space as Optuna's distributions."""
+    space: dict[str, BaseDistribution] = {}
+    for parameter in parameters:
+        if parameter.values:
+            space[parameter.name] = CategoricalDistribution(list(parameter.values))
+        elif parameter.type == "int":
+            assert parameter.low is not None
+            assert parameter.high is not None
+            space[parameter.name] = IntDistribution(int(parameter.low), int(parameter.high), log=parameter.log)
+        else:
+            assert parameter.low is not None
+            assert parameter.high is not None
+            space[parameter.name] = FloatDistribution(parameter.low, parameter.high, log=parameter.log)
+    return space
+
+
+def grid(parameters: Sequence[Parameter]) -> list[dict[str, Any]]:
+    """Every combination of the parameters' values, the last parameter changing fastest."""
+    names = [p.name for p in parameters]
+    return [
+        dict(zip(names, combination, strict=True)) for combination in itertools.product(*(p.grid() for p in parameters))
+    ]
+
+
+def trial_limit(spec: SweepSpec) -> int:
+    """How many trials the sweep starts in all: ``trials.max``, or fewer when a grid has fewer points."""
+    return min(spec.max_trials, len(grid(spec.parameters))) if spec.algorithm == "grid" else spec.max_trials
+
+
+def _sampler(spec: SweepSpec, number: int) -> BaseSampler:
+    seed = spec.seed * 1_000_003 + number  # one seed per trial: the same values for the same trial, always
+    if spec.algorithm == "tpe":
+        return TPESampler(seed=seed, n_startup_trials=TPE_STARTUP_TRIALS, constant_liar=True)
+    return RandomSampler(seed=seed)
+
+
+def _frozen(spec: SweepSpec, trial: TrialFacts, rungs: dict[int, float]) -> FrozenTrial:
+    """The trial as Optuna records one, with ``rungs`` (its objective at those rung steps) reported."""
+    state = {
+        SUCCEEDED: TrialState.COMPLETE,
+        FAILED: TrialState.FAIL,
+        SUSPENDED: TrialState.PRUNED,
+        RUNNING: TrialState.RUNNING,
+    }[trial.state]
+    if state == TrialState.COMPLETE and (trial.value is None or not math.isfinite(trial.value)):
+        state = TrialState.RUNNING  # its objective not read yet: its values are taken, its result unknown
+    early = spec.early_stopping
+    # The pruner's own record of the rungs a trial passed: completed_rung_<k> for the k-th rung.
+    rung_keys = {f"completed_rung_{rung_index(early, step)}": value for step, value in rungs.items()} if early else {}
+    return create_trial(
+        state=state,
+        value=trial.value if state == TrialState.COMPLETE else None,
+        params=trial.values,
+        distributions=distributions(spec.parameters),
+        intermediate_values=dict(rungs),
+        system_attrs=rung_keys,
+    )
+
+
+def rung_index(early: EarlyStopping, step: int) -> int:
+    """Which rung ``step`` is (0 for ``minSteps``); a step that is no rung is refused."""
+    steps = early.rungs(step + 1)
+    if not steps or steps[-1] != step:
+        raise ValueError(f"step {step} is no rung of {early}")
+    return len(steps) - 1
+
+
+def _study(spec: SweepSpec, trials: Sequence[TrialFacts], sampler: BaseSampler | None = None) -> optuna.Study:
+    pruner = (
+        SuccessiveHalvingPruner(
+            min_resource=spec.early_stopping.min_steps, reduction_factor=spec.early_stopping.reduction_factor
+        )
+        if spec.early_stopping is not None
+        else None
+    )
+    direction = StudyDirection.MAXIMIZE if spec.direction == "maximize" else StudyDirection.MINIMIZE
+    study = optuna.create_study(direction=direction, sampler=sampler or RandomSampler(0), pruner=pruner)
+    for trial in trials:
+        study.add_trial(_frozen(spec, trial, trial.rung_values))
+    return study
+
+
+def promotable(spec: SweepSpec, trials: Sequence[TrialFacts], trial: TrialFacts, rung: int) -> bool:
+    """Whether ``trial`` goes on past the rung at step ``rung``: Optuna's pruner judges it there, with
+    every other trial that reached that rung as a competitor."""
+    assert spec.early_stopping is not None
+    others = [t for t in trials if t.number != trial.number]
+    study = _study(spec, others)
+    below = {step: value for step, value in trial.rung_values.items() if step < rung}
+    # Reported at the rung, with the rungs below it already passed: the pruner compares it there.
+    study.add_trial(
+        create_trial(
+            state=TrialState.RUNNING,
+            params=trial.values,
+            distributions=distributions(spec.parameters),
+            intermediate_values={**below, rung: trial.rung_values[rung]},
+            system_attrs=_frozen(spec, trial, below).system_attrs,
+        )
+    )
+    judged = study.get_trials(deepcopy=False)[-1]
+    return not study.pruner.prune(study, judged)
+
+
+def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
+    """What the sweep does next, from its trials' facts alone."""
+    suspend, resume, promoted = [], [], {}
+    if spec.early_stopping is not None:
+        for trial in sorted(trials, key=lambda t: t.number):
+            reached = [step for step in trial.rung_values if trial.promoted_rung is None or step > trial.promoted_rung]
+            if trial.state not in (RUNNING, SUSPENDED) or not reached:
+                continue
+            rung = max(reached)
+            if promotable(spec, trials, trial, rung):
+                promoted[trial.number] = rung
+                if trial.state == SUSPENDED:
+                    resume.append(trial.number)
+            elif trial.state == RUNNING:
+                suspend.append(trial.number)
+    running = sum(1 for t in trials if t.state == RUNNING and t.number not in suspend)
+    # Promotions first (ASHA): a free slot goes to a trial that earned it before a new one.
+    slots = max(0, spec.parallel - running)
+    resume = resume[:slots]
+    slots -= len(resume)
+    start = _new_trials(spec, trials, slots)
+    finished = not start and not resume and running == 0 and _started(trials) >= trial_limit(spec)
+    return SweepPlan(start, suspend, resume, promoted, best(spec, trials), finished)
+
+
+def _started(trials: Sequence[TrialFacts]) -> int:
+    return max((t.number for t in trials), default=0)
+
+
+def _new_trials(spec: SweepSpec, trials: Sequence[TrialFacts], slots: int) -> list[tuple[int, dict[str, Any]]]:
+    """Up to ``slots`` new trials, numbered after the last one started, while the sweep has trials left."""
+    numbers = range(_started(trials) + 1, min(_started(trials) + slots, trial_limit(spec)) + 1)
+    if spec.algorithm == "grid":
+        points = grid(spec.parameters)
+        return [(number, points[number - 1]) for number in numbers]
+    chosen: list[tuple[int, dict[str, Any]]] = []
+    known = list(trials)
+    for number in numbers:
+        study = _study(spec, known, _sampler(spec, number))
+        values = study.ask(distributions(spec.parameters)).params
+        chosen.append((number, values))
+        known.append(TrialFacts(number, values, RUNNING))  # the next one's sampler sees it as running
+    return chosen
+
+
+def best(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple[int, float] | None:
+    """The trial that Succeeded with the best objective, and that objective."""
+    done = [
+        (t.value, t.number) for t in trials if t.state == SUCCEEDED and t.value is not None and math.isfinite(t.value)
+    ]
+    if not done:
+        return None
+    value, number = (min if spec.direction == "minimize" else max)(done)
+    return number, value

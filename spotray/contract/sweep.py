@@ -1,0 +1,375 @@
+"""The TrainingSweep spec as typed data: a TrainingRun template, a search space, an objective, early stopping.
+
+A sweep is many TrainingRuns (its trials) made from one template, each with its own values of the
+parameters. Each trial is an ordinary TrainingRun named ``<sweep>-t<N>``: it resumes after every
+spot loss as any run does, its preemptions are its own and its failure budget too, and its
+checkpoints go under its own prefix, ``<template's checkpoint.uri>/<sweep>-t<N>``. The values reach
+the training code through the entrypoint, where ``${name}`` stands for each parameter::
+
+    spec:
+      template:
+        entrypoint: python -m spotray.jobs.gpt2 --max-steps 200 --learning-rate ${lr}
+        checkpoint: {uri: s3://bucket/sweeps/gpt2-lr, everySteps: 20}
+      parameters:
+        lr: {type: float, low: 1.0e-5, high: 1.0e-2, log: true}
+        layers: {type: int, values: [1, 2, 4]}
+      search: {algorithm: tpe, seed: 1}           # grid, random or tpe (Optuna's samplers)
+      objective: {metric: loss, direction: minimize}
+      trials: {max: 16, parallel: 4}
+      earlyStopping: {minSteps: 20, reductionFactor: 3}   # ASHA, at checkpoint boundaries
+
+This module only reads and checks the spec (every problem at once, each with its path and fix) and
+makes a trial's TrainingRun manifest; choosing values and stopping trials is controller/sweep.py's.
+Standard library and PyYAML only, as the rest of the contract.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+from dataclasses import dataclass
+from typing import Any
+
+from spotray.contract.names import API_VERSION, KIND
+from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, RunSpec, name_problem, parse_spec
+
+SWEEP_KIND = "TrainingSweep"
+SWEEP_LABEL = "spotray.dev/sweep"  # on each trial: the sweep it belongs to
+TRIAL_LABEL = "spotray.dev/trial"  # on each trial: its number
+PARAMS_ANNOTATION = "spotray.dev/params"  # on each trial: its values, as JSON
+MAX_TRIALS = 999
+# Room for "-t999" after the sweep's name, within a TrainingRun name's limit.
+MAX_SWEEP_NAME_LENGTH = MAX_NAME_LENGTH - len(f"-t{MAX_TRIALS}")
+ALGORITHMS = ("grid", "random", "tpe")
+DIRECTIONS = ("minimize", "maximize")
+METRICS = ("loss",)  # what every attempt's progress records carry (train/records/progress_log.py)
+PARAMETER_TYPES = ("float", "int", "choice")
+PARAMETER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One dimension of the search space: a range (``low``..``high``, ``log`` for a log scale) or ``values``."""
+
+    name: str
+    type: str  # float, int or choice
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    values: tuple[Any, ...] = ()
+
+    @property
+    def enumerable(self) -> bool:
+        """Whether a grid can list every value: given values, or an int range."""
+        return bool(self.values) or self.type == "int"
+
+    def grid(self) -> list[Any]:
+        if self.values:
+            return list(self.values)
+        assert self.low is not None
+        assert self.high is not None
+        return list(range(int(self.low), int(self.high) + 1))
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Asynchronous successive halving: a trial goes on past a rung only among the best 1/factor there."""
+
+    min_steps: int  # the first rung; the next ones at min_steps * factor^k
+    reduction_factor: int = 3
+
+    def rungs(self, max_steps: int) -> list[int]:
+        """The rung steps below ``max_steps``: where a trial is compared with the others."""
+        steps, rung = [], self.min_steps
+        while rung < max_steps:
+            steps.append(rung)
+            rung *= self.reduction_factor
+        return steps
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    template: RunSpec
+    template_document: dict[str, Any]  # the template as written, from which each trial's spec is made
+    parameters: tuple[Parameter, ...]
+    algorithm: str = "random"
+    seed: int = 0
+    metric: str = "loss"
+    direction: str = "minimize"
+    max_trials: int = 10
+    parallel: int = 1
+    early_stopping: EarlyStopping | None = None
+
+
+@dataclass(frozen=True)
+class TrainingSweep:
+    name: str
+    spec: SweepSpec
+    namespace: str = "default"
+
+    def trial_name(self, number: int) -> str:
+        return f"{self.name}-t{number}"
+
+    def trial_manifest(self, number: int, values: dict[str, Any], owner_uid: str | None = None) -> dict[str, Any]:
+        """Trial ``number``'s TrainingRun: the template with ``values`` in its entrypoint and a checkpoint
+        prefix of its own, labelled with the sweep and the trial, its values in an annotation."""
+        name = self.trial_name(number)
+        spec = json.loads(json.dumps(self.spec.template_document))  # a deep copy of plain data
+        spec["entrypoint"] = fill_entrypoint(spec["entrypoint"], values)
+        spec["checkpoint"]["uri"] = f"{spec['checkpoint']['uri'].rstrip('/')}/{name}"
+        metadata: dict[str, Any] = {
+            "name": name,
+            "namespace": self.namespace,
+            "labels": {SWEEP_LABEL: self.name, TRIAL_LABEL: str(number)},
+            "annotations": {PARAMS_ANNOTATION: json.dumps(values, sort_keys=True)},
+        }
+        if owner_uid is not None:
+            metadata["ownerReferences"] = [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": SWEEP_KIND,
+                    "name": self.name,
+                    "uid": owner_uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+
+
+def format_value(value: Any) -> str:
+    """A value as the entrypoint gets it: floats in their shortest exact form (1e-05, 0.0003)."""
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+def fill_entrypoint(entrypoint: str, values: dict[str, Any]) -> str:
+    return string.Template(entrypoint).substitute({name: format_value(value) for name, value in values.items()})
+
+
+def placeholders(entrypoint: str) -> set[str]:
+    """The ``${name}`` (and ``$name``) the entrypoint holds; ``$$`` is a literal ``$``."""
+    found = set()
+    for match in string.Template.pattern.finditer(entrypoint):
+        named = match.group("named") or match.group("braced")
+        if named:
+            found.add(named)
+    return found
+
+
+class _Problems:
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def mapping(self, value: Any, path: str) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.items.append(f"{path}: must be a mapping, got {value!r}")
+            return {}
+        return value
+
+    def known(self, data: dict[str, Any], path: str, keys: tuple[str, ...]) -> None:
+        for key in sorted(set(data) - set(keys)):
+            self.items.append(f"{path}.{key}: unknown field (known: {', '.join(keys)})")
+
+    def integer(self, data: dict[str, Any], key: str, path: str, *, default: int, low: int, high: int) -> int:
+        value = data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            self.items.append(f"{path}.{key}: must be an integer from {low} to {high}, got {value!r}")
+            return default
+        return value
+
+    def choice(self, data: dict[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> str:
+        value = data.get(key, default)
+        if value not in allowed:
+            self.items.append(f"{path}.{key}: must be one of {', '.join(allowed)}, got {value!r}")
+            return default
+        return str(value)
+
+
+def _fits(kind: str, value: Any) -> bool:
+    """Whether ``value`` may be one of the listed values of a parameter of type ``kind``."""
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "float":
+        return _number(value)
+    return isinstance(value, str | int | float | bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parameter(name: Any, data: Any, problems: _Problems) -> Parameter | None:
+    path = f"spec.parameters.{name}"
+    if not isinstance(name, str) or not PARAMETER_NAME.match(name):
+        problems.items.append(f"{path}: a parameter's name must be a letter or _ then letters, digits or _")
+        return None
+    data = problems.mapping(data, path)
+    problems.known(data, path, ("type", "low", "high", "log", "values"))
+    kind = problems.choice(data, "type", path, "", PARAMETER_TYPES)
+    log = data.get("log", False)
+    if not isinstance(log, bool):
+        problems.items.append(f"{path}.log: must be true or false, got {log!r}")
+    elif "values" in data:
+        if "low" in data or "high" in data:
+            problems.items.append(f"{path}: give values or low and high, not both")
+        return _listed(name, kind, data["values"], path, problems) if kind else None
+    elif kind == "choice":
+        problems.items.append(f"{path}.values: a choice lists its values, e.g. values: [adamw, sgd]")
+    elif kind:
+        return _ranged(name, kind, (data.get("low"), data.get("high")), path, problems, log=log)
+    return None
+
+
+def _listed(name: str, kind: str, values: Any, path: str, problems: _Problems) -> Parameter | None:
+    if not isinstance(values, list) or not values:
+        problems.items.append(f"{path}.values: must be a non-empty list, got {values!r}")
+        return None
+    wrong = [v for v in values if not _fits(kind, v)]
+    if wrong:
+        problems.items.append(f"{path}.values: every value must be a{'n' if kind == 'int' else ''} {kind}: {wrong}")
+        return None
+    if len(set(map(format_value, values))) != len(values):
+        problems.items.append(f"{path}.values: each value once, got {values}")
+    return Parameter(name, kind, values=tuple(float(v) if kind == "float" else v for v in values))
+
+
+def _ranged(
+    name: str, kind: str, bounds: tuple[Any, Any], path: str, problems: _Problems, *, log: bool
+) -> Parameter | None:
+    low, high = bounds
+    if not (_number(low) and _number(high)) or low >= high:
+        problems.items.append(f"{path}: low and high must be numbers with low < high, got low={low!r}, high={high!r}")
+    elif kind == "int" and not (float(low).is_integer() and float(high).is_integer()):
+        problems.items.append(f"{path}: an int range has whole low and high, got {low!r}..{high!r}")
+    elif log and low <= 0:
+        problems.items.append(f"{path}: a log scale needs low > 0, got {low!r}")
+    else:
+        return Parameter(name, kind, low=float(low), high=float(high), log=log)
+    return None
+
+
+def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
+    """A ``TrainingSweep`` from a whole manifest; raises ``InvalidSpecError`` listing every problem."""
+    problems = _Problems()
+    document = problems.mapping(document, "document")
+    if document.get("apiVersion") != API_VERSION:
+        problems.items.append(f"apiVersion: must be {API_VERSION}, got {document.get('apiVersion')!r}")
+    if document.get("kind") != SWEEP_KIND:
+        problems.items.append(f"kind: must be {SWEEP_KIND}, got {document.get('kind')!r}")
+    metadata = problems.mapping(document.get("metadata"), "metadata")
+    name, namespace = metadata.get("name"), str(metadata.get("namespace", "default"))
+    if (problem := name_problem(name)) is not None:
+        problems.items.append(problem)
+    elif len(str(name)) > MAX_SWEEP_NAME_LENGTH:
+        problems.items.append(
+            f"metadata.name: must be at most {MAX_SWEEP_NAME_LENGTH} characters: trial N is the TrainingRun "
+            f"<name>-tN, whose name has at most {MAX_NAME_LENGTH}"
+        )
+    spec = problems.mapping(document.get("spec"), "spec")
+    problems.known(spec, "spec", ("template", "parameters", "search", "objective", "trials", "earlyStopping"))
+
+    template_document = problems.mapping(spec.get("template"), "spec.template")
+    template: RunSpec | None = None
+    try:
+        template = parse_spec(template_document, where)
+    except InvalidSpecError as error:
+        problems.items += [f"spec.template: {problem}" for problem in error.problems]
+
+    raw_parameters = problems.mapping(spec.get("parameters"), "spec.parameters")
+    if not raw_parameters:
+        problems.items.append(
+            "spec.parameters: missing; name at least one, e.g. lr: {type: float, low: 1e-5, high: 1e-2}"
+        )
+    parameters = tuple(p for n, d in raw_parameters.items() if (p := _parameter(n, d, problems)) is not None)
+
+    search = problems.mapping(spec.get("search"), "spec.search")
+    problems.known(search, "spec.search", ("algorithm", "seed"))
+    algorithm = problems.choice(search, "algorithm", "spec.search", "random", ALGORITHMS)
+    seed = problems.integer(search, "seed", "spec.search", default=0, low=0, high=2**31 - 1)
+
+    objective = problems.mapping(spec.get("objective"), "spec.objective")
+    problems.known(objective, "spec.objective", ("metric", "direction"))
+    metric = problems.choice(objective, "metric", "spec.objective", "loss", METRICS)
+    direction = problems.choice(objective, "direction", "spec.objective", "minimize", DIRECTIONS)
+
+    trials = problems.mapping(spec.get("trials"), "spec.trials")
+    problems.known(trials, "spec.trials", ("max", "parallel"))
+    max_trials = problems.integer(trials, "max", "spec.trials", default=10, low=1, high=MAX_TRIALS)
+    parallel = problems.integer(trials, "parallel", "spec.trials", default=1, low=1, high=MAX_TRIALS)
+
+    early_stopping = _early_stopping(spec.get("earlyStopping"), template, problems)
+
+    _check_use(template, raw_parameters, parameters, algorithm, problems)
+    if problems.items:
+        raise InvalidSpecError(problems.items, where)
+    assert template is not None
+    return TrainingSweep(
+        name=str(name),
+        namespace=namespace,
+        spec=SweepSpec(
+            template=template,
+            template_document=template_document,
+            parameters=parameters,
+            algorithm=algorithm,
+            seed=seed,
+            metric=metric,
+            direction=direction,
+            max_trials=max_trials,
+            parallel=parallel,
+            early_stopping=early_stopping,
+        ),
+    )
+
+
+def _check_use(
+    template: RunSpec | None,
+    raw_parameters: dict[str, Any],
+    parameters: tuple[Parameter, ...],
+    algorithm: str,
+    problems: _Problems,
+) -> None:
+    """Every ``${name}`` of the entrypoint is a parameter and every parameter is used; a grid can list each."""
+    if template is not None:
+        used = placeholders(template.entrypoint)
+        for unknown in sorted(used - set(raw_parameters)):
+            problems.items.append(
+                f"spec.template.entrypoint: ${{{unknown}}} names no parameter (known: {sorted(raw_parameters)})"
+            )
+        for unused in sorted({p.name for p in parameters} - used):
+            problems.items.append(
+                f"spec.parameters.{unused}: the entrypoint never uses it; write ${{{unused}}} where its value goes"
+            )
+    if algorithm == "grid":
+        for parameter in parameters:
+            if not parameter.enumerable:
+                problems.items.append(
+                    f"spec.parameters.{parameter.name}: a grid lists every value: give values: [...] for a float"
+                )
+
+
+def _early_stopping(data: Any, template: RunSpec | None, problems: _Problems) -> EarlyStopping | None:
+    if data is None:
+        return None
+    path = "spec.earlyStopping"
+    data = problems.mapping(data, path)
+    problems.known(data, path, ("minSteps", "reductionFactor"))
+    if "minSteps" not in data:
+        problems.items.append(f"{path}.minSteps: missing; the first rung, a multiple of checkpoint.everySteps")
+        return None
+    min_steps = problems.integer(data, "minSteps", path, default=1, low=1, high=10**9)
+    factor = problems.integer(data, "reductionFactor", path, default=3, low=2, high=100)
+    every = template.checkpoint.fixed_every_steps if template is not None else None
+    if template is not None and every is None:
+        problems.items.append(
+            f"{path}: rungs fall on checkpoints, and checkpoint.everySteps is auto; give it a number of steps"
+        )
+    elif every and min_steps % every:
+        problems.items.append(
+            f"{path}.minSteps: must be a multiple of checkpoint.everySteps ({every}), got {min_steps}: a trial "
+            "stopped at a rung resumes from the checkpoint there"
+        )
+    return EarlyStopping(min_steps, factor)

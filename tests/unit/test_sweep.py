@@ -1,0 +1,243 @@
+"""Sweeps (issue 40): the TrainingSweep spec (spotray/contract/sweep.py) and the sweep's decisions
+(controller/sweep.py: Optuna's samplers choose values, its successive-halving pruner judges rungs,
+and a trial stopped at a rung is suspended, then resumed once it ranks among the best there)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from spotray.contract.spec import InvalidSpecError, parse_training_run
+from spotray.contract.sweep import (
+    PARAMS_ANNOTATION,
+    SWEEP_LABEL,
+    TRIAL_LABEL,
+    EarlyStopping,
+    TrainingSweep,
+    parse_sweep,
+    placeholders,
+)
+from spotray.controller.sweep import (
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    TrialFacts,
+    decide,
+    grid,
+    promotable,
+    rung_index,
+    trial_limit,
+)
+
+pytestmark = pytest.mark.unit
+
+SWEEP: dict[str, Any] = {
+    "apiVersion": "spotray.dev/v1alpha1",
+    "kind": "TrainingSweep",
+    "metadata": {"name": "gpt2-lr", "namespace": "team-a"},
+    "spec": {
+        "template": {
+            "entrypoint": "python -m spotray.jobs.gpt2 --max-steps 180 --learning-rate ${lr} --n-layer ${layers}",
+            "checkpoint": {"uri": "s3://bucket/sweeps/gpt2-lr/", "everySteps": 10},
+            "workers": {"replicas": 1, "gpu": 0},
+        },
+        "parameters": {
+            "lr": {"type": "float", "low": 1.0e-5, "high": 1.0e-2, "log": True},
+            "layers": {"type": "int", "values": [1, 2]},
+        },
+        "search": {"algorithm": "random", "seed": 7},
+        "objective": {"metric": "loss", "direction": "minimize"},
+        "trials": {"max": 9, "parallel": 3},
+        "earlyStopping": {"minSteps": 20, "reductionFactor": 3},
+    },
+}
+
+
+def sweep(**changes: Any) -> TrainingSweep:
+    document = copy.deepcopy(SWEEP)
+    for path, value in changes.items():
+        *parents, last = path.split("__")
+        target = document["spec"]
+        for key in parents:
+            target = target[key]
+        if value is None:
+            target.pop(last, None)
+        else:
+            target[last] = value
+    return parse_sweep(document)
+
+
+# -- the spec ---------------------------------------------------------------------------------------
+
+
+def test_a_sweep_reads_with_its_defaults_and_its_template_checked_as_a_trainingrun_spec() -> None:
+    parsed = sweep()
+    assert (parsed.name, parsed.namespace) == ("gpt2-lr", "team-a")
+    assert [p.name for p in parsed.spec.parameters] == ["lr", "layers"]
+    assert parsed.spec.parameters[0].log
+    assert parsed.spec.parameters[1].values == (1, 2)
+    assert (parsed.spec.algorithm, parsed.spec.seed, parsed.spec.max_trials, parsed.spec.parallel) == (
+        "random",
+        7,
+        9,
+        3,
+    )
+    assert parsed.spec.early_stopping == EarlyStopping(20, 3)
+    assert parsed.spec.template.checkpoint.fixed_every_steps == 10
+    assert EarlyStopping(20, 3).rungs(180) == [20, 60]
+
+
+def test_each_trial_is_a_trainingrun_with_its_values_its_own_prefix_and_its_sweep_named() -> None:
+    manifest = sweep().trial_manifest(4, {"lr": 0.0003, "layers": 2}, owner_uid="uid-1")
+    run = parse_training_run(manifest)
+    assert run.name == "gpt2-lr-t4"
+    assert run.namespace == "team-a"
+    assert run.spec.entrypoint.endswith("--learning-rate 0.0003 --n-layer 2")
+    assert run.spec.checkpoint.uri == "s3://bucket/sweeps/gpt2-lr/gpt2-lr-t4"
+    labels = manifest["metadata"]["labels"]
+    assert (labels[SWEEP_LABEL], labels[TRIAL_LABEL]) == ("gpt2-lr", "4")
+    assert json.loads(manifest["metadata"]["annotations"][PARAMS_ANNOTATION]) == {"layers": 2, "lr": 0.0003}
+    [owner] = manifest["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+        "TrainingSweep",
+        "gpt2-lr",
+        "uid-1",
+        True,
+    )
+    assert SWEEP["spec"]["template"]["checkpoint"]["uri"] == "s3://bucket/sweeps/gpt2-lr/", "the template is untouched"
+
+
+def test_a_literal_dollar_stays_and_only_named_placeholders_count() -> None:
+    assert placeholders("echo $$HOME ${lr} $layers") == {"lr", "layers"}
+
+
+@pytest.mark.parametrize(
+    ("changes", "said"),
+    [
+        ({"parameters__lr": {"type": "float", "low": 0.1, "high": 0.01}}, "spec.parameters.lr: low and high must be"),
+        ({"parameters__lr": {"type": "float", "low": 0, "high": 1, "log": True}}, "a log scale needs low > 0"),
+        ({"parameters__lr": {"type": "choice"}}, "a choice lists its values"),
+        ({"parameters__lr": {"type": "fraction", "low": 0, "high": 1}}, "spec.parameters.lr.type: must be one of"),
+        ({"parameters__lr": {"type": "int", "values": [1, "2"]}}, "every value must be an int"),
+        ({"parameters__lr": {"type": "float", "values": [0.1, 0.1]}}, "each value once"),
+        ({"parameters__lr": {"type": "int", "low": 1.5, "high": 3}}, "an int range has whole low and high"),
+        (
+            {"parameters__extra": {"type": "int", "low": 1, "high": 3}},
+            "spec.parameters.extra: the entrypoint never uses it",
+        ),
+        ({"template__entrypoint": "python train.py ${lr} ${layers} ${dropout}"}, "${dropout} names no parameter"),
+        ({"search__algorithm": "bayes"}, "spec.search.algorithm: must be one of grid, random, tpe"),
+        ({"search__algorithm": "grid"}, "spec.parameters.lr: a grid lists every value"),
+        ({"objective__metric": "accuracy"}, "spec.objective.metric: must be one of loss"),
+        ({"trials__max": 0}, "spec.trials.max: must be an integer from 1 to 999"),
+        ({"earlyStopping__minSteps": 25}, "must be a multiple of checkpoint.everySteps (10)"),
+        ({"earlyStopping__reductionFactor": 1}, "reductionFactor: must be an integer from 2 to 100"),
+        ({"template__checkpoint": {"uri": "s3://bucket/p", "everySteps": "auto"}}, "checkpoint.everySteps is auto"),
+        ({"template__checkpoint": None}, "spec.template: spec.checkpoint: missing"),
+        ({"parameters": None}, "spec.parameters: missing; name at least one"),
+        ({"budget": {"gpuHours": 3}}, "spec.budget: unknown field"),
+    ],
+)
+def test_a_wrong_sweep_is_refused_with_every_problem_and_its_place(changes: dict[str, Any], said: str) -> None:
+    with pytest.raises(InvalidSpecError) as refused:
+        sweep(**changes)
+    assert any(said in problem for problem in refused.value.problems), refused.value.problems
+
+
+def test_a_name_leaves_room_for_the_trial_number() -> None:
+    document = copy.deepcopy(SWEEP)
+    document["metadata"]["name"] = "s" * 38
+    with pytest.raises(InvalidSpecError, match="at most 37 characters"):
+        parse_sweep(document)
+
+
+# -- the decisions ----------------------------------------------------------------------------------
+
+
+def test_new_trials_fill_the_parallel_slots_with_values_that_do_not_change_when_asked_again() -> None:
+    spec = sweep().spec
+    first = decide(spec, [])
+    assert [number for number, _ in first.start] == [1, 2, 3]
+    assert decide(spec, []).start == first.start, "a controller that restarts asks for the same values"
+    for _, values in first.start:
+        assert 1e-5 <= values["lr"] <= 1e-2
+        assert values["layers"] in (1, 2)
+    assert len({v["lr"] for _, v in first.start}) == 3
+    running = [TrialFacts(n, v, RUNNING) for n, v in first.start]
+    assert decide(spec, running).start == [], "every slot is taken"
+    done = [TrialFacts(1, first.start[0][1], SUCCEEDED, value=1.0), *running[1:]]
+    assert [n for n, _ in decide(spec, done).start] == [4]
+
+
+def test_tpe_chooses_too_and_a_grid_lists_every_combination_once() -> None:
+    tpe = decide(sweep(search__algorithm="tpe").spec, [])
+    assert [n for n, _ in tpe.start] == [1, 2, 3]
+    spec = sweep(search__algorithm="grid", parameters__lr={"type": "float", "values": [0.001, 0.01]}).spec
+    assert grid(spec.parameters) == [
+        {"lr": 0.001, "layers": 1},
+        {"lr": 0.001, "layers": 2},
+        {"lr": 0.01, "layers": 1},
+        {"lr": 0.01, "layers": 2},
+    ]
+    assert trial_limit(spec) == 4
+    plan = decide(spec, [TrialFacts(n, v, SUCCEEDED, value=1.0) for n, v in enumerate(grid(spec.parameters)[:3], 1)])
+    assert plan.start == [(4, {"lr": 0.01, "layers": 2})]
+    everything = [TrialFacts(n, v, SUCCEEDED, value=float(n)) for n, v in enumerate(grid(spec.parameters), 1)]
+    finished = decide(spec, everything)
+    assert finished.finished
+    assert finished.best == (1, 1.0)
+
+
+def facts(number: int, state: str, rungs: dict[int, float], promoted: int | None = None) -> TrialFacts:
+    return TrialFacts(number, {"lr": 0.001 * number, "layers": 1}, state, rungs, promoted_rung=promoted)
+
+
+def test_the_rungs_are_numbered_as_the_pruner_numbers_them() -> None:
+    early = EarlyStopping(20, 3)
+    assert [rung_index(early, step) for step in (20, 60, 180)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="no rung"):
+        rung_index(early, 40)
+
+
+def test_a_trial_below_the_cut_at_a_rung_is_suspended_and_the_best_goes_on() -> None:
+    spec = sweep().spec
+    trials = [facts(1, RUNNING, {20: 1.0}, promoted=20), facts(2, RUNNING, {20: 2.0}), facts(3, RUNNING, {20: 3.0})]
+    plan = decide(spec, trials)
+    assert plan.suspend == [2, 3], "of three at the first rung, the best third goes on"
+    assert 1 not in plan.promoted, "a promotion is for good: trial 1 is not judged at rung 20 again"
+    assert plan.resume == []
+    assert [n for n, _ in plan.start] == [4, 5], "their slots go to new trials"
+
+
+def test_a_suspended_trial_is_promoted_later_once_enough_trials_reached_its_rung() -> None:
+    spec = sweep(trials__parallel=1).spec
+    # Trial 2 was second of two at rung 20 and stopped there; four more trials have reached it since,
+    # all worse: now it ranks second of six, in the best third, and resumes (before any new trial).
+    trials = [
+        facts(1, SUCCEEDED, {20: 1.0, 60: 0.5}, promoted=60),
+        facts(2, SUSPENDED, {20: 2.0}),
+        *(facts(n, SUSPENDED, {20: 2.0 + n}) for n in range(3, 7)),
+    ]
+    assert promotable(spec, trials, trials[1], 20)
+    assert not promotable(spec, trials, trials[2], 20)
+    plan = decide(spec, trials)
+    assert plan.resume == [2]
+    assert plan.promoted == {2: 20}
+    assert plan.start == [], "the one slot went to the promotion"
+    assert plan.best is None, "trial 1 has no final objective yet"
+
+
+def test_maximize_keeps_the_highest_and_a_sweep_ends_when_nothing_runs_or_can_resume() -> None:
+    spec = sweep(objective__direction="maximize", trials__max=3).spec
+    trials = [facts(1, RUNNING, {20: 1.0}), facts(2, RUNNING, {20: 5.0}, promoted=20), facts(3, RUNNING, {20: 3.0})]
+    assert decide(spec, trials).suspend == [1, 3]
+    over = [
+        TrialFacts(1, {"lr": 0.001, "layers": 1}, SUSPENDED, {20: 1.0}),
+        TrialFacts(2, {"lr": 0.002, "layers": 1}, SUCCEEDED, {20: 5.0}, value=7.0, promoted_rung=60),
+        TrialFacts(3, {"lr": 0.003, "layers": 1}, SUSPENDED, {20: 3.0}),
+    ]
+    plan = decide(spec, over)
+    assert (plan.resume, plan.start, plan.finished, plan.best) == ([], [], True, (2, 7.0))
