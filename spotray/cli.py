@@ -51,6 +51,7 @@ RUN_EXAMPLES = """examples:
   spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s
                                        # a worker's node vanishes, and returns 90 s later
   spotray run jobs/gpt2/trainingrun.yaml                                 # on the cluster: same as submit
+  spotray run jobs/gpt2/sweep.yaml --local     # a TrainingSweep: its trials as local runs (docs/sweeps.md)
 
 Without AWS_ENDPOINT_URL set, local mode starts its own S3 server (SeaweedFS) and keeps its data in
 the work directory, so running the same command again resumes from the last checkpoint.
@@ -136,6 +137,12 @@ S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AW
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from spotray.contract.spec import read_manifest  # noqa: PLC0415
+    from spotray.contract.sweep import SWEEP_KIND  # noqa: PLC0415
+
+    document = read_manifest(args.file)
+    if isinstance(document, dict) and document.get("kind") == SWEEP_KIND:
+        return run_sweep(args, document)
     if not args.local:
         injected = [flag for flag in LOCAL_FAULT_FLAGS if getattr(args, flag.lstrip("-").replace("-", "_"))]
         if injected:
@@ -170,6 +177,33 @@ def run_command(args: argparse.Namespace) -> int:
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 LOCAL_FAULT_FLAGS = ("--kill-worker-at", "--kill-all-at", "--preempt-at", "--lose-worker-at", "--add-worker-at")
+
+
+def run_sweep(args: argparse.Namespace, document: dict[str, object]) -> int:
+    """A TrainingSweep: its trials as local runs (docs/sweeps.md)."""
+    from spotray.contract.sweep import parse_sweep  # noqa: PLC0415
+
+    sweep = parse_sweep(document, where=str(args.file))
+    flags = (*LOCAL_FAULT_FLAGS, "--fresh-ray-cluster")
+    injected = [flag for flag in flags if getattr(args, flag.lstrip("-").replace("-", "_"))]
+    if injected:
+        raise SpotrayError(
+            f"{', '.join(injected)} applies to one local run, and {args.file} is a sweep of runs",
+            "drop the fault flags, or run one trial's manifest (<workdir>/<sweep>-tN.yaml) with them",
+        )
+    if not args.local:
+        raise SpotrayError(
+            f"{args.file} is a TrainingSweep, and the controller does not run sweeps yet",
+            "add --local to run its trials on this machine (docs/sweeps.md says what is built)",
+        )
+    from spotray.local_sweep import LocalSweep  # noqa: PLC0415
+    from spotray.progress import ProgressView  # noqa: PLC0415
+
+    workdir = args.workdir or Path("spotray-local") / sweep.name
+    progress = ProgressView()
+    progress.note(f"spotray: running TrainingSweep {sweep.name!r} locally; trials and their logs in {workdir}")
+    stop_like_ctrl_c()
+    return LocalSweep(sweep, workdir, progress=progress).run()
 
 
 def stop_like_ctrl_c() -> None:
@@ -282,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Without: submit it to the cluster in the current kube context (as `spotray submit`).",
         RUN_EXAMPLES,
     )
-    run.add_argument("file", type=Path, help="a TrainingRun manifest (YAML)")
+    run.add_argument("file", type=Path, help="a TrainingRun manifest (YAML), or a TrainingSweep's with --local")
     run.add_argument("--local", action="store_true", help="run on this machine (local Ray, embedded S3)")
     run.add_argument("--watch", action="store_true", help="(cluster) follow the run until it ends")
     run.add_argument(

@@ -305,6 +305,7 @@ def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobCo
         batch_size=args.batch_size,
         n_layer=args.n_layer,
         n_embd=args.n_embd,
+        learning_rate=args.learning_rate,
         dropout=args.dropout,
         create_bucket=args.create_bucket,
         events_path=events_path(args),
@@ -325,6 +326,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16, help="global batch size, split across workers")
     parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
     parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
+    parser.add_argument(
+        "--learning-rate", type=float, default=Gpt2JobConfig.learning_rate, help="AdamW's peak learning rate"
+    )
     parser.add_argument(
         "--dropout", type=float, default=0.1, help="0 makes runs with different worker counts numerically equal"
     )
@@ -349,6 +353,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.min_step_seconds < 0:
         parser.error("--min-step-seconds must be >= 0")
+    if not args.learning_rate > 0:
+        parser.error("--learning-rate must be > 0")
     for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")

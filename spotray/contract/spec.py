@@ -656,12 +656,16 @@ def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun
     return TrainingRun(name=str(name), spec=spec, namespace=str(namespace))
 
 
-def load_training_run(path: Path) -> TrainingRun:
-    """Read and validate a TrainingRun manifest file."""
+def read_manifest(path: Path) -> Any:
+    """A manifest file's document, unchecked (``kind`` says what to parse it as)."""
     try:
-        document = yaml.safe_load(path.read_text())
+        return yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise SpotrayError(f"{path} does not exist", "pass the path of a TrainingRun manifest") from None
     except yaml.YAMLError as error:
         raise SpotrayError(f"{path} is not valid YAML: {error}", "fix the YAML syntax at the place shown") from None
-    return parse_training_run(document, where=str(path))
+
+
+def load_training_run(path: Path) -> TrainingRun:
+    """Read and validate a TrainingRun manifest file."""
+    return parse_training_run(read_manifest(path), where=str(path))

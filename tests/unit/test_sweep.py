@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from spotray.cli import main
 from spotray.contract.spec import InvalidSpecError, parse_training_run
 from spotray.contract.sweep import (
     PARAMS_ANNOTATION,
@@ -31,8 +34,11 @@ from spotray.controller.sweep import (
     rung_index,
     trial_limit,
 )
+from spotray.local_sweep import SweepState, interval_mean, losses_by_step, rung_values
 
 pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SWEEP: dict[str, Any] = {
     "apiVersion": "spotray.dev/v1alpha1",
@@ -241,3 +247,34 @@ def test_maximize_keeps_the_highest_and_a_sweep_ends_when_nothing_runs_or_can_re
     ]
     plan = decide(spec, over)
     assert (plan.resume, plan.start, plan.finished, plan.best) == ([], [], True, (2, 7.0))
+
+
+# -- local mode's reading of a trial ----------------------------------------------------------------
+
+
+def test_a_rung_counts_once_its_checkpoint_is_complete_with_the_mean_loss_of_its_interval() -> None:
+    events: list[dict[str, Any]] = [{"event": "step", "step": s, "loss": float(s)} for s in range(1, 25)]
+    events.append({"event": "checkpoint_complete", "step": 20})
+    events += [{"event": "step", "step": 20, "loss": 100.0}]  # step 20 trained again after a resume: the latest counts
+    assert interval_mean(losses_by_step(events), 10, 10) == 5.5
+    assert rung_values(events, [10, 20, 30], 10) == {10: 5.5, 20: (sum(range(11, 20)) + 100.0) / 10}
+
+
+def test_the_local_sweep_state_survives_a_round_trip() -> None:
+    state = SweepState(values={1: {"lr": 0.001}}, promoted={1: 10}, suspended={2})
+    assert SweepState.from_json(state.to_json()) == state
+
+
+def test_a_sweep_goes_to_the_cluster_only_once_the_controller_runs_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "jobs/gpt2/sweep.yaml"]) == 2
+    assert "the controller does not run sweeps yet" in capsys.readouterr().err
+    assert main(["run", "jobs/gpt2/sweep.yaml", "--local", "--kill-all-at", "5"]) == 2
+    assert "--kill-all-at applies to one local run" in capsys.readouterr().err
+
+
+def test_the_example_sweep_reads_and_makes_trials_that_read_as_trainingruns() -> None:
+    example = parse_sweep(yaml.safe_load((ROOT / "jobs/gpt2/sweep.yaml").read_text()))
+    plan = decide(example.spec, [])
+    assert [number for number, _ in plan.start] == [1, 2]
+    run = parse_training_run(example.trial_manifest(1, plan.start[0][1]))
+    assert f"--learning-rate {plan.start[0][1]['lr']!r}" in run.spec.entrypoint

@@ -1,0 +1,304 @@
+"""``spotray run SWEEP --local``: a TrainingSweep on this machine, its trials as local runs.
+
+Each trial is ``spotray run <trial>.yaml --local`` in a process of its own, with a work directory of
+its own (``<workdir>/<sweep>-t<N>``) and its own Ray cluster; one embedded S3 server (or the
+configured endpoint) serves them all. What to do next is decided by the controller's own function
+(controller/sweep.py ``decide``) from what the trials' event logs say: their losses, the
+checkpoints they completed, how they ended. A trial stopped at a rung gets SIGTERM, which a local
+run takes as a spot notice (an emergency checkpoint, then it stops, Suspended); a trial promoted
+later is the same command run again, which resumes it from its newest complete checkpoint.
+
+The sweep's own state (each trial's values, the rungs it was let past, which trials it suspended)
+is ``<workdir>/sweep-state.json``: the same command run again goes on where the sweep stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from spotray.contract.errors import SpotrayError
+from spotray.contract.names import FAILED as RUN_FAILED
+from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
+from spotray.contract.spec import TrainingRun
+from spotray.contract.sweep import TrainingSweep, format_value
+from spotray.contract.uris import parse_uri
+from spotray.controller.sweep import FAILED, RUNNING, SUCCEEDED, SUSPENDED, SweepPlan, TrialFacts, decide
+from spotray.local import needs_embedded_s3
+from spotray.progress import ProgressView
+from spotray.reaper import Reaper
+from spotray.train.records.events import read_events
+from spotray.train.storage.local_s3 import LocalS3Server
+
+DECIDE_EVERY_S = 1.0
+
+
+@dataclass
+class TrialProcess:
+    number: int
+    process: subprocess.Popen[bytes]
+    stopping: bool = False  # sent SIGTERM: stopping at a rung
+
+
+@dataclass
+class SweepState:
+    """What the sweep decided that the trials' own records do not say."""
+
+    values: dict[int, dict[str, Any]] = field(default_factory=dict)
+    promoted: dict[int, int] = field(default_factory=dict)  # trial -> the highest rung step it was let past
+    suspended: set[int] = field(default_factory=set)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "values": {str(n): v for n, v in self.values.items()},
+                "promoted": {str(n): r for n, r in self.promoted.items()},
+                "suspended": sorted(self.suspended),
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> SweepState:
+        data = json.loads(text)
+        return cls(
+            values={int(n): v for n, v in data["values"].items()},
+            promoted={int(n): int(r) for n, r in data["promoted"].items()},
+            suspended={int(n) for n in data["suspended"]},
+        )
+
+
+def losses_by_step(events: list[dict[str, Any]]) -> dict[int, float]:
+    """Each step's loss; a step trained again after a resume keeps its latest loss (an exact resume gives
+    the same one)."""
+    return {int(e["step"]): float(e["loss"]) for e in events if e.get("event") == "step" and "loss" in e}
+
+
+def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:
+    """The mean loss over the checkpoint interval that ends at step ``end``: less noisy than one step's."""
+    window = [loss for step, loss in losses.items() if end - every < step <= end]
+    return sum(window) / len(window) if window else None
+
+
+def rung_values(events: list[dict[str, Any]], rungs: list[int], every: int) -> dict[int, float]:
+    """The objective at each rung whose checkpoint is complete."""
+    complete = max((int(e["step"]) for e in events if e.get("event") == "checkpoint_complete"), default=0)
+    losses = losses_by_step(events)
+    found = {rung: interval_mean(losses, rung, every) for rung in rungs if rung <= complete}
+    return {rung: value for rung, value in found.items() if value is not None and math.isfinite(value)}
+
+
+class LocalSweep:
+    """One TrainingSweep run locally; ``run()`` returns the exit code for the command line."""
+
+    def __init__(self, sweep: TrainingSweep, workdir: Path, *, progress: ProgressView) -> None:
+        template = sweep.spec.template
+        if template.workers.gpu:
+            raise SpotrayError(
+                f"spec.template.workers.gpu is {template.workers.gpu}, but local mode trains on CPU",
+                "set spec.template.workers.gpu: 0 for a local sweep (the cluster manifest may keep its GPUs)",
+            )
+        self.sweep = sweep
+        self.workdir = workdir.resolve()
+        self.progress = progress
+        self.every = template.checkpoint.fixed_every_steps or 0
+        self.processes: dict[int, TrialProcess] = {}
+        self.state = SweepState()
+        self.env: dict[str, str] = {}
+        self.reaper = Reaper()
+        # As many trials at once as the sweep asks and the machine's CPUs hold (one Ray cluster each).
+        per_trial = math.ceil(template.workers.num_workers * template.workers.cpu_per_worker)
+        self.fits = max(1, (os.cpu_count() or 1) // max(1, per_trial))
+
+    # -- the loop ------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._load_state()
+        spec = self.sweep.spec
+        if spec.parallel > self.fits:
+            self.progress.note(
+                f"trials.parallel is {spec.parallel}, and this machine's {os.cpu_count()} CPUs fit {self.fits} "
+                f"trial(s) of {spec.template.workers.num_workers} worker(s): {self.fits} at a time"
+            )
+        # Trials stop before the watchdog's end (which SIGKILLs what is left) and before the S3 server.
+        with self.reaper:
+            server = self._embedded_s3()
+            try:
+                return self._loop()
+            except KeyboardInterrupt:
+                self.progress.note("interrupted: stopping every trial on a checkpoint; run the same command to go on")
+                self._stop_all()
+                raise
+            finally:
+                if server is not None:
+                    server.stop()
+
+    def _embedded_s3(self) -> LocalS3Server | None:
+        """One S3 server for every trial, when none is configured (as local mode brings one for a run)."""
+        template = self.sweep.spec.template
+        if not needs_embedded_s3(TrainingRun(self.sweep.name, template, self.sweep.namespace), dict(os.environ)):
+            return None
+        server = LocalS3Server(self.workdir / "s3", on_launch=self.reaper.watch_session).start()
+        self.env = server.env()
+        for uri in (template.checkpoint.uri, template.data.uri):
+            if uri and uri.startswith("s3://"):
+                server.create_bucket(parse_uri(uri).bucket)
+        self.progress.note(f"embedded S3 (SeaweedFS) at {server.endpoint_url}, data in {server.data_dir}")
+        return server
+
+    def _loop(self) -> int:
+        spec = self.sweep.spec
+        limited = dataclasses.replace(spec, parallel=min(spec.parallel, self.fits))
+        while True:
+            facts = [self._facts(number) for number in sorted(self.state.values)]
+            plan = decide(limited, facts)
+            self._act(plan, facts)
+            if plan.finished:
+                return self._summary(facts, plan)
+            time.sleep(DECIDE_EVERY_S)
+
+    def _act(self, plan: SweepPlan, facts: list[TrialFacts]) -> None:
+        for number, rung in plan.promoted.items():
+            if self.state.promoted.get(number) != rung:
+                self.state.promoted[number] = rung
+                self.progress.note(f"trial {number} goes on past step {rung} ({self._rung_text(facts, number, rung)})")
+        for number in plan.suspend:
+            running = self.processes.get(number)
+            if running is not None and not running.stopping:
+                running.process.send_signal(signal.SIGTERM)  # a spot notice: it stops on a checkpoint
+                running.stopping = True
+                self.state.suspended.add(number)
+                rung = max(next(f for f in facts if f.number == number).rung_values)
+                self.progress.note(
+                    f"trial {number} stops at step {rung} ({self._rung_text(facts, number, rung)}: "
+                    "not among the best there); it may resume when more trials reach that step"
+                )
+        for number in plan.resume:
+            self.state.suspended.discard(number)
+            self._start(number, "resumes from its newest complete checkpoint")
+        for number, values in plan.start:
+            self.state.values[number] = values
+            self._start(number, " ".join(f"{name}={format_value(value)}" for name, value in values.items()))
+        # A trial that should be running but has no process (the sweep was stopped while it ran) starts again.
+        for fact in facts:
+            if fact.state == RUNNING and fact.number not in self.processes and fact.number not in plan.suspend:
+                self._start(fact.number, "goes on where it stopped")
+        self._save_state()
+
+    def _facts(self, number: int) -> TrialFacts:
+        name = self.sweep.trial_name(number)
+        events = list(read_events(self.workdir / name / "events.jsonl"))
+        early = self.sweep.spec.early_stopping
+        max_steps = max((int(e.get("max_steps") or 0) for e in events if e.get("event") == "start"), default=0)
+        values = rung_values(events, early.rungs(max_steps), self.every) if early is not None else {}
+        state, final = self._trial_state(number, events)
+        return TrialFacts(number, self.state.values[number], state, values, final, self.state.promoted.get(number))
+
+    def _trial_state(self, number: int, events: list[dict[str, Any]]) -> tuple[str, float | None]:
+        running = self.processes.get(number)
+        if running is not None and running.process.poll() is None:
+            return RUNNING, None
+        if running is not None:
+            del self.processes[number]
+        phase = self._phase(number)
+        if phase == RUN_SUCCEEDED:
+            ends = [int(e["step"]) for e in events if e.get("event") == "end"]
+            final = interval_mean(losses_by_step(events), ends[-1], self.every or 1) if ends else None
+            return SUCCEEDED, final
+        if phase == RUN_FAILED:
+            return FAILED, None
+        return (SUSPENDED, None) if number in self.state.suspended else (RUNNING, None)
+
+    def _phase(self, number: int) -> str | None:
+        path = self.workdir / self.sweep.trial_name(number) / "run-state.json"
+        try:
+            return str(json.loads(path.read_text())["status"].get("phase"))
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _start(self, number: int, why: str) -> None:
+        name = self.sweep.trial_name(number)
+        manifest = self.workdir / f"{name}.yaml"
+        manifest.write_text(yaml.safe_dump(self.sweep.trial_manifest(number, self.state.values[number])))
+        command = [
+            sys.executable,
+            "-m",
+            "spotray.cli",
+            "run",
+            str(manifest),
+            "--local",
+            "--workdir",
+            str(self.workdir / name),
+        ]
+        log = (self.workdir / f"{name}.log").open("ab")
+        with log:
+            process = subprocess.Popen(
+                command, env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.reaper.watch_session(process.pid)
+        self.processes[number] = TrialProcess(number, process)
+        self.progress.note(f"trial {number} ({name}) {why}; log: {self.workdir / f'{name}.log'}")
+
+    def _stop_all(self) -> None:
+        for running in self.processes.values():
+            if running.process.poll() is None:
+                running.process.send_signal(signal.SIGTERM)
+        for running in self.processes.values():
+            try:
+                running.process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(running.process.pid, signal.SIGKILL)
+        self._save_state()
+
+    # -- what it says ------------------------------------------------------------------------------
+
+    def _rung_text(self, facts: list[TrialFacts], number: int, rung: int) -> str:
+        value = next(f for f in facts if f.number == number).rung_values.get(rung)
+        return f"{self.sweep.spec.metric} {value:.4f}" if value is not None else "no value"
+
+    def _summary(self, facts: list[TrialFacts], plan: SweepPlan) -> int:
+        self.progress.note(f"\nsweep {self.sweep.name}: {len(facts)} trial(s) in {self.workdir}")
+        for fact in facts:
+            values = " ".join(f"{name}={format_value(value)}" for name, value in fact.values.items())
+            result = f"{self.sweep.spec.metric} {fact.value:.4f}" if fact.value is not None else ""
+            rungs = ", ".join(f"{step}: {value:.4f}" for step, value in sorted(fact.rung_values.items()))
+            self.progress.note(
+                f"  t{fact.number:<3} {fact.state:<10} {values}  {result}" + (f"  (rungs {rungs})" if rungs else "")
+            )
+        if plan.best is None:
+            self.progress.note("no trial succeeded")
+            return 1
+        number, value = plan.best
+        self.progress.note(
+            f"best: trial {number} ({self.sweep.trial_name(number)}), {self.sweep.spec.metric} {value:.4f}; "
+            f"its model: {self.workdir / self.sweep.trial_name(number) / 'final'}"
+        )
+        return 0
+
+    # -- state -------------------------------------------------------------------------------------
+
+    def _state_path(self) -> Path:
+        return self.workdir / "sweep-state.json"
+
+    def _load_state(self) -> None:
+        path = self._state_path()
+        if path.exists():
+            self.state = SweepState.from_json(path.read_text())
+            self.progress.note(f"going on with sweep {self.sweep.name} from {path}")
+
+    def _save_state(self) -> None:
+        partial = self._state_path().with_suffix(".partial")
+        partial.write_text(self.state.to_json())
+        partial.replace(self._state_path())
