@@ -58,6 +58,7 @@ class SweepState:
     values: dict[int, dict[str, Any]] = field(default_factory=dict)
     promoted: dict[int, int] = field(default_factory=dict)  # trial -> the highest rung step it was let past
     suspended: set[int] = field(default_factory=set)
+    decisions: list[tuple[int, int, str]] = field(default_factory=list)  # (trial, rung step, stopped/promoted)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -65,6 +66,7 @@ class SweepState:
                 "values": {str(n): v for n, v in self.values.items()},
                 "promoted": {str(n): r for n, r in self.promoted.items()},
                 "suspended": sorted(self.suspended),
+                "decisions": [list(d) for d in self.decisions],
             },
             sort_keys=True,
         )
@@ -76,6 +78,7 @@ class SweepState:
             values={int(n): v for n, v in data["values"].items()},
             promoted={int(n): int(r) for n, r in data["promoted"].items()},
             suspended={int(n) for n in data["suspended"]},
+            decisions=[(int(n), int(step), str(what)) for n, step, what in data.get("decisions", [])],
         )
 
 
@@ -173,6 +176,7 @@ class LocalSweep:
         for number, rung in plan.promoted.items():
             if self.state.promoted.get(number) != rung:
                 self.state.promoted[number] = rung
+                self.state.decisions.append((number, rung, "promoted"))
                 self.progress.note(f"trial {number} goes on past step {rung} ({self._rung_text(facts, number, rung)})")
         for number in plan.suspend:
             running = self.processes.get(number)
@@ -181,6 +185,7 @@ class LocalSweep:
                 running.stopping = True
                 self.state.suspended.add(number)
                 rung = max(next(f for f in facts if f.number == number).rung_values)
+                self.state.decisions.append((number, rung, "stopped"))
                 self.progress.note(
                     f"trial {number} stops at step {rung} ({self._rung_text(facts, number, rung)}: "
                     "not among the best there); it may resume when more trials reach that step"
@@ -277,6 +282,9 @@ class LocalSweep:
             self.progress.note(
                 f"  t{fact.number:<3} {fact.state:<10} {values}  {result}" + (f"  (rungs {rungs})" if rungs else "")
             )
+        png = self._plot()
+        if png is not None:
+            self.progress.note(f"loss curves: {png}")
         if plan.best is None:
             self.progress.note("no trial succeeded")
             return 1
@@ -286,6 +294,20 @@ class LocalSweep:
             f"its model: {self.workdir / self.sweep.trial_name(number) / 'final'}"
         )
         return 0
+
+    def _plot(self) -> Path | None:
+        """Every trial's loss curve, each stop and promotion marked (needs spotray[plot])."""
+        try:
+            from spotray.train.records.plot import plot_sweep  # noqa: PLC0415 - matplotlib only when plotting
+        except ImportError:
+            return None
+        curves = {}
+        for number in sorted(self.state.values):
+            events = read_events(self.workdir / self.sweep.trial_name(number) / "events.jsonl")
+            curves[f"t{number}"] = sorted(losses_by_step(list(events)).items())
+        marks = [(f"t{number}", step, what) for number, step, what in self.state.decisions]
+        png = self.workdir / "sweep.png"
+        return plot_sweep(curves, marks, png, f"sweep {self.sweep.name}: training loss of every trial")
 
     # -- state -------------------------------------------------------------------------------------
 

@@ -65,6 +65,7 @@ def test_a_trial_stopped_at_a_rung_is_promoted_later_and_ends_as_if_never_stoppe
     assert "trial 2 (gpt2-lr-t2) resumes from its newest complete checkpoint" in output
     assert "best: trial 1 (gpt2-lr-t1)" in output
     assert "Failed" not in output
+    assert (workdir / "sweep.png").read_bytes().startswith(b"\x89PNG"), "every trial's curve, stops marked"
 
     # The same trial alone, uninterrupted: the same final weights.
     alone = tmp_path / "alone"

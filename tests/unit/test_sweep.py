@@ -35,6 +35,7 @@ from spotray.controller.sweep import (
     trial_limit,
 )
 from spotray.local_sweep import SweepState, interval_mean, losses_by_step, rung_values
+from spotray.train.records.plot import plot_sweep
 
 pytestmark = pytest.mark.unit
 
@@ -261,8 +262,14 @@ def test_a_rung_counts_once_its_checkpoint_is_complete_with_the_mean_loss_of_its
 
 
 def test_the_local_sweep_state_survives_a_round_trip() -> None:
-    state = SweepState(values={1: {"lr": 0.001}}, promoted={1: 10}, suspended={2})
+    state = SweepState(values={1: {"lr": 0.001}}, promoted={1: 10}, suspended={2}, decisions=[(2, 10, "stopped")])
     assert SweepState.from_json(state.to_json()) == state
+
+
+def test_the_sweep_plot_draws_every_trial_with_its_stops_and_promotions(tmp_path: Path) -> None:
+    curves = {"t1": [(s, 5.0 - s / 10) for s in range(1, 31)], "t2": [(s, 5.0 - s / 20) for s in range(1, 31)]}
+    png = plot_sweep(curves, [("t2", 10, "stopped"), ("t2", 10, "promoted")], tmp_path / "sweep.png", "a sweep")
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_a_sweep_goes_to_the_cluster_only_once_the_controller_runs_sweeps(capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,3 +99,37 @@ def plot_loss_across_attempts(lifetimes: list[Lifetime], png_path: Path, title: 
     figure.savefig(png_path)
     plt.close(figure)
     return png_path
+
+
+def plot_sweep(
+    curves: dict[str, list[tuple[int, float]]],
+    marks: list[tuple[str, int, str]],
+    png_path: Path,
+    title: str,
+) -> Path:
+    """One loss curve per trial of a sweep (``curves``: label -> (step, loss) points), with each
+    decision marked where it was made (``marks``: label, step, "stopped" or "promoted")."""
+    figure, axes = plt.subplots(figsize=(12, 5), dpi=110)
+    colors = plt.get_cmap("tab10")
+    for index, (label, points) in enumerate(curves.items()):
+        if not points:
+            continue
+        color = colors(index % 10)
+        axes.plot([s for s, _ in points], [loss for _, loss in points], color=color, linewidth=1.2, label=label)
+        losses = dict(points)
+        for marked, step, what in marks:
+            if marked != label or step not in losses:
+                continue
+            symbol = "x" if what == "stopped" else "^"
+            axes.plot([step], [losses[step]], marker=symbol, markersize=9, color=color, linestyle="none")
+    axes.plot([], [], marker="x", color="gray", linestyle="none", label="stopped at a rung (suspended)")
+    axes.plot([], [], marker="^", color="gray", linestyle="none", label="promoted: resumed")
+    axes.set_xlabel("step")
+    axes.set_ylabel("training loss")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    figure.tight_layout()
+    figure.savefig(png_path)
+    plt.close(figure)
+    return png_path
