@@ -59,7 +59,7 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import DEPLOYMENT_COMPLETE, FAILED, JOB_FAILED, JOB_SUCCEEDED, SUCCEEDED, TERMINAL_PHASES
-from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
+from spotray.contract.spec import RunContext, TrainingRun, WorkerSpec, split_secret_ref
 from spotray.contract.uris import parse_uri
 from spotray.controller.lifecycle import (
     LOG_TAIL_CHARS,
@@ -153,6 +153,15 @@ def secret_env_from(run: TrainingRun, environ: Mapping[str, str]) -> dict[str, s
     return {name: environ[name] for name in run.spec.secret_env}
 
 
+def refuse_gpus(workers: WorkerSpec, field: str) -> None:
+    """Local mode trains on CPU: a manifest that asks for GPUs is refused, naming ``field``."""
+    if workers.gpu:
+        raise SpotrayError(
+            f"{field} is {workers.gpu}, but local mode trains on CPU",
+            f"set {field}: 0 to run it locally (the cluster manifest may keep its GPUs)",
+        )
+
+
 def ray_cpus_for(run: TrainingRun) -> int:
     """Enough logical CPUs for every worker (Ray may oversubscribe a small machine; that is fine here)."""
     needed = math.ceil(run.spec.workers.num_workers * run.spec.workers.cpu_per_worker)
@@ -203,11 +212,7 @@ class LocalRun:
     def __init__(
         self, run: TrainingRun, workdir: Path, faults: Faults, *, progress: ProgressView, keep_ray_cluster: bool = True
     ) -> None:
-        if run.spec.workers.gpu:
-            raise SpotrayError(
-                f"spec.workers.gpu is {run.spec.workers.gpu}, but local mode trains on CPU",
-                "set spec.workers.gpu: 0 for a local run (the cluster manifest may keep its GPUs)",
-            )
+        refuse_gpus(run.spec.workers, "spec.workers.gpu")
         self.run_spec = run
         self.workdir = workdir.resolve()
         self.faults = faults

@@ -28,14 +28,13 @@ from typing import Any
 
 import yaml
 
-from spotray.contract.errors import SpotrayError
 from spotray.contract.names import FAILED as RUN_FAILED
 from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
 from spotray.contract.sweep import TrainingSweep, format_value
 from spotray.contract.uris import parse_uri
 from spotray.controller.sweep import FAILED, RUNNING, SUCCEEDED, SUSPENDED, SweepPlan, TrialFacts, decide
-from spotray.local import needs_embedded_s3
+from spotray.local import needs_embedded_s3, refuse_gpus
 from spotray.progress import ProgressView
 from spotray.reaper import Reaper
 from spotray.train.records.events import read_events
@@ -107,11 +106,7 @@ class LocalSweep:
 
     def __init__(self, sweep: TrainingSweep, workdir: Path, *, progress: ProgressView) -> None:
         template = sweep.spec.template
-        if template.workers.gpu:
-            raise SpotrayError(
-                f"spec.template.workers.gpu is {template.workers.gpu}, but local mode trains on CPU",
-                "set spec.template.workers.gpu: 0 for a local sweep (the cluster manifest may keep its GPUs)",
-            )
+        refuse_gpus(template.workers, "spec.template.workers.gpu")
         self.sweep = sweep
         self.workdir = workdir.resolve()
         self.progress = progress
