@@ -41,6 +41,8 @@ from spotray.train.records.events import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 
 DECIDE_EVERY_S = 1.0
+# A trial whose command keeps ending before its run does (it cannot even start) fails after this many.
+MAX_UNASKED_EXITS = 3
 
 
 @dataclass
@@ -112,6 +114,7 @@ class LocalSweep:
         self.progress = progress
         self.every = template.checkpoint.fixed_every_steps or 0
         self.processes: dict[int, TrialProcess] = {}
+        self.unasked_exits: dict[int, int] = {}
         self.state = SweepState()
         self.env: dict[str, str] = {}
         self.reaper = Reaper()
@@ -210,16 +213,28 @@ class LocalSweep:
         running = self.processes.get(number)
         if running is not None and running.process.poll() is None:
             return RUNNING, None
+        phase = self._phase(number)
         if running is not None:
             del self.processes[number]
-        phase = self._phase(number)
+            if phase not in (RUN_SUCCEEDED, RUN_FAILED) and not running.stopping:
+                self._exited_unasked(number, running.process.returncode)
         if phase == RUN_SUCCEEDED:
             ends = [int(e["step"]) for e in events if e.get("event") == "end"]
             final = interval_mean(losses_by_step(events), ends[-1], self.every or 1) if ends else None
             return SUCCEEDED, final
-        if phase == RUN_FAILED:
+        if phase == RUN_FAILED or self.unasked_exits.get(number, 0) >= MAX_UNASKED_EXITS:
             return FAILED, None
         return (SUSPENDED, None) if number in self.state.suspended else (RUNNING, None)
+
+    def _exited_unasked(self, number: int, code: int) -> None:
+        """A trial's command ended before its run did, and the sweep had not stopped it: started again,
+        up to MAX_UNASKED_EXITS times, then counted as failed (its log says why)."""
+        self.unasked_exits[number] = self.unasked_exits.get(number, 0) + 1
+        log = self.workdir / f"{self.sweep.trial_name(number)}.log"
+        if self.unasked_exits[number] >= MAX_UNASKED_EXITS:
+            self.progress.note(f"trial {number} exited {MAX_UNASKED_EXITS} times (last code {code}): failed; see {log}")
+        else:
+            self.progress.note(f"trial {number} exited with code {code} before its run ended; see {log}")
 
     def _phase(self, number: int) -> str | None:
         path = self.workdir / self.sweep.trial_name(number) / "run-state.json"

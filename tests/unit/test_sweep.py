@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ from spotray.contract.sweep import (
     placeholders,
 )
 from spotray.controller.sweep import (
+    FAILED,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
@@ -34,7 +37,8 @@ from spotray.controller.sweep import (
     rung_index,
     trial_limit,
 )
-from spotray.local_sweep import SweepState, interval_mean, losses_by_step, rung_values
+from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, interval_mean, losses_by_step, rung_values
+from spotray.progress import ProgressView
 from spotray.train.records.plot import plot_sweep
 
 pytestmark = pytest.mark.unit
@@ -285,3 +289,15 @@ def test_the_example_sweep_reads_and_makes_trials_that_read_as_trainingruns() ->
     assert [number for number, _ in plan.start] == [1, 2]
     run = parse_training_run(example.trial_manifest(1, plan.start[0][1]))
     assert f"--learning-rate {plan.start[0][1]['lr']!r}" in run.spec.entrypoint
+
+
+def test_a_trial_whose_command_keeps_exiting_is_started_again_then_failed(tmp_path: Path) -> None:
+    example = parse_sweep(yaml.safe_load((ROOT / "jobs/gpt2/sweep.yaml").read_text()))
+    local = LocalSweep(example, tmp_path, progress=ProgressView())
+    local.state.values[1] = {"lr": 0.001}
+    states = []
+    for _ in range(3):  # a command that cannot even start its run (here: it exits 2 at once)
+        local.processes[1] = TrialProcess(1, subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"]))
+        local.processes[1].process.wait()
+        states.append(local._facts(1).state)
+    assert states == [RUNNING, RUNNING, FAILED]
