@@ -19,11 +19,10 @@ How an attempt ended and what comes next is decided by the controller's own func
 and, for an attempt that left none, the driver's exit code and the last lines of its log, as a
 RayJob's message gives them: the budgets mean the same here as on a cluster, and so do the words.
 Only the backoff differs: local mode starts the next attempt at once after a preemption or a
-failure, since there is no capacity to wait for, and on the same Ray cluster when the fault left it
-standing (a spot notice, a failed driver, a worker node lost): only a lost head starts a new one,
-as a reclaim that spares the head keeps its RayCluster on a cluster; after an infrastructure fault (the driver's exit
+failure, since there is no capacity to wait for; after an infrastructure fault (the driver's exit
 code 75: a store that did not answer), which spends no budget, it waits the controller's backoff,
-as a store that is down is not back at once. ``spec.secretEnv`` has no Secrets to read here: each
+as a store that is down is not back at once. The next attempt runs on the Ray cluster the last one
+left standing (after a spot notice or a failed driver): only a lost head starts a new one. ``spec.secretEnv`` has no Secrets to read here: each
 variable comes from this process's variable of the same name, checked before anything starts and
 given to the driver and the Ray cluster (its values never printed, nor in ``SPOTRAY_RUN``, which holds
 the references only). The run's state (its id, attempts and budgets spent,
