@@ -131,7 +131,7 @@ bench-goodput-elastic: setup ## local runs losing a worker node at random: elast
 	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
 		--capacity-back-s 60 --name goodput_elastic
 
-bench-local-recovery: setup ## make demo's run twice per round: a new Ray cluster per attempt vs the one left standing (~12 min)
+bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
 	$(PY) -m bench.local_recovery
 
 bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot node reclaimed once: goodput, RayJob -> first step, notice -> training again

@@ -22,12 +22,15 @@ Only the backoff differs: local mode starts the next attempt at once after a pre
 failure, since there is no capacity to wait for; after an infrastructure fault (the driver's exit
 code 75: a store that did not answer), which spends no budget, it waits the controller's backoff,
 as a store that is down is not back at once. The next attempt runs on the Ray cluster the last one
-left standing (after a spot notice or a failed driver): only a lost head starts a new one. ``spec.secretEnv`` has no Secrets to read here: each
-variable comes from this process's variable of the same name, checked before anything starts and
-given to the driver and the Ray cluster (its values never printed, nor in ``SPOTRAY_RUN``, which holds
-the references only). The run's state (its id, attempts and budgets spent,
-in the status' own shape) is kept in ``<workdir>/run-state.json``, so the same command run again
-goes on from where the run stopped, and a finished run is not trained again.
+left standing and usable (after a failed driver or an infrastructure fault). A lost head needs a
+new one, and so does a spot notice: the driver's SIGTERM drains every node of the cluster for
+preemption (train/launch/launcher.py), and Ray never takes a drained node back.
+``spec.secretEnv`` has no Secrets to read here: each variable comes from this process's variable of
+the same name, checked before anything starts and given to the driver and the Ray cluster (its
+values never printed, nor in ``SPOTRAY_RUN``, which holds the references only). The run's state
+(its id, attempts and budgets spent, in the status' own shape) is kept in
+``<workdir>/run-state.json``, so the same command run again goes on from where the run stopped, and
+a finished run is not trained again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from spotray.contract.attempts import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_PREEMPTED,
     OUTCOME_INTERRUPTED,
     OUTCOME_RUNNING,
     OUTCOME_SUSPENDED,
@@ -229,6 +233,9 @@ class LocalRun:
         # for every attempt, as before; bench/local_recovery.py measures one against the other).
         self.keep_ray_cluster = keep_ray_cluster
         self.cluster: LocalRayCluster | None = None
+        # A driver that got SIGTERM (a spot notice, Ctrl-C) drained every node of its cluster for
+        # preemption, and Ray never takes a drained node back: such a cluster is not kept.
+        self.cluster_drained = False
         self.node: LocalRayWorkerNode | None = None  # the worker node of a run with node faults, while up
 
     def run(self) -> int:
@@ -382,7 +389,9 @@ class LocalRun:
             )
             self.reaper.watch_session(driver.pid)
             try:
-                return self._watch(driver, cluster, cursor)
+                code, disruption = self._watch(driver, cluster, cursor)
+                self.cluster_drained |= code == EXIT_PREEMPTED  # a SIGTERM from anywhere drains it too
+                return code, disruption
             except KeyboardInterrupt:
                 self._stop_gracefully(driver)
                 raise
@@ -397,10 +406,10 @@ class LocalRun:
         Ray ends a driver's actors and placement groups when the driver exits, so the next driver finds
         the cluster's CPUs free again. Only a cluster whose head is gone is replaced, with its worker node.
         """
-        if self.cluster is not None and self.cluster.standing():
+        if self.cluster is not None and self.cluster.standing() and not self.cluster_drained:
             self.progress.note(f"attempt {attempt} runs on the Ray cluster still standing at {self.cluster.address}")
             return self.cluster, True
-        self._stop_cluster()  # what is left of a lost one: its temp dir, any node still up
+        self._stop_cluster()  # what is left of a lost or drained one: its temp dir, any node still up
         layout = self.node_layout
         self.cluster = LocalRayCluster(
             num_cpus=layout.head_cpus if layout.node_cpus else ray_cpus_for(self.run_spec),
@@ -415,7 +424,7 @@ class LocalRun:
     def _stop_cluster(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
-        self.cluster, self.node = None, None
+        self.cluster, self.node, self.cluster_drained = None, None, False
 
     def driver_env(self, context: RunContext, ray_address: str) -> dict[str, str]:
         """The environment of an attempt's driver: this process's, the S3 settings, ``spec.secretEnv``'s
@@ -471,6 +480,7 @@ class LocalRun:
         """Ctrl-C: treat it as a spot notice, so the run stops on a complete checkpoint and resumes next time."""
         self.progress.note("interrupted: asking for an emergency checkpoint before stopping (Ctrl-C again to kill)")
         driver.send_signal(signal.SIGTERM)
+        self.cluster_drained = True
         try:
             driver.wait(timeout=DEFAULT_GRACE_SECONDS + 30)
         except (subprocess.TimeoutExpired, KeyboardInterrupt):
@@ -497,6 +507,7 @@ class LocalRun:
             return what  # the node is gone: to the controller this is a preemption
         elif faults.preempt_at is not None and step >= faults.preempt_at:
             driver.send_signal(signal.SIGTERM)
+            self.cluster_drained = True
             self._injected(f"SIGTERM to the driver (a spot notice) at step {step}")
             self.faults = replace(faults, preempt_at=None)
         return None

@@ -1,4 +1,4 @@
-"""Local mode runs the next attempt on the Ray cluster the last one left standing (issue 39, item 5).
+"""Local mode runs the next attempt on the Ray cluster the last one left standing and undrained (issue 39, item 5).
 
 Ray itself is replaced here by a stand-in that says whether its head still runs: what is decided is
 which cluster an attempt gets. That Ray frees a finished driver's CPUs for the next driver is shown
@@ -80,6 +80,16 @@ def test_a_cluster_whose_head_is_gone_is_cleaned_up_and_replaced(run: LocalRun) 
     assert first.stops == 1, "what the lost one left (its temp dir) is removed"
 
 
+def test_a_cluster_a_notice_drained_is_not_kept(run: LocalRun) -> None:
+    first, _ = run._cluster_for(1)
+    run.cluster_drained = True  # the driver got SIGTERM: it drained every node for preemption
+    second, kept = run._cluster_for(2)
+    assert not kept
+    assert second is not first
+    assert first.stops == 1
+    assert not run.cluster_drained, "the new cluster is not drained"
+
+
 def test_the_run_ends_by_stopping_the_cluster_it_kept(run: LocalRun) -> None:
     cluster, _ = run._cluster_for(1)
     run._stop_cluster()
@@ -121,11 +131,11 @@ def test_the_benchmark_splits_each_restart_into_its_phases() -> None:
         {
             "attempt": 2,
             "ray_cluster": "kept",
-            "end_to_next_attempt_s": 4.0,
             "ray_start_s": 0.0,
             "driver_to_workers_up_s": 7.0,
             "workers_up_to_loop_s": 3.0,
             "loop_to_first_step_s": 1.5,
+            "begun_to_first_step_s": 11.5,
             "last_step_to_first_step_s": 15.5,
         }
     ]

@@ -1,0 +1,63 @@
+"""Local mode keeps the Ray cluster an attempt left standing and usable (issue 39, item 5), on real Ray.
+
+Attempt 1's driver exits 75 (an infrastructure fault: its store did not answer), which leaves the
+cluster as it was; attempt 2 runs on that same cluster, and a Ray task there proves it usable. A
+spot notice is the other case: the driver's SIGTERM drains every node, and the next attempt gets a
+new cluster (tests/integration/test_attempt_contract.py and test_demo.py check that one).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+
+    import ray
+
+    from spotray.contract.spec import RunContext
+
+    context = RunContext.from_env()
+    if context.attempt == 1:
+        sys.exit(75)  # an infrastructure fault: it spends no budget, and the cluster stays as it was
+    ray.init()
+    print("a task on the kept cluster returned", ray.get(ray.remote(lambda: 41 + 1).remote()))
+    """
+)
+
+
+@pytest.mark.campaign
+@pytest.mark.timeout(600)
+def test_the_attempt_after_an_infrastructure_fault_runs_on_the_same_ray_cluster(tmp_path: Path) -> None:
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    manifest = {
+        "apiVersion": "spotray.dev/v1alpha1",
+        "kind": "TrainingRun",
+        "metadata": {"name": "kept"},
+        "spec": {
+            "entrypoint": f"python {script}",
+            "workers": {"replicas": 1, "cpu": "1", "memory": "1Gi", "gpu": 0},
+            "checkpoint": {"uri": f"file://{tmp_path / 'checkpoints'}"},
+            "retry": {"backoffSeconds": 1},
+        },
+    }
+    path = tmp_path / "kept.yaml"
+    path.write_text(yaml.safe_dump(manifest))
+    workdir = tmp_path / "wd"
+    command = [sys.executable, "-m", "spotray.cli", "run", str(path), "--local", "--workdir", str(workdir)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=500, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "attempt 2 runs on the Ray cluster still standing" in output, output[-4000:]
+    assert "a task on the kept cluster returned 42" in (workdir / "attempt-2.log").read_text()
+    assert (workdir / "ray.log").read_text().count("Ray runtime started") == 1, "one `ray start` for both attempts"
