@@ -219,6 +219,20 @@ def _new_trials(spec: SweepSpec, trials: Sequence[TrialFacts], slots: int) -> li
     return chosen
 
 
+def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:
+    """The mean loss over the checkpoint interval that ends at step ``end``: less noisy than one step's."""
+    window = [loss for step, loss in losses.items() if end - every < step <= end]
+    return sum(window) / len(window) if window else None
+
+
+def rung_values(losses: dict[int, float], complete: int, rungs: Sequence[int], every: int) -> dict[int, float]:
+    """The objective at each rung up to ``complete``, the trial's newest complete checkpoint: a trial is
+    judged at a rung only once it can be stopped there and resumed from there without losing a step.
+    ``losses`` is each step's loss (from a local run's event log, or the progress records on a cluster)."""
+    found = {rung: interval_mean(losses, rung, every) for rung in rungs if rung <= complete}
+    return {rung: value for rung, value in found.items() if value is not None and math.isfinite(value)}
+
+
 def best(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple[int, float] | None:
     """The trial that Succeeded with the best objective, and that objective."""
     done = [

@@ -33,7 +33,17 @@ from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
 from spotray.contract.sweep import TrainingSweep, format_value
 from spotray.contract.uris import parse_uri
-from spotray.controller.sweep import FAILED, RUNNING, SUCCEEDED, SUSPENDED, SweepPlan, TrialFacts, decide
+from spotray.controller.sweep import (
+    FAILED,
+    RUNNING,
+    SUCCEEDED,
+    SUSPENDED,
+    SweepPlan,
+    TrialFacts,
+    decide,
+    interval_mean,
+    rung_values,
+)
 from spotray.local import needs_embedded_s3, refuse_gpus
 from spotray.progress import ProgressView
 from spotray.reaper import Reaper
@@ -89,18 +99,9 @@ def losses_by_step(events: list[dict[str, Any]]) -> dict[int, float]:
     return {int(e["step"]): float(e["loss"]) for e in events if e.get("event") == "step" and "loss" in e}
 
 
-def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:
-    """The mean loss over the checkpoint interval that ends at step ``end``: less noisy than one step's."""
-    window = [loss for step, loss in losses.items() if end - every < step <= end]
-    return sum(window) / len(window) if window else None
-
-
-def rung_values(events: list[dict[str, Any]], rungs: list[int], every: int) -> dict[int, float]:
-    """The objective at each rung whose checkpoint is complete."""
-    complete = max((int(e["step"]) for e in events if e.get("event") == "checkpoint_complete"), default=0)
-    losses = losses_by_step(events)
-    found = {rung: interval_mean(losses, rung, every) for rung in rungs if rung <= complete}
-    return {rung: value for rung, value in found.items() if value is not None and math.isfinite(value)}
+def complete_step(events: list[dict[str, Any]]) -> int:
+    """The step of the newest complete checkpoint the log reports (0: none yet)."""
+    return max((int(e["step"]) for e in events if e.get("event") == "checkpoint_complete"), default=0)
 
 
 class LocalSweep:
@@ -205,11 +206,14 @@ class LocalSweep:
         events = list(read_events(self.workdir / name / "events.jsonl"))
         early = self.sweep.spec.early_stopping
         max_steps = max((int(e.get("max_steps") or 0) for e in events if e.get("event") == "start"), default=0)
-        values = rung_values(events, early.rungs(max_steps), self.every) if early is not None else {}
-        state, final = self._trial_state(number, events)
+        losses = losses_by_step(events)
+        values = rung_values(losses, complete_step(events), early.rungs(max_steps), self.every) if early else {}
+        state, final = self._trial_state(number, events, losses)
         return TrialFacts(number, self.state.values[number], state, values, final, self.state.promoted.get(number))
 
-    def _trial_state(self, number: int, events: list[dict[str, Any]]) -> tuple[str, float | None]:
+    def _trial_state(
+        self, number: int, events: list[dict[str, Any]], losses: dict[int, float]
+    ) -> tuple[str, float | None]:
         running = self.processes.get(number)
         if running is not None and running.process.poll() is None:
             return RUNNING, None
@@ -220,8 +224,7 @@ class LocalSweep:
                 self._exited_unasked(number, running.process.returncode)
         if phase == RUN_SUCCEEDED:
             ends = [int(e["step"]) for e in events if e.get("event") == "end"]
-            final = interval_mean(losses_by_step(events), ends[-1], self.every or 1) if ends else None
-            return SUCCEEDED, final
+            return SUCCEEDED, interval_mean(losses, ends[-1], self.every or 1) if ends else None
         if phase == RUN_FAILED or self.unasked_exits.get(number, 0) >= MAX_UNASKED_EXITS:
             return FAILED, None
         return (SUSPENDED, None) if number in self.state.suspended else (RUNNING, None)

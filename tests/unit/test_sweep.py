@@ -33,11 +33,13 @@ from spotray.controller.sweep import (
     TrialFacts,
     decide,
     grid,
+    interval_mean,
     promotable,
     rung_index,
+    rung_values,
     trial_limit,
 )
-from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, interval_mean, losses_by_step, rung_values
+from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, complete_step, losses_by_step
 from spotray.progress import ProgressView
 from spotray.train.records.plot import plot_sweep
 
@@ -261,8 +263,12 @@ def test_a_rung_counts_once_its_checkpoint_is_complete_with_the_mean_loss_of_its
     events: list[dict[str, Any]] = [{"event": "step", "step": s, "loss": float(s)} for s in range(1, 25)]
     events.append({"event": "checkpoint_complete", "step": 20})
     events += [{"event": "step", "step": 20, "loss": 100.0}]  # step 20 trained again after a resume: the latest counts
-    assert interval_mean(losses_by_step(events), 10, 10) == 5.5
-    assert rung_values(events, [10, 20, 30], 10) == {10: 5.5, 20: (sum(range(11, 20)) + 100.0) / 10}
+    losses = losses_by_step(events)
+    assert interval_mean(losses, 10, 10) == 5.5
+    assert rung_values(losses, complete_step(events), [10, 20, 30], 10) == {
+        10: 5.5,
+        20: (sum(range(11, 20)) + 100.0) / 10,
+    }
 
 
 def test_the_local_sweep_state_survives_a_round_trip() -> None:
