@@ -20,13 +20,25 @@ controller that restarts (or decides twice) asks for the same values for the sam
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from spotray.contract.extras import extra_required
-from spotray.contract.sweep import EarlyStopping, Parameter, SweepSpec
+from spotray.contract.names import FAILED as FAILED_PHASE
+from spotray.contract.names import RUNNING as RUNNING_PHASE
+from spotray.contract.names import SUCCEEDED as SUCCEEDED_PHASE
+from spotray.contract.sweep import (
+    PARAMS_ANNOTATION,
+    PROMOTED_ANNOTATION,
+    STOPPED_ANNOTATION,
+    TRIAL_LABEL,
+    EarlyStopping,
+    Parameter,
+    SweepSpec,
+)
 
 with extra_required("sweep"):
     import optuna
@@ -58,6 +70,7 @@ class TrialFacts:
     rung_values: dict[int, float] = field(default_factory=dict)
     value: float | None = None
     promoted_rung: int | None = None  # the highest rung step it was let past (None: none yet)
+    held: bool = False  # suspended by someone else than the sweep: never resumed by it, takes no slot
 
 
 @dataclass(frozen=True)
@@ -180,7 +193,7 @@ def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
     if spec.early_stopping is not None:
         for trial in sorted(trials, key=lambda t: t.number):
             reached = [step for step in trial.rung_values if trial.promoted_rung is None or step > trial.promoted_rung]
-            if trial.state not in (RUNNING, SUSPENDED) or not reached:
+            if trial.state not in (RUNNING, SUSPENDED) or trial.held or not reached:
                 continue
             rung = max(reached)
             if promotable(spec, trials, trial, rung):
@@ -217,6 +230,78 @@ def _new_trials(spec: SweepSpec, trials: Sequence[TrialFacts], slots: int) -> li
         chosen.append((number, values))
         known.append(TrialFacts(number, values, RUNNING))  # the next one's sampler sees it as running
     return chosen
+
+
+def trial_facts(
+    spec: SweepSpec, run: dict[str, Any], losses: dict[int, float], complete: int, max_steps: int | None
+) -> TrialFacts | None:
+    """A trial's facts from its TrainingRun object (labels, annotations, spec.suspend, status.phase), each
+    step's loss from its progress records, its newest complete checkpoint's step and its step target.
+    None when the object is no trial (its number or values unreadable): it is not the sweep's to judge."""
+    metadata = run.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    try:
+        number = int((metadata.get("labels") or {})[TRIAL_LABEL])
+        values = json.loads(annotations[PARAMS_ANNOTATION])
+    except (KeyError, ValueError, TypeError):
+        return None
+    if not isinstance(values, dict):
+        return None
+    promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
+    phase = (run.get("status") or {}).get("phase")
+    every = spec.template.checkpoint.fixed_every_steps or 1
+    early = spec.early_stopping
+    rungs = rung_values(losses, complete, early.rungs(max_steps or 0), every) if early is not None else {}
+    if phase == SUCCEEDED_PHASE:
+        last = max(losses, default=None)
+        return TrialFacts(
+            number, values, SUCCEEDED, rungs, None if last is None else interval_mean(losses, last, every), promoted
+        )
+    if phase == FAILED_PHASE:
+        return TrialFacts(number, values, FAILED, rungs, promoted_rung=promoted)
+    if (run.get("spec") or {}).get("suspend"):
+        held = STOPPED_ANNOTATION not in annotations
+        return TrialFacts(number, values, SUSPENDED, rungs, promoted_rung=promoted, held=held)
+    return TrialFacts(number, values, RUNNING, rungs, promoted_rung=promoted)
+
+
+def _int_or_none(text: Any) -> int | None:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def trial_patches(plan: SweepPlan, facts: Sequence[TrialFacts]) -> dict[int, dict[str, Any]]:
+    """The merge patch of each trial's TrainingRun the plan changes: stopped at a rung (suspended, and
+    the rung recorded), promoted (the rung it was let past recorded; resumed if it was suspended)."""
+    patches: dict[int, dict[str, Any]] = {}
+    for number in plan.suspend:
+        rung = max(next(f for f in facts if f.number == number).rung_values)
+        patches[number] = {"metadata": {"annotations": {STOPPED_ANNOTATION: str(rung)}}, "spec": {"suspend": True}}
+    for number, rung in plan.promoted.items():
+        patch = patches.setdefault(number, {"metadata": {"annotations": {}}})
+        patch["metadata"]["annotations"][PROMOTED_ANNOTATION] = str(rung)
+        if number in plan.resume:
+            patch["metadata"]["annotations"][STOPPED_ANNOTATION] = None  # a merge patch removes it
+            patch["spec"] = {"suspend": False}
+    return patches
+
+
+def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) -> dict[str, Any]:
+    """The sweep's status: its phase, its trials by state, the best so far, how many of its trials started."""
+    states = (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
+    phase = RUNNING_PHASE if not plan.finished else (SUCCEEDED_PHASE if plan.best is not None else FAILED_PHASE)
+    status: dict[str, Any] = {
+        "phase": phase,
+        "trials": {state.lower(): sum(1 for f in facts if f.state == state) for state in states},
+        "started": max((f.number for f in facts), default=0) + len(plan.start),
+        "limit": trial_limit(spec),
+    }
+    if plan.best is not None:
+        number, value = plan.best
+        status["best"] = {"trial": number, spec.metric: round(value, 6)}
+    return status
 
 
 def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:

@@ -39,6 +39,8 @@ SWEEP_KIND = "TrainingSweep"
 SWEEP_LABEL = "spotray.dev/sweep"  # on each trial: the sweep it belongs to
 TRIAL_LABEL = "spotray.dev/trial"  # on each trial: its number
 PARAMS_ANNOTATION = "spotray.dev/params"  # on each trial: its values, as JSON
+PROMOTED_ANNOTATION = "spotray.dev/promoted-rung"  # on a trial: the highest rung step it was let past
+STOPPED_ANNOTATION = "spotray.dev/stopped-at-rung"  # on a trial the sweep suspended: the rung step it stopped at
 MAX_TRIALS = 999
 # Room for "-t999" after the sweep's name, within a TrainingRun name's limit.
 MAX_SWEEP_NAME_LENGTH = MAX_NAME_LENGTH - len(f"-t{MAX_TRIALS}")

@@ -18,6 +18,8 @@ from spotray.cli import main
 from spotray.contract.spec import InvalidSpecError, parse_training_run
 from spotray.contract.sweep import (
     PARAMS_ANNOTATION,
+    PROMOTED_ANNOTATION,
+    STOPPED_ANNOTATION,
     SWEEP_LABEL,
     TRIAL_LABEL,
     EarlyStopping,
@@ -37,7 +39,10 @@ from spotray.controller.sweep import (
     promotable,
     rung_index,
     rung_values,
+    sweep_status,
+    trial_facts,
     trial_limit,
+    trial_patches,
 )
 from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, complete_step, losses_by_step
 from spotray.progress import ProgressView
@@ -307,3 +312,73 @@ def test_a_trial_whose_command_keeps_exiting_is_started_again_then_failed(tmp_pa
         local.processes[1].process.wait()
         states.append(local._facts(1).state)
     assert states == [RUNNING, RUNNING, FAILED]
+
+
+# -- the controller's reading of a trial's TrainingRun, and what it writes ---------------------------
+
+
+def trial_object(number: int, phase: str, *, suspend: bool = False, **annotations: str) -> dict[str, Any]:
+    manifest = sweep().trial_manifest(number, {"lr": 0.001 * number, "layers": 1})
+    manifest["metadata"]["annotations"].update(annotations)
+    manifest["spec"]["suspend"] = suspend
+    manifest["status"] = {"phase": phase}
+    return manifest
+
+
+LOSSES = {step: 5.0 - step / 100 for step in range(1, 181)}
+
+
+def test_a_trainingrun_reads_as_the_trial_it_is() -> None:
+    spec = sweep().spec
+    running = trial_facts(spec, trial_object(2, "Running"), LOSSES, complete=70, max_steps=180)
+    assert running is not None
+    assert (running.number, running.state, running.values) == (2, RUNNING, {"lr": 0.002, "layers": 1})
+    # The mean loss over each rung's checkpoint interval (steps 11-20, 51-60), for rungs whose checkpoint is complete.
+    assert running.rung_values == {20: pytest.approx(5.0 - 15.5 / 100), 60: pytest.approx(5.0 - 55.5 / 100)}
+    done = trial_facts(spec, trial_object(3, "Succeeded", **{PROMOTED_ANNOTATION: "60"}), LOSSES, 180, 180)
+    assert done is not None
+    assert (done.state, done.promoted_rung) == (SUCCEEDED, 60)
+    assert done.value == pytest.approx(5.0 - 175.5 / 100), "the mean loss of the last checkpoint interval"
+    stopped = trial_facts(
+        spec, trial_object(4, "Suspended", suspend=True, **{STOPPED_ANNOTATION: "20"}), LOSSES, 20, 180
+    )
+    held = trial_facts(spec, trial_object(5, "Suspended", suspend=True), LOSSES, 20, 180)
+    assert stopped is not None
+    assert held is not None
+    assert (stopped.state, stopped.held, held.state, held.held) == (SUSPENDED, False, SUSPENDED, True)
+    stranger = trial_object(6, "Running")
+    del stranger["metadata"]["annotations"][PARAMS_ANNOTATION]
+    assert trial_facts(spec, stranger, LOSSES, 20, 180) is None, "not the sweep's to judge"
+
+
+def test_a_trial_suspended_by_someone_else_is_never_resumed_by_the_sweep() -> None:
+    spec = sweep(trials__parallel=1).spec
+    trials = [
+        facts(1, SUCCEEDED, {20: 1.0}, promoted=20),
+        TrialFacts(2, {"lr": 0.002, "layers": 1}, SUSPENDED, {20: 0.5}, held=True),
+    ]
+    assert decide(spec, trials).resume == []
+
+
+def test_the_patches_suspend_resume_and_record_the_rungs() -> None:
+    spec = sweep(trials__parallel=1).spec
+    trials = [
+        facts(1, RUNNING, {20: 9.5}),  # fourth of six at the rung: below the best third
+        facts(2, SUSPENDED, {20: 1.0}),  # first of six: promoted, into the slot trial 1 frees
+        *(facts(n, SUSPENDED, {20: 5.0 + n}) for n in range(3, 7)),
+    ]
+    plan = decide(spec, trials)
+    assert (plan.suspend, plan.resume) == ([1], [2])
+    patches = trial_patches(plan, trials)
+    assert patches[1] == {"metadata": {"annotations": {STOPPED_ANNOTATION: "20"}}, "spec": {"suspend": True}}
+    assert patches[2] == {
+        "metadata": {"annotations": {PROMOTED_ANNOTATION: "20", STOPPED_ANNOTATION: None}},
+        "spec": {"suspend": False},
+    }
+    status = sweep_status(spec, trials, plan)
+    assert status["phase"] == "Running"
+    assert status["trials"] == {"running": 1, "suspended": 5, "succeeded": 0, "failed": 0}
+    assert (status["started"], status["limit"]) == (6, 9)
+    done = [TrialFacts(1, {"lr": 0.001, "layers": 1}, SUCCEEDED, value=2.5)]
+    finished = sweep_status(sweep(trials__max=1).spec, done, decide(sweep(trials__max=1).spec, done))
+    assert (finished["phase"], finished["best"]) == ("Succeeded", {"trial": 1, "loss": 2.5})
