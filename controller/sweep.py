@@ -130,17 +130,21 @@ def _frozen(spec: SweepSpec, trial: TrialFacts, rungs: dict[int, float]) -> Froz
     }[trial.state]
     if state == TrialState.COMPLETE and (trial.value is None or not math.isfinite(trial.value)):
         state = TrialState.RUNNING  # its objective not read yet: its values are taken, its result unknown
-    early = spec.early_stopping
-    # The pruner's own record of the rungs a trial passed: completed_rung_<k> for the k-th rung.
-    rung_keys = {f"completed_rung_{rung_index(early, step)}": value for step, value in rungs.items()} if early else {}
     return create_trial(
         state=state,
         value=trial.value if state == TrialState.COMPLETE else None,
         params=trial.values,
         distributions=distributions(spec.parameters),
         intermediate_values=dict(rungs),
-        system_attrs=rung_keys,
+        system_attrs=_rung_keys(spec.early_stopping, rungs),
     )
+
+
+def _rung_keys(early: EarlyStopping | None, rungs: dict[int, float]) -> dict[str, float]:
+    """The pruner's own record of the rungs a trial reached: completed_rung_<k> for the k-th rung."""
+    if early is None:
+        return {}
+    return {f"completed_rung_{rung_index(early, step)}": value for step, value in rungs.items()}
 
 
 def rung_index(early: EarlyStopping, step: int) -> int:
@@ -180,7 +184,7 @@ def promotable(spec: SweepSpec, trials: Sequence[TrialFacts], trial: TrialFacts,
             params=trial.values,
             distributions=distributions(spec.parameters),
             intermediate_values={**below, rung: trial.rung_values[rung]},
-            system_attrs=_frozen(spec, trial, below).system_attrs,
+            system_attrs=_rung_keys(spec.early_stopping, below),
         )
     )
     judged = study.get_trials(deepcopy=False)[-1]
