@@ -179,16 +179,19 @@ class LocalSweep:
                 self.progress.note(f"trial {number} goes on past step {rung} ({self._rung_text(facts, number, rung)})")
         for number in plan.suspend:
             running = self.processes.get(number)
-            if running is not None and not running.stopping:
+            if running is not None and running.stopping:
+                continue  # stopping already: it ends on its emergency checkpoint
+            if running is not None:
                 running.process.send_signal(signal.SIGTERM)  # a spot notice: it stops on a checkpoint
                 running.stopping = True
-                self.state.suspended.add(number)
-                rung = max(next(f for f in facts if f.number == number).rung_values)
-                self.state.decisions.append((number, rung, "stopped"))
-                self.progress.note(
-                    f"trial {number} stops at step {rung} ({self._rung_text(facts, number, rung)}: "
-                    "not among the best there); it may resume when more trials reach that step"
-                )
+            # (A trial with no process, the sweep having been stopped while it ran, is not started again.)
+            self.state.suspended.add(number)
+            rung = max(next(f for f in facts if f.number == number).rung_values)
+            self.state.decisions.append((number, rung, "stopped"))
+            self.progress.note(
+                f"trial {number} stops at step {rung} ({self._rung_text(facts, number, rung)}: "
+                "not among the best there); it may resume when more trials reach that step"
+            )
         for number in plan.resume:
             self.state.suspended.discard(number)
             self._start(number, "resumes from its newest complete checkpoint")

@@ -5,6 +5,7 @@ and a trial stopped at a rung is suspended, then resumed once it ranks among the
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import subprocess
 import sys
@@ -382,3 +383,20 @@ def test_the_patches_suspend_resume_and_record_the_rungs() -> None:
     done = [TrialFacts(1, {"lr": 0.001, "layers": 1}, SUCCEEDED, value=2.5)]
     finished = sweep_status(sweep(trials__max=1).spec, done, decide(sweep(trials__max=1).spec, done))
     assert (finished["phase"], finished["best"]) == ("Succeeded", {"trial": 1, "loss": 2.5})
+
+
+def test_a_trial_without_a_process_that_falls_below_the_cut_is_suspended_not_left_running(tmp_path: Path) -> None:
+    """The sweep was stopped while trial 2 ran; started again, the trial is judged at its rung before it
+    is started again: below the cut, it is marked suspended (no process to signal), so its slot is free."""
+    example = parse_sweep(yaml.safe_load((ROOT / "jobs/gpt2/sweep.yaml").read_text()))
+    local = LocalSweep(example, tmp_path, progress=ProgressView())
+    local.state.values = {1: {"lr": 0.001}, 2: {"lr": 0.002}}
+    facts = [
+        TrialFacts(1, {"lr": 0.001}, SUCCEEDED, {10: 1.0}, value=0.5, promoted_rung=10),
+        TrialFacts(2, {"lr": 0.002}, RUNNING, {10: 2.0}),
+    ]
+    plan = decide(example.spec, facts)
+    assert plan.suspend == [2]
+    local._act(dataclasses.replace(plan, start=[]), facts)
+    assert local.state.suspended == {2}
+    assert 2 not in local.processes, "not started again"
