@@ -9,7 +9,10 @@ and the rules across a section's fields. tests/unit/test_crd.py fails when the c
 is older than this code.
 
     python -m spotray.controller.crd            # print the CRD as YAML
-    python -m spotray.controller.crd --write    # write charts/spotray/crds/trainingruns.spotray.dev.yaml (make crd)
+    python -m spotray.controller.crd --write    # write charts/spotray/crds/*.yaml and docs/trainingrun.md (make crd)
+
+The TrainingSweep CRD (``training_sweep_crd``) is smaller: its template is the TrainingRun spec schema
+above, the rest are shapes and ranges; spotray/contract/sweep.py checks what they cannot say.
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ from spotray.contract.spec import (
     field_type,
 )
 from spotray.contract.status import RunStatus, StatusField, StatusObject, declaration
+from spotray.contract.sweep import (
+    ALGORITHMS,
+    DIRECTIONS,
+    MAX_TRIALS,
+    METRICS,
+    PARAMETER_TYPES,
+    SWEEP_KIND,
+    SWEEP_PLURAL,
+)
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "charts" / "spotray" / "crds" / f"{CRD_NAME}.yaml"
 
@@ -411,6 +423,180 @@ def training_run_crd() -> dict[str, Any]:
     }
 
 
+SWEEP_CRD_NAME = f"{SWEEP_PLURAL}.{GROUP}"
+SWEEP_CRD_PATH = CRD_PATH.with_name(f"{SWEEP_CRD_NAME}.yaml")
+
+
+def _integer(description: str, low: int, high: int) -> dict[str, Any]:
+    return {"type": "integer", "minimum": low, "maximum": high, "description": description}
+
+
+def _choice(description: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+    return {"type": "string", "enum": list(allowed), "description": description}
+
+
+def _section(description: str, properties: dict[str, Any], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    section = {"type": "object", "description": description, "properties": properties}
+    if required:
+        section["required"] = list(required)
+    return section
+
+
+def sweep_spec_schema() -> dict[str, Any]:
+    """spec of a TrainingSweep: the shapes and ranges; spotray/contract/sweep.py checks the rest (that
+    every ${name} is a parameter, minSteps on a checkpoint) and names the fix in the sweep's status."""
+    template = spec_schema()
+    template["description"] = (
+        "A TrainingRun spec for every trial; ${name} in its entrypoint stands for parameter name's value, "
+        "and each trial's checkpoints go under <checkpoint.uri>/<sweep>-t<N>."
+    )
+    parameter = _section(
+        "A float or int range (low, high, log) or a list of values.",
+        {
+            "type": _choice("float, int or choice.", PARAMETER_TYPES),
+            "low": {"type": "number", "description": "The lowest value of a range."},
+            "high": {"type": "number", "description": "The highest value of a range."},
+            "log": {"type": "boolean", "description": "Sample the range on a log scale."},
+            "values": {
+                "type": "array",
+                "minItems": 1,
+                "description": "The values to choose from (a grid lists them all).",
+                "items": {"x-kubernetes-preserve-unknown-fields": True},
+            },
+        },
+        required=("type",),
+    )
+    return _section(
+        "A search over a TrainingRun template's parameters, each trial a TrainingRun owned by the sweep.",
+        {
+            "template": template,
+            "parameters": {
+                "type": "object",
+                "minProperties": 1,
+                "description": "The search space: parameter name -> its range or values.",
+                "additionalProperties": parameter,
+            },
+            "search": _section(
+                "How new trials get their values (Optuna's samplers).",
+                {
+                    "algorithm": {**_choice("grid, random or tpe.", ALGORITHMS), "default": "random"},
+                    "seed": {**_integer("Seeds every sampler: the same sweep asks for the same values.", 0, 2**31 - 1)},
+                },
+            ),
+            "objective": _section(
+                "What a trial is judged by: the mean loss over a checkpoint interval.",
+                {
+                    "metric": {**_choice("The metric (loss).", METRICS), "default": "loss"},
+                    "direction": {**_choice("minimize or maximize.", DIRECTIONS), "default": "minimize"},
+                },
+            ),
+            "trials": _section(
+                "How many trials in all, and how many at once.",
+                {
+                    "max": {**_integer("Trials in all.", 1, MAX_TRIALS), "default": 10},
+                    "parallel": {**_integer("Trials running at once.", 1, MAX_TRIALS), "default": 1},
+                },
+            ),
+            "earlyStopping": _section(
+                "Asynchronous successive halving at checkpoints: rungs at minSteps * reductionFactor^k.",
+                {
+                    "minSteps": _integer(
+                        "The first rung: a multiple of the template's checkpoint.everySteps.", 1, 10**9
+                    ),
+                    "reductionFactor": {**_integer("Only the best 1/factor go past a rung.", 2, 100), "default": 3},
+                },
+                required=("minSteps",),
+            ),
+        },
+        required=("template", "parameters"),
+    )
+
+
+SWEEP_TRIAL_STATES = ("running", "suspended", "succeeded", "failed")  # controller/sweep.py sweep_status's keys
+
+
+def sweep_status_schema() -> dict[str, Any]:
+    count = {"type": "integer", "minimum": 0}
+    return _section(
+        "Written by the controller: a report; the trials are the state.",
+        {
+            "phase": _string("Running, Succeeded (no trial left to run, one succeeded) or Failed."),
+            "message": _string("The sweep in one line, or what stops it, with the fix."),
+            "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
+            "started": {**count, "description": "Trials started so far."},
+            "limit": {
+                **count,
+                "description": "Trials the sweep may start in all (spec.trials.max, or the grid's size).",
+            },
+            "trials": _section(
+                "Trials by state.",
+                {
+                    state: {**count, "description": f"Trials {state}."}
+                    for state in ("running", "suspended", "succeeded", "failed")
+                },
+            ),
+            "best": _section(
+                "The trial that succeeded with the best objective.",
+                {"trial": {**count, "description": "Its number."}, **{m: {"type": "number"} for m in METRICS}},
+            ),
+        },
+    )
+
+
+def training_sweep_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition ``trainingsweeps.spotray.dev``, as a plain dict."""
+    schema = {
+        "type": "object",
+        "description": "A sweep of TrainingRuns: a search over a template's parameters, with early stopping.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": _string("The versioned schema of this object: spotray.dev/v1alpha1."),
+            "kind": _string("TrainingSweep."),
+            "metadata": {"type": "object"},
+            "spec": sweep_spec_schema(),
+            "status": sweep_status_schema(),
+        },
+    }
+    columns = [
+        _printer_column("Phase", ".status.phase", "string", "The sweep's phase."),
+        _printer_column("Started", ".status.started", "integer", "Trials started."),
+        _printer_column("Limit", ".status.limit", "integer", "Trials in all."),
+        _printer_column("Running", ".status.trials.running", "integer", "Trials running."),
+        _printer_column("Suspended", ".status.trials.suspended", "integer", "Trials stopped at a rung."),
+        _printer_column("Best", ".status.best.trial", "integer", "The best trial that succeeded."),
+        _printer_column("Loss", ".status.best.loss", "number", "Its objective."),
+        _printer_column("Age", ".metadata.creationTimestamp", "date", "Time since the sweep was created."),
+        _printer_column("Message", ".status.message", "string", "The sweep in one line."),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": SWEEP_CRD_NAME},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": SWEEP_KIND,
+                "listKind": f"{SWEEP_KIND}List",
+                "plural": SWEEP_PLURAL,
+                "singular": SWEEP_KIND.lower(),
+                "shortNames": ["tsw"],
+                "categories": ["spotray"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
 class _NoAliasDumper(yaml.SafeDumper):
     """Repeated rules are written out in full: anchors and aliases would only puzzle readers."""
 
@@ -418,9 +604,10 @@ class _NoAliasDumper(yaml.SafeDumper):
         return True
 
 
-def crd_yaml() -> str:
-    """The CRD as the YAML file the chart ships."""
-    body = yaml.dump(training_run_crd(), Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True)
+def crd_yaml(crd: dict[str, Any] | None = None) -> str:
+    """A CRD (the TrainingRun's unless told) as the YAML file the chart ships."""
+    document = crd if crd is not None else training_run_crd()
+    body = yaml.dump(document, Dumper=_NoAliasDumper, sort_keys=False, width=120, allow_unicode=True)
     return _HEADER + body
 
 
@@ -481,8 +668,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.write:
         CRD_PATH.parent.mkdir(parents=True, exist_ok=True)
         CRD_PATH.write_text(text)
+        SWEEP_CRD_PATH.write_text(crd_yaml(training_sweep_crd()))
         REFERENCE_PATH.write_text(reference_markdown())
-        print(f"wrote {CRD_PATH} and {REFERENCE_PATH}", file=sys.stderr)
+        print(f"wrote {CRD_PATH}, {SWEEP_CRD_PATH} and {REFERENCE_PATH}", file=sys.stderr)
     else:
         sys.stdout.write(text)
 

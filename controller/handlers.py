@@ -5,6 +5,8 @@
 - a RayJob of ours finished -> reconcile its run first thing too (the attempt ended);
 - every active run is refreshed periodically (progress and checkpoints from S3, a start deadline)
   by the work queue, at a bounded rate, or by a kopf timer when replicas peer for HA;
+- a TrainingSweep that is new or changed, or one of its trials (a TrainingRun labelled with it) that
+  changed -> reconcile the sweep (controller/sweep_reconcile.py) on a queue of its own;
 - a pod of ours got a ``DisruptionTarget`` condition (node gone, evicted, spot reclaim) -> the fact
   is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends.
 The Kubernetes and S3 clients block, so reconciles run on the queue's worker threads; those
@@ -39,11 +41,14 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.status import RunStatus
+from spotray.contract.sweep import SWEEP_LABEL, SWEEP_PLURAL
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import timestamp
 from spotray.controller.reconcile import disruption_note, disruption_time, reconcile
+from spotray.controller.sweep_reconcile import REFRESH_S as SWEEP_REFRESH_S
+from spotray.controller.sweep_reconcile import reconcile_sweep
 from spotray.controller.watch_health import WatchChecker, WatchHealth
 from spotray.controller.work_queue import WorkQueue
 
@@ -71,6 +76,17 @@ _queue = WorkQueue(
     refreshes_per_second=CONFIG.refreshes_per_second,
     workers=WORKERS,
     refresh_workers=REFRESH_WORKERS,
+)
+
+
+# Sweeps on a queue of their own, so that a sweep's decisions (an Optuna study rebuilt from its
+# trials) never hold up a run's reconcile; a sweep is one object, so a few threads are plenty.
+_sweeps = WorkQueue(
+    lambda namespace, name, _body: reconcile_sweep(cluster(), namespace, name),
+    interval_s=SWEEP_REFRESH_S,
+    refreshes_per_second=CONFIG.refreshes_per_second,
+    workers=2,
+    refresh_workers=1,
 )
 
 
@@ -116,6 +132,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     metrics.URGENT_BACKLOG.set_function(_queue.backlog)
     metrics.serve(CONFIG.metrics_port)
     _queue.start()
+    _sweeps.start()
     if not CONFIG.peering:
         global _watch_checker  # noqa: PLW0603 - one loop per process
         _watch_checker = WatchChecker(
@@ -128,6 +145,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 @kopf.on.cleanup()
 def stop_workers(**_: Any) -> None:
     _queue.stop()
+    _sweeps.stop()
     if _watch_checker is not None:
         _watch_checker.stop()
 
@@ -174,6 +192,33 @@ def on_timer(meta: kopf.Meta, **_: Any) -> None:
 if CONFIG.peering:
     # Standby replicas must not reconcile: kopf pauses its own timers there (see controller/work_queue.py).
     kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.reconcile_interval_seconds, initial_delay=1)(on_timer)
+
+
+@kopf.on.event(GROUP, VERSION, SWEEP_PLURAL)
+async def on_sweep_event(event: kopf.RawEvent, meta: kopf.Meta, status: kopf.Status, **_: Any) -> None:
+    """A TrainingSweep's events: new sweeps and spec changes are reconciled at once, all are tracked."""
+    namespace, name = str(meta.namespace), str(meta.name)
+    if event["type"] == "DELETED":
+        _sweeps.forget(namespace, name)
+        return
+    if not CONFIG.peering:
+        _sweeps.track(namespace, name, status.get("phase"))
+    if meta.get("generation") != status.get("observedGeneration"):
+        _sweeps.add(namespace, name)
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, labels={SWEEP_LABEL: kopf.PRESENT})
+async def on_trial_event(meta: kopf.Meta, **_: Any) -> None:
+    """A trial changed (its progress, a rung's objective, its phase): its sweep decides again."""
+    _sweeps.add(str(meta.namespace), meta.labels[SWEEP_LABEL])
+
+
+def on_sweep_timer(meta: kopf.Meta, **_: Any) -> None:
+    reconcile_sweep(cluster(), str(meta.namespace), str(meta.name))
+
+
+if CONFIG.peering:
+    kopf.timer(GROUP, VERSION, SWEEP_PLURAL, interval=SWEEP_REFRESH_S, initial_delay=1)(on_sweep_timer)
 
 
 def _finished(status: kopf.Status, **_: Any) -> bool:

@@ -20,6 +20,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from spotray.contract.names import API_VERSION, GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
+from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller.lifecycle import Event, RayJobRefusal, timestamp
 from spotray.controller.s3_access import SecretView
 
@@ -97,6 +98,49 @@ class Cluster:
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
             GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
+        )
+
+    # -- sweeps: a TrainingSweep and its trials, which are TrainingRuns (controller/sweep_reconcile.py)
+
+    def get_sweep(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(GROUP, VERSION, SWEEP_PLURAL, namespace, name)
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object_status(
+            GROUP, VERSION, namespace, SWEEP_PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
+        )
+
+    def list_labelled_runs(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """The TrainingRuns in ``namespace`` that carry all of ``labels`` (one LIST)."""
+        page = self.custom.list_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            label_selector=",".join(f"{key}={value}" for key, value in labels.items()),
+            _request_timeout=REQUEST_TIMEOUT,
+        )
+        return list(cast(dict[str, Any], page).get("items", []))
+
+    def create_run(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create a TrainingRun; None when created, else the one that already has its name (its owner
+        is the caller's to check). Any other refusal is raised as the ``ApiException`` it is."""
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        try:
+            self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, body, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            existing = self.get_run(namespace, name)
+            return existing if existing is not None else {"metadata": {"name": name}}
+        return None
+
+    def patch_run(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A merge patch of a TrainingRun's metadata and spec (a trial stopped or resumed)."""
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, patch, _request_timeout=REQUEST_TIMEOUT
         )
 
     def get_rayjob(self, namespace: str, name: str) -> dict[str, Any] | None:

@@ -42,7 +42,8 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
-from spotray.contract.status import Condition, RunStatus
+from spotray.contract.status import IntervalLoss, RunStatus
+from spotray.contract.sweep import objective_steps
 from spotray.controller import metrics
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
@@ -142,7 +143,13 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
 
 
 def _report(
-    run_store: Callable[[], ObjectStore], run: TrainingRun, state: RunState, run_uid: str, *, ended: bool
+    run_store: Callable[[], ObjectStore],
+    run: TrainingRun,
+    state: RunState,
+    run_uid: str,
+    *,
+    ended: bool,
+    objective_steps: Sequence[int] = (),
 ) -> tuple[StoreReport | None, str]:
     """(what S3 says about the current attempt, ""), or (None, why) when it cannot be read: a read
     failure goes into the message, not an error."""
@@ -160,6 +167,8 @@ def _report(
             ended=ended,
             requested=requested,
             ended_at=ended_at.timestamp() if ended_at else None,
+            objective_steps=objective_steps,
+            every_steps=run.spec.checkpoint.fixed_every_steps,
         )
     except (SpotrayError, OSError, ValueError) as error:
         log.warning("cannot read %s for %s/%s: %s", run.spec.checkpoint.uri, run.namespace, run.name, error)
@@ -419,7 +428,8 @@ def _act(  # noqa: PLR0917
         run_store,
         uid,
         state=decided.state,
-        previous_conditions=RunStatus.from_status(status).conditions or (),
+        previous=RunStatus.from_status(status),
+        objective_steps=objective_steps(body["metadata"].get("annotations") or {}),
         generation=body["metadata"].get("generation", 0),
         now=now,
         job=job if decided.create_attempt is None else None,  # a new attempt has no progress yet
@@ -533,7 +543,8 @@ def _status(
     run_uid: str,
     *,
     state: RunState,
-    previous_conditions: Sequence[Condition],
+    previous: RunStatus,
+    objective_steps: Sequence[int],
     generation: int,
     now: datetime,
     job: RayJobView | None,
@@ -544,14 +555,14 @@ def _status(
     status = replace(
         state.run_status(),
         observed_generation=generation,
-        conditions=conditions(state, previous_conditions, generation, now, storage_patience_s),
+        conditions=conditions(state, previous.conditions or (), generation, now, storage_patience_s),
     )
     # Progress and checkpoints can only have moved once the attempt's job was handed to Ray: until
     # then (a Ray cluster waiting for nodes: most runs on a busy cluster) S3 is not read, and the
     # fields keep their last value (the status is merge-patched, and to_patch leaves out what is None).
     if job is None or not job.submitted:
         return status.to_patch()
-    found, storage_error = _report(run_store, run, state, run_uid, ended=job.finished)
+    found, storage_error = _report(run_store, run, state, run_uid, ended=job.finished, objective_steps=objective_steps)
     if found is not None:
         status = replace(
             status,
@@ -559,6 +570,7 @@ def _status(
             last_checkpoint=found.last_checkpoint,
             goodput=found.goodput,
             checkpoint_interval=found.checkpoint_interval,
+            interval_losses=merged_interval_losses(previous.interval_losses, found.interval_losses),
         )
         if prices is not None and found.goodput is not None:
             status = replace(status, cost=run_cost(found.goodput, run.spec.workers, prices))
@@ -568,6 +580,21 @@ def _status(
     if storage_error:
         status = replace(status, message=bounded(f"{status.message} (cannot read checkpoints: {storage_error})"))
     return status.to_patch()
+
+
+MAX_INTERVAL_LOSSES = 64
+
+
+def merged_interval_losses(
+    stored: Sequence[IntervalLoss] | None, found: Sequence[IntervalLoss]
+) -> tuple[IntervalLoss, ...] | None:
+    """status.intervalLosses: the stored entries with this attempt's added (a step trained again, after a
+    checkpoint was lost, takes its newest value); None (keep what is stored) when there is nothing new."""
+    if not found:
+        return None
+    by_step = {entry.step: entry for entry in stored or ()} | {entry.step: entry for entry in found}
+    merged = tuple(by_step[step] for step in sorted(by_step, key=lambda step: step or 0))
+    return merged[-MAX_INTERVAL_LOSSES:]
 
 
 def timestamp_or_none(text: str | None) -> datetime | None:

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -43,7 +43,8 @@ from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
 from spotray.contract.errors import Cause, SpotrayError
 from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY, checkpoint_key_secret_name
 from spotray.contract.spec import TrainingRun
-from spotray.contract.status import CheckpointInterval, Goodput, LastCheckpoint, Progress
+from spotray.contract.status import CheckpointInterval, Goodput, IntervalLoss, LastCheckpoint, Progress
+from spotray.contract.sweep import objective_values
 from spotray.contract.uris import parse_uri
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
@@ -202,6 +203,7 @@ class StoreReport:
     last_checkpoint: LastCheckpoint | None
     goodput: Goodput | None = None
     checkpoint_interval: CheckpointInterval | None = None
+    interval_losses: tuple[IntervalLoss, ...] = ()  # a sweep's trial: its objective at the steps asked for
 
 
 @dataclass(frozen=True)
@@ -249,9 +251,13 @@ class StoreReports:
         ended: bool,
         requested: Mapping[int, float] | None = None,
         ended_at: float | None = None,
+        objective_steps: Sequence[int] = (),
+        every_steps: int | None = None,
     ) -> StoreReport:
         """The attempt's report; ``requested``: when each attempt was asked for (attempt -> unix time),
-        ``ended_at``: when the attempt ended, if it did (the ledger's wall time ends there)."""
+        ``ended_at``: when the attempt ended, if it did (the ledger's wall time ends there);
+        ``objective_steps``: a sweep's trial's rungs, whose objective the report gives once each is in a
+        complete checkpoint (``every_steps`` apart), with the last step's."""
         key = attempt.progress_key
         etag = next((info.etag for info in store.list(key) if info.key == key), None)
         now = time.monotonic()
@@ -270,11 +276,13 @@ class StoreReports:
             return seen.report
         raw = store.get_bytes(key, max_bytes=MAX_PROGRESS_BYTES) if etag is not None else None
         progress = parse_attempt_progress(raw, attempt) if raw is not None else None
+        last_checkpoint = last_checkpoint_status(store)
         report = StoreReport(
             *progress_status(progress),
-            last_checkpoint_status(store),
+            last_checkpoint,
             goodput=self._goodput(store, progress, requested or {}, ended_at),
             checkpoint_interval=checkpoint_interval_status(progress),
+            interval_losses=interval_losses_status(progress, objective_steps, last_checkpoint, every_steps),
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:
@@ -365,6 +373,27 @@ def checkpoint_interval_status(progress: AttemptProgress | None) -> CheckpointIn
     if progress is None or progress.checkpoint_interval is None:
         return None
     return CheckpointInterval.from_status(progress.checkpoint_interval)
+
+
+def interval_losses_status(
+    progress: AttemptProgress | None,
+    steps: Sequence[int],
+    last_checkpoint: LastCheckpoint | None,
+    every_steps: int | None,
+) -> tuple[IntervalLoss, ...]:
+    """status.intervalLosses' new entries: the objective at each of ``steps`` and at the attempt's step
+    target, from this attempt's logged losses, for the steps up to its newest complete checkpoint.
+
+    Only this attempt's points count: a step from before its resume has its entry from the attempt
+    that trained it (reconcile.py merges the entries into those stored). Nothing without a fixed
+    checkpoint interval: a trial's rungs are on checkpoints of one (spotray/contract/sweep.py).
+    """
+    if progress is None or not steps or not every_steps or last_checkpoint is None:
+        return ()
+    losses = {step: loss for step, loss, _ in progress.points}
+    wanted = [*steps, *([progress.max_steps] if progress.max_steps else [])]
+    found = objective_values(losses, wanted, last_checkpoint.step, every_steps)
+    return tuple(IntervalLoss(step=step, loss=round(loss, 6)) for step, loss in sorted(found.items()))
 
 
 def last_checkpoint_status(store: ObjectStore) -> LastCheckpoint | None:

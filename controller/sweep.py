@@ -30,7 +30,9 @@ from spotray.contract.extras import extra_required
 from spotray.contract.names import FAILED as FAILED_PHASE
 from spotray.contract.names import RUNNING as RUNNING_PHASE
 from spotray.contract.names import SUCCEEDED as SUCCEEDED_PHASE
+from spotray.contract.status import RunStatus
 from spotray.contract.sweep import (
+    MAX_RUNG_STEP,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
@@ -236,11 +238,10 @@ def _new_trials(spec: SweepSpec, trials: Sequence[TrialFacts], slots: int) -> li
     return chosen
 
 
-def trial_facts(
-    spec: SweepSpec, run: dict[str, Any], losses: dict[int, float], complete: int, max_steps: int | None
-) -> TrialFacts | None:
-    """A trial's facts from its TrainingRun object (labels, annotations, spec.suspend, status.phase), each
-    step's loss from its progress records, its newest complete checkpoint's step and its step target.
+def trial_facts(spec: SweepSpec, run: dict[str, Any]) -> TrialFacts | None:
+    """A trial's facts from its TrainingRun object alone: labels, annotations, spec.suspend, and in its
+    status the phase, the step target and the objective at each rung (status.intervalLosses, which the
+    controller records from the trial's progress once each rung is in a complete checkpoint).
     None when the object is no trial (its number or values unreadable): it is not the sweep's to judge."""
     metadata = run.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -251,22 +252,26 @@ def trial_facts(
         return None
     if not isinstance(values, dict):
         return None
-    promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
-    phase = (run.get("status") or {}).get("phase")
-    every = spec.template.checkpoint.fixed_every_steps or 1
+    status = RunStatus.of(run)
+    recorded = {
+        entry.step: entry.loss
+        for entry in status.interval_losses or ()
+        if entry.step is not None and entry.loss is not None and math.isfinite(entry.loss)
+    }
+    target = status.progress.total_steps if status.progress is not None else None
     early = spec.early_stopping
-    rungs = rung_values(losses, complete, early.rungs(max_steps or 0), every) if early is not None else {}
-    if phase == SUCCEEDED_PHASE:
-        last = max(losses, default=None)
-        return TrialFacts(
-            number, values, SUCCEEDED, rungs, None if last is None else interval_mean(losses, last, every), promoted
-        )
-    if phase == FAILED_PHASE:
-        return TrialFacts(number, values, FAILED, rungs, promoted_rung=promoted)
+    rungs = early.rungs(target or MAX_RUNG_STEP) if early is not None else []
+    reached = {step: recorded[step] for step in rungs if step in recorded}
+    promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
+    if status.phase == SUCCEEDED_PHASE:
+        last = target if target in recorded else max(recorded, default=None)
+        return TrialFacts(number, values, SUCCEEDED, reached, None if last is None else recorded[last], promoted)
+    if status.phase == FAILED_PHASE:
+        return TrialFacts(number, values, FAILED, reached, promoted_rung=promoted)
     if (run.get("spec") or {}).get("suspend"):
         held = STOPPED_ANNOTATION not in annotations
-        return TrialFacts(number, values, SUSPENDED, rungs, promoted_rung=promoted, held=held)
-    return TrialFacts(number, values, RUNNING, rungs, promoted_rung=promoted)
+        return TrialFacts(number, values, SUSPENDED, reached, promoted_rung=promoted, held=held)
+    return TrialFacts(number, values, RUNNING, reached, promoted_rung=promoted)
 
 
 def _int_or_none(text: Any) -> int | None:
@@ -306,20 +311,6 @@ def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) 
         number, value = plan.best
         status["best"] = {"trial": number, spec.metric: round(value, 6)}
     return status
-
-
-def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:
-    """The mean loss over the checkpoint interval that ends at step ``end``: less noisy than one step's."""
-    window = [loss for step, loss in losses.items() if end - every < step <= end]
-    return sum(window) / len(window) if window else None
-
-
-def rung_values(losses: dict[int, float], complete: int, rungs: Sequence[int], every: int) -> dict[int, float]:
-    """The objective at each rung up to ``complete``, the trial's newest complete checkpoint: a trial is
-    judged at a rung only once it can be stopped there and resumed from there without losing a step.
-    ``losses`` is each step's loss (from a local run's event log, or the progress records on a cluster)."""
-    found = {rung: interval_mean(losses, rung, every) for rung in rungs if rung <= complete}
-    return {rung: value for rung, value in found.items() if value is not None and math.isfinite(value)}
 
 
 def best(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple[int, float] | None:

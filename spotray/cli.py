@@ -192,10 +192,7 @@ def run_sweep(args: argparse.Namespace, document: dict[str, object]) -> int:
             "drop the fault flags, or run one trial's manifest (<workdir>/<sweep>-tN.yaml) with them",
         )
     if not args.local:
-        raise SpotrayError(
-            f"{args.file} is a TrainingSweep, and the controller does not run sweeps yet",
-            "add --local to run its trials on this machine (docs/sweeps.md says what is built)",
-        )
+        return submit_command(args)  # the controller runs its trials (controller/sweep_reconcile.py)
     from spotray.local_sweep import LocalSweep  # noqa: PLC0415
     from spotray.progress import ProgressView  # noqa: PLC0415
 

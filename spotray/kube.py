@@ -18,6 +18,7 @@ from spotray.cluster_options import KubeOptions
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 from spotray.contract.names import GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_KIND, RAYJOB_PLURAL, VERSION
+from spotray.contract.sweep import SWEEP_KIND, SWEEP_PLURAL
 from spotray.errors import CommandFailedError, NotFoundError
 
 with extra_required("controller"):
@@ -26,6 +27,7 @@ with extra_required("controller"):
     from kubernetes.config.config_exception import ConfigException
 
 FIELD_MANAGER = "spotray-cli"
+_PLURALS = {KIND: PLURAL, SWEEP_KIND: SWEEP_PLURAL}
 # (connect, read) seconds for every call: an API server that accepts the connection and never
 # answers (a half-open link, a hung proxy) fails the command with the fix instead of hanging it.
 REQUEST_TIMEOUT = (10.0, 30.0)
@@ -100,11 +102,12 @@ class ClusterConnection:
 
     # -- TrainingRuns -----------------------------------------------------------------------
 
-    def get_run(self, name: str, namespace: str | None = None) -> dict[str, Any]:
+    def get_run(self, name: str, namespace: str | None = None, *, kind: str = KIND) -> dict[str, Any]:
+        """A TrainingRun (or a TrainingSweep, with ``kind``)."""
         namespace = namespace or self.namespace
-        with self._call(f"get TrainingRun {name}", namespace):
+        with self._call(f"get {kind} {name}", namespace):
             run = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout
+                GROUP, VERSION, namespace, _PLURALS[kind], name, _request_timeout=self.request_timeout
             )
         return cast("dict[str, Any]", run)
 
@@ -118,19 +121,19 @@ class ClusterConnection:
         return sorted(items, key=lambda item: item["metadata"]["name"])
 
     def apply_run(self, document: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str]:
-        """Server-side apply, like ``kubectl apply --server-side``; returns the object and what changed:
-        created, configured or unchanged."""
-        name = document["metadata"]["name"]
+        """Server-side apply of a TrainingRun or a TrainingSweep (its ``kind``), like ``kubectl apply
+        --server-side``; returns the object and what changed: created, configured or unchanged."""
+        name, kind = document["metadata"]["name"], str(document.get("kind") or KIND)
         try:
-            before: dict[str, Any] | None = self.get_run(name, namespace)
+            before: dict[str, Any] | None = self.get_run(name, namespace, kind=kind)
         except NotFoundError:
             before = None
-        with self._call(f"apply TrainingRun {name}", namespace):
+        with self._call(f"apply {kind} {name}", namespace):
             after = self.custom.patch_namespaced_custom_object(
                 GROUP,
                 VERSION,
                 namespace,
-                PLURAL,
+                _PLURALS[kind],
                 name,
                 document,
                 field_manager=FIELD_MANAGER,

@@ -31,7 +31,7 @@ import yaml
 from spotray.contract.names import FAILED as RUN_FAILED
 from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
-from spotray.contract.sweep import TrainingSweep, format_value
+from spotray.contract.sweep import TrainingSweep, format_value, interval_mean, objective_values
 from spotray.contract.uris import parse_uri
 from spotray.controller.sweep import (
     FAILED,
@@ -41,8 +41,6 @@ from spotray.controller.sweep import (
     SweepPlan,
     TrialFacts,
     decide,
-    interval_mean,
-    rung_values,
 )
 from spotray.local import needs_embedded_s3, refuse_gpus
 from spotray.progress import ProgressView
@@ -210,7 +208,7 @@ class LocalSweep:
         early = self.sweep.spec.early_stopping
         max_steps = max((int(e.get("max_steps") or 0) for e in events if e.get("event") == "start"), default=0)
         losses = losses_by_step(events)
-        values = rung_values(losses, complete_step(events), early.rungs(max_steps), self.every) if early else {}
+        values = objective_values(losses, early.rungs(max_steps), complete_step(events), self.every) if early else {}
         state, final = self._trial_state(number, events, losses)
         return TrialFacts(number, self.state.values[number], state, values, final, self.state.promoted.get(number))
 

@@ -1,4 +1,4 @@
-"""``spotray submit FILE``: validate a TrainingRun here, then create or update it in the cluster.
+"""``spotray submit FILE``: validate a TrainingRun (or a TrainingSweep) here, then create or update it in the cluster.
 
 Validation runs first and locally (``load_training_run``), so a bad manifest is refused with
 every problem listed before anything reaches the cluster. The object is then applied server-side
@@ -18,6 +18,7 @@ from spotray.contract.attempts import EXIT_OK
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import GROUP
 from spotray.contract.spec import load_training_run
+from spotray.contract.sweep import SWEEP_KIND, SWEEP_LABEL, parse_sweep
 from spotray.output import emit
 from spotray.watch import watch_run
 
@@ -40,9 +41,26 @@ def next_steps(name: str, namespace: str) -> str:
     return "\n".join(["next:", *(f"  {command.ljust(width)}   # {why}" for command, why in steps)])
 
 
+def sweep_next_steps(name: str, namespace: str) -> str:
+    return "\n".join(
+        [
+            "next:",
+            f"  kubectl get trainingsweep {name} -n {namespace}          # trials by state, the best so far",
+            f"  kubectl get trainingruns -n {namespace} -l {SWEEP_LABEL}={name}   # its trials, each a TrainingRun",
+        ]
+    )
+
+
 def submit_command(path: Path, kube: KubeOptions, *, watch: bool) -> int:
-    training_run = load_training_run(path)  # refuses a bad manifest here, listing every problem
     document: dict[str, Any] = yaml.safe_load(path.read_text())
+    is_sweep = isinstance(document, dict) and document.get("kind") == SWEEP_KIND
+    if is_sweep:
+        # Refuses a bad sweep here, listing every problem; its template is checked as a TrainingRun's spec.
+        name = parse_sweep(document, where=str(path)).name
+        if watch:
+            raise SpotrayError("--watch follows one TrainingRun, and this is a sweep", "drop --watch")
+    else:
+        name = load_training_run(path).name  # refuses a bad manifest here, listing every problem
     namespace = manifest_namespace(document)
     if namespace and kube.namespace and namespace != kube.namespace:
         raise SpotrayError(
@@ -54,8 +72,8 @@ def submit_command(path: Path, kube: KubeOptions, *, watch: bool) -> int:
     cluster = ClusterConnection(replace(kube, namespace=namespace or kube.namespace))
     _, verb = cluster.apply_run(document, cluster.namespace)
     where = f"namespace {cluster.namespace}, context {cluster.context_name}"
-    emit(f"trainingrun.{GROUP}/{training_run.name} {verb} ({where})")
+    emit(f"{'trainingsweep' if is_sweep else 'trainingrun'}.{GROUP}/{name} {verb} ({where})")
     if watch:
-        return watch_run(cluster, training_run.name)
-    emit(next_steps(training_run.name, cluster.namespace))
+        return watch_run(cluster, name)
+    emit(sweep_next_steps(name, cluster.namespace) if is_sweep else next_steps(name, cluster.namespace))
     return EXIT_OK

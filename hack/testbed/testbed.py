@@ -937,6 +937,9 @@ def _write_in_place(path: Path, text: str) -> None:
 # -- Ray heads --------------------------------------------------------------------------------
 
 
+RAY_STARTED = "Ray runtime started."  # what `ray start` prints once its node registered (ray/scripts/scripts.py)
+
+
 class RayHead:
     """A real `ray start --head` on a loopback address, for the bridge.
 
@@ -965,9 +968,30 @@ class RayHead:
         self.gcs_address = ""  # host:port, once started
         self.env: dict[str, str] = {}
         self.nodes: list[LocalRayWorkerNode] = []
+        self._log_start = 0
 
-    def start(self) -> RayHead:
+    def start(self, tries: int = 3) -> RayHead:
+        """Start the head; a `ray start` that dies while starting up is started again, up to ``tries``.
+
+        On a loaded machine Ray's own start-up can give up: the raylet must register with the GCS
+        within 30 s (hard-coded in ray/_private/node.py), and a CI run once lost its session's head
+        that way ("The current node timed out during startup"), failing every test that used it.
+        A head that died starting is a transient fault of the test bed, not of what is under test.
+        """
+        for attempt in range(1, tries + 1):
+            try:
+                return self._start_once()
+            except ProcessDiedError as died:
+                log_tail = (self.workdir / f"ray-head-{self.address}.log").read_text(errors="replace")[-600:]
+                if attempt == tries:
+                    raise ProcessDiedError(f"{died}, {tries} times; the last log lines:\n{log_tail}") from died
+                print(f"Ray head on {self.address}: {died} while starting up (try {attempt} of {tries}); again")
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> RayHead:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        log_path = self.workdir / f"ray-head-{self.address}.log"
+        self._log_start = len(log_path.read_text(errors="replace")) if log_path.exists() else 0  # this try's lines
         self.temp_dir = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=RAY_TEMP_ROOT))
         (self.temp_dir / "owner").write_text(str(os.getpid()))
         venv_bin = str(Path(sys.executable).parent)
@@ -983,6 +1007,7 @@ class RayHead:
             # gloo (torch.distributed on CPU, Ray Train's default) binds to the host name's
             # interface unless told otherwise; keep its traffic on loopback.
             "GLOO_SOCKET_IFNAME": "lo",
+            "PYTHONUNBUFFERED": "1",  # its "Ray runtime started." reaches the log as it is printed
             **self.extra_env,
         }
         env.pop("RAY_ADDRESS", None)
@@ -1038,8 +1063,13 @@ class RayHead:
         return [pid for pid in processes_using(log.resolve()) if not _cmdline(pid).startswith("ray::")]
 
     def _jobs_api_up(self) -> bool:
+        """Up: `ray start` said so (its raylet registered; the dashboard alone comes up before that,
+        and a head whose raylet then timed out served the jobs API and ran no job) and the jobs API answers."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ProcessDiedError(f"ray start exited with {self.proc.returncode}")
+        log = (self.workdir / f"ray-head-{self.address}.log").read_text(errors="replace")
+        if RAY_STARTED not in log[self._log_start :]:
+            return False
         import urllib.request  # noqa: PLC0415 - only needed here
 
         with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as resp:  # noqa: S310

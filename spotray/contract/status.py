@@ -290,6 +290,14 @@ class LastCheckpoint(StatusObject):
 
 
 @dataclass(frozen=True)
+class IntervalLoss(StatusObject):
+    """The mean training loss over the checkpoint interval that ends at a step: a sweep's objective there."""
+
+    step: int | None = status_field("The step the interval ends at (a checkpoint's).", minimum=1)
+    loss: float | None = status_field("The mean of the losses logged in the interval.")
+
+
+@dataclass(frozen=True)
 class LostSeconds(StatusObject):
     """status.goodput.lostSeconds: the wall time that is not surviving step time, by cause (whole seconds)."""
 
@@ -452,6 +460,11 @@ class RunStatus(StatusObject):
     checkpoint_interval: CheckpointInterval | None = status_field(
         "With spec.checkpoint.everySteps: auto, the interval in use and the numbers it came from "
         "(Young/Daly: about sqrt(2 x checkpoint cost x mean time between interruptions))."
+    )
+    interval_losses: tuple[IntervalLoss, ...] | None = status_field(
+        "For a sweep's trial: the objective at each step its spotray.dev/objective-steps annotation lists "
+        "and at its last step, once that step is in a complete checkpoint (controller/sweep.py reads it).",
+        items="The mean loss over one checkpoint interval.",
     )
     attempts: tuple[AttemptStatus, ...] | None = status_field(
         "The last 20 attempts, oldest first (preemptions and failures count them all).",

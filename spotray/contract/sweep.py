@@ -36,11 +36,17 @@ from spotray.contract.names import API_VERSION, KIND
 from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, RunSpec, name_problem, parse_spec
 
 SWEEP_KIND = "TrainingSweep"
+SWEEP_PLURAL = "trainingsweeps"
 SWEEP_LABEL = "spotray.dev/sweep"  # on each trial: the sweep it belongs to
 TRIAL_LABEL = "spotray.dev/trial"  # on each trial: its number
 PARAMS_ANNOTATION = "spotray.dev/params"  # on each trial: its values, as JSON
 PROMOTED_ANNOTATION = "spotray.dev/promoted-rung"  # on a trial: the highest rung step it was let past
 STOPPED_ANNOTATION = "spotray.dev/stopped-at-rung"  # on a trial the sweep suspended: the rung step it stopped at
+# On a trial with early stopping: the rung steps, comma-separated, at which the controller records the
+# trial's objective in its status (status.intervalLosses), besides its last step.
+OBJECTIVE_STEPS_ANNOTATION = "spotray.dev/objective-steps"
+# Rungs are listed up to here, whatever a trial's step target (which only its entrypoint knows).
+MAX_RUNG_STEP = 10**9
 MAX_TRIALS = 999
 # Room for "-t999" after the sweep's name, within a TrainingRun name's limit.
 MAX_SWEEP_NAME_LENGTH = MAX_NAME_LENGTH - len(f"-t{MAX_TRIALS}")
@@ -127,6 +133,9 @@ class TrainingSweep:
             "labels": {SWEEP_LABEL: self.name, TRIAL_LABEL: str(number)},
             "annotations": {PARAMS_ANNOTATION: json.dumps(values, sort_keys=True)},
         }
+        if self.spec.early_stopping is not None:
+            rungs = self.spec.early_stopping.rungs(MAX_RUNG_STEP)
+            metadata["annotations"][OBJECTIVE_STEPS_ANNOTATION] = ",".join(map(str, rungs))
         if owner_uid is not None:
             metadata["ownerReferences"] = [
                 {
@@ -139,6 +148,34 @@ class TrainingSweep:
                 }
             ]
         return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
+
+
+def objective_steps(annotations: dict[str, Any]) -> tuple[int, ...]:
+    """The steps a trial's annotation asks the objective for; () when it has none or it is unreadable."""
+    try:
+        steps = tuple(int(step) for step in str(annotations.get(OBJECTIVE_STEPS_ANNOTATION) or "").split(",") if step)
+    except ValueError:
+        return ()
+    return tuple(step for step in steps if 0 < step <= MAX_RUNG_STEP)[:64]
+
+
+def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:
+    """A trial's objective at step ``end``: the mean loss over the checkpoint interval that ends there,
+    which is less noisy than one step's (over the steps logged in it; None when none was)."""
+    window = [loss for step, loss in losses.items() if end - every < step <= end and math.isfinite(loss)]
+    return sum(window) / len(window) if window else None
+
+
+def objective_values(
+    losses: dict[int, float], steps: tuple[int, ...] | list[int], complete: int | None, every: int
+) -> dict[int, float]:
+    """The objective at each of ``steps`` up to ``complete``, the newest complete checkpoint's step: a
+    trial is judged at a step only once it can be stopped there and resumed from there without losing
+    a step. ``losses`` maps each step to its loss (a local run's event log, or an attempt's progress)."""
+    if complete is None:
+        return {}
+    found = {step: interval_mean(losses, step, every) for step in steps if step <= complete}
+    return {step: value for step, value in found.items() if value is not None}
 
 
 def format_value(value: Any) -> str:

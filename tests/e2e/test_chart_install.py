@@ -48,6 +48,9 @@ ALLOWED_IN_NAMESPACE = [
 # Rights granted that the spot-loss run below does not call, each with the path that needs it.
 NOT_CALLED_IN_THIS_RUN: dict[tuple[str, str], str] = {
     ("patch", "trainingruns.spotray.dev"): "kopf's finalizer on each run, kept with HA peering (replicas > 1)",
+    ("create", "trainingruns.spotray.dev"): "a sweep's trials (tests/e2e/test_sweep.py)",
+    ("get", "trainingsweeps.spotray.dev"): "a sweep's reconcile reads it (tests/e2e/test_sweep.py)",
+    ("patch", "trainingsweeps.spotray.dev/status"): "a sweep's status (tests/e2e/test_sweep.py)",
     ("update", "trainingruns.spotray.dev/finalizers"): (
         "never a request: the OwnerReferencesPermissionEnforcement admission plugin (OpenShift) checks it "
         "when a RayJob whose owner reference blocks the run's deletion is created"

@@ -131,8 +131,10 @@ EXPECTED_KINDS = {
 
 # The controller's contract (controller/config.py): what it must be allowed to do.
 NAMESPACED_PERMISSIONS = {
-    ("spotray.dev", "trainingruns"): {"get", "list", "watch", "patch"},
+    ("spotray.dev", "trainingruns"): {"get", "list", "watch", "patch", "create"},  # create: a sweep's trials
     ("spotray.dev", "trainingruns/status"): {"patch"},
+    ("spotray.dev", "trainingsweeps"): {"get", "list", "watch"},
+    ("spotray.dev", "trainingsweeps/status"): {"patch"},
     ("spotray.dev", "trainingruns/finalizers"): {"update"},
     ("ray.io", "rayjobs"): {"get", "list", "watch", "create", "delete", "patch"},
     ("", "pods"): {"list", "watch"},
@@ -911,16 +913,18 @@ def test_network_policies_can_be_turned_off(helm: Path) -> None:
     assert not network_policies(render("raycluster.yaml", "networkPolicy.enabled=false"))
 
 
-def test_people_get_trainingruns_through_the_aggregated_roles_but_never_their_status(helm: Path) -> None:
+def test_people_get_trainingruns_and_sweeps_through_the_aggregated_roles_but_never_their_status(helm: Path) -> None:
     objects = render("defaults.yaml")
     edit = only(objects, "ClusterRole", f"{FULLNAME}-edit")
     view = only(objects, "ClusterRole", f"{FULLNAME}-view")
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
     assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-admin"] == "true"
     assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
-    assert set(permissions(edit)) == set(permissions(view)) == {("spotray.dev", "trainingruns")}
-    assert "patch" in permissions(edit)[("spotray.dev", "trainingruns")]
-    assert permissions(view)[("spotray.dev", "trainingruns")] == {"get", "list", "watch"}
+    ours = {("spotray.dev", "trainingruns"), ("spotray.dev", "trainingsweeps")}
+    assert set(permissions(edit)) == set(permissions(view)) == ours
+    for resource in ours:
+        assert "patch" in permissions(edit)[resource]
+        assert permissions(view)[resource] == {"get", "list", "watch"}
     # A namespaced install makes nothing cluster-wide unless asked.
     assert not [o for o in render("namespaced.yaml") if o["kind"] == "ClusterRole"]
     assert len([o for o in render("namespaced.yaml", "rbac.userRoles=true") if o["kind"] == "ClusterRole"]) == 2

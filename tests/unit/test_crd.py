@@ -14,7 +14,15 @@ import pytest
 import yaml
 
 from spotray.contract.spec import MAX_NAME_LENGTH, NAME_PATTERN, CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
-from spotray.controller.crd import CRD_PATH, crd_yaml, spec_schema, training_run_crd
+from spotray.controller.crd import (
+    CRD_PATH,
+    SWEEP_CRD_PATH,
+    SWEEP_TRIAL_STATES,
+    crd_yaml,
+    spec_schema,
+    training_run_crd,
+    training_sweep_crd,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -77,6 +85,23 @@ def test_committed_yaml_is_generated_from_the_code() -> None:
     assert CRD_PATH.exists(), f"{CRD_PATH} is missing: run `make crd`"
     assert CRD_PATH.read_text() == crd_yaml(), f"{CRD_PATH} is stale: run `make crd` and commit the result"
     assert yaml.safe_load(CRD_PATH.read_text()) == training_run_crd()
+
+
+def test_the_committed_sweep_crd_is_generated_and_its_spec_has_the_parsers_sections() -> None:
+    assert SWEEP_CRD_PATH.read_text() == crd_yaml(training_sweep_crd()), f"{SWEEP_CRD_PATH} is stale: run `make crd`"
+    schema = training_sweep_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    spec = schema["properties"]["spec"]["properties"]
+    # The same sections parse_sweep reads (its unknown-field check names them), the template the run's own schema.
+    assert set(spec) == {"template", "parameters", "search", "objective", "trials", "earlyStopping"}
+    assert spec["template"]["properties"] == spec_schema()["properties"]
+    # The example sweep passes the parser; its numbers fall in the schema's ranges.
+    example = yaml.safe_load((CRD_PATH.parents[3] / "jobs/gpt2/sweep.yaml").read_text())
+    for section in ("trials", "earlyStopping"):
+        for key, value in example["spec"].get(section, {}).items():
+            bounds = spec[section]["properties"][key]
+            assert bounds["minimum"] <= value <= bounds["maximum"], (section, key, value)
+    status_trials = schema["properties"]["status"]["properties"]["trials"]["properties"]
+    assert set(status_trials) == set(SWEEP_TRIAL_STATES)
 
 
 @pytest.mark.parametrize("section", SECTIONS, ids=lambda s: s or "spec")

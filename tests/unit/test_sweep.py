@@ -17,7 +17,9 @@ import yaml
 
 from spotray.cli import main
 from spotray.contract.spec import InvalidSpecError, parse_training_run
+from spotray.contract.status import IntervalLoss, LastCheckpoint
 from spotray.contract.sweep import (
+    OBJECTIVE_STEPS_ANNOTATION,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
@@ -25,9 +27,13 @@ from spotray.contract.sweep import (
     TRIAL_LABEL,
     EarlyStopping,
     TrainingSweep,
+    interval_mean,
+    objective_values,
     parse_sweep,
     placeholders,
 )
+from spotray.controller.reconcile import merged_interval_losses
+from spotray.controller.run_store import interval_losses_status
 from spotray.controller.sweep import (
     FAILED,
     RUNNING,
@@ -36,10 +42,8 @@ from spotray.controller.sweep import (
     TrialFacts,
     decide,
     grid,
-    interval_mean,
     promotable,
     rung_index,
-    rung_values,
     sweep_status,
     trial_facts,
     trial_limit,
@@ -48,6 +52,7 @@ from spotray.controller.sweep import (
 from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, complete_step, losses_by_step
 from spotray.progress import ProgressView
 from spotray.train.records.plot import plot_sweep
+from spotray.train.records.progress_log import AttemptProgress
 
 pytestmark = pytest.mark.unit
 
@@ -271,7 +276,7 @@ def test_a_rung_counts_once_its_checkpoint_is_complete_with_the_mean_loss_of_its
     events += [{"event": "step", "step": 20, "loss": 100.0}]  # step 20 trained again after a resume: the latest counts
     losses = losses_by_step(events)
     assert interval_mean(losses, 10, 10) == 5.5
-    assert rung_values(losses, complete_step(events), [10, 20, 30], 10) == {
+    assert objective_values(losses, [10, 20, 30], complete_step(events), 10) == {
         10: 5.5,
         20: (sum(range(11, 20)) + 100.0) / 10,
     }
@@ -288,9 +293,11 @@ def test_the_sweep_plot_draws_every_trial_with_its_stops_and_promotions(tmp_path
     assert png.read_bytes().startswith(b"\x89PNG")
 
 
-def test_a_sweep_goes_to_the_cluster_only_once_the_controller_runs_sweeps(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["run", "jobs/gpt2/sweep.yaml"]) == 2
-    assert "the controller does not run sweeps yet" in capsys.readouterr().err
+def test_a_sweep_goes_to_the_cluster_without_local_and_refuses_what_only_a_run_has(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["run", "jobs/gpt2/sweep.yaml", "--watch"]) == 2
+    assert "--watch follows one TrainingRun, and this is a sweep" in capsys.readouterr().err
     assert main(["run", "jobs/gpt2/sweep.yaml", "--local", "--kill-all-at", "5"]) == 2
     assert "--kill-all-at applies to one local run" in capsys.readouterr().err
 
@@ -318,38 +325,41 @@ def test_a_trial_whose_command_keeps_exiting_is_started_again_then_failed(tmp_pa
 # -- the controller's reading of a trial's TrainingRun, and what it writes ---------------------------
 
 
-def trial_object(number: int, phase: str, *, suspend: bool = False, **annotations: str) -> dict[str, Any]:
+def trial_object(
+    number: int, phase: str, recorded: dict[int, float], *, suspend: bool = False, **annotations: str
+) -> dict[str, Any]:
+    """Trial ``number``'s TrainingRun as the API server holds it, its status written by the controller."""
     manifest = sweep().trial_manifest(number, {"lr": 0.001 * number, "layers": 1})
     manifest["metadata"]["annotations"].update(annotations)
     manifest["spec"]["suspend"] = suspend
-    manifest["status"] = {"phase": phase}
+    manifest["status"] = {
+        "phase": phase,
+        "progress": {"step": max(recorded, default=0), "totalSteps": 180},
+        "intervalLosses": [{"step": step, "loss": loss} for step, loss in recorded.items()],
+    }
     return manifest
-
-
-LOSSES = {step: 5.0 - step / 100 for step in range(1, 181)}
 
 
 def test_a_trainingrun_reads_as_the_trial_it_is() -> None:
     spec = sweep().spec
-    running = trial_facts(spec, trial_object(2, "Running"), LOSSES, complete=70, max_steps=180)
+    annotations = trial_object(2, "Running", {})["metadata"]["annotations"]
+    assert annotations[OBJECTIVE_STEPS_ANNOTATION].startswith("20,60,180,"), "every rung, whatever the step target"
+    running = trial_facts(spec, trial_object(2, "Running", {20: 4.8, 60: 4.4}))
     assert running is not None
     assert (running.number, running.state, running.values) == (2, RUNNING, {"lr": 0.002, "layers": 1})
-    # The mean loss over each rung's checkpoint interval (steps 11-20, 51-60), for rungs whose checkpoint is complete.
-    assert running.rung_values == {20: pytest.approx(5.0 - 15.5 / 100), 60: pytest.approx(5.0 - 55.5 / 100)}
-    done = trial_facts(spec, trial_object(3, "Succeeded", **{PROMOTED_ANNOTATION: "60"}), LOSSES, 180, 180)
+    assert running.rung_values == {20: 4.8, 60: 4.4}
+    done = trial_facts(spec, trial_object(3, "Succeeded", {20: 4.8, 60: 4.4, 180: 3.9}, **{PROMOTED_ANNOTATION: "60"}))
     assert done is not None
-    assert (done.state, done.promoted_rung) == (SUCCEEDED, 60)
-    assert done.value == pytest.approx(5.0 - 175.5 / 100), "the mean loss of the last checkpoint interval"
-    stopped = trial_facts(
-        spec, trial_object(4, "Suspended", suspend=True, **{STOPPED_ANNOTATION: "20"}), LOSSES, 20, 180
-    )
-    held = trial_facts(spec, trial_object(5, "Suspended", suspend=True), LOSSES, 20, 180)
+    assert (done.state, done.promoted_rung, done.rung_values) == (SUCCEEDED, 60, {20: 4.8, 60: 4.4})
+    assert done.value == 3.9, "the objective at its last step, which is no rung (180 = the step target)"
+    stopped = trial_facts(spec, trial_object(4, "Suspended", {20: 4.9}, suspend=True, **{STOPPED_ANNOTATION: "20"}))
+    held = trial_facts(spec, trial_object(5, "Suspended", {20: 4.9}, suspend=True))
     assert stopped is not None
     assert held is not None
     assert (stopped.state, stopped.held, held.state, held.held) == (SUSPENDED, False, SUSPENDED, True)
-    stranger = trial_object(6, "Running")
+    stranger = trial_object(6, "Running", {})
     del stranger["metadata"]["annotations"][PARAMS_ANNOTATION]
-    assert trial_facts(spec, stranger, LOSSES, 20, 180) is None, "not the sweep's to judge"
+    assert trial_facts(spec, stranger) is None, "not the sweep's to judge"
 
 
 def test_a_trial_suspended_by_someone_else_is_never_resumed_by_the_sweep() -> None:
@@ -400,3 +410,26 @@ def test_a_trial_without_a_process_that_falls_below_the_cut_is_suspended_not_lef
     local._act(dataclasses.replace(plan, start=[]), facts)
     assert local.state.suspended == {2}
     assert 2 not in local.processes, "not started again"
+
+
+# -- what the TrainingRun reconcile records for a trial: status.intervalLosses -----------------------
+
+
+def test_a_trials_objective_is_recorded_at_its_rungs_once_checkpointed_and_at_its_last_step() -> None:
+    resumed = AttemptProgress(attempt=2, run_id="uid", resumed_from=20, max_steps=90)
+    resumed.points = [(step, float(step), 0.0) for step in range(21, 71)]
+    at_60 = LastCheckpoint(step=60)
+    found = interval_losses_status(resumed, [20, 60, 180], at_60, 20)
+    # 20 was trained before this attempt's resume: its entry is the earlier attempt's, kept in the status.
+    assert [(e.step, e.loss) for e in found] == [(60, sum(range(41, 61)) / 20)]
+    assert interval_losses_status(resumed, [20, 60], at_60, None) == (), "no rung without a fixed interval"
+    assert interval_losses_status(resumed, [], at_60, 20) == (), "no sweep, nothing recorded"
+    resumed.points += [(step, 1.0, 0.0) for step in range(71, 91)]
+    ended = interval_losses_status(resumed, [20, 60, 180], LastCheckpoint(step=90), 20)
+    assert [e.step for e in ended] == [60, 90], "the step target's too, once the final checkpoint is complete"
+
+    stored = (IntervalLoss(step=20, loss=5.0), IntervalLoss(step=60, loss=4.0))
+    merged = merged_interval_losses(stored, ended)
+    assert merged is not None
+    assert [(e.step, e.loss) for e in merged] == [(20, 5.0), (60, ended[0].loss), (90, 1.0)]
+    assert merged_interval_losses(stored, ()) is None, "nothing new: the stored entries stay as they are"
