@@ -67,7 +67,7 @@ test: setup testbed ## every suite: unit, then integration and e2e with the comp
 	echo "integration and e2e: exit $$tests; compat matrix: exit $$compat_status"; \
 	test $$tests -eq 0 && test $$compat_status -eq 0
 
-test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo)
+test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)

@@ -1,4 +1,4 @@
-"""``python -m spotray.controller``: run the TrainingRun operator (what the chart's Deployment runs).
+"""``python -m spotray.controller``: run the TrainingRun and TrainingSweep operator (what the chart's Deployment runs).
 
 Settings come from the environment (controller/config.py). With SPOTRAY_NAMESPACES empty it
 watches every namespace; with SPOTRAY_PEERING set, replicas elect one active instance through kopf

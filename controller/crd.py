@@ -350,6 +350,37 @@ def _status_column(name: str, description: str, *path: str, priority: int = 0) -
     return _printer_column(name, json_path, _OPENAPI_TYPES[python_type], description, priority)
 
 
+def _crd(kind: str, plural: str, short_name: str, schema: dict[str, Any], columns: list[Any]) -> dict[str, Any]:
+    """A namespaced spotray.dev CRD of one version, with a status subresource."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short_name],
+                "categories": ["spotray"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
+        },
+    }
+
+
 def training_run_crd() -> dict[str, Any]:
     """The CustomResourceDefinition ``trainingruns.spotray.dev``, as a plain dict."""
     # The parser's rules (spotray/contract/spec.py name_problem), in its words.
@@ -394,33 +425,7 @@ def training_run_crd() -> dict[str, Any]:
         # Secret, its backoff) is said here, not only in `kubectl describe`.
         _status_column("Message", "What the run is doing or waiting for, and since when.", "message"),
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": KIND.lower(),
-                "shortNames": ["tr"],
-                "categories": ["spotray"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
-        },
-    }
+    return _crd(KIND, PLURAL, "tr", schema, columns)
 
 
 SWEEP_CRD_NAME = f"{SWEEP_PLURAL}.{GROUP}"
@@ -568,33 +573,7 @@ def training_sweep_crd() -> dict[str, Any]:
         _printer_column("Age", ".metadata.creationTimestamp", "date", "Time since the sweep was created."),
         _printer_column("Message", ".status.message", "string", "The sweep in one line."),
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": SWEEP_CRD_NAME},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": SWEEP_KIND,
-                "listKind": f"{SWEEP_KIND}List",
-                "plural": SWEEP_PLURAL,
-                "singular": SWEEP_KIND.lower(),
-                "shortNames": ["tsw"],
-                "categories": ["spotray"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
-                }
-            ],
-        },
-    }
+    return _crd(SWEEP_KIND, SWEEP_PLURAL, "tsw", schema, columns)
 
 
 class _NoAliasDumper(yaml.SafeDumper):

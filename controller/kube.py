@@ -112,11 +112,16 @@ class Cluster:
 
     def list_labelled_runs(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """The TrainingRuns in ``namespace`` that carry all of ``labels`` (one LIST)."""
+        return self._list_labelled(GROUP, VERSION, PLURAL, namespace, labels)
+
+    def _list_labelled(
+        self, group: str, version: str, plural: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
         page = self.custom.list_namespaced_custom_object(
-            GROUP,
-            VERSION,
+            group,
+            version,
             namespace,
-            PLURAL,
+            plural,
             label_selector=",".join(f"{key}={value}" for key, value in labels.items()),
             _request_timeout=REQUEST_TIMEOUT,
         )
@@ -148,15 +153,7 @@ class Cluster:
 
     def list_rayjobs(self, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
         """The RayJobs in ``namespace`` that carry all of ``labels`` (one LIST; the chart's role allows it)."""
-        page = self.custom.list_namespaced_custom_object(
-            RAY_GROUP,
-            RAY_VERSION,
-            namespace,
-            RAYJOB_PLURAL,
-            label_selector=",".join(f"{key}={value}" for key, value in labels.items()),
-            _request_timeout=REQUEST_TIMEOUT,
-        )
-        return list(cast(dict[str, Any], page).get("items", []))
+        return self._list_labelled(RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, namespace, labels)
 
     def create_rayjob(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create it; None when created, else the RayJob that already has its name.

@@ -111,11 +111,13 @@ class ClusterConnection:
             )
         return cast("dict[str, Any]", run)
 
-    def list_runs(self, namespace: str | None = None) -> list[dict[str, Any]]:
+    def list_runs(self, namespace: str | None = None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
+        """The TrainingRuns of the namespace (those that carry all of ``labels``), by name."""
         namespace = namespace or self.namespace
+        selector = ",".join(f"{key}={value}" for key, value in (labels or {}).items())
         with self._call("list TrainingRuns", namespace):
             listing = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, _request_timeout=self.request_timeout
+                GROUP, VERSION, namespace, PLURAL, label_selector=selector, _request_timeout=self.request_timeout
             )
         items: list[dict[str, Any]] = cast("dict[str, Any]", listing).get("items", [])
         return sorted(items, key=lambda item: item["metadata"]["name"])

@@ -1,8 +1,9 @@
-"""``spotray status [RUN]``: the runs in a namespace as a table, or one run in detail.
+"""``spotray status [NAME]``: the runs in a namespace as a table, or one run (or sweep) in detail.
 
 Everything shown comes from the TrainingRun's status, which the controller keeps up to date:
 phase, attempt, progress, the last complete checkpoint, preemptions, failures, and the history
-of attempts with how each ended.
+of attempts with how each ended. A TrainingSweep's NAME shows the sweep's status and each trial:
+its values, how far it got, its objective at each rung, and what the sweep decided for it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.status import CheckpointInterval, Cost, Goodput, LastCheckpoint, Progress, RunStatus
+from spotray.contract.sweep import PARAMS_ANNOTATION, PROMOTED_ANNOTATION, STOPPED_ANNOTATION, SWEEP_KIND, SWEEP_LABEL
+from spotray.errors import NotFoundError
 from spotray.output import age_since, emit, render_data, render_table
 from spotray.train.records.goodput import lost_time_summary
 
@@ -19,6 +22,21 @@ if TYPE_CHECKING:
     from spotray.kube import ClusterConnection
 
 COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "goodput", "age")
+
+
+def _sweep_status(cluster: ClusterConnection, name: str, fmt: str) -> int:
+    """NAME is no TrainingRun: a TrainingSweep of that name, or the run's not-found error with its fix."""
+    try:
+        sweep = cluster.get_run(name, kind=SWEEP_KIND)
+    except NotFoundError:
+        cluster.get_run(name)  # raises the TrainingRun's not-found error, which says how to list runs
+        raise
+    trials = cluster.list_runs(labels={SWEEP_LABEL: name})
+    if fmt == "table":
+        emit(describe_sweep(sweep, trials))
+    else:
+        emit(render_data({"sweep": sweep, "trials": trials}, fmt))
+    return EXIT_OK
 
 
 def run_summary(run: dict[str, Any]) -> dict[str, Any]:
@@ -189,9 +207,67 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
     return "\n".join(lines)
 
 
+TRIAL_COLUMNS = ("trial", "values", "phase", "step", "objective at rungs", "sweep", "preemptions", "failures")
+
+
+def _decision(annotations: dict[str, Any]) -> str:
+    if STOPPED_ANNOTATION in annotations:
+        return f"stopped at {annotations[STOPPED_ANNOTATION]}"
+    if PROMOTED_ANNOTATION in annotations:
+        return f"past {annotations[PROMOTED_ANNOTATION]}"
+    return "-"
+
+
+def _best(best: dict[str, Any]) -> str:
+    if not best:
+        return "- (no trial has succeeded yet)"
+    objective = ", ".join(f"{key} {_loss(value)}" for key, value in best.items() if key != "trial")
+    return f"trial {best.get('trial')} ({objective})"
+
+
+def describe_sweep(sweep: dict[str, Any], trials: list[dict[str, Any]], now: datetime | None = None) -> str:
+    """A TrainingSweep and its trials, from the sweep's status and each trial's TrainingRun."""
+    status = sweep.get("status") or {}
+    best = status.get("best") or {}
+    counts = ", ".join(f"{n} {state}" for state, n in (status.get("trials") or {}).items() if n) or "none"
+    lines = [
+        f"Name:      {sweep['metadata']['name']} (TrainingSweep, namespace {sweep['metadata'].get('namespace')})",
+        f"Phase:     {status.get('phase') or '-'}",
+        f"Trials:    {_dash(status.get('started'))} of {_dash(status.get('limit'))} started ({counts})",
+        f"Best:      {_best(best)}",
+        f"Message:   {status.get('message') or '-'}",
+        f"Age:       {age_since(sweep['metadata'].get('creationTimestamp'), now)}",
+    ]
+    rows = []
+    for trial in trials:
+        metadata = trial["metadata"]
+        annotations = metadata.get("annotations") or {}
+        run = RunStatus.of(trial)
+        progress = run.progress or Progress()
+        rungs = ", ".join(f"{e.step}: {_loss(e.loss)}" for e in run.interval_losses or ()) or "-"
+        rows.append(
+            (
+                metadata["name"],
+                annotations.get(PARAMS_ANNOTATION, "-"),
+                run.phase or "-",
+                _step(progress.step, progress.total_steps),
+                rungs,
+                _decision(annotations),
+                run.preemptions or 0,
+                run.failures or 0,
+            )
+        )
+    if rows:
+        lines += ["Trials:", _indent(render_table(TRIAL_COLUMNS, rows))]
+    return "\n".join(lines)
+
+
 def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> int:
     if name is not None:
-        run = cluster.get_run(name)
+        try:
+            run = cluster.get_run(name)
+        except NotFoundError:
+            return _sweep_status(cluster, name, fmt)
         emit(describe_run(run) if fmt == "table" else render_data(run, fmt))
         return EXIT_OK
     runs = cluster.list_runs()

@@ -29,6 +29,7 @@ from spotray.contract.sweep import (
 from spotray.train.storage.local_s3 import LocalS3Server
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import ControllerProcess, training_run
+from tests.e2e.test_cli_cluster import cli
 from tests.e2e.test_controller import s3_secret, start_controller, training_run_crd  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
@@ -94,7 +95,12 @@ def test_a_sweep_makes_its_trials_once_whatever_the_controller_kills_and_they_go
     manifest = sweep_manifest("nap", tmp_path)
     manifest["spec"]["template"]["entrypoint"] = "python -c 'import time; time.sleep(300)'  # ${lr}"
     del manifest["spec"]["earlyStopping"]
-    testbed.apply(manifest, namespace=namespace)
+    # Through the CLI, as a user would: checked here, then applied (spotray/submit.py).
+    spotray = cli(testbed)
+    (tmp_path / "nap.yaml").write_text(yaml.safe_dump(manifest))
+    submitted = spotray("run", str(tmp_path / "nap.yaml"), "-n", namespace)
+    assert submitted.returncode == 0, submitted.stderr
+    assert "trainingsweep.spotray.dev/nap created" in submitted.stdout, submitted.stdout
 
     def running_two() -> dict[str, Any] | None:
         status = sweep_object(testbed, namespace, "nap").get("status") or {}
@@ -124,6 +130,10 @@ def test_a_sweep_makes_its_trials_once_whatever_the_controller_kills_and_they_go
         assert trial["spec"]["checkpoint"]["uri"].endswith(f"/nap/nap-t{number}")
     printed = testbed.kubectl("get", "trainingsweep", "nap", "-n", namespace).stdout
     assert "Running" in printed, printed
+    shown = spotray("status", "nap", "-n", namespace)
+    assert shown.returncode == 0, shown.stderr
+    assert "2 of 3 started (2 running)" in shown.stdout, shown.stdout
+    assert "nap-t2" in shown.stdout, shown.stdout
 
     # Killed and started again, twice: the trials are the state, and both slots are still taken.
     for _ in range(2):

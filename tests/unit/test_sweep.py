@@ -9,6 +9,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,7 @@ from spotray.controller.sweep import (
 )
 from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, complete_step, losses_by_step
 from spotray.progress import ProgressView
+from spotray.status import describe_sweep
 from spotray.train.records.plot import plot_sweep
 from spotray.train.records.progress_log import AttemptProgress
 
@@ -433,3 +435,28 @@ def test_a_trials_objective_is_recorded_at_its_rungs_once_checkpointed_and_at_it
     assert merged is not None
     assert [(e.step, e.loss) for e in merged] == [(20, 5.0), (60, ended[0].loss), (90, 1.0)]
     assert merged_interval_losses(stored, ()) is None, "nothing new: the stored entries stay as they are"
+
+
+def test_spotray_status_of_a_sweep_shows_each_trials_values_rungs_and_the_sweeps_decision() -> None:
+    trials = [
+        trial_object(1, "Succeeded", {20: 4.8, 60: 4.4, 180: 3.9}, **{PROMOTED_ANNOTATION: "60"}),
+        trial_object(2, "Suspended", {20: 4.95}, suspend=True, **{STOPPED_ANNOTATION: "20"}),
+    ]
+    sweep_object = {
+        "metadata": {"name": "gpt2-lr", "namespace": "team-a", "creationTimestamp": "2026-11-27T20:00:00Z"},
+        "status": {
+            "phase": "Running",
+            "started": 2,
+            "limit": 6,
+            "trials": {"running": 0, "suspended": 1, "succeeded": 1, "failed": 0},
+            "best": {"trial": 1, "loss": 3.9},
+        },
+    }
+    shown = describe_sweep(sweep_object, trials, now=datetime(2026, 11, 27, 21, tzinfo=UTC))
+    assert "2 of 6 started (1 suspended, 1 succeeded)" in shown
+    assert "trial 1 (loss 3.9)" in shown
+    row_1 = next(line for line in shown.splitlines() if "gpt2-lr-t1" in line)
+    assert "20: 4.8, 60: 4.4, 180: 3.9" in row_1
+    assert "past 60" in row_1
+    row_2 = next(line for line in shown.splitlines() if "gpt2-lr-t2" in line)
+    assert "stopped at 20" in row_2
