@@ -46,29 +46,30 @@ demo: setup ## GPT-2 on a local Ray cluster + S3; a worker killed, the head lost
 	rm -rf demo-output
 	$(VENV)/bin/spotray run jobs/gpt2/trainingrun.yaml --local --workdir demo-output $(DEMO_FAULTS)
 
-# make test = the unit tests (two processes), then everything else with two compat entries beside it.
-# The integration and e2e tests leave a core idle about a third of the time (they wait on pods, kwok
-# and Ray), so the compat entries (one at a time) run beside them instead of after; their output is
-# printed when both end. Only the two ends of the matrix run here (the lowest bounds, the newest
-# releases): the transformers 5.0 entry is in make test-compat, and one CI run (stop 49) ran out
-# of its 90 minutes with all three beside the tests. They run at nice 19: they take the CPU the tests
-# leave idle and never the tests' own, whose deadlines (a RayJob's start, a nemesis fault's window)
-# are real; at the same priority, the nemesis smoke once waited 5 minutes for its first step under a
-# load of 20. Measured warm on 2 cores: see "Tests" in the README.
+# make test = the unit tests (two processes); the e2e tests alone; then the integration tests with
+# two compat entries beside them, one at a time (their output is printed when both end). Only the two
+# ends of the matrix run here (the lowest bounds, the newest releases): the transformers 5.0 entry is
+# in make test-compat. The e2e tests run alone because they are the ones with real deadlines (a
+# RayJob's start, a fault's window) and the heaviest load (real pods, Ray heads, two API servers):
+# beside compat, the nemesis smoke once waited 5 minutes for its first step under a load of 20, and
+# one CI run (stop 49) ran out of its 90 minutes. The integration tests leave a core idle about a
+# third of the time, which compat takes. At the end, the machine's load while it all ran
+# (hack/machine_load.py). Measured warm on 2 cores: see "Tests" in the README.
 COMPAT_LOG := build/compat-beside.log
 COMPAT_IN_MAKE_TEST := py3.11-lowest py3.13-newest
-test: setup testbed ## every suite: unit, then integration and e2e with the compat matrix's two ends (test-compat) beside them
+test: setup testbed ## every suite: unit, e2e, then integration with the compat matrix's two ends (test-compat) beside it
 	@mkdir -p build
 	@$(PY) hack/machine_load.py build/machine-load.log & load=$$!; \
 	trap 'kill -- -$$compat 2>/dev/null; kill $$load; wait $$load' INT TERM; \
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS) || { kill $$load; wait $$load; exit 1; }; \
-	UV=$(UV) setsid nice -n 19 $(PY) hack/compat.py --jobs 1 $(COMPAT_IN_MAKE_TEST) >$(COMPAT_LOG) 2>&1 & compat=$$!; \
-	$(PY) -m pytest -m "not unit and not campaign" --durations=25 $(PYTEST_ARGS); tests=$$?; \
+	$(PY) -m pytest -m "not unit and not integration and not campaign" --durations=15 $(PYTEST_ARGS); e2e=$$?; \
+	UV=$(UV) setsid $(PY) hack/compat.py --jobs 1 $(COMPAT_IN_MAKE_TEST) >$(COMPAT_LOG) 2>&1 & compat=$$!; \
+	$(PY) -m pytest -m "integration and not campaign" --durations=15 $(PYTEST_ARGS); integration=$$?; \
 	wait $$compat; compat_status=$$?; \
-	echo "---- compat matrix (ran beside the tests above; $(COMPAT_LOG)) ----"; cat $(COMPAT_LOG); \
+	echo "---- compat matrix (ran beside the integration tests; $(COMPAT_LOG)) ----"; cat $(COMPAT_LOG); \
 	kill $$load 2>/dev/null; wait $$load 2>/dev/null; \
-	echo "integration and e2e: exit $$tests; compat matrix: exit $$compat_status"; \
-	test $$tests -eq 0 && test $$compat_status -eq 0
+	echo "e2e: exit $$e2e; integration: exit $$integration; compat matrix: exit $$compat_status"; \
+	test $$e2e -eq 0 && test $$integration -eq 0 && test $$compat_status -eq 0
 
 test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)

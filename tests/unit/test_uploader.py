@@ -118,7 +118,8 @@ def test_an_upload_process_killed_once_is_replaced_and_the_checkpoint_lands(tmp_
     store = CrashingOnceStore(parse_uri(str(tmp_path / "store")), tmp_path / "crashed")
     uploader = CheckpointUploader(store, keep=1)
     uploader.submit(write_files(tmp_path / "staging/checkpoint-3", {"w.bin": b"w"}), 3, world_size=1)
-    uploader.flush(timeout_s=30)
+    # Two upload processes start (the first dies): seconds each, a minute or more on a loaded CI machine.
+    uploader.flush(timeout_s=180)
     assert (tmp_path / "crashed").exists()
     latest = latest_complete_checkpoint(store)
     assert latest is not None
