@@ -11,7 +11,7 @@ way (as is after a lost head); `make demo`'s three faults are all of those kinds
 For attempt 2 it reads where its start-up went from the run's event log: Ray's start (none when
 kept), the driver until its workers are up (imports, Ray Train's worker group), the workers until
 the training loop (model, checkpoint fetch), and the loop until its first step. Ratio: attempt 2
-begun -> its first step, B over A (median over rounds); goal < 1.
+begun -> its first step, B over A (median over rounds); goal <= 0.9.
 
     .venv/bin/python -m bench.local_recovery            # 3 rounds, about 8 minutes on 2 cores
 """
@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "jobs" / "gpt2" / "trainingrun.yaml"
 MODES = {"fresh": ["--fresh-ray-cluster"], "kept": []}
 STEPS = 60
+GOAL = "<= 0.9"  # the kept cluster's attempt 2 reaches its first step at least 10% sooner
 # Attempt 1 stands for a job whose store did not answer at start (train/launch exits 75 then); the
 # next attempt is the example job itself.
 ENTRYPOINT = (
@@ -126,7 +127,7 @@ def main() -> int:
     write_result(
         "local_recovery",
         ratio,
-        "< 1.0",
+        GOAL,
         "the same run with a new Ray cluster for every attempt (--fresh-ray-cluster): attempt 2 begun -> its "
         "first step",
         "python -m bench.local_recovery",

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from bench.local_recovery import attempt_phases
+from bench.common import goal_met
+from bench.local_recovery import GOAL, attempt_phases
 from spotray import local
 from spotray.cli import main
 from spotray.contract.spec import parse_training_run
@@ -139,3 +140,8 @@ def test_the_benchmark_splits_each_restart_into_its_phases() -> None:
             "last_step_to_first_step_s": 15.5,
         }
     ]
+
+
+def test_the_benchmarks_goal_is_one_its_result_file_can_be_judged_by() -> None:
+    assert goal_met(0.8, GOAL)
+    assert not goal_met(1.0, GOAL)
