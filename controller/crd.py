@@ -485,7 +485,7 @@ def sweep_spec_schema() -> dict[str, Any]:
                 "How new trials get their values (Optuna's samplers).",
                 {
                     "algorithm": {**_choice("grid, random or tpe.", ALGORITHMS), "default": "random"},
-                    "seed": {**_integer("Seeds every sampler: the same sweep asks for the same values.", 0, 2**31 - 1)},
+                    "seed": _integer("Seeds every sampler: the same sweep asks for the same values.", 0, 2**31 - 1),
                 },
             ),
             "objective": _section(
@@ -535,10 +535,7 @@ def sweep_status_schema() -> dict[str, Any]:
             },
             "trials": _section(
                 "Trials by state.",
-                {
-                    state: {**count, "description": f"Trials {state}."}
-                    for state in ("running", "suspended", "succeeded", "failed")
-                },
+                {state: {**count, "description": f"Trials {state}."} for state in SWEEP_TRIAL_STATES},
             ),
             "best": _section(
                 "The trial that succeeded with the best objective.",

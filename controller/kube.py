@@ -130,15 +130,30 @@ class Cluster:
     def create_run(self, body: dict[str, Any]) -> dict[str, Any] | None:
         """Create a TrainingRun; None when created, else the one that already has its name (its owner
         is the caller's to check). Any other refusal is raised as the ``ApiException`` it is."""
+        return self._create_or_namesake(GROUP, VERSION, PLURAL, body)
+
+    def _create_or_namesake(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        body: dict[str, Any],
+        refused: Callable[[ApiException], Exception] | None = None,
+    ) -> dict[str, Any] | None:
+        """Create a custom object; None when created, else the object that already has its name (409).
+        Gone between the 409 and the read: "exists" with no owner, and the next reconcile retries.
+        Any other answer to the create is raised, as ``refused(error)`` when given (not the read's)."""
         namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
         try:
             self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, body, _request_timeout=REQUEST_TIMEOUT
+                group, version, namespace, plural, body, _request_timeout=REQUEST_TIMEOUT
             )
         except ApiException as error:
             if error.status != 409:
-                raise
-            existing = self.get_run(namespace, name)
+                if refused is None:
+                    raise
+                raise refused(error) from error
+            existing = self._get(group, version, plural, namespace, name)
             return existing if existing is not None else {"metadata": {"name": name}}
         return None
 
@@ -162,18 +177,9 @@ class Cluster:
         Raises ``RayJobRefusedError`` when the API server answers with any other error (a quota, an
         admission policy, the schema): the caller decides what that means for the run.
         """
-        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-        try:
-            self.custom.create_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, body, _request_timeout=REQUEST_TIMEOUT
-            )
-        except ApiException as error:
-            if error.status != 409:
-                raise RayJobRefusedError(refusal_of(error)) from error
-            existing = self.get_rayjob(namespace, name)
-            # Gone between the 409 and the read: say "exists" with no owner, and the next reconcile retries.
-            return existing if existing is not None else {"metadata": {"name": name}}
-        return None
+        return self._create_or_namesake(
+            RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, body, refused=lambda error: RayJobRefusedError(refusal_of(error))
+        )
 
     def create_network_policy(self, body: dict[str, Any]) -> list[str] | None:
         """The run's NetworkPolicy: see ``_create_for_run`` (one left by an earlier attempt is the run's)."""

@@ -43,7 +43,7 @@ from spotray.contract.names import (
 )
 from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
 from spotray.contract.status import IntervalLoss, RunStatus
-from spotray.contract.sweep import objective_steps
+from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
@@ -582,9 +582,6 @@ def _status(
     return status.to_patch()
 
 
-MAX_INTERVAL_LOSSES = 64
-
-
 def merged_interval_losses(
     stored: Sequence[IntervalLoss] | None, found: Sequence[IntervalLoss]
 ) -> tuple[IntervalLoss, ...] | None:
@@ -594,7 +591,7 @@ def merged_interval_losses(
         return None
     by_step = {entry.step: entry for entry in stored or ()} | {entry.step: entry for entry in found}
     merged = tuple(by_step[step] for step in sorted(by_step, key=lambda step: step or 0))
-    return merged[-MAX_INTERVAL_LOSSES:]
+    return merged[-MAX_OBJECTIVE_STEPS:]
 
 
 def timestamp_or_none(text: str | None) -> datetime | None:

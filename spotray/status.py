@@ -24,13 +24,12 @@ if TYPE_CHECKING:
 COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "goodput", "age")
 
 
-def _sweep_status(cluster: ClusterConnection, name: str, fmt: str) -> int:
-    """NAME is no TrainingRun: a TrainingSweep of that name, or the run's not-found error with its fix."""
+def _sweep_status(cluster: ClusterConnection, name: str, fmt: str, no_run: NotFoundError) -> int:
+    """NAME is no TrainingRun: a TrainingSweep of that name, or ``no_run`` (whose fix says how to list runs)."""
     try:
         sweep = cluster.get_run(name, kind=SWEEP_KIND)
     except NotFoundError:
-        cluster.get_run(name)  # raises the TrainingRun's not-found error, which says how to list runs
-        raise
+        raise no_run from None
     trials = cluster.list_runs(labels={SWEEP_LABEL: name})
     if fmt == "table":
         emit(describe_sweep(sweep, trials))
@@ -266,8 +265,8 @@ def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> in
     if name is not None:
         try:
             run = cluster.get_run(name)
-        except NotFoundError:
-            return _sweep_status(cluster, name, fmt)
+        except NotFoundError as no_run:
+            return _sweep_status(cluster, name, fmt, no_run)
         emit(describe_run(run) if fmt == "table" else render_data(run, fmt))
         return EXIT_OK
     runs = cluster.list_runs()

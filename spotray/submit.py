@@ -29,24 +29,28 @@ def manifest_namespace(document: dict[str, Any]) -> str | None:
     return str(namespace) if namespace else None
 
 
-def next_steps(name: str, namespace: str) -> str:
-    flags = f"{name} -n {namespace}"
-    steps = [
-        (f"spotray watch {flags}", "live progress; survives preemptions"),
-        (f"spotray status {flags}", "phase, attempts, last checkpoint"),
-        (f"spotray logs {flags}", "the current attempt's job logs"),
-        (f"spotray pull {flags} ./{name}-final", "the newest complete checkpoint"),
-    ]
+def _listed(steps: list[tuple[str, str]]) -> str:
     width = max(len(command) for command, _ in steps)
     return "\n".join(["next:", *(f"  {command.ljust(width)}   # {why}" for command, why in steps)])
 
 
-def sweep_next_steps(name: str, namespace: str) -> str:
-    return "\n".join(
+def next_steps(name: str, namespace: str) -> str:
+    flags = f"{name} -n {namespace}"
+    return _listed(
         [
-            "next:",
-            f"  kubectl get trainingsweep {name} -n {namespace}          # trials by state, the best so far",
-            f"  kubectl get trainingruns -n {namespace} -l {SWEEP_LABEL}={name}   # its trials, each a TrainingRun",
+            (f"spotray watch {flags}", "live progress; survives preemptions"),
+            (f"spotray status {flags}", "phase, attempts, last checkpoint"),
+            (f"spotray logs {flags}", "the current attempt's job logs"),
+            (f"spotray pull {flags} ./{name}-final", "the newest complete checkpoint"),
+        ]
+    )
+
+
+def sweep_next_steps(name: str, namespace: str) -> str:
+    return _listed(
+        [
+            (f"kubectl get trainingsweep {name} -n {namespace}", "trials by state, the best so far"),
+            (f"kubectl get trainingruns -n {namespace} -l {SWEEP_LABEL}={name}", "its trials, each a TrainingRun"),
         ]
     )
 

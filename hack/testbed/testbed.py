@@ -970,6 +970,10 @@ class RayHead:
         self.nodes: list[LocalRayWorkerNode] = []
         self._log_start = 0
 
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / f"ray-head-{self.address}.log"
+
     def start(self, tries: int = 3) -> RayHead:
         """Start the head; a `ray start` that dies while starting up is started again, up to ``tries``.
 
@@ -982,7 +986,7 @@ class RayHead:
             try:
                 return self._start_once()
             except ProcessDiedError as died:
-                log_tail = (self.workdir / f"ray-head-{self.address}.log").read_text(errors="replace")[-600:]
+                log_tail = self.log_path.read_text(errors="replace")[-600:]
                 if attempt == tries:
                     raise ProcessDiedError(f"{died}, {tries} times; the last log lines:\n{log_tail}") from died
                 print(f"Ray head on {self.address}: {died} while starting up (try {attempt} of {tries}); again")
@@ -990,8 +994,7 @@ class RayHead:
 
     def _start_once(self) -> RayHead:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        log_path = self.workdir / f"ray-head-{self.address}.log"
-        self._log_start = len(log_path.read_text(errors="replace")) if log_path.exists() else 0  # this try's lines
+        self._log_start = len(self.log_path.read_text(errors="replace")) if self.log_path.exists() else 0  # this try's
         self.temp_dir = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=RAY_TEMP_ROOT))
         (self.temp_dir / "owner").write_text(str(os.getpid()))
         venv_bin = str(Path(sys.executable).parent)
@@ -1023,7 +1026,7 @@ class RayHead:
             "--metrics-export-port", ports["metrics"], "--runtime-env-agent-port", ports["runtime"],
             "--num-cpus", str(self.num_cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
         ]  # fmt: skip
-        with (self.workdir / f"ray-head-{self.address}.log").open("ab") as log:
+        with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl
@@ -1067,7 +1070,7 @@ class RayHead:
         and a head whose raylet then timed out served the jobs API and ran no job) and the jobs API answers."""
         if self.proc is not None and self.proc.poll() is not None:
             raise ProcessDiedError(f"ray start exited with {self.proc.returncode}")
-        log = (self.workdir / f"ray-head-{self.address}.log").read_text(errors="replace")
+        log = self.log_path.read_text(errors="replace")
         if RAY_STARTED not in log[self._log_start :]:
             return False
         import urllib.request  # noqa: PLC0415 - only needed here

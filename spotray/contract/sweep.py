@@ -29,6 +29,7 @@ import json
 import math
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,8 @@ STOPPED_ANNOTATION = "spotray.dev/stopped-at-rung"  # on a trial the sweep suspe
 OBJECTIVE_STEPS_ANNOTATION = "spotray.dev/objective-steps"
 # Rungs are listed up to here, whatever a trial's step target (which only its entrypoint knows).
 MAX_RUNG_STEP = 10**9
+# At most this many steps in the annotation, and entries in status.intervalLosses: a bounded status.
+MAX_OBJECTIVE_STEPS = 64
 MAX_TRIALS = 999
 # Room for "-t999" after the sweep's name, within a TrainingRun name's limit.
 MAX_SWEEP_NAME_LENGTH = MAX_NAME_LENGTH - len(f"-t{MAX_TRIALS}")
@@ -156,7 +159,7 @@ def objective_steps(annotations: dict[str, Any]) -> tuple[int, ...]:
         steps = tuple(int(step) for step in str(annotations.get(OBJECTIVE_STEPS_ANNOTATION) or "").split(",") if step)
     except ValueError:
         return ()
-    return tuple(step for step in steps if 0 < step <= MAX_RUNG_STEP)[:64]
+    return tuple(step for step in steps if 0 < step <= MAX_RUNG_STEP)[:MAX_OBJECTIVE_STEPS]
 
 
 def interval_mean(losses: dict[int, float], end: int, every: int) -> float | None:
@@ -167,7 +170,7 @@ def interval_mean(losses: dict[int, float], end: int, every: int) -> float | Non
 
 
 def objective_values(
-    losses: dict[int, float], steps: tuple[int, ...] | list[int], complete: int | None, every: int
+    losses: dict[int, float], steps: Sequence[int], complete: int | None, every: int
 ) -> dict[int, float]:
     """The objective at each of ``steps`` up to ``complete``, the newest complete checkpoint's step: a
     trial is judged at a step only once it can be stopped there and resumed from there without losing
