@@ -92,7 +92,7 @@ from spotray.contract.names import (
 )
 from spotray.contract.uris import parse_uri
 from spotray.local import EventCursor
-from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, checkpoint_dir_name
 from spotray.train.hf.data import trained_batches
 from spotray.train.storage.local_s3 import LocalS3Server, free_ports
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore
@@ -419,6 +419,29 @@ class RayHeads:
 # ------------------------------------------------------------------------------- the campaign
 
 
+def commit_window(keys: list[str], saved: list[int]) -> str:
+    """Which checkpoints were being written when a fault fired: the commit window.
+
+    A checkpoint is being written from the job's save (``saved``: the steps its ``checkpoint_saved``
+    events named since the last fault) until its manifest is in the store. Its files are uploaded
+    side by side over one link, so for most of that window the store lists none of them: the
+    store's listing alone (files, no manifest) saw the window only in its last moments.
+    """
+    files: dict[str, set[str]] = {}
+    for key in keys:
+        match = re.match(r"^(checkpoint-\d+)/(.+)$", key)
+        if match:
+            files.setdefault(match.group(1), set()).add(match.group(2))
+    for step in saved:
+        files.setdefault(checkpoint_dir_name(step), set())
+    pending = sorted(
+        (name for name, names in files.items() if MANIFEST_NAME not in names), key=lambda name: int(name.split("-")[1])
+    )
+    if pending:
+        return "being written: " + ", ".join(f"{name} ({len(files[name])} files, no manifest)" for name in pending)
+    return "between checkpoints"
+
+
 class Campaign:
     """The test bed's parts every trial shares, and the faults acting on them."""
 
@@ -538,21 +561,13 @@ class Campaign:
     def store(self, run: str) -> S3ObjectStore:
         return S3ObjectStore(parse_uri(self.run_uri(run)), self.direct, RetryPolicy(deadline_s=10))
 
-    def store_state(self, run: str) -> str:
-        """Which checkpoints of the run are being written (files, no manifest): the commit window."""
+    def store_state(self, run: str, saved: list[int]) -> str:
+        """Where the run's checkpointing stood as a fault fired (see ``commit_window``)."""
         try:
             keys = [info.key for info in self.store(run).list("")]
         except Exception as error:  # noqa: BLE001
             return f"unreadable: {type(error).__name__}"
-        files: dict[str, set[str]] = {}
-        for key in keys:
-            match = re.match(r"^(checkpoint-\d+)/(.+)$", key)
-            if match:
-                files.setdefault(match.group(1), set()).add(match.group(2))
-        pending = sorted(name for name, names in files.items() if MANIFEST_NAME not in names)
-        if pending:
-            return "being written: " + ", ".join(f"{name} ({len(files[name])} files, no manifest)" for name in pending)
-        return "between checkpoints"
+        return commit_window(keys, saved)
 
     # -- the faults -----------------------------------------------------------------------------
 
@@ -911,7 +926,7 @@ class Trial:
 
     def _inject(self, fault: Fault, now: float) -> Landing:
         campaign, attempt = self.campaign, self.job_attempt
-        store = campaign.store_state(self.name)
+        store = campaign.store_state(self.name, list(self.saved))
         job = campaign.job_id(self.name, attempt) if attempt else ""
         running = bool(campaign.driver_pids(self.name, attempt, job))
         landing = Landing(fault.kind, fault.trigger, [attempt] if running else [], self.step, store, round(now, 1))

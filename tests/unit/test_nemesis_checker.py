@@ -27,11 +27,13 @@ from bench.nemesis import (
     Landing,
     TrialLog,
     TrialResult,
+    commit_window,
     draw_faults,
     judged_once,
     outcomes_allowed,
     summary,
 )
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
 
 pytestmark = pytest.mark.unit
 
@@ -126,6 +128,21 @@ def test_a_first_fault_held_longest_is_over_while_the_job_still_has_a_save_to_co
     coming_back = 10  # a stopped part answering again
     first_fault_over = max(PACE.steps_for(0, 2)) * PACE.step_seconds + longest + coming_back
     assert first_fault_over < max(PACE.saves_for(1, 2)) * PACE.step_seconds
+
+
+def test_the_commit_window_opens_at_the_save_not_when_the_first_file_is_listed() -> None:
+    """Seen in the first part with the 100 kB/s link: every fault fired right after a save was put
+    "between checkpoints", because the files went up side by side and none was listed yet."""
+    committed = ["checkpoint-10/model.safetensors", f"checkpoint-10/{MANIFEST_NAME}"]
+    assert commit_window(committed, saved=[]) == "between checkpoints"
+    assert commit_window(committed, saved=[10]) == "between checkpoints", "its manifest is in"
+    assert commit_window(committed, saved=[10, 20]) == "being written: checkpoint-20 (0 files, no manifest)"
+    uploading = [*committed, "checkpoint-20/optimizer.pt"]
+    assert commit_window(uploading, saved=[20]) == "being written: checkpoint-20 (1 files, no manifest)"
+    two = [*uploading, "checkpoint-100/optimizer.pt"]
+    assert commit_window(two, saved=[]) == (
+        "being written: checkpoint-20 (1 files, no manifest), checkpoint-100 (1 files, no manifest)"
+    ), "in step order"
 
 
 def test_a_campaign_in_parts_is_summarized_from_its_trial_log_with_the_commit_of_each(tmp_path: Path) -> None:
