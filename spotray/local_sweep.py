@@ -162,7 +162,7 @@ class LocalSweep:
         spec = self.sweep.spec
         limited = dataclasses.replace(spec, parallel=min(spec.parallel, self.fits))
         while True:
-            facts = [self._facts(number) for number in sorted(self.state.values)]
+            facts = self.trials()
             plan = decide(limited, facts)
             self._act(plan, facts)
             if plan.finished:
@@ -201,6 +201,10 @@ class LocalSweep:
             if fact.state == RUNNING and fact.number not in self.processes and fact.number not in plan.suspend:
                 self._start(fact.number, "goes on where it stopped")
         self._save_state()
+
+    def trials(self) -> list[TrialFacts]:
+        """What each trial started so far is: its values, its state, its objective (read from its event log)."""
+        return [self._facts(number) for number in sorted(self.state.values)]
 
     def _facts(self, number: int) -> TrialFacts:
         name = self.sweep.trial_name(number)
