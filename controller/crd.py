@@ -500,6 +500,16 @@ def sweep_spec_schema() -> dict[str, Any]:
                 {
                     "max": {**_integer("Trials in all.", 1, MAX_TRIALS), "default": 10},
                     "parallel": {**_integer("Trials running at once.", 1, MAX_TRIALS), "default": 1},
+                    "maxGpuHours": {
+                        "type": "number",
+                        "exclusiveMinimum": True,
+                        "minimum": 0,
+                        "description": (
+                            "The GPU-hours the trials may spend in all: each trial's attempts' time times its GPUs "
+                            "(a CPU-only worker counts as one). Once spent, no trial starts or resumes; running "
+                            "trials finish. Unset: no such budget."
+                        ),
+                    },
                 },
             ),
             "earlyStopping": _section(
@@ -541,6 +551,11 @@ def sweep_status_schema() -> dict[str, Any]:
                 "The trial that succeeded with the best objective.",
                 {"trial": {**count, "description": "Its number."}, **{m: {"type": "number"} for m in METRICS}},
             ),
+            "gpuHours": {
+                "type": "number",
+                "minimum": 0,
+                "description": "GPU-hours the trials spent so far (see spec.trials.maxGpuHours).",
+            },
         },
     )
 
@@ -567,6 +582,7 @@ def training_sweep_crd() -> dict[str, Any]:
         _printer_column("Suspended", ".status.trials.suspended", "integer", "Trials stopped at a rung."),
         _printer_column("Best", ".status.best.trial", "integer", "The best trial that succeeded."),
         _printer_column("Loss", ".status.best.loss", "number", "Its objective."),
+        _printer_column("GPU-Hours", ".status.gpuHours", "number", "GPU-hours the trials spent."),
         _printer_column("Age", ".metadata.creationTimestamp", "date", "Time since the sweep was created."),
         _printer_column("Message", ".status.message", "string", "The sweep in one line."),
     ]

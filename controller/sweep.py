@@ -24,13 +24,14 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from spotray.contract.extras import extra_required
 from spotray.contract.names import FAILED as FAILED_PHASE
 from spotray.contract.names import RUNNING as RUNNING_PHASE
 from spotray.contract.names import SUCCEEDED as SUCCEEDED_PHASE
-from spotray.contract.status import RunStatus
+from spotray.contract.status import AttemptStatus, RunStatus, parse_date_time
 from spotray.contract.sweep import (
     MAX_RUNG_STEP,
     PARAMS_ANNOTATION,
@@ -40,6 +41,7 @@ from spotray.contract.sweep import (
     EarlyStopping,
     Parameter,
     SweepSpec,
+    gpu_hours,
 )
 
 with extra_required("sweep"):
@@ -73,6 +75,7 @@ class TrialFacts:
     value: float | None = None
     promoted_rung: int | None = None  # the highest rung step it was let past (None: none yet)
     held: bool = False  # suspended by someone else than the sweep: never resumed by it, takes no slot
+    gpu_hours: float = 0.0  # what it spent of the sweep's budget (spotray/contract/sweep.py gpu_hours)
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class SweepPlan:
     promoted: dict[int, int]  # trial -> the rung step it was let past, to record
     best: tuple[int, float] | None  # (trial, objective) of the best trial that Succeeded
     finished: bool  # nothing runs and nothing more will start or resume
+    budget_spent: bool = False  # the trials spent spec.trials.maxGpuHours: none starts or resumes
 
 
 def distributions(parameters: Sequence[Parameter]) -> dict[str, BaseDistribution]:
@@ -209,13 +213,20 @@ def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
             elif trial.state == RUNNING:
                 suspend.append(trial.number)
     running = sum(1 for t in trials if t.state == RUNNING and t.number not in suspend)
-    # Promotions first (ASHA): a free slot goes to a trial that earned it before a new one.
-    slots = max(0, spec.parallel - running)
+    spent = spec.max_gpu_hours is not None and spent_gpu_hours(trials) >= spec.max_gpu_hours
+    # Promotions first (ASHA): a free slot goes to a trial that earned it before a new one. With the
+    # budget spent, the trials running finish and nothing else runs.
+    slots = 0 if spent else max(0, spec.parallel - running)
     resume = resume[:slots]
     slots -= len(resume)
     start = _new_trials(spec, trials, slots)
-    finished = not start and not resume and running == 0 and _started(trials) >= trial_limit(spec)
-    return SweepPlan(start, suspend, resume, promoted, best(spec, trials), finished)
+    out_of_trials = spent or _started(trials) >= trial_limit(spec)
+    finished = not start and not resume and running == 0 and out_of_trials
+    return SweepPlan(start, suspend, resume, promoted, best(spec, trials), finished, spent)
+
+
+def spent_gpu_hours(trials: Sequence[TrialFacts]) -> float:
+    return sum(t.gpu_hours for t in trials)
 
 
 def _started(trials: Sequence[TrialFacts]) -> int:
@@ -238,10 +249,11 @@ def _new_trials(spec: SweepSpec, trials: Sequence[TrialFacts], slots: int) -> li
     return chosen
 
 
-def trial_facts(spec: SweepSpec, run: dict[str, Any]) -> TrialFacts | None:
+def trial_facts(spec: SweepSpec, run: dict[str, Any], now: datetime | None = None) -> TrialFacts | None:
     """A trial's facts from its TrainingRun object alone: labels, annotations, spec.suspend, and in its
-    status the phase, the step target and the objective at each rung (status.intervalLosses, which the
-    controller records from the trial's progress once each rung is in a complete checkpoint).
+    status the phase, the step target, the objective at each rung (status.intervalLosses, which the
+    controller records from the trial's progress once each rung is in a complete checkpoint) and its
+    attempts' times (the GPU-hours it spent, an attempt still running counted to ``now``).
     None when the object is no trial (its number or values unreadable): it is not the sweep's to judge."""
     metadata = run.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
@@ -263,15 +275,28 @@ def trial_facts(spec: SweepSpec, run: dict[str, Any]) -> TrialFacts | None:
     rungs = early.rungs(target or MAX_RUNG_STEP) if early is not None else []
     reached = {step: recorded[step] for step in rungs if step in recorded}
     promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
+    spent = gpu_hours(spec.template.workers, attempt_seconds(status.attempts or (), now or datetime.now(UTC)))
     if status.phase == SUCCEEDED_PHASE:
         last = target if target in recorded else max(recorded, default=None)
-        return TrialFacts(number, values, SUCCEEDED, reached, None if last is None else recorded[last], promoted)
+        final = None if last is None else recorded[last]
+        return TrialFacts(number, values, SUCCEEDED, reached, final, promoted, gpu_hours=spent)
     if status.phase == FAILED_PHASE:
-        return TrialFacts(number, values, FAILED, reached, promoted_rung=promoted)
+        return TrialFacts(number, values, FAILED, reached, promoted_rung=promoted, gpu_hours=spent)
     if (run.get("spec") or {}).get("suspend"):
         held = STOPPED_ANNOTATION not in annotations
-        return TrialFacts(number, values, SUSPENDED, reached, promoted_rung=promoted, held=held)
-    return TrialFacts(number, values, RUNNING, reached, promoted_rung=promoted)
+        return TrialFacts(number, values, SUSPENDED, reached, promoted_rung=promoted, held=held, gpu_hours=spent)
+    return TrialFacts(number, values, RUNNING, reached, promoted_rung=promoted, gpu_hours=spent)
+
+
+def attempt_seconds(attempts: Sequence[AttemptStatus], now: datetime) -> float:
+    """How long a trial's attempts ran: each from its RayJob's creation to its end, or to ``now``."""
+    total = 0.0
+    for attempt in attempts:
+        if attempt.start_time is None:
+            continue
+        end = parse_date_time(attempt.end_time) if attempt.end_time else now
+        total += max(0.0, (end - parse_date_time(attempt.start_time)).total_seconds())
+    return total
 
 
 def _int_or_none(text: Any) -> int | None:
@@ -310,6 +335,7 @@ def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) 
     if plan.best is not None:
         number, value = plan.best
         status["best"] = {"trial": number, spec.metric: round(value, 6)}
+    status["gpuHours"] = round(spent_gpu_hours(facts), 2)  # whole 36 s: a running trial rewrites it rarely
     return status
 
 

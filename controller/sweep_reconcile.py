@@ -82,7 +82,7 @@ def reconcile_sweep(cluster: Cluster, namespace: str, name: str) -> float | None
         log.info("TrainingSweep %s/%s: trial %d: %s", namespace, name, number, patch)
     status = decisions.sweep_status(sweep.spec, facts, plan)
     status["observedGeneration"] = generation
-    status["message"] = "; ".join(problems) or _summary(sweep, status)
+    status["message"] = "; ".join(problems) or _summary(sweep, status, plan.budget_spent)
     if status_changed(stored, status):
         cluster.patch_sweep_status(namespace, name, status)
     return None if plan.finished else REFRESH_S
@@ -102,9 +102,13 @@ def _create_trial(cluster: Cluster, sweep: TrainingSweep, uid: str, number: int,
     )
 
 
-def _summary(sweep: TrainingSweep, status: dict[str, Any]) -> str:
+def _summary(sweep: TrainingSweep, status: dict[str, Any], budget_spent: bool) -> str:
     trials = status["trials"]
     counts = ", ".join(f"{count} {state}" for state, count in trials.items() if count)
     best = status.get("best")
     found = f"; best so far trial {best['trial']} ({sweep.spec.metric} {best[sweep.spec.metric]})" if best else ""
-    return f"{status['started']} of {status['limit']} trials started ({counts or 'none yet'}){found}"
+    budget = sweep.spec.max_gpu_hours
+    spent = "" if budget is None else f"; {status['gpuHours']} of {budget:g} GPU-hours spent"
+    if budget_spent:
+        spent += ": no trial starts or resumes"
+    return f"{status['started']} of {status['limit']} trials started ({counts or 'none yet'}){found}{spent}"

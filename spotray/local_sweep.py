@@ -31,7 +31,7 @@ import yaml
 from spotray.contract.names import FAILED as RUN_FAILED
 from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
-from spotray.contract.sweep import TrainingSweep, format_value, interval_mean, objective_values
+from spotray.contract.sweep import TrainingSweep, format_value, gpu_hours, interval_mean, objective_values
 from spotray.contract.uris import parse_uri
 from spotray.controller.sweep import (
     FAILED,
@@ -95,6 +95,22 @@ def losses_by_step(events: list[dict[str, Any]]) -> dict[int, float]:
     """Each step's loss; a step trained again after a resume keeps its latest loss (an exact resume gives
     the same one)."""
     return {int(e["step"]): float(e["loss"]) for e in events if e.get("event") == "step" and "loss" in e}
+
+
+def attempt_seconds(events: list[dict[str, Any]]) -> float:
+    """How long a trial's attempts ran, from its event log: each from its ``attempt_begun`` to its
+    last event (a trial running now: to its latest, at most a step ago)."""
+    total, begun, last = 0.0, None, None
+    for event in events:
+        at = float(event["time"])
+        if event.get("event") == "attempt_begun":
+            if begun is not None and last is not None:
+                total += last - begun
+            begun = at
+        last = at
+    if begun is not None and last is not None:
+        total += last - begun
+    return total
 
 
 def complete_step(events: list[dict[str, Any]]) -> int:
@@ -214,7 +230,9 @@ class LocalSweep:
         losses = losses_by_step(events)
         values = objective_values(losses, early.rungs(max_steps), complete_step(events), self.every) if early else {}
         state, final = self._trial_state(number, events, losses)
-        return TrialFacts(number, self.state.values[number], state, values, final, self.state.promoted.get(number))
+        spent = gpu_hours(self.sweep.spec.template.workers, attempt_seconds(events))
+        promoted = self.state.promoted.get(number)
+        return TrialFacts(number, self.state.values[number], state, values, final, promoted, gpu_hours=spent)
 
     def _trial_state(
         self, number: int, events: list[dict[str, Any]], losses: dict[int, float]
@@ -300,6 +318,11 @@ class LocalSweep:
             self.progress.note(
                 f"  t{fact.number:<3} {fact.state:<10} {values}  {result}" + (f"  (rungs {rungs})" if rungs else "")
             )
+        budget = self.sweep.spec.max_gpu_hours
+        if budget is not None:
+            spent = sum(f.gpu_hours for f in facts)
+            said = ": no trial started or resumed past it" if plan.budget_spent else ""
+            self.progress.note(f"GPU-hours spent: {spent:.3f} of {budget:g}{said}")
         png = self._plot()
         if png is not None:
             self.progress.note(f"loss curves: {png}")

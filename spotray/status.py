@@ -224,6 +224,12 @@ def _best(best: dict[str, Any]) -> str:
     return f"trial {best.get('trial')} ({objective})"
 
 
+def _gpu_hours(spent: Any, trials: dict[str, Any]) -> str:
+    """What the trials spent, and of what budget (spec.trials.maxGpuHours), if the sweep has one."""
+    budget = trials.get("maxGpuHours")
+    return f"{_dash(spent)} spent" + (f" of {budget}" if budget is not None else " (no budget)")
+
+
 def describe_sweep(sweep: dict[str, Any], trials: list[dict[str, Any]], now: datetime | None = None) -> str:
     """A TrainingSweep and its trials, from the sweep's status and each trial's TrainingRun."""
     status = sweep.get("status") or {}
@@ -234,6 +240,7 @@ def describe_sweep(sweep: dict[str, Any], trials: list[dict[str, Any]], now: dat
         f"Phase:     {status.get('phase') or '-'}",
         f"Trials:    {_dash(status.get('started'))} of {_dash(status.get('limit'))} started ({counts})",
         f"Best:      {_best(best)}",
+        f"GPU-hours: {_gpu_hours(status.get('gpuHours'), (sweep.get('spec') or {}).get('trials') or {})}",
         f"Message:   {status.get('message') or '-'}",
         f"Age:       {age_since(sweep['metadata'].get('creationTimestamp'), now)}",
     ]

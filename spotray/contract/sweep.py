@@ -15,7 +15,7 @@ the training code through the entrypoint, where ``${name}`` stands for each para
         layers: {type: int, values: [1, 2, 4]}
       search: {algorithm: tpe, seed: 1}           # grid, random or tpe (Optuna's samplers)
       objective: {metric: loss, direction: minimize}
-      trials: {max: 16, parallel: 4}
+      trials: {max: 16, parallel: 4, maxGpuHours: 40}   # the budget: trials, and GPU-hours in all
       earlyStopping: {minSteps: 20, reductionFactor: 3}   # ASHA, at checkpoint boundaries
 
 This module only reads and checks the spec (every problem at once, each with its path and fix) and
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotray.contract.names import API_VERSION, KIND
-from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, RunSpec, name_problem, parse_spec
+from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, RunSpec, WorkerSpec, name_problem, parse_spec
 
 SWEEP_KIND = "TrainingSweep"
 SWEEP_PLURAL = "trainingsweeps"
@@ -112,6 +112,7 @@ class SweepSpec:
     max_trials: int = 10
     parallel: int = 1
     early_stopping: EarlyStopping | None = None
+    max_gpu_hours: float | None = None  # the trials' GPU-hours in all (gpu_hours); None: no such budget
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,13 @@ def interval_mean(losses: dict[int, float], end: int, every: int) -> float | Non
     which is less noisy than one step's (over the steps logged in it; None when none was)."""
     window = [loss for step, loss in losses.items() if end - every < step <= end and math.isfinite(loss)]
     return sum(window) / len(window) if window else None
+
+
+def gpu_hours(workers: WorkerSpec, attempt_seconds: float) -> float:
+    """What a trial spent of a sweep's ``maxGpuHours``: the time its attempts ran (from each RayJob's
+    creation to its end, or to now), times its GPUs (``replicas x gpu``; a CPU-only worker counts as
+    one, so a budget binds a CPU sweep too). Every worker is counted for all of it, as status.cost does."""
+    return max(0.0, attempt_seconds) * workers.num_workers / 3600
 
 
 def objective_values(
@@ -339,9 +347,12 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
     direction = problems.choice(objective, "direction", "spec.objective", "minimize", DIRECTIONS)
 
     trials = problems.mapping(spec.get("trials"), "spec.trials")
-    problems.known(trials, "spec.trials", ("max", "parallel"))
+    problems.known(trials, "spec.trials", ("max", "parallel", "maxGpuHours"))
     max_trials = problems.integer(trials, "max", "spec.trials", default=10, low=1, high=MAX_TRIALS)
     parallel = problems.integer(trials, "parallel", "spec.trials", default=1, low=1, high=MAX_TRIALS)
+    max_gpu_hours = trials.get("maxGpuHours")
+    if max_gpu_hours is not None and not (_number(max_gpu_hours) and max_gpu_hours > 0):
+        problems.items.append(f"spec.trials.maxGpuHours: a number of hours above 0, got {max_gpu_hours!r}")
 
     early_stopping = _early_stopping(spec.get("earlyStopping"), template, problems)
 
@@ -363,6 +374,7 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
             max_trials=max_trials,
             parallel=parallel,
             early_stopping=early_stopping,
+            max_gpu_hours=None if max_gpu_hours is None else float(max_gpu_hours),
         ),
     )
 

@@ -6,13 +6,18 @@ killed mid-sweep: the restarted controller finds every decision in the trials an
 - in make test, a smoke (about 40 s): trials made, owned and counted, a controller kill that makes no
   trial twice, and the trials gone with their sweep; its trials sleep instead of training;
 - in make test-campaign, the whole story (about 4 minutes): three trials train GPT-2 for real on the
-  test bed's Ray head (as tests/e2e/test_controller.py's runs do), one stops at its rung.
+  test bed's Ray head (as tests/e2e/test_controller.py's runs do), one stops at its rung; and a Hydra
+  multirun sent to the cluster by the launcher plugin (hydra.launcher.local=false).
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -205,3 +210,50 @@ def test_a_sweep_stops_the_trials_below_the_cut_at_its_rung_and_survives_a_contr
     assert status["best"]["loss"] == pytest.approx(final, abs=1e-5)
     printed = testbed.kubectl("get", "trainingsweep", "lr", "-n", namespace).stdout
     assert "Succeeded" in printed, printed
+
+
+@pytest.mark.campaign
+def test_a_hydra_multirun_with_local_false_is_a_sweep_the_controller_runs(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,  # noqa: F811 - the fixture imported above
+    start_controller: Callable[..., ControllerProcess],  # noqa: F811 - the fixture imported above
+    training_sweep_crd: None,
+    tmp_path: Path,
+) -> None:
+    """plugins/hydra-spotray-launcher with hydra.launcher.local=false: the launcher applies the sweep,
+    the controller runs its trials on the test bed, and the launcher reads each job's result back:
+    one trains and returns its loss, one is refused by the job (bad input) and fails its Hydra job."""
+    start_controller()
+    template = training_run("hydra", tmp_path, max_steps=10, entrypoint="python -m spotray.jobs.gpt2.hydra_app")
+    (tmp_path / "template.yaml").write_text(yaml.safe_dump(template))
+    command = [
+        sys.executable, str(ROOT / "jobs" / "gpt2" / "hydra_app.py"), "--multirun", "hydra/launcher=spotray",
+        "hydra.launcher.local=false", f"hydra.launcher.template={tmp_path / 'template.yaml'}",
+        f"hydra.launcher.kubeconfig={testbed.kubeconfig}", f"hydra.launcher.namespace={namespace}",
+        "hydra.launcher.name=hydra-e2e", "hydra.launcher.parallel=2", "hydra.launcher.poll_s=2",
+        "hydra.launcher.timeout_s=600", f"hydra.sweep.dir={tmp_path / 'multirun'}",
+        "max_steps=10", "batch_size=8", "n_layer=1", "n_embd=32", "dropout=0", "learning_rate=0.003,-1",
+    ]  # fmt: skip
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=700, check=False, cwd=tmp_path)
+    finally:
+        for trial in trials(testbed, namespace, "hydra-e2e"):
+            print(trial["metadata"]["name"], yaml.safe_dump(trial.get("status")))
+        for scratch in (Path(tempfile.gettempdir()) / "spotray-gpt2").glob("hydra-e2e-t*"):
+            shutil.rmtree(scratch, ignore_errors=True)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, "one job failed, so the multirun did: " + output[-3000:]
+    assert f"TrainingSweep hydra-e2e created in namespace {namespace}" in output, output[-3000:]
+    lines = [line for line in output.splitlines() if "spotray: job " in line]
+    trained = next(line for line in lines if "learning_rate=0.003" in line)
+    refused = next(line for line in lines if "learning_rate=-1" in line)
+    assert " Succeeded, loss " in trained, output[-3000:]
+    assert " Failed" in refused, output[-3000:]
+    failed = refused.split("trial ")[1].split()[0]
+    assert f"{failed} ended Failed (spotray status {failed} -n {namespace})" in output, "where to read why"
+    status = sweep_object(testbed, namespace, "hydra-e2e")["status"]
+    assert status["trials"] == {"running": 0, "suspended": 0, "succeeded": 1, "failed": 1}, status
+    for trial in trials(testbed, namespace, "hydra-e2e"):
+        assert trial["status"]["preemptions"] == 0, trial["status"]

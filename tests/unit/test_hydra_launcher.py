@@ -55,12 +55,15 @@ def test_an_override_the_shell_would_split_or_expand_reaches_the_app_as_hydra_wr
     assert argv.strip() == str(["name='a b'", "tag=$HOME"])
 
 
-def test_early_stopping_and_the_namespace_come_through() -> None:
+def test_early_stopping_the_budget_and_the_namespace_come_through() -> None:
     named = template()
     named["metadata"]["namespace"] = "team-a"
-    document = sweep_document(named, JOBS, name="asha", early_stopping_min_steps=10, reduction_factor=2)
+    document = sweep_document(
+        named, JOBS, name="asha", early_stopping_min_steps=10, reduction_factor=2, max_gpu_hours=1.5
+    )
     sweep = parse_sweep(document)
     assert sweep.namespace == "team-a"
+    assert sweep.spec.max_gpu_hours == 1.5
     assert sweep.spec.early_stopping is not None
     assert sweep.spec.early_stopping.rungs(30) == [10, 20]
 

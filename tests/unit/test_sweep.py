@@ -28,6 +28,7 @@ from spotray.contract.sweep import (
     TRIAL_LABEL,
     EarlyStopping,
     TrainingSweep,
+    gpu_hours,
     interval_mean,
     objective_values,
     parse_sweep,
@@ -50,7 +51,14 @@ from spotray.controller.sweep import (
     trial_limit,
     trial_patches,
 )
-from spotray.local_sweep import LocalSweep, SweepState, TrialProcess, complete_step, losses_by_step
+from spotray.local_sweep import (
+    LocalSweep,
+    SweepState,
+    TrialProcess,
+    attempt_seconds,
+    complete_step,
+    losses_by_step,
+)
 from spotray.progress import ProgressView
 from spotray.status import describe_sweep
 from spotray.train.records.plot import plot_sweep
@@ -165,6 +173,8 @@ def test_a_literal_dollar_stays_and_only_named_placeholders_count() -> None:
         ({"template__checkpoint": None}, "spec.template: spec.checkpoint: missing"),
         ({"parameters": None}, "spec.parameters: missing; name at least one"),
         ({"budget": {"gpuHours": 3}}, "spec.budget: unknown field"),
+        ({"trials__maxGpuHours": 0}, "spec.trials.maxGpuHours: a number of hours above 0, got 0"),
+        ({"trials__maxGpuHours": "8h"}, "spec.trials.maxGpuHours: a number of hours above 0, got '8h'"),
     ],
 )
 def test_a_wrong_sweep_is_refused_with_every_problem_and_its_place(changes: dict[str, Any], said: str) -> None:
@@ -267,6 +277,48 @@ def test_maximize_keeps_the_highest_and_a_sweep_ends_when_nothing_runs_or_can_re
     ]
     plan = decide(spec, over)
     assert (plan.resume, plan.start, plan.finished, plan.best) == ([], [], True, (2, 7.0))
+
+
+def test_once_the_trials_spent_the_gpu_hours_nothing_starts_or_resumes_and_the_running_finish() -> None:
+    spec = sweep(trials__parallel=2, trials__maxGpuHours=1.5).spec
+    assert spec.max_gpu_hours == 1.5
+    trials = [
+        dataclasses.replace(facts(1, RUNNING, {20: 1.0}, promoted=20), gpu_hours=0.9),
+        dataclasses.replace(facts(2, SUSPENDED, {20: 2.0}), gpu_hours=0.3),
+        dataclasses.replace(facts(3, SUSPENDED, {20: 3.0}), gpu_hours=0.2),
+    ]
+    under = decide(spec, trials)
+    assert ([n for n, _ in under.start], under.budget_spent) == ([4], False), "1.4 of 1.5: a free slot is filled"
+    trials[0] = dataclasses.replace(trials[0], gpu_hours=1.0)
+    spent = decide(spec, trials)
+    assert (spent.start, spent.resume, spent.budget_spent, spent.finished) == ([], [], True, False), "1 runs on"
+    trials[0] = dataclasses.replace(trials[0], state=SUCCEEDED, value=1.0)
+    over = decide(spec, trials)
+    assert (over.finished, over.best) == (True, (1, 1.0)), "nothing runs and nothing may: the sweep is over"
+    assert sweep_status(spec, trials, over)["gpuHours"] == 1.5
+
+
+def test_a_trials_gpu_hours_are_its_attempts_time_times_its_gpus() -> None:
+    workers = sweep(template__workers={"replicas": 2, "gpu": 4}).spec.template.workers
+    assert gpu_hours(workers, 1800) == 4.0, "8 GPUs for half an hour"
+    assert gpu_hours(sweep().spec.template.workers, 3600) == 1.0, "a CPU-only worker counts as one"
+    trial = trial_object(1, "Running", {})
+    trial["status"]["attempts"] = [
+        {"attempt": 1, "startTime": "2026-01-01T00:00:00Z", "endTime": "2026-01-01T00:30:00Z"},
+        {"attempt": 2, "startTime": "2026-01-01T01:00:00Z"},  # running: counted to now
+    ]
+    now = datetime(2026, 1, 1, 1, 15, tzinfo=UTC)
+    read = trial_facts(sweep().spec, trial, now=now)
+    assert read is not None
+    assert read.gpu_hours == pytest.approx(0.75), "30 + 15 minutes, the hour between attempts not counted"
+    # Local mode reads the same from a trial's event log: each attempt from its start to its last event.
+    events = [
+        {"event": "attempt_begun", "attempt": 1, "time": 100.0},
+        {"event": "step", "step": 1, "time": 160.0},
+        {"event": "attempt_begun", "attempt": 2, "time": 1000.0},
+        {"event": "step", "step": 2, "time": 1030.0},
+    ]
+    assert attempt_seconds(events) == 90.0
 
 
 # -- local mode's reading of a trial ----------------------------------------------------------------
@@ -450,10 +502,13 @@ def test_spotray_status_of_a_sweep_shows_each_trials_values_rungs_and_the_sweeps
             "limit": 6,
             "trials": {"running": 0, "suspended": 1, "succeeded": 1, "failed": 0},
             "best": {"trial": 1, "loss": 3.9},
+            "gpuHours": 0.42,
         },
+        "spec": {"trials": {"max": 6, "maxGpuHours": 2}},
     }
     shown = describe_sweep(sweep_object, trials, now=datetime(2026, 11, 27, 21, tzinfo=UTC))
     assert "2 of 6 started (1 suspended, 1 succeeded)" in shown
+    assert "GPU-hours: 0.42 spent of 2" in shown
     assert "trial 1 (loss 3.9)" in shown
     row_1 = next(line for line in shown.splitlines() if "gpt2-lr-t1" in line)
     assert "20: 4.8, 60: 4.4, 180: 3.9" in row_1

@@ -16,6 +16,7 @@ class SpotrayLauncherConf:
     parallel: int = 1  # trials at once
     early_stopping_min_steps: int | None = None  # successive halving's first rung; none: every trial runs to its end
     reduction_factor: int = 3  # the best 1/factor of the trials at a rung go on
+    max_gpu_hours: float | None = None  # the trials' GPU-hours in all (spec.trials.maxGpuHours); none: no budget
     namespace: str | None = None  # local=false: the namespace (default: the template's, else the kubeconfig's)
     context: str | None = None  # local=false: the kubeconfig context
     kubeconfig: str | None = None  # local=false: the kubeconfig file

@@ -61,6 +61,7 @@ def sweep_document(
     parallel: int = 1,
     early_stopping_min_steps: int | None = None,
     reduction_factor: int = 3,
+    max_gpu_hours: float | None = None,
 ) -> dict[str, Any]:
     """The TrainingSweep that runs ``jobs``: one trial each, from the TrainingRun manifest ``template``.
 
@@ -89,6 +90,8 @@ def sweep_document(
         "objective": {"metric": "loss", "direction": "minimize"},
         "trials": {"max": len(lines), "parallel": parallel},
     }
+    if max_gpu_hours is not None:
+        sweep_spec["trials"]["maxGpuHours"] = max_gpu_hours
     if early_stopping_min_steps is not None:
         sweep_spec["earlyStopping"] = {"minSteps": early_stopping_min_steps, "reductionFactor": reduction_factor}
     return {"apiVersion": API_VERSION, "kind": SWEEP_KIND, "metadata": metadata, "spec": sweep_spec}
