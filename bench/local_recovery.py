@@ -46,16 +46,22 @@ ENTRYPOINT = (
 )
 
 
+DRIVER_MARKS = ("driver_start", "ray_connected", "worker_group_asked")
+
+
 def attempt_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Where each attempt after the first spent its start-up, from the run's event log."""
     phases = []
     last_step_at: float | None = None
     begun: dict[str, Any] | None = None
     worker_up = loop_start = None
+    driver: dict[str, float] = {}  # the driver's own marks (train/launch/launcher.py): its first of each
     for event in events:
         kind, at = event["event"], float(event["time"])
         if kind == "attempt_begun":
-            begun, worker_up, loop_start = event, None, None
+            begun, worker_up, loop_start, driver = event, None, None, {}
+        elif kind in DRIVER_MARKS and begun is not None:
+            driver.setdefault(kind, at)
         elif kind == "worker_start" and begun is not None and worker_up is None:
             worker_up = at
         elif kind == "start" and begun is not None and loop_start is None:
@@ -63,12 +69,23 @@ def attempt_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "step":
             if begun is not None and begun["attempt"] > 1 and worker_up and loop_start:
                 began = float(begun["time"])
+                driver_begun = began + float(begun["ray_start_s"])
+                marks = [
+                    driver_begun,
+                    *(driver.get(k) for k in ("driver_start", "ray_connected", "worker_group_asked")),
+                ]
                 phases.append(
                     {
                         "attempt": begun["attempt"],
                         "ray_cluster": begun["ray_cluster"],
                         "ray_start_s": begun["ray_start_s"],
-                        "driver_to_workers_up_s": round(worker_up - began - begun["ray_start_s"], 2),
+                        "driver_to_workers_up_s": round(worker_up - driver_begun, 2),
+                        # ... split: the driver's imports and the job's checks; connecting to Ray; the
+                        # fence and the trainer; then Ray Train's worker group until a worker's loop began.
+                        **_spans(
+                            ("driver_imports_s", "ray_connect_s", "driver_setup_s", "worker_group_s"),
+                            [*marks, worker_up],
+                        ),
                         "workers_up_to_loop_s": round(loop_start - worker_up, 2),
                         "loop_to_first_step_s": round(at - loop_start, 2),
                         "begun_to_first_step_s": round(at - began, 2),
@@ -78,6 +95,14 @@ def attempt_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 begun = None  # this attempt's first step is counted
             last_step_at = at
     return phases
+
+
+def _spans(names: tuple[str, ...], marks: list[float | None]) -> dict[str, float | None]:
+    """The time between each mark and the next, by name; None where a mark is missing (an older job)."""
+    return {
+        name: None if start is None or end is None else round(end - start, 2)
+        for name, start, end in zip(names, marks, marks[1:], strict=False)
+    }
 
 
 def one_run(root: Path, mode: str, index: int) -> dict[str, Any]:
@@ -112,11 +137,18 @@ def main() -> int:
             order = ["fresh", "kept"] if index % 2 else ["kept", "fresh"]  # drift falls on both alike
             runs += [one_run(root, mode, index) for mode in order]
 
-    def median(mode: str, key: str) -> float:
-        return statistics.median(float(run[key]) for run in runs if run["mode"] == mode)
+    def median(mode: str, key: str) -> float | None:
+        measured = [float(run[key]) for run in runs if run["mode"] == mode and run.get(key) is not None]
+        return statistics.median(measured) if measured else None
 
-    ratio = median("kept", "begun_to_first_step_s") / median("fresh", "begun_to_first_step_s")
-    keys = ("begun_to_first_step_s", "ray_start_s", "driver_to_workers_up_s", "workers_up_to_loop_s")
+    kept_s, fresh_s = median("kept", "begun_to_first_step_s"), median("fresh", "begun_to_first_step_s")
+    assert kept_s is not None, "every run has its attempt 2's first step"
+    assert fresh_s is not None, "every run has its attempt 2's first step"
+    ratio = kept_s / fresh_s
+    keys = (
+        "begun_to_first_step_s", "ray_start_s", "driver_to_workers_up_s", "driver_imports_s", "ray_connect_s",
+        "driver_setup_s", "worker_group_s", "workers_up_to_loop_s",
+    )  # fmt: skip
     details = {
         "rounds": args.rounds,
         "case": "attempt 1 exits 75 at start (a store that did not answer); attempt 2 trains the GPT-2 example",
@@ -133,8 +165,7 @@ def main() -> int:
         "python -m bench.local_recovery",
         details,
     )
-    kept, fresh = details["begun_to_first_step_s"]["kept"], details["begun_to_first_step_s"]["fresh"]
-    print(f"attempt 2 begun -> first step, kept / fresh cluster: {ratio:.3f} ({kept:.1f} s vs {fresh:.1f} s)")
+    print(f"attempt 2 begun -> first step, kept / fresh cluster: {ratio:.3f} ({kept_s:.1f} s vs {fresh_s:.1f} s)")
     return 0
 
 

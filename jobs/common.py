@@ -33,6 +33,7 @@ from spotray.contract.spec import (
     default_of,
     parse_spec,
 )
+from spotray.train.records.events import EVENTS_ENV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,7 +150,7 @@ def events_path(args: argparse.Namespace) -> Path | None:
     """``--events``, else ``SPOTRAY_EVENTS`` (set by local mode), else none."""
     if args.events:
         return Path(args.events)
-    return Path(os.environ["SPOTRAY_EVENTS"]) if os.environ.get("SPOTRAY_EVENTS") else None
+    return Path(os.environ[EVENTS_ENV]) if os.environ.get(EVENTS_ENV) else None
 
 
 class LoopConfig:

@@ -85,7 +85,7 @@ from spotray.train.checkpoints.checkpoint import download_checkpoint, latest_com
 from spotray.train.launch.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
 from spotray.train.processes.subprocesses import die_with_parent
 from spotray.train.records.attempt_records import read_attempt_records
-from spotray.train.records.events import EventLog, read_events
+from spotray.train.records.events import EVENTS_ENV, EventLog, read_events
 from spotray.train.records.goodput import ledger, split_lifetimes
 from spotray.train.records.plot import plot_loss_across_attempts
 from spotray.train.storage.local_s3 import LocalS3Server
@@ -435,7 +435,7 @@ class LocalRun:
             **self.secret_env,
             **context.to_env(),
             "RAY_ADDRESS": ray_address,
-            "SPOTRAY_EVENTS": str(self.events_path),
+            EVENTS_ENV: str(self.events_path),
             "PYTHONUNBUFFERED": "1",
             # `python` in the entrypoint is this interpreter, with spotray installed.
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",

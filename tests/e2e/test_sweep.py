@@ -12,6 +12,7 @@ killed mid-sweep: the restarted controller finds every decision in the trials an
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import signal
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load as safetensors_load
 
 from spotray.contract.sweep import (
     OBJECTIVE_STEPS_ANNOTATION,
@@ -31,7 +34,10 @@ from spotray.contract.sweep import (
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
 )
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import ControllerProcess, training_run
 from tests.e2e.test_cli_cluster import cli
@@ -257,3 +263,133 @@ def test_a_hydra_multirun_with_local_false_is_a_sweep_the_controller_runs(
     assert status["trials"] == {"running": 0, "suspended": 0, "succeeded": 1, "failed": 1}, status
     for trial in trials(testbed, namespace, "hydra-e2e"):
         assert trial["status"]["preemptions"] == 0, trial["status"]
+
+
+# Eight rates, high to low: early in training the higher rates have the lower loss (as in
+# tests/integration/test_local_sweep.py), so trial 1 always goes past the rung, trial 2 (second of two
+# there) is stopped at it and promoted once six or more trials reached it, and most of the rest stop.
+EIGHT_RATES = [0.03, 0.01, 0.003, 0.001, 0.0003, 0.0001, 0.00003, 0.00001]
+
+
+def reclaim_the_node_of(testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str, trial: str) -> list[str]:
+    """A cloud takes the spot node the trial's worker is on: every pod there is disrupted and every
+    job with a pod there dies (the test bed's jobs run on its Ray head). Returns the node's name and
+    the RayJobs hit."""
+    run = json.loads(testbed.kubectl("get", "trainingrun", trial, "-n", namespace, "-o", "json").stdout)
+    rayjob = run["status"]["attempts"][-1]["rayJob"]
+    job = json.loads(testbed.kubectl("get", "rayjob", rayjob, "-n", namespace, "-o", "json").stdout)
+    cluster = job["status"]["rayClusterName"]
+    pods = json.loads(testbed.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+    labels = [(p["metadata"]["labels"], p["spec"].get("nodeName")) for p in pods]
+    node = next(
+        n for lab, n in labels if lab.get("ray.io/cluster") == cluster and lab.get("ray.io/node-type") == "worker"
+    )
+    hit_clusters = {lab.get("ray.io/cluster") for lab, n in labels if n == node}
+    testbed.preempt_node(node)
+    hit = []
+    for job in json.loads(testbed.kubectl("get", "rayjobs", "-n", namespace, "-o", "json").stdout)["items"]:
+        status = job.get("status") or {}
+        if status.get("rayClusterName") in hit_clusters and status.get("jobId"):
+            ray_head.kill_job(status["jobId"])
+            hit.append(job["metadata"]["name"])
+    return [node, *hit]
+
+
+def final_weights(s3_server: LocalS3Server, uri: str) -> dict[str, Any]:
+    store = S3ObjectStore(parse_uri(uri), s3_server.config, RetryPolicy())
+    latest = latest_complete_checkpoint(store)
+    assert latest is not None, f"no complete checkpoint under {uri}"
+    return safetensors_load(store.get_bytes(f"{latest.prefix}/model.safetensors"))
+
+
+@pytest.mark.campaign
+@pytest.mark.timeout(2400)
+def test_eight_trials_with_asha_through_reclaims_and_a_controller_kill_end_as_if_undisturbed(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,  # noqa: F811 - the fixture imported above
+    s3_server: LocalS3Server,
+    start_controller: Callable[..., ControllerProcess],  # noqa: F811 - the fixture imported above
+    training_sweep_crd: None,
+    tmp_path: Path,
+) -> None:
+    """Issue 40's campaign: a sweep of 8 trials with successive halving, two spot reclaims (one after
+    a trial's first checkpoint, one before another's) and the controller SIGKILLed mid-sweep. Every
+    trial is made once; no reclaim counts as a failure; the trial stopped at the rung and promoted
+    later ends with the same weights as the same trial run alone, undisturbed."""
+    controller = start_controller()
+    manifest = sweep_manifest("asha", tmp_path)
+    manifest["spec"]["parameters"]["lr"]["values"] = EIGHT_RATES
+    manifest["spec"]["trials"] = {"max": len(EIGHT_RATES), "parallel": 2}
+    manifest["spec"]["template"]["retry"]["maxPreemptions"] = 5
+    testbed.apply(manifest, namespace=namespace)
+    reclaimed: list[list[str]] = []
+
+    def trial_status(name: str) -> dict[str, Any]:
+        found = [t for t in trials(testbed, namespace, "asha") if t["metadata"]["name"] == name]
+        return (found[0].get("status") or {}) if found else {}
+
+    try:
+        # Reclaim 1: trial 1 past its first complete checkpoint (it resumes from step 10).
+        tb.wait_until("trial 1's first checkpoint", lambda: "lastCheckpoint" in trial_status("asha-t1"), 600, 2)
+        reclaimed.append(reclaim_the_node_of(testbed, ray_head, namespace, "asha-t1"))
+        # The controller killed as the reclaim lands, and started again: it reads back what it missed.
+        controller.stop(signal.SIGKILL)
+        controller = start_controller()
+        # Reclaim 2: trial 5 training, before its first checkpoint (it starts over from step 0).
+        tb.wait_until(
+            "trial 5 training",
+            lambda: (
+                (trial_status("asha-t5").get("progress") or {}).get("step", 0) >= 2
+                and "lastCheckpoint" not in trial_status("asha-t5")
+            ),
+            900,
+            1,
+        )
+        reclaimed.append(reclaim_the_node_of(testbed, ray_head, namespace, "asha-t5"))
+
+        def ended() -> dict[str, Any] | None:
+            status = sweep_object(testbed, namespace, "asha").get("status") or {}
+            return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+        status = tb.wait_until("the sweep to end", ended, timeout=1500, interval=3)
+    finally:
+        for node in {hit[0] for hit in reclaimed}:
+            testbed.restore_node(node)
+        print("reclaimed (node, RayJobs hit):", reclaimed)
+        print(yaml.safe_dump(sweep_object(testbed, namespace, "asha").get("status")))
+        for trial in trials(testbed, namespace, "asha"):
+            print(trial["metadata"]["name"], trial["metadata"].get("annotations"), yaml.safe_dump(trial.get("status")))
+    found = {t["metadata"]["name"]: t for t in trials(testbed, namespace, "asha")}
+    assert sorted(found) == [f"asha-t{n}" for n in range(1, 9)], "each trial made once"
+    assert all(t["status"].get("failures", 0) == 0 for t in found.values()), "no reclaim counted as a failure"
+    assert found["asha-t1"]["status"]["preemptions"] >= 1
+    assert found["asha-t5"]["status"]["preemptions"] >= 1
+    assert status["phase"] == "Succeeded", status
+    assert status["best"]["trial"] in (1, 2), status
+    assert status["trials"]["suspended"] >= 4, "most trials stop at the rung"
+    promoted = found["asha-t2"]
+    assert promoted["metadata"]["annotations"].get(PROMOTED_ANNOTATION) == "10", promoted["metadata"]
+    assert promoted["status"]["phase"] == "Succeeded"
+
+    # Trial 2 alone, undisturbed, from scratch: the same final weights.
+    alone = copy.deepcopy(promoted)
+    alone_spec = alone["spec"]
+    alone_spec["suspend"] = False
+    alone_spec["checkpoint"]["uri"] += "-alone"
+    alone_spec["entrypoint"] = alone_spec["entrypoint"].replace(f"{tmp_path}/job-", f"{tmp_path}/alone-")
+    testbed.apply({"apiVersion": alone["apiVersion"], "kind": alone["kind"], "metadata": {"name": "alone"},
+                   "spec": alone_spec}, namespace=namespace)  # fmt: skip
+
+    def alone_done() -> dict[str, Any] | None:
+        listed = json.loads(testbed.kubectl("get", "trainingrun", "alone", "-n", namespace, "-o", "json").stdout)
+        status = listed.get("status") or {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    assert tb.wait_until("trial 2 alone", alone_done, timeout=600, interval=3)["phase"] == "Succeeded"
+    ours = final_weights(s3_server, promoted["spec"]["checkpoint"]["uri"])
+    theirs = final_weights(s3_server, alone_spec["checkpoint"]["uri"])
+    assert sorted(ours) == sorted(theirs)
+    for key, tensor in ours.items():
+        assert torch.equal(tensor, theirs[key]), f"{key} differs: the stop at the rung and the resume lost something"

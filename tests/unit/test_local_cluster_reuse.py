@@ -122,6 +122,9 @@ def test_the_benchmark_splits_each_restart_into_its_phases() -> None:
         event("step", 15.0, step=1),
         event("step", 16.0, step=2),  # the notice: attempt 1 ends after this step
         event("attempt_begun", 20.0, attempt=2, ray_cluster="kept", ray_start_s=0.0),
+        event("driver_start", 22.0),
+        event("ray_connected", 23.0),
+        event("worker_group_asked", 23.5),
         event("worker_start", 27.0),
         event("worker_start", 27.5),  # the second rank: the group was up at the first
         event("start", 30.0, attempt=2),
@@ -134,6 +137,10 @@ def test_the_benchmark_splits_each_restart_into_its_phases() -> None:
             "ray_cluster": "kept",
             "ray_start_s": 0.0,
             "driver_to_workers_up_s": 7.0,
+            "driver_imports_s": 2.0,
+            "ray_connect_s": 1.0,
+            "driver_setup_s": 0.5,
+            "worker_group_s": 3.5,
             "workers_up_to_loop_s": 3.0,
             "loop_to_first_step_s": 1.5,
             "begun_to_first_step_s": 11.5,

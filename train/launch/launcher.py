@@ -61,6 +61,7 @@ from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
+from spotray.train.records.events import event_log_from_env
 from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):
@@ -300,6 +301,10 @@ def launch(
     (``ResumeFetch``). When the workers run on this machine, the driver starts that download at
     once, while Ray starts (seconds to tens of seconds); the workers' own fetch then finds it there.
     """
+    # Where an attempt's start-up goes, for the goodput ledger and bench/local_recovery.py: from here
+    # (the driver's imports and the job's own checks done) to Ray connected, to the worker group asked for.
+    events = event_log_from_env()
+    events.emit("driver_start")
     if resume_dir is not None and ray_runs_on_this_machine():
         prefetch_in_background(store, resume_dir)
     # The workers read the run context (their attempt's identity included) from SPOTRAY_RUN,
@@ -318,6 +323,7 @@ def launch(
         except (ConnectionError, TimeoutError, ray.exceptions.RaySystemError) as error:
             print(f"error: cannot connect to the Ray cluster (an infrastructure fault): {error}", file=sys.stderr)
             return EXIT_INFRASTRUCTURE
+    events.emit("ray_connected")
     install_sigterm_drain(grace_seconds)
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:
@@ -333,6 +339,7 @@ def launch(
         run_config=build_run_config(context, storage_path or default_storage_path()),
         datasets=datasets,
     )
+    events.emit("worker_group_asked")
     try:
         trainer.fit()
     except Exception as error:  # noqa: BLE001 (whatever ended the attempt, it ends with its cause's code)

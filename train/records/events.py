@@ -11,11 +11,14 @@ reports from its own thread.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+EVENTS_ENV = "SPOTRAY_EVENTS"  # the event log's path, which local mode sets for an attempt's processes
 
 
 class EventLog:
@@ -34,6 +37,12 @@ class EventLog:
         with self._lock, self.path.open("a") as handle:
             handle.write(line + "\n")
             handle.flush()
+
+
+def event_log_from_env() -> EventLog:
+    """The event log local mode asked for (``SPOTRAY_EVENTS``), else one that writes nowhere."""
+    path = os.environ.get(EVENTS_ENV)
+    return EventLog(Path(path) if path else None)
 
 
 def read_events(path: Path) -> Iterator[dict[str, Any]]:
