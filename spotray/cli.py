@@ -15,7 +15,7 @@ from types import FrameType
 from spotray.cluster_options import KubeOptions, add_cluster_flags
 from spotray.contract.attempts import EXIT_INTERRUPTED
 from spotray.contract.errors import SpotrayError
-from spotray.errors import exit_code_for
+from spotray.errors import NotFoundError, exit_code_for
 from spotray.output import FORMATS
 
 RUN_HELP = (
@@ -125,9 +125,11 @@ S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AW
 PLOT_EXAMPLES = """examples:
   spotray plot gpt2                                      # writes gpt2-loss.png
   spotray plot s3://my-bucket/runs/gpt2 -o loss.png
+  spotray plot gpt2-lr                                   # a TrainingSweep: every trial, gpt2-lr-sweep.png
 
 Joins the (step, loss) points every attempt kept in _spotray/attempt-N.progress.json next to the
-checkpoints, and marks where each attempt resumed and where the one before it stopped.
+checkpoints, and marks where each attempt resumed and where the one before it stopped. For a
+TrainingSweep's name: every trial's curve, each stop at a rung and promotion marked.
 S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY.
 """
 
@@ -257,9 +259,19 @@ def pull_command(args: argparse.Namespace) -> int:
 
 def plot_command(args: argparse.Namespace) -> int:
     from spotray.plot import plot_command as plot  # noqa: PLC0415
-    from spotray.target import locate_run  # noqa: PLC0415
+    from spotray.plot import plot_sweep_command  # noqa: PLC0415
+    from spotray.target import RUN_NAME, locate_run  # noqa: PLC0415
 
-    return plot(locate_run(args.run, KubeOptions.from_args(args)), args.output)
+    kube = KubeOptions.from_args(args)
+    try:
+        location = locate_run(args.run, kube)
+    except NotFoundError as no_run:
+        if not RUN_NAME.match(args.run):
+            raise
+        from spotray.kube import ClusterConnection  # noqa: PLC0415
+
+        return plot_sweep_command(ClusterConnection(kube), args.run, args.output, no_run)  # or a sweep's name
+    return plot(location, args.output)
 
 
 # -------------------------------------------------------------------------------------- parser
@@ -395,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
     plot = command(
         "plot",
         "draw loss vs step across attempts (PNG)",
-        "A PNG of training loss vs step across every attempt, with each resume marked.",
+        "A PNG of training loss vs step across every attempt, with each resume marked (or of a sweep's trials).",
         PLOT_EXAMPLES,
     )
     plot.add_argument("run", metavar="RUN", help=RUN_HELP)

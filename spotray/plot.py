@@ -1,17 +1,26 @@
 """``spotray plot RUN``: loss vs step across every attempt, each resume marked, from the progress
-objects the attempts keep next to the checkpoints (``_spotray/attempt-N.progress.json``)."""
+objects the attempts keep next to the checkpoints (``_spotray/attempt-N.progress.json``).
+
+``spotray plot SWEEP`` (a TrainingSweep's name): every trial's curve, read the same way from its own
+checkpoint prefix, with where the sweep stopped it at a rung and where it let it past one marked.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
+from spotray.contract.sweep import PROMOTED_ANNOTATION, STOPPED_ANNOTATION, SWEEP_KIND, SWEEP_LABEL, TRIAL_LABEL
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.target import RunLocation, open_run_store
 from spotray.train.records.goodput import attempts_from_progress
 from spotray.train.records.plot import plot_loss_across_attempts
 from spotray.train.records.progress_log import read_run_progress
+
+if TYPE_CHECKING:
+    from spotray.kube import ClusterConnection
 
 
 def plot_command(location: RunLocation, png: Path | None) -> int:
@@ -29,4 +38,44 @@ def plot_command(location: RunLocation, png: Path | None) -> int:
     emit(f"wrote {png}: {len(attempts)} attempt(s), steps {first}-{last}")
     if resumes:
         emit(f"resumed: {', '.join(resumes)}")
+    return EXIT_OK
+
+
+def decision_marks(label: str, annotations: dict[str, Any]) -> list[tuple[str, int, str]]:
+    """Where the sweep stopped a trial at a rung, and the highest rung it let it past, from its annotations.
+    A trial stopped and promoted later shows its promotion only: the stop's annotation goes as it resumes."""
+    marks = []
+    for annotation, what in ((STOPPED_ANNOTATION, "stopped"), (PROMOTED_ANNOTATION, "promoted")):
+        try:
+            marks.append((label, int(annotations[annotation]), what))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return marks
+
+
+def plot_sweep_command(cluster: ClusterConnection, name: str, png: Path | None, no_run: NotFoundError) -> int:
+    """NAME is no TrainingRun: plot the TrainingSweep of that name, or raise ``no_run``."""
+    from spotray.train.records.plot import plot_sweep  # noqa: PLC0415 - one import of matplotlib, when plotting
+
+    try:
+        cluster.get_run(name, kind=SWEEP_KIND)
+    except NotFoundError:
+        raise no_run from None
+    trials = cluster.list_runs(labels={SWEEP_LABEL: name})
+    curves: dict[str, list[tuple[int, float]]] = {}
+    marks: list[tuple[str, int, str]] = []
+    for trial in trials:
+        metadata = trial["metadata"]
+        label = f"t{(metadata.get('labels') or {}).get(TRIAL_LABEL, metadata['name'])}"
+        uri = str(((trial.get("spec") or {}).get("checkpoint") or {}).get("uri", ""))
+        store = open_run_store(RunLocation(metadata["name"], uri, f"trial {metadata['name']}"))
+        losses: dict[int, float] = {}
+        for lifetime in attempts_from_progress(read_run_progress(store)):
+            losses.update({step: loss for step, loss, _ in lifetime.points})  # a redone step: its latest loss
+        curves[label] = sorted(losses.items())
+        marks += decision_marks(label, metadata.get("annotations") or {})
+    png = png or Path(f"{name}-sweep.png")
+    plot_sweep(curves, marks, png, f"sweep {name}: training loss of every trial")
+    drawn = sum(1 for points in curves.values() if points)
+    emit(f"wrote {png}: {drawn} of {len(trials)} trial(s) with progress, {len(marks)} decision(s) marked")
     return EXIT_OK

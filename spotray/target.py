@@ -21,7 +21,7 @@ from spotray.contract.uris import parse_uri
 from spotray.errors import NotFoundError
 from spotray.train.storage.store import ObjectStore, RetryPolicy, StoreConfig, open_store
 
-_RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 # A wrong endpoint should fail within seconds at a terminal, not after the trainer's ten minutes.
 CLI_RETRY = RetryPolicy(deadline_s=20.0)
 # A server that accepts and never answers, too: one try per request, each waiting at most 15 s for a
@@ -52,7 +52,7 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
     if "://" in run or run.startswith("/"):
         parsed = parse_uri(run)
         return RunLocation(parsed.prefix.rsplit("/", 1)[-1] or parsed.bucket, str(parsed), "URI")
-    if not _RUN_NAME.match(run):
+    if not RUN_NAME.match(run):
         raise SpotrayError(
             f"RUN {run!r} is not a manifest file, a checkpoint URI or a TrainingRun name",
             "give a TrainingRun YAML file, s3://BUCKET/PREFIX, an absolute directory, or a TrainingRun's name",

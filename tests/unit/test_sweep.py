@@ -59,6 +59,7 @@ from spotray.local_sweep import (
     complete_step,
     losses_by_step,
 )
+from spotray.plot import decision_marks
 from spotray.progress import ProgressView
 from spotray.status import describe_sweep
 from spotray.train.records.plot import plot_sweep
@@ -487,6 +488,12 @@ def test_a_trials_objective_is_recorded_at_its_rungs_once_checkpointed_and_at_it
     assert merged is not None
     assert [(e.step, e.loss) for e in merged] == [(20, 5.0), (60, ended[0].loss), (90, 1.0)]
     assert merged_interval_losses(stored, ()) is None, "nothing new: the stored entries stay as they are"
+
+
+def test_spotray_plot_marks_where_the_sweep_stopped_or_promoted_each_trial() -> None:
+    assert decision_marks("t2", {STOPPED_ANNOTATION: "20"}) == [("t2", 20, "stopped")]
+    assert decision_marks("t1", {PROMOTED_ANNOTATION: "60", PARAMS_ANNOTATION: "{}"}) == [("t1", 60, "promoted")]
+    assert decision_marks("t3", {STOPPED_ANNOTATION: "twenty"}) == [], "an annotation someone mangled: no mark"
 
 
 def test_spotray_status_of_a_sweep_shows_each_trials_values_rungs_and_the_sweeps_decision() -> None:
