@@ -149,7 +149,7 @@ def _report(
     run_uid: str,
     *,
     ended: bool,
-    objective_steps: Sequence[int] = (),
+    objective_steps: Sequence[int] | None = None,
 ) -> tuple[StoreReport | None, str]:
     """(what S3 says about the current attempt, ""), or (None, why) when it cannot be read: a read
     failure goes into the message, not an error."""
@@ -544,7 +544,7 @@ def _status(
     *,
     state: RunState,
     previous: RunStatus,
-    objective_steps: Sequence[int],
+    objective_steps: Sequence[int] | None,
     generation: int,
     now: datetime,
     job: RayJobView | None,

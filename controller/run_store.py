@@ -251,13 +251,13 @@ class StoreReports:
         ended: bool,
         requested: Mapping[int, float] | None = None,
         ended_at: float | None = None,
-        objective_steps: Sequence[int] = (),
+        objective_steps: Sequence[int] | None = None,
         every_steps: int | None = None,
     ) -> StoreReport:
         """The attempt's report; ``requested``: when each attempt was asked for (attempt -> unix time),
         ``ended_at``: when the attempt ended, if it did (the ledger's wall time ends there);
         ``objective_steps``: a sweep's trial's rungs, whose objective the report gives once each is in a
-        complete checkpoint (``every_steps`` apart), with the last step's."""
+        complete checkpoint (``every_steps`` apart), with the last step's (None: no sweep's trial)."""
         key = attempt.progress_key
         etag = next((info.etag for info in store.list(key) if info.key == key), None)
         now = time.monotonic()
@@ -377,18 +377,19 @@ def checkpoint_interval_status(progress: AttemptProgress | None) -> CheckpointIn
 
 def interval_losses_status(
     progress: AttemptProgress | None,
-    steps: Sequence[int],
+    steps: Sequence[int] | None,
     last_checkpoint: LastCheckpoint | None,
     every_steps: int | None,
 ) -> tuple[IntervalLoss, ...]:
     """status.intervalLosses' new entries: the objective at each of ``steps`` and at the attempt's step
     target, from this attempt's logged losses, for the steps up to its newest complete checkpoint.
+    ``steps`` None: the run is no sweep's trial, and nothing is recorded.
 
     Only this attempt's points count: a step from before its resume has its entry from the attempt
     that trained it (reconcile.py merges the entries into those stored). Nothing without a fixed
     checkpoint interval: a trial's rungs are on checkpoints of one (spotray/contract/sweep.py).
     """
-    if progress is None or not steps or not every_steps or last_checkpoint is None:
+    if progress is None or steps is None or not every_steps or last_checkpoint is None:
         return ()
     losses = {step: loss for step, loss, _ in progress.points}
     wanted = [*steps, *([progress.max_steps] if progress.max_steps else [])]

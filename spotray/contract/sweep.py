@@ -137,9 +137,10 @@ class TrainingSweep:
             "labels": {SWEEP_LABEL: self.name, TRIAL_LABEL: str(number)},
             "annotations": {PARAMS_ANNOTATION: json.dumps(values, sort_keys=True)},
         }
-        if self.spec.early_stopping is not None:
-            rungs = self.spec.early_stopping.rungs(MAX_RUNG_STEP)
-            metadata["annotations"][OBJECTIVE_STEPS_ANNOTATION] = ",".join(map(str, rungs))
+        # Every trial has it, empty without rungs: the controller records a trial's objective at its
+        # last step (and at these) only in a TrainingRun that carries it.
+        rungs = self.spec.early_stopping.rungs(MAX_RUNG_STEP) if self.spec.early_stopping is not None else []
+        metadata["annotations"][OBJECTIVE_STEPS_ANNOTATION] = ",".join(map(str, rungs))
         if owner_uid is not None:
             metadata["ownerReferences"] = [
                 {
@@ -154,8 +155,12 @@ class TrainingSweep:
         return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
 
 
-def objective_steps(annotations: dict[str, Any]) -> tuple[int, ...]:
-    """The steps a trial's annotation asks the objective for; () when it has none or it is unreadable."""
+def objective_steps(annotations: dict[str, Any]) -> tuple[int, ...] | None:
+    """The steps a trial's annotation asks the objective for, besides its last step; None when the run
+    carries no such annotation (it is no sweep's trial: no objective is recorded); () for a trial
+    without rungs, or one whose annotation is unreadable (its last step's objective only)."""
+    if OBJECTIVE_STEPS_ANNOTATION not in annotations:
+        return None
     try:
         steps = tuple(int(step) for step in str(annotations.get(OBJECTIVE_STEPS_ANNOTATION) or "").split(",") if step)
     except ValueError:

@@ -19,7 +19,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch
 import yaml
 from safetensors.torch import load as safetensors_load
 
+from bench.nemesis import RayHeads
 from spotray.contract.sweep import (
     OBJECTIVE_STEPS_ANNOTATION,
     PARAMS_ANNOTATION,
@@ -79,6 +81,70 @@ def sweep_manifest(name: str, tmp_path: Path) -> dict[str, Any]:
             "earlyStopping": {"minSteps": 10, "reductionFactor": 3},
         },
     }
+
+
+class HeadPerRayJob:
+    """Each RayJob of a namespace gets a Ray head of its own, as each KubeRay RayJob gets a RayCluster
+    of its own. A trial stopped at its rung gets SIGTERM, which drains its Ray cluster (a spot
+    notice's drain: Ray never takes a drained node back); on the session's shared head that drain
+    left every later job unschedulable ("Job supervisor actor could not be scheduled"). Heads come
+    warm from bench/nemesis.py's pool (a kwok head pod is Ready at once), and go when their job ended.
+    """
+
+    def __init__(self, testbed: tb.Testbed, namespace: str, heads: RayHeads) -> None:
+        self.testbed, self.namespace, self.heads = testbed, namespace, heads
+        self.routed: dict[str, tb.RayHead] = {}  # RayJob name -> its head
+        self.released: set[str] = set()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._follow, name="head-per-rayjob", daemon=True)
+
+    def head_of(self, rayjob: str) -> tb.RayHead:
+        return self.routed[rayjob]
+
+    def _follow(self) -> None:
+        while not self.stopping.wait(1.0):
+            listed = self.testbed.kubectl("get", "rayjobs", "-n", self.namespace, "-o", "json", check=False)
+            if listed.returncode != 0:
+                continue  # the API server restarting: look again in a second
+            jobs = {job["metadata"]["name"]: job for job in json.loads(listed.stdout)["items"]}
+            for name in sorted(set(jobs) - set(self.routed)):
+                head = self.heads.take()
+                self.routed[name] = head
+                self.testbed.bridge_ray_job(self.namespace, name, head.address, timeout=120)
+                # KubeRay may have tried before the bridge knew the head, and backed off: a change looks again.
+                self.testbed.kubectl("annotate", "--overwrite", "rayjob", name, "-n", self.namespace,
+                                     f"test.spotray.dev/ray-head={head.address}", check=False)  # fmt: skip
+            for name, head in self.routed.items():
+                status = (jobs.get(name) or {}).get("status") or {}
+                over = name not in jobs or status.get("jobStatus") in ("SUCCEEDED", "FAILED", "STOPPED")
+                if over and name not in self.released:
+                    self.released.add(name)
+                    self.heads.release(head)
+
+    def __enter__(self) -> HeadPerRayJob:
+        self.heads.fill()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(timeout=60)
+        self.heads.stop()
+
+
+@pytest.fixture
+def head_per_rayjob(
+    testbed: tb.Testbed, s3_server: LocalS3Server, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[HeadPerRayJob]:
+    """For the campaign tests whose trials train and stop at rungs: a head per RayJob, none shared."""
+    shared = testbed.default_ray_head()
+    testbed.set_default_ray_head(None)  # a RayJob not yet routed waits for its own head
+    pod_env = {**s3_server.env(), "PYTHONPATH": str(ROOT)}
+    try:
+        with HeadPerRayJob(testbed, namespace, RayHeads(tmp_path_factory.mktemp("heads"), pod_env, warm=2)) as router:
+            yield router
+    finally:
+        testbed.set_default_ray_head(shared)
 
 
 def sweep_object(testbed: tb.Testbed, namespace: str, name: str) -> dict[str, Any]:
@@ -163,7 +229,7 @@ def test_a_sweep_makes_its_trials_once_whatever_the_controller_kills_and_they_go
 @pytest.mark.campaign
 def test_a_sweep_stops_the_trials_below_the_cut_at_its_rung_and_survives_a_controller_kill(
     testbed: tb.Testbed,
-    ray_head: tb.RayHead,
+    head_per_rayjob: HeadPerRayJob,
     namespace: str,
     s3_secret: str,  # noqa: F811 - the fixture imported above
     s3_server: LocalS3Server,
@@ -228,7 +294,7 @@ def test_a_sweep_stops_the_trials_below_the_cut_at_its_rung_and_survives_a_contr
 @pytest.mark.campaign
 def test_a_hydra_multirun_with_local_false_is_a_sweep_the_controller_runs(
     testbed: tb.Testbed,
-    ray_head: tb.RayHead,
+    head_per_rayjob: HeadPerRayJob,
     namespace: str,
     s3_secret: str,  # noqa: F811 - the fixture imported above
     start_controller: Callable[..., ControllerProcess],  # noqa: F811 - the fixture imported above
@@ -278,7 +344,7 @@ def test_a_hydra_multirun_with_local_false_is_a_sweep_the_controller_runs(
 EIGHT_RATES = [0.03, 0.01, 0.003, 0.001, 0.0003, 0.0001, 0.00003, 0.00001]
 
 
-def reclaim_the_node_of(testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str, trial: str) -> list[str]:
+def reclaim_the_node_of(testbed: tb.Testbed, router: HeadPerRayJob, namespace: str, trial: str) -> list[str]:
     """A cloud takes the spot node the trial's worker is on: every pod there is disrupted and every
     job with a pod there dies (the test bed's jobs run on its Ray head). Returns the node's name and
     the RayJobs hit."""
@@ -297,7 +363,7 @@ def reclaim_the_node_of(testbed: tb.Testbed, ray_head: tb.RayHead, namespace: st
     for job in json.loads(testbed.kubectl("get", "rayjobs", "-n", namespace, "-o", "json").stdout)["items"]:
         status = job.get("status") or {}
         if status.get("rayClusterName") in hit_clusters and status.get("jobId"):
-            ray_head.kill_job(status["jobId"])
+            router.head_of(job["metadata"]["name"]).kill_job(status["jobId"])
             hit.append(job["metadata"]["name"])
     return [node, *hit]
 
@@ -313,7 +379,7 @@ def final_weights(s3_server: LocalS3Server, uri: str) -> dict[str, Any]:
 @pytest.mark.timeout(2400)
 def test_eight_trials_with_asha_through_reclaims_and_a_controller_kill_end_as_if_undisturbed(
     testbed: tb.Testbed,
-    ray_head: tb.RayHead,
+    head_per_rayjob: HeadPerRayJob,
     namespace: str,
     s3_secret: str,  # noqa: F811 - the fixture imported above
     s3_server: LocalS3Server,
@@ -340,7 +406,7 @@ def test_eight_trials_with_asha_through_reclaims_and_a_controller_kill_end_as_if
     try:
         # Reclaim 1: trial 1 past its first complete checkpoint (it resumes from step 10).
         tb.wait_until("trial 1's first checkpoint", lambda: "lastCheckpoint" in trial_status("asha-t1"), 600, 2)
-        reclaimed.append(reclaim_the_node_of(testbed, ray_head, namespace, "asha-t1"))
+        reclaimed.append(reclaim_the_node_of(testbed, head_per_rayjob, namespace, "asha-t1"))
         # The controller killed as the reclaim lands, and started again: it reads back what it missed.
         controller.stop(signal.SIGKILL)
         controller = start_controller()
@@ -354,7 +420,7 @@ def test_eight_trials_with_asha_through_reclaims_and_a_controller_kill_end_as_if
             900,
             1,
         )
-        reclaimed.append(reclaim_the_node_of(testbed, ray_head, namespace, "asha-t5"))
+        reclaimed.append(reclaim_the_node_of(testbed, head_per_rayjob, namespace, "asha-t5"))
 
         def ended() -> dict[str, Any] | None:
             status = sweep_object(testbed, namespace, "asha").get("status") or {}

@@ -30,6 +30,7 @@ from spotray.contract.sweep import (
     TrainingSweep,
     gpu_hours,
     interval_mean,
+    objective_steps,
     objective_values,
     parse_sweep,
     placeholders,
@@ -470,6 +471,15 @@ def test_a_trial_without_a_process_that_falls_below_the_cut_is_suspended_not_lef
 # -- what the TrainingRun reconcile records for a trial: status.intervalLosses -----------------------
 
 
+def test_every_trial_asks_for_its_objective_and_other_runs_do_not() -> None:
+    with_rungs = sweep().trial_manifest(1, {"lr": 0.001, "layers": 1})["metadata"]["annotations"]
+    without = sweep(earlyStopping=None).trial_manifest(1, {"lr": 0.001, "layers": 1})["metadata"]["annotations"]
+    assert objective_steps(with_rungs)[:3] == (20, 60, 180)
+    assert objective_steps(without) == (), "no rungs: the last step's objective only"
+    assert objective_steps({}) is None, "no sweep's trial"
+    assert objective_steps({OBJECTIVE_STEPS_ANNOTATION: "x,20"}) == (), "unreadable: still a trial"
+
+
 def test_a_trials_objective_is_recorded_at_its_rungs_once_checkpointed_and_at_its_last_step() -> None:
     resumed = AttemptProgress(attempt=2, run_id="uid", resumed_from=20, max_steps=90)
     resumed.points = [(step, float(step), 0.0) for step in range(21, 71)]
@@ -478,10 +488,14 @@ def test_a_trials_objective_is_recorded_at_its_rungs_once_checkpointed_and_at_it
     # 20 was trained before this attempt's resume: its entry is the earlier attempt's, kept in the status.
     assert [(e.step, e.loss) for e in found] == [(60, sum(range(41, 61)) / 20)]
     assert interval_losses_status(resumed, [20, 60], at_60, None) == (), "no rung without a fixed interval"
-    assert interval_losses_status(resumed, [], at_60, 20) == (), "no sweep, nothing recorded"
+    assert interval_losses_status(resumed, None, at_60, 20) == (), "no sweep's trial, nothing recorded"
+    assert interval_losses_status(resumed, [], at_60, 20) == (), "a trial without rungs: not at its end yet"
     resumed.points += [(step, 1.0, 0.0) for step in range(71, 91)]
     ended = interval_losses_status(resumed, [20, 60, 180], LastCheckpoint(step=90), 20)
     assert [e.step for e in ended] == [60, 90], "the step target's too, once the final checkpoint is complete"
+    # Found on the test bed (the Hydra launcher's sweep, no early stopping): a trial without rungs had
+    # no objective recorded at all, so its sweep had no best and its job returned no loss.
+    assert [e.step for e in interval_losses_status(resumed, [], LastCheckpoint(step=90), 20)] == [90]
 
     stored = (IntervalLoss(step=20, loss=5.0), IntervalLoss(step=60, loss=4.0))
     merged = merged_interval_losses(stored, ended)
