@@ -369,7 +369,8 @@ class LocalRun:
         cursor.new_events()  # only this attempt's events from here on
         asked = time.monotonic()
         cluster, kept = self._cluster_for(attempt.attempt)
-        # For the ledger and bench/local_recovery.py: where an attempt's start-up went before the job's own events.
+        # For the ledger and bench/local_recovery.py: where an attempt's start-up went before the job's own
+        # events. Written as the driver starts, once the cluster is there: the attempt began ray_start_s earlier.
         EventLog(self.events_path).emit(
             "attempt_begun",
             attempt=attempt.attempt,

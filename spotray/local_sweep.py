@@ -103,10 +103,10 @@ def attempt_seconds(events: list[dict[str, Any]]) -> float:
     total, begun, last = 0.0, None, None
     for event in events:
         at = float(event["time"])
-        if event.get("event") == "attempt_begun":
+        if event.get("event") == "attempt_begun":  # written once its Ray cluster is up: it began before
             if begun is not None and last is not None:
                 total += last - begun
-            begun = at
+            begun = at - float(event.get("ray_start_s") or 0)
         last = at
     if begun is not None and last is not None:
         total += last - begun

@@ -131,22 +131,31 @@ def test_the_benchmark_splits_each_restart_into_its_phases() -> None:
         event("step", 31.5, step=3),
         event("step", 32.0, step=4),
     ]
-    assert attempt_phases(log) == [
-        {
-            "attempt": 2,
-            "ray_cluster": "kept",
-            "ray_start_s": 0.0,
-            "driver_to_workers_up_s": 7.0,
-            "driver_imports_s": 2.0,
-            "ray_connect_s": 1.0,
-            "driver_setup_s": 0.5,
-            "worker_group_s": 3.5,
-            "workers_up_to_loop_s": 3.0,
-            "loop_to_first_step_s": 1.5,
-            "begun_to_first_step_s": 11.5,
-            "last_step_to_first_step_s": 15.5,
-        }
+    # A new cluster for attempt 3: attempt_begun is written once it is up, 6 s after the attempt began.
+    log += [
+        event("attempt_begun", 46.0, attempt=3, ray_cluster="new", ray_start_s=6.0),
+        event("driver_start", 49.0),
+        event("worker_start", 55.0),
+        event("start", 56.0, attempt=3),
+        event("step", 57.0, step=5),
     ]
+    fresh = attempt_phases(log)[1]
+    assert (fresh["ray_start_s"], fresh["driver_imports_s"], fresh["driver_to_workers_up_s"]) == (6.0, 3.0, 9.0)
+    assert fresh["begun_to_first_step_s"] == 17.0, "Ray's start counts: the attempt began at 40"
+    assert attempt_phases(log)[0] == {
+        "attempt": 2,
+        "ray_cluster": "kept",
+        "ray_start_s": 0.0,
+        "driver_to_workers_up_s": 7.0,
+        "driver_imports_s": 2.0,
+        "ray_connect_s": 1.0,
+        "driver_setup_s": 0.5,
+        "worker_group_s": 3.5,
+        "workers_up_to_loop_s": 3.0,
+        "loop_to_first_step_s": 1.5,
+        "begun_to_first_step_s": 11.5,
+        "last_step_to_first_step_s": 15.5,
+    }
 
 
 def test_the_benchmarks_goal_is_one_its_result_file_can_be_judged_by() -> None:

@@ -54,7 +54,7 @@ class SpotrayLauncher(Launcher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         assert self.config is not None, "Hydra calls setup before launch"
         jobs = [list(overrides) for overrides in job_overrides]
-        document = self._sweep_document(jobs)
+        document = self._sweep_document(jobs, initial_job_idx)
         sweep = parse_sweep(document, where=f"the sweep of {len(jobs)} Hydra job(s) from {self.settings['template']}")
         if self.settings["local"]:
             results = self._run_locally(sweep, jobs)
@@ -65,13 +65,15 @@ class SpotrayLauncher(Launcher):
             log.info("spotray: job %s: trial %s %s%s", job_line(result.overrides), result.trial, result.state, value)
         return [self._job_return(result, initial_job_idx + index) for index, result in enumerate(results)]
 
-    def _sweep_document(self, jobs: list[list[str]]) -> dict[str, Any]:
+    def _sweep_document(self, jobs: list[list[str]], initial_job_idx: int) -> dict[str, Any]:
         template_path = Path(str(self.settings["template"]))
         if not template_path.is_file():
             raise ValueError(f"hydra.launcher.template: no file {template_path} (a TrainingRun manifest)")
         template: dict[str, Any] = yaml.safe_load(template_path.read_text())
         assert self.config is not None
         name = self.settings.get("name") or default_sweep_name(str(self.config.hydra.job.name), jobs)
+        if self.settings.get("name") and initial_job_idx:
+            name = f"{name}-{initial_job_idx}"  # a sweeper's later batch (max_batch_size): a sweep of its own
         document = sweep_document(
             template,
             jobs,
