@@ -52,6 +52,7 @@ def test_a_multirun_runs_each_job_as_a_trial_and_reports_each_result(tmp_path: P
     assert "Error executing job with overrides" in output, "Hydra says which job failed"
 
     assert f"its log: {sweep_dir / 'spotray' / name}/{name}-t" in output, "where to read why"
+    assert not (tmp_path / "outputs").exists(), "a trial's run of the app leaves no Hydra output directory"
 
     trial = trained.split("trial ")[1].split()[0]
     events = read_events(sweep_dir / "spotray" / name / trial / "events.jsonl")

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hydra_plugins.hydra_spotray_launcher.sweep_document import (
     PARAMETER,
+    TRIAL_HYDRA_SETTINGS,
     default_sweep_name,
     job_line,
     job_results,
@@ -39,7 +40,10 @@ def test_each_job_is_one_trial_that_runs_the_template_entrypoint_with_the_job_ov
     [parameter] = sweep.spec.parameters
     assert parameter.values == ("learning_rate=0.001 max_steps=30", "learning_rate=0.003 max_steps=30")
     trial = sweep.trial_manifest(1, {PARAMETER: parameter.values[1]})
-    assert trial["spec"]["entrypoint"] == "python -m spotray.jobs.gpt2.hydra_app learning_rate=0.003 max_steps=30"
+    assert trial["spec"]["entrypoint"] == (
+        "python -m spotray.jobs.gpt2.hydra_app learning_rate=0.003 max_steps=30 "
+        "hydra.output_subdir=null hydra.run.dir=. hydra/job_logging=stdout"
+    ), "a trial leaves no outputs/ directory in the image's working directory"
     assert trial["spec"]["checkpoint"]["uri"] == "s3://spotray-demo/sweeps/hydra/gpt2-hydra-t1"
     assert sweep.spec.early_stopping is None, "every trial runs to its end unless asked"
 
@@ -52,7 +56,7 @@ def test_an_override_the_shell_would_split_or_expand_reaches_the_app_as_hydra_wr
     echo_argv = f"{sys.executable} -c 'import sys; print(sys.argv[1:])'"
     command = entrypoint.replace("python -m spotray.jobs.gpt2.hydra_app", echo_argv)
     argv = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=True).stdout
-    assert argv.strip() == str(["name='a b'", "tag=$HOME"])
+    assert argv.strip() == str(["name='a b'", "tag=$HOME", *TRIAL_HYDRA_SETTINGS])
 
 
 def test_early_stopping_the_budget_and_the_namespace_come_through() -> None:

@@ -25,6 +25,8 @@ from spotray.contract.sweep import MAX_SWEEP_NAME_LENGTH, SWEEP_KIND
 
 PARAMETER = "overrides"  # the sweep's one parameter: a job's overrides, as the shell passes them
 HASH_CHARS = 8
+# Appended to every trial's command: no Hydra output directory, the job's log on stdout.
+TRIAL_HYDRA_SETTINGS = ("hydra.output_subdir=null", "hydra.run.dir=.", "hydra/job_logging=stdout")
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,10 @@ def sweep_document(
     if len(set(lines)) != len(lines):
         repeated = sorted({line for line in lines if lines.count(line) > 1})
         raise ValueError(f"two jobs have the same overrides: {repeated}")
-    # The entrypoint is a string.Template in a sweep: a $ of its own stays a $.
-    spec["entrypoint"] = f"{entrypoint.replace('$', '$$')} ${{{PARAMETER}}}"
+    # The entrypoint is a string.Template in a sweep: a $ of its own stays a $. A trial is one run of
+    # the app: its log goes to the attempt's driver log, and no outputs/ directory is left in the
+    # image's working directory.
+    spec["entrypoint"] = f"{entrypoint.replace('$', '$$')} ${{{PARAMETER}}} {' '.join(TRIAL_HYDRA_SETTINGS)}"
     metadata: dict[str, Any] = {"name": name}
     namespace = (template.get("metadata") or {}).get("namespace")
     if namespace:
