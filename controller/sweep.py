@@ -217,6 +217,10 @@ def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
     # Promotions first (ASHA): a free slot goes to a trial that earned it before a new one. With the
     # budget spent, the trials running finish and nothing else runs.
     slots = 0 if spent else max(0, spec.parallel - running)
+    for number in resume[slots:]:
+        # Not resumed now: its promotion is not recorded either, so it is judged again (and resumed)
+        # once a slot is free, or the budget raised. A recorded promotion is never judged again.
+        del promoted[number]
     resume = resume[:slots]
     slots -= len(resume)
     start = _new_trials(spec, trials, slots)

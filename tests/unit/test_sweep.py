@@ -292,8 +292,13 @@ def test_once_the_trials_spent_the_gpu_hours_nothing_starts_or_resumes_and_the_r
     under = decide(spec, trials)
     assert ([n for n, _ in under.start], under.budget_spent) == ([4], False), "1.4 of 1.5: a free slot is filled"
     trials[0] = dataclasses.replace(trials[0], gpu_hours=1.0)
+    trials.append(dataclasses.replace(facts(4, SUSPENDED, {20: 0.5}), gpu_hours=0.0))  # the best at the rung
     spent = decide(spec, trials)
     assert (spent.start, spent.resume, spent.budget_spent, spent.finished) == ([], [], True, False), "1 runs on"
+    assert 4 not in spent.promoted, "not resumed, so not recorded: a raised budget resumes it"
+    raised = decide(dataclasses.replace(spec, max_gpu_hours=3.0), trials)
+    assert (raised.resume, raised.promoted) == ([4], {4: 20})
+    trials.pop()
     trials[0] = dataclasses.replace(trials[0], state=SUCCEEDED, value=1.0)
     over = decide(spec, trials)
     assert (over.finished, over.best) == (True, (1, 1.0)), "nothing runs and nothing may: the sweep is over"
