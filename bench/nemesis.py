@@ -434,8 +434,13 @@ def commit_window(keys: list[str], saved: list[int]) -> str:
             files.setdefault(match.group(1), set()).add(match.group(2))
     for step in saved:
         files.setdefault(checkpoint_dir_name(step), set())
+    # Checkpoints commit in step order: one older than the newest complete one is pruned (its manifest
+    # goes first), not being written. Seen in trial 8: a save at step 10, pruned by step 47, read as pending.
+    complete = [int(name.split("-")[1]) for name, names in files.items() if MANIFEST_NAME in names]
+    newest = max(complete, default=-1)
     pending = sorted(
-        (name for name, names in files.items() if MANIFEST_NAME not in names), key=lambda name: int(name.split("-")[1])
+        (name for name, names in files.items() if MANIFEST_NAME not in names and int(name.split("-")[1]) > newest),
+        key=lambda name: int(name.split("-")[1]),
     )
     if pending:
         return "being written: " + ", ".join(f"{name} ({len(files[name])} files, no manifest)" for name in pending)

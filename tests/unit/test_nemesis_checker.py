@@ -143,6 +143,8 @@ def test_the_commit_window_opens_at_the_save_not_when_the_first_file_is_listed()
     assert commit_window(two, saved=[]) == (
         "being written: checkpoint-20 (1 files, no manifest), checkpoint-100 (1 files, no manifest)"
     ), "in step order"
+    pruned = ["checkpoint-40/model.safetensors", f"checkpoint-40/{MANIFEST_NAME}", "checkpoint-10/optimizer.pt"]
+    assert commit_window(pruned, saved=[10, 20]) == "between checkpoints", "10 and 20 pruned since: 40 is complete"
 
 
 def test_a_campaign_in_parts_is_summarized_from_its_trial_log_with_the_commit_of_each(tmp_path: Path) -> None:
