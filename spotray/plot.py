@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
-from spotray.contract.sweep import PROMOTED_ANNOTATION, STOPPED_ANNOTATION, SWEEP_KIND, SWEEP_LABEL, TRIAL_LABEL
+from spotray.contract.sweep import PROMOTED_ANNOTATION, STOPPED_ANNOTATION, TRIAL_LABEL
 from spotray.errors import NotFoundError
 from spotray.output import emit
+from spotray.status import sweep_and_trials
 from spotray.target import RunLocation, open_run_store
 from spotray.train.records.goodput import attempts_from_progress
-from spotray.train.records.plot import plot_loss_across_attempts
+from spotray.train.records.plot import plot_loss_across_attempts, plot_sweep
 from spotray.train.records.progress_log import read_run_progress
 
 if TYPE_CHECKING:
@@ -55,13 +56,7 @@ def decision_marks(label: str, annotations: dict[str, Any]) -> list[tuple[str, i
 
 def plot_sweep_command(cluster: ClusterConnection, name: str, png: Path | None, no_run: NotFoundError) -> int:
     """NAME is no TrainingRun: plot the TrainingSweep of that name, or raise ``no_run``."""
-    from spotray.train.records.plot import plot_sweep  # noqa: PLC0415 - one import of matplotlib, when plotting
-
-    try:
-        cluster.get_run(name, kind=SWEEP_KIND)
-    except NotFoundError:
-        raise no_run from None
-    trials = cluster.list_runs(labels={SWEEP_LABEL: name})
+    _, trials = sweep_and_trials(cluster, name, no_run)
     curves: dict[str, list[tuple[int, float]]] = {}
     marks: list[tuple[str, int, str]] = []
     for trial in trials:

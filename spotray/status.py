@@ -24,13 +24,20 @@ if TYPE_CHECKING:
 COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "goodput", "age")
 
 
-def _sweep_status(cluster: ClusterConnection, name: str, fmt: str, no_run: NotFoundError) -> int:
-    """NAME is no TrainingRun: a TrainingSweep of that name, or ``no_run`` (whose fix says how to list runs)."""
+def sweep_and_trials(
+    cluster: ClusterConnection, name: str, no_run: NotFoundError
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """NAME is no TrainingRun: the TrainingSweep of that name and its trials, or ``no_run`` raised (whose
+    fix says how to list runs). For ``spotray status`` and ``spotray plot``."""
     try:
         sweep = cluster.get_run(name, kind=SWEEP_KIND)
     except NotFoundError:
         raise no_run from None
-    trials = cluster.list_runs(labels={SWEEP_LABEL: name})
+    return sweep, cluster.list_runs(labels={SWEEP_LABEL: name})
+
+
+def _sweep_status(cluster: ClusterConnection, name: str, fmt: str, no_run: NotFoundError) -> int:
+    sweep, trials = sweep_and_trials(cluster, name, no_run)
     if fmt == "table":
         emit(describe_sweep(sweep, trials))
     else:
