@@ -97,8 +97,7 @@ class SpotrayLauncher(Launcher):
         self.where_to_look = f"its log: {workdir}/{{trial}}.log"
         local = LocalSweep(sweep, workdir, progress=ProgressView())
         local.run()
-        trials = [(sweep.trial_name(f.number), f.values, f.state, _objective(f)) for f in local.trials()]
-        return job_results(jobs, trials)
+        return _results(sweep, jobs, local.trials())
 
     def _run_on_cluster(self, document: dict[str, Any], sweep: TrainingSweep, jobs: list[list[str]]) -> list[JobResult]:
         from spotray.cluster_options import KubeOptions  # noqa: PLC0415 - needs spotray[controller] only here
@@ -118,7 +117,7 @@ class SpotrayLauncher(Launcher):
                 f"hydra.launcher.timeout_s={self.settings['timeout_s']}: it goes on in the cluster "
                 f"(spotray status {sweep.name}); run the same command again to wait for it once more"
             )
-        return job_results(jobs, [(sweep.trial_name(f.number), f.values, f.state, _objective(f)) for f in facts])
+        return _results(sweep, jobs, facts)
 
     def _wait_for_sweep(self, cluster: ClusterConnection, name: str) -> str:
         """The sweep's phase once it ended, or the last one read when ``timeout_s`` passed. An API
@@ -163,6 +162,11 @@ class SpotrayLauncher(Launcher):
             job.status = JobStatus.FAILED
             job._return_value = RuntimeError(f"job {job_line(result.overrides)}: {what}")
         return job
+
+
+def _results(sweep: TrainingSweep, jobs: list[list[str]], facts: Sequence[TrialFacts]) -> list[JobResult]:
+    """Each job's result from the trials' facts (read locally or from the cluster alike)."""
+    return job_results(jobs, [(sweep.trial_name(f.number), f.values, f.state, _objective(f)) for f in facts])
 
 
 def _objective(facts: TrialFacts) -> float | None:
