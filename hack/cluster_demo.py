@@ -66,6 +66,7 @@ RUN_TIMEOUT_S = 1200
 # The job's scratch directory inside the Ray pods: the image user's home (uid 1000 owns it).
 POD_JOB_DIR = "/home/ray/job"
 SPOT_BACK_AFTER_S = 5  # a new spot VM joins this long after the old one is gone
+DEMO_MIN_STEP_SECONDS = 0.2  # the reclaim lands mid-run, not after the last step (see demo_training_run)
 
 ON_DEMAND_NODE = tb.real.RealNode("real-ondemand-0", 1, labels={SPOT_LABEL: SPOT_LABEL_ON_DEMAND})
 SPOT_NODE = tb.real.RealNode("real-spot-0", 2, labels={SPOT_LABEL: SPOT_LABEL_SPOT}, taints=[dict(tb.SPOT_TAINT)])
@@ -85,12 +86,21 @@ def demo_training_run(
     steps: int = MAX_STEPS,
     every: int = CHECKPOINT_EVERY,
     max_preemptions: int = 3,
+    *,
+    min_step_seconds: float = 0.0,
 ) -> dict[str, Any]:
-    """jobs/gpt2/trainingrun.yaml, made to fit two small nodes: one CPU worker on the spot node."""
+    """jobs/gpt2/trainingrun.yaml, made to fit two small nodes: one CPU worker on the spot node.
+
+    ``min_step_seconds`` paces the tiny model like a real one: unpaced it runs 10 steps a second or
+    more, faster than a spot notice takes effect (the preStop hook starts Python and drains the Ray
+    node), so a run reclaimed with 200 steps to go could finish before its notice landed.
+    """
     document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
     document["metadata"] = {"name": name, "namespace": NAMESPACE}
     spec = document["spec"]
     spec["entrypoint"] = f"python -m spotray.jobs.gpt2 --max-steps {steps} --batch-size 8 --workdir {job_dir}"
+    if min_step_seconds:
+        spec["entrypoint"] += f" --min-step-seconds {min_step_seconds:g}"
     # The head hosts the driver and Ray Train's controller actor besides Ray itself: about 2 GB in use,
     # which Ray's memory monitor would kill tasks over under a 2Gi limit.
     spec["head"] = {"cpu": "250m", "memory": "4Gi"}
@@ -297,7 +307,7 @@ def demo(workdir: Path, keep: bool) -> int:
     with demo_cluster(workdir) as cluster, contextlib.ExitStack() as stack:
         testbed, kubeconfig = cluster.testbed, cluster.kubeconfig
         manifest = workdir / "trainingrun.yaml"
-        manifest.write_text(yaml.safe_dump(demo_training_run(), sort_keys=False))
+        manifest.write_text(yaml.safe_dump(demo_training_run(min_step_seconds=DEMO_MIN_STEP_SECONDS), sort_keys=False))
         say(f"kubectl apply -f {manifest}")
         print(testbed.kubectl("apply", "-f", str(manifest)).stdout.strip(), flush=True)
 

@@ -46,6 +46,9 @@ RUN = "gpt2-real"
 MAX_STEPS = 300
 EVERY = 25
 RECLAIM_AT_STEP = 60
+# Paced: unpaced, the run once went from step 100 (the reclaim, after the checks below) to 300 before
+# the worker's preStop drain landed, and attempt 1 simply succeeded (CI of 92b88a7).
+STEP_S = 0.2
 TIMEOUT_S = 1200
 TOKEN = "s3cr3t-run-token"
 
@@ -265,7 +268,7 @@ def check_logs_need_the_token(bed: tb.Testbed, spotray: Any, attempt: int) -> No
 def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_demo.DemoCluster, tmp_path: Path) -> None:
     bed = cluster.testbed
     manifest = tmp_path / "trainingrun.yaml"
-    document = cluster_demo.demo_training_run(name=RUN, steps=MAX_STEPS, every=EVERY)
+    document = cluster_demo.demo_training_run(name=RUN, steps=MAX_STEPS, every=EVERY, min_step_seconds=STEP_S)
     # A Secret's key as the job's variable (spec.secretEnv): the kubelet puts it in the containers.
     secret = ["secret", "generic", "run-token", "-n", cluster_demo.NAMESPACE, f"--from-literal=token={TOKEN}"]
     bed.kubectl("create", *secret)
@@ -284,6 +287,8 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     check_secret_env(bed)
     check_ray_token_auth(bed)
     check_network_policies_hold(bed)
+    status = cluster_demo.run_status(bed, RUN)
+    assert status.get("phase") not in TERMINAL_PHASES, f"the run ended before its reclaim: {progress(status)}"
     cluster_demo.reclaim_worker_node(bed, status, RUN, threading.Event())
     while (status := cluster_demo.run_status(bed, RUN)).get("phase") not in TERMINAL_PHASES:
         if time.monotonic() > deadline:
