@@ -102,8 +102,9 @@ _FILE_URI = _FILE_PREFIX + r"(//(localhost)?/|/([^/]|$))"
 _ANY_URI = r"^\s*(/|(?i:file):|(?i:s3a?)://)"
 
 
-def _uri_rules(field_name: str, immutable_reason: str) -> list[dict[str, str]]:
-    return [
+def _uri_rules(field_name: str, immutable_reason: str | None) -> list[dict[str, str]]:
+    """The rules of a URI field; ``immutable_reason`` None: it may change (checkpoint.startFrom)."""
+    rules = [
         {
             "rule": f"self.matches({_cel_string(_ANY_URI)})",
             "message": "must be s3://BUCKET/PREFIX, file:///ABSOLUTE/PATH or an absolute path",
@@ -117,11 +118,15 @@ def _uri_rules(field_name: str, immutable_reason: str) -> list[dict[str, str]]:
             "rule": f"!self.matches({_cel_string(_FILE_PREFIX)}) || self.matches({_cel_string(_FILE_URI)})",
             "message": "a file URI needs an absolute path: file:///ABSOLUTE/PATH (three slashes)",
         },
-        {
-            "rule": "self == oldSelf",
-            "message": f"{field_name} cannot change: {immutable_reason}; create a new TrainingRun instead",
-        },
     ]
+    if immutable_reason is not None:
+        rules.append(
+            {
+                "rule": "self == oldSelf",
+                "message": f"{field_name} cannot change: {immutable_reason}; create a new TrainingRun instead",
+            }
+        )
+    return rules
 
 
 def _cpu() -> dict[str, Any]:
@@ -218,7 +223,6 @@ def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:
             ],
         }
     if declared.kind == URI:
-        assert declared.immutable is not None, f"spec.{path}: a URI says why it cannot change"
         return {
             "maxLength": _MAX_URI_LENGTH,
             "x-kubernetes-validations": [_NOT_BLANK, *_uri_rules(path, declared.immutable)],

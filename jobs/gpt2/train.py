@@ -59,6 +59,7 @@ from spotray.train.hf.data import (
     open_streaming_dataset,
     release_after_training,
 )
+from spotray.train.hf.learning_rate import LearningRateAfterResume
 from spotray.train.hf.loadable import trainer_checkpoint_check
 from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback
 from spotray.train.launch.batching import check_batch_splits, plan_batch
@@ -263,7 +264,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     report = ProgressCallback(sync, events, progress)
     notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id)
-    callbacks: list[TrainerCallback] = [sync, report, notice]
+    # --learning-rate holds after a resume too (the Trainer would restore the checkpoint's): a sweep's
+    # population-based training resumes a trial from another's checkpoint with a perturbed rate.
+    callbacks: list[TrainerCallback] = [sync, report, notice, LearningRateAfterResume(config.learning_rate)]
     if config.min_step_seconds > 0:
         callbacks.append(StepFloor(config.min_step_seconds))
     if spec.checkpoint.auto_interval:

@@ -57,6 +57,7 @@ NAME_PATTERN_RULE = (
     "KubeRay wants DNS-1035 labels for the RayJob <name>-aN, its RayCluster and their Services"
 )
 CPU_PATTERN = re.compile(r"^(\d+(\.\d+)?)(m?)$")
+CHECKPOINT_DIR_NAME = re.compile(r"^checkpoint-[0-9]+$")
 MEMORY_PATTERN = re.compile(r"^\d+(\.\d+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$")
 AUTO = "auto"
 
@@ -273,6 +274,21 @@ class HeadSpec:
     )
 
 
+def start_from_problems(start_from: str, uri: str, path: str) -> list[str]:
+    """What is wrong with ``checkpoint.startFrom``: it names one checkpoint directory of another run."""
+    name = start_from.rstrip("/").rsplit("/", 1)[-1]
+    if not CHECKPOINT_DIR_NAME.match(name):
+        return [f"{path}: must end with a checkpoint's directory, checkpoint-<step>, got {start_from!r}"]
+    try:
+        source, own = parse_uri(start_from), parse_uri(uri)
+    except SpotrayError:
+        return []  # the URI's own problem is reported by its kind
+    same_store = source.scheme == own.scheme and source.bucket == own.bucket
+    if same_store and (not own.prefix or source.prefix.startswith(own.prefix + "/")):
+        return [f"{path}: {start_from} is under this run's own checkpoint.uri; name another run's checkpoint"]
+    return []
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     uri: str = spec_field(
@@ -310,12 +326,26 @@ class CheckpointSpec:
         max_length=253,
     )
 
+    start_from: str | None = spec_field(
+        "Start from another run's checkpoint: the URI of its checkpoint-<step> directory, e.g. "
+        "s3://BUCKET/runs/other/checkpoint-40 (the same store and key as this run's). The next attempt "
+        "copies it into this run's prefix, verified against its manifest, in place of this run's own "
+        "checkpoints, and resumes from it (when it was pruned since, from that run's newest complete "
+        "checkpoint after it). Done once per value: later attempts resume from this run's own newest. "
+        "Population-based training sets it on a trial that exploits another (docs/sweeps.md).",
+        default=None,
+        kind=URI,
+    )
+
     def problems(self, path: str) -> list[str]:
+        found = []
         if 1 <= self.max_every_steps < self.min_every_steps:  # (a bound below 1 is reported on its own)
-            return [
+            found.append(
                 f"{path}.maxEverySteps: must be >= minEverySteps ({self.min_every_steps}), got {self.max_every_steps}"
-            ]
-        return []
+            )
+        if self.start_from is not None:
+            found += start_from_problems(self.start_from, self.uri, f"{path}.startFrom")
+        return found
 
     @property
     def auto_interval(self) -> bool:

@@ -293,3 +293,23 @@ def test_hand_start_flags_take_default_and_help_from_the_declarations(monkeypatc
         run_context(parser.parse_args(["--checkpoint-uri", "s3:/bucket", "--keep", "0", "--cpu-per-worker", "x"]))
     named = sorted(problem.split(":")[0] for problem in caught.value.problems)
     assert named == ["--checkpoint-uri", "--cpu-per-worker", "--keep"]
+
+
+@pytest.mark.parametrize(
+    ("start_from", "says"),
+    [
+        ("s3://bucket/runs/b", "must end with a checkpoint's directory, checkpoint-<step>"),
+        ("s3://bucket/runs/a/checkpoint-10", "is under this run's own checkpoint.uri"),
+        ("s3://x/runs/b/checkpoint-10", "not a valid S3 bucket name"),
+    ],
+)
+def test_start_from_names_another_runs_checkpoint_directory(start_from: str, says: str) -> None:
+    found = problems_of(manifest(checkpoint={"uri": "s3://bucket/runs/a", "startFrom": start_from}))
+    assert any("spec.checkpoint.startFrom: " in problem and says in problem for problem in found), found
+
+
+def test_start_from_another_runs_checkpoint_is_read_and_travels_to_the_job() -> None:
+    for start_from in ("s3://bucket/runs/ab/checkpoint-10", "s3://bucket/runs/b/checkpoint-10/", "/mnt/x/checkpoint-3"):
+        spec = parse_training_run(manifest(checkpoint={"uri": "s3://bucket/runs/a", "startFrom": start_from})).spec
+        assert spec.checkpoint.start_from == start_from
+        assert parse_spec(encode_spec(spec)) == spec

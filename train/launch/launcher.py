@@ -59,9 +59,10 @@ from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
+from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
-from spotray.train.records.events import event_log_from_env
+from spotray.train.records.events import EventLog, event_log_from_env
 from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):
@@ -280,6 +281,30 @@ def ray_runs_on_this_machine(environ: dict[str, str] | None = None) -> bool:
         return False
 
 
+def start_from_done(store: ObjectStore, attempt: AttemptId, uri: str) -> bool:
+    """Whether ``checkpoint.startFrom`` was copied already; a store that cannot say is asked again after
+    the fence (the copy's own first read), where its fault ends the attempt with the right code."""
+    try:
+        return copied_already(store, attempt.run_id, uri)
+    except SpotrayError:
+        return False
+
+
+def copy_start_checkpoint(store: ObjectStore, context: RunContext, events: EventLog) -> int | None:
+    """Copy ``checkpoint.startFrom`` into the run's prefix (train/checkpoints/start_from.py); the exit
+    code when it cannot be, None when it is there."""
+    start = context.spec.checkpoint.start_from
+    assert start is not None
+    try:
+        copied = start_from(store, start, context.attempt_id)
+    except SpotrayError as error:
+        print(f"error: cannot start from {start}: {error}", file=sys.stderr)
+        return attempt_exit_code(error)
+    if copied is not None:
+        events.emit("started_from", uri=copied.uri, step=copied.step, replaced=copied.replaced)
+    return None
+
+
 def launch(
     train_loop: Callable[[dict[str, Any]], None],
     loop_config: dict[str, Any],
@@ -305,7 +330,9 @@ def launch(
     # (the driver's imports and the job's own checks done) to Ray connected, to the worker group asked for.
     events = event_log_from_env()
     events.emit("driver_start")
-    if resume_dir is not None and ray_runs_on_this_machine():
+    start = context.spec.checkpoint.start_from
+    to_copy = start is not None and not start_from_done(store, context.attempt_id, start)
+    if resume_dir is not None and ray_runs_on_this_machine() and not to_copy:
         prefetch_in_background(store, resume_dir)
     # The workers read the run context (their attempt's identity included) from SPOTRAY_RUN,
     # also when this driver was started by hand and made its own.
@@ -331,6 +358,8 @@ def launch(
     except SpotrayError as error:
         print(f"error: cannot claim the checkpoint URI for this attempt: {error}", file=sys.stderr)
         return attempt_exit_code(error)
+    if to_copy and (refused := copy_start_checkpoint(store, context, events)) is not None:
+        return refused
     ledger = start_ledger(context.attempt_id)
     trainer = TorchTrainer(
         guard_against_crash_loops(train_loop),

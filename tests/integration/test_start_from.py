@@ -1,0 +1,155 @@
+"""``checkpoint.startFrom`` (train/checkpoints/start_from.py) against a real SeaweedFS: another run's
+checkpoint copied into this run's prefix in place of its own, once, manifest-aware, a copy cut short
+repeated whole, a pruned source replaced by its newest later one, and a source signed with another
+run's key refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spotray.contract.attempts import AttemptId
+from spotray.contract.checkpoint_key import CheckpointKey
+from spotray.contract.errors import SpotrayError
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
+    MANIFEST_NAME,
+    complete_checkpoints,
+    delete_checkpoint,
+    download_checkpoint,
+    list_checkpoints,
+    upload_checkpoint,
+)
+from spotray.train.checkpoints.start_from import start_from
+from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore
+from tests.conftest import write_files
+
+pytestmark = [pytest.mark.integration, pytest.mark.core]
+
+ATTEMPT = AttemptId("run-recipient", 3)
+
+
+@pytest.fixture
+def stores(
+    s3_server: LocalS3Server, s3_uri: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[S3ObjectStore, S3ObjectStore]:
+    """The donor run's store and the recipient's, side by side under one prefix, as a sweep's trials are."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)  # the source is opened as the job opens stores: from its environment
+    monkeypatch.delenv("SPOTRAY_CHECKPOINT_KEY", raising=False)
+    return tuple(  # type: ignore[return-value]
+        S3ObjectStore(parse_uri(f"{s3_uri}/{run}"), s3_server.config, RetryPolicy(deadline_s=30))
+        for run in ("donor", "recipient")
+    )
+
+
+def save(store: S3ObjectStore, tmp_path: Path, step: int, tag: str) -> dict[str, bytes]:
+    files = {"model.safetensors": os.urandom(4096) + tag.encode(), "trainer_state.json": b'{"global_step": %d}' % step}
+    upload_checkpoint(store, write_files(tmp_path / f"{tag}-{step}", files), step, world_size=2, resume={"tag": tag})
+    return files
+
+
+def contents(store: S3ObjectStore, step: int, tmp_path: Path) -> dict[str, bytes]:
+    info = next(info for info in complete_checkpoints(store) if info.step == step)
+    local = download_checkpoint(store, info, tmp_path / f"read-{step}-{os.urandom(4).hex()}")
+    return {name: (local / name).read_bytes() for name in info.manifest.files} if info.manifest else {}
+
+
+def test_the_donors_checkpoint_replaces_the_runs_own_once(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path
+) -> None:
+    donor, recipient = stores
+    save(donor, tmp_path, 10, "donor")
+    wanted = save(donor, tmp_path, 20, "donor")
+    for step in (10, 30):
+        save(recipient, tmp_path, step, "own")
+    uri = str(donor.uri.join("checkpoint-20"))
+
+    copied = start_from(recipient, uri, ATTEMPT)
+
+    assert copied is not None
+    assert (copied.step, copied.replaced) == (20, 2)
+    assert [info.step for info in list_checkpoints(recipient)] == [20], "the run's own checkpoints are gone"
+    assert contents(recipient, 20, tmp_path) == wanted
+    manifest = complete_checkpoints(recipient)[0].manifest
+    assert manifest is not None
+    assert (manifest.world_size, manifest.resume) == (2, {"tag": "donor"}), "the resume state travels"
+    # Done once: the run trains on and checkpoints; the next attempt (same spec) resumes from its own.
+    save(recipient, tmp_path, 30, "own-after")
+    assert start_from(recipient, uri, AttemptId(ATTEMPT.run_id, 4)) is None
+    assert [info.step for info in complete_checkpoints(recipient)] == [30, 20]
+    # A new run (another id) with the same startFrom copies it for itself.
+    assert start_from(recipient, uri, AttemptId("run-recreated", 1)) is not None
+
+
+def test_a_copy_cut_short_before_its_manifest_is_repeated_whole(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    donor, recipient = stores
+    wanted = save(donor, tmp_path, 20, "donor")
+    save(recipient, tmp_path, 30, "own")
+    uri = str(donor.uri.join("checkpoint-20"))
+    real_put = S3ObjectStore.put_bytes
+
+    def killed_at_the_manifest(store: S3ObjectStore, key: str, data: bytes) -> None:
+        if key.endswith(MANIFEST_NAME) and store is recipient:
+            raise ConnectionError("the job died here")
+        real_put(store, key, data)
+
+    monkeypatch.setattr(S3ObjectStore, "put_bytes", killed_at_the_manifest)
+    with pytest.raises(ConnectionError):
+        start_from(recipient, uri, ATTEMPT)
+    monkeypatch.setattr(S3ObjectStore, "put_bytes", real_put)
+    assert complete_checkpoints(recipient) == [], "half a copy is no checkpoint, and the run's own went first"
+
+    copied = start_from(recipient, uri, AttemptId(ATTEMPT.run_id, ATTEMPT.attempt + 1))
+
+    assert copied is not None
+    assert copied.step == 20
+    assert contents(recipient, 20, tmp_path) == wanted
+
+
+def test_a_pruned_source_gives_its_newest_later_checkpoint_and_none_is_bad_input(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path
+) -> None:
+    donor, recipient = stores
+    for step in (20, 30):
+        save(donor, tmp_path, step, "donor")
+    later = save(donor, tmp_path, 40, "donor")
+    delete_checkpoint(donor, next(info for info in list_checkpoints(donor) if info.step == 20))
+
+    copied = start_from(recipient, str(donor.uri.join("checkpoint-20")), ATTEMPT)
+
+    assert copied is not None
+    assert copied.step == 40, "the newest complete one after the pruned step"
+    assert contents(recipient, 40, tmp_path) == later
+    with pytest.raises(SpotrayError) as refused:
+        start_from(recipient, str(donor.uri.join("checkpoint-50")), ATTEMPT)
+    assert "no complete checkpoint there at or after step 50" in refused.value.problem
+    assert "checkpoint-40" in refused.value.problem, "it says what is there"
+    assert "remove startFrom" in refused.value.fix
+
+
+def test_a_source_signed_with_another_runs_key_is_refused_and_one_with_the_same_key_is_copied(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path
+) -> None:
+    donor, recipient = stores
+    shared, other = CheckpointKey(b"k" * 32), CheckpointKey(b"o" * 32)
+    donor.checkpoint_key, recipient.checkpoint_key = other, shared
+    save(donor, tmp_path, 20, "donor")
+    uri = str(donor.uri.join("checkpoint-20"))
+    with pytest.raises(SpotrayError, match="signed with another run's key counts as incomplete"):
+        start_from(recipient, uri, ATTEMPT)
+
+    donor.checkpoint_key = shared
+    wanted = save(donor, tmp_path, 30, "donor")
+    copied = start_from(recipient, str(donor.uri.join("checkpoint-30")), ATTEMPT)
+
+    assert copied is not None
+    assert contents(recipient, 30, tmp_path) == wanted
+    manifest = complete_checkpoints(recipient)[0].manifest
+    assert manifest is not None
+    assert manifest.signed, "the copy is signed with the run's key"

@@ -1,0 +1,118 @@
+"""``spec.checkpoint.startFrom``: start a run from another run's checkpoint, copied into its own prefix.
+
+Population-based training's exploit (docs/sweeps.md) and a warm start both need a run to go on from
+a checkpoint it did not write. The copy is the job's, at the start of an attempt, with the
+credentials and the checkpoint key it has anyway (the controller reads no checkpoint and no Secret):
+
+1. ``_spotray/<run id>/start-from.json`` names the URI already copied: the same URI again is done
+   (later attempts resume from the run's own newest checkpoint, trained since).
+2. The source: ``checkpoint-<step>`` if it is complete, else (pruned since it was named) the source
+   run's newest complete checkpoint after it; none is bad input, with the fix. Its manifest is
+   checked with this run's key, as any checkpoint this run resumes from: a sweep's trials share one.
+3. It is downloaded and verified against its manifest, this run's own checkpoints are deleted
+   (each manifest first), and the copy is uploaded as this run's ``checkpoint-<step>``, manifest
+   last, signed with this run's key, its resume state (data position, RNG) kept.
+4. The record is written last. A crash anywhere before it repeats the whole copy, never half of it:
+   a copy cut short has no manifest, and is deleted with the rest on the next try.
+
+The attempt must hold the fence first (train/launch/launcher.py): older attempts of this run stop
+uploading and pruning before their checkpoints are replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from spotray.contract.attempts import MAX_RECORD_BYTES, MAX_RECORD_VALUES, RECORDS_PREFIX, AttemptId
+from spotray.contract.bounded_json import load_json
+from spotray.contract.errors import SpotrayError
+from spotray.contract.uris import parse_uri
+from spotray.train.checkpoints.checkpoint import (
+    VERIFIED_NAME,
+    CheckpointInfo,
+    delete_checkpoint,
+    download_checkpoint,
+    list_checkpoints,
+    parse_checkpoint_step,
+    upload_checkpoint,
+)
+from spotray.train.records.attempt_records import write_record
+from spotray.train.storage.store import ObjectStore, get_bytes_if_exists, open_store
+
+log = logging.getLogger(__name__)
+
+
+def start_from_key(run_id: str) -> str:
+    return f"{RECORDS_PREFIX}/{run_id}/start-from.json"
+
+
+@dataclass(frozen=True)
+class StartedFrom:
+    """What a copy did: the source it named, the step copied, and how many own checkpoints it replaced."""
+
+    uri: str
+    step: int
+    replaced: int
+
+
+def copied_already(store: ObjectStore, run_id: str, uri: str) -> bool:
+    """Whether this run's record says ``uri`` was copied (a record of another run, or unreadable, says no)."""
+    raw = get_bytes_if_exists(store, start_from_key(run_id), max_bytes=MAX_RECORD_BYTES)
+    if raw is None:
+        return False
+    try:
+        record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("run_id") == run_id and record.get("uri") == uri
+
+
+def source_checkpoint(source: ObjectStore, step: int, uri: str) -> CheckpointInfo:
+    """``checkpoint-<step>`` of the source run when complete, else its newest complete one after it."""
+    complete = [info for info in list_checkpoints(source) if info.complete]
+    exact = [info for info in complete if info.step == step]
+    later = [info for info in complete if info.step > step]
+    if exact:
+        return exact[0]
+    if later:
+        log.warning("%s is gone or incomplete: starting from the newest complete one after it", uri)
+        return later[0]  # newest first
+    found = ", ".join(f"checkpoint-{info.step}" for info in complete) or "no complete checkpoint"
+    raise SpotrayError(
+        f"checkpoint.startFrom {uri}: no complete checkpoint there at or after step {step} (found: {found}); "
+        "a checkpoint signed with another run's key counts as incomplete here",
+        "name a complete checkpoint of the source run (`spotray checkpoints` lists them), made with the same "
+        "checkpoint key as this run (a sweep's trials share one), or remove startFrom",
+    )
+
+
+def start_from(store: ObjectStore, uri: str, attempt: AttemptId, scratch: Path | None = None) -> StartedFrom | None:
+    """Copy the checkpoint ``uri`` names into ``store`` in place of the run's own; None when done already."""
+    if copied_already(store, attempt.run_id, uri):
+        return None
+    parsed = parse_uri(uri)
+    parent, _, name = parsed.prefix.rpartition("/")
+    step = parse_checkpoint_step(name)
+    if step is None:  # the spec's parser refuses such a URI; a job started by hand may not have used it
+        raise SpotrayError(f"checkpoint.startFrom {uri}: not a checkpoint-<step> directory", "name one")
+    source = open_store(type(parsed)(parsed.scheme, parsed.bucket, parent), checkpoint_key=store.checkpoint_key)
+    chosen = source_checkpoint(source, step, uri)
+    assert chosen.manifest is not None
+    work = Path(tempfile.mkdtemp(prefix="spotray-start-from-", dir=scratch))
+    try:
+        local = download_checkpoint(source, chosen, work)
+        (local / VERIFIED_NAME).unlink(missing_ok=True)  # this node's note, not a file of the checkpoint
+        own = list_checkpoints(store)
+        for info in own:
+            delete_checkpoint(store, info)
+        manifest = chosen.manifest
+        upload_checkpoint(store, local, chosen.step, manifest.world_size, manifest.resume, attempt=attempt)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    write_record(store, start_from_key(attempt.run_id), attempt, {"uri": uri, "step": chosen.step})
+    log.info("started from %s: checkpoint-%d copied, %d checkpoint(s) of this run replaced", uri, chosen.step, len(own))
+    return StartedFrom(uri, chosen.step, len(own))
