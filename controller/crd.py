@@ -526,6 +526,33 @@ def sweep_spec_schema() -> dict[str, Any]:
                 },
                 required=("minSteps",),
             ),
+            "populationBased": _section(
+                "Population-based training: every intervalSteps, a trial in the bottom quantile continues from "
+                "the checkpoint of one in the top quantile (checkpoint.startFrom) with its values perturbed. "
+                "The whole population trains at once (trials.parallel = trials.max).",
+                {
+                    "intervalSteps": _integer(
+                        "How often trials are compared: a multiple of the template's checkpoint.everySteps.", 1, 10**9
+                    ),
+                    "quantile": {
+                        "type": "number",
+                        "exclusiveMinimum": True,
+                        "minimum": 0,
+                        "maximum": 0.5,
+                        "default": 0.25,
+                        "description": "The bottom fraction that exploits the top fraction.",
+                    },
+                    "resampleProbability": {
+                        "type": "number",
+                        "minimum": 0,
+                        "maximum": 1,
+                        "default": 0.25,
+                        "description": "Each value is resampled with this probability, else perturbed "
+                        "(x0.8 or x1.2 for a range, a neighbour for listed values).",
+                    },
+                },
+                required=("intervalSteps",),
+            ),
         },
         required=("template", "parameters"),
     )

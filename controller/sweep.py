@@ -19,9 +19,11 @@ controller that restarts (or decides twice) asks for the same values for the sam
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -33,6 +35,10 @@ from spotray.contract.names import RUNNING as RUNNING_PHASE
 from spotray.contract.names import SUCCEEDED as SUCCEEDED_PHASE
 from spotray.contract.status import AttemptStatus, RunStatus, parse_date_time
 from spotray.contract.sweep import (
+    EXPLOIT_ANNOTATION,
+    JUDGED_ANNOTATION,
+    LINEAGE_ANNOTATION,
+    MAX_LINEAGE,
     MAX_RUNG_STEP,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
@@ -41,6 +47,8 @@ from spotray.contract.sweep import (
     EarlyStopping,
     Parameter,
     SweepSpec,
+    TrainingSweep,
+    format_value,
     gpu_hours,
 )
 
@@ -60,6 +68,36 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 @dataclass(frozen=True)
+class Exploit:
+    """One exploit of population-based training: judged at ``step``, the trial goes on from ``donor``'s
+    checkpoint at ``donor_step`` with ``values`` (the donor's, perturbed); ``before``: its own values."""
+
+    step: int
+    donor: int
+    donor_step: int
+    before: dict[str, Any]
+    values: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "donor": self.donor,
+            "donorStep": self.donor_step,
+            "before": self.before,
+            "values": self.values,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> Exploit | None:
+        """An exploit as an annotation holds it; None when it is not one (anyone may edit annotations)."""
+        try:
+            exploit = cls(int(data["step"]), int(data["donor"]), int(data["donorStep"]), data["before"], data["values"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        return exploit if isinstance(exploit.before, dict) and isinstance(exploit.values, dict) else None
+
+
+@dataclass(frozen=True)
 class TrialFacts:
     """What is known of one trial: its values, its state, and its objective at each rung it reached.
 
@@ -76,6 +114,11 @@ class TrialFacts:
     promoted_rung: int | None = None  # the highest rung step it was let past (None: none yet)
     held: bool = False  # suspended by someone else than the sweep: never resumed by it, takes no slot
     gpu_hours: float = 0.0  # what it spent of the sweep's budget (spotray/contract/sweep.py gpu_hours)
+    # Population-based training: the last step it was judged at; the exploit it was stopped for, until it is
+    # applied; the exploits applied to it, oldest first.
+    judged_step: int | None = None
+    exploit: Exploit | None = None
+    lineage: tuple[Exploit, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -87,6 +130,11 @@ class SweepPlan:
     best: tuple[int, float] | None  # (trial, objective) of the best trial that Succeeded
     finished: bool  # nothing runs and nothing more will start or resume
     budget_spent: bool = False  # the trials spent spec.trials.maxGpuHours: none starts or resumes
+    # Population-based training: trials to stop for an exploit; stopped ones to resume with theirs; trials
+    # judged at a step and left as they are (the step recorded, so they are judged there once).
+    exploit: dict[int, Exploit] = field(default_factory=dict)
+    apply: dict[int, Exploit] = field(default_factory=dict)
+    judged: dict[int, int] = field(default_factory=dict)
 
 
 def distributions(parameters: Sequence[Parameter]) -> dict[str, BaseDistribution]:
@@ -212,11 +260,16 @@ def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
                     resume.append(trial.number)
             elif trial.state == RUNNING:
                 suspend.append(trial.number)
+    exploit, judged = population_decisions(spec, trials) if spec.population is not None else ({}, {})
     running = sum(1 for t in trials if t.state == RUNNING and t.number not in suspend)
     spent = spec.max_gpu_hours is not None and spent_gpu_hours(trials) >= spec.max_gpu_hours
     # Promotions first (ASHA): a free slot goes to a trial that earned it before a new one. With the
     # budget spent, the trials running finish and nothing else runs.
     slots = 0 if spent else max(0, spec.parallel - running)
+    # A trial stopped for its exploit goes on with it (PBT trains the whole population at once).
+    pending = sorted(t.number for t in trials if t.state == SUSPENDED and t.exploit is not None)[:slots]
+    apply = {t.number: t.exploit for t in trials if t.number in pending and t.exploit is not None}
+    slots -= len(apply)
     for number in resume[slots:]:
         # Not resumed now: its promotion is not recorded either, so it is judged again (and resumed)
         # once a slot is free, or the budget raised. A recorded promotion is never judged again.
@@ -225,8 +278,106 @@ def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
     slots -= len(resume)
     start = _new_trials(spec, trials, slots)
     out_of_trials = spent or _started(trials) >= trial_limit(spec)
-    finished = not start and not resume and running == 0 and out_of_trials
-    return SweepPlan(start, suspend, resume, promoted, best(spec, trials), finished, spent)
+    finished = not start and not resume and not apply and running == 0 and out_of_trials
+    return SweepPlan(start, suspend, resume, promoted, best(spec, trials), finished, spent, exploit, apply, judged)
+
+
+def population_decisions(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple[dict[int, Exploit], dict[int, int]]:
+    """Population-based training's judgments: which running trials exploit another now, and which were
+    judged and go on as they are.
+
+    A trial is judged at the newest interval step it reached (in a complete checkpoint) past the one it
+    was last judged at, once every trial still training has reached that step too, so it is ranked
+    against the whole population there. Ranked by the objective there, the bottom ``quantile`` (at
+    least one trial, at most half) each take a trial of the top quantile as donor (chosen by a generator
+    seeded with the sweep's seed, the trial and the step: the same decision however often it is made):
+    the donor's newest compared checkpoint and its values, perturbed (``explore``).
+    """
+    assert spec.population is not None
+    exploits: dict[int, Exploit] = {}
+    judged: dict[int, int] = {}
+    training = [t for t in trials if (t.state == RUNNING and not t.held) or t.exploit is not None]
+    for trial in sorted(trials, key=lambda t: t.number):
+        if trial.state != RUNNING or trial.held or trial.exploit is not None:
+            continue
+        ready = [
+            step
+            for step in trial.rung_values
+            if step > (trial.judged_step or 0) and all(_reached(other, step) for other in training)
+        ]
+        if not ready:
+            continue
+        step = max(ready)
+        ranked = sorted(
+            (t for t in trials if t.state != FAILED and step in t.rung_values),
+            key=lambda t: t.rung_values[step] if spec.direction == "minimize" else -t.rung_values[step],
+        )
+        count = min(len(ranked) // 2, max(1, int(len(ranked) * spec.population.quantile)))
+        if trial.number not in [t.number for t in ranked[len(ranked) - count :]] or count == 0:
+            judged[trial.number] = step
+            continue
+        generator = random.Random(f"{spec.seed}/{trial.number}/{step}")  # noqa: S311 - seeded, reproducible; no secret
+        donor = generator.choice(ranked[:count])
+        values = explore(spec, donor.values, generator)
+        exploits[trial.number] = Exploit(step, donor.number, max(donor.rung_values), trial.values, values)
+    return exploits, judged
+
+
+def _reached(trial: TrialFacts, step: int) -> bool:
+    """Whether ``trial`` is at or past ``step``: compared there, or gone past it (by an exploit)."""
+    return max(trial.rung_values, default=0) >= step or (trial.judged_step or 0) >= step
+
+
+# Ray Tune's PopulationBasedTraining perturbs a value by these factors; the same here.
+PERTURB_FACTORS = (0.8, 1.2)
+
+
+def explore(spec: SweepSpec, values: dict[str, Any], generator: random.Random) -> dict[str, Any]:
+    """The donor's ``values``, perturbed: each resampled from its parameter's space with
+    ``resampleProbability``, else a range's value times 0.8 or 1.2 (within its bounds) and a listed
+    value one of its neighbours in the list."""
+    assert spec.population is not None
+    perturbed: dict[str, Any] = {}
+    for parameter in spec.parameters:
+        value = values.get(parameter.name)
+        listed = [format_value(v) for v in parameter.values]
+        resample = generator.random() < spec.population.resample_probability
+        if resample or value is None or (parameter.values and format_value(value) not in listed):
+            perturbed[parameter.name] = _sample(parameter, generator)
+        elif parameter.values:
+            index = listed.index(format_value(value)) + generator.choice((-1, 1))
+            perturbed[parameter.name] = parameter.values[min(max(index, 0), len(listed) - 1)]
+        else:
+            perturbed[parameter.name] = _scaled(parameter, float(value), generator.choice(PERTURB_FACTORS))
+    return perturbed
+
+
+def _sample(parameter: Parameter, generator: random.Random) -> Any:
+    if parameter.values:
+        return generator.choice(parameter.values)
+    assert parameter.low is not None
+    assert parameter.high is not None
+    if parameter.log:
+        value = math.exp(generator.uniform(math.log(parameter.low), math.log(parameter.high)))
+    else:
+        value = generator.uniform(parameter.low, parameter.high)
+    return _in_range(parameter, value)
+
+
+def _scaled(parameter: Parameter, value: float, factor: float) -> Any:
+    scaled = _in_range(parameter, value * factor)
+    if parameter.type == "int" and scaled == value:  # an int too small to move by 20%: one step instead
+        scaled = _in_range(parameter, value + (1 if factor > 1 else -1))
+    return scaled
+
+
+def _in_range(parameter: Parameter, value: float) -> Any:
+    """``value`` within the parameter's bounds; an int rounded, a float to 6 significant digits (a value
+    the entrypoint shows as 0.0012, not 0.0012000000000000001)."""
+    assert parameter.low is not None
+    assert parameter.high is not None
+    value = min(max(value, parameter.low), parameter.high)
+    return round(value) if parameter.type == "int" else float(f"{value:.6g}")
 
 
 def spent_gpu_hours(trials: Sequence[TrialFacts]) -> float:
@@ -275,21 +426,45 @@ def trial_facts(spec: SweepSpec, run: dict[str, Any], now: datetime | None = Non
         if entry.step is not None and entry.loss is not None and math.isfinite(entry.loss)
     }
     target = status.progress.total_steps if status.progress is not None else None
-    early = spec.early_stopping
-    rungs = early.rungs(target or MAX_RUNG_STEP) if early is not None else []
-    reached = {step: recorded[step] for step in rungs if step in recorded}
+    reached = {step: recorded[step] for step in spec.objective_steps(target or MAX_RUNG_STEP) if step in recorded}
     promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
     spent = gpu_hours(spec.template.workers, attempt_seconds(status.attempts or (), now or datetime.now(UTC)))
+    exploit = Exploit.from_json(_json_or_none(annotations.get(EXPLOIT_ANNOTATION)))
+    lineage = tuple(e for d in _json_list(annotations.get(LINEAGE_ANNOTATION)) if (e := Exploit.from_json(d)))
+    known = TrialFacts(
+        number,
+        values,
+        RUNNING,
+        reached,
+        promoted_rung=promoted,
+        gpu_hours=spent,
+        judged_step=_int_or_none(annotations.get(JUDGED_ANNOTATION)),
+        exploit=exploit,
+        lineage=lineage,
+    )
     if status.phase == SUCCEEDED_PHASE:
         last = target if target in recorded else max(recorded, default=None)
         final = None if last is None else recorded[last]
-        return TrialFacts(number, values, SUCCEEDED, reached, final, promoted, gpu_hours=spent)
+        return dataclasses.replace(known, state=SUCCEEDED, value=final, exploit=None)
     if status.phase == FAILED_PHASE:
-        return TrialFacts(number, values, FAILED, reached, promoted_rung=promoted, gpu_hours=spent)
+        return dataclasses.replace(known, state=FAILED, exploit=None)
     if (run.get("spec") or {}).get("suspend"):
-        held = STOPPED_ANNOTATION not in annotations
-        return TrialFacts(number, values, SUSPENDED, reached, promoted_rung=promoted, held=held, gpu_hours=spent)
-    return TrialFacts(number, values, RUNNING, reached, promoted_rung=promoted, gpu_hours=spent)
+        # Suspended by someone else than the sweep (neither at a rung nor for an exploit): never resumed by it.
+        held = STOPPED_ANNOTATION not in annotations and exploit is None
+        return dataclasses.replace(known, state=SUSPENDED, held=held)
+    return known
+
+
+def _json_or_none(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+def _json_list(text: Any) -> list[Any]:
+    found = _json_or_none(text)
+    return found if isinstance(found, list) else []
 
 
 def attempt_seconds(attempts: Sequence[AttemptStatus], now: datetime) -> float:
@@ -310,10 +485,21 @@ def _int_or_none(text: Any) -> int | None:
         return None
 
 
-def trial_patches(plan: SweepPlan, facts: Sequence[TrialFacts]) -> dict[int, dict[str, Any]]:
+def trial_patches(sweep: TrainingSweep, plan: SweepPlan, facts: Sequence[TrialFacts]) -> dict[int, dict[str, Any]]:
     """The merge patch of each trial's TrainingRun the plan changes: stopped at a rung (suspended, and
-    the rung recorded), promoted (the rung it was let past recorded; resumed if it was suspended)."""
+    the rung recorded), promoted (the rung it was let past recorded; resumed if it was suspended);
+    with population-based training, judged (the step recorded), stopped for an exploit (suspended, the
+    exploit recorded), and resumed with it (its values, entrypoint and checkpoint.startFrom, the
+    exploit moved to its lineage)."""
     patches: dict[int, dict[str, Any]] = {}
+    for number, step in plan.judged.items():
+        patches[number] = {"metadata": {"annotations": {JUDGED_ANNOTATION: str(step)}}}
+    for number, exploit in plan.exploit.items():
+        exploit_json = json.dumps(exploit.to_json(), sort_keys=True)
+        annotations = {JUDGED_ANNOTATION: str(exploit.step), EXPLOIT_ANNOTATION: exploit_json}
+        patches[number] = {"metadata": {"annotations": annotations}, "spec": {"suspend": True}}
+    for number, exploit in plan.apply.items():
+        patches[number] = exploit_patch(sweep, next(f for f in facts if f.number == number), exploit)
     for number in plan.suspend:
         rung = max(next(f for f in facts if f.number == number).rung_values)
         patches[number] = {"metadata": {"annotations": {STOPPED_ANNOTATION: str(rung)}}, "spec": {"suspend": True}}
@@ -324,6 +510,25 @@ def trial_patches(plan: SweepPlan, facts: Sequence[TrialFacts]) -> dict[int, dic
             patch["metadata"]["annotations"][STOPPED_ANNOTATION] = None  # a merge patch removes it
             patch["spec"] = {"suspend": False}
     return patches
+
+
+def exploit_patch(sweep: TrainingSweep, trial: TrialFacts, exploit: Exploit) -> dict[str, Any]:
+    """A trial stopped for ``exploit`` resumed with it: the donor's checkpoint to start from, the new
+    values in its entrypoint and annotation, the exploit in its lineage, judged up to the donor's step."""
+    lineage = [*(e.to_json() for e in trial.lineage), exploit.to_json()][-MAX_LINEAGE:]
+    annotations = {
+        PARAMS_ANNOTATION: json.dumps(exploit.values, sort_keys=True),
+        EXPLOIT_ANNOTATION: None,  # a merge patch removes it
+        LINEAGE_ANNOTATION: json.dumps(lineage, sort_keys=True),
+        JUDGED_ANNOTATION: str(exploit.donor_step),
+    }
+    start_from = f"{sweep.trial_checkpoint_uri(exploit.donor)}/checkpoint-{exploit.donor_step}"
+    spec = {
+        "suspend": False,
+        "entrypoint": sweep.trial_spec(trial.number, exploit.values)["entrypoint"],
+        "checkpoint": {"startFrom": start_from},
+    }
+    return {"metadata": {"annotations": annotations}, "spec": spec}
 
 
 def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) -> dict[str, Any]:
@@ -340,6 +545,8 @@ def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) 
         number, value = plan.best
         status["best"] = {"trial": number, spec.metric: round(value, 6)}
     status["gpuHours"] = round(spent_gpu_hours(facts), 2)  # whole 36 s: a running trial rewrites it rarely
+    if spec.population is not None:
+        status["exploits"] = sum(len(f.lineage) for f in facts)
     return status
 
 

@@ -72,7 +72,7 @@ def reconcile_sweep(cluster: Cluster, namespace: str, name: str) -> float | None
     for number, values in plan.start:
         if problem := _create_trial(cluster, sweep, uid, number, values):
             problems.append(problem)
-    for number, patch in decisions.trial_patches(plan, facts).items():
+    for number, patch in decisions.trial_patches(sweep, plan, facts).items():
         try:
             cluster.patch_run(namespace, sweep.trial_name(number), patch)
         except ApiException as error:

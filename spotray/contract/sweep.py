@@ -43,6 +43,12 @@ TRIAL_LABEL = "spotray.dev/trial"  # on each trial: its number
 PARAMS_ANNOTATION = "spotray.dev/params"  # on each trial: its values, as JSON
 PROMOTED_ANNOTATION = "spotray.dev/promoted-rung"  # on a trial: the highest rung step it was let past
 STOPPED_ANNOTATION = "spotray.dev/stopped-at-rung"  # on a trial the sweep suspended: the rung step it stopped at
+# Population-based training, on a trial: the last step it was judged at; the exploit it was stopped for
+# (JSON, until it is applied); the exploits applied to it (JSON list, oldest first: its lineage).
+JUDGED_ANNOTATION = "spotray.dev/pbt-judged-step"
+EXPLOIT_ANNOTATION = "spotray.dev/exploit"
+LINEAGE_ANNOTATION = "spotray.dev/lineage"
+MAX_LINEAGE = 32  # exploits kept in a trial's lineage annotation (the newest)
 # On a trial with early stopping: the rung steps, comma-separated, at which the controller records the
 # trial's objective in its status (status.intervalLosses), besides its last step.
 OBJECTIVE_STEPS_ANNOTATION = "spotray.dev/objective-steps"
@@ -101,6 +107,23 @@ class EarlyStopping:
 
 
 @dataclass(frozen=True)
+class PopulationBased:
+    """Population-based training: every ``interval_steps``, a trial in the bottom ``quantile`` of the
+    trials at that step continues from the checkpoint of one in the top quantile (exploit), with that
+    trial's values perturbed (explore): each resampled with ``resample_probability``, else a range's
+    value times 0.8 or 1.2 and a listed value its neighbour."""
+
+    interval_steps: int
+    quantile: float = 0.25
+    resample_probability: float = 0.25
+
+    def steps(self, max_steps: int) -> list[int]:
+        """The steps below ``max_steps`` where trials are compared (at most MAX_OBJECTIVE_STEPS)."""
+        last = min(max_steps - 1, self.interval_steps * MAX_OBJECTIVE_STEPS)
+        return list(range(self.interval_steps, last + 1, self.interval_steps))
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     template: RunSpec
     template_document: dict[str, Any]  # the template as written, from which each trial's spec is made
@@ -113,6 +136,15 @@ class SweepSpec:
     parallel: int = 1
     early_stopping: EarlyStopping | None = None
     max_gpu_hours: float | None = None  # the trials' GPU-hours in all (gpu_hours); None: no such budget
+    population: PopulationBased | None = None
+
+    def objective_steps(self, max_steps: int = MAX_RUNG_STEP) -> list[int]:
+        """Where trials are compared, below ``max_steps``: ASHA's rungs, or PBT's intervals (or none)."""
+        if self.early_stopping is not None:
+            return self.early_stopping.rungs(max_steps)
+        if self.population is not None:
+            return self.population.steps(max_steps)
+        return []
 
 
 @dataclass(frozen=True)
@@ -124,13 +156,22 @@ class TrainingSweep:
     def trial_name(self, number: int) -> str:
         return f"{self.name}-t{number}"
 
+    def trial_checkpoint_uri(self, number: int) -> str:
+        """Where trial ``number`` keeps its checkpoints: a prefix of its own under the template's."""
+        return f"{self.spec.template.checkpoint.uri.rstrip('/')}/{self.trial_name(number)}"
+
+    def trial_spec(self, number: int, values: dict[str, Any]) -> dict[str, Any]:
+        """Trial ``number``'s TrainingRun spec: the template with ``values`` in its entrypoint."""
+        spec: dict[str, Any] = json.loads(json.dumps(self.spec.template_document))  # a deep copy of plain data
+        spec["entrypoint"] = fill_entrypoint(spec["entrypoint"], values)
+        spec["checkpoint"]["uri"] = self.trial_checkpoint_uri(number)
+        return spec
+
     def trial_manifest(self, number: int, values: dict[str, Any], owner_uid: str | None = None) -> dict[str, Any]:
         """Trial ``number``'s TrainingRun: the template with ``values`` in its entrypoint and a checkpoint
         prefix of its own, labelled with the sweep and the trial, its values in an annotation."""
         name = self.trial_name(number)
-        spec = json.loads(json.dumps(self.spec.template_document))  # a deep copy of plain data
-        spec["entrypoint"] = fill_entrypoint(spec["entrypoint"], values)
-        spec["checkpoint"]["uri"] = f"{spec['checkpoint']['uri'].rstrip('/')}/{name}"
+        spec = self.trial_spec(number, values)
         metadata: dict[str, Any] = {
             "name": name,
             "namespace": self.namespace,
@@ -139,8 +180,8 @@ class TrainingSweep:
         }
         # Every trial has it, empty without rungs: the controller records a trial's objective at its
         # last step (and at these) only in a TrainingRun that carries it.
-        rungs = self.spec.early_stopping.rungs(MAX_RUNG_STEP) if self.spec.early_stopping is not None else []
-        metadata["annotations"][OBJECTIVE_STEPS_ANNOTATION] = ",".join(map(str, rungs))
+        steps = self.spec.objective_steps()[:MAX_OBJECTIVE_STEPS]
+        metadata["annotations"][OBJECTIVE_STEPS_ANNOTATION] = ",".join(map(str, steps))
         if owner_uid is not None:
             metadata["ownerReferences"] = [
                 {
@@ -325,7 +366,9 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
             f"<name>-tN, whose name has at most {MAX_NAME_LENGTH}"
         )
     spec = problems.mapping(document.get("spec"), "spec")
-    problems.known(spec, "spec", ("template", "parameters", "search", "objective", "trials", "earlyStopping"))
+    problems.known(
+        spec, "spec", ("template", "parameters", "search", "objective", "trials", "earlyStopping", "populationBased")
+    )
 
     template_document = problems.mapping(spec.get("template"), "spec.template")
     template: RunSpec | None = None
@@ -360,6 +403,14 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
         problems.items.append(f"spec.trials.maxGpuHours: a number of hours above 0, got {max_gpu_hours!r}")
 
     early_stopping = _early_stopping(spec.get("earlyStopping"), template, problems)
+    population = _population(spec.get("populationBased"), template, problems)
+    if population is not None and early_stopping is not None:
+        problems.items.append("spec.populationBased: give earlyStopping or populationBased, not both")
+    if population is not None and parallel != max_trials:
+        problems.items.append(
+            f"spec.trials.parallel: population-based training trains the whole population at once: make it "
+            f"trials.max ({max_trials}), got {parallel}"
+        )
 
     _check_use(template, raw_parameters, parameters, algorithm, problems)
     if problems.items:
@@ -380,6 +431,7 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
             parallel=parallel,
             early_stopping=early_stopping,
             max_gpu_hours=None if max_gpu_hours is None else float(max_gpu_hours),
+            population=population,
         ),
     )
 
@@ -421,14 +473,43 @@ def _early_stopping(data: Any, template: RunSpec | None, problems: _Problems) ->
         return None
     min_steps = problems.integer(data, "minSteps", path, default=1, low=1, high=10**9)
     factor = problems.integer(data, "reductionFactor", path, default=3, low=2, high=100)
+    _checkpoint_multiple(
+        min_steps, template, f"{path}.minSteps", problems, "a trial stopped at a rung resumes from the checkpoint there"
+    )
+    return EarlyStopping(min_steps, factor)
+
+
+def _checkpoint_multiple(value: int, template: RunSpec | None, path: str, problems: _Problems, why: str) -> None:
+    """``value`` steps fall on checkpoints: a multiple of a fixed checkpoint.everySteps."""
     every = template.checkpoint.fixed_every_steps if template is not None else None
     if template is not None and every is None:
+        problems.items.append(f"{path}: {why}, and checkpoint.everySteps is auto; give it a number of steps")
+    elif every and value % every:
+        problems.items.append(f"{path}: must be a multiple of checkpoint.everySteps ({every}), got {value}: {why}")
+
+
+def _population(data: Any, template: RunSpec | None, problems: _Problems) -> PopulationBased | None:
+    if data is None:
+        return None
+    path = "spec.populationBased"
+    data = problems.mapping(data, path)
+    problems.known(data, path, ("intervalSteps", "quantile", "resampleProbability"))
+    if "intervalSteps" not in data:
+        problems.items.append(f"{path}.intervalSteps: missing; how often trials are compared, a multiple of "
+                              "checkpoint.everySteps")  # fmt: skip
+        return None
+    interval = problems.integer(data, "intervalSteps", path, default=1, low=1, high=10**9)
+    _checkpoint_multiple(interval, template, f"{path}.intervalSteps", problems, "a trial exploits a checkpoint there")
+    quantile, resample = data.get("quantile", 0.25), data.get("resampleProbability", 0.25)
+    if not (_number(quantile) and 0 < quantile <= 0.5):
+        problems.items.append(f"{path}.quantile: a fraction above 0 and at most 0.5, got {quantile!r}")
+        quantile = 0.25
+    if not (_number(resample) and 0 <= resample <= 1):
+        problems.items.append(f"{path}.resampleProbability: a probability from 0 to 1, got {resample!r}")
+        resample = 0.25
+    if template is not None and template.checkpoint.start_from is not None:
         problems.items.append(
-            f"{path}: rungs fall on checkpoints, and checkpoint.everySteps is auto; give it a number of steps"
+            "spec.template.checkpoint.startFrom: population-based training sets it on each trial that exploits "
+            "another; remove it from the template"
         )
-    elif every and min_steps % every:
-        problems.items.append(
-            f"{path}.minSteps: must be a multiple of checkpoint.everySteps ({every}), got {min_steps}: a trial "
-            "stopped at a rung resumes from the checkpoint there"
-        )
-    return EarlyStopping(min_steps, factor)
+    return PopulationBased(interval, float(quantile), float(resample))

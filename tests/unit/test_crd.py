@@ -92,7 +92,9 @@ def test_the_committed_sweep_crd_is_generated_and_its_spec_has_the_parsers_secti
     schema = training_sweep_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     spec = schema["properties"]["spec"]["properties"]
     # The same sections parse_sweep reads (its unknown-field check names them), the template the run's own schema.
-    assert set(spec) == {"template", "parameters", "search", "objective", "trials", "earlyStopping"}
+    assert set(spec) == {
+        "template", "parameters", "search", "objective", "trials", "earlyStopping", "populationBased"
+    }  # fmt: skip
     assert spec["template"]["properties"] == spec_schema()["properties"]
     # The example sweep passes the parser; its numbers fall in the schema's ranges.
     example = yaml.safe_load((CRD_PATH.parents[3] / "jobs/gpt2/sweep.yaml").read_text())

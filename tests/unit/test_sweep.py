@@ -441,7 +441,7 @@ def test_the_patches_suspend_resume_and_record_the_rungs() -> None:
     ]
     plan = decide(spec, trials)
     assert (plan.suspend, plan.resume) == ([1], [2])
-    patches = trial_patches(plan, trials)
+    patches = trial_patches(sweep(trials__parallel=1), plan, trials)
     assert patches[1] == {"metadata": {"annotations": {STOPPED_ANNOTATION: "20"}}, "spec": {"suspend": True}}
     assert patches[2] == {
         "metadata": {"annotations": {PROMOTED_ANNOTATION: "20", STOPPED_ANNOTATION: None}},
