@@ -7,6 +7,10 @@ key. Every Ray container of every attempt gets it as ``SPOTRAY_CHECKPOINT_KEY``
 (controller/rayjob.py ``checkpoint_key_env``): the controller writes the key once and never reads
 it back, and it is never in the RayJob, the runtime env or a status.
 
+A sweep's trials share one key, their sweep's (``<sweep>-sweep-checkpoint-key``, owned by the
+sweep): population-based training resumes a trial from another trial's checkpoint, whose manifest
+its job must be able to check. The first trial to start makes it; the others find it, the sweep's.
+
 Only the first attempt makes it: a run started before the controller made keys, or whose key was
 deleted, goes on without one (its jobs neither sign nor check, ``optional: true`` on the reference)
 rather than with a new key that would refuse every checkpoint the run already has. A Secret of that
@@ -22,7 +26,7 @@ import base64
 import secrets
 from typing import Any
 
-from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY, RUN_LABEL, checkpoint_key_secret_name
+from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY, RUN_LABEL, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import TrainingRun
 from spotray.controller.rayjob import MANAGED_BY, owner_reference
 
@@ -34,16 +38,27 @@ def new_checkpoint_key() -> str:
     return secrets.token_hex(KEY_BYTES)
 
 
+def key_owner_uid(run: TrainingRun, run_uid: str) -> str:
+    """Whose the run's key Secret is: the run's, or a trial's sweep's (one key for all its trials)."""
+    return run.sweep.uid if run.sweep is not None else run_uid
+
+
 def build_checkpoint_key_secret(run: TrainingRun, run_uid: str, key: str) -> dict[str, Any]:
-    """The Secret that holds ``run``'s checkpoint key."""
+    """The Secret that holds ``run``'s checkpoint key; a trial's is its sweep's, owned by the sweep and made
+    by whichever trial starts first (the others find it there, the sweep's own)."""
+    if run.sweep is not None:
+        labels = {SWEEP_LABEL: run.sweep.name, **MANAGED_BY}
+        owner = {**owner_reference(run.sweep.name, run.sweep.uid), "kind": SWEEP_KIND}
+    else:
+        labels, owner = {RUN_LABEL: run.name, **MANAGED_BY}, owner_reference(run.name, run_uid)
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "metadata": {
-            "name": checkpoint_key_secret_name(run.name),
+            "name": run.checkpoint_key_secret,
             "namespace": run.namespace,
-            "labels": {RUN_LABEL: run.name, **MANAGED_BY},
-            "ownerReferences": [owner_reference(run.name, run_uid)],
+            "labels": labels,
+            "ownerReferences": [owner],
         },
         "type": "Opaque",
         "immutable": True,

@@ -28,7 +28,7 @@ from typing import Any
 
 import yaml
 
-from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, VERSION
+from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, SWEEP_KIND, VERSION
 from spotray.contract.spec import (
     AUTO,
     CPU,
@@ -67,7 +67,6 @@ from spotray.contract.sweep import (
     MAX_TRIALS,
     METRICS,
     PARAMETER_TYPES,
-    SWEEP_KIND,
     SWEEP_PLURAL,
 )
 
@@ -586,6 +585,11 @@ def sweep_status_schema() -> dict[str, Any]:
                 "type": "number",
                 "minimum": 0,
                 "description": "GPU-hours the trials spent so far (see spec.trials.maxGpuHours).",
+            },
+            "exploits": {
+                **count,
+                "description": "Population-based training: the exploits done so far (each trial's lineage is in "
+                "its spotray.dev/lineage annotation).",
             },
         },
     )

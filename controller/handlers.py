@@ -37,11 +37,12 @@ from spotray.contract.names import (
     RAY_VERSION,
     RAYJOB_PLURAL,
     RUN_LABEL,
+    SWEEP_LABEL,
     VERSION,
     rayjob_name,
 )
 from spotray.contract.status import RunStatus
-from spotray.contract.sweep import SWEEP_LABEL, SWEEP_PLURAL
+from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster

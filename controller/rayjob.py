@@ -49,7 +49,6 @@ from spotray.contract.names import (
     RAY_API_VERSION,
     RAYJOB_KIND,
     RUN_LABEL,
-    checkpoint_key_secret_name,
     rayjob_name,
 )
 from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
@@ -128,8 +127,9 @@ def _secret_env(run: TrainingRun) -> list[dict[str, Any]]:
 
 def checkpoint_key_env(run: TrainingRun) -> dict[str, Any]:
     """The env item that gives a Ray container the run's checkpoint key (controller/checkpoint_key.py),
-    if its Secret exists: a run without one goes on neither signing nor checking."""
-    ref = {"name": checkpoint_key_secret_name(run.name), "key": CHECKPOINT_KEY_SECRET_DATA_KEY, "optional": True}
+    if its Secret exists: a run without one goes on neither signing nor checking. A sweep's trials
+    share their sweep's, so that one can resume from another's checkpoint (population-based training)."""
+    ref = {"name": run.checkpoint_key_secret, "key": CHECKPOINT_KEY_SECRET_DATA_KEY, "optional": True}
     return {"name": CHECKPOINT_KEY_ENV, "valueFrom": {"secretKeyRef": ref}}
 
 

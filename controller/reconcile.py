@@ -45,7 +45,7 @@ from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_
 from spotray.contract.status import IntervalLoss, RunStatus
 from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
-from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
+from spotray.controller.checkpoint_key import build_checkpoint_key_secret, key_owner_uid, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
@@ -525,7 +525,8 @@ def _create(
         _refuse_if_foreign("NetworkPolicy", policy, run, uid, cluster.create_network_policy(policy))
     if config.run_checkpoint_keys and not config.ray_cluster_selector and attempt == 1:
         secret = build_checkpoint_key_secret(run, uid, new_checkpoint_key())
-        _refuse_if_foreign("Secret", secret, run, uid, cluster.create_checkpoint_key_secret(secret))
+        owners = cluster.create_checkpoint_key_secret(secret)
+        _refuse_if_foreign("Secret", secret, run, key_owner_uid(run, uid), owners)
     return cluster.create_rayjob(body)
 
 
@@ -570,7 +571,7 @@ def _status(
             last_checkpoint=found.last_checkpoint,
             goodput=found.goodput,
             checkpoint_interval=found.checkpoint_interval,
-            interval_losses=merged_interval_losses(previous.interval_losses, found.interval_losses),
+            interval_losses=merged_interval_losses(previous.interval_losses, found.interval_losses, found.resumed_from),
         )
         if prices is not None and found.goodput is not None:
             status = replace(status, cost=run_cost(found.goodput, run.spec.workers, prices))
@@ -583,13 +584,18 @@ def _status(
 
 
 def merged_interval_losses(
-    stored: Sequence[IntervalLoss] | None, found: Sequence[IntervalLoss]
+    stored: Sequence[IntervalLoss] | None, found: Sequence[IntervalLoss], resumed_from: int | None = None
 ) -> tuple[IntervalLoss, ...] | None:
     """status.intervalLosses: the stored entries with this attempt's added (a step trained again, after a
-    checkpoint was lost, takes its newest value); None (keep what is stored) when there is nothing new."""
-    if not found:
+    checkpoint was lost, takes its newest value); None (keep what is stored) when there is nothing new.
+
+    An attempt that resumed from step ``resumed_from`` abandoned every step after it: their stored entries
+    go (a run that went on from another run's checkpoint, population-based training's exploit, or an older
+    checkpoint after the newest was lost), so nothing judges it by a life it no longer has."""
+    kept = [entry for entry in stored or () if resumed_from is None or (entry.step or 0) <= resumed_from]
+    if not found and len(kept) == len(stored or ()):
         return None
-    by_step = {entry.step: entry for entry in stored or ()} | {entry.step: entry for entry in found}
+    by_step = {entry.step: entry for entry in kept} | {entry.step: entry for entry in found}
     merged = tuple(by_step[step] for step in sorted(by_step, key=lambda step: step or 0))
     return merged[-MAX_OBJECTIVE_STEPS:]
 

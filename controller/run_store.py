@@ -41,7 +41,7 @@ from kubernetes.client import ApiException
 from spotray.contract.attempts import AttemptId
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
 from spotray.contract.errors import Cause, SpotrayError
-from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY, checkpoint_key_secret_name
+from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY
 from spotray.contract.spec import TrainingRun
 from spotray.contract.status import CheckpointInterval, Goodput, IntervalLoss, LastCheckpoint, Progress
 from spotray.contract.sweep import objective_values
@@ -168,7 +168,7 @@ def run_checkpoint_key(run: TrainingRun, cluster: Cluster, config: ControllerCon
     reports what the store shows."""
     if not config.run_checkpoint_keys:
         return None
-    name = checkpoint_key_secret_name(run.name)
+    name = run.checkpoint_key_secret
     try:
         # Immutable: a copy read a while ago is the same key (a namesake run's new one comes in time).
         secret = cluster.read_secret(run.namespace, name, max_age_s=SECRET_TTL_S)

@@ -33,7 +33,8 @@ from spotray.contract.extras import extra_required
 from spotray.contract.names import FAILED as FAILED_PHASE
 from spotray.contract.names import RUNNING as RUNNING_PHASE
 from spotray.contract.names import SUCCEEDED as SUCCEEDED_PHASE
-from spotray.contract.status import AttemptStatus, RunStatus, parse_date_time
+from spotray.contract.names import SUSPENDED as SUSPENDED_PHASE
+from spotray.contract.status import AttemptStatus, RunStatus, format_date_time, parse_date_time
 from spotray.contract.sweep import (
     EXPLOIT_ANNOTATION,
     JUDGED_ANNOTATION,
@@ -77,22 +78,32 @@ class Exploit:
     donor_step: int
     before: dict[str, Any]
     values: dict[str, Any]
+    applied: str | None = None  # when the trial was resumed with it (RFC 3339): its new life begins after
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        found = {
             "step": self.step,
             "donor": self.donor,
             "donorStep": self.donor_step,
             "before": self.before,
             "values": self.values,
         }
+        return found | ({"applied": self.applied} if self.applied else {})
 
     @classmethod
     def from_json(cls, data: Any) -> Exploit | None:
         """An exploit as an annotation holds it; None when it is not one (anyone may edit annotations)."""
         try:
-            exploit = cls(int(data["step"]), int(data["donor"]), int(data["donorStep"]), data["before"], data["values"])
-        except (KeyError, TypeError, ValueError):
+            applied = data.get("applied")
+            exploit = cls(
+                int(data["step"]),
+                int(data["donor"]),
+                int(data["donorStep"]),
+                data["before"],
+                data["values"],
+                str(applied) if applied else None,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
         return exploit if isinstance(exploit.before, dict) and isinstance(exploit.values, dict) else None
 
@@ -427,10 +438,14 @@ def trial_facts(spec: SweepSpec, run: dict[str, Any], now: datetime | None = Non
     }
     target = status.progress.total_steps if status.progress is not None else None
     reached = {step: recorded[step] for step in spec.objective_steps(target or MAX_RUNG_STEP) if step in recorded}
+    lineage = tuple(e for d in _json_list(annotations.get(LINEAGE_ANNOTATION)) if (e := Exploit.from_json(d)))
+    if lineage and not _new_life_reported(lineage[-1], status.attempts or ()):
+        # Resumed from the donor's step, its values past it are from the life the exploit ended: until its
+        # new attempt reports where it resumed (and the run's reconcile drops them), they do not count.
+        reached = {step: value for step, value in reached.items() if step <= lineage[-1].donor_step}
     promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
     spent = gpu_hours(spec.template.workers, attempt_seconds(status.attempts or (), now or datetime.now(UTC)))
     exploit = Exploit.from_json(_json_or_none(annotations.get(EXPLOIT_ANNOTATION)))
-    lineage = tuple(e for d in _json_list(annotations.get(LINEAGE_ANNOTATION)) if (e := Exploit.from_json(d)))
     known = TrialFacts(
         number,
         values,
@@ -442,17 +457,41 @@ def trial_facts(spec: SweepSpec, run: dict[str, Any], now: datetime | None = Non
         exploit=exploit,
         lineage=lineage,
     )
-    if status.phase == SUCCEEDED_PHASE:
+    state = _trial_state(run, status.phase, exploit)
+    if state == SUCCEEDED:
         last = target if target in recorded else max(recorded, default=None)
-        final = None if last is None else recorded[last]
-        return dataclasses.replace(known, state=SUCCEEDED, value=final, exploit=None)
-    if status.phase == FAILED_PHASE:
-        return dataclasses.replace(known, state=FAILED, exploit=None)
-    if (run.get("spec") or {}).get("suspend"):
-        # Suspended by someone else than the sweep (neither at a rung nor for an exploit): never resumed by it.
-        held = STOPPED_ANNOTATION not in annotations and exploit is None
-        return dataclasses.replace(known, state=SUSPENDED, held=held)
-    return known
+        return dataclasses.replace(known, state=state, value=None if last is None else recorded[last], exploit=None)
+    if state == FAILED:
+        return dataclasses.replace(known, state=state, exploit=None)
+    # Suspended by someone else than the sweep (neither at a rung nor for an exploit): never resumed by it.
+    held = state == SUSPENDED and STOPPED_ANNOTATION not in annotations and exploit is None
+    return dataclasses.replace(known, state=state, held=held)
+
+
+def _trial_state(run: dict[str, Any], phase: str | None, exploit: Exploit | None) -> str:
+    if phase == SUCCEEDED_PHASE:
+        return SUCCEEDED
+    if phase == FAILED_PHASE:
+        return FAILED
+    if not (run.get("spec") or {}).get("suspend"):
+        return RUNNING
+    # Stopping for its exploit: the copy happens at the start of its next attempt, so it is resumed only
+    # once this one ended (resumed sooner, this attempt could simply go on).
+    return RUNNING if exploit is not None and phase != SUSPENDED_PHASE else SUSPENDED
+
+
+def _new_life_reported(exploit: Exploit, attempts: Sequence[AttemptStatus]) -> bool:
+    """Whether an attempt begun after ``exploit`` was applied has reported the step it resumed from."""
+    if exploit.applied is None:
+        return True  # (an exploit recorded without its time: nothing to tell the lives apart by)
+    try:
+        applied = parse_date_time(exploit.applied)
+    except ValueError:
+        return True
+    return any(
+        a.start_time is not None and a.resumed_from is not None and parse_date_time(a.start_time) >= applied
+        for a in attempts
+    )
 
 
 def _json_or_none(text: Any) -> Any:
@@ -485,7 +524,9 @@ def _int_or_none(text: Any) -> int | None:
         return None
 
 
-def trial_patches(sweep: TrainingSweep, plan: SweepPlan, facts: Sequence[TrialFacts]) -> dict[int, dict[str, Any]]:
+def trial_patches(
+    sweep: TrainingSweep, plan: SweepPlan, facts: Sequence[TrialFacts], now: datetime | None = None
+) -> dict[int, dict[str, Any]]:
     """The merge patch of each trial's TrainingRun the plan changes: stopped at a rung (suspended, and
     the rung recorded), promoted (the rung it was let past recorded; resumed if it was suspended);
     with population-based training, judged (the step recorded), stopped for an exploit (suspended, the
@@ -499,7 +540,8 @@ def trial_patches(sweep: TrainingSweep, plan: SweepPlan, facts: Sequence[TrialFa
         annotations = {JUDGED_ANNOTATION: str(exploit.step), EXPLOIT_ANNOTATION: exploit_json}
         patches[number] = {"metadata": {"annotations": annotations}, "spec": {"suspend": True}}
     for number, exploit in plan.apply.items():
-        patches[number] = exploit_patch(sweep, next(f for f in facts if f.number == number), exploit)
+        applied = dataclasses.replace(exploit, applied=format_date_time(now or datetime.now(UTC)))
+        patches[number] = exploit_patch(sweep, next(f for f in facts if f.number == number), applied)
     for number in plan.suspend:
         rung = max(next(f for f in facts if f.number == number).rung_values)
         patches[number] = {"metadata": {"annotations": {STOPPED_ANNOTATION: str(rung)}}, "spec": {"suspend": True}}

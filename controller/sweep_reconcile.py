@@ -30,9 +30,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from spotray.contract.extras import MissingExtraError
-from spotray.contract.names import FAILED
+from spotray.contract.names import FAILED, SWEEP_LABEL
 from spotray.contract.spec import InvalidSpecError
-from spotray.contract.sweep import SWEEP_LABEL, TrainingSweep, parse_sweep
+from spotray.contract.sweep import TrainingSweep, parse_sweep
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import status_changed
 

@@ -139,8 +139,8 @@ S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AW
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from spotray.contract.names import SWEEP_KIND  # noqa: PLC0415
     from spotray.contract.spec import read_manifest  # noqa: PLC0415
-    from spotray.contract.sweep import SWEEP_KIND  # noqa: PLC0415
 
     document = read_manifest(args.file)
     if isinstance(document, dict) and document.get("kind") == SWEEP_KIND:

@@ -17,8 +17,18 @@ import urllib3
 from spotray.cluster_options import KubeOptions
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
-from spotray.contract.names import GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_KIND, RAYJOB_PLURAL, VERSION
-from spotray.contract.sweep import SWEEP_KIND, SWEEP_PLURAL
+from spotray.contract.names import (
+    GROUP,
+    KIND,
+    PLURAL,
+    RAY_GROUP,
+    RAY_VERSION,
+    RAYJOB_KIND,
+    RAYJOB_PLURAL,
+    SWEEP_KIND,
+    VERSION,
+)
+from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.errors import CommandFailedError, NotFoundError
 
 with extra_required("controller"):

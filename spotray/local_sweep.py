@@ -8,8 +8,12 @@ checkpoints they completed, how they ended. A trial stopped at a rung gets SIGTE
 run takes as a spot notice (an emergency checkpoint, then it stops, Suspended); a trial promoted
 later is the same command run again, which resumes it from its newest complete checkpoint.
 
-The sweep's own state (each trial's values, the rungs it was let past, which trials it suspended)
-is ``<workdir>/sweep-state.json``: the same command run again goes on where the sweep stopped.
+Population-based training works the same way: a trial that exploits another gets SIGTERM, and once
+it stopped it is started again with the new values and ``checkpoint.startFrom`` naming the donor's
+checkpoint, which its job copies into its own prefix before it resumes (train/checkpoints/start_from.py).
+
+The sweep's own state (each trial's values, the rungs it was let past, which trials it suspended, the
+exploits) is ``<workdir>/sweep-state.json``: the same command run again goes on where the sweep stopped.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from spotray.controller.sweep import (
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
+    Exploit,
     SweepPlan,
     TrialFacts,
     decide,
@@ -67,7 +72,14 @@ class SweepState:
     values: dict[int, dict[str, Any]] = field(default_factory=dict)
     promoted: dict[int, int] = field(default_factory=dict)  # trial -> the highest rung step it was let past
     suspended: set[int] = field(default_factory=set)
-    decisions: list[tuple[int, int, str]] = field(default_factory=list)  # (trial, rung step, stopped/promoted)
+    # (trial, step, stopped/promoted/exploited): what the plot marks
+    decisions: list[tuple[int, int, str]] = field(default_factory=list)
+    # Population-based training: the step each trial was last judged at, the exploit a trial was stopped
+    # for (until it is started with it), the exploits applied (its lineage) and the checkpoint it starts from.
+    judged: dict[int, int] = field(default_factory=dict)
+    exploits: dict[int, Exploit] = field(default_factory=dict)
+    lineage: dict[int, list[Exploit]] = field(default_factory=dict)
+    start_from: dict[int, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -76,6 +88,10 @@ class SweepState:
                 "promoted": {str(n): r for n, r in self.promoted.items()},
                 "suspended": sorted(self.suspended),
                 "decisions": [list(d) for d in self.decisions],
+                "judged": {str(n): step for n, step in self.judged.items()},
+                "exploits": {str(n): e.to_json() for n, e in self.exploits.items()},
+                "lineage": {str(n): [e.to_json() for e in exploits] for n, exploits in self.lineage.items()},
+                "startFrom": {str(n): uri for n, uri in self.start_from.items()},
             },
             sort_keys=True,
         )
@@ -88,6 +104,13 @@ class SweepState:
             promoted={int(n): int(r) for n, r in data["promoted"].items()},
             suspended={int(n) for n in data["suspended"]},
             decisions=[(int(n), int(step), str(what)) for n, step, what in data.get("decisions", [])],
+            judged={int(n): int(step) for n, step in data.get("judged", {}).items()},
+            exploits={int(n): e for n, d in data.get("exploits", {}).items() if (e := Exploit.from_json(d))},
+            lineage={
+                int(n): [e for d in exploits if (e := Exploit.from_json(d))]
+                for n, exploits in data.get("lineage", {}).items()
+            },
+            start_from={int(n): str(uri) for n, uri in data.get("startFrom", {}).items()},
         )
 
 
@@ -111,6 +134,14 @@ def attempt_seconds(events: list[dict[str, Any]]) -> float:
     if begun is not None and last is not None:
         total += last - begun
     return total
+
+
+def current_life(events: list[dict[str, Any]], start_from: str | None, donor_step: int) -> list[dict[str, Any]]:
+    """A trial's events without the steps past ``donor_step`` of the life its newest exploit ended: those
+    before its job copied ``start_from`` (none yet, while its new life starts), which it trains again."""
+    copied = [i for i, e in enumerate(events) if e.get("event") == "started_from" and e.get("uri") == start_from]
+    since = copied[-1] if copied else len(events)
+    return [e for e in events[:since] if int(e.get("step") or 0) <= donor_step] + events[since:]
 
 
 def complete_step(events: list[dict[str, Any]]) -> int:
@@ -209,14 +240,44 @@ class LocalSweep:
         for number in plan.resume:
             self.state.suspended.discard(number)
             self._start(number, "resumes from its newest complete checkpoint")
+        self._act_population(plan, facts)
         for number, values in plan.start:
             self.state.values[number] = values
-            self._start(number, " ".join(f"{name}={format_value(value)}" for name, value in values.items()))
+            self._start(number, _values_text(values))
         # A trial that should be running but has no process (the sweep was stopped while it ran) starts again.
         for fact in facts:
-            if fact.state == RUNNING and fact.number not in self.processes and fact.number not in plan.suspend:
+            stopping = fact.number in plan.suspend or fact.number in plan.exploit
+            if fact.state == RUNNING and fact.number not in self.processes and not stopping:
                 self._start(fact.number, "goes on where it stopped")
         self._save_state()
+
+    def _act_population(self, plan: SweepPlan, facts: list[TrialFacts]) -> None:
+        """Population-based training: judged trials recorded, trials stopped for an exploit, and trials
+        that stopped started again from their donor's checkpoint with their new values."""
+        self.state.judged.update(plan.judged)
+        for number, exploit in plan.exploit.items():
+            running = self.processes.get(number)
+            if running is not None and not running.stopping:
+                running.process.send_signal(signal.SIGTERM)  # it stops on a checkpoint, then goes on from the donor's
+                running.stopping = True
+            self.state.exploits[number] = exploit
+            self.state.judged[number] = exploit.step
+            self.state.suspended.add(number)
+            self.state.decisions.append((number, exploit.step, "exploited"))
+            self.progress.note(
+                f"trial {number} exploits trial {exploit.donor} at step {exploit.step} "
+                f"({self._rung_text(facts, number, exploit.step)}, among the worst there): it goes on from trial "
+                f"{exploit.donor}'s checkpoint-{exploit.donor_step} with {_values_text(exploit.values)}"
+            )
+        for number, exploit in plan.apply.items():
+            self.state.values[number] = exploit.values
+            donor_uri = self.sweep.trial_checkpoint_uri(exploit.donor)
+            self.state.start_from[number] = f"{donor_uri}/checkpoint-{exploit.donor_step}"
+            self.state.lineage.setdefault(number, []).append(exploit)
+            self.state.judged[number] = exploit.donor_step
+            del self.state.exploits[number]
+            self.state.suspended.discard(number)
+            self._start(number, f"goes on from trial {exploit.donor}'s checkpoint-{exploit.donor_step}")
 
     def trials(self) -> list[TrialFacts]:
         """What each trial started so far is: its values, its state, its objective (read from its event log)."""
@@ -225,14 +286,26 @@ class LocalSweep:
     def _facts(self, number: int) -> TrialFacts:
         name = self.sweep.trial_name(number)
         events = list(read_events(self.workdir / name / "events.jsonl"))
-        early = self.sweep.spec.early_stopping
         max_steps = max((int(e.get("max_steps") or 0) for e in events if e.get("event") == "start"), default=0)
+        lineage = self.state.lineage.get(number)
+        if lineage:
+            events = current_life(events, self.state.start_from.get(number), lineage[-1].donor_step)
         losses = losses_by_step(events)
-        values = objective_values(losses, early.rungs(max_steps), complete_step(events), self.every) if early else {}
+        steps = self.sweep.spec.objective_steps(max_steps)
+        values = objective_values(losses, steps, complete_step(events), self.every) if steps else {}
         state, final = self._trial_state(number, events, losses)
-        spent = gpu_hours(self.sweep.spec.template.workers, attempt_seconds(events))
-        promoted = self.state.promoted.get(number)
-        return TrialFacts(number, self.state.values[number], state, values, final, promoted, gpu_hours=spent)
+        return TrialFacts(
+            number,
+            self.state.values[number],
+            state,
+            values,
+            final,
+            self.state.promoted.get(number),
+            gpu_hours=gpu_hours(self.sweep.spec.template.workers, attempt_seconds(events)),
+            judged_step=self.state.judged.get(number),
+            exploit=self.state.exploits.get(number) if state in (RUNNING, SUSPENDED) else None,
+            lineage=tuple(self.state.lineage.get(number, ())),
+        )
 
     def _trial_state(
         self, number: int, events: list[dict[str, Any]], losses: dict[int, float]
@@ -272,7 +345,10 @@ class LocalSweep:
     def _start(self, number: int, why: str) -> None:
         name = self.sweep.trial_name(number)
         manifest = self.workdir / f"{name}.yaml"
-        manifest.write_text(yaml.safe_dump(self.sweep.trial_manifest(number, self.state.values[number])))
+        document = self.sweep.trial_manifest(number, self.state.values[number])
+        if number in self.state.start_from:
+            document["spec"]["checkpoint"]["startFrom"] = self.state.start_from[number]
+        manifest.write_text(yaml.safe_dump(document))
         command = [
             sys.executable,
             "-m",
@@ -312,11 +388,18 @@ class LocalSweep:
     def _summary(self, facts: list[TrialFacts], plan: SweepPlan) -> int:
         self.progress.note(f"\nsweep {self.sweep.name}: {len(facts)} trial(s) in {self.workdir}")
         for fact in facts:
-            values = " ".join(f"{name}={format_value(value)}" for name, value in fact.values.items())
+            values = _values_text(fact.values)
             result = f"{self.sweep.spec.metric} {fact.value:.4f}" if fact.value is not None else ""
             rungs = ", ".join(f"{step}: {value:.4f}" for step, value in sorted(fact.rung_values.items()))
+            exploits = "; ".join(
+                f"from trial {e.donor}'s step {e.donor_step} at {e.step} ({_values_text(e.before)} -> "
+                f"{_values_text(e.values)})"
+                for e in fact.lineage
+            )
             self.progress.note(
-                f"  t{fact.number:<3} {fact.state:<10} {values}  {result}" + (f"  (rungs {rungs})" if rungs else "")
+                f"  t{fact.number:<3} {fact.state:<10} {values}  {result}"
+                + (f"  (rungs {rungs})" if rungs and not exploits else "")
+                + (f"  (exploited: {exploits})" if exploits else "")
             )
         budget = self.sweep.spec.max_gpu_hours
         if budget is not None:
@@ -365,3 +448,7 @@ class LocalSweep:
         partial = self._state_path().with_suffix(".partial")
         partial.write_text(self.state.to_json())
         partial.replace(self._state_path())
+
+
+def _values_text(values: dict[str, Any]) -> str:
+    return " ".join(f"{name}={format_value(value)}" for name, value in values.items())

@@ -7,11 +7,12 @@ checkpoint prefix, with where the sweep stopped it at a rung and where it let it
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
-from spotray.contract.sweep import PROMOTED_ANNOTATION, STOPPED_ANNOTATION, TRIAL_LABEL
+from spotray.contract.sweep import LINEAGE_ANNOTATION, PROMOTED_ANNOTATION, STOPPED_ANNOTATION, TRIAL_LABEL
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.status import sweep_and_trials
@@ -43,7 +44,8 @@ def plot_command(location: RunLocation, png: Path | None) -> int:
 
 
 def decision_marks(label: str, annotations: dict[str, Any]) -> list[tuple[str, int, str]]:
-    """Where the sweep stopped a trial at a rung, and the highest rung it let it past, from its annotations.
+    """Where the sweep stopped a trial at a rung, the highest rung it let it past, and where it exploited
+    another trial (population-based training), from its annotations.
     A trial stopped and promoted later shows its promotion only: the stop's annotation goes as it resumes."""
     marks = []
     for annotation, what in ((STOPPED_ANNOTATION, "stopped"), (PROMOTED_ANNOTATION, "promoted")):
@@ -51,6 +53,11 @@ def decision_marks(label: str, annotations: dict[str, Any]) -> list[tuple[str, i
             marks.append((label, int(annotations[annotation]), what))
         except (KeyError, TypeError, ValueError):
             continue
+    try:  # population-based training: each exploit, where the trial was judged (its lineage)
+        lineage = json.loads(annotations.get(LINEAGE_ANNOTATION) or "[]")
+        marks += [(label, int(exploit["step"]), "exploited") for exploit in lineage]
+    except (TypeError, ValueError, KeyError):
+        pass
     return marks
 
 

@@ -8,12 +8,20 @@ its values, how far it got, its objective at each rung, and what the sweep decid
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
+from spotray.contract.names import SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.status import CheckpointInterval, Cost, Goodput, LastCheckpoint, Progress, RunStatus
-from spotray.contract.sweep import PARAMS_ANNOTATION, PROMOTED_ANNOTATION, STOPPED_ANNOTATION, SWEEP_KIND, SWEEP_LABEL
+from spotray.contract.sweep import (
+    EXPLOIT_ANNOTATION,
+    LINEAGE_ANNOTATION,
+    PARAMS_ANNOTATION,
+    PROMOTED_ANNOTATION,
+    STOPPED_ANNOTATION,
+)
 from spotray.errors import NotFoundError
 from spotray.output import age_since, emit, render_data, render_table
 from spotray.train.records.goodput import lost_time_summary
@@ -221,7 +229,25 @@ def _decision(annotations: dict[str, Any]) -> str:
         return f"stopped at {annotations[STOPPED_ANNOTATION]}"
     if PROMOTED_ANNOTATION in annotations:
         return f"past {annotations[PROMOTED_ANNOTATION]}"
+    if EXPLOIT_ANNOTATION in annotations:
+        return f"exploiting {_exploit_text(annotations[EXPLOIT_ANNOTATION])}"
+    if LINEAGE_ANNOTATION in annotations:
+        try:
+            lineage = json.loads(annotations[LINEAGE_ANNOTATION])
+            return "exploited " + "; ".join(_exploit_text(json.dumps(exploit)) for exploit in lineage)
+        except (TypeError, ValueError):
+            return "-"
     return "-"
+
+
+def _exploit_text(text: str) -> str:
+    """An exploit of population-based training in a few words: t<donor>@<its step> at <step>, new values."""
+    try:
+        exploit = json.loads(text)
+        values = " ".join(f"{name}={value}" for name, value in exploit["values"].items())
+        return f"t{exploit['donor']}@{exploit['donorStep']} at {exploit['step']} ({values})"
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return "(unreadable)"
 
 
 def _best(best: dict[str, Any]) -> str:
@@ -248,6 +274,7 @@ def describe_sweep(sweep: dict[str, Any], trials: list[dict[str, Any]], now: dat
         f"Trials:    {_dash(status.get('started'))} of {_dash(status.get('limit'))} started ({counts})",
         f"Best:      {_best(best)}",
         f"GPU-hours: {_gpu_hours(status.get('gpuHours'), (sweep.get('spec') or {}).get('trials') or {})}",
+        *([f"Exploits:  {status['exploits']} (population-based training)"] if "exploits" in status else []),
         f"Message:   {status.get('message') or '-'}",
         f"Age:       {age_since(sweep['metadata'].get('creationTimestamp'), now)}",
     ]

@@ -16,9 +16,9 @@ import yaml
 from spotray.cluster_options import KubeOptions
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.errors import SpotrayError
-from spotray.contract.names import GROUP
+from spotray.contract.names import GROUP, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import load_training_run
-from spotray.contract.sweep import SWEEP_KIND, SWEEP_LABEL, parse_sweep
+from spotray.contract.sweep import parse_sweep
 from spotray.output import emit
 from spotray.watch import watch_run
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from spotray.cluster_options import KubeOptions
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import load_training_run
+from spotray.contract.names import checkpoint_key_secret_name, sweep_checkpoint_key_secret_name
+from spotray.contract.spec import load_training_run, sweep_owner
 from spotray.contract.uris import parse_uri
 from spotray.errors import NotFoundError
 from spotray.train.storage.store import ObjectStore, RetryPolicy, StoreConfig, open_store
@@ -37,6 +38,9 @@ class RunLocation:
     name: str
     uri: str
     source: str
+    key_secret: str | None = (
+        None  # the Secret with the run's checkpoint key, when the run is known (a trial's: its sweep's)
+    )
 
 
 def locate_run(run: str, kube: KubeOptions) -> RunLocation:
@@ -44,7 +48,9 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
     path = Path(run)
     if path.is_file():
         training_run = load_training_run(path)
-        return RunLocation(training_run.name, training_run.spec.checkpoint.uri, f"manifest {path}")
+        return RunLocation(
+            training_run.name, training_run.spec.checkpoint.uri, f"manifest {path}", training_run.checkpoint_key_secret
+        )
     if path.is_dir():
         return RunLocation(path.resolve().name, str(parse_uri(str(path.resolve()))), f"directory {path}")
     if path.suffix in (".yaml", ".yml", ".json") and "://" not in run:
@@ -64,7 +70,9 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
     uri = str(document.get("spec", {}).get("checkpoint", {}).get("uri", ""))
     if not uri:
         raise SpotrayError(f"TrainingRun {cluster.namespace}/{run} has no spec.checkpoint.uri", "add one and submit")
-    return RunLocation(run, uri, f"TrainingRun {cluster.namespace}/{run} (context {cluster.context_name})")
+    sweep = sweep_owner(document.get("metadata") or {})
+    key_secret = sweep_checkpoint_key_secret_name(sweep.name) if sweep else checkpoint_key_secret_name(run)
+    return RunLocation(run, uri, f"TrainingRun {cluster.namespace}/{run} (context {cluster.context_name})", key_secret)
 
 
 def open_run_store(location: RunLocation) -> ObjectStore:

@@ -68,6 +68,16 @@ def checkpoint_key_secret_name(run_name: str) -> str:
     return f"{run_name}{CHECKPOINT_KEY_SECRET_SUFFIX}"
 
 
+# A sweep's trials share one checkpoint key, owned by the sweep: population-based training resumes a
+# trial from another trial's checkpoint, which it must be able to check (spotray/contract/sweep.py).
+SWEEP_KIND = "TrainingSweep"
+SWEEP_LABEL = f"{GROUP}/sweep"  # on each trial: the sweep it belongs to
+
+
+def sweep_checkpoint_key_secret_name(sweep_name: str) -> str:
+    return f"{sweep_name}-sweep{CHECKPOINT_KEY_SECRET_SUFFIX}"
+
+
 # status.phase of a TrainingRun.
 PENDING, RUNNING, RESUMING, SUSPENDED, SUCCEEDED, FAILED = (
     "Pending",

@@ -36,7 +36,17 @@ import yaml
 
 from spotray.contract.attempts import AttemptId, check_run_id
 from spotray.contract.errors import SpotrayError
-from spotray.contract.names import API_VERSION, KIND, MAX_RAYJOB_NAME_LENGTH, MAX_RESERVED_ATTEMPT, rayjob_name
+from spotray.contract.names import (
+    API_VERSION,
+    KIND,
+    MAX_RAYJOB_NAME_LENGTH,
+    MAX_RESERVED_ATTEMPT,
+    SWEEP_KIND,
+    SWEEP_LABEL,
+    checkpoint_key_secret_name,
+    rayjob_name,
+    sweep_checkpoint_key_secret_name,
+)
 from spotray.contract.uris import parse_uri
 
 RUN_ENV_VAR = "SPOTRAY_RUN"
@@ -439,10 +449,42 @@ class RunSpec:
 
 
 @dataclass(frozen=True)
+class SweepOwner:
+    """The TrainingSweep a run is a trial of: the sweep's name and UID (its controller owner reference)."""
+
+    name: str
+    uid: str
+
+
+@dataclass(frozen=True)
 class TrainingRun:
     name: str
     spec: RunSpec
     namespace: str = "default"
+    sweep: SweepOwner | None = None  # a trial's sweep; None for a run of its own
+
+    @property
+    def checkpoint_key_secret(self) -> str:
+        """The Secret holding the run's checkpoint key: its own, or a trial's sweep's (shared by its trials)."""
+        if self.sweep is not None:
+            return sweep_checkpoint_key_secret_name(self.sweep.name)
+        return checkpoint_key_secret_name(self.name)
+
+
+def sweep_owner(metadata: dict[str, Any]) -> SweepOwner | None:
+    """The sweep of a trial: its label names a TrainingSweep that is its controller owner."""
+    sweep = (metadata.get("labels") or {}).get(SWEEP_LABEL)
+    for reference in metadata.get("ownerReferences") or []:
+        if (
+            isinstance(reference, dict)
+            and reference.get("controller")
+            and reference.get("kind") == SWEEP_KIND
+            and reference.get("apiVersion") == API_VERSION
+            and reference.get("name") == sweep
+            and reference.get("uid")
+        ):
+            return SweepOwner(str(sweep), str(reference["uid"]))
+    return None
 
 
 @dataclass(frozen=True)
@@ -683,7 +725,8 @@ def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun
         problems.extend(error.problems)
     if problems:
         raise InvalidSpecError(problems, where)
-    return TrainingRun(name=str(name), spec=spec, namespace=str(namespace))
+    sweep = sweep_owner(metadata) if isinstance(metadata, dict) else None
+    return TrainingRun(name=str(name), spec=spec, namespace=str(namespace), sweep=sweep)
 
 
 def read_manifest(path: Path) -> Any:

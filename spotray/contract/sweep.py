@@ -33,12 +33,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spotray.contract.names import API_VERSION, KIND
+from spotray.contract.names import API_VERSION, KIND, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, RunSpec, WorkerSpec, name_problem, parse_spec
 
-SWEEP_KIND = "TrainingSweep"
 SWEEP_PLURAL = "trainingsweeps"
-SWEEP_LABEL = "spotray.dev/sweep"  # on each trial: the sweep it belongs to
 TRIAL_LABEL = "spotray.dev/trial"  # on each trial: its number
 PARAMS_ANNOTATION = "spotray.dev/params"  # on each trial: its values, as JSON
 PROMOTED_ANNOTATION = "spotray.dev/promoted-rung"  # on a trial: the highest rung step it was let past

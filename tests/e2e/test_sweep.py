@@ -31,12 +31,15 @@ from safetensors.torch import load as safetensors_load
 
 from bench.nemesis import RayHeads
 from spotray.contract.sweep import (
+    LINEAGE_ANNOTATION,
     OBJECTIVE_STEPS_ANNOTATION,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
+    parse_sweep,
 )
 from spotray.contract.uris import parse_uri
+from spotray.controller.sweep import decide
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore
@@ -159,6 +162,22 @@ def trials(testbed: tb.Testbed, namespace: str, sweep: str) -> list[dict[str, An
     return sorted(json.loads(listed.stdout)["items"], key=lambda run: run["metadata"]["name"])
 
 
+def sweep_end(testbed: tb.Testbed, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    """The sweep's status once it ended (Succeeded or Failed); its trials' facts printed either way."""
+
+    def ended() -> dict[str, Any] | None:
+        status = sweep_object(testbed, namespace, name).get("status") or {}
+        return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+    try:
+        found: dict[str, Any] = tb.wait_until("the sweep to end", ended, timeout=timeout, interval=2)
+    finally:
+        print(yaml.safe_dump(sweep_object(testbed, namespace, name).get("status")))
+        for trial in trials(testbed, namespace, name):
+            print(trial["metadata"]["name"], trial["metadata"].get("annotations"), yaml.safe_dump(trial.get("status")))
+    return found
+
+
 def test_a_sweep_makes_its_trials_once_whatever_the_controller_kills_and_they_go_with_it(
     testbed: tb.Testbed,
     ray_head: tb.RayHead,
@@ -250,16 +269,7 @@ def test_a_sweep_stops_the_trials_below_the_cut_at_its_rung_and_survives_a_contr
     controller.stop(signal.SIGKILL)
     controller = start_controller()
 
-    def ended() -> dict[str, Any] | None:
-        status = sweep_object(testbed, namespace, "lr").get("status") or {}
-        return status if status.get("phase") in ("Succeeded", "Failed") else None
-
-    try:
-        status = tb.wait_until("the sweep to end", ended, timeout=900, interval=2)
-    finally:
-        print(yaml.safe_dump(sweep_object(testbed, namespace, "lr").get("status")))
-        for trial in trials(testbed, namespace, "lr"):
-            print(trial["metadata"]["name"], trial["metadata"].get("annotations"), yaml.safe_dump(trial.get("status")))
+    status = sweep_end(testbed, namespace, "lr", timeout=900)
     found = {t["metadata"]["name"]: t for t in trials(testbed, namespace, "lr")}
     assert sorted(found) == ["lr-t1", "lr-t2", "lr-t3"], "each trial made once"
     for trial in found.values():
@@ -466,3 +476,61 @@ def test_eight_trials_with_asha_through_reclaims_and_a_controller_kill_end_as_if
     assert sorted(ours) == sorted(theirs)
     for key, tensor in ours.items():
         assert torch.equal(tensor, theirs[key]), f"{key} differs: the stop at the rung and the resume lost something"
+
+
+@pytest.mark.campaign
+@pytest.mark.timeout(1500)
+def test_population_based_training_on_the_controller_copies_the_donors_checkpoint_into_the_worse_trial(
+    testbed: tb.Testbed,
+    head_per_rayjob: HeadPerRayJob,
+    namespace: str,
+    s3_secret: str,  # noqa: F811 - the fixture imported above
+    s3_server: LocalS3Server,
+    start_controller: Callable[..., ControllerProcess],  # noqa: F811 - the fixture imported above
+    training_sweep_crd: None,
+    tmp_path: Path,
+) -> None:
+    """Two trials, compared every 10 of 30 steps: at step 10 the worse one (the lower rate) is stopped,
+    then resumed with checkpoint.startFrom naming the better one's checkpoint and the better one's rate
+    perturbed; its job copies that checkpoint and its next attempt resumes from the donor's step. The
+    controller is killed once mid-sweep. Neither the stop nor the copy counts as a preemption or failure."""
+    document = sweep_manifest("pbt", tmp_path)
+    document["spec"]["parameters"] = {"lr": {"type": "float", "low": 1e-5, "high": 3e-2, "log": True}}
+    document["spec"]["search"] = {"algorithm": "random", "seed": 1}  # about 2.7e-3 and 1.4e-4
+    document["spec"]["trials"] = {"max": 2, "parallel": 2}
+    del document["spec"]["earlyStopping"]
+    document["spec"]["populationBased"] = {"intervalSteps": 10, "quantile": 0.25, "resampleProbability": 0}
+    controller = start_controller()
+    testbed.apply(document, namespace=namespace)
+    tb.wait_until("the two trials", lambda: len(trials(testbed, namespace, "pbt")) == 2, 60)
+    controller.stop(signal.SIGKILL)
+    controller = start_controller()
+
+    status = sweep_end(testbed, namespace, "pbt", timeout=1200)
+    found = {t["metadata"]["name"]: t for t in trials(testbed, namespace, "pbt")}
+    assert status["phase"] == "Succeeded"
+    assert status["trials"]["succeeded"] == 2
+    assert status["exploits"] >= 1
+    for trial in found.values():
+        assert (trial["status"]["failures"], trial["status"]["preemptions"]) == (0, 0), trial["status"]
+    # One of the two exploits the other at step 10 (the worse there), with the donor's rate x0.8 or x1.2.
+    initial = dict(decide(parse_sweep(document).spec, []).start)
+    [(number, first)] = [
+        (int(name[-1]), exploit)
+        for name, trial in found.items()
+        for exploit in json.loads(trial["metadata"]["annotations"].get(LINEAGE_ANNOTATION, "[]"))
+        if exploit["step"] == 10
+    ]
+    donor_rate = initial[first["donor"]]["lr"]
+    assert (first["donor"], first["before"]) == (3 - number, initial[number]), first
+    assert first["values"]["lr"] in (float(f"{donor_rate * 0.8:.6g}"), float(f"{donor_rate * 1.2:.6g}"))
+    exploited = found[f"pbt-t{number}"]
+    resumed = [a.get("resumedFrom") for a in exploited["status"]["attempts"]]
+    assert first["donorStep"] in resumed, exploited["status"]["attempts"]
+    last = json.loads(exploited["metadata"]["annotations"][LINEAGE_ANNOTATION])[-1]
+    assert exploited["spec"]["checkpoint"]["startFrom"].endswith(
+        f"/pbt-t{last['donor']}/checkpoint-{last['donorStep']}"
+    )
+    described = cli(testbed, s3_server.env())("status", "pbt", "-n", namespace)
+    assert described.returncode == 0, described.stderr
+    assert f"exploited t{first['donor']}@" in described.stdout, described.stdout

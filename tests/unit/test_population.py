@@ -8,11 +8,13 @@ import copy
 import dataclasses
 import json
 import random
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from spotray.contract.spec import InvalidSpecError
+from spotray.contract.status import IntervalLoss
 from spotray.contract.sweep import (
     EXPLOIT_ANNOTATION,
     JUDGED_ANNOTATION,
@@ -22,6 +24,7 @@ from spotray.contract.sweep import (
     TrainingSweep,
     parse_sweep,
 )
+from spotray.controller.reconcile import merged_interval_losses
 from spotray.controller.sweep import (
     FAILED,
     RUNNING,
@@ -35,6 +38,9 @@ from spotray.controller.sweep import (
     trial_facts,
     trial_patches,
 )
+from spotray.local_sweep import current_life
+from spotray.plot import decision_marks
+from spotray.status import describe_sweep
 
 pytestmark = pytest.mark.unit
 
@@ -223,6 +229,10 @@ def test_a_trial_is_stopped_for_its_exploit_then_resumed_from_the_donors_checkpo
 
     # The trial stopped on a checkpoint (its TrainingRun Suspended); the sweep resumes it with its exploit.
     stopped = run_object(sweep, 4, trials[3].values, **stop["metadata"], spec={"suspend": True})
+    stopping = trial_facts(sweep.spec, stopped)  # its attempt still draining: resumed now, it could just go on
+    assert stopping is not None
+    assert (stopping.state, stopping.exploit) == (RUNNING, plan.exploit[4])
+    assert decide(sweep.spec, [*trials[:3], stopping]).apply == {}
     stopped["status"]["phase"] = "Suspended"
     facts = trial_facts(sweep.spec, stopped)
     assert facts is not None
@@ -244,13 +254,14 @@ def test_a_trial_is_stopped_for_its_exploit_then_resumed_from_the_donors_checkpo
     assert annotations[EXPLOIT_ANNOTATION] is None
     assert annotations[JUDGED_ANNOTATION] == "20"
     lineage = json.loads(annotations[LINEAGE_ANNOTATION])
-    assert [Exploit.from_json(entry) for entry in lineage] == [plan.exploit[4]]
+    applied = dataclasses.replace(plan.exploit[4], applied=lineage[0]["applied"])
+    assert [Exploit.from_json(entry) for entry in lineage] == [applied], "with when it was applied"
 
     # Resumed: its values are the new ones, its lineage is one exploit, and the sweep counts it.
     running = run_object(sweep, 4, new, **patch["metadata"])
     after = trial_facts(sweep.spec, running)
     assert after is not None
-    assert (after.state, after.values, after.lineage, after.exploit) == (RUNNING, new, (plan.exploit[4],), None)
+    assert (after.state, after.values, after.lineage, after.exploit) == (RUNNING, new, (applied,), None)
     status = sweep_status(sweep.spec, [*others, after], decide(sweep.spec, [*others, after]))
     assert status["exploits"] == 1
 
@@ -273,3 +284,69 @@ def test_an_unreadable_exploit_annotation_is_no_exploit() -> None:
     facts = trial_facts(sweep.spec, run)
     assert facts is not None
     assert (facts.state, facts.exploit, facts.held) == (SUSPENDED, None, True), "someone else's suspension"
+
+
+def test_spotray_status_and_plot_show_each_trials_exploits() -> None:
+    sweep = pbt()
+    exploit = Exploit(20, 1, 40, {"lr": 0.004, "layers": 2}, {"lr": 0.0012, "layers": 1})
+    lineage = json.dumps([exploit.to_json()])
+    trial_run = run_object(sweep, 4, exploit.values, annotations={LINEAGE_ANNOTATION: lineage})
+    stopped = run_object(
+        sweep, 3, {"lr": 0.003, "layers": 2}, annotations={EXPLOIT_ANNOTATION: json.dumps(exploit.to_json())}
+    )
+    document = {"metadata": {"name": "gpt2-pbt", "namespace": "team-a"}, "status": {"phase": "Running", "exploits": 1}}
+    shown = describe_sweep(document, [trial_run, stopped])
+    assert "Exploits:  1 (population-based training)" in shown
+    assert "exploited t1@40 at 20 (lr=0.0012 layers=1)" in shown
+    assert "exploiting t1@40 at 20" in shown
+    assert decision_marks("t4", trial_run["metadata"]["annotations"]) == [("t4", 20, "exploited")]
+
+
+# -- a trial's old life after an exploit --------------------------------------------------------------
+
+
+def test_an_exploited_trials_values_past_the_donors_step_count_only_once_its_new_life_reported(tmp_path: Any) -> None:
+    """Trial 2 ran ahead to step 40 before it was judged at 20 and exploited trial 1's checkpoint-20: its
+    old value at 40 must not judge it again (found by the local campaign test: it exploited twice)."""
+    sweep = pbt()
+    applied = Exploit(20, 1, 20, {"lr": 0.002, "layers": 2}, {"lr": 0.0012, "layers": 2}, "2026-11-28T05:00:00Z")
+    annotations = {LINEAGE_ANNOTATION: json.dumps([applied.to_json()]), JUDGED_ANNOTATION: "20"}
+    run = run_object(sweep, 2, applied.values, annotations=annotations)
+    run["status"]["intervalLosses"] = [{"step": 20, "loss": 4.0}, {"step": 40, "loss": 3.9}]
+    run["status"]["attempts"] = [{"attempt": 1, "startTime": "2026-11-28T04:58:00Z", "resumedFrom": None}]
+    facts = trial_facts(sweep.spec, run)
+    assert facts is not None
+    assert facts.rung_values == {20: 4.0}, "the old life's step 40 is dropped"
+    # Its new attempt began after the exploit and said where it resumed: its entries are its new life's.
+    run["status"]["attempts"].append({"attempt": 2, "startTime": "2026-11-28T05:00:03Z", "resumedFrom": 20})
+    facts = trial_facts(sweep.spec, run)
+    assert facts is not None
+    assert facts.rung_values == {20: 4.0, 40: 3.9}
+
+
+def test_a_resume_drops_the_stored_objective_of_every_step_after_it() -> None:
+    stored = (IntervalLoss(step=20, loss=4.0), IntervalLoss(step=40, loss=3.9))
+    assert merged_interval_losses(stored, (), resumed_from=20) == (IntervalLoss(step=20, loss=4.0),)
+    assert merged_interval_losses(stored, (), resumed_from=40) is None, "nothing dropped, nothing new"
+    found = (IntervalLoss(step=40, loss=3.5),)
+    assert merged_interval_losses(stored, found, resumed_from=20) == (stored[0], found[0])
+
+
+def test_locally_the_old_lifes_steps_past_the_donors_step_go_until_the_copy_and_after_it_count() -> None:
+    uri = "s3://bucket/sweeps/gpt2-pbt/gpt2-pbt-t1/checkpoint-20"
+    old = [{"event": "step", "step": step, "loss": 1.0} for step in (10, 20, 30, 40)]
+    assert [e["step"] for e in current_life(old, uri, 20)] == [10, 20], "before its job copied the donor's"
+    new = [{"event": "started_from", "uri": uri, "step": 20}, {"event": "step", "step": 21, "loss": 0.5}]
+    assert [e.get("step") for e in current_life(old + new, uri, 20)] == [10, 20, 20, 21]
+
+
+def test_the_resume_patch_records_when_the_exploit_was_applied() -> None:
+    sweep = pbt()
+    exploit = Exploit(20, 1, 20, {"lr": 0.004, "layers": 2}, {"lr": 0.0012, "layers": 2})
+    stopped = trial(2, {20: 2.0}, state=SUSPENDED, exploit=exploit)
+    trials = [trial(1, {20: 1.0}), stopped]
+    plan = decide(sweep.spec, trials)
+    now = datetime(2026, 11, 28, 5, 0, 0, tzinfo=UTC)
+    patch = trial_patches(sweep, plan, trials, now)[2]
+    [recorded] = json.loads(patch["metadata"]["annotations"][LINEAGE_ANNOTATION])
+    assert recorded["applied"] == "2026-11-28T05:00:00Z"

@@ -17,6 +17,7 @@ import pytest
 from kubernetes.client import ApiException, V1ObjectMeta, V1OwnerReference, V1Secret
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
+from spotray.contract.names import API_VERSION, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import parse_training_run
 from spotray.contract.uris import parse_uri
 from spotray.controller import reconcile
@@ -73,6 +74,7 @@ class KeyCluster(FakeCluster):
         self.secrets: list[dict[str, Any]] = []
         self.existing = existing
         self.refuse = refuse
+        self.key_name = parse_training_run(run_body).checkpoint_key_secret
 
     def create_checkpoint_key_secret(self, secret: dict[str, Any]) -> list[str] | None:
         self.calls.append("secret")
@@ -91,7 +93,7 @@ class KeyCluster(FakeCluster):
         self.secrets.append(secret)
 
     def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> V1Secret:
-        assert (namespace, name) == ("ns", "r-checkpoint-key")
+        assert (namespace, name) == ("ns", self.key_name), "the Secret the run's key is in"
         if self.existing == ["unreadable"]:
             raise ApiException(status=403, reason="Forbidden")
         owners = [V1OwnerReference(api_version="v1", kind="Thing", name="t", uid=uid) for uid in self.existing or []]
@@ -224,3 +226,50 @@ def test_a_key_read_the_api_server_fails_is_retried_not_taken_as_no_key(tmp_path
     status = fake.run["status"]
     assert "lastCheckpoint" not in status, status  # not the unsigned one: unknown until the key is read
     assert "cannot read the run's checkpoint key, Secret ns/r-checkpoint-key: 500" in json.dumps(status), status
+
+
+def trial_body(tmp_path: Path, sweep_uid: str | None = "sweep-uid") -> dict[str, Any]:
+    """A sweep's trial: labelled with its sweep, which is its controller owner (unless ``sweep_uid`` is None)."""
+    trial = body(tmp_path, None)
+    trial["metadata"]["labels"] = {**(trial["metadata"].get("labels") or {}), SWEEP_LABEL: "lr-sweep"}
+    if sweep_uid is not None:
+        owner = {
+            "apiVersion": API_VERSION,
+            "kind": SWEEP_KIND,
+            "name": "lr-sweep",
+            "uid": sweep_uid,
+            "controller": True,
+        }
+        trial["metadata"]["ownerReferences"] = [owner]
+    return trial
+
+
+def test_a_sweeps_trials_share_one_key_owned_by_the_sweep(tmp_path: Path) -> None:
+    """Population-based training resumes a trial from another trial's checkpoint: its job must be able to
+    check that checkpoint's manifest, so every trial of a sweep signs and checks with the sweep's key."""
+    run = parse_training_run(trial_body(tmp_path))
+    secret = build_checkpoint_key_secret(run, "trial-uid", new_checkpoint_key())
+    assert secret["metadata"]["name"] == "lr-sweep-sweep-checkpoint-key"
+    [owner] = secret["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == (SWEEP_KIND, "lr-sweep", "sweep-uid"), "deleted with it"
+    assert secret["metadata"]["labels"][SWEEP_LABEL] == "lr-sweep"
+    rayjob = build_rayjob(run, 1, "trial-uid", ControllerConfig(**KEYED))  # type: ignore[arg-type]
+    for container in ray_containers(rayjob):
+        [item] = [e for e in container["env"] if e["name"] == CHECKPOINT_KEY_ENV]
+        assert item["valueFrom"]["secretKeyRef"]["name"] == "lr-sweep-sweep-checkpoint-key"
+
+
+def test_the_second_trial_finds_the_sweeps_key_made_by_the_first_and_starts(tmp_path: Path) -> None:
+    fake = KeyCluster(trial_body(tmp_path), existing=["sweep-uid"])
+    fake.reconcile(fake.config(**KEYED))
+    assert fake.calls == ["secret", "rayjob"]
+
+
+def test_a_run_labelled_with_a_sweep_that_does_not_own_it_keeps_a_key_of_its_own(tmp_path: Path) -> None:
+    """A label anyone may set does not give a run a sweep's key: the sweep must be its controller owner."""
+    run = parse_training_run(trial_body(tmp_path, sweep_uid=None))
+    assert run.sweep is None
+    assert run.checkpoint_key_secret == "r-checkpoint-key"
+    fake = KeyCluster(trial_body(tmp_path, sweep_uid=None), existing=["sweep-uid"])
+    fake.reconcile(fake.config(**KEYED))
+    assert "Secret ns/r-checkpoint-key exists and is not this run's" in fake.run["status"]["message"]

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from spotray.cli import main
+from spotray.contract.names import SWEEP_LABEL
 from spotray.contract.spec import InvalidSpecError, parse_training_run
 from spotray.contract.status import IntervalLoss, LastCheckpoint
 from spotray.contract.sweep import (
@@ -24,7 +25,6 @@ from spotray.contract.sweep import (
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
-    SWEEP_LABEL,
     TRIAL_LABEL,
     EarlyStopping,
     TrainingSweep,

@@ -27,8 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotray.contract.attempts import MAX_RECORD_BYTES, MAX_RECORD_VALUES, RECORDS_PREFIX, AttemptId
-from spotray.contract.bounded_json import load_json
+from spotray.contract.attempts import RECORDS_PREFIX, AttemptId
 from spotray.contract.errors import SpotrayError
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import (
@@ -40,8 +39,8 @@ from spotray.train.checkpoints.checkpoint import (
     parse_checkpoint_step,
     upload_checkpoint,
 )
-from spotray.train.records.attempt_records import write_record
-from spotray.train.storage.store import ObjectStore, get_bytes_if_exists, open_store
+from spotray.train.records.attempt_records import read_run_record, write_record
+from spotray.train.storage.store import ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +60,8 @@ class StartedFrom:
 
 def copied_already(store: ObjectStore, run_id: str, uri: str) -> bool:
     """Whether this run's record says ``uri`` was copied (a record of another run, or unreadable, says no)."""
-    raw = get_bytes_if_exists(store, start_from_key(run_id), max_bytes=MAX_RECORD_BYTES)
-    if raw is None:
-        return False
-    try:
-        record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
-    except ValueError:
-        return False
-    return isinstance(record, dict) and record.get("run_id") == run_id and record.get("uri") == uri
+    record = read_run_record(store, start_from_key(run_id), run_id)
+    return record is not None and record.get("uri") == uri
 
 
 def source_checkpoint(source: ObjectStore, step: int, uri: str) -> CheckpointInfo:

@@ -46,3 +46,5 @@ class LearningRateAfterResume(TrainerCallback):
         for group, factor in zip(groups, lambdas, strict=True):
             group["initial_lr"] = self.learning_rate
             group["lr"] = self.learning_rate * factor(scheduler.last_epoch)
+        # What get_last_lr() says (the Trainer logs it) until the scheduler's next step: the rate now in use.
+        scheduler._last_lr = [group["lr"] for group in groups]

@@ -98,7 +98,8 @@ class ProgressCallback(TrainerCallback):
             return
         self.last_loss = logs["loss"]
         if state.is_world_process_zero:
-            self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps)
+            rate = logs.get("learning_rate")  # the rate this step used: a sweep's exploit changes it
+            self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps, lr=rate)
             if self.progress is not None:
                 self.progress.record(state.global_step, logs["loss"])
 

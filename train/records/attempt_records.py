@@ -44,6 +44,12 @@ def read_record(store: ObjectStore, key: str, attempt: AttemptId) -> dict[str, A
     believed; a malformed one too. Store faults (unreachable, denied) raise: "cannot read" is not
     "not there", and callers decide what that means.
     """
+    record = read_run_record(store, key, attempt.run_id)
+    return record if record is not None and record.get("attempt") == attempt.attempt else None
+
+
+def read_run_record(store: ObjectStore, key: str, run_id: str) -> dict[str, Any] | None:
+    """The record at ``key`` if it exists, parses, and belongs to the run ``run_id`` (any of its attempts)."""
     try:
         raw = get_bytes_if_exists(store, key, max_bytes=MAX_RECORD_BYTES)
     except ObjectTooLargeError:
@@ -54,11 +60,7 @@ def read_record(store: ObjectStore, key: str, attempt: AttemptId) -> dict[str, A
         record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
     except ValueError:
         return None
-    if not isinstance(record, dict):
-        return None
-    if record.get("run_id") != attempt.run_id or record.get("attempt") != attempt.attempt:
-        return None
-    return record
+    return record if isinstance(record, dict) and record.get("run_id") == run_id else None
 
 
 def write_outcome(store: ObjectStore, attempt: AttemptId, outcome: AttemptOutcome) -> None:

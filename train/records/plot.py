@@ -101,6 +101,14 @@ def plot_loss_across_attempts(lifetimes: list[Lifetime], png_path: Path, title: 
     return png_path
 
 
+# A sweep's decisions as the plot marks them: (marker, legend).
+SWEEP_MARKS = {
+    "stopped": ("x", "stopped at a rung (suspended)"),
+    "promoted": ("^", "promoted: resumed"),
+    "exploited": ("*", "exploited: went on from a better trial's checkpoint"),
+}
+
+
 def plot_sweep(
     curves: dict[str, list[tuple[int, float]]],
     marks: list[tuple[str, int, str]],
@@ -108,7 +116,7 @@ def plot_sweep(
     title: str,
 ) -> Path:
     """One loss curve per trial of a sweep (``curves``: label -> (step, loss) points), with each
-    decision marked where it was made (``marks``: label, step, "stopped" or "promoted")."""
+    decision marked where it was made (``marks``: label, step, "stopped", "promoted" or "exploited")."""
     figure, axes = plt.subplots(figsize=(12, 5), dpi=110)
     colors = plt.get_cmap("tab10")
     for index, (label, points) in enumerate(curves.items()):
@@ -120,10 +128,11 @@ def plot_sweep(
         for marked, step, what in marks:
             if marked != label or step not in losses:
                 continue
-            symbol = "x" if what == "stopped" else "^"
+            symbol = SWEEP_MARKS.get(what, SWEEP_MARKS["promoted"])[0]
             axes.plot([step], [losses[step]], marker=symbol, markersize=9, color=color, linestyle="none")
-    axes.plot([], [], marker="x", color="gray", linestyle="none", label="stopped at a rung (suspended)")
-    axes.plot([], [], marker="^", color="gray", linestyle="none", label="promoted: resumed")
+    for what, (symbol, words) in SWEEP_MARKS.items():
+        if what != "exploited" or any(mark[2] == what for mark in marks):  # PBT's mark only in a PBT sweep
+            axes.plot([], [], marker=symbol, color="gray", linestyle="none", label=words)
     axes.set_xlabel("step")
     axes.set_ylabel("training loss")
     axes.set_title(title)

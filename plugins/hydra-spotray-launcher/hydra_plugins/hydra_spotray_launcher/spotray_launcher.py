@@ -28,8 +28,8 @@ from hydra_plugins.hydra_spotray_launcher.sweep_document import (
 )
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from spotray.contract.names import FAILED, SUCCEEDED
-from spotray.contract.sweep import SWEEP_KIND, SWEEP_LABEL, TrainingSweep, parse_sweep
+from spotray.contract.names import FAILED, SUCCEEDED, SWEEP_KIND, SWEEP_LABEL
+from spotray.contract.sweep import TrainingSweep, parse_sweep
 from spotray.controller.sweep import SUSPENDED, TrialFacts, trial_facts
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from spotray.contract.names import API_VERSION
-from spotray.contract.sweep import MAX_SWEEP_NAME_LENGTH, SWEEP_KIND
+from spotray.contract.names import API_VERSION, SWEEP_KIND
+from spotray.contract.sweep import MAX_SWEEP_NAME_LENGTH
 
 PARAMETER = "overrides"  # the sweep's one parameter: a job's overrides, as the shell passes them
 HASH_CHARS = 8
