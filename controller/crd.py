@@ -591,6 +591,22 @@ def sweep_status_schema() -> dict[str, Any]:
                 "description": "Population-based training: the exploits done so far (each trial's lineage is in "
                 "its spotray.dev/lineage annotation).",
             },
+            "lineage": {
+                "type": "array",
+                "maxItems": 64,
+                "description": "Population-based training: each exploit applied, oldest first (the newest 64): the "
+                "trial, the step it was judged at, the donor and the donor's step it went on from, its new values.",
+                "items": _section(
+                    "One exploit.",
+                    {
+                        "trial": count,
+                        "step": count,
+                        "donor": count,
+                        "donorStep": count,
+                        "values": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+                    },
+                ),
+            },
         },
     )
 

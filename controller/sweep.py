@@ -62,6 +62,7 @@ with extra_required("sweep"):
     from optuna.trial import FrozenTrial, TrialState, create_trial
 
 RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Running", "Suspended", "Succeeded", "Failed"
+MAX_STATUS_LINEAGE = 64  # exploits listed in a sweep's status.lineage (the newest)
 # TPE's first trials are random: it needs a few results to model (Optuna's default is 10).
 TPE_STARTUP_TRIALS = 4
 
@@ -589,6 +590,12 @@ def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) 
     status["gpuHours"] = round(spent_gpu_hours(facts), 2)  # whole 36 s: a running trial rewrites it rarely
     if spec.population is not None:
         status["exploits"] = sum(len(f.lineage) for f in facts)
+        # The population's lineage: every exploit applied (the newest MAX_STATUS_LINEAGE), in the order made.
+        lineage = sorted(((e.applied or "", f.number, e) for f in facts for e in f.lineage), key=lambda x: x[:2])
+        status["lineage"] = [
+            {"trial": number, "step": e.step, "donor": e.donor, "donorStep": e.donor_step, "values": e.values}
+            for _, number, e in lineage[-MAX_STATUS_LINEAGE:]
+        ]
     return status
 
 

@@ -24,7 +24,7 @@ from spotray.train.checkpoints.checkpoint import (
 )
 from spotray.train.checkpoints.start_from import start_from
 from spotray.train.storage.local_s3 import LocalS3Server
-from spotray.train.storage.store import RetryPolicy, S3ObjectStore
+from spotray.train.storage.store import LocalObjectStore, RetryPolicy, S3ObjectStore
 from tests.conftest import write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
@@ -68,7 +68,12 @@ def test_the_donors_checkpoint_replaces_the_runs_own_once(
         save(recipient, tmp_path, step, "own")
     uri = str(donor.uri.join("checkpoint-20"))
 
-    copied = start_from(recipient, uri, ATTEMPT)
+    def through_this_machine(*_: object, **__: object) -> None:
+        raise AssertionError("one S3 endpoint, the same credentials: the copy stays inside S3")
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(S3ObjectStore, "download_files", through_this_machine)
+        copied = start_from(recipient, uri, ATTEMPT)
 
     assert copied is not None
     assert (copied.step, copied.replaced) == (20, 2)
@@ -153,3 +158,17 @@ def test_a_source_signed_with_another_runs_key_is_refused_and_one_with_the_same_
     manifest = complete_checkpoints(recipient)[0].manifest
     assert manifest is not None
     assert manifest.signed, "the copy is signed with the run's key"
+
+
+def test_into_another_store_the_copy_goes_through_this_machine_verified(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path
+) -> None:
+    donor, _ = stores
+    wanted = save(donor, tmp_path, 20, "donor")
+    elsewhere = LocalObjectStore(parse_uri(str(tmp_path / "runs" / "recipient")))
+    copied = start_from(elsewhere, str(donor.uri.join("checkpoint-20")), ATTEMPT, scratch=tmp_path)
+    assert copied is not None
+    [info] = complete_checkpoints(elsewhere)
+    local = download_checkpoint(elsewhere, info, tmp_path / "read")
+    assert {name: (local / name).read_bytes() for name in wanted} == wanted
+    assert not list(tmp_path.glob("spotray-start-from-*")), "its scratch copy is gone"

@@ -264,6 +264,7 @@ def test_a_trial_is_stopped_for_its_exploit_then_resumed_from_the_donors_checkpo
     assert (after.state, after.values, after.lineage, after.exploit) == (RUNNING, new, (applied,), None)
     status = sweep_status(sweep.spec, [*others, after], decide(sweep.spec, [*others, after]))
     assert status["exploits"] == 1
+    assert status["lineage"] == [{"trial": 4, "step": 20, "donor": 1, "donorStep": 20, "values": new}]
 
 
 def test_a_trial_stopped_for_an_exploit_is_not_resumed_once_the_budget_is_spent() -> None:

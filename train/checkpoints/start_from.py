@@ -9,9 +9,10 @@ credentials and the checkpoint key it has anyway (the controller reads no checkp
 2. The source: ``checkpoint-<step>`` if it is complete, else (pruned since it was named) the source
    run's newest complete checkpoint after it; none is bad input, with the fix. Its manifest is
    checked with this run's key, as any checkpoint this run resumes from: a sweep's trials share one.
-3. It is downloaded and verified against its manifest, this run's own checkpoints are deleted
-   (each manifest first), and the copy is uploaded as this run's ``checkpoint-<step>``, manifest
-   last, signed with this run's key, its resume state (data position, RNG) kept.
+3. This run's own checkpoints are deleted (each manifest first) and the source's files copied as this
+   run's ``checkpoint-<step>``, manifest last, signed with this run's key, its resume state (data
+   position, RNG) kept: inside S3 (CopyObject) when both are in one S3 endpoint under the same
+   credentials; else downloaded, verified against the manifest, and uploaded.
 4. The record is written last. A crash anywhere before it repeats the whole copy, never half of it:
    a copy cut short has no manifest, and is deleted with the rest on the next try.
 
@@ -21,9 +22,11 @@ uploading and pruning before their checkpoints are replaced.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,16 +34,18 @@ from spotray.contract.attempts import RECORDS_PREFIX, AttemptId
 from spotray.contract.errors import SpotrayError
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import (
+    MANIFEST_NAME,
     VERIFIED_NAME,
     CheckpointInfo,
     delete_checkpoint,
     download_checkpoint,
     list_checkpoints,
+    manifest_json,
     parse_checkpoint_step,
     upload_checkpoint,
 )
-from spotray.train.records.attempt_records import read_run_record, write_record
-from spotray.train.storage.store import ObjectStore, open_store
+from spotray.train.records.attempt_records import check_fence, read_run_record, write_record
+from spotray.train.storage.store import ObjectStore, S3ObjectStore, open_store
 
 log = logging.getLogger(__name__)
 
@@ -94,18 +99,52 @@ def start_from(store: ObjectStore, uri: str, attempt: AttemptId, scratch: Path |
         raise SpotrayError(f"checkpoint.startFrom {uri}: not a checkpoint-<step> directory", "name one")
     source = open_store(type(parsed)(parsed.scheme, parsed.bucket, parent), checkpoint_key=store.checkpoint_key)
     chosen = source_checkpoint(source, step, uri)
-    assert chosen.manifest is not None
+    if isinstance(store, S3ObjectStore) and store.shares_credentials(source):
+        assert isinstance(source, S3ObjectStore)
+        replaced = _copy_in_s3(source, store, chosen, attempt)
+    else:
+        replaced = _download_and_upload(source, store, chosen, attempt, scratch)
+    write_record(store, start_from_key(attempt.run_id), attempt, {"uri": uri, "step": chosen.step})
+    log.info("started from %s: checkpoint-%d copied, %d checkpoint(s) of this run replaced", uri, chosen.step, replaced)
+    return StartedFrom(uri, chosen.step, replaced)
+
+
+def _delete_own(store: ObjectStore) -> int:
+    """Delete every checkpoint of the run (each manifest first); how many there were."""
+    own = list_checkpoints(store)
+    for info in own:
+        delete_checkpoint(store, info)
+    return len(own)
+
+
+def _copy_in_s3(source: S3ObjectStore, store: S3ObjectStore, chosen: CheckpointInfo, attempt: AttemptId) -> int:
+    """The copy inside S3 (CopyObject): the source's files under the same names, then its manifest, re-signed
+    with this run's key. No byte passes through this machine; the attempt that resumes from the copy hashes
+    every byte against the manifest as it downloads (train/checkpoints/resume.py), as for any checkpoint."""
+    manifest = chosen.manifest
+    assert manifest is not None
+    check_fence(store, attempt)
+    replaced = _delete_own(store)
+    store.copy_in(source, [(f"{chosen.prefix}/{name}",) * 2 for name in manifest.files])
+    copied = dataclasses.replace(manifest, created_at=time.time())
+    check_fence(store, attempt)  # the commit, as upload_checkpoint makes it
+    store.put_bytes(f"{chosen.prefix}/{MANIFEST_NAME}", manifest_json(copied, store.checkpoint_key))
+    return replaced
+
+
+def _download_and_upload(
+    source: ObjectStore, store: ObjectStore, chosen: CheckpointInfo, attempt: AttemptId, scratch: Path | None
+) -> int:
+    """The copy through this machine (another store, or other credentials): downloaded and verified against
+    the source's manifest, then uploaded as any checkpoint is, manifest last."""
+    manifest = chosen.manifest
+    assert manifest is not None
     work = Path(tempfile.mkdtemp(prefix="spotray-start-from-", dir=scratch))
     try:
         local = download_checkpoint(source, chosen, work)
         (local / VERIFIED_NAME).unlink(missing_ok=True)  # this node's note, not a file of the checkpoint
-        own = list_checkpoints(store)
-        for info in own:
-            delete_checkpoint(store, info)
-        manifest = chosen.manifest
+        replaced = _delete_own(store)
         upload_checkpoint(store, local, chosen.step, manifest.world_size, manifest.resume, attempt=attempt)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    write_record(store, start_from_key(attempt.run_id), attempt, {"uri": uri, "step": chosen.step})
-    log.info("started from %s: checkpoint-%d copied, %d checkpoint(s) of this run replaced", uri, chosen.step, len(own))
-    return StartedFrom(uri, chosen.step, len(own))
+    return replaced

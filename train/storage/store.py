@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+P = TypeVar("P")  # what a transfer moves: a local path (up), or a key of another store (a copy)
 KeyFromEnv = Literal["from the environment"]
 
 # ------------------------------------------------------------------------------------------- config
@@ -534,18 +535,40 @@ class S3ObjectStore:
         with closing(response["Body"]) as body:
             yield from body.iter_chunks(DOWNLOAD_READ_BYTES)
 
+    def copy_in(self, source: S3ObjectStore, pairs: Sequence[tuple[str, str]]) -> None:
+        """Copy each of ``source``'s keys to this store's key inside S3 (CopyObject; multipart for large
+        objects): no byte passes through this machine. ``source`` must be readable with this store's
+        credentials (``shares_credentials``)."""
+        bucket = source.uri.bucket
+        self._transfer(
+            f"copy {len(pairs)} object(s) from {source.uri} to {self.uri}",
+            pairs,
+            lambda tm, key, to: tm.copy({"Bucket": bucket, "Key": source._key(key)}, self.uri.bucket, self._key(to)),
+        )
+
+    def shares_credentials(self, other: ObjectStore) -> bool:
+        """Whether ``other`` is an S3 store of the same endpoint and credentials: one that ``copy_in`` can copy from."""
+        if not isinstance(other, S3ObjectStore):
+            return False
+        mine, theirs = self.config, other.config
+        return (mine.endpoint_url, mine.access_key_id, mine.anonymous) == (
+            theirs.endpoint_url,
+            theirs.access_key_id,
+            theirs.anonymous,
+        )
+
     def _transfer(
         self,
         action: str,
-        pairs: Sequence[tuple[Path, str]],
-        submit: Callable[[TransferManager, Path, str], object],
+        pairs: Sequence[tuple[P, str]],
+        submit: Callable[[TransferManager, P, str], object],
     ) -> None:
         """Run all transfers in one manager (files and parts in parallel); retry only the failed ones."""
         pending = list(pairs)
 
         def attempt() -> None:
             nonlocal pending
-            failures: list[tuple[tuple[Path, str], BaseException]] = []
+            failures: list[tuple[tuple[P, str], BaseException]] = []
             with TransferManager(self._client, self._transfer_config) as manager:
                 futures = [(pair, submit(manager, *pair)) for pair in pending]
                 for pair, future in futures:
