@@ -521,6 +521,7 @@ def test_population_based_training_on_the_controller_copies_the_donors_checkpoin
         for exploit in json.loads(trial["metadata"]["annotations"].get(LINEAGE_ANNOTATION, "[]"))
         if exploit["step"] == 10
     ]
+    assert status["lineage"][0] == {k: first[k] for k in ("step", "donor", "donorStep", "values")} | {"trial": number}
     donor_rate = initial[first["donor"]]["lr"]
     assert (first["donor"], first["before"]) == (3 - number, initial[number]), first
     assert first["values"]["lr"] in (float(f"{donor_rate * 0.8:.6g}"), float(f"{donor_rate * 1.2:.6g}"))
