@@ -325,11 +325,14 @@ def population_decisions(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple
             key=lambda t: t.rung_values[step] if spec.direction == "minimize" else -t.rung_values[step],
         )
         count = min(len(ranked) // 2, max(1, int(len(ranked) * spec.population.quantile)))
-        if trial.number not in [t.number for t in ranked[len(ranked) - count :]] or count == 0:
+        bottom = {t.number for t in ranked[len(ranked) - count :]} if count else set()
+        # A donor about to take another's checkpoint would have its own replaced under the copy: not one.
+        donors = [t for t in ranked[:count] if t.exploit is None]
+        if trial.number not in bottom or not donors:
             judged[trial.number] = step
             continue
         generator = random.Random(f"{spec.seed}/{trial.number}/{step}")  # noqa: S311 - seeded, reproducible; no secret
-        donor = generator.choice(ranked[:count])
+        donor = generator.choice(donors)
         values = explore(spec, donor.values, generator)
         exploits[trial.number] = Exploit(step, donor.number, max(donor.rung_values), trial.values, values)
     return exploits, judged

@@ -117,7 +117,7 @@ def test_a_copy_cut_short_before_its_manifest_is_repeated_whole(
     assert contents(recipient, 20, tmp_path) == wanted
 
 
-def test_a_pruned_source_gives_its_newest_later_checkpoint_and_none_is_bad_input(
+def test_a_pruned_source_gives_its_newest_later_or_else_newest_checkpoint_and_none_is_bad_input(
     stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path
 ) -> None:
     donor, recipient = stores
@@ -131,10 +131,14 @@ def test_a_pruned_source_gives_its_newest_later_checkpoint_and_none_is_bad_input
     assert copied is not None
     assert copied.step == 40, "the newest complete one after the pruned step"
     assert contents(recipient, 40, tmp_path) == later
+    # Nothing at or after step 50: the newest there is (a donor whose own exploit replaced its checkpoints).
+    copied = start_from(recipient, str(donor.uri.join("checkpoint-50")), AttemptId(ATTEMPT.run_id, 9))
+    assert copied is not None
+    assert copied.step == 40
+    nobody = str(donor.uri).removesuffix("/donor") + "/nobody/checkpoint-10"
     with pytest.raises(SpotrayError) as refused:
-        start_from(recipient, str(donor.uri.join("checkpoint-50")), ATTEMPT)
-    assert "no complete checkpoint there at or after step 50" in refused.value.problem
-    assert "checkpoint-40" in refused.value.problem, "it says what is there"
+        start_from(recipient, nobody, ATTEMPT)
+    assert "the run there has no complete checkpoint" in refused.value.problem
     assert "remove startFrom" in refused.value.fix
 
 

@@ -351,3 +351,14 @@ def test_the_resume_patch_records_when_the_exploit_was_applied() -> None:
     patch = trial_patches(sweep, plan, trials, now)[2]
     [recorded] = json.loads(patch["metadata"]["annotations"][LINEAGE_ANNOTATION])
     assert recorded["applied"] == "2026-11-28T05:00:00Z"
+
+
+def test_a_trial_about_to_take_anothers_checkpoint_is_no_donor() -> None:
+    """Its own checkpoints are replaced when its copy runs: a trial that copied from it then would find none."""
+    spec = pbt().spec
+    pending = Exploit(20, 2, 20, {"lr": 0.001, "layers": 2}, {"lr": 0.0024, "layers": 2})
+    others = population({2: {20: 2.0, 40: 2.0}, 3: {20: 3.0, 40: 3.0}, 4: {20: 4.0, 40: 4.0}})
+    trials = [trial(1, {20: 1.0, 40: 0.5}, exploit=pending), *others]
+    plan = decide(spec, trials)
+    assert plan.exploit == {}, "the best at 40 is stopping for its own exploit: nobody takes its checkpoint"
+    assert set(plan.judged) == {2, 3, 4}

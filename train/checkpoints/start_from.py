@@ -6,8 +6,9 @@ credentials and the checkpoint key it has anyway (the controller reads no checkp
 
 1. ``_spotray/<run id>/start-from.json`` names the URI already copied: the same URI again is done
    (later attempts resume from the run's own newest checkpoint, trained since).
-2. The source: ``checkpoint-<step>`` if it is complete, else (pruned since it was named) the source
-   run's newest complete checkpoint after it; none is bad input, with the fix. Its manifest is
+2. The source: ``checkpoint-<step>`` if it is complete, else (pruned since it was named, or replaced by
+   the source trial's own exploit) the source run's newest complete checkpoint after it, or failing that
+   its newest; none at all is bad input, with the fix. Its manifest is
    checked with this run's key, as any checkpoint this run resumes from: a sweep's trials share one.
 3. This run's own checkpoints are deleted (each manifest first) and the source's files copied as this
    run's ``checkpoint-<step>``, manifest last, signed with this run's key, its resume state (data
@@ -70,19 +71,21 @@ def copied_already(store: ObjectStore, run_id: str, uri: str) -> bool:
 
 
 def source_checkpoint(source: ObjectStore, step: int, uri: str) -> CheckpointInfo:
-    """``checkpoint-<step>`` of the source run when complete, else its newest complete one after it."""
-    complete = [info for info in list_checkpoints(source) if info.complete]
+    """``checkpoint-<step>`` of the source run when complete; else (pruned, or replaced by the source's own
+    exploit since it was named) its newest complete one after it, or failing that its newest; none at all is
+    bad input."""
+    complete = [info for info in list_checkpoints(source) if info.complete]  # newest first
     exact = [info for info in complete if info.step == step]
-    later = [info for info in complete if info.step > step]
     if exact:
         return exact[0]
-    if later:
-        log.warning("%s is gone or incomplete: starting from the newest complete one after it", uri)
-        return later[0]  # newest first
-    found = ", ".join(f"checkpoint-{info.step}" for info in complete) or "no complete checkpoint"
+    if complete:
+        later = [info for info in complete if info.step > step]
+        chosen = later[0] if later else complete[0]
+        log.warning("%s is gone or incomplete: starting from %s instead", uri, source.uri.join(chosen.prefix))
+        return chosen
     raise SpotrayError(
-        f"checkpoint.startFrom {uri}: no complete checkpoint there at or after step {step} (found: {found}); "
-        "a checkpoint signed with another run's key counts as incomplete here",
+        f"checkpoint.startFrom {uri}: the run there has no complete checkpoint; one signed with another "
+        "run's key counts as incomplete here",
         "name a complete checkpoint of the source run (`spotray checkpoints` lists them), made with the same "
         "checkpoint key as this run (a sweep's trials share one), or remove startFrom",
     )
