@@ -4,7 +4,6 @@ stop a trial for its exploit and resume it from the donor's checkpoint)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import random
@@ -22,7 +21,6 @@ from spotray.contract.sweep import (
     OBJECTIVE_STEPS_ANNOTATION,
     PARAMS_ANNOTATION,
     TrainingSweep,
-    parse_sweep,
 )
 from spotray.controller.reconcile import merged_interval_losses
 from spotray.controller.sweep import (
@@ -41,6 +39,7 @@ from spotray.controller.sweep import (
 from spotray.local_sweep import current_life
 from spotray.plot import decision_marks
 from spotray.status import describe_sweep
+from tests.unit.test_sweep import changed_sweep
 
 pytestmark = pytest.mark.unit
 
@@ -65,17 +64,7 @@ PBT: dict[str, Any] = {
 
 
 def pbt(**changes: Any) -> TrainingSweep:
-    document = copy.deepcopy(PBT)
-    for path, value in changes.items():
-        *parents, last = path.split("__")
-        target = document["spec"]
-        for key in parents:
-            target = target[key]
-        if value is None:
-            target.pop(last, None)
-        else:
-            target[last] = value
-    return parse_sweep(document)
+    return changed_sweep(PBT, **changes)
 
 
 def trial(number: int, losses: dict[int, float], state: str = RUNNING, **known: Any) -> TrialFacts:

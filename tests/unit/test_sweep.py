@@ -93,7 +93,12 @@ SWEEP: dict[str, Any] = {
 
 
 def sweep(**changes: Any) -> TrainingSweep:
-    document = copy.deepcopy(SWEEP)
+    return changed_sweep(SWEEP, **changes)
+
+
+def changed_sweep(base: dict[str, Any], **changes: Any) -> TrainingSweep:
+    """``base`` with each change applied to its spec (``a__b``: spec.a.b; None removes it), parsed."""
+    document = copy.deepcopy(base)
     for path, value in changes.items():
         *parents, last = path.split("__")
         target = document["spec"]
