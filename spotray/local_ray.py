@@ -34,6 +34,12 @@ from spotray.train.processes.subprocesses import signal_session, start_in_own_se
 from spotray.train.storage.local_s3 import free_ports
 
 DEFAULT_HOST = "127.0.0.2"
+# Ray's client server binds 127.0.0.1 whatever the node's address, so its port must be free there too: a
+# port the kernel hands out on 127.0.0.2 can be another cluster's client server's on 127.0.0.1. Taken, the
+# client server dies just after the head is up, and `ray start --block` takes the head down with it (CI:
+# two local sweep trials started at once; the second's driver then waited for a GCS that was gone).
+LOCALHOST = "127.0.0.1"
+LOCALHOST_BOUND = ("ray-client-server",)
 STARTUP_ATTEMPTS = 3
 WORKER_PORTS = 100  # one per Ray worker process (actors, tasks, training workers) alive at once
 # `ray start --block` does not exit on SIGTERM (measured: still there after 20 s). The cluster is
@@ -81,11 +87,25 @@ def node_port_flags(
     # `ray start` refuses a node whose named ports repeat or fall in its worker range (CI hit it once):
     # the kernel hands out free ports from the range the worker range is drawn from.
     picked = free_ports(len(names), host, avoid={*workers, *taken})
+    for index, name in enumerate(names):
+        if name in LOCALHOST_BOUND and not _port_is_free(LOCALHOST, picked[index]):
+            picked[index] = _free_on_both(host, avoid={*workers, *taken, *picked})
     return [
         f"--min-worker-port={workers.start}",
         f"--max-worker-port={workers.stop - 1}",
         *(f"--{name}-port={port}" for name, port in zip(names, picked, strict=True)),
     ]
+
+
+def _free_on_both(host: str, avoid: Collection[int]) -> int:
+    """A port free on ``host`` and on 127.0.0.1 right now."""
+    for _ in range(100):
+        [port] = free_ports(1, host, avoid=avoid)
+        if _port_is_free(LOCALHOST, port):
+            return port
+    raise SpotrayError(
+        f"found no port free on both {host} and {LOCALHOST}", "free some ports on the loopback interface"
+    )
 
 
 def _port_is_free(host: str, port: int) -> bool:

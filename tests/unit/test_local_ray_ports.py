@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import socket
 from pathlib import Path
 
 import pytest
 
+from spotray import local_ray
 from spotray.contract.errors import SpotrayError
 from spotray.local_ray import WORKER_PORTS, free_worker_port_range, node_port_flags
 from spotray.train.storage.local_s3 import free_ports
@@ -52,3 +54,31 @@ def test_no_free_port_left_is_named_with_the_fix() -> None:
     with pytest.raises(SpotrayError, match="free ports") as raised:
         free_ports(3, avoid=range(65536))
     assert "loopback" in str(raised.value.fix)
+
+
+def test_the_client_servers_port_is_free_on_127_0_0_1_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's client server binds 127.0.0.1 whatever the node's address. In CI the kernel handed a second
+    local cluster, on 127.0.0.2, the port the first one's client server held on 127.0.0.1: the second's
+    client server died after its head was up, and `ray start --block` took the head down with it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        taken = held.getsockname()[1]
+        real = local_ray.free_ports
+        handed: list[int] = []
+
+        def kernel(count: int, host: str, avoid: object = ()) -> list[int]:
+            ports = real(count, host, avoid=avoid)  # type: ignore[arg-type]
+            if not handed:  # the first pick: the port taken on 127.0.0.1, free on 127.0.0.2
+                ports[-1] = taken
+            handed.extend(ports)
+            return ports
+
+        monkeypatch.setattr(local_ray, "free_ports", kernel)
+        names = [*local_ray.NODE_PORT_NAMES, "ray-client-server"]
+        flags = node_port_flags("127.0.0.2", free_worker_port_range("127.0.0.2"), names)
+        assert taken in handed, "the kernel's pick was the one taken on 127.0.0.1"
+        assert f"--ray-client-server-port={taken}" not in flags, flags
+        [client] = [flag for flag in flags if flag.startswith("--ray-client-server-port=")]
+        port = int(client.split("=")[1])
+        with socket.socket() as check:
+            check.bind(("127.0.0.1", port))  # free there, where the client server binds
