@@ -46,11 +46,14 @@ from spotray.contract.sweep import (
     STOPPED_ANNOTATION,
     TRIAL_LABEL,
     EarlyStopping,
+    Exploit,
     Parameter,
     SweepSpec,
     TrainingSweep,
     format_value,
     gpu_hours,
+    pending_exploit,
+    trial_lineage,
 )
 
 with extra_required("sweep"):
@@ -67,46 +70,6 @@ MAX_STATUS_LINEAGE = 64  # exploits listed in a sweep's status.lineage (the newe
 TPE_STARTUP_TRIALS = 4
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-
-
-@dataclass(frozen=True)
-class Exploit:
-    """One exploit of population-based training: judged at ``step``, the trial goes on from ``donor``'s
-    checkpoint at ``donor_step`` with ``values`` (the donor's, perturbed); ``before``: its own values."""
-
-    step: int
-    donor: int
-    donor_step: int
-    before: dict[str, Any]
-    values: dict[str, Any]
-    applied: str | None = None  # when the trial was resumed with it (RFC 3339): its new life begins after
-
-    def to_json(self) -> dict[str, Any]:
-        found = {
-            "step": self.step,
-            "donor": self.donor,
-            "donorStep": self.donor_step,
-            "before": self.before,
-            "values": self.values,
-        }
-        return found | ({"applied": self.applied} if self.applied else {})
-
-    @classmethod
-    def from_json(cls, data: Any) -> Exploit | None:
-        """An exploit as an annotation holds it; None when it is not one (anyone may edit annotations)."""
-        try:
-            applied = data.get("applied")
-            exploit = cls(
-                int(data["step"]),
-                int(data["donor"]),
-                int(data["donorStep"]),
-                data["before"],
-                data["values"],
-                str(applied) if applied else None,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError):
-            return None
-        return exploit if isinstance(exploit.before, dict) and isinstance(exploit.values, dict) else None
 
 
 @dataclass(frozen=True)
@@ -442,14 +405,14 @@ def trial_facts(spec: SweepSpec, run: dict[str, Any], now: datetime | None = Non
     }
     target = status.progress.total_steps if status.progress is not None else None
     reached = {step: recorded[step] for step in spec.objective_steps(target or MAX_RUNG_STEP) if step in recorded}
-    lineage = tuple(e for d in _json_list(annotations.get(LINEAGE_ANNOTATION)) if (e := Exploit.from_json(d)))
+    lineage = trial_lineage(annotations)
     if lineage and not _new_life_reported(lineage[-1], status.attempts or ()):
         # Resumed from the donor's step, its values past it are from the life the exploit ended: until its
         # new attempt reports where it resumed (and the run's reconcile drops them), they do not count.
         reached = {step: value for step, value in reached.items() if step <= lineage[-1].donor_step}
     promoted = _int_or_none(annotations.get(PROMOTED_ANNOTATION))
     spent = gpu_hours(spec.template.workers, attempt_seconds(status.attempts or (), now or datetime.now(UTC)))
-    exploit = Exploit.from_json(_json_or_none(annotations.get(EXPLOIT_ANNOTATION)))
+    exploit = pending_exploit(annotations)
     known = TrialFacts(
         number,
         values,
@@ -496,18 +459,6 @@ def _new_life_reported(exploit: Exploit, attempts: Sequence[AttemptStatus]) -> b
         a.start_time is not None and a.resumed_from is not None and parse_date_time(a.start_time) >= applied
         for a in attempts
     )
-
-
-def _json_or_none(text: Any) -> Any:
-    try:
-        return json.loads(text) if isinstance(text, str) else None
-    except ValueError:
-        return None
-
-
-def _json_list(text: Any) -> list[Any]:
-    found = _json_or_none(text)
-    return found if isinstance(found, list) else []
 
 
 def attempt_seconds(attempts: Sequence[AttemptStatus], now: datetime) -> float:
@@ -568,11 +519,10 @@ def exploit_patch(sweep: TrainingSweep, trial: TrialFacts, exploit: Exploit) -> 
         LINEAGE_ANNOTATION: json.dumps(lineage, sort_keys=True),
         JUDGED_ANNOTATION: str(exploit.donor_step),
     }
-    start_from = f"{sweep.trial_checkpoint_uri(exploit.donor)}/checkpoint-{exploit.donor_step}"
     spec = {
         "suspend": False,
         "entrypoint": sweep.trial_spec(trial.number, exploit.values)["entrypoint"],
-        "checkpoint": {"startFrom": start_from},
+        "checkpoint": {"startFrom": sweep.donor_checkpoint(exploit)},
     }
     return {"metadata": {"annotations": annotations}, "spec": spec}
 

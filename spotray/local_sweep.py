@@ -35,14 +35,13 @@ import yaml
 from spotray.contract.names import FAILED as RUN_FAILED
 from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
-from spotray.contract.sweep import TrainingSweep, format_value, gpu_hours, interval_mean, objective_values
+from spotray.contract.sweep import Exploit, TrainingSweep, format_value, gpu_hours, interval_mean, objective_values
 from spotray.contract.uris import parse_uri
 from spotray.controller.sweep import (
     FAILED,
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
-    Exploit,
     SweepPlan,
     TrialFacts,
     decide,
@@ -271,8 +270,7 @@ class LocalSweep:
             )
         for number, exploit in plan.apply.items():
             self.state.values[number] = exploit.values
-            donor_uri = self.sweep.trial_checkpoint_uri(exploit.donor)
-            self.state.start_from[number] = f"{donor_uri}/checkpoint-{exploit.donor_step}"
+            self.state.start_from[number] = self.sweep.donor_checkpoint(exploit)
             self.state.lineage.setdefault(number, []).append(exploit)
             self.state.judged[number] = exploit.donor_step
             del self.state.exploits[number]

@@ -7,12 +7,11 @@ checkpoint prefix, with where the sweep stopped it at a rung and where it let it
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
-from spotray.contract.sweep import LINEAGE_ANNOTATION, PROMOTED_ANNOTATION, STOPPED_ANNOTATION, TRIAL_LABEL
+from spotray.contract.sweep import PROMOTED_ANNOTATION, STOPPED_ANNOTATION, TRIAL_LABEL, trial_lineage
 from spotray.errors import NotFoundError
 from spotray.output import emit
 from spotray.status import sweep_and_trials
@@ -53,12 +52,8 @@ def decision_marks(label: str, annotations: dict[str, Any]) -> list[tuple[str, i
             marks.append((label, int(annotations[annotation]), what))
         except (KeyError, TypeError, ValueError):
             continue
-    try:  # population-based training: each exploit, where the trial was judged (its lineage)
-        lineage = json.loads(annotations.get(LINEAGE_ANNOTATION) or "[]")
-        marks += [(label, int(exploit["step"]), "exploited") for exploit in lineage]
-    except (TypeError, ValueError, KeyError):
-        pass
-    return marks
+    # Population-based training: each exploit, where the trial was judged (its lineage).
+    return marks + [(label, exploit.step, "exploited") for exploit in trial_lineage(annotations)]
 
 
 def plot_sweep_command(cluster: ClusterConnection, name: str, png: Path | None, no_run: NotFoundError) -> int:

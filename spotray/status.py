@@ -8,7 +8,6 @@ its values, how far it got, its objective at each rung, and what the sweep decid
 
 from __future__ import annotations
 
-import json
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -17,10 +16,12 @@ from spotray.contract.names import SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.status import CheckpointInterval, Cost, Goodput, LastCheckpoint, Progress, RunStatus
 from spotray.contract.sweep import (
     EXPLOIT_ANNOTATION,
-    LINEAGE_ANNOTATION,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
+    Exploit,
+    pending_exploit,
+    trial_lineage,
 )
 from spotray.errors import NotFoundError
 from spotray.output import age_since, emit, render_data, render_table
@@ -230,24 +231,17 @@ def _decision(annotations: dict[str, Any]) -> str:
     if PROMOTED_ANNOTATION in annotations:
         return f"past {annotations[PROMOTED_ANNOTATION]}"
     if EXPLOIT_ANNOTATION in annotations:
-        return f"exploiting {_exploit_text(annotations[EXPLOIT_ANNOTATION])}"
-    if LINEAGE_ANNOTATION in annotations:
-        try:
-            lineage = json.loads(annotations[LINEAGE_ANNOTATION])
-            return "exploited " + "; ".join(_exploit_text(json.dumps(exploit)) for exploit in lineage)
-        except (TypeError, ValueError):
-            return "-"
+        exploit = pending_exploit(annotations)
+        return f"exploiting {_exploit_text(exploit) if exploit else '(unreadable)'}"
+    if lineage := trial_lineage(annotations):
+        return "exploited " + "; ".join(_exploit_text(exploit) for exploit in lineage)
     return "-"
 
 
-def _exploit_text(text: str) -> str:
+def _exploit_text(exploit: Exploit) -> str:
     """An exploit of population-based training in a few words: t<donor>@<its step> at <step>, new values."""
-    try:
-        exploit = json.loads(text)
-        values = " ".join(f"{name}={value}" for name, value in exploit["values"].items())
-        return f"t{exploit['donor']}@{exploit['donorStep']} at {exploit['step']} ({values})"
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return "(unreadable)"
+    values = " ".join(f"{name}={value}" for name, value in exploit.values.items())
+    return f"t{exploit.donor}@{exploit.donor_step} at {exploit.step} ({values})"
 
 
 def _best(best: dict[str, Any]) -> str:

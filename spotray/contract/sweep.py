@@ -122,6 +122,64 @@ class PopulationBased:
 
 
 @dataclass(frozen=True)
+class Exploit:
+    """One exploit of population-based training: judged at ``step``, the trial goes on from ``donor``'s
+    checkpoint at ``donor_step`` with ``values`` (the donor's, perturbed); ``before``: its own values."""
+
+    step: int
+    donor: int
+    donor_step: int
+    before: dict[str, Any]
+    values: dict[str, Any]
+    applied: str | None = None  # when the trial was resumed with it (RFC 3339): its new life begins after
+
+    def to_json(self) -> dict[str, Any]:
+        found = {
+            "step": self.step,
+            "donor": self.donor,
+            "donorStep": self.donor_step,
+            "before": self.before,
+            "values": self.values,
+        }
+        return found | ({"applied": self.applied} if self.applied else {})
+
+    @classmethod
+    def from_json(cls, data: Any) -> Exploit | None:
+        """An exploit as an annotation holds it; None when it is not one (anyone may edit annotations)."""
+        try:
+            applied = data.get("applied")
+            exploit = cls(
+                int(data["step"]),
+                int(data["donor"]),
+                int(data["donorStep"]),
+                data["before"],
+                data["values"],
+                str(applied) if applied else None,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return None
+        return exploit if isinstance(exploit.before, dict) and isinstance(exploit.values, dict) else None
+
+
+def pending_exploit(annotations: dict[str, Any]) -> Exploit | None:
+    """The exploit a trial was stopped for and not yet resumed with (its annotation), if readable."""
+    return Exploit.from_json(_json_or_none(annotations.get(EXPLOIT_ANNOTATION)))
+
+
+def trial_lineage(annotations: dict[str, Any]) -> tuple[Exploit, ...]:
+    """The exploits applied to a trial, oldest first (its lineage annotation); unreadable entries left out."""
+    found = _json_or_none(annotations.get(LINEAGE_ANNOTATION))
+    return tuple(e for d in found if (e := Exploit.from_json(d))) if isinstance(found, list) else ()
+
+
+def _json_or_none(text: Any) -> Any:
+    try:
+        return json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     template: RunSpec
     template_document: dict[str, Any]  # the template as written, from which each trial's spec is made
@@ -157,6 +215,10 @@ class TrainingSweep:
     def trial_checkpoint_uri(self, number: int) -> str:
         """Where trial ``number`` keeps its checkpoints: a prefix of its own under the template's."""
         return f"{self.spec.template.checkpoint.uri.rstrip('/')}/{self.trial_name(number)}"
+
+    def donor_checkpoint(self, exploit: Exploit) -> str:
+        """The checkpoint an exploiting trial starts from: its donor's, at the donor's step."""
+        return f"{self.trial_checkpoint_uri(exploit.donor)}/checkpoint-{exploit.donor_step}"
 
     def trial_spec(self, number: int, values: dict[str, Any]) -> dict[str, Any]:
         """Trial ``number``'s TrainingRun spec: the template with ``values`` in its entrypoint."""

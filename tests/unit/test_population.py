@@ -20,6 +20,7 @@ from spotray.contract.sweep import (
     LINEAGE_ANNOTATION,
     OBJECTIVE_STEPS_ANNOTATION,
     PARAMS_ANNOTATION,
+    Exploit,
     TrainingSweep,
 )
 from spotray.controller.reconcile import merged_interval_losses
@@ -28,7 +29,6 @@ from spotray.controller.sweep import (
     RUNNING,
     SUCCEEDED,
     SUSPENDED,
-    Exploit,
     TrialFacts,
     decide,
     explore,
