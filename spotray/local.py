@@ -93,6 +93,10 @@ from spotray.train.storage.store import StoreConfig, open_store
 
 # How often an elastic run looks for room to grow in a run with node faults (seconds).
 LOCAL_RESIZE_CHECK_S = 5
+# How long a driver may run on after its Ray head exited before it is stopped (seconds). A head
+# drained by a spot notice exits once its workers are done, a moment before the driver does; a
+# driver whose head died under it waits for the gone GCS, which Ray bounds by no deadline of ours.
+HEAD_LOST_GRACE_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -454,6 +458,7 @@ class LocalRun:
     ) -> tuple[int, str | None]:
         workers: dict[int, int] = {}
         step = 0
+        head_lost_at: float | None = None
         while True:
             for event in cursor.new_events():
                 self._on_event(event)
@@ -464,13 +469,31 @@ class LocalRun:
                     lost = self._maybe_inject(step, driver, cluster, workers)
                     if lost is not None:
                         return driver.returncode, lost
-            if self.node_layout.node_cpus:  # a run with node faults
-                self.node = self._move_node(step, cluster, self.node)
             if driver.poll() is not None:
                 for event in cursor.new_events():
                     self._on_event(event)
                 return driver.returncode, None
+            head_code = cluster.head_exit_code()
+            if head_code is not None:
+                head_lost_at = head_lost_at or time.monotonic()
+                if time.monotonic() - head_lost_at >= HEAD_LOST_GRACE_S:
+                    return self._stop_headless_driver(driver, head_code, step)
+            elif self.node_layout.node_cpus:  # a run with node faults
+                self.node = self._move_node(step, cluster, self.node)
             time.sleep(0.2)
+
+    def _stop_headless_driver(self, driver: subprocess.Popen[bytes], head_code: int, step: int) -> tuple[int, str]:
+        """SIGKILL a driver whose Ray head is gone (without its GCS it can only wait); returns its exit
+        code and what was lost."""
+        os.killpg(driver.pid, signal.SIGKILL)
+        driver.wait()
+        log = self.workdir / "ray.log"
+        lost = f"the Ray head exited (code {head_code}) under the attempt at step {step} (its log: {log})"
+        self.progress.note(
+            f"{lost}; its driver still waited on it {HEAD_LOST_GRACE_S:.0f} s later and was stopped: "
+            "a lost node, so a new attempt on a new Ray cluster"
+        )
+        return driver.returncode, lost
 
     def _on_event(self, event: dict[str, Any]) -> None:
         self.progress.on_event(event)

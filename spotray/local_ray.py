@@ -239,6 +239,10 @@ class LocalRayCluster:
         """True while the head's processes run and its GCS accepts connections: a new driver can use it."""
         return self._process is not None and self._process.poll() is None and _accepts(self.host, self.gcs_port)
 
+    def head_exit_code(self) -> int | None:
+        """The exit code of the head's `ray start --block` (it ends when any head process dies); None while up."""
+        return None if self._process is None else self._process.poll()
+
     def kill(self) -> None:
         """SIGKILL every process of the cluster at once: what losing the head node looks like."""
         for node in self._nodes:
