@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-local-recovery test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-local-recovery bench-driver-imports test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -139,6 +139,9 @@ bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs 
 bench-goodput-elastic: setup ## local runs losing a worker node at random: elastic vs fixed worker count (~25 min)
 	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
 		--capacity-back-s 60 --name goodput_elastic
+
+bench-driver-imports: setup ## the GPT-2 driver's start-up: its imports now vs importing the worker module as before, A vs B (~7 min)
+	$(PY) -m bench.driver_imports
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
 	$(PY) -m bench.local_recovery

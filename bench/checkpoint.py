@@ -42,7 +42,8 @@ from transformers import Trainer, TrainerCallback
 from bench.common import machine_details, scratch_dir, write_result
 from bench.copy_floor import copy_floor_s
 from spotray.contract.uris import parse_uri
-from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
+from spotray.jobs.gpt2.config import Gpt2JobConfig
+from spotray.jobs.gpt2.train import build_trainer
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.storage.local_s3 import LocalS3Server

@@ -327,6 +327,12 @@ class Controller:
 # ------------------------------------------------------------------------------- Ray heads
 
 
+# A head that fails to start (each start already tries `ray start` three times) is replaced by a new
+# one, up to this many failures in a row: without it, each failure left one warm head fewer, and
+# attempts then waited for a head that never came (trials 13 and 15 of campaign seed 1).
+MAX_FAILED_HEAD_STARTS = 5
+
+
 class RayHeads:
     """Real Ray heads on loopback, one per attempt's RayCluster, ``warm`` of them kept started.
 
@@ -346,6 +352,7 @@ class RayHeads:
         self.owned: list[tb.RayHead] = []  # every head not yet stopped, up or starting
         self.lock = threading.Lock()
         self.count = 0
+        self.failed_starts = 0  # in a row: a machine too loaded to start one (other work on its 2 cores)
         self.starter = ThreadPoolExecutor(1, thread_name_prefix="nemesis-heads")
 
     @staticmethod
@@ -408,10 +415,19 @@ class RayHeads:
         def start() -> None:
             try:
                 head.start()
-                self.warm.put(head)
-            except Exception as error:  # noqa: BLE001 - one fewer warm head; take() waits for another
-                print(f"[nemesis] a Ray head did not start: {error!r}", flush=True)
+            except Exception as error:  # noqa: BLE001 - started again below, within a bound
                 self.release(head)
+                with self.lock:
+                    self.failed_starts += 1
+                    again = self.failed_starts <= MAX_FAILED_HEAD_STARTS
+                print(f"[nemesis] a Ray head did not start ({'starting another' if again else 'giving up'}): "
+                      f"{error!r}", flush=True)  # fmt: skip
+                if again:  # else take() says, within its bound, that no head came
+                    self._start_one()
+                return
+            with self.lock:
+                self.failed_starts = 0
+            self.warm.put(head)
 
         self.starter.submit(start)
 
@@ -964,13 +980,24 @@ class Trial:
         elif fault.kind == "driver-killed":
             tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
         else:  # spot-notice: the driver's own SIGTERM (it drains this attempt's Ray cluster)
-            pids = campaign.driver_pids(self.name, attempt, job)
-            drivers = [pid for pid in pids if "-m spotray.jobs.gpt2" in tb._cmdline(pid)]
+            drivers = [pid for pid in campaign.driver_pids(self.name, attempt, job) if is_job_driver(pid)]
             for pid in drivers[:1]:
                 os.kill(pid, signal.SIGTERM)
             landing.missed = not drivers
         landing.reached = self.step
         return landing
+
+
+def is_job_driver(pid: int) -> bool:
+    """Whether ``pid`` is the job's Python driver itself. Ray's job supervisor runs the entrypoint through
+    a shell, whose command line names the job too: a SIGTERM to that shell ended it (exit -15, a
+    training failure to the controller) and left the driver training on (trial 13 of seed 1)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile
+        return False
+    program = Path(argv[0].decode(errors="replace")).name
+    return program.startswith("python") and b"spotray.jobs.gpt2" in argv
 
 
 # ------------------------------------------------------------------------------- the checker
@@ -1173,6 +1200,24 @@ class TrialLog:
         return results, stamps
 
 
+def latest_runs(
+    results: list[TrialResult], stamps: list[dict[str, Any]]
+) -> tuple[list[TrialResult], list[dict[str, Any]]]:
+    """Each trial's latest run (a trial is its campaign seed and number: the same faults at the same
+    moments), and every earlier run of one, listed with its verdict and commit, never dropped. A trial
+    is run again only after a fault of the campaign itself was fixed (docs/nemesis.md says which)."""
+    latest: dict[tuple[int, int], int] = {}
+    for index, (result, stamp) in enumerate(zip(results, stamps, strict=True)):
+        latest[(stamp["campaign_seed"], result.number)] = index
+    kept = sorted(latest.values())
+    earlier = [
+        {"number": r.number, "commit": stamp["commit"], "problems": r.problems, "kept": r.kept}
+        for index, (r, stamp) in enumerate(zip(results, stamps, strict=True))
+        if index not in set(kept)
+    ]
+    return [results[index] for index in kept], earlier
+
+
 def current_commit() -> str:
     """HEAD's short hash, "+changes" when the tree differs from it; "unknown" outside a checkout."""
 
@@ -1260,8 +1305,10 @@ def main() -> int:
             return 0 if all(not r.problems for r in ran) else 1
     if log is None or not log.exists():
         parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
-    results, stamps = TrialLog.read(log)
+    every_run, stamps = TrialLog.read(log)
+    results, earlier = latest_runs(every_run, stamps)
     details = summary(results) | {
+        "earlier_runs": earlier,
         "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
         "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
         "campaign_seeds": sorted({stamp["campaign_seed"] for stamp in stamps}),

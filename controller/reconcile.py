@@ -42,7 +42,7 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
-from spotray.contract.status import IntervalLoss, RunStatus
+from spotray.contract.status import AttemptStartup, AttemptStatus, IntervalLoss, RunStatus
 from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, key_owner_uid, new_checkpoint_key
@@ -79,6 +79,7 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
+from spotray.controller.startup import attempt_startup, pods_ready_at
 from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import ObjectStore
 
@@ -435,6 +436,9 @@ def _act(  # noqa: PLR0917
         job=job if decided.create_attempt is None else None,  # a new attempt has no progress yet
         storage_patience_s=config.storage_patience_seconds,
         prices=config.prices,
+        attempt_pods=lambda attempt: cluster.list_attempt_pods(
+            namespace, {RUN_LABEL: name, ATTEMPT_LABEL: str(attempt)}
+        ),
     )
     for key in state.unreadable_keys:
         # Held unreadably and not written anew (progress while S3 is not read): removed, so
@@ -551,8 +555,10 @@ def _status(
     job: RayJobView | None,
     storage_patience_s: float,
     prices: Prices | None,
+    attempt_pods: Callable[[int], list[dict[str, Any]]],
 ) -> dict[str, Any]:
-    """The whole new status as a merge patch: the lifecycle's state, conditions, and what S3 says about progress."""
+    """The whole new status as a merge patch: the lifecycle's state, conditions, and what S3 says about
+    progress; ``attempt_pods`` lists an attempt's pods (read once per attempt, for its start-up)."""
     status = replace(
         state.run_status(),
         observed_generation=generation,
@@ -575,12 +581,32 @@ def _status(
         )
         if prices is not None and found.goodput is not None:
             status = replace(status, cost=run_cost(found.goodput, run.spec.workers, prices))
-        if found.resumed_from is not None and status.attempts:
+        if status.attempts:
             *earlier, current = status.attempts
-            status = replace(status, attempts=(*earlier, replace(current, resumed_from=found.resumed_from)))
+            if found.resumed_from is not None:
+                current = replace(current, resumed_from=found.resumed_from)
+            if found.first_step_at is not None and (current.startup is None or current.startup.first_step is None):
+                # Once per attempt, when its first step is known: by then its pods were Ready.
+                current = replace(current, startup=_startup(run, current, found, attempt_pods))
+            status = replace(status, attempts=(*earlier, current))
     if storage_error:
         status = replace(status, message=bounded(f"{status.message} (cannot read checkpoints: {storage_error})"))
     return status.to_patch()
+
+
+def _startup(
+    run: TrainingRun, attempt: AttemptStatus, found: StoreReport, attempt_pods: Callable[[int], list[dict[str, Any]]]
+) -> AttemptStartup | None:
+    """The attempt's start-up milestones (controller/startup.py); without podsReady when its pods cannot be read."""
+    try:
+        ready = pods_ready_at(attempt_pods(attempt.attempt))
+    except (ApiException, OSError) as error:
+        why = getattr(error, "reason", error)
+        log.warning("cannot read the pods of %s/%s: %s", run.namespace, attempt.ray_job, why)
+        ready = None
+    return attempt_startup(
+        attempt.start_time, pods_ready=ready, training_loop_at=found.training_loop_at, first_step_at=found.first_step_at
+    )
 
 
 def merged_interval_losses(

@@ -204,6 +204,9 @@ class StoreReport:
     goodput: Goodput | None = None
     checkpoint_interval: CheckpointInterval | None = None
     interval_losses: tuple[IntervalLoss, ...] = ()  # a sweep's trial: its objective at the steps asked for
+    # The job's clock (unix seconds): when its worker group began the training loop, and its first logged step.
+    training_loop_at: float | None = None
+    first_step_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -283,6 +286,8 @@ class StoreReports:
             goodput=self._goodput(store, progress, requested or {}, ended_at),
             checkpoint_interval=checkpoint_interval_status(progress),
             interval_losses=interval_losses_status(progress, objective_steps, last_checkpoint, every_steps),
+            training_loop_at=progress.started if progress is not None else None,
+            first_step_at=progress.points[0][2] if progress is not None and progress.points else None,
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:

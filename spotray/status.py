@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.names import SWEEP_KIND, SWEEP_LABEL
-from spotray.contract.status import CheckpointInterval, Cost, Goodput, LastCheckpoint, Progress, RunStatus
+from spotray.contract.status import (
+    AttemptStartup,
+    CheckpointInterval,
+    Cost,
+    Goodput,
+    LastCheckpoint,
+    Progress,
+    RunStatus,
+)
 from spotray.contract.sweep import (
     EXPLOIT_ANNOTATION,
     PARAMS_ANNOTATION,
@@ -205,13 +213,14 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
                 a.outcome or "-",
                 a.reason or "-",
                 _dash(a.resumed_from),
+                _startup(a.startup),
                 _ago(a.start_time, now),
                 _ago(a.end_time, now),
                 a.message,
             )
             for a in status.attempts
         ]
-        headers = ("attempt", "rayjob", "outcome", "reason", "resumed from", "started", "ended", "message")
+        headers = ("attempt", "rayjob", "outcome", "reason", "resumed from", "start-up", "started", "ended", "message")
         lines += ["Attempts:", _indent(render_table(headers, rows))]
     if status.conditions:
         condition_rows = [
@@ -220,6 +229,14 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
         condition_headers = ("type", "status", "reason", "changed", "message")
         lines += ["Conditions:", _indent(render_table(condition_headers, condition_rows))]
     return "\n".join(lines)
+
+
+def _startup(startup: AttemptStartup | None) -> str:
+    """An attempt's start-up milestones, in seconds after its RayJob: "pods 18s, loop 50s, step 51s"."""
+    if startup is None:
+        return "-"
+    milestones = (("pods", startup.pods_ready), ("loop", startup.training_loop), ("step", startup.first_step))
+    return ", ".join(f"{name} {seconds:.0f}s" for name, seconds in milestones if seconds is not None) or "-"
 
 
 TRIAL_COLUMNS = ("trial", "values", "phase", "step", "objective at rungs", "sweep", "preemptions", "failures")

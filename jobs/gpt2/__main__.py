@@ -1,6 +1,6 @@
 import sys
 
-from spotray.jobs.gpt2.train import main
+from spotray.jobs.gpt2.driver import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,7 +19,8 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from spotray.jobs.gpt2.train import Gpt2JobConfig, main
+from spotray.jobs.gpt2.config import Gpt2JobConfig
+from spotray.jobs.gpt2.driver import main
 
 
 @dataclass

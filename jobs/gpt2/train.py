@@ -1,51 +1,26 @@
-"""Train a small GPT-2 (built from config) with Ray Train, streaming MDS shards from S3, resumable at any moment.
+"""What each Ray Train worker of the GPT-2 job runs (jobs/gpt2/driver.py starts them): resume, stream, train, sync.
 
-    python -m spotray.jobs.gpt2 --checkpoint-uri s3://runs/gpt2 --data-uri s3://datasets/gpt2-bytes --workers 2
-
-Started by the controller or by ``spotray run --local``, the run's settings (checkpoint URI and
-interval, data URI, workers) come from the TrainingRun in ``SPOTRAY_RUN`` and the flags above are
-not needed; hyperparameters (steps, batch size, model size) always come from the flags.
-
-The same job runs without Ray under torchrun (detected from torchrun's environment), with the
-same checkpoints, data position and SIGTERM handling:
-
-    torchrun --nproc-per-node 2 -m spotray.jobs.gpt2 --checkpoint-uri ... --data-uri ...
-
-The driver checks the store, prepares the dataset if it is not there yet, and starts one Ray Train
-worker per slot. Each worker fetches the newest complete checkpoint (the same one on every rank),
-continues at the exact next sample, and syncs every checkpoint to the store in the background.
+Each worker fetches the newest complete checkpoint (the same one on every rank) while it builds the
+model, continues at the exact next sample, and syncs every checkpoint to the store in the
+background. Only workers import this module (and with it transformers).
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import logging
 import os
-import sys
-import tempfile
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from spotray.contract.attempts import attempt_exit_code
-from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import RunContext, RunSpec
 from spotray.contract.uris import parse_uri
 from spotray.jobs.common import (
-    LoopConfig,
-    add_run_flags,
-    events_path,
-    required_data_uri,
-    run_context,
     worker_context,
 )
-from spotray.jobs.gpt2.data import MDS_COLUMNS, VOCAB_SIZE, ByteBlocks, corpus_bytes, mds_samples, to_features
-from spotray.train.checkpoints.async_checkpoint import WHEN_BUSY_CHOICES, AsyncSaveTrainer
+from spotray.jobs.gpt2.config import Gpt2JobConfig
+from spotray.jobs.gpt2.data import VOCAB_SIZE, ByteBlocks, corpus_bytes, to_features
+from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
 from spotray.train.checkpoints.resume import ResumeFetch, node_resume_dir
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.hf.checkpoint_interval import AutoCheckpointInterval, run_history
@@ -54,7 +29,6 @@ from spotray.train.hf.data import (
     EpochLoader,
     SampleRecorder,
     StreamingTrainer,
-    ensure_dataset,
     new_worker_group_id,
     open_streaming_dataset,
     release_after_training,
@@ -62,37 +36,13 @@ from spotray.train.hf.data import (
 from spotray.train.hf.learning_rate import LearningRateAfterResume
 from spotray.train.hf.loadable import trainer_checkpoint_check
 from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback
-from spotray.train.launch.batching import check_batch_splits, plan_batch
-from spotray.train.launch.launcher import launch, outcome_after_fit
-from spotray.train.processes.ranks import broadcast_from_rank0, destroy_process_group, world_rank, world_size
+from spotray.train.launch.batching import plan_batch
+from spotray.train.processes.ranks import broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.events import EventLog
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
-from spotray.train.storage.store import ObjectStore, open_store
+from spotray.train.storage.store import open_store
 
 log = logging.getLogger("spotray.jobs.gpt2")
-
-
-@dataclass(frozen=True)
-class Gpt2JobConfig(LoopConfig):
-    """The job's own settings; the run's (checkpoint and data URIs, interval, keep, GPUs) are its RunContext."""
-
-    workdir: Path
-    max_steps: int = 400
-    seed: int = 42
-    batch_size: int = 16  # global: split across workers, so a resume with another worker count trains the same
-    block_size: int = 128
-    n_layer: int = 2
-    n_embd: int = 128
-    n_head: int = 4
-    learning_rate: float = 3e-3
-    dropout: float = 0.1
-    create_bucket: bool = False
-    events_path: Path | None = None
-    async_checkpoints: bool = (
-        True  # the loop waits only for a copy to host memory (train/checkpoints/async_checkpoint.py)
-    )
-    when_busy: str = "wait"  # a save while the previous one is still being written: "wait" or "skip"
-    min_step_seconds: float = 0.0  # a step lasts at least this long (see StepFloor)
 
 
 class StepFloor(TrainerCallback):
@@ -295,115 +245,3 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             final_uri=str(store.uri.join(f"checkpoint-{step}")),
             load="transformers.AutoModelForCausalLM.from_pretrained(DIR)",
         )
-
-
-def build_job_config(args: argparse.Namespace, context: RunContext) -> Gpt2JobConfig:
-    required_data_uri(context, "spotray.jobs.gpt2", "MDS shards", "s3://BUCKET/datasets/gpt2-bytes")
-    check_batch_splits(args.batch_size, context.spec.workers)
-    return Gpt2JobConfig(
-        # Absolute: Ray Train workers run in a directory of Ray's, not the driver's.
-        workdir=(args.workdir / context.name).absolute(),
-        max_steps=args.max_steps,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        n_layer=args.n_layer,
-        n_embd=args.n_embd,
-        learning_rate=args.learning_rate,
-        dropout=args.dropout,
-        create_bucket=args.create_bucket,
-        events_path=events_path(args),
-        async_checkpoints=args.checkpoint_mode == "async",
-        when_busy=args.when_busy,
-        min_step_seconds=args.min_step_seconds,
-    )
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m spotray.jobs.gpt2", description=__doc__.split("\n\n")[0])
-    add_run_flags(parser, run_name="gpt2", data_help="where the MDS shards are (prepared there if missing)")
-    parser.add_argument(
-        "--workdir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-gpt2", help="local scratch directory"
-    )
-    parser.add_argument("--max-steps", type=int, default=400)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--batch-size", type=int, default=16, help="global batch size, split across workers")
-    parser.add_argument("--n-layer", type=int, default=2, help="transformer blocks")
-    parser.add_argument("--n-embd", type=int, default=128, help="embedding width (a multiple of 4 heads)")
-    parser.add_argument(
-        "--learning-rate", type=float, default=Gpt2JobConfig.learning_rate, help="AdamW's peak learning rate"
-    )
-    parser.add_argument(
-        "--dropout", type=float, default=0.1, help="0 makes runs with different worker counts numerically equal"
-    )
-    parser.add_argument(
-        "--checkpoint-mode",
-        choices=("async", "sync"),
-        default="async",
-        help="async: a save blocks training only for a copy to host memory; sync: the Trainer's own save",
-    )
-    parser.add_argument(
-        "--when-busy",
-        choices=WHEN_BUSY_CHOICES,
-        default="wait",
-        help="async: a save that comes while the previous one is still being written waits for it, or is skipped",
-    )
-    parser.add_argument(
-        "--min-step-seconds",
-        type=float,
-        default=0.0,
-        help="make each step last at least this long (a fault campaign's tiny model paced like a real one)",
-    )
-    args = parser.parse_args(argv)
-    if args.min_step_seconds < 0:
-        parser.error("--min-step-seconds must be >= 0")
-    if not args.learning_rate > 0:
-        parser.error("--learning-rate must be > 0")
-    for name in ("max_steps", "save_steps", "keep", "batch_size", "n_layer", "n_embd", "workers"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    return args
-
-
-def prepare(config: Gpt2JobConfig, spec: RunSpec) -> ObjectStore:
-    """Fail fast on bad storage settings, and write the dataset if it is not in the store yet."""
-    store = open_store(spec.checkpoint.uri)
-    store.check(create_bucket=config.create_bucket)
-    assert spec.data.uri is not None
-    data_store = open_store(spec.data.uri)
-    data_store.check(create_bucket=config.create_bucket)
-    if ensure_dataset(data_store, lambda: mds_samples(config.block_size), MDS_COLUMNS):
-        print(f"prepared the dataset: MDS shards in {spec.data.uri}")
-    return store
-
-
-def run_under_torchrun(config: Gpt2JobConfig, context: RunContext) -> int:
-    """One torchrun process: rank 0 prepares, every rank trains; the exit code as the Ray launcher gives it."""
-    dist.init_process_group("nccl" if context.spec.workers.gpu > 0 else "gloo")
-    try:
-        store = prepare(config, context.spec) if dist.get_rank() == 0 else open_store(context.spec.checkpoint.uri)
-        # Every rank made its own context; rank 0's identity is the run's, and train_loop reads it.
-        context = dataclasses.replace(context, run_id=broadcast_from_rank0(context.run_id))
-        os.environ.update(context.to_env())
-        dist.barrier()
-        train_loop(config.to_loop_config())
-        return outcome_after_fit(store, context.attempt_id).exit_code
-    finally:
-        destroy_process_group()
-
-
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    torchrun_world = int(os.environ["WORLD_SIZE"]) if "TORCHELASTIC_RUN_ID" in os.environ else None
-    try:
-        context = run_context(args, workers=torchrun_world)
-        config = build_job_config(args, context)
-        if torchrun_world is not None:
-            return run_under_torchrun(config, context)
-        store = prepare(config, context.spec)
-    except SpotrayError as error:
-        # Bad input (2) ends the run; an infrastructure fault such as a store that does not answer
-        # yet (75) is tried again, spending no budget (spotray/contract/errors.py).
-        print(f"error: {error}", file=sys.stderr)
-        return attempt_exit_code(error)
-    return launch(train_loop, config.to_loop_config(), context, store, resume_dir=node_resume_dir(config.workdir))

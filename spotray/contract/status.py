@@ -367,6 +367,28 @@ class CheckpointInterval(StatusObject):
 
 
 @dataclass(frozen=True)
+class AttemptStartup(StatusObject):
+    """status.attempts[].startup: where an attempt's start-up went, in seconds from its RayJob's creation.
+
+    Each milestone is read once, when the attempt's first step is known: the pods' Ready times from the
+    API server, the other two from the job's progress object (its clock). Clocks of different machines
+    can disagree by a little; a milestone never shows as negative.
+    """
+
+    pods_ready: float | None = status_field(
+        "Until every Ray pod of the attempt was Ready: scheduled, image, container, Ray started, probes passing.",
+        minimum=0,
+    )
+    training_loop: float | None = status_field(
+        "Until its worker group began the training loop: the submission, the driver, Ray Train's worker group.",
+        minimum=0,
+    )
+    first_step: float | None = status_field(
+        "Until its first logged step ended: the model built, the checkpoint fetched, the first batch.", minimum=0
+    )
+
+
+@dataclass(frozen=True)
 class AttemptStatus(StatusObject):
     """One entry of status.attempts; controller/lifecycle.py keeps its state in them.
 
@@ -383,6 +405,9 @@ class AttemptStatus(StatusObject):
     end_time: str | None = status_field("When the attempt ended.", format=DATE_TIME)
     resumed_from: int | None = status_field(
         "The checkpoint step the attempt resumed from; null when it started from scratch.", minimum=0, nullable=True
+    )
+    startup: AttemptStartup | None = status_field(
+        "Where the attempt's start-up went, in seconds from its RayJob's creation (controller/startup.py)."
     )
 
 

@@ -153,6 +153,9 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then
     )
     assert status["phase"] == "Succeeded", status
     assert status["attempts"][1]["resumedFrom"] == latest.step
+    for attempt in status["attempts"]:  # where each start-up went (controller/startup.py), read once
+        startup = attempt["startup"]
+        assert 0 <= startup["podsReady"] <= startup["trainingLoop"] <= startup["firstStep"], attempt
     # What a finished run's status says, from S3: progress, the last complete checkpoint.
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == SPOT_RUN_STEPS
     assert status["lastCheckpoint"]["step"] == SPOT_RUN_STEPS

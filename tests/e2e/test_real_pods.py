@@ -304,6 +304,10 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     assert attempts[1]["resumedFrom"] == int(attempts[0]["message"].rsplit("step ", 1)[1]), attempts
     assert status["progress"]["step"] == status["progress"]["totalSteps"] == MAX_STEPS
     assert status["lastCheckpoint"]["uri"].endswith(f"/{RUN}/checkpoint-{MAX_STEPS}"), status["lastCheckpoint"]
+    for attempt in attempts:  # where each start-up went, from real pods' Ready times and the job's clock
+        startup = attempt["startup"]
+        print(f"attempt {attempt['attempt']} start-up: {startup}", flush=True)
+        assert 0 < startup["podsReady"] <= startup["trainingLoop"] <= startup["firstStep"], attempt
     about_the_run = f"involvedObject.name={RUN}"
     events = bed.kubectl("get", "events", "-n", cluster_demo.NAMESPACE, "--field-selector", about_the_run)
     for reason in ("AttemptStarted", "SpotNotice", "Succeeded"):
@@ -327,6 +331,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     detail = spotray("status", RUN, "-n", cluster_demo.NAMESPACE)
     assert "Phase:           Succeeded" in detail.stdout, detail.stdout + detail.stderr
     assert "Goodput:         " in detail.stdout, detail.stdout
+    assert "START-UP" in detail.stdout, detail.stdout  # the attempts' start-up, in seconds
     assert spotray("watch", RUN, "-n", cluster_demo.NAMESPACE).returncode == 0  # an ended run: at once
     pulled = spotray("pull", str(manifest), str(tmp_path / "model"))
     assert pulled.returncode == 0, pulled.stdout + pulled.stderr

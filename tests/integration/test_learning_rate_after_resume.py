@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
+from spotray.jobs.gpt2.config import Gpt2JobConfig
+from spotray.jobs.gpt2.train import build_trainer
 from spotray.train.hf.learning_rate import LearningRateAfterResume
 
 pytestmark = [pytest.mark.integration]

@@ -12,7 +12,7 @@ from pathlib import Path
 import boto3
 import pytest
 
-from spotray.train.hf.data import INDEX_NAME, write_mds_dataset
+from spotray.train.storage.mds_dataset import INDEX_NAME, write_mds_dataset
 from spotray.train.storage.store import download_dir, upload_dir
 from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server
 

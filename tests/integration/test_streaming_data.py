@@ -19,8 +19,9 @@ import pytest
 import torch
 
 from spotray.contract.uris import parse_uri
-from spotray.train.hf.data import DataPosition, EpochLoader, open_streaming_dataset, write_mds_dataset
+from spotray.train.hf.data import DataPosition, EpochLoader, open_streaming_dataset
 from spotray.train.storage.local_s3 import LocalS3Server
+from spotray.train.storage.mds_dataset import write_mds_dataset
 from spotray.train.storage.store import ObjectStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.streaming]

@@ -8,7 +8,8 @@ import pytest
 
 from spotray.contract.errors import CheckpointUploadError
 from spotray.contract.uris import parse_uri
-from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer
+from spotray.jobs.gpt2.config import Gpt2JobConfig
+from spotray.jobs.gpt2.train import build_trainer
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore

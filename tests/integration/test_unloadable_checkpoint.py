@@ -24,7 +24,8 @@ import torch
 from transformers import Trainer
 
 from spotray.contract.errors import Cause, UnloadableCheckpointError, cause_of
-from spotray.jobs.gpt2.train import Gpt2JobConfig, build_model, build_trainer
+from spotray.jobs.gpt2.config import Gpt2JobConfig
+from spotray.jobs.gpt2.train import build_model, build_trainer
 from spotray.train.checkpoints.checkpoint import complete_checkpoints, download_checkpoint, upload_checkpoint
 from spotray.train.checkpoints.resume import LoadCheck, ResumeFetch
 from spotray.train.hf.callback import S3CheckpointCallback

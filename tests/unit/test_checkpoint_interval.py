@@ -79,7 +79,8 @@ def test_a_trainer_saves_where_the_decisions_say_and_records_them(
 ) -> None:
     """The real gpt2 Trainer, single process: the first save at minEverySteps (no cost measured yet), then
     the interval Young/Daly gives from the measured cost, within the bounds; the last step always saves."""
-    from spotray.jobs.gpt2.train import Gpt2JobConfig, build_trainer  # noqa: PLC0415 - needs the job's packages
+    from spotray.jobs.gpt2.config import Gpt2JobConfig  # noqa: PLC0415 - needs the job's packages
+    from spotray.jobs.gpt2.train import build_trainer  # noqa: PLC0415 - needs the job's packages
 
     uri = f"file://{tmp_path / 'ckpt'}"
     store = open_store(uri)

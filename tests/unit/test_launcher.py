@@ -213,7 +213,7 @@ def test_progress_line_shows_step_loss_rate_eta_and_checkpoint() -> None:
 
 def test_job_configs_travel_to_workers_as_plain_values_and_back(tmp_path: Path) -> None:
     from spotray.jobs.cnn.train import CnnJobConfig  # noqa: PLC0415 (imports Ray Data: only this test needs it)
-    from spotray.jobs.gpt2.train import Gpt2JobConfig  # noqa: PLC0415
+    from spotray.jobs.gpt2.config import Gpt2JobConfig  # noqa: PLC0415
 
     gpt2 = Gpt2JobConfig(workdir=tmp_path, events_path=tmp_path / "e.jsonl")
     plain = json.loads(json.dumps(gpt2.to_loop_config()))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import http.server
 import random
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -29,7 +31,9 @@ from bench.nemesis import (
     TrialResult,
     commit_window,
     draw_faults,
+    is_job_driver,
     judged_once,
+    latest_runs,
     outcomes_allowed,
     summary,
 )
@@ -164,6 +168,12 @@ def test_a_campaign_in_parts_is_summarized_from_its_trial_log_with_the_commit_of
     assert totals["windows"] == {"between checkpoints": 1, "checkpoint being written": 1}
     assert totals["failures"][0]["problems"] == ["lost a step"]
 
+    rerun = TrialResult(2, 102, [Fault("s3-silent", "upload", 20)], [failed_landing], [], 95.0)
+    TrialLog(log_path, campaign_seed=1, parallel=1).append(rerun)  # after the campaign's own fault was fixed
+    latest, earlier = latest_runs(*TrialLog.read(log_path))
+    assert latest == [passed, rerun], "a trial is its latest run"
+    assert [(run["number"], run["problems"]) for run in earlier] == [(2, ["lost a step"])], "never dropped"
+
 
 class _Ok(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one connection carries several requests
@@ -265,3 +275,23 @@ def test_a_silence_stalls_an_open_connection_that_then_flows_again(proxy: FaultP
     connection.settimeout(5)
     assert response(connection).startswith(b"HTTP/1.1 200")
     connection.close()
+
+
+def test_a_spot_notice_goes_to_the_python_driver_not_the_shell_that_names_it() -> None:
+    """Ray's job supervisor runs the entrypoint through a shell: SIGTERM to that shell ended it (exit
+    -15, judged a training failure) and left the driver training on (trial 13 of campaign seed 1)."""
+    shell = subprocess.Popen(["sh", "-c", f"sleep 30; {sys.executable} -m spotray.jobs.gpt2"])
+    driver = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "-m", "spotray.jobs.gpt2"])
+    try:
+        for process in (shell, driver):  # until each has exec'd its program (a forked child shows its parent's)
+            deadline = time.monotonic() + 10
+            cmdline = Path(f"/proc/{process.pid}/cmdline")
+            while b"spotray.jobs.gpt2" not in cmdline.read_bytes() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert not is_job_driver(shell.pid)
+        assert is_job_driver(driver.pid)
+        assert not is_job_driver(2**22 + 7)  # no such process
+    finally:
+        for process in (shell, driver):
+            process.kill()
+            process.wait()

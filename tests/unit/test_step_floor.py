@@ -12,6 +12,7 @@ import pytest
 pytestmark = pytest.mark.unit
 
 gpt2 = pytest.importorskip("spotray.jobs.gpt2.train", reason="the job's packages (the [train] extra)")
+gpt2_config = pytest.importorskip("spotray.jobs.gpt2.config", reason="the job's packages (the [train] extra)")
 
 
 def test_a_step_lasts_at_least_the_floor_and_a_slower_one_is_not_slowed_more() -> None:
@@ -29,8 +30,8 @@ def test_a_step_lasts_at_least_the_floor_and_a_slower_one_is_not_slowed_more() -
 
 
 def test_the_floor_is_off_unless_asked_and_never_negative(capsys: pytest.CaptureFixture[str]) -> None:
-    assert gpt2.parse_args([]).min_step_seconds == 0.0
-    assert gpt2.parse_args(["--min-step-seconds", "0.3"]).min_step_seconds == 0.3
+    assert gpt2_config.parse_args([]).min_step_seconds == 0.0
+    assert gpt2_config.parse_args(["--min-step-seconds", "0.3"]).min_step_seconds == 0.3
     with pytest.raises(SystemExit):
-        gpt2.parse_args(["--min-step-seconds", "-1"])
+        gpt2_config.parse_args(["--min-step-seconds", "-1"])
     assert "--min-step-seconds must be >= 0" in capsys.readouterr().err

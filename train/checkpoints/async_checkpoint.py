@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -44,19 +44,9 @@ from transformers.trainer_callback import ExportableState
 
 from spotray.contract.errors import CheckpointUploadError
 from spotray.train.checkpoints.direct_load import DirectLoadTrainer
+from spotray.train.checkpoints.save_policy import when_busy_policy
 
 log = logging.getLogger(__name__)
-
-WhenBusy = Literal["wait", "skip"]
-WHEN_BUSY_CHOICES: tuple[WhenBusy, ...] = ("wait", "skip")
-
-
-def when_busy_policy(value: str) -> WhenBusy:
-    """``value`` as a policy, or a ValueError that lists the choices."""
-    for choice in WHEN_BUSY_CHOICES:
-        if value == choice:
-            return choice
-    raise ValueError(f"when_busy must be one of {', '.join(WHEN_BUSY_CHOICES)}, not {value!r}")
 
 
 class HostBuffers:

@@ -1,8 +1,8 @@
 """Datasets as MosaicML MDS shards in S3, streamed into the Hugging Face Trainer with an exact data position.
 
-Preparation writes shards locally with ``MDSWriter`` and uploads them through our store (retries,
-path-style addressing), ``index.json`` last: like a checkpoint manifest, its presence means the
-dataset is complete, and a preparation cut short is redone, never read half-way.
+Preparation (train/storage/mds_dataset.py) writes shards locally with ``MDSWriter`` and uploads them
+through our store (retries, path-style addressing), ``index.json`` last: like a checkpoint manifest,
+its presence means the dataset is complete, and a preparation cut short is redone, never read half-way.
 
 Training reads with ``StreamingDataset`` (remote = the S3 prefix, a local cache on disk). Resume is
 exact without skipping batches: the checkpoint records the data position (epoch, sample in epoch)
@@ -29,10 +29,9 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,48 +47,12 @@ from spotray.contract.uris import StorageUri
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
 from spotray.train.hf.streaming_memory import release_streaming_memory
 from spotray.train.processes.ranks import MachineRanks, launcher_local_ranks, machine_ranks
-from spotray.train.storage.store import ObjectStore, upload_dir
 
 log = logging.getLogger(__name__)
 
-INDEX_NAME = "index.json"
 # Pinned, not derived from the world size: the global sample order depends on it, so an attempt with
 # fewer or more workers than the last one continues the same order. 1 works for every world size.
 NUM_CANONICAL_NODES = 1
-
-
-def dataset_is_complete(store: ObjectStore) -> bool:
-    return any(info.key == INDEX_NAME for info in store.list(INDEX_NAME))
-
-
-def write_mds_dataset(
-    store: ObjectStore, samples: Iterable[dict[str, Any]], columns: dict[str, str], *, shard_bytes: int = 1 << 22
-) -> int:
-    """Write ``samples`` as MDS shards to ``store``'s prefix, ``index.json`` last; return the sample count."""
-    with extra_required("streaming"):
-        from streaming import MDSWriter  # noqa: PLC0415 (imports torchvision: only when preparing data)
-
-    with tempfile.TemporaryDirectory(prefix="spotray-mds-") as tmp:
-        local = Path(tmp) / "mds"
-        count = 0
-        with MDSWriter(out=str(local), columns=columns, size_limit=shard_bytes) as writer:
-            for sample in samples:
-                writer.write(sample)
-                count += 1
-        upload_dir(store, local, "", exclude=(INDEX_NAME,))
-        store.upload_files([(local / INDEX_NAME, INDEX_NAME)])
-    return count
-
-
-def ensure_dataset(
-    store: ObjectStore, make_samples: Callable[[], Iterable[dict[str, Any]]], columns: dict[str, str]
-) -> bool:
-    """Prepare the dataset unless a complete one is already there; True when it was written now."""
-    if dataset_is_complete(store):
-        return False
-    count = write_mds_dataset(store, make_samples(), columns)
-    log.info("wrote %d samples as MDS shards to %s", count, store.uri)
-    return True
 
 
 @dataclass(frozen=True)

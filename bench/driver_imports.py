@@ -1,0 +1,72 @@
+"""The GPT-2 job's driver start-up, A vs B (issue 39, item 3): what `python -m spotray.jobs.gpt2` imports
+now, against what it imported before the driver and the workers' code were split (the worker
+module, with transformers and the model's code).
+
+A driver starts on every attempt before any worker can; on real pods its imports were the largest
+phase after the pods themselves (17 s of 51 s from RayJob to first step, docs/goodput.md). Each
+round runs both, back to back, in alternating order, as whole processes on this machine:
+
+- A: ``python -m spotray.jobs.gpt2 --help`` (the driver's imports, then its flags; --help exits there);
+- B: the same, with the worker module (jobs/gpt2/train.py) imported first, as the driver did before.
+
+Ratio: median of A's wall time over B's, pair by pair; goal <= 0.8 (a cut of at least a fifth). Result:
+``bench/results/driver_imports.json``.
+
+    .venv/bin/python -m bench.driver_imports            # 8 rounds, about 7 minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+
+from bench.common import machine_details, write_result
+
+SIDES = {
+    "driver": [sys.executable, "-m", "spotray.jobs.gpt2", "--help"],
+    "before": [
+        sys.executable,
+        "-c",
+        "import sys, runpy; import spotray.jobs.gpt2.train; sys.argv = ['gpt2', '--help']; "
+        "runpy.run_module('spotray.jobs.gpt2', run_name='__main__')",
+    ],
+}
+
+
+def timed(command: list[str]) -> float:
+    began = time.monotonic()
+    subprocess.run(command, check=True, capture_output=True, timeout=600)
+    return time.monotonic() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    args = parser.parse_args()
+    timed(SIDES["driver"])  # warm the page cache for both (they share every file but the worker's)
+    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
+    for index in range(args.rounds):
+        order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
+        for side in order:
+            seconds[side].append(round(timed(SIDES[side]), 3))
+        print(f"round {index + 1}: driver {seconds['driver'][-1]} s, before {seconds['before'][-1]} s", flush=True)
+    pairs = [a / b for a, b in zip(seconds["driver"], seconds["before"], strict=True)]
+    ratio = statistics.median(pairs)
+    details = {
+        "seconds": seconds,
+        "medians": {side: statistics.median(values) for side, values in seconds.items()},
+        "pair_ratios": [round(r, 3) for r in pairs],
+        "machine": machine_details(),
+    }
+    print(f"driver imports / before: {ratio:.3f} (median of {len(pairs)} pairs)")
+    command = " ".join(["python -m bench.driver_imports", *sys.argv[1:]])
+    write_result("driver_imports", ratio, "<= 0.8", "the driver importing the worker module (before the split)",
+                 command, details)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
