@@ -8,13 +8,12 @@ new cluster (tests/integration/test_attempt_contract.py and test_demo.py check t
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.local_script_runs import run_driver_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -38,26 +37,8 @@ DRIVER = textwrap.dedent(
 @pytest.mark.campaign
 @pytest.mark.timeout(600)
 def test_the_attempt_after_an_infrastructure_fault_runs_on_the_same_ray_cluster(tmp_path: Path) -> None:
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    manifest = {
-        "apiVersion": "spotray.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": "kept"},
-        "spec": {
-            "entrypoint": f"python {script}",
-            "workers": {"replicas": 1, "cpu": "1", "memory": "1Gi", "gpu": 0},
-            "checkpoint": {"uri": f"file://{tmp_path / 'checkpoints'}"},
-            "retry": {"backoffSeconds": 1},
-        },
-    }
-    path = tmp_path / "kept.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    workdir = tmp_path / "wd"
-    command = [sys.executable, "-m", "spotray.cli", "run", str(path), "--local", "--workdir", str(workdir)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=500, check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    output, workdir, code = run_driver_script(tmp_path, "kept", DRIVER, timeout_s=500)
+    assert code == 0, output[-4000:]
     assert "attempt 2 runs on the Ray cluster still standing" in output, output[-4000:]
     assert "a task on the kept cluster returned 42" in (workdir / "attempt-2.log").read_text()
     assert (workdir / "ray.log").read_text().count("Ray runtime started") == 1, "one `ray start` for both attempts"

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from tests.local_script_runs import run_driver_script
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -55,30 +55,12 @@ DRIVER = textwrap.dedent(
 
 @pytest.mark.timeout(600)
 def test_a_head_that_dies_under_an_attempt_ends_it_as_a_lost_node(tmp_path: Path) -> None:
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
-    manifest = {
-        "apiVersion": "spotray.dev/v1alpha1",
-        "kind": "TrainingRun",
-        "metadata": {"name": "headless"},
-        "spec": {
-            "entrypoint": f"python {script}",
-            "workers": {"replicas": 1, "cpu": "1", "memory": "1Gi", "gpu": 0},
-            "checkpoint": {"uri": f"file://{tmp_path / 'checkpoints'}"},
-            "retry": {"backoffSeconds": 1},
-        },
-    }
-    path = tmp_path / "headless.yaml"
-    path.write_text(yaml.safe_dump(manifest))
-    workdir = tmp_path / "wd"
-    command = [sys.executable, "-m", "spotray.cli", "run", str(path), "--local", "--workdir", str(workdir)]
     began = time.monotonic()
     try:
-        result = subprocess.run(command, capture_output=True, text=True, timeout=400, check=False)
+        output, workdir, code = run_driver_script(tmp_path, "headless", DRIVER, timeout_s=400)
     except subprocess.TimeoutExpired as stuck:
         pytest.fail(f"local mode still waited on a dead head after 400 s: {stuck.stdout!r}"[-3000:])
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    assert code == 0, output[-4000:]
     assert "killed my head's GCS server" in (workdir / "attempt-1.log").read_text()
     assert "a task on the new cluster returned 42" in (workdir / "attempt-2.log").read_text()
     status = json.loads((workdir / "run-state.json").read_text())["status"]
