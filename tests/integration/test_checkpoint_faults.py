@@ -11,7 +11,6 @@ import pytest
 
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import (
-    MANIFEST_NAME,
     latest_complete_checkpoint,
     list_checkpoints,
     upload_checkpoint,
@@ -24,12 +23,24 @@ from tests.conftest import TEST_BUCKET, write_files
 
 pytestmark = pytest.mark.integration
 
+# The upload process, killed by the test at the worst moment: its data files are all in the store and
+# its manifest not yet. It says so and waits there, so the kill lands in that window every time (a
+# kill timed from outside raced the upload: on a loaded machine the whole upload, manifest included,
+# once finished before the first listing saw any of it).
 UPLOAD_SCRIPT = """
-import sys
+import sys, time
 from pathlib import Path
-from spotray.train.checkpoints.checkpoint import upload_checkpoint
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, upload_checkpoint
 from spotray.train.storage.store import open_store
-upload_checkpoint(open_store(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), world_size=1)
+store = open_store(sys.argv[1])
+put_bytes = store.put_bytes
+def put_bytes_but_the_manifest(key, data, **kwargs):
+    if key.endswith(MANIFEST_NAME):
+        print("DATA-UP", flush=True)
+        time.sleep(600)
+    return put_bytes(key, data, **kwargs)
+store.put_bytes = put_bytes_but_the_manifest
+upload_checkpoint(store, Path(sys.argv[2]), int(sys.argv[3]), world_size=1)
 """
 
 
@@ -40,18 +51,19 @@ def test_upload_killed_half_way_is_never_chosen(
     upload_checkpoint(s3_store, small, 20, world_size=1)
     big = write_files(
         tmp_path / "big",
-        {"model.safetensors": os.urandom(96 << 20), "optimizer.pt": os.urandom(160 << 20), "z.json": b"{}"},
+        {"model.safetensors": os.urandom(8 << 20), "optimizer.pt": os.urandom(16 << 20), "z.json": b"{}"},
     )
-    child = subprocess.Popen([sys.executable, "-c", UPLOAD_SCRIPT, str(s3_store.uri), str(big), "30"], env=s3_env)
-    deadline = time.monotonic() + 60
-    while not s3_store.list("checkpoint-30/") and time.monotonic() < deadline and child.poll() is None:
-        time.sleep(0.01)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    command = [sys.executable, "-c", UPLOAD_SCRIPT, str(s3_store.uri), str(big), "30"]
+    child = subprocess.Popen(command, env=s3_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "DATA-UP", "the upload ended before its manifest"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=60)
 
-    keys = [o.key for o in s3_store.list("checkpoint-30/")]
-    assert keys, "the upload was killed before it wrote anything; the test proved nothing"
-    assert f"checkpoint-30/{MANIFEST_NAME}" not in keys
+    keys = sorted(o.key for o in s3_store.list("checkpoint-30/"))
+    assert keys == ["checkpoint-30/model.safetensors", "checkpoint-30/optimizer.pt", "checkpoint-30/z.json"]
     assert [(c.step, c.complete) for c in list_checkpoints(s3_store)] == [(30, False), (20, True)]
     resume = fetch_resume_checkpoint(s3_store, tmp_path / "resume")
     assert resume is not None
