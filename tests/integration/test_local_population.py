@@ -53,6 +53,10 @@ def schedule(rate: float, step: int) -> float:
     return rate * scheduler.lr_lambdas[0](step - 1)
 
 
+# 4-7 minutes (two local trials at once, each a Ray cluster and a GPT-2 run): make test-campaign. In
+# make test the decisions are held by tests/unit/test_population.py, the donor's checkpoint copied by
+# tests/integration/test_start_from.py and the new rate by test_learning_rate_after_resume.py.
+@pytest.mark.campaign
 @pytest.mark.timeout(900)
 def test_the_worse_trial_goes_on_from_the_better_ones_checkpoint_at_its_own_new_rate(tmp_path: Path) -> None:
     manifest = tmp_path / "pbt.yaml"
