@@ -585,8 +585,10 @@ def _status(
             *earlier, current = status.attempts
             if found.resumed_from is not None:
                 current = replace(current, resumed_from=found.resumed_from)
-            if found.first_step_at is not None and (current.startup is None or current.startup.first_step is None):
-                # Once per attempt, when its first step is known: by then its pods were Ready.
+            unrecorded = current.start_time and (current.startup is None or current.startup.first_step is None)
+            if found.first_step_at is not None and unrecorded:
+                # Once per attempt, when its first step is known: by then its pods were Ready. (An entry
+                # without a start time, rebuilt from an old status, has none to measure from.)
                 current = replace(current, startup=_startup(run, current, found, attempt_pods))
             status = replace(status, attempts=(*earlier, current))
     if storage_error:
