@@ -172,6 +172,37 @@ def processes_using(path: Path) -> list[int]:
     return found
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]; [] when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return []
+    return text[text.rindex(")") + 2 :].split()
+
+
+def start_time(pid: int) -> str:
+    """When the process started (clock ticks since boot): with its pid, says which process it is."""
+    fields = _stat_fields(pid)
+    return fields[19] if fields else ""
+
+
+def session_processes(session_id: int) -> list[int]:
+    """Live pids in session ``session_id``: every descendant of its leader that did not call setsid.
+
+    Linux keeps a session's id from being reused while any process is still in that session,
+    so these are the leader's own even after it died and its children were reparented.
+    """
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields and fields[0] != "Z" and int(fields[3]) == session_id:
+            found.append(int(entry.name))
+    return found
+
+
 def reap_orphans() -> list[int]:
     """Kills test bed processes whose owner is gone (a test run killed with SIGKILL earlier).
 
@@ -967,6 +998,7 @@ class RayHead:
         self.temp_dir: Path | None = None
         self.gcs_address = ""  # host:port, once started
         self.env: dict[str, str] = {}
+        self.session: tuple[int, str] | None = None  # `ray start`'s session: its pid and start time
         self.nodes: list[LocalRayWorkerNode] = []
         self._log_start = 0
 
@@ -1031,6 +1063,7 @@ class RayHead:
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl
             )  # fmt: skip
+        self.session = (self.proc.pid, start_time(self.proc.pid))
         try:
             wait_until(f"Ray dashboard at {self.dashboard_url}", self._jobs_api_up, timeout=120, interval=1)
         except BaseException:
@@ -1092,9 +1125,12 @@ class RayHead:
                 self.proc.wait()
 
         # Ray's workers leave the process group (the marker finds them), and its agents hide the
-        # marker (their open log files in the temp dir find them).
+        # marker (their open log files in the temp dir find them). An agent whose raylet died
+        # before it opened its logs has neither, and the SIGTERM above is all it got when `ray
+        # start` was already gone; it is still in `ray start`'s session (the nemesis campaign
+        # found such agents of failed starts running on, the load growing with each).
         def all_gone() -> bool:
-            pids = marked_processes(self.marker)
+            pids = marked_processes(self.marker) + self._session_processes()
             if self.temp_dir is not None:
                 pids += processes_using(self.temp_dir)
             kill_pids(pids)
@@ -1103,6 +1139,14 @@ class RayHead:
         wait_until("Ray processes to exit", all_gone, timeout=15)
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _session_processes(self) -> list[int]:
+        if self.session is None:
+            return []
+        leader, started = self.session
+        if start_time(leader) not in ("", started):
+            return []  # the leader's pid now names another process: the session is no longer ours
+        return session_processes(leader)
 
     def __enter__(self) -> RayHead:
         return self.start()
