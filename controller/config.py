@@ -115,6 +115,10 @@ class ControllerConfig:
     shared_mount_path: str = "/mnt/shared"
     fs_group: int = 1000
     ray_cluster_selector: dict[str, str] = field(default_factory=dict)
+    # One RayCluster per run, kept across its attempts (the chart's rayJob.clusterPerRun): a reclaim
+    # that takes spot workers but not the on-demand head costs no new head; each attempt is a RayJob
+    # with a clusterSelector on it (controller/rayjob.py build_ray_cluster). Off: a cluster per attempt.
+    ray_cluster_per_run: bool = False
     rayjob_ttl_seconds: int = 600
     worker_grace_seconds: int = 120
     reconcile_interval_seconds: int = 10
@@ -183,6 +187,14 @@ class ControllerConfig:
         ray_token_auth = _bool_env(env, "SPOTRAY_RAY_TOKEN_AUTH", defaults.ray_token_auth)
         if ray_token_auth:
             _require_token_auth_version(ray_version)
+        ray_cluster_selector = _json_env(env, "SPOTRAY_RAY_CLUSTER_SELECTOR", {}, dict)
+        ray_cluster_per_run = _bool_env(env, "SPOTRAY_RAY_CLUSTER_PER_RUN", defaults.ray_cluster_per_run)
+        if ray_cluster_selector and ray_cluster_per_run:
+            raise SpotrayError(
+                "SPOTRAY_RAY_CLUSTER_SELECTOR (every job on the chart's long-lived RayCluster) and "
+                "SPOTRAY_RAY_CLUSTER_PER_RUN (a RayCluster of each run's own) exclude each other",
+                "set one of rayCluster.enabled and rayJob.clusterPerRun in the chart's values",
+            )
         return cls(
             namespaces=namespaces,
             default_image=env.get("SPOTRAY_DEFAULT_IMAGE") or defaults.default_image,
@@ -200,7 +212,8 @@ class ControllerConfig:
             shared_pvc=env.get("SPOTRAY_SHARED_PVC") or None,
             shared_mount_path=env.get("SPOTRAY_SHARED_MOUNT_PATH") or defaults.shared_mount_path,
             fs_group=_int_env(env, "SPOTRAY_FS_GROUP", defaults.fs_group),
-            ray_cluster_selector=_json_env(env, "SPOTRAY_RAY_CLUSTER_SELECTOR", {}, dict),
+            ray_cluster_selector=ray_cluster_selector,
+            ray_cluster_per_run=ray_cluster_per_run,
             rayjob_ttl_seconds=_int_env(env, "SPOTRAY_RAYJOB_TTL_SECONDS", defaults.rayjob_ttl_seconds),
             worker_grace_seconds=_int_env(env, "SPOTRAY_WORKER_GRACE_SECONDS", defaults.worker_grace_seconds, 1),
             reconcile_interval_seconds=_int_env(

@@ -8,7 +8,9 @@
 - a TrainingSweep that is new or changed, or one of its trials (a TrainingRun labelled with it) that
   changed -> reconcile the sweep (controller/sweep_reconcile.py) on a queue of its own;
 - a pod of ours got a ``DisruptionTarget`` condition (node gone, evicted, spot reclaim) -> the fact
-  is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends.
+  is written on its attempt's RayJob, where the lifecycle reads it when the attempt ends; a pod of a
+  run's cluster kept across attempts (``ray_cluster_per_run``) counts for the attempt running on it,
+  and a lost head marks the cluster too and has the run reconciled at once.
 The Kubernetes and S3 clients block, so reconciles run on the queue's worker threads; those
 handlers only enqueue and return, so kopf's watch streams never wait on a reconcile. Two do not go
 through the queue: the pod handler writes its one annotation itself, and with peering the kopf timer
@@ -33,6 +35,7 @@ from spotray.contract.names import (
     DISRUPTION_ANNOTATION,
     GROUP,
     PLURAL,
+    RAY_CLUSTER_LABEL,
     RAY_GROUP,
     RAY_VERSION,
     RAYJOB_PLURAL,
@@ -47,7 +50,7 @@ from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import timestamp
-from spotray.controller.reconcile import disruption_note, disruption_time, reconcile
+from spotray.controller.reconcile import disruption_note, disruption_time, reconcile, record_cluster_pod_disrupted
 from spotray.controller.sweep_reconcile import REFRESH_S as SWEEP_REFRESH_S
 from spotray.controller.sweep_reconcile import reconcile_sweep
 from spotray.controller.watch_health import WatchChecker, WatchHealth
@@ -245,3 +248,18 @@ def on_pod_disrupted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
     log.info("%s/%s: %s", meta.namespace, job, note)
     when = disruption_time(dict(body)) or timestamp(datetime.now(UTC))
     cluster().annotate_rayjob(str(meta.namespace), job, {DISRUPTION_ANNOTATION: note, DISRUPTED_AT_ANNOTATION: when})
+
+
+# A run's cluster kept across attempts: its pods carry the run and the cluster, not an attempt.
+@kopf.on.event(
+    "",
+    "v1",
+    "pods",
+    labels={RUN_LABEL: kopf.PRESENT, ATTEMPT_LABEL: kopf.ABSENT, RAY_CLUSTER_LABEL: kopf.PRESENT},
+    when=_disrupted,
+)
+def on_cluster_pod_disrupted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
+    run_name = record_cluster_pod_disrupted(cluster(), dict(body), datetime.now(UTC))
+    if run_name is not None:
+        log.info("%s/%s: %s", meta.namespace, meta.name, disruption_note(dict(body)))
+        _queue.add(str(meta.namespace), run_name)

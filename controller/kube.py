@@ -19,7 +19,17 @@ from typing import Any, cast
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from spotray.contract.names import API_VERSION, GROUP, KIND, PLURAL, RAY_GROUP, RAY_VERSION, RAYJOB_PLURAL, VERSION
+from spotray.contract.names import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    RAY_GROUP,
+    RAY_VERSION,
+    RAYCLUSTER_PLURAL,
+    RAYJOB_PLURAL,
+    VERSION,
+)
 from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller.lifecycle import Event, RayJobRefusal, timestamp
 from spotray.controller.s3_access import SecretView
@@ -239,21 +249,45 @@ class Cluster:
         return [str(reference.uid) for reference in (found.metadata.owner_references or [])]
 
     def delete_rayjob(self, namespace: str, name: str) -> None:
+        self._delete_ray_object(RAYJOB_PLURAL, namespace, name)
+
+    def annotate_rayjob(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._annotate_ray_object(RAYJOB_PLURAL, namespace, name, annotations)
+
+    # The run's own RayCluster, kept across its attempts (controller/config.py ray_cluster_per_run).
+    def get_ray_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self._get(RAY_GROUP, RAY_VERSION, RAYCLUSTER_PLURAL, namespace, name)
+
+    def create_ray_cluster(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """Create it; None when created, else the RayCluster that already has its name (see ``create_rayjob``)."""
+        return self._create_or_namesake(
+            RAY_GROUP, RAY_VERSION, RAYCLUSTER_PLURAL, body, refused=lambda error: RayJobRefusedError(refusal_of(error))
+        )
+
+    def delete_ray_cluster(self, namespace: str, name: str) -> None:
+        self._delete_ray_object(RAYCLUSTER_PLURAL, namespace, name)
+
+    def annotate_ray_cluster(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self._annotate_ray_object(RAYCLUSTER_PLURAL, namespace, name, annotations)
+
+    def _delete_ray_object(self, plural: str, namespace: str, name: str) -> None:
+        """Delete a RayJob or RayCluster; one already gone is no error."""
         try:
             self.custom.delete_namespaced_custom_object(
-                RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, _request_timeout=REQUEST_TIMEOUT
+                RAY_GROUP, RAY_VERSION, namespace, plural, name, _request_timeout=REQUEST_TIMEOUT
             )
         except ApiException as error:
             if error.status != 404:
                 raise
 
-    def annotate_rayjob(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+    def _annotate_ray_object(self, plural: str, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Merge ``annotations`` into a RayJob's or RayCluster's; one already gone is no error."""
         try:
             self.custom.patch_namespaced_custom_object(
                 RAY_GROUP,
                 RAY_VERSION,
                 namespace,
-                RAYJOB_PLURAL,
+                plural,
                 name,
                 {"metadata": {"annotations": annotations}},
                 _request_timeout=REQUEST_TIMEOUT,

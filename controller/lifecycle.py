@@ -82,6 +82,8 @@ from spotray.contract.names import (
     SUCCEEDED,
     SUSPENDED,
     TERMINAL_PHASES,
+    ray_cluster_generation,
+    ray_cluster_name,
     rayjob_name,
 )
 from spotray.contract.spec import MAX_NAME_LENGTH, TrainingRun
@@ -179,11 +181,22 @@ def parse_timestamp(text: str | None) -> datetime | None:
     """A status time in any RFC 3339 form (spotray/contract/status.py ``parse_date_time``); None when unset.
 
     A time read through ``RunStatus``/``RunState.from_status`` was checked there; an unchecked
-    one (a RayJob's, an annotation) goes through ``reconcile.timestamp_or_none``.
+    one (a RayJob's, a pod's, an annotation) goes through ``unchecked_timestamp``.
     """
     if not text:
         return None
     return parse_date_time(text)
+
+
+def unchecked_timestamp(value: object) -> datetime | None:
+    """A time from a field anyone may write (an annotation, a RayJob's or a pod's status), as RFC 3339
+    text or as the Kubernetes client's datetime; None when it is missing or not a time."""
+    if isinstance(value, datetime):
+        return value
+    try:
+        return parse_timestamp(str(value)) if value else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -389,6 +402,15 @@ class RayJobView:
 
 
 @dataclass(frozen=True)
+class RayClusterView:
+    """The run's RayCluster its last attempt ran on, as read (``ray_cluster_per_run``)."""
+
+    name: str
+    head_lost: str | None = None  # set by the pod watcher: "pod P on node N: reason"
+    owner_uid: str | None = None  # the TrainingRun that owns it
+
+
+@dataclass(frozen=True)
 class Event:
     type: str  # Normal or Warning
     reason: str
@@ -402,6 +424,9 @@ class Plan:
     state: RunState
     create_attempt: int | None = None
     delete_rayjob: str | None = None
+    # The run's RayCluster to delete: its head was lost (a new generation follows), or the run ended
+    # or was suspended. Deleted after the status is written, like a RayJob.
+    delete_ray_cluster: str | None = None
     events: tuple[Event, ...] = ()
     requeue_after_s: float | None = None
 
@@ -427,6 +452,10 @@ class Observation:
     start_deadline_seconds: float = 0.0
     # How long an ended attempt's records may stay unreadable before the run shows StorageUnreachable.
     storage_patience_seconds: float = STORAGE_PATIENCE_SECONDS
+    # One RayCluster per run, kept across attempts (controller/config.py ``ray_cluster_per_run``), and
+    # the one the last attempt ran on as read (None: it does not exist, or there is none yet).
+    ray_cluster_per_run: bool = False
+    ray_cluster: RayClusterView | None = None
 
 
 @dataclass(frozen=True)
@@ -479,11 +508,18 @@ def log_summary(message: str) -> str:
     return f"{head}\n[... {len(message) - len(head) - len(tail)} characters of the log cut ...]\n{tail}"
 
 
-def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str) -> Plan:
-    """Record the next attempt (number: the last one + 1) and ask for it to be created."""
+def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str, ray_cluster: str | None = None) -> Plan:
+    """Record the next attempt (number: the last one + 1) and ask for it to be created.
+
+    ``ray_cluster``: the run's RayCluster it runs on, when the controller keeps one per run.
+    """
     number = (state.current.attempt if state.current else 0) + 1
     entry = AttemptStatus(
-        attempt=number, ray_job=rayjob_name(run.name, number), outcome=OUTCOME_RUNNING, start_time=timestamp(now)
+        attempt=number,
+        ray_job=rayjob_name(run.name, number),
+        outcome=OUTCOME_RUNNING,
+        start_time=timestamp(now),
+        ray_cluster=ray_cluster,
     )
     new = replace(
         state,
@@ -728,6 +764,18 @@ def _rebuilt(state: RunState, run: TrainingRun, now: datetime) -> RunState:
 
 
 def _plan(obs: Observation, now: datetime) -> Plan:
+    decided = _decide(obs, now)
+    if not obs.ray_cluster_per_run or decided.delete_ray_cluster is not None:
+        return decided
+    current = decided.state.current
+    if decided.state.phase in (*TERMINAL_PHASES, SUSPENDED) and current is not None and current.ray_cluster:
+        # The run's cluster outlives its RayJobs: it goes when the run ends or is suspended (again at
+        # every reconcile of a suspended run, as its RayJob is; a 404 then).
+        return replace(decided, delete_ray_cluster=current.ray_cluster)
+    return decided
+
+
+def _decide(obs: Observation, now: datetime) -> Plan:
     state, current = obs.state, obs.state.current
     if state.phase in TERMINAL_PHASES:
         return Plan(state)
@@ -773,18 +821,56 @@ def _plan_suspended(state: RunState, now: datetime) -> Plan:
 def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:
     state, current = obs.state, obs.state.current
     if current is None:
-        return start_attempt(state, obs.run, now, "first attempt")
+        return _start_attempt(obs, now, "first attempt")
     spent = _budget_spent(state, obs.run)
     if spent:
         return _hold(state, current, spent)
     if len(rayjob_name(obs.run.name, current.attempt + 1)) > MAX_RAYJOB_NAME_LENGTH:
         return _rayjob_name_too_long(state, obs.run, current.attempt + 1)
     if state.phase == SUSPENDED:
-        return start_attempt(state, obs.run, now, "resumed after suspension")
+        return _start_attempt(obs, now, "resumed after suspension")
     due = parse_timestamp(state.next_attempt_time)
     if due is not None and now < due:
         return Plan(state, requeue_after_s=(due - now).total_seconds())
-    return start_attempt(state, obs.run, now, f"after attempt {current.attempt} was {current.outcome.lower()}")
+    return _start_attempt(obs, now, f"after attempt {current.attempt} was {current.outcome.lower()}")
+
+
+def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
+    ray_cluster, old = next_ray_cluster(obs)
+    if ray_cluster is not None and old is None and obs.state.current is not None:
+        why += f", on the run's Ray cluster {ray_cluster} that survived it"
+    elif ray_cluster is not None and old is not None:
+        why += f", on a new Ray cluster {ray_cluster} ({old}: {_why_not_kept(obs, old)})"
+    return replace(start_attempt(obs.state, obs.run, now, why, ray_cluster), delete_ray_cluster=old)
+
+
+def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
+    """(the RayCluster the next attempt runs on, the run's old one to delete), with a cluster per run.
+
+    The last attempt's cluster is kept while it exists, is the run's, and its head was never lost;
+    otherwise the next generation, and the old one deleted (a re-created head would start a new
+    Ray cluster anyway, and its pods would hold capacity the new one waits for). A namesake's
+    cluster (another TrainingRun of this name, being garbage-collected) is never deleted.
+    """
+    if not obs.ray_cluster_per_run:
+        return None, None
+    current = obs.state.current
+    last = current.ray_cluster if current is not None else None
+    if not last:
+        return ray_cluster_name(obs.run.name, 1), None
+    seen = obs.ray_cluster if obs.ray_cluster is not None and obs.ray_cluster.name == last else None
+    ours = seen is not None and (obs.run_uid is None or seen.owner_uid == obs.run_uid)
+    if seen is not None and ours and seen.head_lost is None:
+        return last, None
+    following = ray_cluster_name(obs.run.name, ray_cluster_generation(last, obs.run.name) + 1)
+    return following, (last if ours else None)
+
+
+def _why_not_kept(obs: Observation, old: str) -> str:
+    seen = obs.ray_cluster
+    if seen is None or seen.name != old:
+        return "gone"
+    return f"its head was lost: {seen.head_lost}" if seen.head_lost else "another TrainingRun's"
 
 
 def _budget_spent(state: RunState, run: TrainingRun) -> str:
@@ -850,11 +936,7 @@ def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetim
     if job.deployment_status == DEPLOYMENT_VALIDATION_FAILED:
         return _validation_failed(obs, current, job, now)
     if not job.finished:
-        running = job.job_status == JOB_RUNNING
-        if not running and _past_start_deadline(obs, current, now):
-            return _start_deadline_exceeded(obs, current, job, now)
-        message = f"attempt {current.attempt} {'running' if running else 'starting'}"
-        return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
+        return _plan_unfinished(obs, current, job, now)
     if obs.records is None and job.job_status != JOB_SUCCEEDED and not job.disruption:
         if not obs.storage_refused:
             return _wait_for_storage(obs, current, now)
@@ -868,6 +950,29 @@ def _plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetim
             # A disruption that caused the failure may still be on its way from the pod watcher.
             return Plan(state, requeue_after_s=obs.settle_seconds - waited)
     return _released(end_attempt(state, obs.run, end, now), end, current)
+
+
+def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:
+    """The attempt's RayJob has not finished: it starts, runs, or its cluster's head was lost."""
+    head_lost = _head_lost(obs, current)
+    if head_lost is not None:
+        # KubeRay would mark the RayJob Failed only after RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (300 s),
+        # and a driver on the lost head is gone with it: the attempt ends now, as any lost node's does.
+        end = AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, f"the Ray head was lost: {head_lost}")
+        return _released(end_attempt(obs.state, obs.run, end, now), end, current)
+    running = job.job_status == JOB_RUNNING
+    if not running and _past_start_deadline(obs, current, now):
+        return _start_deadline_exceeded(obs, current, job, now)
+    message = f"attempt {current.attempt} {'running' if running else 'starting'}"
+    return Plan(replace(obs.state, phase=RUNNING if running else PENDING, message=message))
+
+
+def _head_lost(obs: Observation, current: AttemptStatus) -> str | None:
+    """The pod watcher's note when the head of the run's cluster that ``current`` runs on was disrupted."""
+    seen = obs.ray_cluster
+    if not obs.ray_cluster_per_run or seen is None or seen.name != current.ray_cluster:
+        return None
+    return seen.head_lost
 
 
 def _released(decided: Plan, end: AttemptEnd, ended: AttemptStatus) -> Plan:

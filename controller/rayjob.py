@@ -30,6 +30,12 @@ of the same attempt is refused by the API server, never duplicated). What goes i
   KubeRay's ``bash -c`` line, and the Ray containers get no command, only ``rayStartParams``;
 - ``shutdownAfterJobFinishes`` + TTL so a finished attempt's cluster goes away, and
   ``backoffLimit: 0``: retries are the controller's (it tells preemptions from failures).
+
+With ``ray_cluster_per_run`` the cluster is not the RayJob's: ``build_ray_cluster`` makes the run's
+RayCluster ``<run>-c<G>`` (the same head and workers, labelled with the run but no attempt, owned by
+the TrainingRun), kept across attempts, and each attempt's RayJob names it in ``clusterSelector``.
+KubeRay then ignores the TTL and shutdown, and deleting the RayJob stops its Ray job and leaves the
+cluster; the controller deletes the cluster itself (controller/lifecycle.py).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ from spotray.contract.names import (
     CHECKPOINT_KEY_SECRET_DATA_KEY,
     KIND,
     RAY_API_VERSION,
+    RAY_CLUSTER_LABEL,
+    RAYCLUSTER_KIND,
     RAYJOB_KIND,
     RUN_LABEL,
     rayjob_name,
@@ -135,7 +143,7 @@ def checkpoint_key_env(run: TrainingRun) -> dict[str, Any]:
 
 def _pod_template(
     run: TrainingRun,
-    attempt: int,
+    attempt: int | None,
     config: ControllerConfig,
     *,
     container: dict[str, Any],
@@ -158,8 +166,13 @@ def _pod_template(
         spec["securityContext"]["fsGroup"] = config.fs_group
         spec["volumes"] = [{"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": config.shared_pvc}}]
         container["volumeMounts"] = [{"name": SHARED_VOLUME, "mountPath": config.shared_mount_path}]
-    labels = {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY}
-    return {"metadata": {"labels": labels}, "spec": spec}
+    return {"metadata": {"labels": _labels(run, attempt)}, "spec": spec}
+
+
+def _labels(run: TrainingRun, attempt: int | None) -> dict[str, str]:
+    """The run's, and the attempt's where the object is one attempt's (not a cluster kept across them)."""
+    attempt_label = {ATTEMPT_LABEL: str(attempt)} if attempt is not None else {}
+    return {RUN_LABEL: run.name, **attempt_label, **MANAGED_BY}
 
 
 def _container(name: str, image: str, *, cpu: str, memory: str, env: list[Any], env_from: list[Any]) -> dict[str, Any]:
@@ -176,7 +189,7 @@ def _container(name: str, image: str, *, cpu: str, memory: str, env: list[Any], 
     return container
 
 
-def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> dict[str, Any]:
+def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfig) -> dict[str, Any]:
     image = run.spec.image or config.default_image
     env, env_from = _s3_env(run, config)
     env += _secret_env(run)
@@ -234,7 +247,7 @@ def _cluster_spec(run: TrainingRun, attempt: int, config: ControllerConfig) -> d
         # KubeRay makes a Secret with a random token for this cluster (owned by it, so deleted with
         # it) and sets RAY_AUTH_MODE and RAY_AUTH_TOKEN on the Ray containers, the wait-gcs-ready init
         # container and the submitter; its own dashboard client reads the Secret. The controller
-        # never sees the token, and every attempt's cluster has another one.
+        # never sees the token, and every cluster (an attempt's, or a run's generation) has another one.
         spec["authOptions"] = {"mode": "token"}
     return spec
 
@@ -268,7 +281,7 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str, runtime_env:
         "securityContext": copy.deepcopy(CONTAINER_SECURITY_CONTEXT),
     }
     return {
-        "metadata": {"labels": {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY}},
+        "metadata": {"labels": _labels(run, attempt)},
         "spec": {
             "restartPolicy": "Never",
             "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
@@ -278,8 +291,29 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str, runtime_env:
     }
 
 
-def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
-    """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it)."""
+def build_ray_cluster(run: TrainingRun, name: str, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
+    """The run's RayCluster ``name`` (``<run>-c<G>``), kept across its attempts, owned by the TrainingRun."""
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": RAYCLUSTER_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": run.namespace,
+            "labels": _labels(run, None),
+            "ownerReferences": [owner_reference(run.name, run_uid)],
+        },
+        "spec": _cluster_spec(run, None, config),
+    }
+
+
+def build_rayjob(
+    run: TrainingRun, attempt: int, run_uid: str, config: ControllerConfig, ray_cluster: str | None = None
+) -> dict[str, Any]:
+    """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it).
+
+    ``ray_cluster``: the run's RayCluster that the attempt runs on (``build_ray_cluster``); None: a
+    cluster of the RayJob's own, or the chart's long-lived one (``config.ray_cluster_selector``).
+    """
     runtime_env = _runtime_env(run, attempt, run_uid)
     spec: dict[str, Any] = {
         "entrypoint": run.spec.entrypoint,
@@ -290,7 +324,10 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
     if config.submission_mode == "K8sJobMode":
         image = run.spec.image or config.default_image
         spec["submitterPodTemplate"] = _submitter_template(run, attempt, image, runtime_env)
-    if config.ray_cluster_selector:
+    if ray_cluster is not None:
+        # The run's own, kept across attempts: the controller creates and deletes it.
+        spec["clusterSelector"] = {RAY_CLUSTER_LABEL: ray_cluster}
+    elif config.ray_cluster_selector:
         # A long-lived RayCluster (the chart's optional one): nothing to create or shut down.
         spec["clusterSelector"] = dict(config.ray_cluster_selector)
     else:
@@ -303,7 +340,7 @@ def build_rayjob(run: TrainingRun, attempt: int, run_uid: str, config: Controlle
         "metadata": {
             "name": rayjob_name(run.name, attempt),
             "namespace": run.namespace,
-            "labels": {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt), **MANAGED_BY},
+            "labels": _labels(run, attempt),
             "ownerReferences": [owner_reference(run.name, run_uid)],
         },
         "spec": spec,

@@ -36,7 +36,10 @@ from spotray.contract.names import (
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
     FAILED,
+    HEAD_LOST_ANNOTATION,
     JOB_SUCCEEDED,
+    RAY_CLUSTER_LABEL,
+    RAY_NODE_TYPE_LABEL,
     RUN_LABEL,
     TERMINAL_PHASES,
     rayjob_name,
@@ -58,6 +61,7 @@ from spotray.controller.lifecycle import (
     Event,
     Observation,
     Plan,
+    RayClusterView,
     RayJobRefusal,
     RayJobView,
     RunState,
@@ -67,11 +71,12 @@ from spotray.controller.lifecycle import (
     plan,
     rayjob_refused,
     timestamp,
+    unchecked_timestamp,
     wait_for_foreign_rayjob,
 )
 from spotray.controller.network_policy import build_run_network_policy
 from spotray.controller.ownership import foreign_object_refusal
-from spotray.controller.rayjob import build_rayjob, secret_env_refusal, size_refusal
+from spotray.controller.rayjob import build_ray_cluster, build_rayjob, secret_env_refusal, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
     StoreReports,
@@ -118,11 +123,30 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
         job_status=status.get("jobStatus") or None,
         deployment_status=status.get("jobDeploymentStatus") or None,
         message=status.get("message") or "",
-        end_time=timestamp_or_none(status.get("endTime")),
+        end_time=unchecked_timestamp(status.get("endTime")),
         disruption=annotations.get(DISRUPTION_ANNOTATION),
-        disrupted_at=timestamp_or_none(annotations.get(DISRUPTED_AT_ANNOTATION)),
+        disrupted_at=unchecked_timestamp(annotations.get(DISRUPTED_AT_ANNOTATION)),
         owner_uid=owner,
     )
+
+
+def ray_cluster_view(body: dict[str, Any] | None) -> RayClusterView | None:
+    if body is None:
+        return None
+    meta = body.get("metadata") or {}
+    owner = next((ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
+    return RayClusterView(
+        name=str(meta.get("name") or ""),
+        head_lost=(meta.get("annotations") or {}).get(HEAD_LOST_ANNOTATION),
+        owner_uid=owner,
+    )
+
+
+def attempt_pod_labels(run_name: str, attempt: AttemptStatus) -> dict[str, str]:
+    """The labels that select an attempt's pods: its own, or those of the run's cluster it ran on."""
+    if attempt.ray_cluster:
+        return {RUN_LABEL: run_name, RAY_CLUSTER_LABEL: attempt.ray_cluster}
+    return {RUN_LABEL: run_name, ATTEMPT_LABEL: str(attempt.attempt)}
 
 
 def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecError, now: datetime) -> None:
@@ -317,6 +341,9 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
 ) -> Observation:
     current = state.current
     job = rayjob_view(cluster.get_rayjob(run.namespace, current.ray_job)) if current is not None else None
+    ray_cluster = None
+    if config.ray_cluster_per_run and current is not None and current.ray_cluster:
+        ray_cluster = ray_cluster_view(cluster.get_ray_cluster(run.namespace, current.ray_cluster))
     records: AttemptRecords | None = AttemptRecords()
     storage_error, refused = "", False
     ended = job is not None and job.finished and job.job_status != JOB_SUCCEEDED and job.owner_uid == run_uid
@@ -334,7 +361,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         # The pod watch sees a node lost only while the controller runs (its report has had the
         # settle time to arrive); one lost while it was down is read back from what remains
         # (controller/kube.py: pods, Scheduled events, Nodes).
-        lost = _node_loss_read_back(cluster, run, current.attempt, current.ray_job, read_nodes=config.read_nodes)
+        lost = _node_loss_read_back(cluster, run, current, read_nodes=config.read_nodes)
         if lost is not None:
             job = replace(job, disruption=lost)
     if current is not None and (ended or gone):
@@ -354,27 +381,39 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         settle_seconds=config.settle_seconds,
         start_deadline_seconds=config.start_deadline_seconds,
         storage_patience_seconds=config.storage_patience_seconds,
+        ray_cluster_per_run=config.ray_cluster_per_run,
+        ray_cluster=ray_cluster,
     )
 
 
-def _node_loss_read_back(
-    cluster: Cluster, run: TrainingRun, attempt: int, rayjob: str, *, read_nodes: bool
-) -> str | None:
+def _node_loss_read_back(cluster: Cluster, run: TrainingRun, attempt: AttemptStatus, *, read_nodes: bool) -> str | None:
     """A node of the attempt's pods lost while nobody watched, read back; None when none was, or
     when it cannot be read (then the attempt is judged as before, from the pod watch's facts).
-    Without ``read_nodes`` only the pods still there are read (a namespaced install's default)."""
+    Without ``read_nodes`` only the pods still there are read (a namespaced install's default).
+
+    On a run's cluster kept across attempts (``attempt.ray_cluster``) only what happened since the
+    attempt began counts: a disruption before it, or a pod placed before it on a node gone since, may
+    be an earlier attempt's. So a kept worker lost while the controller was down and gone before it
+    came back is not seen here (the attempt is judged from its records and the RayJob).
+    """
+    since = parse_timestamp(attempt.start_time) if attempt.ray_cluster else None
     try:
-        pods = cluster.list_attempt_pods(run.namespace, {RUN_LABEL: run.name, ATTEMPT_LABEL: str(attempt)})
+        pods = cluster.list_attempt_pods(run.namespace, attempt_pod_labels(run.name, attempt))
         for pod in pods:
             note = disruption_note(pod)
-            if note is not None:
+            disrupted_at = unchecked_timestamp(disruption_time(pod))
+            if note is not None and (since is None or (disrupted_at is not None and disrupted_at >= since)):
                 return note
         if not read_nodes:
             return None
-        placed = scheduled_nodes(pods, cluster.list_scheduled_events(run.namespace), rayjob)
+        prefix = attempt.ray_cluster or attempt.ray_job
+        placed = scheduled_nodes(pods, cluster.list_scheduled_events(run.namespace), prefix)
+        if since is not None:
+            placed = {node: (pod, at) for node, (pod, at) in placed.items() if at is not None and at >= since}
         return node_loss_note(placed, {node: cluster.node_created(node) for node in placed})
     except (ApiException, OSError) as error:  # a namespaced install may not read Nodes (rbac.readNodes)
-        log.warning("cannot read back the nodes of %s/%s: %s", run.namespace, rayjob, getattr(error, "reason", error))
+        why = getattr(error, "reason", error)
+        log.warning("cannot read back the nodes of %s/%s: %s", run.namespace, attempt.ray_job, why)
         return None
 
 
@@ -436,9 +475,7 @@ def _act(  # noqa: PLR0917
         job=job if decided.create_attempt is None else None,  # a new attempt has no progress yet
         storage_patience_s=config.storage_patience_seconds,
         prices=config.prices,
-        attempt_pods=lambda attempt: cluster.list_attempt_pods(
-            namespace, {RUN_LABEL: name, ATTEMPT_LABEL: str(attempt)}
-        ),
+        attempt_pods=lambda attempt: cluster.list_attempt_pods(namespace, attempt_pod_labels(name, attempt)),
     )
     for key in state.unreadable_keys:
         # Held unreadably and not written anew (progress while S3 is not read): removed, so
@@ -448,6 +485,8 @@ def _act(  # noqa: PLR0917
         cluster.patch_run_status(namespace, name, new_status)
     if decided.delete_rayjob:
         cluster.delete_rayjob(namespace, decided.delete_rayjob)
+    if decided.delete_ray_cluster:
+        cluster.delete_ray_cluster(namespace, decided.delete_ray_cluster)
     for event in decided.events:
         if EVENTS.post(cluster.post_event, body, event, now):
             log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
@@ -490,9 +529,11 @@ def _create_attempt(  # noqa: PLR0917
         # the API server as much as a create). Used once: a RayJob deleted since is made again.
         del _created_awaiting_status[uid]
         return decided
-    body = build_rayjob(run, attempt, uid, config)
+    assert decided.state.current is not None
+    ray_cluster = decided.state.current.ray_cluster
+    body = build_rayjob(run, attempt, uid, config, ray_cluster=ray_cluster)
     try:
-        existing = _create(cluster, run, uid, config, body, attempt=attempt)
+        existing = _create(cluster, run, uid, config, body, attempt=attempt, ray_cluster=ray_cluster)
     except RayJobRefusedError as error:
         log.warning("%s/%s: RayJob %s not created: %s", run.namespace, run.name, body["metadata"]["name"], error)
         return rayjob_refused(decided, run, error.refusal, now, config.start_deadline_seconds)
@@ -515,7 +556,14 @@ def _create_attempt(  # noqa: PLR0917
 
 
 def _create(
-    cluster: Cluster, run: TrainingRun, uid: str, config: ControllerConfig, body: dict[str, Any], *, attempt: int
+    cluster: Cluster,
+    run: TrainingRun,
+    uid: str,
+    config: ControllerConfig,
+    body: dict[str, Any],
+    *,
+    attempt: int,
+    ray_cluster: str | None,
 ) -> dict[str, Any] | None:
     """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
     cannot serve, and the size check that the API server's store would make anyway) and, when they are
@@ -531,6 +579,15 @@ def _create(
         secret = build_checkpoint_key_secret(run, uid, new_checkpoint_key())
         owners = cluster.create_checkpoint_key_secret(secret)
         _refuse_if_foreign("Secret", secret, run, key_owner_uid(run, uid), owners)
+    if ray_cluster is not None:
+        # The run's cluster before its RayJob (which waits for it, Initializing, until it is Ready);
+        # an attempt on a kept one finds it there (409, its owner ours).
+        made = build_ray_cluster(run, ray_cluster, uid, config)
+        if (refused := size_refusal(made)) is not None:
+            raise RayJobRefusedError(refused)
+        existing = cluster.create_ray_cluster(made)
+        owner = None if existing is None else ray_cluster_view(existing).owner_uid  # type: ignore[union-attr]
+        _refuse_if_foreign("RayCluster", made, run, uid, None if existing is None else [owner or ""])
     return cluster.create_rayjob(body)
 
 
@@ -555,7 +612,7 @@ def _status(
     job: RayJobView | None,
     storage_patience_s: float,
     prices: Prices | None,
-    attempt_pods: Callable[[int], list[dict[str, Any]]],
+    attempt_pods: Callable[[AttemptStatus], list[dict[str, Any]]],
 ) -> dict[str, Any]:
     """The whole new status as a merge patch: the lifecycle's state, conditions, and what S3 says about
     progress; ``attempt_pods`` lists an attempt's pods (read once per attempt, for its start-up)."""
@@ -597,11 +654,14 @@ def _status(
 
 
 def _startup(
-    run: TrainingRun, attempt: AttemptStatus, found: StoreReport, attempt_pods: Callable[[int], list[dict[str, Any]]]
+    run: TrainingRun,
+    attempt: AttemptStatus,
+    found: StoreReport,
+    attempt_pods: Callable[[AttemptStatus], list[dict[str, Any]]],
 ) -> AttemptStartup | None:
     """The attempt's start-up milestones (controller/startup.py); without podsReady when its pods cannot be read."""
     try:
-        ready = pods_ready_at(attempt_pods(attempt.attempt))
+        ready = pods_ready_at(attempt_pods(attempt))
     except (ApiException, OSError) as error:
         why = getattr(error, "reason", error)
         log.warning("cannot read the pods of %s/%s: %s", run.namespace, attempt.ray_job, why)
@@ -626,14 +686,6 @@ def merged_interval_losses(
     by_step = {entry.step: entry for entry in kept} | {entry.step: entry for entry in found}
     merged = tuple(by_step[step] for step in sorted(by_step, key=lambda step: step or 0))
     return merged[-MAX_OBJECTIVE_STEPS:]
-
-
-def timestamp_or_none(text: str | None) -> datetime | None:
-    """An annotation's time; None when it is missing or not a time (anyone may edit annotations)."""
-    try:
-        return parse_timestamp(text)
-    except (TypeError, ValueError):
-        return None
 
 
 def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -671,7 +723,7 @@ def scheduled_nodes(
         if found is None or not pod_name.startswith(f"{rayjob}-"):
             continue
         when = event.get("eventTime") or event.get("firstTimestamp") or event.get("lastTimestamp")
-        placed.setdefault(found.group(2), (pod_name, timestamp_or_none(when)))
+        placed.setdefault(found.group(2), (pod_name, unchecked_timestamp(when)))
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if node:
@@ -693,6 +745,32 @@ def node_loss_note(placed: dict[str, tuple[str, datetime | None]], created: dict
             continue
         return f"pod {pod} on node {node}: {why} (read back: the controller was not watching when it went)"
     return None
+
+
+def record_cluster_pod_disrupted(cluster: Cluster, pod: dict[str, Any], now: datetime) -> str | None:
+    """A pod of a run's cluster kept across attempts was disrupted: write the fact where the lifecycle
+    reads it. Returns the run's name, to reconcile it now (None: the pod is no run's cluster's).
+
+    The pod has no attempt: it counts for the attempt running on its cluster when it was disrupted,
+    which the run's status names (``status.attempts[-1].rayCluster``). A lost head also marks the
+    cluster itself (``HEAD_LOST_ANNOTATION``): it is not used again, and the attempt ends at once.
+    """
+    note = disruption_note(pod)
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    namespace, run_name, ray_cluster = meta.get("namespace"), labels.get(RUN_LABEL), labels.get(RAY_CLUSTER_LABEL)
+    if note is None or not (namespace and run_name and ray_cluster):
+        return None
+    when = disruption_time(pod) or timestamp(now)
+    if labels.get(RAY_NODE_TYPE_LABEL) == "head":
+        cluster.annotate_ray_cluster(namespace, ray_cluster, {HEAD_LOST_ANNOTATION: note})
+    run = cluster.get_run(namespace, run_name)
+    attempts = RunStatus.of(run).attempts if run is not None else None
+    current = attempts[-1] if attempts else None
+    if current is not None and current.ray_cluster == ray_cluster and current.end_time is None:
+        annotations = {DISRUPTION_ANNOTATION: note, DISRUPTED_AT_ANNOTATION: when}
+        cluster.annotate_rayjob(namespace, current.ray_job, annotations)
+    return str(run_name)
 
 
 def disruption_time(pod: dict[str, Any]) -> str | None:

@@ -21,10 +21,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from spotray.contract.names import RAY_NODE_TYPE_LABEL
 from spotray.contract.status import AttemptStartup
-from spotray.controller.lifecycle import parse_timestamp
-
-RAY_NODE_TYPE_LABEL = "ray.io/node-type"  # KubeRay's label on a Ray cluster's head and worker pods
+from spotray.controller.lifecycle import parse_timestamp, unchecked_timestamp
 
 
 def pods_ready_at(pods: Sequence[dict[str, Any]]) -> datetime | None:
@@ -41,21 +40,11 @@ def pods_ready_at(pods: Sequence[dict[str, Any]]) -> datetime | None:
             (c.get("lastTransitionTime") for c in conditions if c.get("type") == "Ready" and c.get("status") == "True"),
             None,
         )
-        moment = _time(since)
+        moment = unchecked_timestamp(since)
         if moment is None:
             return None
         ready.append(moment)
     return max(ready, default=None)
-
-
-def _time(value: object) -> datetime | None:
-    """A pod condition's time as the client gives it (a datetime, or its RFC 3339 text); None if neither."""
-    if isinstance(value, datetime):
-        return value
-    try:
-        return parse_timestamp(str(value)) if value else None
-    except ValueError:
-        return None
 
 
 def _seconds_after(start: datetime, moment: datetime | None) -> float | None:

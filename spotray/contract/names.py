@@ -22,6 +22,11 @@ RAY_VERSION = "v1"
 RAY_API_VERSION = f"{RAY_GROUP}/{RAY_VERSION}"
 RAYJOB_KIND = "RayJob"
 RAYJOB_PLURAL = "rayjobs"
+RAYCLUSTER_KIND = "RayCluster"
+RAYCLUSTER_PLURAL = "rayclusters"
+# KubeRay's labels on a Ray cluster's pods: which cluster, and head or worker.
+RAY_CLUSTER_LABEL = f"{RAY_GROUP}/cluster"
+RAY_NODE_TYPE_LABEL = f"{RAY_GROUP}/node-type"
 # What KubeRay reports on a RayJob: status.jobStatus, Ray's state of the job, ...
 JOB_PENDING, JOB_RUNNING, JOB_SUCCEEDED, JOB_FAILED, JOB_STOPPED = (
     "PENDING",
@@ -45,6 +50,10 @@ DISRUPTION_ANNOTATION = f"{GROUP}/disruption"
 # ... and when (the pod's DisruptionTarget condition's lastTransitionTime): a loss long before the
 # job ended did not end it (an elastic run goes on without the node).
 DISRUPTED_AT_ANNOTATION = f"{GROUP}/disrupted-at"
+# Written on a run's RayCluster (one kept across attempts: controller ``ray_cluster_per_run``) by the
+# pod watcher when its head pod was disrupted: the cluster is not used again, the next attempt gets
+# the next generation.
+HEAD_LOST_ANNOTATION = f"{GROUP}/head-lost"
 
 # Nodes: this label says which capacity a node is (Ray heads go on on-demand nodes, workers of a
 # spot run on spot ones), and spot nodes carry a NoSchedule taint with this key that only spot
@@ -103,6 +112,19 @@ MAX_RAYJOB_NAME_LENGTH = 47
 # gets past this many would make a RayJob KubeRay refuses, and the controller fails it instead
 # (controller/lifecycle.py REASON_RAYJOB_NAME_TOO_LONG). A shorter name has room for more digits.
 MAX_RESERVED_ATTEMPT = 999
+
+
+def ray_cluster_name(run_name: str, generation: int) -> str:
+    """A run's RayCluster, when one is kept across its attempts: ``<run>-c<G>``, a new generation G
+    only when the last one's head was lost. KubeRay takes up to 53 characters (its Services' names
+    add up to 10 to it): every run name the spec allows leaves room for 9 digits."""
+    return f"{run_name}-c{generation}"
+
+
+def ray_cluster_generation(name: str, run_name: str) -> int:
+    """G of ``<run>-c<G>``; 0 for a name that is not one of the run's clusters."""
+    generation = name.removeprefix(f"{run_name}-c")
+    return int(generation) if name.startswith(f"{run_name}-c") and generation.isdigit() else 0
 
 
 def rayjob_name(run_name: str, attempt: int) -> str:

@@ -409,6 +409,10 @@ class AttemptStatus(StatusObject):
     startup: AttemptStartup | None = status_field(
         "Where the attempt's start-up went, in seconds from its RayJob's creation (controller/startup.py)."
     )
+    ray_cluster: str | None = status_field(
+        "The run's RayCluster the attempt ran on, when the controller keeps one across attempts "
+        "(rayJob.clusterPerRun); absent when each attempt's RayJob has a cluster of its own."
+    )
 
 
 # Kubernetes' own limits on a condition's fields (metav1.Condition).

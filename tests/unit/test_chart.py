@@ -276,6 +276,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_SHARED_MOUNT_PATH": "/mnt/shared",
         "SPOTRAY_FILE_ROOTS": "",
         "SPOTRAY_RAY_CLUSTER_SELECTOR": "",
+        "SPOTRAY_RAY_CLUSTER_PER_RUN": "false",
         "SPOTRAY_RAYJOB_TTL_SECONDS": "600",
         "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "10",
         "SPOTRAY_REFRESHES_PER_SECOND": "10",
@@ -353,6 +354,15 @@ def test_cluster_wide_rbac_grants_the_controllers_contract(helm: Path) -> None:
     assert granted[("", "secrets")] == {"get", "create"}
     binding = only(objects, "ClusterRoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": FULLNAME, "namespace": NAMESPACE}]
+
+
+def test_a_cluster_per_run_adds_rayclusters_by_name_and_excludes_the_long_lived_cluster(helm: Path) -> None:
+    objects = render("defaults.yaml", "controller.rayClusterPerRun=true")
+    granted = permissions(only(objects, "ClusterRole", FULLNAME))
+    assert granted[("ray.io", "rayclusters")] == {"get", "create", "delete", "patch"}  # never list or watch
+    assert controller_env(objects)["SPOTRAY_RAY_CLUSTER_PER_RUN"] == "true"
+    assert ("ray.io", "rayclusters") not in permissions(only(render("defaults.yaml"), "ClusterRole", FULLNAME))
+    assert "exclude each other" in refused("controller.rayClusterPerRun=true", "rayCluster.enabled=true")
 
 
 def test_namespaced_rbac_uses_a_role_per_namespace_and_no_node_access(helm: Path) -> None:

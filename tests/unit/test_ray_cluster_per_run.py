@@ -1,0 +1,186 @@
+"""One RayCluster per run, kept across its attempts (issue 39, item 1: controller ``ray_cluster_per_run``).
+
+The builders (the run's cluster; a RayJob that names it); the choice of the next attempt's cluster
+(kept, or the next generation when its head was lost or it is gone; a namesake's never deleted);
+then whole runs through the controller's reconcile over a fake API server and a real directory
+store: a lost spot worker keeps the cluster, a lost head ends the attempt at once (KubeRay would
+wait 300 s) and starts the next on a new generation, and the cluster goes when the run ends.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotray.contract.names import HEAD_LOST_ANNOTATION
+from spotray.contract.spec import parse_training_run
+from spotray.controller.config import ControllerConfig
+from spotray.controller.lifecycle import Observation, RayClusterView, RunState, next_ray_cluster, timestamp
+from spotray.controller.rayjob import build_ray_cluster, build_rayjob
+from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
+from tests.unit.test_controller_writes import FakeCluster, new_run
+
+pytestmark = pytest.mark.unit
+UID = "uid-kept"
+PER_RUN = ControllerConfig(ray_cluster_per_run=True)
+
+
+def test_the_runs_cluster_has_no_attempt_and_each_rayjob_names_it() -> None:
+    run = parse_training_run(new_run(UID))
+    cluster = build_ray_cluster(run, "burst-c1", UID, PER_RUN)
+    assert cluster["kind"] == "RayCluster"
+    assert cluster["metadata"]["name"] == "burst-c1"
+    assert cluster["metadata"]["ownerReferences"][0]["uid"] == UID
+    templates = [cluster["spec"]["headGroupSpec"]["template"], cluster["spec"]["workerGroupSpecs"][0]["template"]]
+    for labels in [cluster["metadata"]["labels"], *(t["metadata"]["labels"] for t in templates)]:
+        assert labels["spotray.dev/run"] == "burst"
+        assert "spotray.dev/attempt" not in labels, "its pods outlive any one attempt"
+    job = build_rayjob(run, 2, UID, PER_RUN, ray_cluster="burst-c1")
+    assert job["spec"]["clusterSelector"] == {"ray.io/cluster": "burst-c1"}
+    for key in ("rayClusterSpec", "shutdownAfterJobFinishes", "ttlSecondsAfterFinished"):
+        assert key not in job["spec"]
+    assert job["metadata"]["labels"]["spotray.dev/attempt"] == "2"
+    assert job["spec"]["submitterPodTemplate"]["metadata"]["labels"]["spotray.dev/attempt"] == "2"
+    # The same head and workers as a RayJob's own cluster, but for the labels.
+    own = build_rayjob(run, 2, UID, ControllerConfig())["spec"]["rayClusterSpec"]
+    assert json.dumps(own).replace('"spotray.dev/attempt": "2", ', "") == json.dumps(cluster["spec"])
+
+
+def observation(last: str | None, seen: RayClusterView | None) -> Observation:
+    run = parse_training_run(new_run(UID))
+    status = {"attempts": [{"attempt": 1, "rayJob": "burst-a1", "outcome": "Preempted", "rayCluster": last}]}
+    state = RunState.from_status(status if last else {}, "burst")
+    return Observation(run, state, None, run_uid=UID, ray_cluster_per_run=True, ray_cluster=seen)
+
+
+def test_the_next_attempt_keeps_the_cluster_unless_its_head_was_lost_or_it_is_gone() -> None:
+    assert next_ray_cluster(observation(None, None)) == ("burst-c1", None)
+    assert next_ray_cluster(observation("burst-c1", RayClusterView("burst-c1", owner_uid=UID))) == ("burst-c1", None)
+    lost = RayClusterView("burst-c1", head_lost="pod burst-c1-head on node n1: DeletionByTaintManager", owner_uid=UID)
+    assert next_ray_cluster(observation("burst-c1", lost)) == ("burst-c2", "burst-c1")
+    assert next_ray_cluster(observation("burst-c7", None)) == ("burst-c8", None), "gone: nothing to delete"
+    namesake = RayClusterView("burst-c1", owner_uid="another-run")
+    assert next_ray_cluster(observation("burst-c1", namesake)) == ("burst-c2", None), "never delete another's"
+    off = Observation(parse_training_run(new_run(UID)), RunState(), None, run_uid=UID)
+    assert next_ray_cluster(off) == (None, None)
+
+
+class KeptClusterFake(FakeCluster):
+    """FakeCluster with RayClusters, annotations and pods."""
+
+    def __init__(self, run: dict[str, Any]) -> None:
+        super().__init__(run)
+        self.ray_clusters: dict[str, dict[str, Any]] = {}
+
+    def get_ray_cluster(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.ray_clusters.get(name)
+
+    def create_ray_cluster(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        name = body["metadata"]["name"]
+        if name in self.ray_clusters:
+            return self.ray_clusters[name]
+        self.calls.append(f"create {name}")
+        self.ray_clusters[name] = body
+        return None
+
+    def delete_ray_cluster(self, namespace: str, name: str) -> None:
+        self.calls.append(f"delete {name}")
+        self.ray_clusters.pop(name, None)
+
+    def annotate_ray_cluster(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.ray_clusters[name]["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def annotate_rayjob(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        self.rayjobs[name]["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def set_job(self, name: str, job_status: str, deployment: str, ended: datetime | None = None) -> None:
+        status = {"jobStatus": job_status, "jobDeploymentStatus": deployment}
+        self.rayjobs[name]["status"] = status | ({"endTime": timestamp(ended)} if ended else {})
+
+
+def disrupted_pod(name: str, node_type: str, ray_cluster: str, when: datetime) -> dict[str, Any]:
+    condition = {
+        "type": "DisruptionTarget",
+        "status": "True",
+        "reason": "DeletionByTaintManager",
+        "lastTransitionTime": timestamp(when),
+    }
+    labels = {"spotray.dev/run": "burst", "ray.io/cluster": ray_cluster, "ray.io/node-type": node_type}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "labels": labels},
+        "spec": {"nodeName": f"node-of-{name}"},
+        "status": {"conditions": [condition]},
+    }
+
+
+def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_run_deletes_it(tmp_path: Path) -> None:
+    body = new_run(UID)
+    body["spec"]["retry"] = {"backoffSeconds": 0}
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = KeptClusterFake(body)
+    cluster: Any = fake
+    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), settle_seconds=0)
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.calls[:2] == ["create burst-c1", "create burst-a1"], "the cluster before the RayJob that names it"
+    assert fake.rayjobs["burst-a1"]["spec"]["clusterSelector"] == {"ray.io/cluster": "burst-c1"}
+    assert fake.run["status"]["attempts"][0]["rayCluster"] == "burst-c1"
+
+    # A spot worker is reclaimed: the job fails without it, and the pod watcher said why.
+    fake.set_job("burst-a1", "RUNNING", "Running")
+    worker = disrupted_pod("burst-c1-workers-x", "worker", "burst-c1", long_ago)
+    assert record_cluster_pod_disrupted(cluster, worker, datetime.now(UTC)) == "burst"
+    fake.set_job("burst-a1", "FAILED", "Failed", ended=long_ago)
+    reconcile(cluster, config, "ns", "burst")  # the attempt's end
+    reconcile(cluster, config, "ns", "burst")  # the next attempt, past its backoff (0 s)
+    first, second = fake.run["status"]["attempts"]
+    assert (first["outcome"], first["reason"]) == ("Preempted", "NodeLost")
+    assert second["rayCluster"] == "burst-c1", "the head survived: the next attempt runs on the same cluster"
+    assert "delete burst-c1" not in fake.calls
+    assert "burst-a1" not in fake.rayjobs, "the preempted attempt's RayJob goes (its Ray job stopped)"
+    assert fake.rayjobs["burst-a2"]["spec"]["clusterSelector"] == {"ray.io/cluster": "burst-c1"}
+
+    # The head's node is lost: KubeRay would leave the RayJob Running for 300 s; the attempt ends now.
+    fake.set_job("burst-a2", "RUNNING", "Running")
+    head = disrupted_pod("burst-c1-head", "head", "burst-c1", datetime.now(UTC))
+    record_cluster_pod_disrupted(cluster, head, datetime.now(UTC))
+    assert HEAD_LOST_ANNOTATION in fake.ray_clusters["burst-c1"]["metadata"]["annotations"]
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.run["status"]["attempts"][1]["outcome"] == "Preempted"
+    reconcile(cluster, config, "ns", "burst")
+    second = fake.run["status"]["attempts"][1]
+    assert (second["outcome"], second["reason"]) == ("Preempted", "NodeLost")
+    assert "the Ray head was lost: pod burst-c1-head" in second["message"]
+    assert fake.run["status"]["preemptions"] == 2
+    third = fake.run["status"]["attempts"][2]
+    assert third["rayCluster"] == "burst-c2"
+    assert "burst-c1" not in fake.ray_clusters and "burst-c2" in fake.ray_clusters
+    assert fake.calls.index("create burst-c2") < fake.calls.index("create burst-a3")
+
+    fake.set_job("burst-a3", "SUCCEEDED", "Complete", ended=long_ago)
+    reconcile(cluster, config, "ns", "burst")
+    EVENTS.drain()
+    assert fake.run["status"]["phase"] == "Succeeded"
+    assert fake.ray_clusters == {}, "the run's cluster goes when the run ends"
+
+
+def test_a_suspended_run_deletes_its_cluster_and_resumes_on_a_new_one(tmp_path: Path) -> None:
+    body = new_run(UID)
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = KeptClusterFake(body)
+    cluster: Any = fake
+    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),))
+    reconcile(cluster, config, "ns", "burst")
+    fake.run["spec"]["suspend"] = True
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.run["status"]["phase"] == "Suspended"
+    assert fake.rayjobs == {} and fake.ray_clusters == {}
+    fake.run["spec"]["suspend"] = False
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.run["status"]["attempts"][-1]["rayCluster"] == "burst-c2"
+    assert set(fake.ray_clusters) == {"burst-c2"}
