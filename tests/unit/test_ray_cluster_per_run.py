@@ -159,7 +159,8 @@ def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_ru
     assert fake.run["status"]["preemptions"] == 2
     third = fake.run["status"]["attempts"][2]
     assert third["rayCluster"] == "burst-c2"
-    assert "burst-c1" not in fake.ray_clusters and "burst-c2" in fake.ray_clusters
+    assert "burst-c1" not in fake.ray_clusters
+    assert "burst-c2" in fake.ray_clusters
     assert fake.calls.index("create burst-c2") < fake.calls.index("create burst-a3")
 
     fake.set_job("burst-a3", "SUCCEEDED", "Complete", ended=long_ago)
@@ -179,7 +180,8 @@ def test_a_suspended_run_deletes_its_cluster_and_resumes_on_a_new_one(tmp_path: 
     fake.run["spec"]["suspend"] = True
     reconcile(cluster, config, "ns", "burst")
     assert fake.run["status"]["phase"] == "Suspended"
-    assert fake.rayjobs == {} and fake.ray_clusters == {}
+    assert fake.rayjobs == {}
+    assert fake.ray_clusters == {}
     fake.run["spec"]["suspend"] = False
     reconcile(cluster, config, "ns", "burst")
     assert fake.run["status"]["attempts"][-1]["rayCluster"] == "burst-c2"
