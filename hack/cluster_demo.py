@@ -148,9 +148,12 @@ def lose_the_spot_node(testbed: tb.Testbed, stop: threading.Event) -> None:
 def reclaim_worker_node(testbed: tb.Testbed, status: dict[str, Any], name: str, stop: threading.Event) -> float:
     """Reclaim the node of the current attempt's worker pod (notice, then the VM gone); a new spot
     VM joins SPOT_BACK_AFTER_S later. Returns when the notice was given (time.time())."""
-    attempt = len(status.get("attempts") or [])
+    attempts = status.get("attempts") or [{}]
     step = (status.get("progress") or {}).get("step")
-    selector = f"{RUN_LABEL}={name},{ATTEMPT_LABEL}={attempt},ray.io/node-type=worker"
+    # An attempt's own cluster, or the run's kept across attempts (controller.rayClusterPerRun).
+    ray_cluster = attempts[-1].get("rayCluster")
+    whose = f"ray.io/cluster={ray_cluster}" if ray_cluster else f"{ATTEMPT_LABEL}={len(attempts)}"
+    selector = f"{RUN_LABEL}={name},{whose},ray.io/node-type=worker"
     node = pods(testbed, NAMESPACE, selector)[0]["spec"]["nodeName"]
     say(f"spot node {node} reclaimed at step {step}: tainted, its pods evicted with their grace period, then gone")
     noticed = time.time()
@@ -280,6 +283,15 @@ def install_chart(testbed: tb.Testbed, *extra: str) -> dict[str, str]:
                    check=True, stdout=subprocess.DEVNULL)  # fmt: skip
     minio = pods(testbed, SYSTEM_NAMESPACE, "app.kubernetes.io/component=minio")[0]
     return {"AWS_ENDPOINT_URL": f"http://{minio['status']['podIP']}:9000", "AWS_REGION": "us-east-1", **keys}
+
+
+def set_ray_cluster_per_run(testbed: tb.Testbed, on: bool) -> None:
+    """`helm upgrade --reuse-values` with controller.rayClusterPerRun ``on``; returns once the
+    controller's Deployment rolled out (runs created after it get the setting)."""
+    helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig)]
+    subprocess.run([*helm, "upgrade", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--reuse-values",
+                    "--set", f"controller.rayClusterPerRun={str(on).lower()}", "--wait", "--timeout", "5m"],
+                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +356,61 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "-o", str(tmp_path / "loss.png"))
     assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert step >= RECLAIM_AT_STEP
+
+
+KEPT_RUN = "gpt2-kept"
+KEPT_STEPS = 200
+
+
+def _moment(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@pytest.mark.timeout(TIMEOUT_S + 300)
+def test_a_run_on_its_own_kept_ray_cluster_goes_on_after_a_worker_reclaim_on_the_same_head(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path
+) -> None:
+    """controller.rayClusterPerRun on real pods: the reclaim takes the spot worker, KubeRay replaces it
+    on the new spot node, and attempt 2 runs on the same RayCluster with the same head pod; the run's
+    cluster is deleted when it ends. Prints notice -> attempt 2's first step (the head kept)."""
+    bed = cluster.testbed
+    cluster_demo.set_ray_cluster_per_run(bed, on=True)
+    document = cluster_demo.demo_training_run(name=KEPT_RUN, steps=KEPT_STEPS, every=EVERY, min_step_seconds=STEP_S)
+    manifest = tmp_path / "kept.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+    bed.kubectl("apply", "-f", str(manifest))
+    ray_cluster = f"{KEPT_RUN}-c1"
+    head_selector = f"ray.io/cluster={ray_cluster},ray.io/node-type=head"
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while ((status := cluster_demo.run_status(bed, KEPT_RUN)).get("progress") or {}).get("step", 0) < 40:
+        assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
+        assert time.monotonic() < deadline, f"no step 40 in time: {status}"
+        time.sleep(2)
+    assert status["attempts"][0]["rayCluster"] == ray_cluster, status["attempts"]
+    head_uid = cluster_demo.pods(bed, cluster_demo.NAMESPACE, head_selector)[0]["metadata"]["uid"]
+    noticed = cluster_demo.reclaim_worker_node(bed, status, KEPT_RUN, threading.Event())
+    heads_seen = set()
+    while (status := cluster_demo.run_status(bed, KEPT_RUN)).get("phase") not in TERMINAL_PHASES:
+        if time.monotonic() > deadline:
+            print(cluster_demo.diagnose(bed), flush=True)
+            pytest.fail(f"the run did not end in time: {status}")
+        heads_seen |= {pod["metadata"]["uid"] for pod in cluster_demo.pods(bed, cluster_demo.NAMESPACE, head_selector)}
+        print(progress(status), flush=True)
+        time.sleep(2)
+    attempts = status.get("attempts") or []
+    assert status["phase"] == SUCCEEDED, json.dumps(status, indent=2)
+    assert [a["outcome"] for a in attempts] == ["Preempted", "Succeeded"], attempts
+    assert [a["rayCluster"] for a in attempts] == [ray_cluster, ray_cluster], "the head was kept: one cluster"
+    assert heads_seen == {head_uid}, "attempt 2 ran on the same head pod"
+    assert status["progress"]["step"] == KEPT_STEPS
+    second = attempts[1]
+    training_again = _moment(second["startTime"]) + second["startup"]["firstStep"]
+    print(
+        f"head kept: notice -> attempt 2's first step {training_again - noticed:.1f} s "
+        f"(the spot node back after {cluster_demo.SPOT_BACK_AFTER_S} s); attempt 2 start-up {second['startup']}",
+        flush=True,
+    )
+    # Deleted once the run ended (KubeRay's finalizer may still be removing its pods).
+    found = bed.kubectl("get", "raycluster", ray_cluster, "-n", cluster_demo.NAMESPACE, "-o", "json", check=False)
+    assert found.returncode != 0 or "deletionTimestamp" in json.loads(found.stdout)["metadata"], found.stdout[:500]
