@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,42 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 
-from spotray.contract.names import SUCCEEDED  # noqa: E402
+from spotray.contract.names import SUCCEEDED, rayjob_name  # noqa: E402
 
 SETTINGS = {"kept": True, "new": False}  # leg -> controller.rayClusterPerRun
+# Lines of the driver's log (its submitter pod follows it) that mark where a resumed attempt's time goes.
+DRIVER_MILESTONES = {
+    "submitted": "spotray.submitter: job",
+    "resources requested": "Requesting resources",
+    "worker group started": "Started training worker group",
+}
+
+
+def _log_moment(line: str) -> float | None:
+    """The kubelet's timestamp at the start of a `kubectl logs --timestamps` line (nanoseconds cut to micro)."""
+    stamp = line.split(" ", 1)[0].rstrip("Z")
+    whole, _, fraction = stamp.partition(".")
+    try:
+        return datetime.fromisoformat(f"{whole}.{(fraction + '000000')[:6]}+00:00").timestamp()
+    except ValueError:
+        return None
+
+
+def resumed_attempt_timeline(cluster: cluster_demo.DemoCluster, name: str, attempt: int = 2) -> dict[str, float | None]:
+    """Seconds from the resumed attempt's RayJob creation to each milestone: the driver's, from its log,
+    then the status's start-up (its pods Ready, the training loop, the first step)."""
+    bed = cluster.testbed
+    entry = (cluster_demo.run_status(bed, name).get("attempts") or [{}] * attempt)[attempt - 1]
+    created = datetime.fromisoformat(str(entry.get("startTime")).replace("Z", "+00:00")).timestamp()
+    job = f"job/{rayjob_name(name, attempt)}"
+    lines = bed.kubectl("logs", job, "-n", cluster_demo.NAMESPACE, "--timestamps", check=False).stdout.splitlines()
+    timeline: dict[str, float | None] = {}
+    for milestone, marker in DRIVER_MILESTONES.items():
+        moment = next((_log_moment(line) for line in lines if marker in line), None)
+        timeline[milestone] = None if moment is None else round(moment - created, 1)
+    startup = entry.get("startup") or {}
+    timeline |= {"pods ready": startup.get("podsReady"), "first step": startup.get("firstStep")}
+    return timeline
 
 
 def main() -> int:
@@ -62,6 +96,7 @@ def main() -> int:
                 cluster_demo.say(f"{name}: {args.steps} steps, the spot node reclaimed at step {args.reclaim_at}")
                 row = run_leg(cluster, workdir, name, args.steps, args.interval, [args.reclaim_at], 600.0 + args.steps)
                 row["setting"] = setting
+                row["attempt_2_from_its_rayjob_s"] = resumed_attempt_timeline(cluster, name)
                 print(json.dumps(row), flush=True)
                 legs.append(row)
     if any(leg["phase"] != SUCCEEDED or not leg["notice_to_training_again_s"] for leg in legs):
