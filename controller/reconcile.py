@@ -563,7 +563,7 @@ def _create(
     body: dict[str, Any],
     *,
     attempt: int,
-    ray_cluster: str | None,
+    ray_cluster: str | None = None,
 ) -> dict[str, Any] | None:
     """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
     cannot serve, and the size check that the API server's store would make anyway) and, when they are
