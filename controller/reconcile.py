@@ -567,8 +567,9 @@ def _create(
 ) -> dict[str, Any] | None:
     """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
     cannot serve, and the size check that the API server's store would make anyway) and, when they are
-    on, the run's NetworkPolicy (its pods never start unprotected: controller/network_policy.py) and,
-    for its first attempt, its checkpoint key (controller/checkpoint_key.py)."""
+    on, the run's NetworkPolicy (its pods never start unprotected: controller/network_policy.py),
+    for its first attempt, its checkpoint key (controller/checkpoint_key.py) and, with a cluster per
+    run, the run's RayCluster ``ray_cluster`` that the RayJob names."""
     refused = secret_env_refusal(run, config) or size_refusal(body)
     if refused is not None:
         raise RayJobRefusedError(refused)
