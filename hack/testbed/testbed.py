@@ -34,7 +34,7 @@ from nodes import CACHE, versions
 
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.local_ray import LocalRayWorkerNode
-from spotray.train.processes.subprocesses import is_running
+from spotray.train.processes.subprocesses import is_running, session_members, start_time
 from spotray.train.storage.local_s3 import free_port, free_ports
 
 HERE = Path(__file__).resolve().parent
@@ -168,37 +168,6 @@ def processes_using(path: Path) -> list[int]:
         except OSError:
             continue  # gone, or not ours to read
         if any(link == str(path) or link.startswith(prefix) for link in links):
-            found.append(int(entry.name))
-    return found
-
-
-def _stat_fields(pid: int) -> list[str]:
-    """/proc/PID/stat after the command name: [state, ppid, pgrp, session, ...]; [] when gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return []
-    return text[text.rindex(")") + 2 :].split()
-
-
-def start_time(pid: int) -> str:
-    """When the process started (clock ticks since boot): with its pid, says which process it is."""
-    fields = _stat_fields(pid)
-    return fields[19] if fields else ""
-
-
-def session_processes(session_id: int) -> list[int]:
-    """Live pids in session ``session_id``: every descendant of its leader that did not call setsid.
-
-    Linux keeps a session's id from being reused while any process is still in that session,
-    so these are the leader's own even after it died and its children were reparented.
-    """
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        fields = _stat_fields(int(entry.name))
-        if fields and fields[0] != "Z" and int(fields[3]) == session_id:
             found.append(int(entry.name))
     return found
 
@@ -998,7 +967,7 @@ class RayHead:
         self.temp_dir: Path | None = None
         self.gcs_address = ""  # host:port, once started
         self.env: dict[str, str] = {}
-        self.session: tuple[int, str] | None = None  # `ray start`'s session: its pid and start time
+        self.session: tuple[int, int | None] | None = None  # `ray start`'s session: its pid and start time
         self.nodes: list[LocalRayWorkerNode] = []
         self._log_start = 0
 
@@ -1144,9 +1113,11 @@ class RayHead:
         if self.session is None:
             return []
         leader, started = self.session
-        if start_time(leader) not in ("", started):
+        if start_time(leader) not in (None, started):
             return []  # the leader's pid now names another process: the session is no longer ours
-        return session_processes(leader)
+        # Linux keeps a session's id from being reused while any process is still in that session,
+        # so its members are the leader's own even after it died and its children were reparented.
+        return session_members(leader)
 
     def __enter__(self) -> RayHead:
         return self.start()

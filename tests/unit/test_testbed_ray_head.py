@@ -21,12 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "testbed")
 
 import testbed as tb  # lives in hack/testbed
 
+from spotray.train.processes.subprocesses import is_running, start_time
+
 pytestmark = pytest.mark.unit
-
-
-def alive(pid: int) -> bool:
-    fields = tb._stat_fields(pid)
-    return bool(fields) and fields[0] != "Z"
 
 
 def test_stop_ends_a_process_left_in_ray_starts_session(tmp_path: Path) -> None:
@@ -39,22 +36,22 @@ def test_stop_ends_a_process_left_in_ray_starts_session(tmp_path: Path) -> None:
     head.proc = subprocess.Popen(
         ["sh", "-c", f"(trap '' TERM; exec sleep 300) & echo $! > {orphan_pid_file}"], env=env, start_new_session=True
     )
-    head.session = (head.proc.pid, tb.start_time(head.proc.pid))
+    head.session = (head.proc.pid, start_time(head.proc.pid))
     head.proc.wait(timeout=10)
     orphan = int(orphan_pid_file.read_text())
     try:
-        assert alive(orphan)
+        assert is_running(orphan)
         assert orphan not in tb.marked_processes("test-marker")
         head.stop()
         deadline = time.monotonic() + 10
-        while alive(orphan) and time.monotonic() < deadline:
+        while is_running(orphan) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not alive(orphan), "the orphan in ray start's session outlived stop()"
+        assert not is_running(orphan), "the orphan in ray start's session outlived stop()"
     finally:
         tb.kill_pids([orphan])
 
 
 def test_a_session_whose_leader_pid_names_another_process_is_left_alone(tmp_path: Path) -> None:
     head = tb.RayHead(tmp_path, address="127.0.0.9", marker="test-marker")
-    head.session = (os.getpid(), "not-this-process-start-time")  # as if our pid had been reused
+    head.session = (os.getpid(), -1)  # as if our pid had been reused
     assert head._session_processes() == []
