@@ -112,13 +112,18 @@ def _lock_for(namespace: str, name: str) -> threading.Lock:
         return _locks[f"{namespace}/{name}"]
 
 
+def controller_owner_uid(body: dict[str, Any]) -> str | None:
+    """The UID of the object's controller owner (a TrainingRun for ours); None when it has none."""
+    references = (body.get("metadata") or {}).get("ownerReferences") or []
+    return next((ref.get("uid") for ref in references if ref.get("controller")), None)
+
+
 def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
     if job is None:
         return None
     status = job.get("status") or {}
     meta = job.get("metadata") or {}
     annotations = meta.get("annotations") or {}
-    owner = next((ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
     return RayJobView(
         job_status=status.get("jobStatus") or None,
         deployment_status=status.get("jobDeploymentStatus") or None,
@@ -126,7 +131,7 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
         end_time=unchecked_timestamp(status.get("endTime")),
         disruption=annotations.get(DISRUPTION_ANNOTATION),
         disrupted_at=unchecked_timestamp(annotations.get(DISRUPTED_AT_ANNOTATION)),
-        owner_uid=owner,
+        owner_uid=controller_owner_uid(job),
     )
 
 
@@ -134,11 +139,10 @@ def ray_cluster_view(body: dict[str, Any] | None) -> RayClusterView | None:
     if body is None:
         return None
     meta = body.get("metadata") or {}
-    owner = next((ref.get("uid") for ref in meta.get("ownerReferences") or [] if ref.get("controller")), None)
     return RayClusterView(
         name=str(meta.get("name") or ""),
         head_lost=(meta.get("annotations") or {}).get(HEAD_LOST_ANNOTATION),
-        owner_uid=owner,
+        owner_uid=controller_owner_uid(body),
     )
 
 
@@ -547,7 +551,7 @@ def _create_attempt(  # noqa: PLR0917
             _created_awaiting_status[uid] = attempt
             return None
         return decided
-    owner = rayjob_view(existing).owner_uid  # type: ignore[union-attr] # existing is not None here
+    owner = controller_owner_uid(existing)
     if owner != uid:
         # Another run's RayJob with this attempt's name: adopt nothing, record nothing, wait.
         return wait_for_foreign_rayjob(state, run, existing["metadata"]["name"], attempt, owner)
@@ -587,8 +591,8 @@ def _create(
         if (refused := size_refusal(made)) is not None:
             raise RayJobRefusedError(refused)
         existing = cluster.create_ray_cluster(made)
-        owner = None if existing is None else ray_cluster_view(existing).owner_uid  # type: ignore[union-attr]
-        _refuse_if_foreign("RayCluster", made, run, uid, None if existing is None else [owner or ""])
+        owners = None if existing is None else [controller_owner_uid(existing) or ""]
+        _refuse_if_foreign("RayCluster", made, run, uid, owners)
     return cluster.create_rayjob(body)
 
 
