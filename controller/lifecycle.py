@@ -770,8 +770,11 @@ def _plan(obs: Observation, now: datetime) -> Plan:
     current = decided.state.current
     if decided.state.phase in (*TERMINAL_PHASES, SUSPENDED) and current is not None and current.ray_cluster:
         # The run's cluster outlives its RayJobs: it goes when the run ends or is suspended (again at
-        # every reconcile of a suspended run, as its RayJob is; a 404 then).
-        return replace(decided, delete_ray_cluster=current.ray_cluster)
+        # every reconcile of a suspended run, as its RayJob is; a 404 then). The last RayJob goes with
+        # it: Ray reports SUCCEEDED while KubeRay's submitter still follows the driver's log, and a
+        # submitter that loses its head retries into pods that cannot start (the cluster's token
+        # Secret goes with the cluster). KubeRay's finalizer lets a RayJob go even if it cannot stop it.
+        return replace(decided, delete_rayjob=current.ray_job, delete_ray_cluster=current.ray_cluster)
     return decided
 
 

@@ -163,11 +163,16 @@ def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_ru
     assert "burst-c2" in fake.ray_clusters
     assert fake.calls.index("create burst-c2") < fake.calls.index("create burst-a3")
 
-    fake.set_job("burst-a3", "SUCCEEDED", "Complete", ended=long_ago)
+    # Ray says SUCCEEDED while KubeRay's submitter still follows the driver's log (the RayJob is
+    # Running until it exits): the run ends now, and its last RayJob goes with the cluster, or the
+    # submitter would lose its head and retry into pods that cannot start (the cluster's token is gone).
+    fake.set_job("burst-a3", "SUCCEEDED", "Running", ended=long_ago)
     reconcile(cluster, config, "ns", "burst")
     EVENTS.drain()
     assert fake.run["status"]["phase"] == "Succeeded"
     assert fake.ray_clusters == {}, "the run's cluster goes when the run ends"
+    assert fake.rayjobs == {}, "and its last RayJob with it"
+    assert fake.calls.index("delete burst-a3") < fake.calls.index("delete burst-c2")
 
 
 def test_a_suspended_run_deletes_its_cluster_and_resumes_on_a_new_one(tmp_path: Path) -> None:
