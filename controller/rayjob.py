@@ -376,10 +376,11 @@ MAX_RAYJOB_BYTES = 1024 * 1024
 MAX_ARGUMENT_BYTES = 128 * 1024 - 1
 
 
-def size_refusal(rayjob: dict[str, Any], limit: int = MAX_RAYJOB_BYTES) -> RayJobRefusal | None:
-    """A refusal naming the RayJob's size when it is over ``limit`` bytes as JSON, or one argument of
-    its submitter's command when Linux would not start it; None when it fits."""
-    spec = rayjob.get("spec", {})
+def size_refusal(made: dict[str, Any], limit: int = MAX_RAYJOB_BYTES) -> RayJobRefusal | None:
+    """A refusal naming the size of ``made`` (a RayJob, or the run's RayCluster) when it is over ``limit``
+    bytes as JSON, or one argument of a RayJob's submitter's command when Linux would not start it;
+    None when it fits."""
+    spec = made.get("spec", {})
     submitter = (spec.get("submitterPodTemplate") or {}).get("spec", {}).get("containers") or [{}]
     longest = max((len(str(arg).encode()) for arg in submitter[0].get("command") or []), default=0)
     if longest > MAX_ARGUMENT_BYTES:
@@ -392,17 +393,24 @@ def size_refusal(rayjob: dict[str, Any], limit: int = MAX_RAYJOB_BYTES) -> RayJo
                 "the bucket, not in spec.runtimeEnv"
             ),
         )
-    size = len(json.dumps(rayjob, separators=(",", ":")).encode())
+    size = len(json.dumps(made, separators=(",", ":")).encode())
     if size <= limit:
         return None
-    runtime_env = len(str(spec.get("runtimeEnvYAML", "")).encode())
-    submitter = "; the submitter's command holds the runtime env once more" if "submitterPodTemplate" in spec else ""
+    kind = made.get("kind", RAYJOB_KIND)
+    if kind == RAYJOB_KIND:
+        runtime_env = len(str(spec.get("runtimeEnvYAML", "")).encode())
+        why = f"{runtime_env} bytes of it are the runtime env, spec.runtimeEnv counted twice"
+        if "submitterPodTemplate" in spec:
+            why += "; the submitter's command holds the runtime env once more"
+        fix = "put large files in the image or the bucket, not in spec.runtimeEnv"
+    else:  # the run's RayCluster: its head and worker pod templates
+        why = "its head and worker pod templates"
+        fix = "they come from spec.head, spec.workers, spec.secretEnv and the chart's Ray pod settings"
     return RayJobRefusal(
         code=None,
         reason="TooLarge",
         message=(
-            f"the RayJob would be {size} bytes, over the {limit} the API server's store can take with KubeRay's "
-            f"copies of it ({runtime_env} bytes of it are the runtime env, spec.runtimeEnv counted twice{submitter}): "
-            "put large files in the image or the bucket, not in spec.runtimeEnv"
+            f"the {kind} would be {size} bytes, over the {limit} the API server's store can take with KubeRay's "
+            f"copies of it ({why}): {fix}"
         ),
     )

@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import RayJobRefusedError, refusal_of
 from spotray.controller.lifecycle import Observation, RayJobRefusal, RayJobView, plan, timestamp
-from spotray.controller.rayjob import MAX_RAYJOB_BYTES, build_rayjob, size_refusal
+from spotray.controller.rayjob import MAX_RAYJOB_BYTES, build_ray_cluster, build_rayjob, size_refusal
 from spotray.controller.reconcile import EVENTS, reconcile
 from tests.lifecycle_runs import NOW, run
 from tests.unit.test_controller_writes import FakeCluster, new_run
@@ -172,6 +172,15 @@ def test_a_rayjob_well_within_the_size_passes_the_check() -> None:
     body = build_rayjob(run(), 1, "uid", ControllerConfig())
     assert size_refusal(body) is None
     assert size_refusal(body, limit=100) is not None
+
+
+def test_a_runs_ray_cluster_over_the_size_is_refused_by_its_own_kind() -> None:
+    made = build_ray_cluster(run(), "r-c1", "uid", ControllerConfig(ray_cluster_per_run=True))
+    assert size_refusal(made) is None
+    refused = size_refusal(made, limit=100)
+    assert refused is not None
+    assert refused.message.startswith("the RayCluster would be ")
+    assert "runtime env" not in refused.message
 
 
 def test_kuberays_validation_failed_fails_the_run_at_once_and_deletes_the_rayjob() -> None:
