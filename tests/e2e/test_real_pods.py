@@ -34,6 +34,7 @@ import yaml
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
+from spotray.controller.lifecycle import parse_timestamp
 from spotray.train.storage.local_s3 import free_port
 from tests.e2e.conftest import ROOT, tb
 
@@ -362,10 +363,6 @@ KEPT_RUN = "gpt2-kept"
 KEPT_STEPS = 200
 
 
-def _moment(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 # In make test-campaign: 140 s alone, 255 s in a CI run, which it took over make test's budget (39 min
 # 40 s); the kept cluster's decisions are in make test as unit tests (tests/unit/test_ray_cluster_per_run.py).
 @pytest.mark.campaign
@@ -408,7 +405,9 @@ def test_a_run_on_its_own_kept_ray_cluster_goes_on_after_a_worker_reclaim_on_the
     assert heads_seen == {head_uid}, "attempt 2 ran on the same head pod"
     assert status["progress"]["step"] == KEPT_STEPS
     second = attempts[1]
-    training_again = _moment(second["startTime"]) + second["startup"]["firstStep"]
+    started = parse_timestamp(second["startTime"])
+    assert started is not None, second
+    training_again = started.timestamp() + second["startup"]["firstStep"]
     print(
         f"head kept: notice -> attempt 2's first step {training_again - noticed:.1f} s "
         f"(the spot node back after {cluster_demo.SPOT_BACK_AFTER_S} s); attempt 2 start-up {second['startup']}",
