@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 from cluster_demo import DemoCluster  # noqa: E402
 
-from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES, rayjob_name  # noqa: E402
+from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES  # noqa: E402
 
 POLL_S = 1.0
 
@@ -97,10 +97,13 @@ def rayjob_to_first_step(lost_seconds: dict[str, Any]) -> int | None:
     return None if all(part is None for part in parts) else sum(int(part or 0) for part in parts)
 
 
-def startup_phases(cluster: DemoCluster, name: str, lost_seconds: dict[str, Any]) -> dict[str, float | None]:
-    """Where a fresh start's time goes (issue #39, item 3): seconds from attempt 1's RayJob creation to
-    each milestone, from the objects' own timestamps (whole seconds: the API server's resolution), read
-    while its pods are still there (KubeRay keeps a finished job's cluster for its TTL).
+def startup_phases(cluster: DemoCluster, name: str, status: dict[str, Any]) -> dict[str, float | None]:
+    """Where a fresh start's time goes (issue #39, item 3): seconds from attempt 1's start (the
+    controller creates its RayJob then; the RayJob itself may be gone: a run on a kept Ray cluster
+    deletes its last one as it ends) to each milestone, from the objects' own timestamps (whole
+    seconds: the API server's resolution), read while its pods are still there (KubeRay keeps a
+    finished job's cluster for its TTL; a kept cluster's pods, which carry no attempt label, are not
+    read).
 
     Pods: created, scheduled, container started, Ready (Ray up and its probes passing), head then
     worker. Then the ledger's: the workers run the training loop (waitingForCapacity ends: the driver
@@ -108,8 +111,8 @@ def startup_phases(cluster: DemoCluster, name: str, lost_seconds: dict[str, Any]
     checkpoint fetch, data).
     """
     bed = cluster.testbed
-    found = bed.kubectl("get", "rayjob", rayjob_name(name, 1), "-n", cluster_demo.NAMESPACE, "-o", "json")
-    created = _moment(json.loads(found.stdout)["metadata"]["creationTimestamp"])
+    created = _moment((status.get("attempts") or [{}])[0].get("startTime"))
+    lost_seconds = (status.get("goodput") or {}).get("lostSeconds") or {}
 
     def since(moment: str | None) -> float | None:
         return None if moment is None else round(_moment(moment) - created, 1)
@@ -161,7 +164,7 @@ def run_leg(
     time.sleep(4)  # one more status refresh (every 2 s): the ledger of the finished run
     status = cluster_demo.run_status(cluster.testbed, name)
     goodput = status.get("goodput") or {}
-    phases = startup_phases(cluster, name, goodput.get("lostSeconds") or {}) if not reclaims else None
+    phases = startup_phases(cluster, name, status) if not reclaims else None
     return {
         "name": name,
         "phase": status.get("phase"),
@@ -179,7 +182,7 @@ def run_leg(
         # Ray) plus the first attempt's start-up in them; and each reclaim notice -> training again.
         "rayjob_to_first_step_s": rayjob_to_first_step(goodput.get("lostSeconds") or {}),
         "notice_to_training_again_s": back_s,
-        # A fresh start, phase by phase: seconds from the RayJob's creation (startup_phases).
+        # A fresh start, phase by phase: seconds from attempt 1's start (startup_phases).
         "startup_phases_s": phases,
         "seconds": round(time.monotonic() - started, 1),
     }
