@@ -24,8 +24,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -58,14 +60,36 @@ def _log_moment(line: str) -> float | None:
         return None
 
 
-def resumed_attempt_timeline(cluster: cluster_demo.DemoCluster, name: str, attempt: int = 2) -> dict[str, float | None]:
-    """Seconds from the resumed attempt's RayJob creation to each milestone: the driver's, from its log,
-    then the status's start-up (its pods Ready, the training loop, the first step)."""
+def follow_driver_log(bed: Any, name: str, attempt: int, into: Path, stop: threading.Event) -> None:
+    """Copy the attempt's driver log (its submitter pod follows it) into ``into`` as it is written: a
+    run on a kept Ray cluster deletes its last RayJob, and its submitter's log with it, as it ends."""
+    job = f"job/{rayjob_name(name, attempt)}"
+    kubectl = [str(cluster_demo.tb.binary("kubectl")), "--kubeconfig", str(bed.kubeconfig), "logs", "-f"]
+    while not stop.is_set():
+        with into.open("w") as out:
+            # Until the submitter's pod runs, this fails at once; once it ran, it ends with the pod,
+            # or when the leg is over (``stop``).
+            follower = subprocess.Popen(
+                [*kubectl, "--timestamps", job, "-n", cluster_demo.NAMESPACE], stdout=out, stderr=subprocess.DEVNULL
+            )
+            while follower.poll() is None and not stop.wait(1):
+                pass
+            follower.terminate()
+            follower.wait(timeout=10)
+        if into.stat().st_size:
+            return
+        stop.wait(1)
+
+
+def resumed_attempt_timeline(
+    cluster: cluster_demo.DemoCluster, name: str, driver_log: Path, attempt: int = 2
+) -> dict[str, float | None]:
+    """Seconds from the resumed attempt's RayJob creation to each milestone: the driver's, from its log
+    (``follow_driver_log``), then the status's start-up (its pods Ready, the training loop, the first step)."""
     bed = cluster.testbed
     entry = (cluster_demo.run_status(bed, name).get("attempts") or [{}] * attempt)[attempt - 1]
     created = datetime.fromisoformat(str(entry.get("startTime")).replace("Z", "+00:00")).timestamp()
-    job = f"job/{rayjob_name(name, attempt)}"
-    lines = bed.kubectl("logs", job, "-n", cluster_demo.NAMESPACE, "--timestamps", check=False).stdout.splitlines()
+    lines = driver_log.read_text().splitlines() if driver_log.exists() else []
     timeline: dict[str, float | None] = {}
     for milestone, marker in DRIVER_MILESTONES.items():
         moment = next((_log_moment(line) for line in lines if marker in line), None)
@@ -94,9 +118,16 @@ def main() -> int:
                 cluster_demo.set_ray_cluster_per_run(cluster.testbed, SETTINGS[setting])
                 name = f"{setting}-{pair}"
                 cluster_demo.say(f"{name}: {args.steps} steps, the spot node reclaimed at step {args.reclaim_at}")
+                driver_log, stop = workdir / f"{name}-a2-driver.log", threading.Event()
+                follower = threading.Thread(
+                    target=follow_driver_log, args=(cluster.testbed, name, 2, driver_log, stop), daemon=True
+                )
+                follower.start()
                 row = run_leg(cluster, workdir, name, args.steps, args.interval, [args.reclaim_at], 600.0 + args.steps)
+                stop.set()
+                follower.join(timeout=30)
                 row["setting"] = setting
-                row["attempt_2_from_its_rayjob_s"] = resumed_attempt_timeline(cluster, name)
+                row["attempt_2_from_its_rayjob_s"] = resumed_attempt_timeline(cluster, name, driver_log)
                 print(json.dumps(row), flush=True)
                 legs.append(row)
     if any(leg["phase"] != SUCCEEDED or not leg["notice_to_training_again_s"] for leg in legs):
