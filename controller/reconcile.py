@@ -296,7 +296,7 @@ def _reconcile_locked(  # noqa: PLR0917
         return None
     # Never raises: what the status holds unreadably is unknown, and the plan reports and rebuilds it.
     state = RunState.from_status(_stored_status(body), run.name)
-    if state.phase in TERMINAL_PHASES and not state.unreadable:
+    if state.phase in TERMINAL_PHASES and not state.unreadable and state.storage_unreachable_since is None:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
     if state.history_lost:
@@ -498,6 +498,8 @@ def _act(  # noqa: PLR0917
         if attempt not in state.attempts and attempt.end_time:
             metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
     metrics.set_phase(namespace, name, decided.state.phase)
+    if decided.state.phase in TERMINAL_PHASES and new_status.get("storageUnreachableSince"):
+        return config.reconcile_interval_seconds  # its last report is owed (_status): read again
     return decided.requeue_after_s
 
 
@@ -629,9 +631,18 @@ def _status(
     # Progress and checkpoints can only have moved once the attempt's job was handed to Ray: until
     # then (a Ray cluster waiting for nodes: most runs on a busy cluster) S3 is not read, and the
     # fields keep their last value (the status is merge-patched, and to_patch leaves out what is None).
-    if job is None or not job.submitted:
+    # A finished run is read again while its last report is owed (below), its RayJob gone or not.
+    finished = state.phase in TERMINAL_PHASES
+    owed = finished and state.storage_unreachable_since is not None
+    if not owed and (job is None or not job.submitted):
         return status.to_patch()
-    found, storage_error = _report(run_store, run, state, run_uid, ended=job.finished, objective_steps=objective_steps)
+    ended = finished or (job is not None and job.finished)
+    found, storage_error = _report(run_store, run, state, run_uid, ended=ended, objective_steps=objective_steps)
+    if finished:
+        # The run ended while S3 could not be read (the RayJob said so): its last progress and
+        # checkpoint are owed, and reconcile comes back for them until S3 answers.
+        since = (state.storage_unreachable_since or timestamp(now)) if storage_error else None
+        status = replace(status, storage_unreachable_since=since)
     if found is not None:
         status = replace(
             status,

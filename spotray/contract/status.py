@@ -471,7 +471,7 @@ class RunStatus(StatusObject):
     )
     storage_unreachable_since: str | None = status_field(
         "Since when the ended attempt's records cannot be read from the checkpoint URI (no budget is "
-        "spent meanwhile); unset once they can.",
+        "spent meanwhile), or a finished run's last progress and checkpoint; unset once they can.",
         format=DATE_TIME,
         clearable=True,
     )

@@ -274,3 +274,45 @@ def test_a_rayjob_created_before_a_deferred_status_write_is_deleted_if_the_run_w
     assert fake.calls[:2] == ["create burst-a1", "delete burst-a1"]  # never recorded, so never left running
     assert fake.rayjobs == {}
     assert fake.run["status"]["phase"] == "Suspended"
+
+
+def test_a_run_that_ends_while_s3_fails_reads_its_last_progress_and_checkpoint_once_s3_answers(
+    tmp_path: Path, local_checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The nemesis campaign's trials 19 and 21: the RayJob said SUCCEEDED while S3 answered 500, so the
+    status ended with the progress and checkpoint of minutes before (step 53 of 60, checkpoint 50), and a
+    finished run was never read again. Now it is, until S3 answers; then the final step and checkpoint."""
+    body = new_run("uid-final")
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = FakeCluster(body)
+    cluster: Any = fake
+    config = ControllerConfig(file_roots=(str(tmp_path / "runs"),))
+    reconcile(cluster, config, "ns", "burst")
+    store, attempt = LocalObjectStore(parse_uri(body["spec"]["checkpoint"]["uri"])), AttemptId("uid-final", 1)
+    write_progress(store, attempt, 60)
+    upload_checkpoint(store, local_checkpoint_dir, 60, world_size=1)
+    ended = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    fake.rayjobs["burst-a1"]["status"] = {"jobStatus": "SUCCEEDED", "jobDeploymentStatus": "Complete", "endTime": ended}
+
+    real_read = StoreReports.read
+
+    def s3_answers_500(*args: Any, **kwargs: Any) -> StoreReport:
+        raise OSError("An error occurred (500) when calling the ListObjectsV2 operation")
+
+    monkeypatch.setattr(StoreReports, "read", s3_answers_500)
+    again = reconcile(cluster, config, "ns", "burst")
+    status = fake.run["status"]
+    assert status["phase"] == "Succeeded"
+    assert "progress" not in status
+    assert "lastCheckpoint" not in status
+    assert status["storageUnreachableSince"], "the finished run's last report is owed"
+    assert again, "and it comes back for it"
+    assert reconcile(cluster, config, "ns", "burst") is not None, "still owed while S3 fails"
+
+    monkeypatch.setattr(StoreReports, "read", real_read)
+    assert reconcile(cluster, config, "ns", "burst") is None, "read: nothing more to do"
+    status = fake.run["status"]
+    assert (status["progress"]["step"], status["lastCheckpoint"]["step"]) == (60, 60)
+    assert status["phase"] == "Succeeded"
+    assert status.get("storageUnreachableSince") is None
+    EVENTS.drain()
