@@ -41,6 +41,7 @@ from spotray.contract.names import (
     RAYJOB_PLURAL,
     RUN_LABEL,
     SWEEP_LABEL,
+    TERMINAL_PHASES,
     VERSION,
     rayjob_name,
 )
@@ -50,7 +51,13 @@ from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import timestamp
-from spotray.controller.reconcile import disruption_note, disruption_time, reconcile, record_cluster_pod_disrupted
+from spotray.controller.reconcile import (
+    disruption_note,
+    disruption_time,
+    reconcile,
+    record_cluster_pod_disrupted,
+    settled,
+)
 from spotray.controller.sweep_reconcile import REFRESH_S as SWEEP_REFRESH_S
 from spotray.controller.sweep_reconcile import reconcile_sweep
 from spotray.controller.watch_health import WatchChecker, WatchHealth
@@ -183,7 +190,7 @@ async def on_run_event(event: kopf.RawEvent, body: kopf.Body, meta: kopf.Meta, s
     _watch_health.saw((namespace, name), str(meta.get("resourceVersion")), time.monotonic())
     stored = RunStatus.from_status(status)
     if not CONFIG.peering:
-        _queue.track(namespace, name, stored.phase)
+        _queue.track(namespace, name, finished=settled(stored))
     if meta.get("generation") != stored.observed_generation:
         # A new object's body is current; any other is read fresh (it may predate our own patches).
         _queue.add(namespace, name, dict(body) if event["type"] == "ADDED" else None)
@@ -206,7 +213,7 @@ async def on_sweep_event(event: kopf.RawEvent, meta: kopf.Meta, status: kopf.Sta
         _sweeps.forget(namespace, name)
         return
     if not CONFIG.peering:
-        _sweeps.track(namespace, name, status.get("phase"))
+        _sweeps.track(namespace, name, finished=status.get("phase") in TERMINAL_PHASES)
     if meta.get("generation") != status.get("observedGeneration"):
         _sweeps.add(namespace, name)
 

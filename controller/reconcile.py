@@ -171,6 +171,11 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
     cluster.post_event(body, Event("Warning", REASON_INVALID_SPEC, message), now)
 
 
+def settled(status: RunStatus) -> bool:
+    """A finished run with nothing owed: its last progress and checkpoint were read (see ``_status``)."""
+    return status.phase in TERMINAL_PHASES and status.storage_unreachable_since is None
+
+
 def _report(
     run_store: Callable[[], ObjectStore],
     run: TrainingRun,
@@ -296,7 +301,7 @@ def _reconcile_locked(  # noqa: PLR0917
         return None
     # Never raises: what the status holds unreadably is unknown, and the plan reports and rebuilds it.
     state = RunState.from_status(_stored_status(body), run.name)
-    if state.phase in TERMINAL_PHASES and not state.unreadable and state.storage_unreachable_since is None:
+    if settled(state.run_status()) and not state.unreadable:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
     if state.history_lost:

@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from spotray.contract.names import TERMINAL_PHASES
 from spotray.controller import metrics
 
 log = logging.getLogger(__name__)
@@ -118,11 +117,12 @@ class WorkQueue:
             self._urgent[key] = None if key in self._urgent else body
             self._cond.notify()
 
-    def track(self, namespace: str, name: str, phase: str | None) -> None:
-        """A run seen on the watch: refresh it within one interval, unless it is finished."""
+    def track(self, namespace: str, name: str, *, finished: bool) -> None:
+        """A run seen on the watch: refresh it within one interval, unless it is finished (nothing
+        left to read or write: ``reconcile.settled``)."""
         key = (namespace, name)
         with self._cond:
-            if phase in TERMINAL_PHASES:
+            if finished:
                 self._tracked.pop(key, None)
             elif key not in self._tracked:
                 # Spread over the interval: runs created in one burst are not refreshed in one wave.

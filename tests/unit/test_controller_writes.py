@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 
 from spotray.contract.attempts import AttemptId
+from spotray.contract.status import RunStatus
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import Event, RayJobView
-from spotray.controller.reconcile import EVENTS, reconcile, status_changed
+from spotray.controller.reconcile import EVENTS, reconcile, settled, status_changed
 from spotray.controller.run_store import StoreReport, StoreReports
 from spotray.train.checkpoints.checkpoint import upload_checkpoint
 from spotray.train.records.progress_log import AttemptProgress
@@ -316,3 +317,11 @@ def test_a_run_that_ends_while_s3_fails_reads_its_last_progress_and_checkpoint_o
     assert status["phase"] == "Succeeded"
     assert status.get("storageUnreachableSince") is None
     EVENTS.drain()
+
+
+def test_a_finished_run_stays_on_the_work_queue_while_its_last_report_is_owed() -> None:
+    """The work queue drops finished runs (controller/handlers.py tracks with ``settled``): one whose
+    last report is owed must stay, or reconcile's request to come back would be dropped with it."""
+    assert not settled(RunStatus(phase="Running"))
+    assert settled(RunStatus(phase="Succeeded"))
+    assert not settled(RunStatus(phase="Succeeded", storage_unreachable_since="2026-11-28T17:21:30Z"))

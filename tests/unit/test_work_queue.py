@@ -54,8 +54,8 @@ def run_for(queue: WorkQueue, seconds: float) -> None:
 def test_active_runs_are_refreshed_about_every_interval_and_finished_ones_never() -> None:
     recorder = Recorder()
     queue = make_queue(recorder)
-    queue.track("ns", "active", "Running")
-    queue.track("ns", "done", "Succeeded")
+    queue.track("ns", "active", finished=False)
+    queue.track("ns", "done", finished=True)
     run_for(queue, 0.75)
     assert 2 <= recorder.names().count("active") <= 6  # about 3-4; 2 on a loaded machine
     assert "done" not in recorder.names()
@@ -64,9 +64,9 @@ def test_active_runs_are_refreshed_about_every_interval_and_finished_ones_never(
 def test_a_run_that_finishes_or_is_deleted_is_dropped() -> None:
     recorder = Recorder()
     queue = make_queue(recorder, interval_s=0.1)
-    queue.track("ns", "a", "Running")
-    queue.track("ns", "b", "Running")
-    queue.track("ns", "a", "Failed")
+    queue.track("ns", "a", finished=False)
+    queue.track("ns", "b", finished=False)
+    queue.track("ns", "a", finished=True)
     queue.forget("ns", "b")
     run_for(queue, 0.4)
     assert recorder.calls == []
@@ -78,7 +78,7 @@ def test_new_runs_go_first_even_when_every_refresh_is_due() -> None:
     recorder = Recorder(seconds=0.2)
     queue = make_queue(recorder, interval_s=0.01, refreshes_per_second=1000, workers=4, refresh_workers=2)
     for index in range(200):
-        queue.track("ns", f"old-{index}", "Running")
+        queue.track("ns", f"old-{index}", finished=False)
     queue.start()
     time.sleep(0.3)  # the refreshes are well under way, two at a time
     added = time.monotonic()
@@ -98,7 +98,7 @@ def test_refreshes_are_rate_limited_and_the_interval_grows_with_the_runs() -> No
     recorder = Recorder()
     queue = make_queue(recorder, interval_s=0.1, refreshes_per_second=20, workers=4)
     for index in range(10):
-        queue.track("ns", f"run-{index}", "Running")
+        queue.track("ns", f"run-{index}", finished=False)
     assert queue.interval_s() == pytest.approx(0.5)  # 10 runs at 20/s: each every 0.5 s, not 0.1 s
     run_for(queue, 1.5)
     # At most the bucket's burst (20) plus 20/s; without the limit it would be about 150.
@@ -133,7 +133,7 @@ def test_a_shorter_requeue_is_honoured_and_a_failure_is_retried() -> None:
         return 0.05  # e.g. a backoff that ends soon
 
     queue = make_queue(flaky, interval_s=0.3)
-    queue.track("ns", "r", "Resuming")
+    queue.track("ns", "r", finished=False)
     queue.add("ns", "r")
     run_for(queue, 1.0)
     # The failed first one is retried after min(interval, 1 s) = 0.3 s, then every ~0.05 s.
@@ -150,8 +150,8 @@ def test_a_lifecycle_timer_is_not_held_back_by_the_refresh_limit() -> None:
         return 0.05 if name == "timer" else None
 
     queue = make_queue(reconcile, interval_s=0.05, refreshes_per_second=1)
-    queue.track("ns", "other", "Running")
-    queue.track("ns", "timer", "Resuming")
+    queue.track("ns", "other", finished=False)
+    queue.track("ns", "timer", finished=False)
     queue.add("ns", "timer")
     run_for(queue, 0.6)
     assert len(times["timer"]) >= 6  # every ~0.05 s, though refreshes get one token a second
@@ -176,7 +176,7 @@ def test_refreshes_wait_while_new_runs_are_queued_and_the_backlog_is_counted() -
         return None
 
     queue = make_queue(reconcile, interval_s=0.01, workers=3, refresh_workers=2)
-    queue.track("ns", "old", "Running")
+    queue.track("ns", "old", finished=False)
     queue.start()
     time.sleep(0.2)
     assert started_refreshes  # refreshing while nothing is urgent
@@ -209,10 +209,10 @@ def test_refreshes_held_back_by_their_limits_never_hold_up_a_timer_due_after_the
 
     queue = make_queue(reconcile, interval_s=0.2, refreshes_per_second=1000, workers=4, refresh_workers=2)
     for index in range(20):
-        queue.track("ns", f"old-{index}", "Running")
+        queue.track("ns", f"old-{index}", finished=False)
     queue.start()
     time.sleep(0.3)  # two refreshes run (0.3 s each), the others are due and wait for a refresh worker
-    queue.track("ns", "timer", "Resuming")
+    queue.track("ns", "timer", finished=False)
     queue.add("ns", "timer")
     time.sleep(0.5)
     queue.stop()
