@@ -855,7 +855,10 @@ class Trial:
                     self.in_flight, self.saved = None, []
                 if idle and pending and self._due(pending[0], now):
                     self._fire(pending.pop(0), now)
-                ended = self._last_status().get("phase") in TERMINAL_PHASES
+                # Ended and settled: a run that ended while S3 failed owes its last progress and
+                # checkpoint until the store answers (docs/controller.md), and is judged after.
+                last = self._last_status()
+                ended = last.get("phase") in TERMINAL_PHASES and not last.get("storageUnreachableSince")
                 if ended and self.in_flight is None:
                     break
                 time.sleep(EVENTS_POLL_S)
