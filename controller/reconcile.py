@@ -171,8 +171,9 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
     cluster.post_event(body, Event("Warning", REASON_INVALID_SPEC, message), now)
 
 
-def settled(status: RunStatus) -> bool:
-    """A finished run with nothing owed: its last progress and checkpoint were read (see ``_status``)."""
+def settled(status: RunStatus | RunState) -> bool:
+    """A finished run with nothing owed: its last progress and checkpoint were read (see ``_status``);
+    from the stored status (the watch) or the lifecycle's state of it (reconcile)."""
     return status.phase in TERMINAL_PHASES and status.storage_unreachable_since is None
 
 
@@ -301,7 +302,7 @@ def _reconcile_locked(  # noqa: PLR0917
         return None
     # Never raises: what the status holds unreadably is unknown, and the plan reports and rebuilds it.
     state = RunState.from_status(_stored_status(body), run.name)
-    if settled(state.run_status()) and not state.unreadable:
+    if settled(state) and not state.unreadable:
         metrics.set_phase(namespace, name, state.phase)
         return None  # finished runs keep their last status; nothing to read or write
     if state.history_lost:
