@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -73,7 +73,7 @@ test: setup testbed ## every suite: unit, e2e, then integration with the compat 
 	echo "e2e: exit $$e2e; integration: exit $$integration; compat matrix: exit $$compat_status"; \
 	test $$e2e -eq 0 && test $$integration -eq 0 && test $$compat_status -eq 0
 
-test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps, local PBT, a run's kept Ray cluster on real pods)
+test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps, local PBT, the Hydra launcher's local multirun, a run's kept Ray cluster on real pods)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)
@@ -144,6 +144,9 @@ bench-goodput-elastic: setup ## local runs losing a worker node at random: elast
 
 bench-driver-imports: setup ## the GPT-2 driver's start-up: its imports now vs importing the worker module as before, A vs B (~7 min)
 	$(PY) -m bench.driver_imports
+
+bench-ray-train-start: setup ## Ray Train's start on a fresh cluster: the driver asking for its autoscaling coordinator early vs not, A vs B (~9 min)
+	$(PY) -m bench.ray_train_start
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
 	$(PY) -m bench.local_recovery

@@ -7,6 +7,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +16,12 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def paired_ratio(a: list[float], b: list[float]) -> tuple[float, list[float]]:
+    """A vs B over rounds run back to back: the median of each round's A / B, and each round's ratio."""
+    pairs = [x / y for x, y in zip(a, b, strict=True)]
+    return statistics.median(pairs), [round(r, 3) for r in pairs]
 
 
 def goal_met(ratio: float, goal: str) -> bool:

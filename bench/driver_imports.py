@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from bench.common import machine_details, write_result
+from bench.common import machine_details, paired_ratio, write_result
 
 SIDES = {
     "driver": [sys.executable, "-m", "spotray.jobs.gpt2", "--help"],
@@ -53,12 +53,11 @@ def main() -> int:
         for side in order:
             seconds[side].append(round(timed(SIDES[side]), 3))
         print(f"round {index + 1}: driver {seconds['driver'][-1]} s, before {seconds['before'][-1]} s", flush=True)
-    pairs = [a / b for a, b in zip(seconds["driver"], seconds["before"], strict=True)]
-    ratio = statistics.median(pairs)
+    ratio, pairs = paired_ratio(seconds["driver"], seconds["before"])
     details = {
         "seconds": seconds,
         "medians": {side: statistics.median(values) for side, values in seconds.items()},
-        "pair_ratios": [round(r, 3) for r in pairs],
+        "pair_ratios": pairs,
         "machine": machine_details(),
     }
     print(f"driver imports / before: {ratio:.3f} (median of {len(pairs)} pairs)")

@@ -1,6 +1,8 @@
 """The spec -> Ray Train mapping, the worker-side callbacks and the local runner's pure parts."""
 
 import json
+import sys
+import types
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ from spotray.train.launch.launcher import (
     driver_env_vars,
     ray_runs_on_this_machine,
     spotray_env_for_workers,
+    start_autoscaling_coordinator,
 )
 from spotray.train.records.events import EventLog
 
@@ -246,3 +249,18 @@ def test_driver_env_vars_leave_out_what_the_ray_job_already_sets() -> None:
 def test_the_driver_prefetches_only_where_its_workers_run(address: str | None, here: bool) -> None:
     environ = {} if address is None else {"RAY_ADDRESS": address}
     assert ray_runs_on_this_machine(environ) is here
+
+
+def test_starting_the_autoscaling_coordinator_early_is_skipped_where_ray_lacks_it_or_refuses(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A start-up shortcut, never a reason for an attempt to fail: Ray Train makes the actor itself then."""
+    assert start_autoscaling_coordinator("ray.data._internal.no_such_module") is False
+
+    def refuse() -> None:
+        raise RuntimeError("Ray has not been started yet")
+
+    refusing = types.SimpleNamespace(get_or_create_autoscaling_coordinator=refuse)
+    monkeypatch.setitem(sys.modules, "refusing_ray_coordinator", refusing)
+    assert start_autoscaling_coordinator("refusing_ray_coordinator") is False
+    assert "Ray has not been started yet" in caplog.text

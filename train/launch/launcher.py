@@ -84,6 +84,14 @@ RESIZE_CHECK_ENV = "SPOTRAY_ELASTIC_RESIZE_CHECK_S"
 # test_elastic.py: 86 s without training between the loss and the smaller group at 60. Starting a
 # worker takes seconds once its node is up; a user who needs more sets the variable.
 ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
+# Ray Train (2.60) asks a detached actor of Ray Data's, the AutoscalingCoordinator, for the worker
+# group's resources as its controller starts, gives it 5 s to answer, and asks again before it starts
+# any worker if it did not. The first ask on a cluster creates that actor, whose new process took
+# longer than 5 s to start on 2 cores ("Failed to send resource request" in the driver's log): 5-10 s
+# of every fresh cluster's start-up spent waiting. Asked for as the driver connects, the actor starts
+# while Ray Train's controller does (bench/ray_train_start.py). Ray's own function, so the actor is
+# the one Ray Train would make (same name, node and options); a Ray without it skips this.
+AUTOSCALING_COORDINATOR_MODULE = "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator"
 # How long a preemption notice gives (GKE gives 15 s, AWS 120 s); the drain deadline we announce.
 DEFAULT_GRACE_SECONDS = 15
 # Faults of Ray's cluster and of Ray Train's machinery, not of the training code: a node, an actor or
@@ -255,6 +263,24 @@ def driver_env_vars(wanted: dict[str, str], environ: dict[str, str] | None = Non
     return {key: value for key, value in wanted.items() if key not in job_env}
 
 
+def start_autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) -> bool:
+    """Ask for Ray Train's AutoscalingCoordinator now, in the background (AUTOSCALING_COORDINATOR_MODULE).
+
+    Returns whether it was asked for: False on a Ray without it, or when asking failed, which only
+    leaves Ray Train to make it as before.
+    """
+    try:
+        get_or_create = importlib.import_module(module).get_or_create_autoscaling_coordinator
+    except (ImportError, AttributeError):
+        return False
+    try:
+        get_or_create()  # returns a handle at once; the actor's process starts on this node meanwhile
+    except Exception as error:  # noqa: BLE001 - a start-up shortcut never ends an attempt: Ray Train asks again
+        log.warning("could not start Ray Train's autoscaling coordinator early (Ray Train will): %s", error)
+        return False
+    return True
+
+
 def install_sigterm_drain(grace_seconds: int) -> None:
     """On SIGTERM (the driver's own spot notice), drain the cluster instead of dying on the spot."""
 
@@ -351,6 +377,7 @@ def launch(
             print(f"error: cannot connect to the Ray cluster (an infrastructure fault): {error}", file=sys.stderr)
             return EXIT_INFRASTRUCTURE
     events.emit("ray_connected")
+    start_autoscaling_coordinator()
     install_sigterm_drain(grace_seconds)
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:
