@@ -26,6 +26,9 @@ TEMPLATE = REPO / "jobs" / "gpt2" / "hydra_trainingrun.yaml"
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+# In make test-campaign (161-217 s in make test, its slowest integration test: two local Ray clusters
+# at once); the launcher's decisions are unit tests (tests/unit/test_hydra_launcher.py).
+@pytest.mark.campaign
 @pytest.mark.timeout(900)
 def test_a_multirun_runs_each_job_as_a_trial_and_reports_each_result(tmp_path: Path) -> None:
     name = f"hydra-it-{uuid.uuid4().hex[:6]}"
