@@ -55,9 +55,9 @@ LEG = textwrap.dedent(
 SIDES = ("early", "ray_train")  # A, B
 
 
-def leg(side: str) -> dict[str, object]:
+def leg(side: str) -> dict[str, float]:
     done = subprocess.run([sys.executable, "-c", LEG, side], capture_output=True, text=True, timeout=600, check=True)
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     # Ray Train's own words when an ask of the coordinator timed out: the wait this removes.
     result["asks_timed_out"] = (done.stdout + done.stderr).count("Failed to send resource request")
     return result
@@ -67,13 +67,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    legs: dict[str, list[dict[str, object]]] = {side: [] for side in SIDES}
+    legs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     for index in range(args.rounds):
         order = SIDES if index % 2 == 0 else tuple(reversed(SIDES))
         for side in order:
             legs[side].append(leg(side))
         print(f"round {index + 1}: " + ", ".join(f"{side} {legs[side][-1]}" for side in SIDES), flush=True)
-    seconds = {side: [float(str(one["fit_to_loop_s"])) for one in legs[side]] for side in SIDES}
+    seconds = {side: [one["fit_to_loop_s"] for one in legs[side]] for side in SIDES}
     ratio, pairs = paired_ratio(seconds["early"], seconds["ray_train"])
     details = {
         "figure": "TorchTrainer.fit() -> the training loop running, one worker, a fresh local Ray (2 CPUs)",
