@@ -50,6 +50,8 @@ RUN_EXAMPLES = """examples:
   spotray run jobs/gpt2/trainingrun.yaml --local --preempt-at 80         # spot notice: emergency checkpoint
   spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s
                                        # a worker's node vanishes, and returns 90 s later
+  spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s \
+      --worker-notice-s 30             # the same, with a 30 s spot notice first
   spotray run jobs/gpt2/trainingrun.yaml                                 # on the cluster: same as submit
   spotray run jobs/gpt2/sweep.yaml --local     # a TrainingSweep: its trials as local runs (docs/sweeps.md)
 
@@ -60,7 +62,9 @@ With --lose-worker-at, one worker runs on a Ray node of its own (127.0.0.3), whi
 that step: an elastic run (spec.workers.minReplicas below replicas) goes on with the workers left
 and grows back when the node returns; a fixed-size run waits for it. A loss may also come some
 seconds after the node came up (90s). --add-worker-at gives when it returns: a step (elastic runs
-only) or seconds after each loss (90s). Both take lists: 60,300.
+only) or seconds after each loss (90s). Both take lists: 60,300. With --worker-notice-s 30 each loss
+comes with a spot notice: the node is drained as a pod's preStop hook does it, then stopped; an
+elastic run checkpoints and goes on without it at once, a fixed-size run stops on that checkpoint.
 """
 
 SUBMIT_EXAMPLES = """examples:
@@ -169,7 +173,7 @@ def run_command(args: argparse.Namespace) -> int:
         kill_worker_at=args.kill_worker_at,
         kill_all_at=args.kill_all_at,
         preempt_at=args.preempt_at,
-        nodes=NodeSchedule.from_flags(args.lose_worker_at, args.add_worker_at),
+        nodes=NodeSchedule.from_flags(args.lose_worker_at, args.add_worker_at, args.worker_notice_s),
     )
     progress = ProgressView()
     progress.note(f"spotray: running TrainingRun {training_run.name!r} locally; logs and data in {workdir}")
@@ -178,7 +182,14 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-LOCAL_FAULT_FLAGS = ("--kill-worker-at", "--kill-all-at", "--preempt-at", "--lose-worker-at", "--add-worker-at")
+LOCAL_FAULT_FLAGS = (
+    "--kill-worker-at",
+    "--kill-all-at",
+    "--preempt-at",
+    "--lose-worker-at",
+    "--add-worker-at",
+    "--worker-notice-s",
+)
 
 
 def run_sweep(args: argparse.Namespace, document: dict[str, object]) -> int:
@@ -297,6 +308,12 @@ def add_fault_flags(run: argparse.ArgumentParser) -> None:
         "--add-worker-at",
         metavar="WHEN",
         help="bring the lost node back: at steps (elastic runs) or seconds after each loss (90s)",
+    )
+    faults.add_argument(
+        "--worker-notice-s",
+        type=int,
+        metavar="SECONDS",
+        help="give each --lose-worker-at loss a spot notice this long: drained, then stopped (default: none)",
     )
 
 

@@ -241,6 +241,8 @@ class LocalRun:
         # preemption, and Ray never takes a drained node back: such a cluster is not kept.
         self.cluster_drained = False
         self.node: LocalRayWorkerNode | None = None  # the worker node of a run with node faults, while up
+        # The preStop hook of a worker node's spot notice, and when it was given (--worker-notice-s).
+        self.node_notice: tuple[subprocess.Popen[bytes], float] | None = None
 
     def run(self) -> int:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -427,9 +429,13 @@ class LocalRun:
         return self.cluster, False
 
     def _stop_cluster(self) -> None:
+        if self.node_notice is not None:
+            hook, _ = self.node_notice
+            hook.kill()
+            hook.wait()
         if self.cluster is not None:
             self.cluster.stop()
-        self.cluster, self.node, self.cluster_drained = None, None, False
+        self.cluster, self.node, self.node_notice, self.cluster_drained = None, None, None, False
 
     def driver_env(self, context: RunContext, ray_address: str) -> dict[str, str]:
         """The environment of an attempt's driver: this process's, the S3 settings, ``spec.secretEnv``'s
@@ -542,7 +548,22 @@ class LocalRun:
         """Lose the worker node, or bring it back, when the schedule says; returns the node if it is up."""
         schedule = self.faults.nodes
         now = time.monotonic()
+        if node is not None and self.node_notice is not None:
+            hook, noticed_at = self.node_notice
+            if hook.poll() is None and now - noticed_at < schedule.notice_s:
+                return node
+            node.stop()  # the kubelet's SIGTERM once the preStop hook returned, or the notice ran out
+            hook.kill()
+            hook.wait()
+            self.node_notice = None
+            schedule.lost(time.monotonic())
+            self._injected(f"SIGTERM to the worker node on {node.host}, {now - noticed_at:.1f} s after its notice")
+            return None
         if node is not None and schedule.loss_due(step, now):
+            if schedule.notice_s:
+                self.node_notice = (node.start_notice(schedule.notice_s, self.workdir / "drain.log"), now)
+                self._injected(f"a {schedule.notice_s} s spot notice to the worker node on {node.host} at step {step}")
+                return node
             node.kill()
             schedule.lost(now)
             self._injected(f"SIGKILL to the worker node on {node.host} (its raylet and worker) at step {step}")

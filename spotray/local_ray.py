@@ -350,6 +350,28 @@ class LocalRayWorkerNode:
         self._process.wait()
         self._process = None
 
+    def start_notice(self, deadline_s: int, log_path: Path) -> subprocess.Popen[bytes]:
+        """A spot notice: the preStop hook a pod would run (train/launch/drain.py), against this node.
+
+        It drains the node as a preemption and returns once the training workers on it are done (or
+        their group goes on without them), or the deadline nears; then ``stop()`` is the kubelet's SIGTERM.
+        """
+        command = [
+            sys.executable, "-m", "spotray.train.launch.drain",
+            "--deadline-seconds", str(deadline_s), "--node-ip-address", self.host,
+        ]  # fmt: skip
+        return start_in_own_session(command, {**self.env, "RAY_ADDRESS": self.address}, log_path)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to the node's processes, as the kubelet stops a pod: Ray's raylet leaves the cluster
+        at once (a SIGKILLed one is marked dead only after its heartbeats are missed); SIGKILL after ``grace_s``."""
+        if self._process is None:
+            return
+        signal_session(self._process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=grace_s)
+        self.kill()  # whatever is left of its session
+
 
 def _accepts(host: str, port: int) -> bool:
     try:

@@ -12,7 +12,11 @@ later started again. What the run does meanwhile is the point:
 A node is lost at a step (``--lose-worker-at 60,400``) or after it has been up some seconds
 (``--lose-worker-at 90s``: a spot machine's life is a length of time). It comes back at a step
 (``--add-worker-at 300``: only an elastic run trains steps while a node is gone) or some seconds
-after its loss (``--add-worker-at 60s``: one delay serves every loss).
+after its loss (``--add-worker-at 60s``: one delay serves every loss). With ``--worker-notice-s 30``
+each loss comes with a spot notice instead: the node is drained as a preemption by the preStop hook
+a pod would run (train/launch/drain.py), and stopped with SIGTERM, as the kubelet does, once the
+hook returns or the notice runs out; an elastic run takes an emergency checkpoint and goes on
+without the node at once.
 This module is the schedule, pure and tested; spotray/local.py starts and kills the nodes.
 """
 
@@ -25,6 +29,8 @@ from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import WorkerSpec
 
 _SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
+# The shortest spot notice local mode plays: the drain, a checkpoint and its upload must fit in it.
+MIN_NOTICE_S = 5
 
 
 @dataclass(frozen=True)
@@ -80,23 +86,32 @@ class NodeSchedule:
 
     losses: list[Moment]
     returns: list[Moment] = field(default_factory=list)
+    notice_s: int = 0  # each loss announced this many seconds ahead (a spot notice); 0: the node vanishes
     up_since: float = 0.0  # monotonic time the node came up (started, or came back)
     lost_since: float | None = None  # monotonic time of the current loss; None while the node is up
 
     @classmethod
-    def from_flags(cls, lose_worker_at: str | None, add_worker_at: str | None) -> NodeSchedule:
+    def from_flags(
+        cls, lose_worker_at: str | None, add_worker_at: str | None, worker_notice_s: int | None = None
+    ) -> NodeSchedule:
         """The schedule of ``--lose-worker-at 120,400 --add-worker-at 60s``; one delay serves every loss."""
         losses = parse_moments(lose_worker_at, "--lose-worker-at")
         returns = parse_moments(add_worker_at, "--add-worker-at")
         if len(returns) == 1 and returns[0].after_s is not None:
             returns = returns * max(1, len(losses))
-        return cls(losses, returns)
+        if worker_notice_s is not None and worker_notice_s < MIN_NOTICE_S:
+            raise SpotrayError(
+                f"--worker-notice-s {worker_notice_s} leaves no time for an emergency checkpoint",
+                f"give at least {MIN_NOTICE_S} seconds (GKE gives 30, AWS 120)",
+            )
+        return cls(losses, returns, notice_s=worker_notice_s or 0)
 
     def check(self, workers: WorkerSpec) -> NodeLayout:
         """Refuse a schedule the run could not live through, naming the fix; else the cluster layout."""
         if not self.losses:
-            if self.returns:
-                raise SpotrayError("--add-worker-at without --lose-worker-at", "lose a node first: --lose-worker-at N")
+            if self.returns or self.notice_s:
+                flag = "--add-worker-at" if self.returns else "--worker-notice-s"
+                raise SpotrayError(f"{flag} without --lose-worker-at", "lose a node first: --lose-worker-at N")
             return NodeLayout(0, 0)
         if workers.num_workers < 2:
             raise SpotrayError(

@@ -86,7 +86,10 @@ class ProgressView:
         elif kind == "preemption_notice":
             self.note(f"  preemption notice at step {event['step']}: taking an emergency checkpoint")
         elif kind == "emergency_checkpoint":
-            self.note(f"  emergency checkpoint-{event['step']} complete {event['seconds']:.1f} s after the notice")
+            without = event.get("going_on_without")
+            then = f"; going on without ranks {without}" if without else ""
+            step, seconds = event["step"], event["seconds"]
+            self.note(f"  emergency checkpoint-{step} complete {seconds:.1f} s after the notice{then}")
 
     def steps_per_second(self) -> float | None:
         if len(self._rate) < 2:

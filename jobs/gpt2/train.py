@@ -213,7 +213,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         )
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     report = ProgressCallback(sync, events, progress)
-    notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id)
+    # An elastic group goes on without the ranks a spot notice takes, if enough are left (train/hf/worker.py).
+    min_workers = spec.workers.min_workers if spec.workers.elastic else None
+    notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id, min_workers=min_workers)
     # --learning-rate holds after a resume too (the Trainer would restore the checkpoint's): a sweep's
     # population-based training resumes a trial from another's checkpoint with a perturbed rate.
     callbacks: list[TrainerCallback] = [sync, report, notice, LearningRateAfterResume(config.learning_rate)]

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from bench import chaos_runs
+from bench.elastic_notice import elastic_manifest
 from spotray.train.hf.data import trained_batches
 from spotray.train.records.events import read_events
 
@@ -44,27 +45,12 @@ GLOBAL_BATCH = 8
 LOSE_AT, ADD_AT = 30, 40
 
 
-def manifest(max_steps: int) -> str:
-    return f"""\
-apiVersion: spotray.dev/v1alpha1
-kind: TrainingRun
-metadata:
-  name: elastic-run
-spec:
-  entrypoint: python -m spotray.jobs.gpt2 --max-steps {max_steps} --batch-size {GLOBAL_BATCH} --workdir {{job_dir}}
-  workers: {{{{replicas: 2, minReplicas: 1, cpu: "1", memory: 2Gi, gpu: 0}}}}
-  checkpoint: {{{{uri: "s3://elastic/runs/elastic-run", everySteps: {SAVE_STEPS}, keep: 2}}}}
-  data: {{{{uri: "s3://elastic/datasets/gpt2-bytes"}}}}
-  retry: {{{{maxPreemptions: 2, maxFailures: 1, backoffSeconds: 1}}}}
-"""
-
-
 def starts(logged: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in logged if e["event"] == "start"]
 
 
 def run_elastic(
-    tmp_path: Path, max_steps: int, *extra_args: str
+    tmp_path: Path, max_steps: int, *extra_args: str, lose_at: int = LOSE_AT, step_seconds: float = 0.0
 ) -> tuple[chaos_runs.RunResult, list[dict[str, Any]], list[tuple[int, int, int]]]:
     """Run it and check what every elastic run must hold: one attempt, every step's whole global
     batch, no sample twice, each restart at its checkpoint's data position. Returns the result, the
@@ -73,12 +59,13 @@ def run_elastic(
         tmp_path / "run",
         [],
         f"elastic-{os.getpid()}",
-        manifest_text=manifest(max_steps),
+        manifest_text=elastic_manifest(max_steps, GLOBAL_BATCH, SAVE_STEPS, step_seconds),
         timeout_s=900,
-        extra_args=("--lose-worker-at", str(LOSE_AT), *extra_args),
+        extra_args=("--lose-worker-at", str(lose_at), *extra_args),
     )
     assert result.exit_code == 0, result.log_tail()
-    assert "SIGKILL to the worker node" in result.injected[0]
+    notice = "--worker-notice-s" in extra_args
+    assert ("spot notice to the worker node" if notice else "SIGKILL to the worker node") in result.injected[0]
     assert (result.state["attempt"], result.state["preemptions"]) == (1, 0), "a lost worker node is not an attempt"
 
     started = starts(list(read_events(result.workdir / "events.jsonl")))
@@ -86,7 +73,8 @@ def run_elastic(
     assert sizes[0] == (2, 4, 1)
     assert (1, 4, 2) in sizes[1:], f"no one-worker group with two passes a step: {sizes}"
     resumed = [s["resumed_from"] for s in started[1:]]
-    assert all(step is not None and step % SAVE_STEPS == 0 for step in resumed), resumed
+    if not notice:  # a notice's emergency checkpoint comes at any step
+        assert all(step is not None and step % SAVE_STEPS == 0 for step in resumed), resumed
     for start in started[1:]:
         assert start["data_position"] == {"epoch": 0, "sample_in_epoch": start["resumed_from"] * GLOBAL_BATCH}
 
@@ -114,3 +102,25 @@ def test_a_lost_node_shrinks_the_run_and_a_returning_one_grows_it_with_every_sam
     assert sizes[-1] == (2, 4, 1), f"did not grow back to two workers: {sizes}"
     assert (1, 4, 2) in sizes[1:-1], f"no one-worker group with two passes a step: {sizes}"
     assert started[-1]["resumed_from"] < MAX_STEPS, "grew back only after the last step: nothing tested"
+
+
+@pytest.mark.campaign
+def test_a_spot_notice_to_a_node_shrinks_the_run_at_once_from_an_emergency_checkpoint(tmp_path: Path) -> None:
+    """The node's preStop hook drains it; every rank saves at once and trains on; the rank on the
+    node tells the hook its checkpoint is safe, the node goes (SIGTERM), and the group restarts
+    smaller from that checkpoint: no step is redone, and the run stays in its first attempt."""
+    # Paced: the hook is a new Python process that imports Ray (10-20 s here); unpaced, the run was over first.
+    result, started, sizes = run_elastic(
+        tmp_path, SHRINK_ONLY_STEPS, "--worker-notice-s", "30", lose_at=15, step_seconds=1.0
+    )
+    assert "SIGTERM to the worker node" in result.injected[1], result.injected
+    logged = list(read_events(result.workdir / "events.jsonl"))
+    noticed = [e for e in logged if e["event"] == "preemption_notice"]
+    # The rank on the node is 0 or 1: Ray Train places the ranks.
+    assert [(e["going_on"], len(e["ranks"])) for e in noticed] == [(True, 1)], noticed
+    emergency = [e for e in logged if e["event"] == "emergency_checkpoint"]
+    assert [e["going_on_without"] for e in emergency] == [noticed[0]["ranks"]], emergency
+    assert started[1]["resumed_from"] == emergency[0]["step"], "the smaller group skipped the notice's checkpoint"
+    assert sizes[-1] == (1, 4, 2), f"did not end on one worker: {sizes}"
+    hook = (result.workdir / "drain.log").read_text()
+    assert "goes on without them" in hook, hook

@@ -112,3 +112,14 @@ def test_a_loss_in_seconds_counts_from_when_the_attempts_node_is_up_not_from_bef
     cluster = SlowToStartCluster()
     assert start_worker_node(cluster, 1, schedule) == "node with 1 cpus"  # type: ignore[arg-type]
     assert schedule.up_since >= cluster.started_at
+
+
+def test_a_notice_needs_a_loss_and_time_for_a_checkpoint() -> None:
+    with pytest.raises(SpotrayError, match="without --lose-worker-at") as refused:
+        NodeSchedule.from_flags(None, None, worker_notice_s=30).check(ELASTIC)
+    assert refused.value.fix
+    with pytest.raises(SpotrayError, match="no time for an emergency checkpoint") as refused:
+        NodeSchedule.from_flags("60", None, worker_notice_s=2)
+    assert "at least 5 seconds" in refused.value.fix
+    assert NodeSchedule.from_flags("60", None, worker_notice_s=30).notice_s == 30
+    assert NodeSchedule.from_flags("60", None).notice_s == 0, "without the flag a node vanishes"

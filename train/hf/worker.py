@@ -13,7 +13,10 @@
   question is a collective (8 ms measured on 2 loaded CPU cores), so it is asked about once a
   second, not every step: rank 0 times the first steps and every rank gets the same interval. On
   a notice the Trainer saves at once, the callback waits until that checkpoint is complete in the
-  store, leaves a marker there, and training stops.
+  store, leaves a marker there, and training stops. An elastic group that can do without the ranks
+  the notice names (``goes_on_without``) keeps training instead: once the emergency checkpoint is
+  safe, the ranks on the draining node tell its preStop hook (train/launch/drain_handshake.py), the
+  node goes, and Ray Train restarts the group smaller from that checkpoint, in the same attempt.
 
 Only ``ray.train`` calls need a Ray cluster; ranks come from ``torch.distributed``, which both launchers
 set up. The module still imports ``ray.train``, so it needs the ``[ray]`` extra even under torchrun.
@@ -35,7 +38,8 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from spotray.contract.attempts import AttemptId
 from spotray.contract.extras import extra_required
 from spotray.train.hf.callback import S3CheckpointCallback
-from spotray.train.processes.ranks import barrier, broadcast_from_rank0
+from spotray.train.launch.drain_handshake import mark_checkpointed
+from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.attempt_records import write_preemption
 from spotray.train.records.events import EventLog
 from spotray.train.records.progress_log import ProgressWriter
@@ -74,6 +78,27 @@ class SigtermNotice:
 
 def default_notice() -> Callable[[], object | None]:
     return ray.train.get_preemption_info if in_ray_train() else SigtermNotice()
+
+
+def ray_node_id() -> str | None:
+    """This worker's Ray node, None outside Ray."""
+    return ray.get_runtime_context().get_node_id() if in_ray_train() else None
+
+
+def notice_ranks(info: object) -> frozenset[int]:
+    """The ranks a notice takes: Ray's ``PreemptionInfo`` names them; a SIGTERM notice takes every rank (empty)."""
+    return frozenset(getattr(info, "preempted_ranks", None) or ())
+
+
+def goes_on_without(ranks: frozenset[int], size: int, min_workers: int | None) -> bool:
+    """Whether a group of ``size`` ranks can go on without ``ranks``: an elastic run keeps at least ``min_workers``.
+
+    A notice that names no rank (a SIGTERM, or Ray's for a node that holds none of ours) stops the
+    whole group, as does one a fixed-size run (``min_workers`` None) gets.
+    """
+    if min_workers is None or not ranks:
+        return False
+    return size - len(ranks & set(range(size))) >= max(1, min_workers)
 
 
 class ProgressCallback(TrainerCallback):
@@ -136,6 +161,8 @@ class PreemptionNoticeCallback(TrainerCallback):
         target_interval_s: float = 1.0,
         calibration_steps: int = 5,
         notice: Callable[[], object | None] | None = None,
+        min_workers: int | None = None,
+        node_id: Callable[[], str | None] = ray_node_id,
     ) -> None:
         self.sync = sync
         self.events = events
@@ -143,11 +170,15 @@ class PreemptionNoticeCallback(TrainerCallback):
         self.target_interval_s = target_interval_s
         self.calibration_steps = calibration_steps
         self.notice = notice or default_notice()
+        self.min_workers = min_workers  # an elastic run's minimum; None: any notice stops the group
+        self.node_id = node_id
         self.check_every_steps = 1  # until calibrated
         self.steps_seen = 0
         self.calibration_started: float | None = None
         self.noticed_at: float | None = None
         self.stopped_at_step: int | None = None
+        # An elastic group going on without these ranks, once their emergency checkpoint is safe.
+        self.going_on_without: frozenset[int] = frozenset()
 
     def _calibrate(self) -> None:
         """After a few steps, agree on how many steps make about ``target_interval_s`` (rank 0 decides)."""
@@ -161,29 +192,67 @@ class PreemptionNoticeCallback(TrainerCallback):
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._calibrate()
-        if self.noticed_at is not None or self.steps_seen % self.check_every_steps:
+        if self.stopped_at_step is not None or self.steps_seen % self.check_every_steps:
             return
         if state.global_step >= state.max_steps:
             return  # the last step saves and ends anyway: nothing to do early
         info = self.notice()  # a barrier: every rank calls it after the same number of steps
         if info is None:
             return
+        ranks = notice_ranks(info)
+        if ranks and ranks <= self.going_on_without:
+            return  # the notice this group already went on without (Ray repeats it until the node is gone)
         self.noticed_at = time.monotonic()
-        log.warning("preemption notice at step %d: saving an emergency checkpoint", state.global_step)
+        go_on = goes_on_without(ranks, world_size(), self.min_workers)
+        log.warning(
+            "preemption notice at step %d: saving an emergency checkpoint, then %s",
+            state.global_step,
+            f"going on without ranks {sorted(ranks)}" if go_on else "stopping",
+        )
         if state.is_world_process_zero:
             deadline_ms = getattr(info, "deadline_ms", None)  # Ray's notice has one; SIGTERM's does not
-            self.events.emit("preemption_notice", step=state.global_step, deadline_ms=deadline_ms)
+            self.events.emit(
+                "preemption_notice", step=state.global_step, deadline_ms=deadline_ms, going_on=go_on,
+                ranks=sorted(ranks) or None,
+            )  # fmt: skip
         control.should_save = True
-        control.should_training_stop = True
+        if go_on:
+            self.going_on_without = ranks
+        else:
+            self.going_on_without = frozenset()
+            control.should_training_stop = True
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.noticed_at is None or self.stopped_at_step is not None:
             return
         self.sync.flush()  # on rank 0 this waits until the checkpoint is complete in the store
-        barrier()  # no rank reports "preempted" before the checkpoint is safe
+        barrier()  # no rank reports "preempted" (or lets its node go) before the checkpoint is safe
+        if self.going_on_without:
+            self._let_the_node_go(state)
+            return
         self.stopped_at_step = state.global_step
         if state.is_world_process_zero:
             seconds = time.monotonic() - self.noticed_at
             write_preemption(self.sync.store, self.attempt, state.global_step, seconds)
             self.events.emit("emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3))
             log.warning("emergency checkpoint-%d complete %.1f s after the notice", state.global_step, seconds)
+
+    def _let_the_node_go(self, state: TrainerState) -> None:
+        """The elastic path: the checkpoint is safe, so the ranks on a draining node tell its hook, and all train on."""
+        assert self.noticed_at is not None
+        seconds = time.monotonic() - self.noticed_at
+        self.noticed_at = None  # the next notice, if one comes, is a new one
+        if state.is_world_process_zero:
+            self.events.emit(
+                "emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3),
+                going_on_without=sorted(self.going_on_without),
+            )  # fmt: skip
+        node = self.node_id()
+        if world_rank() in self.going_on_without and node is not None:
+            mark_checkpointed(node)
+        log.warning(
+            "emergency checkpoint-%d complete %.1f s after the notice; training on until ranks %s are gone",
+            state.global_step,
+            seconds,
+            sorted(self.going_on_without),
+        )

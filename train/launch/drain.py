@@ -4,18 +4,24 @@ Kubernetes runs the hook before it sends SIGTERM, and waits for it within the po
 The hook drains this pod's Ray node as a preemption (what ``ray drain-node --reason
 DRAIN_NODE_REASON_PREEMPTION`` does), which Ray Train turns into a notice for the training workers:
 they take an emergency checkpoint, wait until it is complete in S3, and stop. The hook then waits
-until no Ray Train worker is left on this node (or the deadline nears), so the SIGTERM that follows
-does not cut the checkpoint short.
+until no Ray Train worker is left on this node, or the workers on it say that their checkpoint is
+safe and their group goes on without them (an elastic run: train/launch/drain_handshake.py), or the
+deadline nears, so the SIGTERM that follows does not cut the checkpoint short, and an elastic group
+does not train on a leaving node for longer than it must.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import time
+from pathlib import Path
 
 from spotray.contract.extras import extra_required
+from spotray.train.launch.drain_handshake import checkpointed, checkpointed_marker
 from spotray.train.launch.launcher import drain_nodes
 
 with extra_required("ray"):
@@ -39,14 +45,51 @@ def training_workers_on(node_id: str) -> int:
     )
 
 
+def raylet_pids(node_id: str, proc: Path = Path("/proc")) -> list[int]:
+    """The raylet of the Ray node ``node_id`` (its command line names the node), from ``proc``."""
+    wanted = f"--node_id={node_id}".encode()
+    pids = []
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")
+        except OSError:  # it exited meanwhile, or is not ours to read
+            continue
+        if args and args[0].endswith(b"/raylet") and wanted in args:
+            pids.append(int(cmdline.parent.name))
+    return pids
+
+
+def stop_raylet(node_id: str, proc: Path = Path("/proc")) -> bool:
+    """SIGTERM this node's raylet: it unregisters from Ray's GCS and the node is dead at once.
+
+    Left to the kubelet's SIGTERM, the node might live on until the grace period ends: the Ray
+    container's first process is KubeRay's ``bash -c "ulimit ...; ray start --block"``, and a shell
+    as a container's PID 1 need not pass SIGTERM on. A raylet that just vanishes is marked dead only
+    after its heartbeats are missed (about 30 s), and Ray Train restarts the smaller group after that.
+    """
+    pids = raylet_pids(node_id, proc)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    return bool(pids)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--deadline-seconds", type=int, required=True, help="the pod's termination grace period")
+    parser.add_argument(
+        "--node-ip-address",
+        help="the Ray node to drain, by its address (default: this machine's; local mode runs several on one)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s spotray.drain: %(message)s")
     started = time.monotonic()
     # In a pod, "auto" finds the node's own Ray; RAY_ADDRESS wins where it is set (tests, local mode).
-    ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), logging_level=logging.WARNING)
+    ray.init(
+        address=os.environ.get("RAY_ADDRESS", "auto"),
+        logging_level=logging.WARNING,
+        _node_ip_address=args.node_ip_address,
+    )
     node_id = ray.get_runtime_context().get_node_id()
     accepted = drain_nodes([node_id], "spotray: pod preStop (spot notice)", args.deadline_seconds)
     log.info("drain of node %s %s", node_id, "accepted" if accepted else "refused")
@@ -58,6 +101,16 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if remaining == 0:
             log.info("no training worker left on this node after %.1f s", time.monotonic() - started)
+            return 0
+        if checkpointed(node_id):
+            checkpointed_marker(node_id).unlink(missing_ok=True)
+            stopped = stop_raylet(node_id)
+            log.info(
+                "the workers on this node have a complete emergency checkpoint and their group goes on "
+                "without them, after %.1f s: %s",
+                time.monotonic() - started,
+                "SIGTERM to this node's raylet, which leaves Ray at once" if stopped else "no raylet found to stop",
+            )
             return 0
         time.sleep(_POLL_S)
     log.warning("deadline near with training workers still on this node; letting Kubernetes stop the pod")

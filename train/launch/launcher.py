@@ -61,6 +61,7 @@ from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
+from spotray.train.launch.node_watch import NodeWatch, coordinator_refresh
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
 from spotray.train.records.events import EventLog, event_log_from_env
 from spotray.train.storage.store import ObjectStore
@@ -78,12 +79,16 @@ log = logging.getLogger(__name__)
 RAY_TRAIN_SETTINGS = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
 # How often an elastic worker group looks for room to grow (seconds); unset: Ray Train's default.
 RESIZE_CHECK_ENV = "SPOTRAY_ELASTIC_RESIZE_CHECK_S"
-# An elastic group that lost a node first tries its old size again: the node is not yet marked dead
-# (about 30 s of missed heartbeats). Ray Train then waits this long for workers that will never start
-# (its default, 60 s) before it counts again and goes on smaller. Measured in tests/integration/
-# test_elastic.py: 86 s without training between the loss and the smaller group at 60. Starting a
-# worker takes seconds once its node is up; a user who needs more sets the variable.
-ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "30"}
+# An elastic group that lost a node may first try its old size again: Ray Train sizes it from a view
+# of the cluster that lags (a vanished node is marked dead after about 30 s of missed heartbeats, and
+# the view is re-read every 20 s, or at once by train/launch/node_watch.py). Ray Train then waits this
+# long for a placement group that cannot be placed (its default, 60 s) before it counts again and goes
+# on smaller: 86 s without training at 60 in tests/integration/test_elastic.py; with a spot notice and
+# 30 s here, 67 s from the node's exit to the smaller group. It bounds only the placement group's wait
+# (Ray 2.60's WorkerGroup._start_impl), which takes well under a second when the resources are free,
+# so an elastic run starts on what is there rather than wait for a full group; a user who needs
+# more sets the variable.
+ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
 # Ray Train (2.60) asks a detached actor of Ray Data's, the AutoscalingCoordinator, for the worker
 # group's resources as its controller starts, gives it 5 s to answer, and asks again before it starts
 # any worker if it did not. The first ask on a cluster creates that actor, whose new process took
@@ -281,6 +286,16 @@ def start_autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) 
     return True
 
 
+def watch_nodes_for_elastic_resizes(module: str = AUTOSCALING_COORDINATOR_MODULE) -> NodeWatch | None:
+    """Ray Train's elastic resizes see a node leave or join within a second, not 20 s (train/launch/node_watch.py)."""
+    try:
+        refresh = coordinator_refresh(module)
+    except Exception as error:  # noqa: BLE001 - a speed-up only, as start_autoscaling_coordinator
+        log.warning("not watching Ray's nodes for elastic resizes: %s", error)
+        return None
+    return NodeWatch(refresh).start()
+
+
 def install_sigterm_drain(grace_seconds: int) -> None:
     """On SIGTERM (the driver's own spot notice), drain the cluster instead of dying on the spot."""
 
@@ -377,7 +392,8 @@ def launch(
             print(f"error: cannot connect to the Ray cluster (an infrastructure fault): {error}", file=sys.stderr)
             return EXIT_INFRASTRUCTURE
     events.emit("ray_connected")
-    start_autoscaling_coordinator()
+    if start_autoscaling_coordinator() and context.spec.workers.elastic:
+        watch_nodes_for_elastic_resizes()
     install_sigterm_drain(grace_seconds)
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:

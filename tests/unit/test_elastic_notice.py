@@ -1,0 +1,125 @@
+"""An elastic group goes on without the ranks a spot notice takes (train/hf/worker.py, drain_handshake.py)."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+from spotray.train.hf.worker import PreemptionNoticeCallback, goes_on_without, notice_ranks
+from spotray.train.launch.drain import raylet_pids
+from spotray.train.launch.drain_handshake import checkpointed, checkpointed_marker, mark_checkpointed
+from spotray.train.records.events import EventLog
+
+pytestmark = pytest.mark.unit
+NODE = "a3f0" * 14  # a Ray node id is 56 hex digits
+
+
+@dataclass
+class RayNotice:
+    """Ray's PreemptionInfo as far as the callback reads it."""
+
+    preempted_ranks: list[int]
+    deadline_ms: int | None = None
+
+
+@dataclass
+class FakeSync:
+    flushes: int = 0
+    store: object = field(default=None)
+
+    def flush(self) -> None:
+        self.flushes += 1
+
+
+@pytest.mark.parametrize(
+    ("ranks", "size", "min_workers", "goes_on"),
+    [
+        ({1}, 2, 1, True),  # an elastic run of 2 keeps its 1 minimum
+        ({2, 3}, 4, 2, True),
+        ({1, 2, 3}, 4, 2, False),  # too few left: the whole group stops on its checkpoint
+        ({0, 1}, 2, 1, False),  # every rank (the driver's SIGTERM drains every node)
+        ({1}, 2, None, False),  # a fixed-size run
+        (set(), 2, 1, False),  # a SIGTERM notice names no rank: every rank goes
+        ({0}, 2, 1, True),  # rank 0's node: Ray Train gives the smaller group a new rank 0
+    ],
+)
+def test_an_elastic_group_goes_on_only_when_enough_ranks_are_left(
+    ranks: set[int], size: int, min_workers: int | None, goes_on: bool
+) -> None:
+    assert goes_on_without(frozenset(ranks), size, min_workers) is goes_on
+
+
+def test_a_notice_names_its_ranks_only_when_ray_gives_them() -> None:
+    assert notice_ranks(RayNotice([3, 1])) == {1, 3}
+    assert notice_ranks("sigterm") == frozenset()
+
+
+def hf_state(step: int) -> TrainerState:
+    state = TrainerState()
+    state.global_step, state.max_steps = step, 100
+    return state
+
+
+def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("spotray.train.hf.worker.world_size", lambda: 2)
+    monkeypatch.setattr("spotray.train.hf.worker.world_rank", lambda: 1)  # this rank is on the leaving node
+    notices: list[RayNotice | None] = [None, RayNotice([1]), RayNotice([1]), RayNotice([0, 1])]
+    events = EventLog(tmp_path / "events.jsonl")
+    sync = FakeSync()
+    callback = PreemptionNoticeCallback(
+        sync,  # type: ignore[arg-type]
+        events,
+        attempt=1,
+        target_interval_s=0.0,
+        calibration_steps=1,
+        notice=lambda: notices.pop(0),
+        min_workers=1,
+        node_id=lambda: NODE,
+    )
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+
+    control = TrainerControl()
+    callback.on_step_end(args, hf_state(1), control)  # no notice yet
+    assert not control.should_save
+    callback.on_step_end(args, hf_state(2), control)
+    assert control.should_save, "an emergency checkpoint at once"
+    assert not control.should_training_stop, "the ranks left go on"
+    assert not checkpointed(NODE), "the node may not go before the checkpoint is safe"
+    callback.on_save(args, hf_state(2), control)
+    assert sync.flushes == 1
+    assert checkpointed(NODE), "the rank on the leaving node tells its preStop hook"
+
+    control = TrainerControl()
+    callback.on_step_end(args, hf_state(3), control)  # Ray repeats the same notice until the node is gone
+    assert not control.should_save
+    callback.on_save(args, hf_state(3), control)  # an ordinary save later: nothing of the notice's
+    assert sync.flushes == 1
+
+    control = TrainerControl()
+    callback.on_step_end(args, hf_state(4), control)  # now every node: the whole group stops
+    assert control.should_save
+    assert control.should_training_stop
+
+
+def test_the_handshake_file_is_per_node_and_refuses_what_is_not_a_node_id(tmp_path: Path) -> None:
+    mark_checkpointed(NODE, tmp_path)
+    assert checkpointed(NODE, tmp_path)
+    assert not checkpointed("b" * 56, tmp_path)
+    with pytest.raises(ValueError, match="not a Ray node id"):
+        checkpointed_marker("../../etc/passwd", tmp_path)
+
+
+def test_the_hook_finds_its_nodes_raylet_by_the_node_id_on_its_command_line(tmp_path: Path) -> None:
+    def process(pid: int, *args: str) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(b"\0".join(arg.encode() for arg in args) + b"\0")
+
+    process(10, "/venv/lib/ray/core/src/ray/raylet/raylet", "--raylet_socket_name=/x", f"--node_id={NODE}")
+    process(11, "/venv/lib/ray/core/src/ray/raylet/raylet", f"--node_id={'b' * 56}")  # another node's
+    process(12, "/venv/bin/python", "worker.py", f"--node_id={NODE}")  # a worker of the node: not the raylet
+    (tmp_path / "self").mkdir()
+    assert raylet_pids(NODE, tmp_path) == [10]
