@@ -148,7 +148,7 @@ bench-driver-imports: setup ## the GPT-2 driver's start-up: its imports now vs i
 bench-ray-train-start: setup ## Ray Train's start on a fresh cluster: the driver asking for its autoscaling coordinator early vs not, A vs B (~9 min)
 	$(PY) -m bench.ray_train_start
 
-bench-elastic-notice: setup ## an elastic run's worker node lost with a spot notice (go on at once) vs without, A vs B (~12 min)
+bench-elastic-notice: setup ## an elastic run's worker node lost with a spot notice (go on at once) vs without, A vs B (~22 min)
 	$(PY) -m bench.elastic_notice
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)

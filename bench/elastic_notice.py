@@ -19,7 +19,7 @@ Before this change an elastic run ended its attempt on any notice, and the next 
 driver and a worker group from scratch; that is not rerun here (the code is gone), see
 bench/results/local_recovery.json for what an attempt's start-up costs on this machine.
 
-    .venv/bin/python -m bench.elastic_notice             # 2 rounds, about 12 minutes on 2 cores
+    .venv/bin/python -m bench.elastic_notice             # 2 rounds, about 22 minutes on 2 cores
 """
 
 from __future__ import annotations
