@@ -1170,8 +1170,17 @@ def campaign_trials(
             log.append(result)
         return result
 
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        return list(pool.map(one, numbers))
+    pool = ThreadPoolExecutor(max_workers=parallel)
+    try:
+        futures = [pool.submit(one, number) for number in numbers]
+        return [future.result() for future in futures]
+    except KeyboardInterrupt:
+        # Each trial's processes die with its thread only once the trial has cleaned up: a trial cut
+        # short left its job's driver and Ray workers running. So the trials in flight finish.
+        print("[nemesis] stopping: the trials in flight finish (each within its bound), no new one starts", flush=True)
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class TrialLog:
@@ -1268,6 +1277,10 @@ def summary(results: list[TrialResult]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def stop_like_ctrl_c(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1302,6 +1315,7 @@ def main() -> int:
     if args.summarize and args.no_write:
         parser.error("--summarize writes nemesis.json: it cannot go with --no-write")
     log = None if args.no_write else args.log
+    signal.signal(signal.SIGTERM, stop_like_ctrl_c)  # a part is stopped cleanly, whichever signal ends it
     if not args.summarize:
         ran = run_campaign(args, kinds, log)
         if log is None:
