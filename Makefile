@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice bench-hook-start test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -150,6 +150,9 @@ bench-ray-train-start: setup ## Ray Train's start on a fresh cluster: the driver
 
 bench-elastic-notice: setup ## an elastic run's worker node lost with a spot notice (go on at once) vs without, A vs B (~22 min)
 	$(PY) -m bench.elastic_notice
+
+bench-hook-start: setup ## a worker pod's preStop hook starting: Ray alone vs the launcher's imports, A vs B (~2 min)
+	$(PY) -m bench.hook_start
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
 	$(PY) -m bench.local_recovery

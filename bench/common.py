@@ -8,7 +8,9 @@ import platform
 import re
 import shutil
 import statistics
+import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -22,6 +24,13 @@ def paired_ratio(a: list[float], b: list[float]) -> tuple[float, list[float]]:
     """A vs B over rounds run back to back: the median of each round's A / B, and each round's ratio."""
     pairs = [x / y for x, y in zip(a, b, strict=True)]
     return statistics.median(pairs), [round(r, 3) for r in pairs]
+
+
+def timed_process(command: list[str], timeout_s: float = 600) -> float:
+    """Wall seconds of ``command`` as a whole process, its start-up included (it must exit 0)."""
+    began = time.monotonic()
+    subprocess.run(command, check=True, capture_output=True, timeout=timeout_s)
+    return time.monotonic() - began
 
 
 def goal_met(ratio: float, goal: str) -> bool:

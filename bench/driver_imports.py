@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import time
 
-from bench.common import machine_details, paired_ratio, write_result
+from bench.common import machine_details, paired_ratio, timed_process, write_result
 
 SIDES = {
     "driver": [sys.executable, "-m", "spotray.jobs.gpt2", "--help"],
@@ -36,22 +34,16 @@ SIDES = {
 }
 
 
-def timed(command: list[str]) -> float:
-    began = time.monotonic()
-    subprocess.run(command, check=True, capture_output=True, timeout=600)
-    return time.monotonic() - began
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
-    timed(SIDES["driver"])  # warm the page cache for both (they share every file but the worker's)
+    timed_process(SIDES["driver"])  # warm the page cache for both (they share every file but the worker's)
     seconds: dict[str, list[float]] = {side: [] for side in SIDES}
     for index in range(args.rounds):
         order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
         for side in order:
-            seconds[side].append(round(timed(SIDES[side]), 3))
+            seconds[side].append(round(timed_process(SIDES[side]), 3))
         print(f"round {index + 1}: driver {seconds['driver'][-1]} s, before {seconds['before'][-1]} s", flush=True)
     ratio, pairs = paired_ratio(seconds["driver"], seconds["before"])
     details = {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from spotray.contract.extras import extra_required
 from spotray.train.launch.drain_handshake import checkpointed, checkpointed_marker
-from spotray.train.launch.launcher import drain_nodes
+from spotray.train.launch.ray_drain import drain_nodes
 
 with extra_required("ray"):
     import ray

@@ -39,7 +39,6 @@ import os
 import signal
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -62,6 +61,7 @@ from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
 from spotray.train.launch.node_watch import NodeWatch, coordinator_refresh
+from spotray.train.launch.ray_drain import drain_all_nodes
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
 from spotray.train.records.events import EventLog, event_log_from_env
 from spotray.train.storage.store import ObjectStore
@@ -217,31 +217,6 @@ def outcome_of_fit_error(error: BaseException) -> AttemptOutcome:
     else:
         detail = f"an infrastructure fault, not the training code's: {type(inner).__name__}: {inner}"
     return AttemptOutcome(exit_code_for_cause(cause), None, detail)
-
-
-def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) -> int:
-    """Tell Ray these nodes are being preempted; returns how many accepted the drain.
-
-    Ray Train passes the notice to the workers through ``ray.train.get_preemption_info``; they take
-    an emergency checkpoint and stop.
-    """
-    from ray.core.generated import autoscaler_pb2  # noqa: PLC0415 (generated protobufs, only needed here)
-
-    # The same GCS call `ray drain-node` makes; Ray ships no typed public API for it.
-    gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)  # type: ignore[attr-defined]
-    deadline_ms = int(time.time() * 1000) + grace_seconds * 1000
-    reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")  # type: ignore[attr-defined]
-    accepted = 0
-    for node_id in node_ids:
-        ok, _ = gcs.drain_node(node_id, reason, reason_message, deadline_ms)
-        accepted += int(ok)
-    return accepted
-
-
-def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
-    """Drain every live node: what the driver does with its own SIGTERM (the whole cluster is going)."""
-    alive = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
-    return drain_nodes(alive, reason_message, grace_seconds)
 
 
 def spotray_env_for_workers(environ: dict[str, str] | None = None) -> dict[str, str]:
