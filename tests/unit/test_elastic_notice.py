@@ -10,7 +10,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from spotray.train.hf.worker import PreemptionNoticeCallback, goes_on_without, notice_ranks
 from spotray.train.launch.drain import raylet_pids
-from spotray.train.launch.drain_handshake import checkpointed, checkpointed_marker, mark_checkpointed
+from spotray.train.processes.drain_handshake import checkpointed, checkpointed_marker, mark_checkpointed
 from spotray.train.records.events import EventLog
 
 pytestmark = pytest.mark.unit

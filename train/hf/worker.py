@@ -15,7 +15,7 @@
   a notice the Trainer saves at once, the callback waits until that checkpoint is complete in the
   store, leaves a marker there, and training stops. An elastic group that can do without the ranks
   the notice names (``goes_on_without``) keeps training instead: once the emergency checkpoint is
-  safe, the ranks on the draining node tell its preStop hook (train/launch/drain_handshake.py), the
+  safe, the ranks on the draining node tell its preStop hook (train/processes/drain_handshake.py), the
   node goes, and Ray Train restarts the group smaller from that checkpoint, in the same attempt.
 
 Only ``ray.train`` calls need a Ray cluster; ranks come from ``torch.distributed``, which both launchers
@@ -38,7 +38,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from spotray.contract.attempts import AttemptId
 from spotray.contract.extras import extra_required
 from spotray.train.hf.callback import S3CheckpointCallback
-from spotray.train.launch.drain_handshake import mark_checkpointed
+from spotray.train.processes.drain_handshake import mark_checkpointed
 from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.attempt_records import write_preemption
 from spotray.train.records.events import EventLog

@@ -5,7 +5,7 @@ The hook drains this pod's Ray node as a preemption (what ``ray drain-node --rea
 DRAIN_NODE_REASON_PREEMPTION`` does), which Ray Train turns into a notice for the training workers:
 they take an emergency checkpoint, wait until it is complete in S3, and stop. The hook then waits
 until no Ray Train worker is left on this node, or the workers on it say that their checkpoint is
-safe and their group goes on without them (an elastic run: train/launch/drain_handshake.py), or the
+safe and their group goes on without them (an elastic run: train/processes/drain_handshake.py), or the
 deadline nears, so the SIGTERM that follows does not cut the checkpoint short, and an elastic group
 does not train on a leaving node for longer than it must.
 """
@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 from spotray.contract.extras import extra_required
-from spotray.train.launch.drain_handshake import checkpointed, checkpointed_marker
 from spotray.train.launch.ray_drain import drain_nodes
+from spotray.train.processes.drain_handshake import checkpointed, checkpointed_marker
 
 with extra_required("ray"):
     import ray
