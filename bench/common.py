@@ -33,6 +33,19 @@ def timed_process(command: list[str], timeout_s: float = 600) -> float:
     return time.monotonic() - began
 
 
+def alternating_processes(sides: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
+    """Each side's command as a whole process, ``rounds`` times, back to back in alternating order (A B,
+    then B A), after one warm-up of the last side (the page cache); wall seconds per side, in order."""
+    names = list(sides)
+    timed_process(sides[names[-1]])
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else reversed(names):
+            seconds[name].append(round(timed_process(sides[name]), 3))
+        print(f"round {index + 1}: " + ", ".join(f"{name} {seconds[name][-1]} s" for name in names), flush=True)
+    return seconds
+
+
 def goal_met(ratio: float, goal: str) -> bool:
     """Evaluate a goal written as ``">= 0.8"`` or ``"<= 1.10"`` against ``ratio``."""
     match = re.fullmatch(r"\s*(>=|<=)\s*([0-9.]+)\s*", goal)

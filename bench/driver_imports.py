@@ -21,7 +21,7 @@ import argparse
 import statistics
 import sys
 
-from bench.common import machine_details, paired_ratio, timed_process, write_result
+from bench.common import alternating_processes, machine_details, paired_ratio, write_result
 
 SIDES = {
     "driver": [sys.executable, "-m", "spotray.jobs.gpt2", "--help"],
@@ -38,13 +38,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     args = parser.parse_args()
-    timed_process(SIDES["driver"])  # warm the page cache for both (they share every file but the worker's)
-    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
-    for index in range(args.rounds):
-        order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
-        for side in order:
-            seconds[side].append(round(timed_process(SIDES[side]), 3))
-        print(f"round {index + 1}: driver {seconds['driver'][-1]} s, before {seconds['before'][-1]} s", flush=True)
+    seconds = alternating_processes(SIDES, args.rounds)
     ratio, pairs = paired_ratio(seconds["driver"], seconds["before"])
     details = {
         "seconds": seconds,

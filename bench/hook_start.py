@@ -20,7 +20,7 @@ import argparse
 import statistics
 import sys
 
-from bench.common import machine_details, paired_ratio, timed_process, write_result
+from bench.common import alternating_processes, machine_details, paired_ratio, write_result
 
 SIDES = {
     "hook": [sys.executable, "-m", "spotray.train.launch.drain", "--help"],
@@ -37,13 +37,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
-    timed_process(SIDES["before"])  # warm the page cache for both
-    seconds: dict[str, list[float]] = {side: [] for side in SIDES}
-    for index in range(args.rounds):
-        order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
-        for side in order:
-            seconds[side].append(round(timed_process(SIDES[side]), 3))
-        print(f"round {index + 1}: hook {seconds['hook'][-1]} s, before {seconds['before'][-1]} s", flush=True)
+    seconds = alternating_processes(SIDES, args.rounds)
     ratio, pairs = paired_ratio(seconds["hook"], seconds["before"])
     medians = {side: statistics.median(values) for side, values in seconds.items()}
     print(f"hook start / before: {ratio:.3f} (median of {len(pairs)} pairs)")
