@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -11,13 +12,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+T = TypeVar("T")
 
 
 def paired_ratio(a: list[float], b: list[float]) -> tuple[float, list[float]]:
@@ -33,17 +35,29 @@ def timed_process(command: list[str], timeout_s: float = 600) -> float:
     return time.monotonic() - began
 
 
-def alternating_processes(sides: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
-    """Each side's command as a whole process, ``rounds`` times, back to back in alternating order (A B,
-    then B A), after one warm-up of the last side (the page cache); wall seconds per side, in order."""
-    names = list(sides)
-    timed_process(sides[names[-1]])
-    seconds: dict[str, list[float]] = {name: [] for name in names}
+def alternating_rounds(legs: Mapping[str, Callable[[], T]], rounds: int) -> dict[str, list[T]]:
+    """Each leg ``rounds`` times, back to back in alternating order (A B, then B A, ...): the pairs a
+    paired ratio is taken from, in order. Prints each round's results as it ends."""
+    names = list(legs)
+    results: dict[str, list[T]] = {name: [] for name in names}
     for index in range(rounds):
         for name in names if index % 2 == 0 else reversed(names):
-            seconds[name].append(round(timed_process(sides[name]), 3))
-        print(f"round {index + 1}: " + ", ".join(f"{name} {seconds[name][-1]} s" for name in names), flush=True)
-    return seconds
+            results[name].append(legs[name]())
+        print(f"round {index + 1}: " + ", ".join(f"{name} {results[name][-1]}" for name in names), flush=True)
+    return results
+
+
+def alternating_processes(sides: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
+    """Each side's command as a whole process (``alternating_rounds``), after one warm-up of the last
+    side (the page cache); wall seconds per side, in order."""
+    timed_process(list(sides.values())[-1])
+    return alternating_rounds(
+        {name: functools.partial(_timed_seconds, command) for name, command in sides.items()}, rounds
+    )
+
+
+def _timed_seconds(command: list[str]) -> float:
+    return round(timed_process(command), 3)
 
 
 def goal_met(ratio: float, goal: str) -> bool:

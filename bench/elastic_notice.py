@@ -25,14 +25,16 @@ bench/results/local_recovery.json for what an attempt's start-up costs on this m
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench import chaos_runs
-from bench.common import machine_details, paired_ratio, scratch_dir, write_result
+from bench.common import alternating_rounds, machine_details, paired_ratio, scratch_dir, write_result
 from spotray.train.records.events import read_events
 
 NAME = "elastic_notice"
@@ -93,7 +95,10 @@ def loss_cost(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_once(workdir: Path, mode: str) -> dict[str, Any]:
+def run_once(scratch: Path, mode: str) -> dict[str, Any]:
+    """One run in a new directory under ``scratch``."""
+    workdir = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=scratch)) / "run"
+    print(f"{mode}: running in {workdir}", flush=True)
     result = chaos_runs.run_local(
         workdir,
         [],
@@ -113,15 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
-    runs: list[dict[str, Any]] = []
     with scratch_dir("spotray-elastic-notice-") as scratch:
-        for round_number in range(args.rounds):
-            order = list(MODES) if round_number % 2 == 0 else list(reversed(MODES))
-            for mode in order:
-                print(f"round {round_number + 1}: {mode}", flush=True)
-                runs.append({"round": round_number + 1, **run_once(scratch / f"r{round_number}-{mode}", mode)})
-    notice = [r["lost_s"] for r in runs if r["mode"] == "notice"]
-    vanish = [r["lost_s"] for r in runs if r["mode"] == "vanish"]
+        by_mode = alternating_rounds({mode: functools.partial(run_once, scratch, mode) for mode in MODES}, args.rounds)
+    runs = [{"round": index + 1, **run} for mode in MODES for index, run in enumerate(by_mode[mode])]
+    notice = [r["lost_s"] for r in by_mode["notice"]]
+    vanish = [r["lost_s"] for r in by_mode["vanish"]]
     ratio, per_round = paired_ratio(notice, vanish)
     write_result(
         NAME,

@@ -18,13 +18,14 @@ Ratio: median of A's seconds over B's, pair by pair; goal <= 0.9. Result: bench/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import textwrap
 
-from bench.common import machine_details, paired_ratio, write_result
+from bench.common import alternating_rounds, machine_details, paired_ratio, write_result
 
 LEG = textwrap.dedent(
     """
@@ -67,12 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    legs: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
-    for index in range(args.rounds):
-        order = SIDES if index % 2 == 0 else tuple(reversed(SIDES))
-        for side in order:
-            legs[side].append(leg(side))
-        print(f"round {index + 1}: " + ", ".join(f"{side} {legs[side][-1]}" for side in SIDES), flush=True)
+    legs = alternating_rounds({side: functools.partial(leg, side) for side in SIDES}, args.rounds)
     seconds = {side: [one["fit_to_loop_s"] for one in legs[side]] for side in SIDES}
     ratio, pairs = paired_ratio(seconds["early"], seconds["ray_train"])
     details = {
