@@ -243,32 +243,26 @@ def driver_env_vars(wanted: dict[str, str], environ: dict[str, str] | None = Non
     return {key: value for key, value in wanted.items() if key not in job_env}
 
 
-def start_autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) -> bool:
+def autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) -> Any | None:
     """Ask for Ray Train's AutoscalingCoordinator now, in the background (AUTOSCALING_COORDINATOR_MODULE).
 
-    Returns whether it was asked for: False on a Ray without it, or when asking failed, which only
-    leaves Ray Train to make it as before.
+    Returns its actor handle; None on a Ray without it, or when asking failed, which only leaves Ray
+    Train to make it as before (and an elastic run without its node watch).
     """
     try:
         get_or_create = importlib.import_module(module).get_or_create_autoscaling_coordinator
     except (ImportError, AttributeError):
-        return False
+        return None
     try:
-        get_or_create()  # returns a handle at once; the actor's process starts on this node meanwhile
+        return get_or_create()  # a handle at once; the actor's process starts on this node meanwhile
     except Exception as error:  # noqa: BLE001 - a start-up shortcut never ends an attempt: Ray Train asks again
         log.warning("could not start Ray Train's autoscaling coordinator early (Ray Train will): %s", error)
-        return False
-    return True
-
-
-def watch_nodes_for_elastic_resizes(module: str = AUTOSCALING_COORDINATOR_MODULE) -> NodeWatch | None:
-    """Ray Train's elastic resizes see a node leave or join within a second, not 20 s (train/launch/node_watch.py)."""
-    try:
-        refresh = coordinator_refresh(module)
-    except Exception as error:  # noqa: BLE001 - a speed-up only, as start_autoscaling_coordinator
-        log.warning("not watching Ray's nodes for elastic resizes: %s", error)
         return None
-    return NodeWatch(refresh).start()
+
+
+def start_autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) -> bool:
+    """Whether the coordinator was asked for (``autoscaling_coordinator``)."""
+    return autoscaling_coordinator(module) is not None
 
 
 def install_sigterm_drain(grace_seconds: int) -> None:
@@ -367,8 +361,10 @@ def launch(
             print(f"error: cannot connect to the Ray cluster (an infrastructure fault): {error}", file=sys.stderr)
             return EXIT_INFRASTRUCTURE
     events.emit("ray_connected")
-    if start_autoscaling_coordinator() and context.spec.workers.elastic:
-        watch_nodes_for_elastic_resizes()
+    coordinator = autoscaling_coordinator()
+    if coordinator is not None and context.spec.workers.elastic:
+        # Ray Train's elastic resizes see a node leave or join within a second, not 20 s.
+        NodeWatch(coordinator_refresh(coordinator)).start()
     install_sigterm_drain(grace_seconds)
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:

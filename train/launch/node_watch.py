@@ -36,11 +36,8 @@ def alive_nodes(nodes: list[dict[str, Any]]) -> frozenset[str]:
     return frozenset(node["NodeID"] for node in nodes if node.get("Alive"))
 
 
-def coordinator_refresh(module: str) -> Callable[[], None]:
-    """A call that makes the AutoscalingCoordinator re-read the cluster now (and waits for it)."""
-    import importlib  # noqa: PLC0415 - only where Ray Data's coordinator is asked for
-
-    coordinator = importlib.import_module(module).get_or_create_autoscaling_coordinator()
+def coordinator_refresh(coordinator: Any) -> Callable[[], None]:
+    """A call that makes the AutoscalingCoordinator (its actor handle) re-read the cluster now, and waits for it."""
 
     def refresh() -> None:
         ray.get(coordinator.get_reserved_resources.remote(REQUESTER, recompute=True), timeout=REFRESH_TIMEOUT_S)
