@@ -9,14 +9,15 @@ CACHE_DIR ?= $(HOME)/.cache/spotray
 UV := $(CACHE_DIR)/tools/uv-$(UV_VERSION)/bin/uv
 VENV := .venv
 PY := $(VENV)/bin/python
-# Re-sync whenever the lock or pyproject.toml changes; otherwise setup is a no-op.
-STAMP := $(VENV)/.installed-$(shell cat uv.lock pyproject.toml | sha256sum | cut -c1-16)
+# Re-sync whenever the lock or pyproject.toml changes; otherwise setup is a no-op. The "-pyc"
+# suffix marks a venv whose packages were compiled to bytecode (below).
+STAMP := $(VENV)/.installed-$(shell cat uv.lock pyproject.toml | sha256sum | cut -c1-16)-pyc
 PYTEST_ARGS ?=
 # Never let uv fetch a Python build: only registries are reachable, and python3.11 is required anyway.
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice bench-hook-start test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice bench-hook-start bench-bytecode test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -28,9 +29,13 @@ $(UV):
 
 # The exact versions come from uv.lock (`make lock` refreshes it from pyproject.toml's ranges);
 # --locked fails if the lock no longer matches pyproject.toml instead of silently re-resolving.
+# --compile-bytecode: uv installs no .pyc files, and where PYTHONDONTWRITEBYTECODE is set (this
+# project's Dockerfile, many CI and sandbox images) Python never writes them, so every process
+# compiled torch, transformers and Ray from source on each start: the worker's imports took twice
+# as long (make bench-bytecode). Compiling once at install costs about a minute.
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	@echo ">> creating $(VENV) from uv.lock: spotray (editable), every extra, the dev tools (first time: several GB)"
-	$(UV) sync --locked --all-extras --python $(PYTHON_VERSION)
+	$(UV) sync --locked --all-extras --compile-bytecode --python $(PYTHON_VERSION)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 setup: $(STAMP) ## create .venv and install everything needed (idempotent)
@@ -153,6 +158,9 @@ bench-elastic-notice: setup ## an elastic run's worker node lost with a spot not
 
 bench-hook-start: setup ## a worker pod's preStop hook starting: Ray alone vs the launcher's imports, A vs B (~2 min)
 	$(PY) -m bench.hook_start
+
+bench-bytecode: setup ## a worker's and the driver's imports from the venv's bytecode vs compiled from source, A vs B (~4 min)
+	$(PY) -m bench.bytecode
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
 	$(PY) -m bench.local_recovery
