@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice bench-hook-start bench-bytecode test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -161,6 +161,9 @@ bench-hook-start: setup ## a worker pod's preStop hook starting: Ray alone vs th
 
 bench-bytecode: setup ## a worker's and the driver's imports from the venv's bytecode vs compiled from source, A vs B (~4 min)
 	$(PY) -m bench.bytecode
+
+bench-demo-goodput: setup ## make demo's goodput line with the venv's bytecode vs every import compiled from source, A vs B (~25 min)
+	$(PY) -m bench.demo_goodput
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
 	$(PY) -m bench.local_recovery

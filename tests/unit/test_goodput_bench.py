@@ -1,10 +1,12 @@
-"""bench/goodput.py's legs are TrainingRuns and flags that local mode accepts, as the bench means them."""
+"""bench/goodput.py's legs are TrainingRuns and flags that local mode accepts, as the bench means them;
+bench/demo_goodput.py runs the demo's own faults."""
 
 import random
 
 import pytest
 import yaml
 
+from bench.demo_goodput import demo_faults
 from bench.goodput import leg_manifest, node_flags, node_lifetimes
 from bench.goodput_testbed import current_step
 from spotray.contract.spec import WorkerSpec, parse_training_run
@@ -50,3 +52,11 @@ def test_the_test_bed_bench_reclaims_only_on_the_running_attempts_own_progress()
     }
     assert current_step({**ended, "progress": {"step": 5, "updateTime": "2026-11-25T00:00:30Z"}}) == -1
     assert current_step({"attempts": [{"attempt": 1, "startTime": "2026-11-25T00:00:00Z"}]}) == -1  # no RayJob yet
+
+
+def test_the_demo_benchmark_runs_the_faults_make_demo_passes(tmp_path):
+    assert demo_faults() == ["--kill-worker-at", "50", "--kill-all-at", "110", "--preempt-at", "150"]
+    makefile = tmp_path / "Makefile"
+    makefile.write_text("demo: setup\n\tspotray run x --local\n")
+    with pytest.raises(SystemExit, match="no `DEMO_FAULTS"):
+        demo_faults(makefile)
