@@ -162,7 +162,7 @@ bench-hook-start: setup ## a worker pod's preStop hook starting: Ray alone vs th
 bench-bytecode: setup ## a worker's and the driver's imports from the venv's bytecode vs compiled from source, A vs B (~4 min)
 	$(PY) -m bench.bytecode
 
-bench-demo-goodput: setup ## make demo's goodput line with the venv's bytecode vs every import compiled from source, A vs B (~25 min)
+bench-demo-goodput: setup ## make demo's goodput line with the venv's bytecode vs every import compiled from source, A vs B (~30 min)
 	$(PY) -m bench.demo_goodput
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)

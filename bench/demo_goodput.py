@@ -14,7 +14,7 @@ Each run's ledger is read from its event log (train/records/goodput.py, the demo
 with where each later attempt's start-up went (bench.local_recovery.attempt_phases). Ratio: the
 median over rounds of A's goodput over B's; goal >= 1.2. Result: bench/results/demo_goodput.json.
 
-    .venv/bin/python -m bench.demo_goodput              # 2 rounds, about 25 minutes on 2 cores
+    .venv/bin/python -m bench.demo_goodput              # 2 rounds, about 30 minutes on 2 cores
 """
 
 from __future__ import annotations
