@@ -42,6 +42,12 @@ def venv_is_compiled() -> bool:
     return any((init.parent / "__pycache__").glob(f"__init__.cpython-{sys.version_info[0]}{sys.version_info[1]}*.pyc"))
 
 
+def exit_unless_compiled() -> None:
+    """A benchmark of the compiled venv against source means nothing on a venv that was never compiled."""
+    if not venv_is_compiled():
+        raise SystemExit("the venv has no bytecode: run `make setup` (uv sync --compile-bytecode) first")
+
+
 def sides(empty_prefix: Path) -> dict[str, list[str]]:
     from_source = ["env", "PYTHONDONTWRITEBYTECODE=1", f"PYTHONPYCACHEPREFIX={empty_prefix}"]
     return {
@@ -56,9 +62,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    if not venv_is_compiled():
-        print("the venv has no bytecode: run `make setup` (uv sync --compile-bytecode) first", file=sys.stderr)
-        return 2
+    exit_unless_compiled()
     with scratch_dir("spotray-bench-pyc-") as empty_prefix:
         seconds = alternating_processes(sides(empty_prefix), args.rounds)
     ratio, pairs = paired_ratio(seconds["worker_compiled"], seconds["worker_source"])

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bytecode import venv_is_compiled
+from bench.bytecode import exit_unless_compiled
 from bench.common import alternating_rounds, machine_details, paired_ratio, scratch_dir, write_result
 from bench.local_recovery import attempt_phases
 from spotray.train.records.events import read_events
@@ -79,9 +79,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    if not venv_is_compiled():
-        print("the venv has no bytecode: run `make setup` (uv sync --compile-bytecode) first", file=sys.stderr)
-        return 2
+    exit_unless_compiled()
     # The embedded S3 server, as make demo: no endpoint or credentials from this shell.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
     runs: list[dict[str, Any]] = []
