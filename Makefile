@@ -31,7 +31,7 @@ $(UV):
 # --locked fails if the lock no longer matches pyproject.toml instead of silently re-resolving.
 # --compile-bytecode: uv installs no .pyc files, and where PYTHONDONTWRITEBYTECODE is set (this
 # project's Dockerfile, many CI and sandbox images) Python never writes them, so every process
-# compiled torch, transformers and Ray from source on each start: the worker's imports took twice
+# compiled torch, transformers and Ray from source on each start: the worker's imports took 2.6 times
 # as long (make bench-bytecode). Compiling once at install costs about a minute.
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	@echo ">> creating $(VENV) from uv.lock: spotray (editable), every extra, the dev tools (first time: several GB)"
