@@ -38,8 +38,7 @@ def venv_is_compiled() -> bool:
     spec = importlib.util.find_spec("transformers")  # where it is, without the 10 s import
     if spec is None or spec.origin is None:
         return False
-    init = Path(spec.origin)
-    return any((init.parent / "__pycache__").glob(f"__init__.cpython-{sys.version_info[0]}{sys.version_info[1]}*.pyc"))
+    return Path(importlib.util.cache_from_source(spec.origin)).exists()
 
 
 def exit_unless_compiled() -> None:
@@ -48,8 +47,13 @@ def exit_unless_compiled() -> None:
         raise SystemExit("the venv has no bytecode: run `make setup` (uv sync --compile-bytecode) first")
 
 
+def from_source_env(empty_prefix: Path) -> dict[str, str]:
+    """The variables under which a process finds no .pyc and writes none: the venv as it was."""
+    return {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(empty_prefix)}
+
+
 def sides(empty_prefix: Path) -> dict[str, list[str]]:
-    from_source = ["env", "PYTHONDONTWRITEBYTECODE=1", f"PYTHONPYCACHEPREFIX={empty_prefix}"]
+    from_source = ["env", *(f"{name}={value}" for name, value in from_source_env(empty_prefix).items())]
     return {
         "worker_compiled": WORKER,
         "worker_source": [*from_source, *WORKER],

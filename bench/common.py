@@ -79,6 +79,12 @@ def scratch_dir(prefix: str) -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def embedded_s3_env() -> dict[str, str]:
+    """This process's environment without S3 endpoints or credentials, so that local mode starts its
+    embedded S3 server, as `make demo` does, whatever this shell points at."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
+
+
 def machine_details() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}
 

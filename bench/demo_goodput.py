@@ -20,7 +20,6 @@ median over rounds of A's goodput over B's; goal >= 1.2. Result: bench/results/d
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import statistics
@@ -30,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bytecode import exit_unless_compiled
-from bench.common import alternating_rounds, machine_details, paired_ratio, scratch_dir, write_result
+from bench.bytecode import exit_unless_compiled, from_source_env
+from bench.common import alternating_rounds, embedded_s3_env, machine_details, paired_ratio, scratch_dir, write_result
 from bench.local_recovery import attempt_phases
 from spotray.train.records.events import read_events
 from spotray.train.records.goodput import ledger, split_lifetimes
@@ -49,11 +48,13 @@ def demo_faults(makefile: Path = ROOT / "Makefile") -> list[str]:
     return shlex.split(match.group(1))
 
 
-def one_demo(root: Path, side: str, env: dict[str, str], runs: list[dict[str, Any]]) -> dict[str, float]:
+def one_demo(
+    root: Path, side: str, env: dict[str, str], faults: list[str], runs: list[dict[str, Any]]
+) -> dict[str, float]:
     workdir = root / f"{side}-{sum(run['side'] == side for run in runs) + 1}"
     command = [sys.executable, "-m", "spotray.cli", "run", str(MANIFEST), "--local", "--workdir", str(workdir)]
     started = time.monotonic()
-    result = subprocess.run([*command, *demo_faults()], cwd=root, env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run([*command, *faults], cwd=root, env=env, capture_output=True, text=True, check=False)
     wall = time.monotonic() - started
     if result.returncode != 0:
         raise SystemExit(f"the {side} demo exited {result.returncode}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
@@ -80,17 +81,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     exit_unless_compiled()
-    # The embedded S3 server, as make demo: no endpoint or credentials from this shell.
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}
+    env = embedded_s3_env()
+    faults = demo_faults()
     runs: list[dict[str, Any]] = []
     with scratch_dir("spotray-bench-demo-") as root:
         empty_prefix = root / "no-pyc"
         empty_prefix.mkdir()
-        from_source = {**env, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(empty_prefix)}
+        from_source = {**env, **from_source_env(empty_prefix)}
         results = alternating_rounds(
             {
-                "compiled": lambda: one_demo(root, "compiled", env, runs),
-                "source": lambda: one_demo(root, "source", from_source, runs),
+                "compiled": lambda: one_demo(root, "compiled", env, faults, runs),
+                "source": lambda: one_demo(root, "source", from_source, faults, runs),
             },
             args.rounds,
         )
@@ -110,7 +111,7 @@ def main() -> int:
         f"{walls['source']:.0f} s median",
         " ".join(["python -m bench.demo_goodput", *sys.argv[1:]]),
         {
-            "demo_faults": demo_faults(),
+            "demo_faults": faults,
             "goodput": goodput,
             "pair_ratios": pairs,
             "wall_s": walls,

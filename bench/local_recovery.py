@@ -21,7 +21,6 @@ written after its Ray cluster was up, so the new cluster's start was left out of
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import machine_details, scratch_dir, write_result
+from bench.common import embedded_s3_env, machine_details, scratch_dir, write_result
 from spotray.train.records.events import read_events
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,9 +117,10 @@ def one_run(root: Path, mode: str, index: int) -> dict[str, Any]:
     manifest = workdir / "run.yaml"
     manifest.write_text(yaml.safe_dump(document))
     command = [sys.executable, "-m", "spotray.cli", "run", str(manifest), "--local", "--workdir", str(workdir / "run")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "S3_"))}  # the embedded S3, as make demo
     started = time.monotonic()
-    result = subprocess.run([*command, *MODES[mode]], cwd=root, env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [*command, *MODES[mode]], cwd=root, env=embedded_s3_env(), capture_output=True, text=True, check=False
+    )
     wall = time.monotonic() - started
     if result.returncode != 0:
         said = result.stdout[-3000:] + result.stderr[-3000:]
