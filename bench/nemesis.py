@@ -698,6 +698,21 @@ class Campaign:
         self._route(run, attempt, replacement)
         return True
 
+    def copy_ray_logs(self, run: str, attempts: list[int], into: Path) -> None:
+        """Copy the Ray logs of each attempt's head (the job's driver, Ray Train's actors, the raylet)
+        before the head is stopped and its temp dir deleted: a failed trial keeps them with its own."""
+        for attempt in attempts:
+            head = self.heads.get((run, attempt))
+            if head is None or head.temp_dir is None:
+                continue
+            logs = head.temp_dir / "session_latest" / "logs"
+            for path in sorted(logs.glob("*")) if logs.is_dir() else []:
+                if path.is_file() and path.suffix in (".log", ".out", ".err") and path.stat().st_size:
+                    target = into / f"attempt-{attempt}" / path.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with contextlib.suppress(OSError):  # one log gone meanwhile is only one fewer to read
+                        shutil.copyfile(path, target)
+
     def stop_heads(self, run: str, attempts: list[int]) -> None:
         for attempt in attempts:
             with self.heads_lock:
@@ -865,6 +880,7 @@ class Trial:
         finally:
             done_observing.set()
             observer.join()
+        self.campaign.copy_ray_logs(self.name, list(self.appeared), self.dir / "ray-logs")
         self.campaign.stop_heads(self.name, list(self.appeared))
         for missed in pending:  # the run ended before its moment came
             why = f"never due: the job's newest step {self.step}, of attempt {self.job_attempt}"

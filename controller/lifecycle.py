@@ -481,11 +481,10 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
     if records.preempted is not None or exit_code == EXIT_PREEMPTED:
         step = (records.preempted or records.outcome or {}).get("step")
         where = f" at step {step}" if step is not None else ""
-        return AttemptEnd(
-            OUTCOME_PREEMPTED,
-            REASON_SPOT_NOTICE,
-            f"stopped on a preemption notice after an emergency checkpoint{where}",
-        )
+        message = f"stopped on a preemption notice after an emergency checkpoint{where}"
+        if records.preempted is None:  # the driver's word only: the deadline came first (launcher.py)
+            message = str((records.outcome or {}).get("detail") or "preempted before its emergency checkpoint")
+        return AttemptEnd(OUTCOME_PREEMPTED, REASON_SPOT_NOTICE, message)
     if job.lost_node_ended_it:
         return AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, job.disruption or "")
     recorded = (records.outcome or {}).get("detail")

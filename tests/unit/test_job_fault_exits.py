@@ -24,7 +24,8 @@ from spotray.controller.lifecycle import (
 )
 from spotray.local import driver_message, pause_before_next_attempt
 from spotray.train.launch.crash_loop import Crash, crash_loop_verdict
-from spotray.train.launch.launcher import fit_failure_cause, outcome_after_fit
+from spotray.train.launch.launcher import fit_failure_cause, outcome_after_fit, outcome_after_preemption
+from spotray.train.records.attempt_records import write_outcome, write_preemption
 from spotray.train.storage.store import open_store
 
 pytestmark = pytest.mark.unit
@@ -56,6 +57,29 @@ def test_a_crash_loop_ends_its_attempt_with_its_causes_code(tmp_path: Path, caus
     assert verdict.cause is cause
     outcome = outcome_after_fit(open_store(str(tmp_path)), AttemptId("uid-1", 1), verdict)
     assert outcome.exit_code == code
+
+
+def test_ray_trains_preemption_error_is_a_preemption_whose_record_says_if_the_checkpoint_is_complete(
+    tmp_path: Path,
+) -> None:
+    """Nemesis trial 39: the drain deadline passed before the group stopped; a preemption either way,
+    and the controller reads from the records whether the emergency checkpoint made it."""
+    store, attempt = open_store(str(tmp_path)), AttemptId("uid-1", 1)
+    late = outcome_after_preemption(store, attempt, RuntimeError("the deadline passed"))
+    assert (late.exit_code, late.step) == (143, None)
+    write_outcome(store, attempt, late)
+    end = classify_end(
+        RayJobView("FAILED", "Complete"), AttemptRecords(outcome={"exit_code": 143, "detail": late.detail})
+    )
+    assert (end.outcome, end.reason) == ("Preempted", "SpotNotice")
+    assert end.message.startswith("preempted before its emergency checkpoint was complete (the deadline passed)")
+
+    write_preemption(store, attempt, 37, 13.3)
+    in_time = outcome_after_preemption(store, attempt, RuntimeError("the deadline passed"))
+    assert (in_time.exit_code, in_time.step) == (143, 37)
+    preempted = {"step": 37}
+    end = classify_end(RayJobView("FAILED", "Complete"), AttemptRecords(outcome=None, preempted=preempted))
+    assert end.message == "stopped on a preemption notice after an emergency checkpoint at step 37"
 
 
 def test_a_crash_is_the_training_codes_unless_it_says_otherwise() -> None:

@@ -82,6 +82,14 @@ def test_run_config_is_stable_across_attempts_and_retries_workers_forever() -> N
     assert run_config.failure_config.max_failures == -1
 
 
+def test_a_notice_ends_a_fixed_size_attempt_but_an_elastic_group_restarts_smaller() -> None:
+    """Nemesis trial 39: Ray Train's own restart after the drain deadline waited for ever on drained nodes."""
+    fixed = build_run_config(context(workers={"replicas": 2}), "/tmp/ray")
+    assert fixed.failure_config.max_preemption_failures == 0
+    elastic = build_run_config(context(workers={"replicas": 3, "minReplicas": 1}), "/tmp/ray")
+    assert elastic.failure_config.max_preemption_failures == -1
+
+
 def test_only_spotray_settings_travel_to_workers_never_credentials() -> None:
     environ = {
         "SPOTRAY_RUN": "{}",

@@ -13,7 +13,13 @@ What each part of the spec becomes:
 - worker failures -> ``FailureConfig(max_failures=-1)`` by default: a worker process or node that
   dies is replaced and training goes on from the latest complete checkpoint in our store (seed 003);
   a training loop that crashes again and again (raises, or its worker dies by a signal) is not
-  (train/launch/crash_loop.py).
+  (train/launch/crash_loop.py);
+- preemptions -> ``FailureConfig(max_preemption_failures=0)`` unless the run is elastic: a notice ends
+  the attempt (its emergency checkpoint, then the controller's next attempt), so Ray Train must not
+  start a group of its own after the drain deadline. Its default (-1) did, on nodes the driver's own
+  SIGTERM had drained, and that group never started: an attempt "running" for 15 minutes (nemesis
+  trial 39 of seed 1, its checkpoint 0.9 s past the deadline; tests/integration/test_driver_notice.py).
+  An elastic group keeps Ray Train's restarts: they are how it goes on smaller.
 
 Ray Train V2 (the default in Ray 2.60) has no ``TorchTrainer.restore``: a new attempt is a new
 ``fit()``, and resume comes from our own S3 checkpoints, which each worker fetches at start. We
@@ -36,12 +42,10 @@ import ipaddress
 import json
 import logging
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -60,6 +64,7 @@ from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
+from spotray.train.launch.driver_notice import EXIT_MARGIN_S, DriverNotice
 from spotray.train.launch.node_watch import NodeWatch, coordinator_refresh
 from spotray.train.launch.ray_drain import drain_all_nodes
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
@@ -171,11 +176,11 @@ def build_scaling_config(context: RunContext, environ: dict[str, str] | None = N
 
 
 def build_run_config(context: RunContext, storage_path: str, *, max_worker_failures: int = -1) -> RunConfig:
-    return RunConfig(
-        name=context.name,
-        storage_path=storage_path,
-        failure_config=FailureConfig(max_failures=max_worker_failures),
-    )
+    # Ray Train V2's FailureConfig (what ray.train exports in Ray 2.60); the type stubs know V1's.
+    failures: dict[str, Any] = {"max_failures": max_worker_failures}
+    if not context.spec.workers.elastic:
+        failures["max_preemption_failures"] = 0  # a notice ends the attempt (see the module docstring)
+    return RunConfig(name=context.name, storage_path=storage_path, failure_config=FailureConfig(**failures))
 
 
 def default_storage_path() -> str:
@@ -204,6 +209,34 @@ def outcome_after_fit(store: ObjectStore, attempt: AttemptId, crash_loop: CrashL
     return AttemptOutcome(
         EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
     )
+
+
+def outcome_after_preemption(store: ObjectStore, attempt: AttemptId, error: BaseException) -> AttemptOutcome:
+    """How an attempt ended whose ``fit()`` raised Ray Train's ``PreemptionError``: its nodes were drained
+    as preempted and the deadline passed before the group stopped by itself. A preemption either way;
+    whether its emergency checkpoint is complete is read from rank 0's record, written once it was."""
+    marker = read_record(store, attempt.preemption_key, attempt)
+    if marker is not None:
+        return AttemptOutcome(
+            EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
+        )
+    return AttemptOutcome(
+        EXIT_PREEMPTED,
+        None,
+        f"preempted before its emergency checkpoint was complete ({error}); the next attempt resumes from "
+        "the newest complete checkpoint",
+    )
+
+
+def preempted_outcome(store: ObjectStore, attempt: AttemptId, error: BaseException) -> AttemptOutcome:
+    """``outcome_after_preemption``; a store that cannot say ends the attempt with its fault's code (75
+    when it is down: tried again, and the next attempt resumes or finds the run finished)."""
+    try:
+        return outcome_after_preemption(store, attempt, error)
+    except SpotrayError as unread:
+        return AttemptOutcome(
+            attempt_exit_code(unread), None, f"preempted, and the store cannot say how: {unread.problem}"
+        )
 
 
 def outcome_of_fit_error(error: BaseException) -> AttemptOutcome:
@@ -265,15 +298,22 @@ def start_autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) 
     return autoscaling_coordinator(module) is not None
 
 
-def install_sigterm_drain(grace_seconds: int) -> None:
-    """On SIGTERM (the driver's own spot notice), drain the cluster instead of dying on the spot."""
+def end_overdue_attempt(store: ObjectStore, attempt: AttemptId, waited_s: float) -> None:
+    """End the attempt from the notice's bound (train/launch/driver_notice.py): record it, then exit at once.
 
-    def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
-        log.warning("SIGTERM: asking the workers for an emergency checkpoint within %d s", grace_seconds)
-        drained = drain_all_nodes("spotray: SIGTERM received by the driver", grace_seconds)
-        log.warning("%d node(s) draining", drained)
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    ``os._exit``: the main thread is stuck in ``fit()``, which a normal exit would wait for. The Ray
+    cluster is not this process's to stop (KubeRay's, or local mode's, which stops it).
+    """
+    error = TimeoutError(f"fit() had not ended {waited_s:.0f} s after the driver's SIGTERM drained every node")
+    outcome = preempted_outcome(store, attempt, error)
+    print(f"error: {outcome.detail}", file=sys.stderr)
+    try:
+        write_outcome(store, attempt, outcome)
+    except SpotrayError as unwritten:
+        log.warning("could not record the attempt's outcome in the store: %s", unwritten)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(outcome.exit_code)
 
 
 def ray_runs_on_this_machine(environ: dict[str, str] | None = None) -> bool:
@@ -323,6 +363,7 @@ def launch(
     *,
     storage_path: str | None = None,
     grace_seconds: int = DEFAULT_GRACE_SECONDS,
+    notice_margin_s: float = EXIT_MARGIN_S,
     datasets: dict[str, Any] | None = None,
     resume_dir: Path | None = None,
 ) -> int:
@@ -331,6 +372,9 @@ def launch(
     ``datasets`` (Ray Data datasets by name, or functions that build them, which Ray Train calls
     when each worker group starts) are split across the workers; each worker reads its part with
     ``ray.train.get_dataset_shard(name)``.
+
+    ``grace_seconds``: the drain deadline the driver's own SIGTERM announces; ``notice_margin_s``: how
+    long past it the driver waits for ``fit()`` before it ends the attempt itself (driver_notice.py).
 
     ``resume_dir``: where the workers keep their node's copy of the checkpoint they resume from
     (``ResumeFetch``). When the workers run on this machine, the driver starts that download at
@@ -365,7 +409,13 @@ def launch(
     if coordinator is not None and context.spec.workers.elastic:
         # Ray Train's elastic resizes see a node leave or join within a second, not 20 s.
         NodeWatch(coordinator_refresh(coordinator)).start()
-    install_sigterm_drain(grace_seconds)
+    notice = DriverNotice(
+        grace_seconds,
+        drain_all_nodes,
+        lambda waited: end_overdue_attempt(store, context.attempt_id, waited),
+        margin_s=notice_margin_s,
+    )
+    notice.install()
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:
         write_fence(store, context.attempt_id)
@@ -386,11 +436,16 @@ def launch(
     try:
         trainer.fit()
     except Exception as error:  # noqa: BLE001 (whatever ended the attempt, it ends with its cause's code)
-        outcome = outcome_of_fit_error(error)
+        notice.fit_ended()
+        # Ray Train's PreemptionError: its nodes were drained as preempted and the deadline passed. After
+        # the driver's own SIGTERM every node was, so whatever fit() raised, the attempt was preempted.
+        preempted = isinstance(error, ray.train.PreemptionError) or notice.received
+        outcome = preempted_outcome(store, context.attempt_id, error) if preempted else outcome_of_fit_error(error)
         print(f"error: {outcome.detail}", file=sys.stderr)
-        if isinstance(error, SpotrayError):
+        if isinstance(error, SpotrayError) and not preempted:
             print(f"  fix: {error.fix}", file=sys.stderr)
     else:
+        notice.fit_ended()
         try:
             outcome = outcome_after_fit(store, context.attempt_id, ledger_verdict(ledger))
         except SpotrayError as error:  # the preemption marker cannot be read: finished or preempted is unknown
