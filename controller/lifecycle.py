@@ -48,7 +48,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from spotray.contract.attempts import (
@@ -123,6 +123,14 @@ LOG_TAIL_CHARS = 1500
 # notices); one that fails later outlived the loss: Ray Train restarted its workers, or an elastic
 # group went on smaller. Its failure is then the code's, and spends the failure budget.
 DISRUPTION_CAUSE_WINDOW_S = 300
+# A job that recorded how its attempt ended (its preemption once the emergency checkpoint was safe, or
+# its outcome) exits within seconds, and its RayJob finishes. One still unfinished this long after the
+# record is a driver that never exited (nemesis trial 39): the attempt ends from its records, and its
+# RayJob is deleted. Generous: the record's time is the job's clock, the comparison the controller's.
+RECORDED_END_EXIT_S = 120.0
+# How stale a running attempt's progress is before the controller reads its records while its RayJob
+# runs (controller/reconcile.py): a training job reports every few seconds, so only a stopped one costs reads.
+STALLED_PROGRESS_S = 30.0
 
 # Reasons: the CamelCase words of status.attempts[].reason, of the conditions and of the Events.
 # How an attempt ended (status.attempts[].reason; the Event of its end carries the same word):
@@ -962,11 +970,53 @@ def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, 
         # and a driver on the lost head is gone with it: the attempt ends now, as any lost node's does.
         end = AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, f"the Ray head was lost: {head_lost}")
         return _released(end_attempt(obs.state, obs.run, end, now), end, current)
+    recorded_end = _recorded_end(obs, current, now)
+    if recorded_end is not None:
+        return recorded_end
     running = job.job_status == JOB_RUNNING
     if not running and _past_start_deadline(obs, current, now):
         return _start_deadline_exceeded(obs, current, job, now)
     message = f"attempt {current.attempt} {'running' if running else 'starting'}"
     return Plan(replace(obs.state, phase=RUNNING if running else PENDING, message=message))
+
+
+def _recorded_end(obs: Observation, current: AttemptStatus, now: datetime) -> Plan | None:
+    """The job recorded its attempt's end and its RayJob has not finished: wait ``RECORDED_END_EXIT_S``
+    from the record for it, then end the attempt from the records and delete the RayJob. None when no
+    record with a readable time was read (the reconcile reads them only once progress stalls)."""
+    records = obs.records
+    if records is None:
+        return None
+    times = [at for record in (records.outcome, records.preempted) if (at := _record_time(record)) is not None]
+    end = _end_from_records(records)
+    if not times or end is None:
+        return None
+    waited = (now - min(times)).total_seconds()
+    if waited < RECORDED_END_EXIT_S:
+        what = f"its preemption at step {records.preempted.get('step')}" if records.preempted else "its outcome"
+        message = (
+            f"attempt {current.attempt} stopping: the job recorded {what} {waited:.0f} s ago; its RayJob "
+            f"{current.ray_job} has not finished (the attempt ends {RECORDED_END_EXIT_S:.0f} s after the record)"
+        )
+        return Plan(replace(obs.state, phase=RUNNING, message=message), requeue_after_s=RECORDED_END_EXIT_S - waited)
+    unfinished = (
+        f"RayJob {current.ray_job} was still unfinished {waited:.0f} s after the job recorded its end: a driver "
+        "that did not exit; deleted"
+    )
+    decided = end_attempt(obs.state, obs.run, replace(end, message=f"{end.message} ({unfinished})"), now)
+    return replace(decided, delete_rayjob=current.ray_job)
+
+
+def _record_time(record: Mapping[str, Any] | None) -> datetime | None:
+    """When the job wrote a record (its ``time``, unix seconds); None when absent or not a time: the
+    run's owner writes the records, so the value may be anything."""
+    at = (record or {}).get("time")
+    if not isinstance(at, int | float) or isinstance(at, bool):
+        return None
+    try:
+        return datetime.fromtimestamp(at, UTC)
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _head_lost(obs: Observation, current: AttemptStatus) -> str | None:
@@ -1000,23 +1050,29 @@ def _rayjob_gone(obs: Observation, current: AttemptStatus, now: datetime, *, cou
     """
     if obs.records is None and not obs.storage_refused:
         return _wait_for_storage(obs, current, now)
-    records = obs.records or AttemptRecords()
     gone = f"RayJob {current.ray_job} is gone (deleted by a person, or by KubeRay after it finished)"
-    if records.exit_code == EXIT_OK:
-        end = AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, f"the job finished; {gone}")
-    elif records.outcome is None and records.preempted is None:
+    end = _end_from_records(obs.records or AttemptRecords())
+    if end is None:
         end = AttemptEnd(
             OUTCOME_INTERRUPTED,
             REASON_RAYJOB_GONE,
             f"{gone}, and the job left no record of how the attempt ended: nothing is spent",
         )
     else:
-        # The job's own records say how it ended, as they would with the RayJob still there.
-        end = classify_end(RayJobView(JOB_FAILED, DEPLOYMENT_FAILED), records)
         end = replace(end, message=f"{end.message} ({gone})")
     if obs.storage_refused:
         end = replace(end, message=f"{end.message} ({_judged_without_records(obs)})")
     return end_attempt(obs.state, obs.run, end, now, counted=counted)
+
+
+def _end_from_records(records: AttemptRecords) -> AttemptEnd | None:
+    """How the attempt ended by the job's own records alone, as they would say it with its RayJob
+    finished; None when it recorded nothing."""
+    if records.exit_code == EXIT_OK:
+        return AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, "the job finished")
+    if records.outcome is None and records.preempted is None:
+        return None
+    return classify_end(RayJobView(JOB_FAILED, DEPLOYMENT_FAILED), records)
 
 
 def wait_for_foreign_rayjob(state: RunState, run: TrainingRun, rayjob: str, attempt: int, owner: str | None) -> Plan:

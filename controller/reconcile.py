@@ -37,6 +37,7 @@ from spotray.contract.names import (
     DISRUPTION_ANNOTATION,
     FAILED,
     HEAD_LOST_ANNOTATION,
+    JOB_RUNNING,
     JOB_SUCCEEDED,
     RAY_CLUSTER_LABEL,
     RAY_NODE_TYPE_LABEL,
@@ -58,6 +59,7 @@ from spotray.controller.lifecycle import (
     REASON_INVALID_SPEC,
     REASON_RAYJOB_REFUSED,
     REASON_STATUS_UNREADABLE,
+    STALLED_PROGRESS_S,
     Event,
     Observation,
     Plan,
@@ -313,7 +315,9 @@ def _reconcile_locked(  # noqa: PLR0917
     run_store = functools.cache(functools.partial(open_run_store, run, cluster, config))
 
     # Observe: every fact the decision needs, an unreadable one marked unknown.
-    observation = _observe(cluster, config, run, body["metadata"]["uid"], state, run_store, now)
+    progress = _stored_status(body).get("progress")
+    progress_at = unchecked_timestamp(progress.get("updateTime")) if isinstance(progress, dict) else None
+    observation = _observe(cluster, config, run, body["metadata"]["uid"], state, run_store, now, progress_at)
     # Decide: a pure function of the facts (controller/lifecycle.py).
     decided = plan(observation, now)
     if decided.create_attempt is not None:
@@ -348,7 +352,9 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     state: RunState,
     run_store: Callable[[], ObjectStore],
     now: datetime,
+    progress_at: datetime | None = None,
 ) -> Observation:
+    """``progress_at``: the status's last progress (``progress.updateTime``); None when there is none."""
     current = state.current
     job = rayjob_view(cluster.get_rayjob(run.namespace, current.ray_job)) if current is not None else None
     ray_cluster = None
@@ -374,7 +380,16 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         lost = _node_loss_read_back(cluster, run, current, read_nodes=config.read_nodes)
         if lost is not None:
             job = replace(job, disruption=lost)
-    if current is not None and (ended or gone):
+    # A running job whose progress stopped may have recorded its end and not exited: its records are
+    # read too (lifecycle.RECORDED_END_EXIT_S). Only then: a training job costs no reads here.
+    stalled = (
+        job is not None
+        and not job.finished
+        and job.job_status == JOB_RUNNING
+        and job.owner_uid == run_uid
+        and (progress_at is None or (now - progress_at).total_seconds() >= STALLED_PROGRESS_S)
+    )
+    if current is not None and (ended or gone or stalled):
         records, storage_error, cause = _records(run_store, run, AttemptId(run_uid, current.attempt))
         # No Secret: the controller reads unsigned (never with its own identity, run_store.py), so a
         # bucket that answered "no" will answer "no" for ever; waiting for it would be no bound.

@@ -325,3 +325,43 @@ def test_a_finished_run_stays_on_the_work_queue_while_its_last_report_is_owed() 
     assert not settled(RunStatus(phase="Running"))
     assert settled(RunStatus(phase="Succeeded"))
     assert not settled(RunStatus(phase="Succeeded", storage_unreachable_since="2026-11-28T17:21:30Z"))
+
+
+def write_record_at(store: LocalObjectStore, key: str, attempt: AttemptId, at: float, **fields: Any) -> None:
+    """A record as the job writes it (train/records/attempt_records.py), with the time chosen."""
+    store.put_bytes(key, json.dumps({**fields, **attempt.identity(), "time": at}).encode())
+
+
+def test_a_running_rayjob_whose_job_recorded_its_preemption_long_ago_is_ended_and_deleted(tmp_path: Path) -> None:
+    """Nemesis trial 39: the job recorded its preemption and its driver never exited. Its records are read
+    once its progress stops (never while it trains), and 120 s after the record the attempt ends."""
+    body = new_run("uid-stuck")
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = FakeCluster(body)
+    cluster: Any = fake
+    config = ControllerConfig(file_roots=(str(tmp_path / "runs"),))
+    reconcile(cluster, config, "ns", "burst")
+    store, attempt = LocalObjectStore(parse_uri(body["spec"]["checkpoint"]["uri"])), AttemptId("uid-stuck", 1)
+    fake.rayjobs["burst-a1"]["status"] = {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
+    now = datetime.now(UTC).timestamp()
+    # Training: progress a second old. The RayJob alone decides, and no record is read (this one
+    # could not be there yet, were the job's clock the controller's).
+    points = [(step, 1.0, now - 1 - (40 - step)) for step in range(1, 41)]
+    progress = AttemptProgress(1, "uid-stuck", max_steps=60, updated=now - 1, points=points)
+    store.put_bytes(attempt.progress_key, progress.to_json())
+    reconcile(cluster, config, "ns", "burst")  # the status gets its progress
+    write_record_at(store, attempt.preemption_key, attempt, now - 200, step=37, seconds_after_notice=13.3)
+    reconcile(cluster, config, "ns", "burst")
+    assert "delete burst-a1" not in fake.calls
+    assert fake.run["status"]["attempts"][0]["outcome"] == "Running"
+
+    # Stopped: progress 200 s old. Read, and 200 s is past the bound.
+    stale = AttemptProgress(1, "uid-stuck", max_steps=60, updated=now - 200, points=[(37, 1.0, now - 200)])
+    store.put_bytes(attempt.progress_key, stale.to_json())
+    reconcile(cluster, config, "ns", "burst")  # reads the stale progress into the status
+    reconcile(cluster, config, "ns", "burst")  # the stale status: the records are read
+    EVENTS.drain()
+    assert "delete burst-a1" in fake.calls
+    ended = fake.run["status"]["attempts"][0]
+    assert (ended["outcome"], ended["reason"]) == ("Preempted", "SpotNotice")
+    assert "still unfinished" in ended["message"]

@@ -67,6 +67,37 @@ def test_a_rayjob_that_vanished_is_judged_from_its_records_and_its_number_is_nev
     assert (failed.state.current.reason, failed.state.failures) == ("TrainingFailed", 1)
 
 
+def test_a_rayjob_still_running_long_after_its_job_recorded_its_end_is_judged_from_the_records() -> None:
+    """Every wait has a bound: a job that recorded its end (its preemption once the emergency checkpoint
+    was safe, or its outcome) and whose RayJob never finished (nemesis trial 39: a driver that never
+    exited) ends from its records, and its RayJob is deleted."""
+    running = step(started(), RUNNING_JOB).state
+    recorded = (NOW - timedelta(seconds=30)).timestamp()
+    preempted = AttemptRecords(preempted={"step": 37, "time": recorded})
+    waiting = step(running, RUNNING_JOB, preempted)
+    assert waiting.state.current.outcome == "Running"
+    assert waiting.delete_rayjob is None
+    assert waiting.requeue_after_s == pytest.approx(90)
+    assert "recorded its preemption at step 37 30 s ago" in waiting.state.message
+
+    overdue = step(running, RUNNING_JOB, preempted, now=NOW + timedelta(seconds=95))
+    ended = overdue.state.current
+    assert (ended.outcome, ended.reason) == ("Preempted", "SpotNotice")
+    assert "at step 37" in ended.message
+    assert "RayJob r-a1 was still unfinished 125 s after" in ended.message
+    assert overdue.delete_rayjob == "r-a1"
+    assert overdue.state.preemptions == 1
+
+    finished = AttemptRecords(outcome={"exit_code": 0, "detail": "training finished", "time": recorded})
+    done = step(running, RUNNING_JOB, finished, now=NOW + timedelta(seconds=95))
+    assert (done.state.phase, done.delete_rayjob) == ("Succeeded", "r-a1")
+    # A record without a readable time, or none at all: the RayJob alone decides, as before.
+    assert step(running, RUNNING_JOB, AttemptRecords(preempted={"step": 37})).state.current.outcome == "Running"
+    hostile = AttemptRecords(preempted={"step": 37, "time": 1e300})  # the run's owner writes the records
+    assert step(running, RUNNING_JOB, hostile).state.current.outcome == "Running"
+    assert step(running, RUNNING_JOB, None).state.current.outcome == "Running"
+
+
 def test_an_unreadable_store_when_a_rayjob_vanished_decides_nothing() -> None:
     running = step(started(), RUNNING_JOB).state
     obs = Observation(run(), running, None, None, storage_error="connect timeout", settle_seconds=5)
