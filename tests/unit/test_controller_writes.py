@@ -277,19 +277,25 @@ def test_a_rayjob_created_before_a_deferred_status_write_is_deleted_if_the_run_w
     assert fake.run["status"]["phase"] == "Suspended"
 
 
+def started_on_a_directory(tmp_path: Path, uid: str) -> tuple[FakeCluster, ControllerConfig, LocalObjectStore]:
+    """Run ``burst`` with its checkpoints in a directory the controller may read, attempt 1 created."""
+    body = new_run(uid)
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = FakeCluster(body)
+    config = ControllerConfig(file_roots=(str(tmp_path / "runs"),))
+    reconcile(fake, config, "ns", "burst")  # type: ignore[arg-type] # the calls reconcile makes
+    return fake, config, LocalObjectStore(parse_uri(body["spec"]["checkpoint"]["uri"]))
+
+
 def test_a_run_that_ends_while_s3_fails_reads_its_last_progress_and_checkpoint_once_s3_answers(
     tmp_path: Path, local_checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The nemesis campaign's trials 19 and 21: the RayJob said SUCCEEDED while S3 answered 500, so the
     status ended with the progress and checkpoint of minutes before (step 53 of 60, checkpoint 50), and a
     finished run was never read again. Now it is, until S3 answers; then the final step and checkpoint."""
-    body = new_run("uid-final")
-    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    fake = FakeCluster(body)
+    fake, config, store = started_on_a_directory(tmp_path, "uid-final")
     cluster: Any = fake
-    config = ControllerConfig(file_roots=(str(tmp_path / "runs"),))
-    reconcile(cluster, config, "ns", "burst")
-    store, attempt = LocalObjectStore(parse_uri(body["spec"]["checkpoint"]["uri"])), AttemptId("uid-final", 1)
+    attempt = AttemptId("uid-final", 1)
     write_progress(store, attempt, 60)
     upload_checkpoint(store, local_checkpoint_dir, 60, world_size=1)
     ended = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -335,13 +341,9 @@ def write_record_at(store: LocalObjectStore, key: str, attempt: AttemptId, at: f
 def test_a_running_rayjob_whose_job_recorded_its_preemption_long_ago_is_ended_and_deleted(tmp_path: Path) -> None:
     """Nemesis trial 39: the job recorded its preemption and its driver never exited. Its records are read
     once its progress stops (never while it trains), and 120 s after the record the attempt ends."""
-    body = new_run("uid-stuck")
-    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    fake = FakeCluster(body)
+    fake, config, store = started_on_a_directory(tmp_path, "uid-stuck")
     cluster: Any = fake
-    config = ControllerConfig(file_roots=(str(tmp_path / "runs"),))
-    reconcile(cluster, config, "ns", "burst")
-    store, attempt = LocalObjectStore(parse_uri(body["spec"]["checkpoint"]["uri"])), AttemptId("uid-stuck", 1)
+    attempt = AttemptId("uid-stuck", 1)
     fake.rayjobs["burst-a1"]["status"] = {"jobStatus": "RUNNING", "jobDeploymentStatus": "Running"}
     now = datetime.now(UTC).timestamp()
     # Training: progress a second old. The RayJob alone decides, and no record is read (this one
