@@ -90,6 +90,18 @@ def test_a_notice_ends_a_fixed_size_attempt_but_an_elastic_group_restarts_smalle
     assert elastic.failure_config.max_preemption_failures == -1
 
 
+def test_a_ray_without_preemption_handling_gets_no_preemption_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyproject allows Ray >= 2.50, whose FailureConfig may not know max_preemption_failures."""
+    from spotray.train.launch import launcher  # noqa: PLC0415
+
+    monkeypatch.setattr(launcher, "PREEMPTION_ERROR", ())
+    asked: dict[str, object] = {}
+    monkeypatch.setattr(launcher, "FailureConfig", lambda **given: asked.update(given))
+    monkeypatch.setattr(launcher, "RunConfig", lambda **_: None)
+    build_run_config(context(workers={"replicas": 2}), "/tmp/ray")
+    assert asked == {"max_failures": -1}
+
+
 def test_only_spotray_settings_travel_to_workers_never_credentials() -> None:
     environ = {
         "SPOTRAY_RUN": "{}",

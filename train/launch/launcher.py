@@ -148,6 +148,9 @@ RAY_FAULTS: tuple[type[BaseException], ...] = _exception_types(ray.exceptions, _
 )
 # What fit() raises when Ray Train's controller failed; its ``controller_failure`` is the cause.
 CONTROLLER_ERROR: tuple[type[BaseException], ...] = _exception_types(ray.train, ("ControllerError",))
+# What fit() raises when a preemption's drain deadline passed before the group stopped (Ray 2.60's Ray
+# Train; an older Ray has no preemption handling, and neither this nor ``max_preemption_failures``).
+PREEMPTION_ERROR: tuple[type[BaseException], ...] = _exception_types(ray.train, ("PreemptionError",))
 
 
 def build_scaling_config(context: RunContext, environ: dict[str, str] | None = None) -> ScalingConfig:
@@ -178,7 +181,7 @@ def build_scaling_config(context: RunContext, environ: dict[str, str] | None = N
 def build_run_config(context: RunContext, storage_path: str, *, max_worker_failures: int = -1) -> RunConfig:
     # Ray Train V2's FailureConfig (what ray.train exports in Ray 2.60); the type stubs know V1's.
     failures: dict[str, Any] = {"max_failures": max_worker_failures}
-    if not context.spec.workers.elastic:
+    if not context.spec.workers.elastic and PREEMPTION_ERROR:
         failures["max_preemption_failures"] = 0  # a notice ends the attempt (see the module docstring)
     return RunConfig(name=context.name, storage_path=storage_path, failure_config=FailureConfig(**failures))
 
@@ -439,7 +442,7 @@ def launch(
         notice.fit_ended()
         # Ray Train's PreemptionError: its nodes were drained as preempted and the deadline passed. After
         # the driver's own SIGTERM every node was, so whatever fit() raised, the attempt was preempted.
-        preempted = isinstance(error, ray.train.PreemptionError) or notice.received
+        preempted = isinstance(error, PREEMPTION_ERROR) or notice.received
         outcome = preempted_outcome(store, context.attempt_id, error) if preempted else outcome_of_fit_error(error)
         print(f"error: {outcome.detail}", file=sys.stderr)
         if isinstance(error, SpotrayError) and not preempted:
