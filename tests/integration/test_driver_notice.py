@@ -24,7 +24,7 @@ from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import S3ObjectStore
 from tests.conftest import start_in_own_group, wait_or_dump_stacks
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.campaign]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).with_name("late_checkpoint_script.py")
@@ -34,13 +34,14 @@ CHECKPOINT_S = 9.0  # past the deadline, as trial 39's 13.3 s against 12.4 s
 
 # A fixed-size group: Ray Train starts no other after the deadline, so fit() ends at once (the bound,
 # far away here, never fires). An elastic group: Ray Train's restart waits for room on drained nodes,
-# and the driver's bound ends the attempt. About 50 s of real Ray each; the elastic case is in
-# make test-campaign (tests/unit/test_driver_notice.py keeps the bound's rule in make test).
+# and the driver's bound ends the attempt. 50-70 s of real Ray each on 2 cores: make test-campaign,
+# as make test runs over its 35 minutes; make test keeps the rules (tests/unit/test_driver_notice.py,
+# test_launcher.py's preemption setting, test_job_fault_exits.py's outcome).
 CASES = [
     pytest.param({"replicas": 1}, 600.0, "preempted before its emergency checkpoint was complete", id="fixed"),
     pytest.param(
         {"replicas": 2, "minReplicas": 1}, 5.0, "preempted before its emergency checkpoint was complete (fit() had "
-        "not ended", id="elastic", marks=pytest.mark.campaign,
+        "not ended", id="elastic",
     ),
 ]  # fmt: skip
 
