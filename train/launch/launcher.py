@@ -201,29 +201,29 @@ def fit_failure_cause(error: BaseException) -> Cause:
     return cause_of(error)
 
 
+def recorded_preemption(store: ObjectStore, attempt: AttemptId) -> AttemptOutcome | None:
+    """The preemption rank 0 recorded once its emergency checkpoint was complete; None when it recorded none."""
+    marker = read_record(store, attempt.preemption_key, attempt)
+    if marker is None:
+        return None
+    return AttemptOutcome(
+        EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
+    )
+
+
 def outcome_after_fit(store: ObjectStore, attempt: AttemptId, crash_loop: CrashLoop | None = None) -> AttemptOutcome:
     """How a ``fit()`` that returned normally ended: gave up on a crash loop (its cause's code: only the
     training code's own errors are a failure), preempted, or finished."""
     if crash_loop is not None:
         return AttemptOutcome(exit_code_for_cause(crash_loop.cause), crash_loop.checkpoint_step, crash_loop.message)
-    marker = read_record(store, attempt.preemption_key, attempt)
-    if marker is None:
-        return AttemptOutcome(EXIT_OK, None, "training finished")
-    return AttemptOutcome(
-        EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
-    )
+    return recorded_preemption(store, attempt) or AttemptOutcome(EXIT_OK, None, "training finished")
 
 
 def outcome_after_preemption(store: ObjectStore, attempt: AttemptId, error: BaseException) -> AttemptOutcome:
     """How an attempt ended whose ``fit()`` raised Ray Train's ``PreemptionError``: its nodes were drained
     as preempted and the deadline passed before the group stopped by itself. A preemption either way;
     whether its emergency checkpoint is complete is read from rank 0's record, written once it was."""
-    marker = read_record(store, attempt.preemption_key, attempt)
-    if marker is not None:
-        return AttemptOutcome(
-            EXIT_PREEMPTED, marker.get("step"), "stopped on a preemption notice after a complete emergency checkpoint"
-        )
-    return AttemptOutcome(
+    return recorded_preemption(store, attempt) or AttemptOutcome(
         EXIT_PREEMPTED,
         None,
         f"preempted before its emergency checkpoint was complete ({error}); the next attempt resumes from "
