@@ -164,6 +164,9 @@ class KindOfFault:
     judged: tuple[tuple[str, str], ...]  # (outcome, reason) the attempt it lands on may get
     text: str
     held_s: tuple[float, float] = (0.0, 0.0)  # a cluster fault holds its part down this long (drawn between)
+    # A notice (the driver's SIGTERM, a node drained): the steps left in the last interval may take
+    # less time than the drain, so the job may finish first (``late_from``).
+    notice: bool = False
 
 
 KINDS: dict[str, KindOfFault] = {
@@ -189,7 +192,9 @@ KINDS: dict[str, KindOfFault] = {
         "run", (("Interrupted", "RayJobGone"), ("Preempted", "SpotNotice")), "the attempt's RayJob deleted"
     ),
     "driver-killed": KindOfFault("run", (("Failed", "TrainingFailed"),), "the job's driver SIGKILLed"),
-    "spot-notice": KindOfFault("run", (("Preempted", "SpotNotice"),), "the driver's SIGTERM (a spot notice)"),
+    "spot-notice": KindOfFault(
+        "run", (("Preempted", "SpotNotice"),), "the driver's SIGTERM (a spot notice)", notice=True
+    ),
 }
 
 
@@ -213,20 +218,22 @@ class Landing:
     reached: int = -1  # the newest step once the fault had acted (a RayJob's deletion takes seconds)
 
 
-def draw_faults(rng: random.Random, pace: Pace, lead: str | None = None) -> list[Fault]:
+def draw_faults(
+    rng: random.Random, pace: Pace, lead: str | None = None, kinds: dict[str, KindOfFault] = KINDS
+) -> list[Fault]:
     """One or two faults (``lead`` among them) in firing order, the second later in the run than the
     first (``Pace.steps_for``). A run fault acts on a running job, so it fires at a step or after a
     save; a cluster fault also into an attempt's start-up: the first attempt's, or, second, the one
     the first fault's attempt made way for (every run fault ends its attempt; a cluster fault may not)."""
     count = rng.choice([1, 1, 2])
-    kinds = [lead] if lead else []
-    while len(kinds) < count:
-        kinds.append(rng.choice(list(KINDS)))
-    rng.shuffle(kinds)
+    chosen = [lead] if lead else []
+    while len(chosen) < count:
+        chosen.append(rng.choice(list(kinds)))
+    rng.shuffle(chosen)
     faults: list[Fault] = []
-    for order, kind in enumerate(kinds):
-        starts_one = order == 0 or KINDS[faults[0].kind].scope == "run"
-        triggers = ["step", "upload"] + (["start"] if KINDS[kind].scope == "cluster" and starts_one else [])
+    for order, kind in enumerate(chosen):
+        starts_one = order == 0 or kinds[faults[0].kind].scope == "run"
+        triggers = ["step", "upload"] + (["start"] if kinds[kind].scope == "cluster" and starts_one else [])
         trigger = rng.choice(triggers)
         if trigger == "step":
             value: float = rng.choice(pace.steps_for(order, count))
@@ -435,6 +442,20 @@ class RayHeads:
 # ------------------------------------------------------------------------------- the campaign
 
 
+def rayjob_creations(bed: tb.Testbed, user: str, run: str) -> Counter[str]:
+    """RayJob name -> how many times ``user``'s create of it succeeded (the API server's audit log)."""
+    created: Counter[str] = Counter()
+    pattern = re.compile(rf"^{re.escape(run)}-a\d+$")
+    for event in bed.requests_by(user):
+        ref = event.get("objectRef") or {}
+        code = (event.get("responseStatus") or {}).get("code", 0)
+        if event.get("verb") == "create" and ref.get("resource") == "rayjobs" and 200 <= code < 300:
+            name = str(ref.get("name") or (event.get("responseObject") or {}).get("metadata", {}).get("name", ""))
+            if pattern.match(name):
+                created[name] += 1
+    return created
+
+
 def commit_window(keys: list[str], saved: list[int]) -> str:
     """Which checkpoints were being written when a fault fired: the commit window.
 
@@ -564,17 +585,7 @@ class Campaign:
         return list(found.get("items") or [])
 
     def rayjob_creations(self, run: str) -> Counter[str]:
-        """RayJob name -> how many times the controller's create of it succeeded (the audit log)."""
-        created: Counter[str] = Counter()
-        pattern = re.compile(rf"^{re.escape(run)}-a\d+$")
-        for event in self.bed.requests_by(self.user):
-            ref = event.get("objectRef") or {}
-            code = (event.get("responseStatus") or {}).get("code", 0)
-            if event.get("verb") == "create" and ref.get("resource") == "rayjobs" and 200 <= code < 300:
-                name = str(ref.get("name") or (event.get("responseObject") or {}).get("metadata", {}).get("name", ""))
-                if pattern.match(name):
-                    created[name] += 1
-        return created
+        return rayjob_creations(self.bed, self.user, run)
 
     def run_uri(self, run: str) -> str:
         return f"s3://{BUCKET}/{self.namespace}/runs/{run}"
@@ -1085,20 +1096,22 @@ def judged_once(history: list[tuple[float, dict[str, Any]]]) -> list[str]:
     return problems
 
 
-def late_from(kind: str, pace: Pace) -> int:
+def late_from(kind: KindOfFault, pace: Pace) -> int:
     """From this step on a run fault may find the job already finished: at the last step, or for a
     notice within the last interval, where the steps left can take less time than the drain."""
-    return pace.steps - pace.every if kind == "spot-notice" else pace.steps
+    return pace.steps - pace.every if kind.notice else pace.steps
 
 
-def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing], pace: Pace) -> list[str]:
+def outcomes_allowed(
+    attempts: list[dict[str, Any]], landings: list[Landing], pace: Pace, kinds: dict[str, KindOfFault] = KINDS
+) -> list[str]:
     """Each attempt's outcome is one that what hit it allows: a run fault's own, or (no run fault)
     finished, or interrupted by an infrastructure fault, which spends nothing."""
-    cluster_faults = any(KINDS[land.kind].scope == "cluster" and not land.missed for land in landings)
+    cluster_faults = any(kinds[land.kind].scope == "cluster" and not land.missed for land in landings)
     by_attempt: dict[int, Landing] = {}
     before_start = {n for land in landings if land.trigger == "collateral" and land.missed for n in land.attempts}
     for land in landings:
-        if KINDS[land.kind].scope == "run" and not land.missed:
+        if kinds[land.kind].scope == "run" and not land.missed:
             for number in land.attempts:
                 by_attempt.setdefault(number, land)
     problems = []
@@ -1106,10 +1119,10 @@ def outcomes_allowed(attempts: list[dict[str, Any]], landings: list[Landing], pa
         number, pair = int(attempt["attempt"]), (attempt.get("outcome"), attempt.get("reason"))
         hit = by_attempt.get(number)
         allowed = {INTERRUPTED} if cluster_faults else set()
-        if hit is None or max(hit.step, hit.reached) >= late_from(hit.kind, pace):  # the job may have finished first
+        if hit is None or max(hit.step, hit.reached) >= late_from(kinds[hit.kind], pace):  # it may have finished first
             allowed.add(SUCCEEDED_)
         if hit is not None:
-            allowed |= set(KINDS[hit.kind].judged)
+            allowed |= set(kinds[hit.kind].judged)
         if number in before_start:  # its pods lost before its job ran: either judgement is fair
             allowed |= {SUCCEEDED_, *KINDS["node-lost"].judged}
         if pair not in allowed:
@@ -1258,10 +1271,10 @@ def current_commit() -> str:
     return head.stdout.strip() + ("+changes" if git("status", "--porcelain").stdout.strip() else "")
 
 
-def summary(results: list[TrialResult]) -> dict[str, Any]:
+def summary(results: list[TrialResult], kinds: dict[str, KindOfFault] = KINDS) -> dict[str, Any]:
     landed = [land for r in results for land in r.landings if land.trigger != "collateral"]
     by_kind: dict[str, dict[str, int]] = {}
-    for kind in KINDS:
+    for kind in kinds:
         mine = [r for r in results if any(land.kind == kind for land in r.landings)]
         by_kind[kind] = {
             "trials": len(mine),

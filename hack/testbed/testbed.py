@@ -705,6 +705,13 @@ class Testbed:
                          check=False)  # fmt: skip
         return [f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pods]
 
+    def lose_real_node(self, name: str) -> list[str]:
+        """A real node lost without notice, its VM gone at once: kubelet, containers and network stop,
+        then what the cloud's node controller does (``preempt_node``: the pods marked DisruptionTarget,
+        the Node and the pods deleted). Returns the pods (namespace/name) that were on it."""
+        self.stop_real_node(next(n for n in self.real_nodes if n.name == name))
+        return self.preempt_node(name)
+
     def _nodes_ready(self, names: list[str]) -> bool:
         out = self.kubectl("get", "nodes", "-o", "json").stdout
         ready = {

@@ -1,0 +1,622 @@
+"""Nemesis on real pods (issue #37, item 5): full trainings of the GPT-2 job in real containers, each
+hit by one or two faults at random moments, then judged by bench/nemesis.py's history checker where
+it applies.
+
+Where it runs: hack/cluster_demo.py's cluster (docs/testbed.md, "Real pods"): real kubelets,
+containerd and runc (an on-demand node for the Ray head, the controller and MinIO; a spot node for
+the Ray worker), the chart installed with helm (the controller Deployment and MinIO as real pods),
+the KubeRay operator on the host. The campaign reaches the run as a user would: through the API
+server and MinIO's S3 port; the job's driver through `kubectl exec` into its head container.
+
+Faults (``KINDS_ON_REAL_PODS``), fired at a drawn step, once the status shows a drawn checkpoint, or
+a drawn number of seconds into an attempt's start-up:
+- the worker's spot node reclaimed as a cloud does it (``spot-reclaim``: a taint, its pods evicted
+  with their grace period so the preStop drain takes the emergency checkpoint in the container, then
+  the VM gone), or lost without notice (``node-lost``: the VM gone, then the pods marked
+  DisruptionTarget and deleted with the Node), or lost while the controller is down (its Deployment
+  scaled to 0 and its pod force-deleted first, scaled back once the RayJob failed); a new spot VM
+  joins ``SPOT_BACK_AFTER_S`` later;
+- the controller's pod force-deleted (its Deployment starts another); MinIO's pod force-deleted (its
+  StatefulSet starts it again on the same volume);
+- the API server SIGKILLed and started again, or SIGSTOPped; the KubeRay operator SIGKILLed and
+  started again (bench/nemesis.py's);
+- the attempt's RayJob deleted; the job's driver SIGKILLed; the driver's SIGTERM (a spot notice).
+
+The checker asserts for each trial: the run Succeeded with every step and its last checkpoint at the
+last step; attempts numbered 1..n, each RayJob created once (the audit log) and seen as one object,
+an outcome never changed once given, budgets never going down; each outcome one its fault allows
+and the budgets spent equal to the outcomes; every attempt resumed from a checkpoint no older than
+the newest complete one the store held when its RayJob appeared, and from the emergency checkpoint
+after a notice. Not checked here (the kwok campaign checks it): the batch trained at every step (the
+job's sample log stays in its container). A trial that fails keeps its status history, landings,
+the controller's log and the pods' logs.
+
+Result: bench/results/nemesis_real_pods.json (ratio: trials that kept every promise / trials; goal 1.0).
+
+    .venv/bin/python -m bench.nemesis_real_pods --trials 20        # make nemesis-real-pods
+    .venv/bin/python -m bench.nemesis_real_pods --trials 1 --kinds spot-reclaim
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+from bench import nemesis
+from bench.common import RESULTS_DIR, machine_details, write_result
+from bench.nemesis import KINDS, Fault, KindOfFault, Landing, Pace, TrialLog, TrialResult
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "hack"))
+import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
+
+from spotray.contract.names import ATTEMPT_LABEL, GROUP, PLURAL, RUN_LABEL, TERMINAL_PHASES, VERSION, rayjob_name  # noqa: E402
+from spotray.contract.uris import parse_uri  # noqa: E402
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME  # noqa: E402
+from spotray.train.storage.store import RetryPolicy, S3ObjectStore, StoreConfig  # noqa: E402
+
+tb = cluster_demo.tb
+NAMESPACE = cluster_demo.NAMESPACE
+SYSTEM = cluster_demo.SYSTEM_NAMESPACE
+CONTROLLER = "app.kubernetes.io/component=controller"
+MINIO = "app.kubernetes.io/component=minio"
+TRIAL_TIMEOUT_S = 1500.0
+POLL_S = 2.0  # the controller refreshes a run's status every 2 s (the chart's reconcileIntervalSeconds here)
+# Full trainings of the demo's model, paced like a real one: a notice's drain has steps left to stop.
+REAL_PODS_PACE = Pace(steps=120, every=20, step_seconds=0.5)
+
+KINDS_ON_REAL_PODS: dict[str, KindOfFault] = {
+    "spot-reclaim": KindOfFault(
+        "run",
+        (("Preempted", "SpotNotice"), ("Preempted", "NodeLost")),
+        "the worker's spot node reclaimed: its pods evicted with their grace period, then the VM gone",
+        notice=True,
+    ),
+    "node-lost": KindOfFault("run", KINDS["node-lost"].judged, "the worker's spot node gone without notice"),
+    "node-lost-controller-down": KindOfFault(
+        "run", KINDS["node-lost"].judged, "the worker's spot node gone while the controller's Deployment is at 0"
+    ),
+    "controller-kill": KindOfFault("cluster", (), "the controller's pod force-deleted (its Deployment starts another)"),
+    "apiserver-kill": KINDS["apiserver-kill"],
+    "apiserver-silent": KINDS["apiserver-silent"],
+    "kuberay-restart": KINDS["kuberay-restart"],
+    "s3-restart": KindOfFault("cluster", (), "MinIO's pod force-deleted (its StatefulSet starts it again)"),
+    "rayjob-deleted": KINDS["rayjob-deleted"],
+    "driver-killed": KINDS["driver-killed"],
+    "spot-notice": KINDS["spot-notice"],
+}
+
+# Run in the head's container: signal the job's processes, found by the word in their argv (the job's
+# module). The driver alone is `python -m <module>` (its argv holds the module as one word); "all"
+# adds the shell Ray's job supervisor runs it through. Prints the pids signalled.
+JOB_MODULE = "spotray.jobs.gpt2"
+SIGNAL_JOB = """
+import os, sys
+sig, every, word = int(sys.argv[1]), sys.argv[2] == "all", sys.argv[3].encode()
+hit = []
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    if int(pid) == os.getpid():  # its own argv holds the word too
+        continue
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    driver = os.path.basename(argv[0]).startswith(b"python") and word in argv
+    if driver or (every and any(word in part for part in argv)):
+        hit.append(int(pid))
+hit = hit if every else hit[:1]
+for pid in hit:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+print(" ".join(map(str, hit)))
+"""
+
+
+def emergency_step(message: str) -> int | None:
+    """The step of the emergency checkpoint a notice's attempt recorded ("... at step N"), if any."""
+    found = re.search(r"emergency checkpoint at step (\d+)$", message or "")
+    return int(found.group(1)) if found else None
+
+
+def newest_complete(keys: list[str]) -> int:
+    """The newest checkpoint whose manifest is in the listing (0: none)."""
+    steps = [int(m.group(1)) for key in keys if (m := re.match(rf"^checkpoint-(\d+)/{MANIFEST_NAME}$", key))]
+    return max(steps, default=0)
+
+
+class RealPodsCampaign:
+    """The cluster every trial shares, and the faults acting on it."""
+
+    def __init__(self, cluster: cluster_demo.DemoCluster, workdir: Path) -> None:
+        self.cluster, self.bed, self.workdir = cluster, cluster.testbed, workdir
+        self.pace = REAL_PODS_PACE
+        self.cluster_lock = threading.Lock()  # faults on shared parts never overlap
+        api = config.new_client_from_config(str(self.bed.kubeconfig))
+        self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)
+        (pod,) = self.pods(SYSTEM, CONTROLLER)
+        # The audit log names requests by user: the controller's ServiceAccount, as its pod has it.
+        self.user = f"system:serviceaccount:{SYSTEM}:{pod['spec']['serviceAccountName']}"
+        self.spot_node = next(n for n in self.bed.real_nodes if n.name == cluster_demo.SPOT_NODE.name)
+
+    # -- reading (every read may fail while a fault holds the API server or MinIO) --------------
+
+    def pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        return cluster_demo.pods(self.bed, namespace, selector)
+
+    def run_status(self, name: str) -> dict[str, Any] | None:
+        try:
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, NAMESPACE, PLURAL, name, _request_timeout=(3, 5)
+            )
+        except Exception:  # noqa: BLE001 - unknown this round, asked again next round
+            return None
+        return dict(found.get("status") or {})
+
+    def rayjobs(self, run: str) -> list[dict[str, Any]] | None:
+        try:
+            found = self.custom.list_namespaced_custom_object(
+                "ray.io", "v1", NAMESPACE, "rayjobs", label_selector=f"{RUN_LABEL}={run}", _request_timeout=(3, 5)
+            )
+        except Exception:  # noqa: BLE001
+            return None
+        return list(found.get("items") or [])
+
+    def store_keys(self, run: str) -> list[str] | None:
+        """The run's checkpoint prefix as MinIO lists it, by MinIO's pod address now (a restarted
+        MinIO pod may have another); None while it cannot be read."""
+        try:
+            (minio,) = self.core.list_namespaced_pod(SYSTEM, label_selector=MINIO, _request_timeout=(3, 5)).items
+            address = minio.status.pod_ip if minio.status else None
+            if not address:
+                return None
+            env = self.cluster.s3_env
+            store_config = StoreConfig(
+                endpoint_url=f"http://{address}:9000",
+                region=env["AWS_REGION"],
+                access_key_id=env["AWS_ACCESS_KEY_ID"],
+                secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                # Bounded against a MinIO that accepts and does not answer: one try, 5 s.
+                connect_timeout_s=3,
+                read_timeout_s=5,
+                request_attempts=1,
+            )
+            uri = parse_uri(f"s3://{cluster_demo.BUCKET}/runs/{run}")
+            return [info.key for info in S3ObjectStore(uri, store_config, RetryPolicy(deadline_s=5)).list("")]
+        except Exception:  # noqa: BLE001 - MinIO restarting, or the API server held
+            return None
+
+    def worker_node(self, run: str, attempt: int) -> str:
+        selector = f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt},ray.io/node-type=worker"
+        return next((p["spec"]["nodeName"] for p in self.pods(NAMESPACE, selector) if p["spec"].get("nodeName")), "")
+
+    def head_pod(self, run: str, attempt: int) -> str:
+        selector = f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt},ray.io/node-type=head"
+        running = [p for p in self.pods(NAMESPACE, selector) if p["status"].get("phase") == "Running"]
+        return str(running[0]["metadata"]["name"]) if running else ""
+
+    # -- the faults -----------------------------------------------------------------------------
+
+    def signal_job(self, run: str, attempt: int, sig: signal.Signals, every: bool) -> list[int]:
+        """Send ``sig`` to the attempt's driver (``every``: with the shell that runs it), in its
+        head container; returns the pids signalled (none: no job running there)."""
+        head = self.head_pod(run, attempt)
+        if not head:
+            return []
+        args = [str(int(sig)), "all" if every else "driver", JOB_MODULE]
+        done = self.bed.kubectl(
+            "exec", "-n", NAMESPACE, head, "--", "python", "-c", SIGNAL_JOB, *args, check=False
+        )  # fmt: skip
+        return [int(pid) for pid in done.stdout.split()] if done.returncode == 0 else []
+
+    def cluster_fault(self, kind: str, rng: random.Random) -> str:
+        """Act on a shared part; returns what was done. Holds it down, then brings it back."""
+        with self.cluster_lock:
+            if kind in ("controller-kill", "s3-restart"):
+                selector = CONTROLLER if kind == "controller-kill" else MINIO
+                self.force_delete(SYSTEM, selector)
+                return "pod force-deleted"
+            down = rng.uniform(*KINDS_ON_REAL_PODS[kind].held_s)
+            if kind == "apiserver-kill":
+                in_starter(self.bed.restart_apiserver, down)
+                return f"down {down:.1f} s"
+            if kind == "apiserver-silent":
+                self.bed.pause("kube-apiserver")
+                try:
+                    time.sleep(down)
+                finally:
+                    self.bed.resume("kube-apiserver")
+                return f"silent {down:.1f} s"
+            in_starter(self.bed.restart, "ray-operator", down)  # kuberay-restart
+            return f"down {down:.1f} s"
+
+    def force_delete(self, namespace: str, selector: str) -> None:
+        self.bed.kubectl(
+            "delete", "pod", "-n", namespace, "-l", selector, "--force", "--grace-period=0", "--wait=false"
+        )  # fmt: skip
+
+    def lose_node(self, run: str, attempt: int, kind: str) -> str:
+        """The attempt's worker node reclaimed or lost (``kind``); a new spot VM joins after
+        SPOT_BACK_AFTER_S. Returns the node, "" when the attempt had no worker on one."""
+        node = self.worker_node(run, attempt)
+        if not node:
+            return ""
+        with self.cluster_lock:
+            controller_down = kind == "node-lost-controller-down"
+            if controller_down:
+                self.scale_controller(0)
+            if kind == "spot-reclaim":
+                self.bed.reclaim_real_node(node)
+            else:
+                self.bed.lose_real_node(node)
+            if controller_down:
+                # What the controller finds when it is back: the RayJob failed, the pods and node gone.
+                with contextlib.suppress(TimeoutError):
+                    tb.wait_until(
+                        f"RayJob {rayjob_name(run, attempt)} to fail", lambda: self.job_ended(run, attempt), 180
+                    )
+            time.sleep(cluster_demo.SPOT_BACK_AFTER_S)
+            in_starter(self.bed.start_real_node, self.spot_node)  # a new spot VM, same name
+            self.bed.wait_real_nodes_ready([self.spot_node.name])
+            if controller_down:
+                self.scale_controller(1)
+        return node
+
+    def scale_controller(self, replicas: int) -> None:
+        deployment = "deployment/spotray-controller"
+        self.bed.kubectl("scale", deployment, "-n", SYSTEM, f"--replicas={replicas}")
+        if replicas == 0:  # gone at once, as a killed process is, not after its graceful stop
+            self.force_delete(SYSTEM, CONTROLLER)
+            tb.wait_until("the controller's pod gone", lambda: not self.pods(SYSTEM, CONTROLLER), 120)
+        else:
+            self.bed.kubectl("rollout", "status", deployment, "-n", SYSTEM, "--timeout=180s")
+
+    def job_ended(self, run: str, attempt: int) -> bool:
+        out = self.bed.kubectl(
+            "get", "rayjob", rayjob_name(run, attempt), "-n", NAMESPACE, "-o", "jsonpath={.status.jobStatus}",
+            check=False,
+        )  # fmt: skip
+        return out.returncode != 0 or out.stdout.strip() in ("FAILED", "STOPPED", "SUCCEEDED")
+
+    def keep_logs(self, into: Path) -> None:
+        """The controller's log and the pods' logs of the namespace, for a person to read."""
+        into.mkdir(parents=True, exist_ok=True)
+        logs = self.bed.kubectl("logs", "-n", SYSTEM, "deployment/spotray-controller", "--tail=-1", check=False)
+        (into / "controller.log").write_text(logs.stdout + logs.stderr)
+        (into / "diagnose.txt").write_text(cluster_demo.diagnose(self.bed, log_lines=200))
+
+
+STARTER = nemesis.STARTER  # processes (API server, operator, a node) die with the thread that started them
+
+
+def in_starter(start: Any, *args: Any) -> Any:
+    return STARTER.submit(start, *args).result()
+
+
+class RealPodsTrial:
+    """One TrainingRun on the real pods, followed every POLL_S, its faults fired when due."""
+
+    def __init__(self, campaign: RealPodsCampaign, number: int, seed: int, faults: list[Fault]) -> None:
+        self.campaign, self.number, self.seed, self.faults = campaign, number, seed, faults
+        self.name = f"r{number}"
+        self.dir = campaign.workdir / self.name
+        self.rng = random.Random(seed)
+        self.history: list[tuple[float, dict[str, Any]]] = []
+        self.rayjob_uids: dict[str, set[str]] = {}
+        self.appeared: dict[int, float] = {}  # attempt -> when its RayJob was first seen
+        self.complete_before: dict[int, int] = {}  # attempt -> the newest complete checkpoint then
+        self.newest = 0  # the newest complete checkpoint the store listed
+        self.keys: list[str] = []
+        self.steps: dict[int, int] = {}  # attempt -> the newest step the status showed while it ran
+        self.landings: list[Landing] = []
+        self.in_flight: threading.Thread | None = None
+        self.started = self.since = 0.0
+
+    def manifest(self) -> dict[str, Any]:
+        pace = self.campaign.pace
+        document = cluster_demo.demo_training_run(
+            f"{cluster_demo.POD_JOB_DIR}/{self.name}", name=self.name, steps=pace.steps, every=pace.every,
+            min_step_seconds=pace.step_seconds,
+        )  # fmt: skip
+        document["spec"]["retry"] = {"maxPreemptions": 10, "maxFailures": 5, "backoffSeconds": 1}
+        return document
+
+    def run(self) -> TrialResult:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.started = time.monotonic()
+        self.campaign.bed.apply(self.manifest())
+        pending, problems = list(self.faults), []
+        while True:
+            now = time.monotonic() - self.started
+            if now > TRIAL_TIMEOUT_S:
+                problems.append(f"not ended after {TRIAL_TIMEOUT_S:.0f} s: {self.last_status().get('message')}")
+                break
+            self.observe(now)
+            idle = self.in_flight is None or not self.in_flight.is_alive()
+            if idle:
+                self.in_flight = None
+            if idle and pending and self.due(pending[0], now):
+                self.fire(pending.pop(0), now)
+            last = self.last_status()
+            ended = last.get("phase") in TERMINAL_PHASES and not last.get("storageUnreachableSince")
+            if ended and self.in_flight is None:
+                break
+            time.sleep(POLL_S)
+        for missed in pending:
+            why = f"never due: the run's newest step {self.step()}"
+            self.landings.append(Landing(missed.kind, missed.trigger, [], self.step(), "", now, why, True))
+        problems += judge(self)
+        attempts = self.last_status().get("attempts") or []
+        return TrialResult(
+            self.number, self.seed, self.faults, self.landings, problems, round(time.monotonic() - self.started, 1),
+            [f"{a.get('attempt')} {a.get('outcome')}/{a.get('reason')}" for a in attempts],
+            steps_lost(attempts, self.steps),
+        )  # fmt: skip
+
+    # -- following the run ------------------------------------------------------------------------
+
+    def last_status(self) -> dict[str, Any]:
+        return self.history[-1][1] if self.history else {}
+
+    def step(self) -> int:
+        return int((self.last_status().get("progress") or {}).get("step") or 0)
+
+    def running_attempt(self) -> int:
+        """The attempt the status says is running (0: none)."""
+        attempts = self.last_status().get("attempts") or []
+        return int(attempts[-1]["attempt"]) if attempts and attempts[-1].get("outcome") == "Running" else 0
+
+    def observe(self, now: float) -> None:
+        if (keys := self.campaign.store_keys(self.name)) is not None:
+            self.keys, self.newest = keys, max(self.newest, newest_complete(keys))
+        for job in self.campaign.rayjobs(self.name) or []:
+            meta = job["metadata"]
+            self.rayjob_uids.setdefault(meta["name"], set()).add(meta["uid"])
+            attempt = int(meta.get("labels", {}).get(ATTEMPT_LABEL, 0))
+            if attempt not in self.appeared:
+                self.appeared[attempt] = now
+                self.complete_before[attempt] = self.newest
+        status = self.campaign.run_status(self.name)
+        if status is not None:
+            self.history.append((now, status))
+            if attempt := self.running_attempt():
+                self.steps[attempt] = max(self.steps.get(attempt, 0), self.step())
+
+    def due(self, fault: Fault, now: float) -> bool:
+        trained = bool(self.running_attempt()) and self.step() > 0
+        if fault.trigger == "step":
+            return trained and self.step() >= fault.value
+        if fault.trigger == "upload":  # the status shows the save once its manifest is in the store
+            return trained and int((self.last_status().get("lastCheckpoint") or {}).get("step") or 0) >= fault.value
+        fresh = [at for at in self.appeared.values() if at >= self.since]
+        return bool(fresh) and now >= min(fresh) + fault.value
+
+    def fire(self, fault: Fault, now: float) -> None:
+        self.since = now
+
+        def inject() -> None:
+            try:
+                self.landings.append(self.inject(fault, now))
+            except Exception as error:  # noqa: BLE001 - recorded: a fault the campaign could not deliver
+                self.landings.append(Landing(fault.kind, fault.trigger, [], self.step(), "", now, f"{error!r}", True))
+
+        self.in_flight = threading.Thread(target=inject, daemon=True)
+        self.in_flight.start()
+
+    def inject(self, fault: Fault, now: float) -> Landing:
+        campaign, attempt = self.campaign, self.running_attempt()
+        store = nemesis.commit_window(list(self.keys), [])
+        landing = Landing(fault.kind, fault.trigger, [attempt] if attempt else [], self.step(), store, round(now, 1))
+        if KINDS_ON_REAL_PODS[fault.kind].scope == "cluster":
+            landing.detail = campaign.cluster_fault(fault.kind, self.rng)
+            return landing
+        if not attempt:
+            landing.missed, landing.detail = True, "no attempt running"
+            return landing
+        if fault.kind in ("spot-reclaim", "node-lost", "node-lost-controller-down"):
+            node = campaign.lose_node(self.name, attempt, fault.kind)
+            landing.missed, landing.detail = not node, f"node {node or '(none: no worker placed)'}"
+        elif fault.kind == "rayjob-deleted":
+            campaign.bed.kubectl(
+                "delete", "rayjob", rayjob_name(self.name, attempt), "-n", NAMESPACE, "--wait=false", check=False
+            )  # fmt: skip
+        else:  # driver-killed: SIGKILL the job; spot-notice: the driver's own SIGTERM
+            killed = fault.kind == "driver-killed"
+            sig = signal.SIGKILL if killed else signal.SIGTERM
+            hit = campaign.signal_job(self.name, attempt, sig, every=killed)
+            landing.missed, landing.detail = not hit, f"{sig.name} to pids {hit} in the head container"
+        landing.reached = self.step()
+        return landing
+
+
+def steps_lost(attempts: list[dict[str, Any]], steps: dict[int, int]) -> list[int]:
+    """For each attempt after the first: the newest step seen while the one before it ran, less
+    where it resumed (the steps trained again)."""
+    lost = []
+    for before, after in itertools.pairwise(attempts):
+        reached = steps.get(int(before["attempt"]))
+        if reached is not None and after.get("resumedFrom") is not None:
+            lost.append(max(0, reached - int(after["resumedFrom"])))
+    return lost
+
+
+def judge(trial: RealPodsTrial) -> list[str]:
+    """Every promise the run broke, as sentences; empty when it kept them all."""
+    final = trial.last_status()
+    if final.get("phase") != "Succeeded":
+        return [f"phase {final.get('phase')}: {final.get('message')}"]
+    problems = []
+    progress, last = final.get("progress") or {}, final.get("lastCheckpoint") or {}
+    steps = trial.campaign.pace.steps
+    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (steps, steps, steps):
+        problems.append(
+            f"progress {progress.get('step')}/{progress.get('totalSteps')}, last checkpoint {last.get('step')}"
+        )
+    attempts = final.get("attempts") or []
+    numbers = [int(a["attempt"]) for a in attempts]
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"attempt numbers {numbers}: one was skipped or used twice")
+    problems += nemesis.judged_once(trial.history)
+    for name, uids in trial.rayjob_uids.items():
+        if len(uids) > 1:
+            problems.append(f"RayJob {name} existed as {len(uids)} different objects: created again")
+    for name, count in nemesis.rayjob_creations(trial.campaign.bed, trial.campaign.user, trial.name).items():
+        if count > 1:
+            problems.append(f"RayJob {name} created {count} times (audit log)")
+    problems += nemesis.outcomes_allowed(attempts, trial.landings, trial.campaign.pace, KINDS_ON_REAL_PODS)
+    spent = (int(final.get("preemptions", 0)), int(final.get("failures", 0)))
+    counted = (
+        sum(a.get("outcome") == "Preempted" for a in attempts),
+        sum(a.get("outcome") == "Failed" for a in attempts),
+    )
+    if spent != counted:
+        problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
+    return problems + resumes_judged(attempts, trial.complete_before)
+
+
+def resumes_judged(attempts: list[dict[str, Any]], complete_before: dict[int, int]) -> list[str]:
+    """Each attempt resumed from a checkpoint no older than the newest complete one the store listed
+    before its RayJob appeared, and after a notice from the emergency checkpoint it recorded."""
+    problems = []
+    for before, attempt in zip([{}, *attempts], attempts, strict=False):
+        number = int(attempt["attempt"])
+        resumed = int(attempt.get("resumedFrom") or 0)
+        reported = "resumedFrom" in attempt or attempt.get("outcome") == "Succeeded"  # 0: a fresh start
+        if reported and resumed < complete_before.get(number, 0):
+            problems.append(
+                f"attempt {number} resumed from {resumed}, but checkpoint-{complete_before[number]} was complete"
+            )
+        emergency = emergency_step(str(before.get("message") or "")) if before.get("reason") == "SpotNotice" else None
+        if emergency is not None and "resumedFrom" in attempt and resumed != emergency:
+            problems.append(f"attempt {number} resumed from {resumed}, not the emergency checkpoint {emergency}")
+    return problems
+
+
+def run_trial(campaign: RealPodsCampaign, number: int, seed: int, faults: list[Fault]) -> TrialResult:
+    trial = RealPodsTrial(campaign, number, seed, faults)
+    result = trial.run()
+    if result.problems:
+        record = {"result": asdict(result), "history": [{"t": t, "status": s} for t, s in trial.history]}
+        (trial.dir / "trial.json").write_text(json.dumps(record, indent=2, default=str))
+        campaign.keep_logs(trial.dir)
+        result.kept = str(trial.dir)
+    else:
+        shutil.rmtree(trial.dir, ignore_errors=True)
+    bed = campaign.bed
+    bed.kubectl("delete", "trainingrun", trial.name, "-n", NAMESPACE, "--wait=false", check=False)
+    # The next trial's pods need the nodes' room: wait until this one's are gone (its RayJobs and
+    # clusters go with the run, by owner references).
+    tb.wait_until(
+        f"the pods of run {trial.name} gone",
+        lambda: not campaign.pods(NAMESPACE, f"{RUN_LABEL}={trial.name}"),
+        timeout=300,
+        interval=2,
+    )
+    return result
+
+
+def campaign_trials(
+    campaign: RealPodsCampaign, numbers: range, seed: int, kinds: list[str] | None, log: TrialLog | None
+) -> list[TrialResult]:
+    """The trials ``numbers``, one at a time (two nodes hold one run); each one's faults depend on
+    (seed, number) only, so a campaign split over several runs draws the same trials."""
+    chosen = kinds or list(KINDS_ON_REAL_PODS)
+    results = []
+    for number in numbers:
+        rng = random.Random(seed * 100_003 + number)
+        lead = chosen[(number - 1) % len(chosen)]
+        faults = nemesis.draw_faults(rng, campaign.pace, lead, KINDS_ON_REAL_PODS)
+        result = run_trial(campaign, number, seed * 100_003 + number, faults)
+        nemesis.print_result(result)
+        if log is not None:
+            log.append(result)
+        results.append(result)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--first", type=int, default=1, help="number of the first trial (a campaign run in parts)")
+    parser.add_argument(
+        "--log",
+        type=Path,
+        default=RESULTS_DIR / "nemesis-real-pods-trials.jsonl",
+        help="append each judged trial here; bench/results/nemesis_real_pods.json summarizes every trial in it",
+    )
+    parser.add_argument("--summarize", action="store_true", help="run nothing: rewrite the result from --log")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kinds", default="", help="comma-separated fault kinds to lead trials (default: all)")
+    parser.add_argument("--workdir", type=Path, default=None, help="the cluster's and kept logs' directory")
+    parser.add_argument("--no-write", action="store_true", help="write no result and no trial log")
+    args = parser.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k] or None
+    for kind in kinds or []:
+        if kind not in KINDS_ON_REAL_PODS:
+            parser.error(f"unknown fault kind {kind!r}; known: {', '.join(KINDS_ON_REAL_PODS)}")
+    log = None if args.no_write else args.log
+    signal.signal(signal.SIGTERM, nemesis.stop_like_ctrl_c)
+    if not args.summarize:
+        ran = run_campaign(args, kinds, log)
+        if log is None:
+            return 0 if all(not r.problems for r in ran) else 1
+    if log is None or not log.exists():
+        parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
+    every_run, stamps = TrialLog.read(log)
+    results, earlier = nemesis.latest_runs(every_run, stamps)
+    details = nemesis.summary(results, KINDS_ON_REAL_PODS) | {
+        "earlier_runs": earlier,
+        "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
+        "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
+        "campaign_seeds": sorted({stamp["campaign_seed"] for stamp in stamps}),
+        "pace": asdict(REAL_PODS_PACE),
+        "where": "real pods: real kubelets, containerd and runc; the chart's controller and MinIO as pods; KubeRay",
+        "machine": machine_details(),
+    }
+    ratio = details["passes"] / max(1, details["trials"])
+    command = " ".join(["python -m bench.nemesis_real_pods", *sys.argv[1:]])
+    path = write_result("nemesis_real_pods", ratio, ">= 1.0", "every trial keeps every promise", command, details)
+    print(f"[nemesis-real-pods] wrote {path} ({details['trials']} trials in {log})")
+    return 0 if ratio == 1.0 else 1
+
+
+def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | None) -> list[TrialResult]:
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotray-nemesis-real-"))
+    print(f"[nemesis-real-pods] work directory (failed trials keep their logs here): {workdir}", flush=True)
+    if subprocess.run([str(ROOT / "hack" / "testbed" / "images.sh"), "--check"], check=False).returncode != 0:
+        raise SystemExit("the test bed's images are missing or older than the sources: run `make testbed`")
+    started = time.monotonic()
+    trial_log = TrialLog(log, args.seed, 1) if log is not None else None
+    numbers = range(args.first, args.first + args.trials)
+    with cluster_demo.demo_cluster(workdir / "cluster") as cluster:
+        campaign = RealPodsCampaign(cluster, workdir)
+        results = campaign_trials(campaign, numbers, args.seed, kinds, trial_log)
+    passed = sum(1 for r in results if not r.problems)
+    minutes = (time.monotonic() - started) / 60
+    print(f"[nemesis-real-pods] trials {numbers.start}-{numbers.stop - 1}: {passed}/{len(results)} passed "
+          f"in {minutes:.1f} min", flush=True)  # fmt: skip
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())
