@@ -68,7 +68,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -114,14 +114,6 @@ LIVENESS_PERIOD_S, LIVENESS_FAILURES = 20.0, 3
 
 SUCCEEDED_ = ("Succeeded", "TrainingFinished")
 INTERRUPTED = ("Interrupted", "InfrastructureFault")
-
-
-# Every process the test bed starts dies with the thread that started it (its PR_SET_PDEATHSIG
-# follows the parent thread, not the process). A fault's own thread ends with the fault, and a
-# campaign ends before the test bed it borrowed (the e2e smoke shares the session's): so the API
-# server, the operator and the controller are (re)started from this thread, which lives as long as
-# the process. It was once the campaign's own, and the API server it restarted died with it.
-STARTER = ThreadPoolExecutor(1, thread_name_prefix="nemesis-starter")
 
 
 @dataclass(frozen=True)
@@ -274,11 +266,8 @@ class Controller:
 
     def start(self) -> None:
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "spotray.controller"],
-                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                preexec_fn=tb._die_with_parent,  # noqa: PLW1509 - only prctl
-            )  # fmt: skip
+            command = [sys.executable, "-m", "spotray.controller"]
+            self.proc = tb.popen_dying_with_us(command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         try:
             tb.wait_until("the controller's /healthz", self.healthy, timeout=90, interval=0.5)
         except TimeoutError:  # kept running: the liveness probe restarts it if it never gets there
@@ -501,7 +490,6 @@ class Campaign:
         self.proxy = FaultProxy(s3.port, upload_bytes_per_s=pace.upload_bytes_per_s)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
         self.heads_lock = threading.Lock()
-        self.starter = STARTER
         pod_env = {**s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
                    "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
         self.ray_heads = RayHeads(workdir / "ray", pod_env, warm_heads, heads_needed)
@@ -531,7 +519,7 @@ class Campaign:
             self.controller = Controller(
                 kubeconfig, self.namespace, self.workdir / "controller.log", self.proxy.endpoint_url
             )
-            self.in_starter(self.controller.start)
+            self.controller.start()
             self.ray_heads.fill()
             yield self
         finally:
@@ -541,10 +529,6 @@ class Campaign:
             self.proxy.stop()
             self.bed.kubectl("delete", "clusterrolebinding", f"nemesis-{self.namespace}", check=False)
             self.bed.set_default_ray_head(shared_head)
-
-    def in_starter(self, start: Callable[..., Any], *args: Any) -> Any:
-        """Call ``start`` (which starts a process) in the starter thread, and wait for it."""
-        return self.starter.submit(start, *args).result()
 
     def _s3_secret(self) -> None:
         env = {**self.s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url}
@@ -612,7 +596,7 @@ class Campaign:
                 with self.controller.lock:
                     self.controller.kill()
                     time.sleep(down)
-                    self.in_starter(self.controller.start)
+                    self.controller.start()
                 return f"down {down:.1f} s"
             if kind == "controller-pause":
                 with self.controller.lock:
@@ -622,7 +606,7 @@ class Campaign:
                     self.controller.resume()
                 return f"stopped {down:.1f} s"
             if kind == "apiserver-kill":
-                self.in_starter(self.bed.restart_apiserver, down)
+                self.bed.restart_apiserver(down)
                 return f"down {down:.1f} s"
             if kind == "apiserver-silent":
                 self.bed.pause("kube-apiserver")
@@ -632,7 +616,7 @@ class Campaign:
                     self.bed.resume("kube-apiserver")
                 return f"silent {down:.1f} s"
             if kind == "kuberay-restart":
-                self.in_starter(self.bed.restart, "ray-operator", down)
+                self.bed.restart("ray-operator", down)
                 return f"down {down:.1f} s"
             mode = {"s3-refuse": "refuse", "s3-silent": "silent", "s3-500": "error500"}[kind]
             with fault(self.proxy, mode):
@@ -774,7 +758,7 @@ class Campaign:
                         )
                 time.sleep(rng.uniform(0, 5))
                 with self.controller.lock:
-                    self.in_starter(self.controller.start)
+                    self.controller.start()
             time.sleep(3)
             self.bed.restore_node(node)
         return node, [(name, number, bool(killed[name, number])) for name, number in hit]

@@ -14,9 +14,9 @@ a drawn number of seconds into an attempt's start-up:
   with their grace period so the preStop drain takes the emergency checkpoint in the container, then
   the VM gone), or lost without notice (``node-lost``: the VM gone, then the pods marked
   DisruptionTarget and deleted with the Node), or lost while the controller is down (its Deployment
-  scaled to 0 and its pod force-deleted first, scaled back once the RayJob failed); a new spot VM
+  scaled to 0 and its pod killed first, scaled back once the RayJob failed); a new spot VM
   joins ``SPOT_BACK_AFTER_S`` later;
-- the controller's pod force-deleted (its Deployment starts another); MinIO's pod force-deleted (its
+- the controller's pod killed (its Deployment starts another); MinIO's pod killed (its
   StatefulSet starts it again on the same volume);
 - the API server SIGKILLed and started again, or SIGSTOPped; the KubeRay operator SIGKILLed and
   started again (bench/nemesis.py's);
@@ -93,11 +93,11 @@ KINDS_ON_REAL_PODS: dict[str, KindOfFault] = {
     "node-lost-controller-down": KindOfFault(
         "run", KINDS["node-lost"].judged, "the worker's spot node gone while the controller's Deployment is at 0"
     ),
-    "controller-kill": KindOfFault("cluster", (), "the controller's pod force-deleted (its Deployment starts another)"),
+    "controller-kill": KindOfFault("cluster", (), "the controller's pod killed (its Deployment starts another)"),
     "apiserver-kill": KINDS["apiserver-kill"],
     "apiserver-silent": KINDS["apiserver-silent"],
     "kuberay-restart": KINDS["kuberay-restart"],
-    "s3-restart": KindOfFault("cluster", (), "MinIO's pod force-deleted (its StatefulSet starts it again)"),
+    "s3-restart": KindOfFault("cluster", (), "MinIO's pod killed (its StatefulSet starts it again)"),
     "rayjob-deleted": KINDS["rayjob-deleted"],
     "driver-killed": KINDS["driver-killed"],
     "spot-notice": KINDS["spot-notice"],
@@ -231,12 +231,11 @@ class RealPodsCampaign:
         """Act on a shared part; returns what was done. Holds it down, then brings it back."""
         with self.cluster_lock:
             if kind in ("controller-kill", "s3-restart"):
-                selector = CONTROLLER if kind == "controller-kill" else MINIO
-                self.force_delete(SYSTEM, selector)
-                return "pod force-deleted"
+                self.kill_pods(SYSTEM, CONTROLLER if kind == "controller-kill" else MINIO)
+                return "pod killed"
             down = rng.uniform(*KINDS_ON_REAL_PODS[kind].held_s)
             if kind == "apiserver-kill":
-                in_starter(self.bed.restart_apiserver, down)
+                self.bed.restart_apiserver(down)
                 return f"down {down:.1f} s"
             if kind == "apiserver-silent":
                 self.bed.pause("kube-apiserver")
@@ -245,13 +244,14 @@ class RealPodsCampaign:
                 finally:
                     self.bed.resume("kube-apiserver")
                 return f"silent {down:.1f} s"
-            in_starter(self.bed.restart, "ray-operator", down)  # kuberay-restart
+            self.bed.restart("ray-operator", down)  # kuberay-restart
             return f"down {down:.1f} s"
 
-    def force_delete(self, namespace: str, selector: str) -> None:
-        self.bed.kubectl(
-            "delete", "pod", "-n", namespace, "-l", selector, "--force", "--grace-period=0", "--wait=false"
-        )  # fmt: skip
+    def kill_pods(self, namespace: str, selector: str) -> None:
+        """Delete the pods with a grace period of 1 s: their processes SIGTERMed, SIGKILLed a second
+        later. Not forced: the object stays until the kubelet confirms, so the controller that
+        replaces it (Deployment, StatefulSet) never runs a second one beside it on the same data."""
+        self.bed.kubectl("delete", "pod", "-n", namespace, "-l", selector, "--grace-period=1", "--wait=false")
 
     def lose_node(self, run: str, attempt: int, kind: str) -> str:
         """The attempt's worker node reclaimed or lost (``kind``); a new spot VM joins after
@@ -259,10 +259,12 @@ class RealPodsCampaign:
         node = self.worker_node(run, attempt)
         if not node:
             return ""
-        with self.cluster_lock:
-            controller_down = kind == "node-lost-controller-down"
+        controller_down = kind == "node-lost-controller-down"
+        with self.cluster_lock, contextlib.ExitStack() as back:
             if controller_down:
+                back.callback(self.scale_controller, 1)  # whatever fails below: the next trials need it
                 self.scale_controller(0)
+            back.callback(self.spot_node_back)
             if kind == "spot-reclaim":
                 self.bed.reclaim_real_node(node)
             else:
@@ -273,18 +275,19 @@ class RealPodsCampaign:
                     tb.wait_until(
                         f"RayJob {rayjob_name(run, attempt)} to fail", lambda: self.job_ended(run, attempt), 180
                     )
-            time.sleep(cluster_demo.SPOT_BACK_AFTER_S)
-            in_starter(self.bed.start_real_node, self.spot_node)  # a new spot VM, same name
-            self.bed.wait_real_nodes_ready([self.spot_node.name])
-            if controller_down:
-                self.scale_controller(1)
         return node
+
+    def spot_node_back(self) -> None:
+        """A new spot VM of the same name joins SPOT_BACK_AFTER_S after the old one went."""
+        time.sleep(cluster_demo.SPOT_BACK_AFTER_S)
+        self.bed.start_real_node(self.spot_node)
+        self.bed.wait_real_nodes_ready([self.spot_node.name])
 
     def scale_controller(self, replicas: int) -> None:
         deployment = "deployment/spotray-controller"
         self.bed.kubectl("scale", deployment, "-n", SYSTEM, f"--replicas={replicas}")
         if replicas == 0:  # gone at once, as a killed process is, not after its graceful stop
-            self.force_delete(SYSTEM, CONTROLLER)
+            self.kill_pods(SYSTEM, CONTROLLER)
             tb.wait_until("the controller's pod gone", lambda: not self.pods(SYSTEM, CONTROLLER), 120)
         else:
             self.bed.kubectl("rollout", "status", deployment, "-n", SYSTEM, "--timeout=180s")
@@ -302,13 +305,6 @@ class RealPodsCampaign:
         logs = self.bed.kubectl("logs", "-n", SYSTEM, "deployment/spotray-controller", "--tail=-1", check=False)
         (into / "controller.log").write_text(logs.stdout + logs.stderr)
         (into / "diagnose.txt").write_text(cluster_demo.diagnose(self.bed, log_lines=200))
-
-
-STARTER = nemesis.STARTER  # processes (API server, operator, a node) die with the thread that started them
-
-
-def in_starter(start: Any, *args: Any) -> Any:
-    return STARTER.submit(start, *args).result()
 
 
 class RealPodsTrial:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -117,6 +118,22 @@ def _die_with_parent() -> None:
     """Runs in the child before exec: SIGKILL it when the test process dies, even by SIGKILL."""
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+# PR_SET_PDEATHSIG fires when the *thread* that forked the child ends, not the process: a process
+# started from a short-lived thread (a fault's, a benchmark's reclaimer) was SIGKILLed as that thread
+# ended (the nemesis campaign lost a restarted API server so). So every process the test bed starts
+# is forked from this one thread, which lives as long as the process.
+_FORKER = ThreadPoolExecutor(1, thread_name_prefix="testbed-forker")
+
+
+def popen_dying_with_us(argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+    """``subprocess.Popen(argv, **options)``, the child SIGKILLed when this process dies (even by
+    SIGKILL), whichever thread asks."""
+    started: subprocess.Popen[bytes] = _FORKER.submit(
+        subprocess.Popen, argv, preexec_fn=_die_with_parent, **options
+    ).result()
+    return started
 
 
 def marked_processes(marker_value: str | None = None) -> list[int]:
@@ -347,7 +364,7 @@ class Testbed:
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{name}.log").open("ab") as log:
-            proc = subprocess.Popen(
+            proc = popen_dying_with_us(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -355,7 +372,6 @@ class Testbed:
                 env={**os.environ, **(env or {}), MARKER: self.marker},
                 # Its own process group, so teardown can kill it with all its children.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl, no locks
             )
         self.procs[name] = proc
         self.commands[name] = (argv, env)
@@ -1035,10 +1051,9 @@ class RayHead:
             "--num-cpus", str(self.num_cpus), "--temp-dir", str(self.temp_dir), "--disable-usage-stats",
         ]  # fmt: skip
         with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True, preexec_fn=_die_with_parent,  # noqa: PLW1509 - only prctl
-            )  # fmt: skip
+            self.proc = popen_dying_with_us(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.session = (self.proc.pid, start_time(self.proc.pid))
         try:
             wait_until(f"Ray dashboard at {self.dashboard_url}", self._jobs_api_up, timeout=120, interval=1)
