@@ -1090,27 +1090,30 @@ def outcomes_allowed(
     attempts: list[dict[str, Any]], landings: list[Landing], pace: Pace, kinds: dict[str, KindOfFault] = KINDS
 ) -> list[str]:
     """Each attempt's outcome is one that what hit it allows: a run fault's own, or (no run fault)
-    finished, or interrupted by an infrastructure fault, which spends nothing."""
+    finished, or interrupted by an infrastructure fault, which spends nothing. On kwok a run fault
+    ends its attempt; on real pods a worker lost without notice may be replaced inside it, and a later
+    run fault then ends it: any of the run faults that hit an attempt may say how it ended."""
     cluster_faults = any(kinds[land.kind].scope == "cluster" and not land.missed for land in landings)
-    by_attempt: dict[int, Landing] = {}
+    by_attempt: dict[int, list[Landing]] = {}
     before_start = {n for land in landings if land.trigger == "collateral" and land.missed for n in land.attempts}
     for land in landings:
         if kinds[land.kind].scope == "run" and not land.missed:
             for number in land.attempts:
-                by_attempt.setdefault(number, land)
+                by_attempt.setdefault(number, []).append(land)
     problems = []
     for attempt in attempts:
         number, pair = int(attempt["attempt"]), (attempt.get("outcome"), attempt.get("reason"))
-        hit = by_attempt.get(number)
+        hits = by_attempt.get(number, [])
         allowed = {INTERRUPTED} if cluster_faults else set()
-        if hit is None or max(hit.step, hit.reached) >= late_from(kinds[hit.kind], pace):  # it may have finished first
+        # The job may have finished before the fault took effect (or, on real pods, despite it).
+        if not hits or any(max(hit.step, hit.reached) >= late_from(kinds[hit.kind], pace) for hit in hits):
             allowed.add(SUCCEEDED_)
-        if hit is not None:
+        for hit in hits:
             allowed |= set(kinds[hit.kind].judged)
         if number in before_start:  # its pods lost before its job ran: either judgement is fair
             allowed |= {SUCCEEDED_, *KINDS["node-lost"].judged}
         if pair not in allowed:
-            what = f"{hit.kind} at step {hit.step}" if hit else "no run fault"
+            what = ", ".join(f"{hit.kind} at step {hit.step}" for hit in hits) or "no run fault"
             judged = f"attempt {number} judged {pair[0]}/{pair[1]} ({attempt.get('message')})"
             problems.append(f"{judged}; {what} allows {sorted(allowed)}")
     return problems

@@ -14,8 +14,10 @@ a drawn number of seconds into an attempt's start-up:
   with their grace period so the preStop drain takes the emergency checkpoint in the container, then
   the VM gone), or lost without notice (``node-lost``: the VM gone, then the pods marked
   DisruptionTarget and deleted with the Node), or lost while the controller is down (its Deployment
-  scaled to 0 and its pod killed first, scaled back once the RayJob failed); a new spot VM
-  joins ``SPOT_BACK_AFTER_S`` later;
+  scaled to 0 and its pod killed first, scaled back once the RayJob ended or 30 s passed); a new
+  spot VM joins ``SPOT_BACK_AFTER_S`` later. A worker lost without notice may be replaced inside
+  the attempt (Ray Train's restart of its worker group), which then finishes: that is allowed,
+  and its restart is judged as every worker group start is (below);
 - the controller's pod killed (its Deployment starts another); MinIO's pod killed (its
   StatefulSet starts it again on the same volume);
 - the API server SIGKILLed and started again, or SIGSTOPped; the KubeRay operator SIGKILLed and
@@ -25,11 +27,13 @@ a drawn number of seconds into an attempt's start-up:
 The checker asserts for each trial: the run Succeeded with every step and its last checkpoint at the
 last step; attempts numbered 1..n, each RayJob created once (the audit log) and seen as one object,
 an outcome never changed once given, budgets never going down; each outcome one its fault allows
-and the budgets spent equal to the outcomes; every attempt resumed from a checkpoint no older than
-the newest complete one the store held when its RayJob appeared, and from the emergency checkpoint
-after a notice. Not checked here (the kwok campaign checks it): the batch trained at every step (the
-job's sample log stays in its container). A trial that fails keeps its status history, landings,
-the controller's log and the pods' logs.
+and the budgets spent equal to the outcomes; every worker group (an attempt's, or Ray Train's restart
+inside one) resumed from a checkpoint no older than the newest complete one the store listed before
+it started (the jobs' progress records say where and when each started; the campaign lists the store
+every 2 s), and an attempt after a notice from the notice's emergency checkpoint. Not checked here
+(the kwok campaign checks it): the batch trained at every step (the job's sample log stays in its
+container). A trial that fails keeps its status history, landings, the controller's log and the
+pods' logs.
 
 Result: bench/results/nemesis_real_pods.json (ratio: trials that kept every promise / trials; goal 1.0).
 
@@ -70,6 +74,7 @@ import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 from spotray.contract.names import ATTEMPT_LABEL, GROUP, PLURAL, RUN_LABEL, TERMINAL_PHASES, VERSION, rayjob_name  # noqa: E402
 from spotray.contract.uris import parse_uri  # noqa: E402
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME  # noqa: E402
+from spotray.train.records.progress_log import MAX_PROGRESS_BYTES, AttemptProgress  # noqa: E402
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore, StoreConfig  # noqa: E402
 
 tb = cluster_demo.tb
@@ -78,9 +83,17 @@ SYSTEM = cluster_demo.SYSTEM_NAMESPACE
 CONTROLLER = "app.kubernetes.io/component=controller"
 MINIO = "app.kubernetes.io/component=minio"
 TRIAL_TIMEOUT_S = 1500.0
+# A node lost while the controller is down: it stays down until the RayJob ended, or this long.
+CONTROLLER_DOWN_S = 30.0
 POLL_S = 2.0  # the controller refreshes a run's status every 2 s (the chart's reconcileIntervalSeconds here)
 # Full trainings of the demo's model, paced like a real one: a notice's drain has steps left to stop.
 REAL_PODS_PACE = Pace(steps=120, every=20, step_seconds=0.5)
+
+# A worker's node lost without notice, the head on its on-demand node untouched: Ray Train replaces the
+# worker when a new one joins and goes on inside the attempt from the newest complete checkpoint
+# (train/launch/launcher.py, max_failures=-1), so the attempt may finish; or the job ends and the
+# attempt is Preempted (NodeLost). On kwok the fault takes the job's processes, so only the latter.
+WORKER_LOST = (*KINDS["node-lost"].judged, nemesis.SUCCEEDED_)
 
 KINDS_ON_REAL_PODS: dict[str, KindOfFault] = {
     "spot-reclaim": KindOfFault(
@@ -89,9 +102,9 @@ KINDS_ON_REAL_PODS: dict[str, KindOfFault] = {
         "the worker's spot node reclaimed: its pods evicted with their grace period, then the VM gone",
         notice=True,
     ),
-    "node-lost": KindOfFault("run", KINDS["node-lost"].judged, "the worker's spot node gone without notice"),
+    "node-lost": KindOfFault("run", WORKER_LOST, "the worker's spot node gone without notice"),
     "node-lost-controller-down": KindOfFault(
-        "run", KINDS["node-lost"].judged, "the worker's spot node gone while the controller's Deployment is at 0"
+        "run", WORKER_LOST, "the worker's spot node gone while the controller's Deployment is at 0"
     ),
     "controller-kill": KindOfFault("cluster", (), "the controller's pod killed (its Deployment starts another)"),
     "apiserver-kill": KINDS["apiserver-kill"],
@@ -180,29 +193,52 @@ class RealPodsCampaign:
             return None
         return list(found.get("items") or [])
 
-    def store_keys(self, run: str) -> list[str] | None:
-        """The run's checkpoint prefix as MinIO lists it, by MinIO's pod address now (a restarted
-        MinIO pod may have another); None while it cannot be read."""
+    def store(self, run: str) -> S3ObjectStore | None:
+        """The run's checkpoint prefix in MinIO, by MinIO's pod address now (a restarted MinIO pod may
+        have another); None while that cannot be read."""
         try:
             (minio,) = self.core.list_namespaced_pod(SYSTEM, label_selector=MINIO, _request_timeout=(3, 5)).items
-            address = minio.status.pod_ip if minio.status else None
-            if not address:
-                return None
-            env = self.cluster.s3_env
-            store_config = StoreConfig(
-                endpoint_url=f"http://{address}:9000",
-                region=env["AWS_REGION"],
-                access_key_id=env["AWS_ACCESS_KEY_ID"],
-                secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-                # Bounded against a MinIO that accepts and does not answer: one try, 5 s.
-                connect_timeout_s=3,
-                read_timeout_s=5,
-                request_attempts=1,
-            )
-            uri = parse_uri(f"s3://{cluster_demo.BUCKET}/runs/{run}")
-            return [info.key for info in S3ObjectStore(uri, store_config, RetryPolicy(deadline_s=5)).list("")]
-        except Exception:  # noqa: BLE001 - MinIO restarting, or the API server held
+        except Exception:  # noqa: BLE001 - the API server held by a fault, or MinIO between pods
             return None
+        address = minio.status.pod_ip if minio.status else None
+        if not address:
+            return None
+        env = self.cluster.s3_env
+        store_config = StoreConfig(
+            endpoint_url=f"http://{address}:9000",
+            region=env["AWS_REGION"],
+            access_key_id=env["AWS_ACCESS_KEY_ID"],
+            secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+            # Bounded against a MinIO that accepts and does not answer: one try, 5 s.
+            connect_timeout_s=3,
+            read_timeout_s=5,
+            request_attempts=1,
+        )
+        uri = parse_uri(f"s3://{cluster_demo.BUCKET}/runs/{run}")
+        return S3ObjectStore(uri, store_config, RetryPolicy(deadline_s=5))
+
+    def store_keys(self, run: str) -> list[str] | None:
+        """Every key under the run's checkpoint prefix; None while it cannot be read."""
+        store = self.store(run)
+        try:
+            return [info.key for info in store.list("")] if store is not None else None
+        except Exception:  # noqa: BLE001 - MinIO restarting
+            return None
+
+    def worker_group_starts(self, run: str) -> list[tuple[int, int, float]]:
+        """(attempt, step resumed from, when) of every worker group the run's jobs started, each
+        attempt's first and each restart inside one, from the attempts' progress records."""
+        store = self.store(run)
+        if store is None:
+            raise RuntimeError(f"MinIO unreadable: the progress records of {run} cannot be read")
+        starts = []
+        for info in store.list(""):
+            if re.search(r"attempt-\d+\.progress\.json$", info.key):
+                progress = AttemptProgress.from_json(store.get_bytes(info.key, max_bytes=MAX_PROGRESS_BYTES))
+                if progress.started is not None:
+                    starts.append((progress.attempt, progress.resumed_from or 0, progress.started))
+                starts += [(progress.attempt, step, at) for step, at in progress.restarts]
+        return sorted(starts, key=lambda start: start[2])
 
     def worker_node(self, run: str, attempt: int) -> str:
         selector = f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt},ray.io/node-type=worker"
@@ -270,11 +306,11 @@ class RealPodsCampaign:
             else:
                 self.bed.lose_real_node(node)
             if controller_down:
-                # What the controller finds when it is back: the RayJob failed, the pods and node gone.
+                # What the controller finds when it is back: the pods and node gone, and the RayJob
+                # ended, or (Ray Train waiting for a worker to replace the lost one) still running.
                 with contextlib.suppress(TimeoutError):
-                    tb.wait_until(
-                        f"RayJob {rayjob_name(run, attempt)} to fail", lambda: self.job_ended(run, attempt), 180
-                    )
+                    ended = f"RayJob {rayjob_name(run, attempt)} to end"
+                    tb.wait_until(ended, lambda: self.job_ended(run, attempt), CONTROLLER_DOWN_S)
         return node
 
     def spot_node_back(self) -> None:
@@ -318,10 +354,8 @@ class RealPodsTrial:
         self.history: list[tuple[float, dict[str, Any]]] = []
         self.rayjob_uids: dict[str, set[str]] = {}
         self.appeared: dict[int, float] = {}  # attempt -> when its RayJob was first seen
-        self.complete_before: dict[int, int] = {}  # attempt -> the newest complete checkpoint then
-        self.newest = 0  # the newest complete checkpoint the store listed
+        self.complete: list[tuple[float, int]] = []  # (unix time, the newest complete checkpoint listed then)
         self.keys: list[str] = []
-        self.steps: dict[int, int] = {}  # attempt -> the newest step the status showed while it ran
         self.landings: list[Landing] = []
         self.in_flight: threading.Thread | None = None
         self.started = self.since = 0.0
@@ -364,7 +398,7 @@ class RealPodsTrial:
         return TrialResult(
             self.number, self.seed, self.faults, self.landings, problems, round(time.monotonic() - self.started, 1),
             [f"{a.get('attempt')} {a.get('outcome')}/{a.get('reason')}" for a in attempts],
-            steps_lost(attempts, self.steps),
+            list((self.last_status().get("goodput") or {}).get("stepsRedone") or []),
         )  # fmt: skip
 
     # -- following the run ------------------------------------------------------------------------
@@ -382,19 +416,17 @@ class RealPodsTrial:
 
     def observe(self, now: float) -> None:
         if (keys := self.campaign.store_keys(self.name)) is not None:
-            self.keys, self.newest = keys, max(self.newest, newest_complete(keys))
+            self.keys = keys
+            self.complete.append((time.time(), newest_complete(keys)))
         for job in self.campaign.rayjobs(self.name) or []:
             meta = job["metadata"]
             self.rayjob_uids.setdefault(meta["name"], set()).add(meta["uid"])
             attempt = int(meta.get("labels", {}).get(ATTEMPT_LABEL, 0))
             if attempt not in self.appeared:
                 self.appeared[attempt] = now
-                self.complete_before[attempt] = self.newest
         status = self.campaign.run_status(self.name)
         if status is not None:
             self.history.append((now, status))
-            if attempt := self.running_attempt():
-                self.steps[attempt] = max(self.steps.get(attempt, 0), self.step())
 
     def due(self, fault: Fault, now: float) -> bool:
         trained = bool(self.running_attempt()) and self.step() > 0
@@ -443,17 +475,6 @@ class RealPodsTrial:
         return landing
 
 
-def steps_lost(attempts: list[dict[str, Any]], steps: dict[int, int]) -> list[int]:
-    """For each attempt after the first: the newest step seen while the one before it ran, less
-    where it resumed (the steps trained again)."""
-    lost = []
-    for before, after in itertools.pairwise(attempts):
-        reached = steps.get(int(before["attempt"]))
-        if reached is not None and after.get("resumedFrom") is not None:
-            lost.append(max(0, reached - int(after["resumedFrom"])))
-    return lost
-
-
 def judge(trial: RealPodsTrial) -> list[str]:
     """Every promise the run broke, as sentences; empty when it kept them all."""
     final = trial.last_status()
@@ -485,24 +506,42 @@ def judge(trial: RealPodsTrial) -> list[str]:
     )
     if spent != counted:
         problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
-    return problems + resumes_judged(attempts, trial.complete_before)
+    try:
+        starts = trial.campaign.worker_group_starts(trial.name)
+    except Exception as error:  # noqa: BLE001 - unjudged is a problem too
+        return [*problems, f"the progress records unreadable: {error!r}"]
+    return problems + resumes_judged(starts, trial.complete) + emergency_resumes(attempts)
 
 
-def resumes_judged(attempts: list[dict[str, Any]], complete_before: dict[int, int]) -> list[str]:
-    """Each attempt resumed from a checkpoint no older than the newest complete one the store listed
-    before its RayJob appeared, and after a notice from the emergency checkpoint it recorded."""
+# A worker group decides where it resumes as it starts, before its training loop begins (``started``):
+# a checkpoint listed complete this long before that was there to take.
+RESUME_DECIDED_S = 5.0
+
+
+def resumes_judged(starts: list[tuple[int, int, float]], complete: list[tuple[float, int]]) -> list[str]:
+    """Every worker group (an attempt's, or a restart's inside one) resumed from a checkpoint no
+    older than the newest complete one the store listed before it started."""
     problems = []
-    for before, attempt in zip([{}, *attempts], attempts, strict=False):
-        number = int(attempt["attempt"])
-        resumed = int(attempt.get("resumedFrom") or 0)
-        reported = "resumedFrom" in attempt or attempt.get("outcome") == "Succeeded"  # 0: a fresh start
-        if reported and resumed < complete_before.get(number, 0):
+    for attempt, resumed, started in starts:
+        listed = [newest for at, newest in complete if at <= started - RESUME_DECIDED_S]
+        newest = max(listed, default=0)
+        if resumed < newest:
             problems.append(
-                f"attempt {number} resumed from {resumed}, but checkpoint-{complete_before[number]} was complete"
+                f"a worker group of attempt {attempt} resumed from {resumed}, but checkpoint-{newest} was complete"
             )
+    return problems
+
+
+def emergency_resumes(attempts: list[dict[str, Any]]) -> list[str]:
+    """After a notice, the next attempt resumed from the emergency checkpoint the notice's attempt recorded."""
+    problems = []
+    for before, attempt in itertools.pairwise(attempts):
         emergency = emergency_step(str(before.get("message") or "")) if before.get("reason") == "SpotNotice" else None
-        if emergency is not None and "resumedFrom" in attempt and resumed != emergency:
-            problems.append(f"attempt {number} resumed from {resumed}, not the emergency checkpoint {emergency}")
+        if emergency is not None and "resumedFrom" in attempt and int(attempt["resumedFrom"]) != emergency:
+            problems.append(
+                f"attempt {attempt['attempt']} resumed from {attempt['resumedFrom']}, not the emergency "
+                f"checkpoint {emergency}"
+            )
     return problems
 
 

@@ -17,11 +17,12 @@ from bench.nemesis import Landing, draw_faults, outcomes_allowed
 from bench.nemesis_real_pods import (
     KINDS_ON_REAL_PODS,
     REAL_PODS_PACE,
+    RESUME_DECIDED_S,
     SIGNAL_JOB,
+    emergency_resumes,
     emergency_step,
     newest_complete,
     resumes_judged,
-    steps_lost,
 )
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
 
@@ -52,51 +53,50 @@ def test_the_newest_complete_checkpoint_is_the_newest_with_its_manifest() -> Non
     assert newest_complete([]) == 0
 
 
-def test_a_restart_from_the_newest_complete_checkpoint_passes() -> None:
-    attempts = [
-        attempt(1, "Preempted", "SpotNotice", NOTICE),
-        attempt(2, "Succeeded", "TrainingFinished", resumedFrom=57),
+# The store as the campaign listed it: (unix time, the newest complete checkpoint then).
+LISTED = [(100.0, 0), (110.0, 20), (120.0, 40), (130.0, 40), (140.0, 60)]
+
+
+def test_worker_groups_that_resumed_from_the_newest_complete_checkpoint_pass() -> None:
+    starts = [(1, 0, 90.0), (1, 40, 127.0), (2, 60, 150.0)]  # attempt 1, a restart inside it, attempt 2
+    assert resumes_judged(starts, LISTED) == []
+
+
+def test_a_restart_inside_an_attempt_from_an_older_checkpoint_fails() -> None:
+    starts = [(1, 0, 90.0), (1, 20, 131.0)]  # checkpoint-40 was listed complete at 120 s
+    assert resumes_judged(starts, LISTED) == [
+        "a worker group of attempt 1 resumed from 20, but checkpoint-40 was complete"
     ]
-    assert resumes_judged(attempts, {1: 0, 2: 57}) == []
 
 
-def test_a_restart_from_an_older_checkpoint_than_the_newest_complete_one_fails() -> None:
-    attempts = [
-        attempt(1, "Preempted", "NodeLost"),
-        attempt(2, "Succeeded", "TrainingFinished", resumedFrom=20),
+def test_a_new_attempt_that_started_afresh_though_a_checkpoint_was_complete_fails() -> None:
+    assert resumes_judged([(2, 0, 150.0)], LISTED) == [
+        "a worker group of attempt 2 resumed from 0, but checkpoint-60 was complete"
     ]
-    assert resumes_judged(attempts, {1: 0, 2: 40}) == ["attempt 2 resumed from 20, but checkpoint-40 was complete"]
 
 
-def test_a_succeeded_attempt_that_started_afresh_though_a_checkpoint_was_complete_fails() -> None:
-    attempts = [attempt(1, "Failed", "TrainingFailed"), attempt(2, "Succeeded", "TrainingFinished")]
-    assert resumes_judged(attempts, {2: 60}) == ["attempt 2 resumed from 0, but checkpoint-60 was complete"]
+def test_a_checkpoint_listed_just_before_a_group_started_was_not_there_when_it_chose() -> None:
+    # Listed at 140 s; the group that started at 143 s chose its checkpoint before RESUME_DECIDED_S.
+    assert resumes_judged([(2, 40, 140.0 + RESUME_DECIDED_S - 2)], LISTED) == []
+    assert resumes_judged([(2, 40, 140.0 + RESUME_DECIDED_S)], LISTED) != []
 
 
 def test_a_restart_after_a_notice_must_take_its_emergency_checkpoint() -> None:
-    attempts = [
-        attempt(1, "Preempted", "SpotNotice", NOTICE),
-        attempt(2, "Succeeded", "TrainingFinished", resumedFrom=60),
+    notice = attempt(1, "Preempted", "SpotNotice", NOTICE)
+    assert emergency_resumes([notice, attempt(2, "Succeeded", "TrainingFinished", resumedFrom=57)]) == []
+    assert emergency_resumes([notice, attempt(2, "Succeeded", "TrainingFinished", resumedFrom=60)]) == [
+        "attempt 2 resumed from 60, not the emergency checkpoint 57"
     ]
-    assert resumes_judged(attempts, {2: 40}) == ["attempt 2 resumed from 60, not the emergency checkpoint 57"]
+    # One that ended before it said where it resumed is not judged on it.
+    assert emergency_resumes([notice, attempt(2, "Interrupted", "InfrastructureFault")]) == []
 
 
-def test_an_attempt_that_ended_before_it_said_where_it_resumed_is_not_judged_on_it() -> None:
-    attempts = [
-        attempt(1, "Preempted", "SpotNotice", NOTICE),
-        attempt(2, "Interrupted", "InfrastructureFault"),  # no resumedFrom: it never trained
-        attempt(3, "Succeeded", "TrainingFinished", resumedFrom=57),
-    ]
-    assert resumes_judged(attempts, {2: 57, 3: 57}) == []
-
-
-def test_steps_lost_are_the_steps_seen_past_the_next_attempt_s_resume_point() -> None:
-    attempts = [
-        attempt(1, "Preempted", "NodeLost"),
-        attempt(2, "Preempted", "SpotNotice", NOTICE, resumedFrom=40),
-        attempt(3, "Succeeded", "TrainingFinished", resumedFrom=57),
-    ]
-    assert steps_lost(attempts, {1: 52, 2: 57, 3: 120}) == [12, 0]
+def test_a_worker_lost_without_notice_may_be_replaced_inside_its_attempt() -> None:
+    lost = Landing("node-lost", "step", [1], 18, "between checkpoints", 70.0)
+    for judged in (("Succeeded", "TrainingFinished"), ("Preempted", "NodeLost")):
+        assert outcomes_allowed([attempt(1, *judged)], [lost], REAL_PODS_PACE, KINDS_ON_REAL_PODS) == []
+    failed = [attempt(1, "Failed", "TrainingFailed")]
+    assert outcomes_allowed(failed, [lost], REAL_PODS_PACE, KINDS_ON_REAL_PODS) != []
 
 
 def test_a_reclaim_in_the_last_interval_may_find_the_job_finished_as_a_notice_may() -> None:
@@ -161,3 +161,15 @@ def test_a_killed_job_loses_its_shell_and_its_driver_and_the_script_spares_itsel
     assert sorted(signal_job(word, signal.SIGKILL, every=True)) == sorted([shell.pid, driver.pid])
     assert shell.wait(timeout=10) == driver.wait(timeout=10) == -signal.SIGKILL
     assert signal_job(word, signal.SIGKILL, every=True) == []  # nothing left, and it did not kill itself
+
+
+def test_an_attempt_that_survived_a_lost_worker_may_end_by_the_next_run_fault() -> None:
+    """Trial 3 of seed 1: the worker's node lost at step 27 (replaced inside attempt 1), then a reclaim
+    at step 67 ended attempt 1 with its emergency checkpoint."""
+    lost = Landing("node-lost-controller-down", "step", [1], 27, "between checkpoints", 80.0)
+    reclaimed = Landing("spot-reclaim", "step", [1], 67, "between checkpoints", 334.0, reached=76)
+    attempts = [attempt(1, "Preempted", "SpotNotice", NOTICE), attempt(2, "Succeeded", "TrainingFinished")]
+    assert outcomes_allowed(attempts, [lost, reclaimed], REAL_PODS_PACE, KINDS_ON_REAL_PODS) == []
+    failed = [attempt(1, "Failed", "TrainingFailed"), attempts[1]]
+    [problem] = outcomes_allowed(failed, [lost, reclaimed], REAL_PODS_PACE, KINDS_ON_REAL_PODS)
+    assert "node-lost-controller-down at step 27, spot-reclaim at step 67 allows" in problem
