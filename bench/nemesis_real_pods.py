@@ -568,6 +568,15 @@ def run_trial(campaign: RealPodsCampaign, number: int, seed: int, faults: list[F
     return result
 
 
+STOP = threading.Event()
+
+
+def stop_after_this_trial(signum: int, _frame: object) -> None:
+    name = signal.Signals(signum).name
+    print(f"[nemesis-real-pods] {name}: the trial in flight finishes, no new one starts", flush=True)
+    STOP.set()
+
+
 def campaign_trials(
     campaign: RealPodsCampaign, numbers: range, seed: int, kinds: list[str] | None, log: TrialLog | None
 ) -> list[TrialResult]:
@@ -576,6 +585,9 @@ def campaign_trials(
     chosen = kinds or list(KINDS_ON_REAL_PODS)
     results = []
     for number in numbers:
+        if STOP.is_set():
+            print(f"[nemesis-real-pods] stopped before trial {number}, as asked", flush=True)
+            break
         rng = random.Random(seed * 100_003 + number)
         lead = chosen[(number - 1) % len(chosen)]
         faults = nemesis.draw_faults(rng, campaign.pace, lead, KINDS_ON_REAL_PODS)
@@ -610,7 +622,10 @@ def main() -> int:
         if kind not in KINDS_ON_REAL_PODS:
             parser.error(f"unknown fault kind {kind!r}; known: {', '.join(KINDS_ON_REAL_PODS)}")
     log = None if args.no_write else args.log
-    signal.signal(signal.SIGTERM, nemesis.stop_like_ctrl_c)
+    # SIGINT or SIGTERM: the trial in flight finishes and is logged, no new one starts (a trial cut
+    # short would leave its run's pods and a fault's part held down).
+    signal.signal(signal.SIGTERM, stop_after_this_trial)
+    signal.signal(signal.SIGINT, stop_after_this_trial)
     if not args.summarize:
         ran = run_campaign(args, kinds, log)
         if log is None:
