@@ -68,7 +68,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -445,6 +445,26 @@ def rayjob_creations(bed: tb.Testbed, user: str, run: str) -> Counter[str]:
     return created
 
 
+CONTROL_PLANE_FAULTS = ("apiserver-kill", "apiserver-silent", "kuberay-restart")
+
+
+def control_plane_fault(bed: tb.Testbed, kind: str, down: float) -> str:
+    """One of CONTROL_PLANE_FAULTS on the test bed's own processes, held ``down`` seconds, then
+    brought back; returns what was done."""
+    if kind == "apiserver-kill":
+        bed.restart_apiserver(down)
+        return f"down {down:.1f} s"
+    if kind == "apiserver-silent":
+        bed.pause("kube-apiserver")
+        try:
+            time.sleep(down)
+        finally:
+            bed.resume("kube-apiserver")
+        return f"silent {down:.1f} s"
+    bed.restart("ray-operator", down)  # kuberay-restart
+    return f"down {down:.1f} s"
+
+
 def commit_window(keys: list[str], saved: list[int]) -> str:
     """Which checkpoints were being written when a fault fired: the commit window.
 
@@ -605,19 +625,8 @@ class Campaign:
                 with self.controller.lock:
                     self.controller.resume()
                 return f"stopped {down:.1f} s"
-            if kind == "apiserver-kill":
-                self.bed.restart_apiserver(down)
-                return f"down {down:.1f} s"
-            if kind == "apiserver-silent":
-                self.bed.pause("kube-apiserver")
-                try:
-                    time.sleep(down)
-                finally:
-                    self.bed.resume("kube-apiserver")
-                return f"silent {down:.1f} s"
-            if kind == "kuberay-restart":
-                self.bed.restart("ray-operator", down)
-                return f"down {down:.1f} s"
+            if kind in CONTROL_PLANE_FAULTS:
+                return control_plane_fault(self.bed, kind, down)
             mode = {"s3-refuse": "refuse", "s3-silent": "silent", "s3-500": "error500"}[kind]
             with fault(self.proxy, mode):
                 time.sleep(down)
@@ -949,15 +958,7 @@ class Trial:
 
     def _fire(self, fault: Fault, now: float) -> None:
         self.since = now
-
-        def inject() -> None:
-            try:
-                self.landings.append(self._inject(fault, now))
-            except Exception as error:  # noqa: BLE001 - recorded: a fault the campaign could not deliver
-                self.landings.append(Landing(fault.kind, fault.trigger, [], self.step, "", now, f"{error!r}", True))
-
-        self.in_flight = threading.Thread(target=inject, daemon=True)
-        self.in_flight.start()
+        self.in_flight = deliver(fault, now, self.step, self._inject, self.landings)
 
     def _inject(self, fault: Fault, now: float) -> Landing:
         campaign, attempt = self.campaign, self.job_attempt
@@ -1002,6 +1003,23 @@ class Trial:
         return landing
 
 
+def deliver(
+    fault: Fault, now: float, step: int, inject: Callable[[Fault, float], Landing], landings: list[Landing]
+) -> threading.Thread:
+    """``inject(fault, now)`` in a thread of its own (a fault may hold its part down for a while), its
+    landing added to ``landings``; a fault the campaign could not deliver is added missed, with why."""
+
+    def run() -> None:
+        try:
+            landings.append(inject(fault, now))
+        except Exception as error:  # noqa: BLE001 - recorded: a fault the campaign could not deliver
+            landings.append(Landing(fault.kind, fault.trigger, [], step, "", now, f"{error!r}", True))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
 def is_job_driver(pid: int) -> bool:
     """Whether ``pid`` is the job's Python driver itself. Ray's job supervisor runs the entrypoint through
     a shell, whose command line names the job too: a SIGTERM to that shell ended it (exit -15, a
@@ -1020,34 +1038,10 @@ def is_job_driver(pid: int) -> bool:
 def judge(trial: Trial) -> list[str]:
     """Every promise the run broke, as sentences; empty when it kept them all."""
     final = trial._last_status()
+    creations = trial.campaign.rayjob_creations(trial.name)
+    problems = promises_broken(final, trial.history, trial.rayjob_uids, creations, trial.landings, trial.campaign.pace)
     if final.get("phase") != "Succeeded":
-        return [f"phase {final.get('phase')}: {final.get('message')}"]
-    problems = []
-    progress, last = final.get("progress") or {}, final.get("lastCheckpoint") or {}
-    steps = trial.campaign.pace.steps
-    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (steps, steps, steps):
-        problems.append(
-            f"progress {progress.get('step')}/{progress.get('totalSteps')}, last checkpoint {last.get('step')}"
-        )
-    attempts = final.get("attempts") or []
-    numbers = [int(a["attempt"]) for a in attempts]
-    if numbers != list(range(1, len(numbers) + 1)):
-        problems.append(f"attempt numbers {numbers}: one was skipped or used twice")
-    problems += judged_once(trial.history)
-    for name, uids in trial.rayjob_uids.items():
-        if len(uids) > 1:
-            problems.append(f"RayJob {name} existed as {len(uids)} different objects: created again")
-    for name, count in trial.campaign.rayjob_creations(trial.name).items():
-        if count > 1:
-            problems.append(f"RayJob {name} created {count} times (audit log)")
-    problems += outcomes_allowed(attempts, trial.landings, trial.campaign.pace)
-    spent = (int(final.get("preemptions", 0)), int(final.get("failures", 0)))
-    counted = (
-        sum(a.get("outcome") == "Preempted" for a in attempts),
-        sum(a.get("outcome") == "Failed" for a in attempts),
-    )
-    if spent != counted:
-        problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
+        return problems
     for restart in restarts(trial.events):
         if restart["resumed"] < restart["complete"]:
             problems.append(f"resumed from {restart['resumed']}, but checkpoint-{restart['complete']} was complete")
@@ -1056,6 +1050,48 @@ def judge(trial: Trial) -> list[str]:
     reference = trial.campaign.reference_batches
     if reference is not None and trained_batches(trial.dir / "samples") != reference:
         problems.append("the batches trained differ from the uninterrupted run's")
+    return problems
+
+
+def promises_broken(
+    final: dict[str, Any],
+    history: list[tuple[float, dict[str, Any]]],
+    rayjob_uids: dict[str, set[str]],
+    creations: Counter[str],
+    landings: list[Landing],
+    pace: Pace,
+    kinds: dict[str, KindOfFault] = KINDS,
+) -> list[str]:
+    """The promises judged from the run's status (``final``, and its ``history`` as polled), the
+    RayJobs seen (name -> UIDs), the controller's RayJob creations (the audit log) and the faults'
+    landings: every test bed's checker starts here; a run that did not succeed breaks the first."""
+    if final.get("phase") != "Succeeded":
+        return [f"phase {final.get('phase')}: {final.get('message')}"]
+    problems = []
+    progress, last = final.get("progress") or {}, final.get("lastCheckpoint") or {}
+    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (pace.steps,) * 3:
+        problems.append(
+            f"progress {progress.get('step')}/{progress.get('totalSteps')}, last checkpoint {last.get('step')}"
+        )
+    attempts = final.get("attempts") or []
+    numbers = [int(a["attempt"]) for a in attempts]
+    if numbers != list(range(1, len(numbers) + 1)):
+        problems.append(f"attempt numbers {numbers}: one was skipped or used twice")
+    problems += judged_once(history)
+    for name, uids in rayjob_uids.items():
+        if len(uids) > 1:
+            problems.append(f"RayJob {name} existed as {len(uids)} different objects: created again")
+    for name, count in creations.items():
+        if count > 1:
+            problems.append(f"RayJob {name} created {count} times (audit log)")
+    problems += outcomes_allowed(attempts, landings, pace, kinds)
+    spent = (int(final.get("preemptions", 0)), int(final.get("failures", 0)))
+    counted = (
+        sum(a.get("outcome") == "Preempted" for a in attempts),
+        sum(a.get("outcome") == "Failed" for a in attempts),
+    )
+    if spent != counted:
+        problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
     return problems
 
 
@@ -1338,23 +1374,30 @@ def main() -> int:
             return 0 if all(not r.problems for r in ran) else 1
     if log is None or not log.exists():
         parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
+    where = "kwok test bed: real kube-apiserver, etcd, KubeRay, the controller, a Ray head per attempt, SeaweedFS"
+    return write_summary("nemesis", log, KINDS, CAMPAIGN_PACE, where)
+
+
+def write_summary(name: str, log: Path, kinds: dict[str, KindOfFault], pace: Pace, where: str) -> int:
+    """bench/results/<name>.json from every trial in ``log`` (each by its latest run); the exit code:
+    0 when every trial kept every promise. ``name`` is the campaign's module in bench/ too."""
     every_run, stamps = TrialLog.read(log)
     results, earlier = latest_runs(every_run, stamps)
-    details = summary(results) | {
+    details = summary(results, kinds) | {
         "earlier_runs": earlier,
         "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
         "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
         "campaign_seeds": sorted({stamp["campaign_seed"] for stamp in stamps}),
         "parallel": sorted({stamp["parallel"] for stamp in stamps}),
-        "pace": asdict(CAMPAIGN_PACE),
-        "where": "kwok test bed: real kube-apiserver, etcd, KubeRay, the controller, a Ray head per attempt, SeaweedFS",
+        "pace": asdict(pace),
+        "where": where,
         "machine": machine_details(),
     }
     ratio = details["passes"] / max(1, details["trials"])
     print(json.dumps({k: details[k] for k in ("trials", "passes", "windows", "fault_kinds", "commits")}, indent=2))
-    command = " ".join(["python -m bench.nemesis", *sys.argv[1:]])
-    path = write_result("nemesis", ratio, ">= 1.0", "every trial keeps every promise", command, details)
-    print(f"[nemesis] wrote {path} ({details['trials']} trials in {log})")
+    command = " ".join([f"python -m bench.{name}", *sys.argv[1:]])
+    path = write_result(name, ratio, ">= 1.0", "every trial keeps every promise", command, details)
+    print(f"[{name}] wrote {path} ({details['trials']} trials in {log})")
     return 0 if ratio == 1.0 else 1
 
 

@@ -56,7 +56,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,7 @@ from typing import Any
 from kubernetes import client, config
 
 from bench import nemesis
-from bench.common import RESULTS_DIR, machine_details, write_result
+from bench.common import RESULTS_DIR
 from bench.nemesis import KINDS, Fault, KindOfFault, Landing, Pace, TrialLog, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,19 +268,7 @@ class RealPodsCampaign:
             if kind in ("controller-kill", "s3-restart"):
                 self.kill_pods(SYSTEM, CONTROLLER if kind == "controller-kill" else MINIO)
                 return "pod killed"
-            down = rng.uniform(*KINDS_ON_REAL_PODS[kind].held_s)
-            if kind == "apiserver-kill":
-                self.bed.restart_apiserver(down)
-                return f"down {down:.1f} s"
-            if kind == "apiserver-silent":
-                self.bed.pause("kube-apiserver")
-                try:
-                    time.sleep(down)
-                finally:
-                    self.bed.resume("kube-apiserver")
-                return f"silent {down:.1f} s"
-            self.bed.restart("ray-operator", down)  # kuberay-restart
-            return f"down {down:.1f} s"
+            return nemesis.control_plane_fault(self.bed, kind, rng.uniform(*KINDS_ON_REAL_PODS[kind].held_s))
 
     def kill_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods with a grace period of 1 s: their processes SIGTERMed, SIGKILLed a second
@@ -439,15 +426,7 @@ class RealPodsTrial:
 
     def fire(self, fault: Fault, now: float) -> None:
         self.since = now
-
-        def inject() -> None:
-            try:
-                self.landings.append(self.inject(fault, now))
-            except Exception as error:  # noqa: BLE001 - recorded: a fault the campaign could not deliver
-                self.landings.append(Landing(fault.kind, fault.trigger, [], self.step(), "", now, f"{error!r}", True))
-
-        self.in_flight = threading.Thread(target=inject, daemon=True)
-        self.in_flight.start()
+        self.in_flight = nemesis.deliver(fault, now, self.step(), self.inject, self.landings)
 
     def inject(self, fault: Fault, now: float) -> Landing:
         campaign, attempt = self.campaign, self.running_attempt()
@@ -477,40 +456,18 @@ class RealPodsTrial:
 
 def judge(trial: RealPodsTrial) -> list[str]:
     """Every promise the run broke, as sentences; empty when it kept them all."""
-    final = trial.last_status()
-    if final.get("phase") != "Succeeded":
-        return [f"phase {final.get('phase')}: {final.get('message')}"]
-    problems = []
-    progress, last = final.get("progress") or {}, final.get("lastCheckpoint") or {}
-    steps = trial.campaign.pace.steps
-    if (progress.get("step"), progress.get("totalSteps"), last.get("step")) != (steps, steps, steps):
-        problems.append(
-            f"progress {progress.get('step')}/{progress.get('totalSteps')}, last checkpoint {last.get('step')}"
-        )
-    attempts = final.get("attempts") or []
-    numbers = [int(a["attempt"]) for a in attempts]
-    if numbers != list(range(1, len(numbers) + 1)):
-        problems.append(f"attempt numbers {numbers}: one was skipped or used twice")
-    problems += nemesis.judged_once(trial.history)
-    for name, uids in trial.rayjob_uids.items():
-        if len(uids) > 1:
-            problems.append(f"RayJob {name} existed as {len(uids)} different objects: created again")
-    for name, count in nemesis.rayjob_creations(trial.campaign.bed, trial.campaign.user, trial.name).items():
-        if count > 1:
-            problems.append(f"RayJob {name} created {count} times (audit log)")
-    problems += nemesis.outcomes_allowed(attempts, trial.landings, trial.campaign.pace, KINDS_ON_REAL_PODS)
-    spent = (int(final.get("preemptions", 0)), int(final.get("failures", 0)))
-    counted = (
-        sum(a.get("outcome") == "Preempted" for a in attempts),
-        sum(a.get("outcome") == "Failed" for a in attempts),
+    final, campaign = trial.last_status(), trial.campaign
+    creations = nemesis.rayjob_creations(campaign.bed, campaign.user, trial.name)
+    problems = nemesis.promises_broken(
+        final, trial.history, trial.rayjob_uids, creations, trial.landings, campaign.pace, KINDS_ON_REAL_PODS
     )
-    if spent != counted:
-        problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
+    if final.get("phase") != "Succeeded":
+        return problems
     try:
-        starts = trial.campaign.worker_group_starts(trial.name)
+        starts = campaign.worker_group_starts(trial.name)
     except Exception as error:  # noqa: BLE001 - unjudged is a problem too
         return [*problems, f"the progress records unreadable: {error!r}"]
-    return problems + resumes_judged(starts, trial.complete) + emergency_resumes(attempts)
+    return problems + resumes_judged(starts, trial.complete) + emergency_resumes(final.get("attempts") or [])
 
 
 # A worker group decides where it resumes as it starts, before its training loop begins (``started``):
@@ -632,22 +589,8 @@ def main() -> int:
             return 0 if all(not r.problems for r in ran) else 1
     if log is None or not log.exists():
         parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
-    every_run, stamps = TrialLog.read(log)
-    results, earlier = nemesis.latest_runs(every_run, stamps)
-    details = nemesis.summary(results, KINDS_ON_REAL_PODS) | {
-        "earlier_runs": earlier,
-        "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
-        "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
-        "campaign_seeds": sorted({stamp["campaign_seed"] for stamp in stamps}),
-        "pace": asdict(REAL_PODS_PACE),
-        "where": "real pods: real kubelets, containerd and runc; the chart's controller and MinIO as pods; KubeRay",
-        "machine": machine_details(),
-    }
-    ratio = details["passes"] / max(1, details["trials"])
-    command = " ".join(["python -m bench.nemesis_real_pods", *sys.argv[1:]])
-    path = write_result("nemesis_real_pods", ratio, ">= 1.0", "every trial keeps every promise", command, details)
-    print(f"[nemesis-real-pods] wrote {path} ({details['trials']} trials in {log})")
-    return 0 if ratio == 1.0 else 1
+    where = "real pods: real kubelets, containerd and runc; the chart's controller and MinIO as pods; KubeRay"
+    return nemesis.write_summary("nemesis_real_pods", log, KINDS_ON_REAL_PODS, REAL_PODS_PACE, where)
 
 
 def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | None) -> list[TrialResult]:
