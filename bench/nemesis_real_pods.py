@@ -606,8 +606,8 @@ def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | 
         results = campaign_trials(campaign, numbers, args.seed, kinds, trial_log)
     passed = sum(1 for r in results if not r.problems)
     minutes = (time.monotonic() - started) / 60
-    print(f"[nemesis-real-pods] trials {numbers.start}-{numbers.stop - 1}: {passed}/{len(results)} passed "
-          f"in {minutes:.1f} min", flush=True)  # fmt: skip
+    ran = f"{results[0].number}-{results[-1].number}" if results else "none"
+    print(f"[nemesis-real-pods] trials {ran}: {passed}/{len(results)} passed in {minutes:.1f} min", flush=True)
     return results
 
 
