@@ -149,6 +149,11 @@ def emergency_step(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def is_progress_key(key: str) -> bool:
+    """Whether ``key`` is an attempt's progress record (spotray.contract.attempts.AttemptId.progress_key)."""
+    return re.search(r"(^|/)attempt-\d+\.progress\.json$", key) is not None
+
+
 def newest_complete(keys: list[str]) -> int:
     """The newest checkpoint whose manifest is in the listing (0: none)."""
     steps = [int(m.group(1)) for key in keys if (m := re.match(rf"^checkpoint-(\d+)/{MANIFEST_NAME}$", key))]
@@ -232,7 +237,7 @@ class RealPodsCampaign:
             raise RuntimeError(f"MinIO unreadable: the progress records of {run} cannot be read")
         starts = []
         for info in store.list(""):
-            if re.search(r"attempt-\d+\.progress\.json$", info.key):
+            if is_progress_key(info.key):
                 progress = AttemptProgress.from_json(store.get_bytes(info.key, max_bytes=MAX_PROGRESS_BYTES))
                 if progress.started is not None:
                     starts.append((progress.attempt, progress.resumed_from or 0, progress.started))
@@ -467,7 +472,11 @@ def judge(trial: RealPodsTrial) -> list[str]:
         starts = campaign.worker_group_starts(trial.name)
     except Exception as error:  # noqa: BLE001 - unjudged is a problem too
         return [*problems, f"the progress records unreadable: {error!r}"]
-    return problems + resumes_judged(starts, trial.complete) + emergency_resumes(final.get("attempts") or [])
+    attempts = final.get("attempts") or []
+    finished = int(attempts[-1]["attempt"]) if attempts else 0
+    if finished not in {attempt for attempt, _, _ in starts}:  # so the resume check below is never vacuous
+        problems.append(f"no worker group start of attempt {finished} in the progress records ({len(starts)} found)")
+    return problems + resumes_judged(starts, trial.complete) + emergency_resumes(attempts)
 
 
 # A worker group decides where it resumes as it starts, before its training loop begins (``started``):

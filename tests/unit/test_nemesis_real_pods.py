@@ -21,9 +21,11 @@ from bench.nemesis_real_pods import (
     SIGNAL_JOB,
     emergency_resumes,
     emergency_step,
+    is_progress_key,
     newest_complete,
     resumes_judged,
 )
+from spotray.contract.attempts import AttemptId
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
 
 pytestmark = pytest.mark.unit
@@ -39,6 +41,15 @@ def test_the_emergency_step_is_read_from_a_notice_s_message_only() -> None:
     assert emergency_step(NOTICE) == 57
     assert emergency_step("preempted before its emergency checkpoint was complete") is None
     assert emergency_step("") is None
+
+
+def test_the_progress_records_are_found_by_the_key_the_jobs_write() -> None:
+    attempt_id = AttemptId("run-uid-1234", 12)
+    assert is_progress_key(attempt_id.progress_key)
+    assert not is_progress_key(attempt_id.outcome_key)
+    assert not is_progress_key(attempt_id.preemption_key)
+    assert not is_progress_key("checkpoint-20/trainer_state.json")
+    assert not is_progress_key(attempt_id.progress_key + ".tmp")
 
 
 def test_the_newest_complete_checkpoint_is_the_newest_with_its_manifest() -> None:
