@@ -431,6 +431,26 @@ class RayHeads:
 # ------------------------------------------------------------------------------- the campaign
 
 
+def read_run_status(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:
+    """The TrainingRun's status; None when the API server did not answer within 5 s (asked again next round)."""
+    try:
+        found = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=(3, 5))
+    except Exception:  # noqa: BLE001 - unknown this round, asked again next round
+        return None
+    return dict(found.get("status") or {})
+
+
+def read_rayjobs(custom: client.CustomObjectsApi, namespace: str, run: str) -> list[dict[str, Any]] | None:
+    """The run's RayJobs (by its label); None when the API server did not answer within 5 s."""
+    try:
+        found = custom.list_namespaced_custom_object(
+            "ray.io", "v1", namespace, "rayjobs", label_selector=f"{RUN_LABEL}={run}", _request_timeout=(3, 5)
+        )
+    except Exception:  # noqa: BLE001 - unknown this round, asked again next round
+        return None
+    return list(found.get("items") or [])
+
+
 def rayjob_creations(bed: tb.Testbed, user: str, run: str) -> Counter[str]:
     """RayJob name -> how many times ``user``'s create of it succeeded (the API server's audit log)."""
     created: Counter[str] = Counter()
@@ -571,22 +591,10 @@ class Campaign:
     # -- reading the cluster (every read may fail while a fault holds the API server) -----------
 
     def run_status(self, name: str) -> dict[str, Any] | None:
-        try:
-            found = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, self.namespace, PLURAL, name, _request_timeout=(3, 5)
-            )
-        except Exception:  # noqa: BLE001 - unknown this round, asked again next round
-            return None
-        return dict(found.get("status") or {})
+        return read_run_status(self.custom, self.namespace, name)
 
     def rayjobs(self, run: str) -> list[dict[str, Any]] | None:
-        try:
-            found = self.custom.list_namespaced_custom_object(
-                "ray.io", "v1", self.namespace, "rayjobs", label_selector=f"{RUN_LABEL}={run}", _request_timeout=(3, 5)
-            )
-        except Exception:  # noqa: BLE001
-            return None
-        return list(found.get("items") or [])
+        return read_rayjobs(self.custom, self.namespace, run)
 
     def rayjob_creations(self, run: str) -> Counter[str]:
         return rayjob_creations(self.bed, self.user, run)

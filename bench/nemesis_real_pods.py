@@ -70,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 
-from spotray.contract.names import ATTEMPT_LABEL, GROUP, PLURAL, RUN_LABEL, TERMINAL_PHASES, VERSION, rayjob_name  # noqa: E402
+from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, TERMINAL_PHASES, rayjob_name  # noqa: E402
 from spotray.contract.uris import parse_uri  # noqa: E402
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME  # noqa: E402
 from spotray.train.records.progress_log import MAX_PROGRESS_BYTES, AttemptProgress  # noqa: E402
@@ -173,6 +173,7 @@ class RealPodsCampaign:
         # The audit log names requests by user: the controller's ServiceAccount, as its pod has it.
         self.user = f"system:serviceaccount:{SYSTEM}:{pod['spec']['serviceAccountName']}"
         self.spot_node = next(n for n in self.bed.real_nodes if n.name == cluster_demo.SPOT_NODE.name)
+        self.stores: dict[tuple[str, str], S3ObjectStore] = {}  # (run, MinIO's pod address) -> its store
 
     # -- reading (every read may fail while a fault holds the API server or MinIO) --------------
 
@@ -180,22 +181,10 @@ class RealPodsCampaign:
         return cluster_demo.pods(self.bed, namespace, selector)
 
     def run_status(self, name: str) -> dict[str, Any] | None:
-        try:
-            found = self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, NAMESPACE, PLURAL, name, _request_timeout=(3, 5)
-            )
-        except Exception:  # noqa: BLE001 - unknown this round, asked again next round
-            return None
-        return dict(found.get("status") or {})
+        return nemesis.read_run_status(self.custom, NAMESPACE, name)
 
     def rayjobs(self, run: str) -> list[dict[str, Any]] | None:
-        try:
-            found = self.custom.list_namespaced_custom_object(
-                "ray.io", "v1", NAMESPACE, "rayjobs", label_selector=f"{RUN_LABEL}={run}", _request_timeout=(3, 5)
-            )
-        except Exception:  # noqa: BLE001
-            return None
-        return list(found.get("items") or [])
+        return nemesis.read_rayjobs(self.custom, NAMESPACE, run)
 
     def store(self, run: str) -> S3ObjectStore | None:
         """The run's checkpoint prefix in MinIO, by MinIO's pod address now (a restarted MinIO pod may
@@ -207,6 +196,11 @@ class RealPodsCampaign:
         address = minio.status.pod_ip if minio.status else None
         if not address:
             return None
+        if (run, address) not in self.stores:  # one S3 client per address, not one per poll
+            self.stores[(run, address)] = self.new_store(run, address)
+        return self.stores[(run, address)]
+
+    def new_store(self, run: str, address: str) -> S3ObjectStore:
         env = self.cluster.s3_env
         store_config = StoreConfig(
             endpoint_url=f"http://{address}:9000",
