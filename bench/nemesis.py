@@ -1386,9 +1386,11 @@ def main() -> int:
     return write_summary("nemesis", log, KINDS, CAMPAIGN_PACE, where)
 
 
-def write_summary(name: str, log: Path, kinds: dict[str, KindOfFault], pace: Pace, where: str) -> int:
+def write_summary(
+    name: str, log: Path, kinds: dict[str, KindOfFault], pace: Pace, where: str, module: str | None = None
+) -> int:
     """bench/results/<name>.json from every trial in ``log`` (each by its latest run); the exit code:
-    0 when every trial kept every promise. ``name`` is the campaign's module in bench/ too."""
+    0 when every trial kept every promise. ``module``: the campaign's in bench/ (default: ``name``)."""
     every_run, stamps = TrialLog.read(log)
     results, earlier = latest_runs(every_run, stamps)
     details = summary(results, kinds) | {
@@ -1403,7 +1405,7 @@ def write_summary(name: str, log: Path, kinds: dict[str, KindOfFault], pace: Pac
     }
     ratio = details["passes"] / max(1, details["trials"])
     print(json.dumps({k: details[k] for k in ("trials", "passes", "windows", "fault_kinds", "commits")}, indent=2))
-    command = " ".join([f"python -m bench.{name}", *sys.argv[1:]])
+    command = " ".join([f"python -m bench.{module or name}", *sys.argv[1:]])
     path = write_result(name, ratio, ">= 1.0", "every trial keeps every promise", command, details)
     print(f"[{name}] wrote {path} ({details['trials']} trials in {log})")
     return 0 if ratio == 1.0 else 1

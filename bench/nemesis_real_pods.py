@@ -39,6 +39,12 @@ Result: bench/results/nemesis_real_pods.json (ratio: trials that kept every prom
 
     .venv/bin/python -m bench.nemesis_real_pods --trials 20        # make nemesis-real-pods
     .venv/bin/python -m bench.nemesis_real_pods --trials 1 --kinds spot-reclaim
+    .venv/bin/python -m bench.nemesis_real_pods --ray-cluster-per-run --trials 6   # one Ray cluster per run
+
+With ``--ray-cluster-per-run`` the chart's controller.rayClusterPerRun is on: each run keeps one Ray
+cluster across its attempts, and its trials go to a log and result of their own
+(nemesis-real-pods-kept-trials.jsonl, nemesis_real_pods_kept.json). The driver's SIGTERM there is a
+stopped job, not a notice (``KINDS_ON_A_KEPT_CLUSTER``).
 """
 
 from __future__ import annotations
@@ -88,6 +94,11 @@ POLL_S = 2.0  # the controller refreshes a run's status every 2 s (the chart's r
 # Full trainings of the demo's model, paced like a real one: a notice's drain has steps left to stop.
 REAL_PODS_PACE = Pace(steps=120, every=20, step_seconds=0.5)
 
+DEFAULT_LOG = RESULTS_DIR / "nemesis-real-pods-trials.jsonl"
+# With controller.rayClusterPerRun on (--ray-cluster-per-run): a campaign of its own, apart from the default's.
+KEPT_LOG = RESULTS_DIR / "nemesis-real-pods-kept-trials.jsonl"
+KEPT_RESULT = "nemesis_real_pods_kept"
+
 # A worker's node lost without notice, the head on its on-demand node untouched: Ray Train replaces the
 # worker when a new one joins and goes on inside the attempt from the newest complete checkpoint
 # (train/launch/launcher.py, max_failures=-1), so the attempt may finish; or the job ends and the
@@ -113,6 +124,17 @@ KINDS_ON_REAL_PODS: dict[str, KindOfFault] = {
     "rayjob-deleted": KINDS["rayjob-deleted"],
     "driver-killed": KINDS["driver-killed"],
     "spot-notice": KINDS["spot-notice"],
+}
+
+# With controller.rayClusterPerRun on, the driver's SIGTERM is a job stopped, not a notice: its cluster
+# outlives the attempt, so it drains no node (train/launch/launcher.py install_driver_sigterm) and the
+# driver ends as SIGTERM ends a process, with no record, judged as a killed driver is. The notice that
+# takes a node reaches its pod's preStop hook (spot-reclaim).
+KINDS_ON_A_KEPT_CLUSTER: dict[str, KindOfFault] = {
+    **KINDS_ON_REAL_PODS,
+    "spot-notice": KindOfFault(
+        "run", KINDS["driver-killed"].judged, "the driver's SIGTERM (a stopped job: no node drained)"
+    ),
 }
 
 # Run in the head's container: signal the job's processes, found by the word in their argv (the job's
@@ -163,8 +185,12 @@ def newest_complete(keys: list[str]) -> int:
 class RealPodsCampaign:
     """The cluster every trial shares, and the faults acting on it."""
 
-    def __init__(self, cluster: cluster_demo.DemoCluster, workdir: Path) -> None:
+    def __init__(self, cluster: cluster_demo.DemoCluster, workdir: Path, ray_cluster_per_run: bool = False) -> None:
         self.cluster, self.bed, self.workdir = cluster, cluster.testbed, workdir
+        self.ray_cluster_per_run = ray_cluster_per_run
+        self.kinds = KINDS_ON_A_KEPT_CLUSTER if ray_cluster_per_run else KINDS_ON_REAL_PODS
+        if ray_cluster_per_run:  # before the controller's pod is read: the upgrade rolls it out anew
+            cluster_demo.set_ray_cluster_per_run(self.bed, on=True)
         self.pace = REAL_PODS_PACE
         self.cluster_lock = threading.Lock()  # faults on shared parts never overlap
         api = config.new_client_from_config(str(self.bed.kubeconfig))
@@ -238,13 +264,25 @@ class RealPodsCampaign:
                 starts += [(progress.attempt, step, at) for step, at in progress.restarts]
         return sorted(starts, key=lambda start: start[2])
 
+    def ray_pods(self, run: str, attempt: int, node_type: str) -> list[dict[str, Any]]:
+        """The Ray pods (``node_type``: head or worker) the attempt runs on: labelled with the attempt,
+        or with a cluster kept across attempts (controller.rayClusterPerRun), that cluster's, which
+        the run's status names for the attempt."""
+        owner = f"{ATTEMPT_LABEL}={attempt}"
+        if self.ray_cluster_per_run:
+            attempts = (self.run_status(run) or {}).get("attempts") or []
+            cluster = next((a.get("rayCluster") for a in attempts if a.get("attempt") == attempt), None)
+            if not cluster:
+                return []
+            owner = f"ray.io/cluster={cluster}"
+        return self.pods(NAMESPACE, f"{RUN_LABEL}={run},{owner},ray.io/node-type={node_type}")
+
     def worker_node(self, run: str, attempt: int) -> str:
-        selector = f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt},ray.io/node-type=worker"
-        return next((p["spec"]["nodeName"] for p in self.pods(NAMESPACE, selector) if p["spec"].get("nodeName")), "")
+        pods = self.ray_pods(run, attempt, "worker")
+        return next((p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")), "")
 
     def head_pod(self, run: str, attempt: int) -> str:
-        selector = f"{RUN_LABEL}={run},{ATTEMPT_LABEL}={attempt},ray.io/node-type=head"
-        running = [p for p in self.pods(NAMESPACE, selector) if p["status"].get("phase") == "Running"]
+        running = [p for p in self.ray_pods(run, attempt, "head") if p["status"].get("phase") == "Running"]
         return str(running[0]["metadata"]["name"]) if running else ""
 
     # -- the faults -----------------------------------------------------------------------------
@@ -267,7 +305,7 @@ class RealPodsCampaign:
             if kind in ("controller-kill", "s3-restart"):
                 self.kill_pods(SYSTEM, CONTROLLER if kind == "controller-kill" else MINIO)
                 return "pod killed"
-            return nemesis.control_plane_fault(self.bed, kind, rng.uniform(*KINDS_ON_REAL_PODS[kind].held_s))
+            return nemesis.control_plane_fault(self.bed, kind, rng.uniform(*self.kinds[kind].held_s))
 
     def kill_pods(self, namespace: str, selector: str) -> None:
         """Delete the pods with a grace period of 1 s: their processes SIGTERMed, SIGKILLed a second
@@ -431,7 +469,7 @@ class RealPodsTrial:
         campaign, attempt = self.campaign, self.running_attempt()
         store = nemesis.commit_window(list(self.keys), [])
         landing = Landing(fault.kind, fault.trigger, [attempt] if attempt else [], self.step(), store, round(now, 1))
-        if KINDS_ON_REAL_PODS[fault.kind].scope == "cluster":
+        if campaign.kinds[fault.kind].scope == "cluster":
             landing.detail = campaign.cluster_fault(fault.kind, self.rng)
             return landing
         if not attempt:
@@ -458,7 +496,7 @@ def judge(trial: RealPodsTrial) -> list[str]:
     final, campaign = trial.last_status(), trial.campaign
     creations = nemesis.rayjob_creations(campaign.bed, campaign.user, trial.name)
     problems = nemesis.promises_broken(
-        final, trial.history, trial.rayjob_uids, creations, trial.landings, campaign.pace, KINDS_ON_REAL_PODS
+        final, trial.history, trial.rayjob_uids, creations, trial.landings, campaign.pace, campaign.kinds
     )
     if final.get("phase") != "Succeeded":
         return problems
@@ -542,7 +580,7 @@ def campaign_trials(
 ) -> list[TrialResult]:
     """The trials ``numbers``, one at a time (two nodes hold one run); each one's faults depend on
     (seed, number) only, so a campaign split over several runs draws the same trials."""
-    chosen = kinds or list(KINDS_ON_REAL_PODS)
+    chosen = kinds or list(campaign.kinds)
     results = []
     for number in numbers:
         if STOP.is_set():
@@ -550,7 +588,7 @@ def campaign_trials(
             break
         rng = random.Random(seed * 100_003 + number)
         lead = chosen[(number - 1) % len(chosen)]
-        faults = nemesis.draw_faults(rng, campaign.pace, lead, KINDS_ON_REAL_PODS)
+        faults = nemesis.draw_faults(rng, campaign.pace, lead, campaign.kinds)
         result = run_trial(campaign, number, seed * 100_003 + number, faults)
         nemesis.print_result(result)
         if log is not None:
@@ -568,7 +606,7 @@ def main() -> int:
     parser.add_argument(
         "--log",
         type=Path,
-        default=RESULTS_DIR / "nemesis-real-pods-trials.jsonl",
+        default=DEFAULT_LOG,
         help="append each judged trial here; bench/results/nemesis_real_pods.json summarizes every trial in it",
     )
     parser.add_argument("--summarize", action="store_true", help="run nothing: rewrite the result from --log")
@@ -576,7 +614,15 @@ def main() -> int:
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds to lead trials (default: all)")
     parser.add_argument("--workdir", type=Path, default=None, help="the cluster's and kept logs' directory")
     parser.add_argument("--no-write", action="store_true", help="write no result and no trial log")
+    parser.add_argument(
+        "--ray-cluster-per-run",
+        action="store_true",
+        help="the chart's controller.rayClusterPerRun on: each run keeps one Ray cluster across its attempts "
+        f"(its own log and result: {KEPT_LOG.name}, {KEPT_RESULT}.json)",
+    )
     args = parser.parse_args()
+    if args.ray_cluster_per_run and args.log == DEFAULT_LOG:
+        args.log = KEPT_LOG
     kinds = [k for k in args.kinds.split(",") if k] or None
     for kind in kinds or []:
         if kind not in KINDS_ON_REAL_PODS:
@@ -593,7 +639,11 @@ def main() -> int:
     if log is None or not log.exists():
         parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
     where = "real pods: real kubelets, containerd and runc; the chart's controller and MinIO as pods; KubeRay"
-    return nemesis.write_summary("nemesis_real_pods", log, KINDS_ON_REAL_PODS, REAL_PODS_PACE, where)
+    if args.ray_cluster_per_run:
+        where += "; controller.rayClusterPerRun on (one Ray cluster per run, kept across its attempts)"
+    name = KEPT_RESULT if args.ray_cluster_per_run else "nemesis_real_pods"
+    kinds_judged = KINDS_ON_A_KEPT_CLUSTER if args.ray_cluster_per_run else KINDS_ON_REAL_PODS
+    return nemesis.write_summary(name, log, kinds_judged, REAL_PODS_PACE, where, module="nemesis_real_pods")
 
 
 def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | None) -> list[TrialResult]:
@@ -605,7 +655,7 @@ def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | 
     trial_log = TrialLog(log, args.seed, 1) if log is not None else None
     numbers = range(args.first, args.first + args.trials)
     with cluster_demo.demo_cluster(workdir / "cluster") as cluster:
-        campaign = RealPodsCampaign(cluster, workdir)
+        campaign = RealPodsCampaign(cluster, workdir, args.ray_cluster_per_run)
         results = campaign_trials(campaign, numbers, args.seed, kinds, trial_log)
     passed = sum(1 for r in results if not r.problems)
     minutes = (time.monotonic() - started) / 60

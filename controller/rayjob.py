@@ -102,11 +102,12 @@ def _argv_literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _runtime_env(run: TrainingRun, attempt: int, run_uid: str) -> dict[str, Any]:
+def _runtime_env(run: TrainingRun, attempt: int, run_uid: str, cluster_outlives_attempt: bool) -> dict[str, Any]:
     user = dict(run.spec.runtime_env)
     env_vars = {str(k): str(v) for k, v in (user.pop("env_vars", None) or {}).items()}
     # The attempt's identity: the run's UID and the number (spotray/contract/attempts.py).
-    env_vars.update(RunContext(name=run.name, run_id=run_uid, attempt=attempt, spec=run.spec).to_env())
+    context = RunContext(run.name, run_uid, attempt, run.spec, ray_cluster_outlives_attempt=cluster_outlives_attempt)
+    env_vars.update(context.to_env())
     return {**user, "env_vars": env_vars}
 
 
@@ -314,7 +315,9 @@ def build_rayjob(
     ``ray_cluster``: the run's RayCluster that the attempt runs on (``build_ray_cluster``); None: a
     cluster of the RayJob's own, or the chart's long-lived one (``config.ray_cluster_selector``).
     """
-    runtime_env = _runtime_env(run, attempt, run_uid)
+    # A cluster that is not the RayJob's own outlives the attempt: stopping the job must leave it usable.
+    outlives = ray_cluster is not None or bool(config.ray_cluster_selector)
+    runtime_env = _runtime_env(run, attempt, run_uid, outlives)
     spec: dict[str, Any] = {
         "entrypoint": run.spec.entrypoint,
         "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),

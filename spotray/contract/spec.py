@@ -501,13 +501,24 @@ class RunContext:
     run_id: str
     attempt: int
     spec: RunSpec
+    # The attempt runs on a Ray cluster that outlives it (a run's cluster kept across its attempts, or
+    # the chart's long-lived one): its driver's SIGTERM stops the job and drains no node, which the
+    # next attempt or other runs still need (train/launch/launcher.py ``install_driver_sigterm``).
+    ray_cluster_outlives_attempt: bool = False
 
     @property
     def attempt_id(self) -> AttemptId:
         return AttemptId(self.run_id, self.attempt)
 
     def to_env(self) -> dict[str, str]:
-        fields = {"name": self.name, "runId": self.run_id, "attempt": self.attempt, "spec": encode_spec(self.spec)}
+        fields: dict[str, Any] = {
+            "name": self.name,
+            "runId": self.run_id,
+            "attempt": self.attempt,
+            "spec": encode_spec(self.spec),
+        }
+        if self.ray_cluster_outlives_attempt:  # absent otherwise: the same variable as before for most runs
+            fields["rayClusterOutlivesAttempt"] = True
         return {RUN_ENV_VAR: json.dumps(fields)}
 
     @classmethod
@@ -522,6 +533,7 @@ class RunContext:
             run_id=check_run_id(str(data["runId"])),
             attempt=int(data["attempt"]),
             spec=parse_spec(data["spec"], where=RUN_ENV_VAR),
+            ray_cluster_outlives_attempt=data.get("rayClusterOutlivesAttempt") is True,
         )
 
 

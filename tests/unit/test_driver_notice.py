@@ -1,6 +1,8 @@
 """The driver's own SIGTERM drains every node and bounds what follows (train/launch/driver_notice.py)."""
 
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -58,3 +60,36 @@ def test_no_sigterm_no_bound() -> None:
     notice.fit_ended()
     assert not notice.received
     assert not seen.called.wait(0.3)
+
+
+def test_on_a_cluster_that_outlives_the_attempt_the_sigterm_drains_nothing_and_ends_the_driver() -> None:
+    """``stop_without_drain``: the process ends as SIGTERM ends it, saying why, and no drain is asked
+    for (driver_notice.py imports no Ray; the drain would come through ``DriverNotice``)."""
+    script = (
+        "import os, signal, time\n"
+        "from spotray.train.launch.driver_notice import stop_without_drain\n"
+        "stop_without_drain()\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "time.sleep(30)\n"
+        "print('still running')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done.stdout + done.stderr
+    assert "drains no node" in done.stderr
+    assert "still running" not in done.stdout
+
+
+def test_the_launcher_drains_only_a_cluster_of_the_attempts_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = pytest.importorskip("spotray.train.launch.launcher")
+    from spotray.contract.spec import RunContext, parse_spec  # noqa: PLC0415
+
+    installed: list[object] = []
+    monkeypatch.setattr(signal, "signal", lambda _signum, handler: installed.append(handler))
+    spec = parse_spec({"entrypoint": "x", "checkpoint": {"uri": "s3://bucket/runs/r"}})
+    own = launcher.install_driver_sigterm(RunContext("r", "local-r", 1, spec), None, 30, 60.0)
+    assert installed == [own.on_sigterm]
+    installed.clear()
+    kept = RunContext("r", "local-r", 1, spec, ray_cluster_outlives_attempt=True)
+    launcher.install_driver_sigterm(kept, None, 30, 60.0)
+    assert len(installed) == 1
+    assert getattr(installed[0], "__qualname__", "").startswith("stop_without_drain")

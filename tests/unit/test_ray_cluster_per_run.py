@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from spotray.contract.names import HEAD_LOST_ANNOTATION
-from spotray.contract.spec import parse_training_run
+from spotray.contract.spec import RunContext, parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.lifecycle import Observation, RayClusterView, RunState, next_ray_cluster, timestamp
 from spotray.controller.rayjob import build_ray_cluster, build_rayjob
@@ -191,3 +192,22 @@ def test_a_suspended_run_deletes_its_cluster_and_resumes_on_a_new_one(tmp_path: 
     reconcile(cluster, config, "ns", "burst")
     assert fake.run["status"]["attempts"][-1]["rayCluster"] == "burst-c2"
     assert set(fake.ray_clusters) == {"burst-c2"}
+
+
+def test_a_job_on_a_cluster_that_outlives_its_attempt_is_told_so() -> None:
+    """Its driver's SIGTERM (the job stopped: its RayJob deleted, the run suspended) then drains no
+    node (train/launch/launcher.py ``install_driver_sigterm``): a drained node never takes work again,
+    and the kept cluster, or the chart's long-lived one, serves later attempts and other runs."""
+    run = parse_training_run(new_run(UID))
+
+    def context(job: dict[str, Any]) -> RunContext:
+        read = RunContext.from_env(yaml.safe_load(job["spec"]["runtimeEnvYAML"])["env_vars"])
+        assert read is not None
+        return read
+
+    assert context(build_rayjob(run, 2, UID, PER_RUN, ray_cluster="burst-c1")).ray_cluster_outlives_attempt
+    long_lived = ControllerConfig(ray_cluster_selector={"ray.io/cluster": "spotray-shared"})
+    assert context(build_rayjob(run, 2, UID, long_lived)).ray_cluster_outlives_attempt
+    own = build_rayjob(run, 2, UID, ControllerConfig())
+    assert not context(own).ray_cluster_outlives_attempt
+    assert "rayClusterOutlivesAttempt" not in own["spec"]["runtimeEnvYAML"], "absent unless true"

@@ -12,6 +12,7 @@ whether its emergency checkpoint was complete. Every wait has a bound; this is t
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -83,3 +84,22 @@ class DriverNotice:
                 self.grace_seconds,
             )
             self._on_overdue(waited)
+
+
+def stop_without_drain() -> None:
+    """The driver's SIGTERM on a Ray cluster that outlives its attempt (a run's kept cluster, the
+    chart's long-lived one): the job is being stopped (its RayJob deleted, the run suspended, `ray job
+    stop`), and the nodes stay, for the run's next attempt or for other runs. ``DriverNotice`` would
+    drain them all, and Ray never schedules on a drained node again. So this drains nothing and ends
+    the process as the signal would; the next attempt resumes from the newest complete checkpoint (a
+    notice that takes a node reaches its pod's preStop hook, which drains that node alone)."""
+
+    def on_sigterm(_signum: int, _frame: FrameType | None) -> None:
+        log.warning(
+            "SIGTERM: the job is stopped on a Ray cluster that outlives this attempt; it drains no node "
+            "(the cluster stays usable) and ends now"
+        )
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)

@@ -64,7 +64,7 @@ from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
-from spotray.train.launch.driver_notice import EXIT_MARGIN_S, DriverNotice
+from spotray.train.launch.driver_notice import EXIT_MARGIN_S, DriverNotice, stop_without_drain
 from spotray.train.launch.node_watch import NodeWatch, coordinator_refresh
 from spotray.train.launch.ray_drain import drain_all_nodes
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
@@ -301,6 +301,29 @@ def start_autoscaling_coordinator(module: str = AUTOSCALING_COORDINATOR_MODULE) 
     return autoscaling_coordinator(module) is not None
 
 
+def install_driver_sigterm(
+    context: RunContext, store: ObjectStore, grace_seconds: int, notice_margin_s: float
+) -> DriverNotice:
+    """What the driver's SIGTERM does; the returned notice says whether it came (``received``).
+
+    On a cluster of the attempt's own (a RayJob's, local mode's), the whole cluster is going: every
+    node is drained as preempted, so the workers take an emergency checkpoint (``DriverNotice``). On
+    a cluster that outlives the attempt, the job is only being stopped, and nothing is drained
+    (``stop_without_drain``): the notice then never says received.
+    """
+    notice = DriverNotice(
+        grace_seconds,
+        drain_all_nodes,
+        lambda waited: end_overdue_attempt(store, context.attempt_id, waited),
+        margin_s=notice_margin_s,
+    )
+    if context.ray_cluster_outlives_attempt:
+        stop_without_drain()
+    else:
+        notice.install()
+    return notice
+
+
 def end_overdue_attempt(store: ObjectStore, attempt: AttemptId, waited_s: float) -> None:
     """End the attempt from the notice's bound (train/launch/driver_notice.py): record it, then exit at once.
 
@@ -412,13 +435,7 @@ def launch(
     if coordinator is not None and context.spec.workers.elastic:
         # Ray Train's elastic resizes see a node leave or join within a second, not 20 s.
         NodeWatch(coordinator_refresh(coordinator)).start()
-    notice = DriverNotice(
-        grace_seconds,
-        drain_all_nodes,
-        lambda waited: end_overdue_attempt(store, context.attempt_id, waited),
-        margin_s=notice_margin_s,
-    )
-    notice.install()
+    notice = install_driver_sigterm(context, store, grace_seconds, notice_margin_s)
     # From here on, older attempts of this checkpoint URI stop uploading and pruning (spotray/contract/attempts.py).
     try:
         write_fence(store, context.attempt_id)
