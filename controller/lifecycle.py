@@ -131,6 +131,9 @@ RECORDED_END_EXIT_S = 120.0
 # How stale a running attempt's progress is before the controller reads its records while its RayJob
 # runs (controller/reconcile.py): a training job reports every few seconds, so only a stopped one costs reads.
 STALLED_PROGRESS_S = 30.0
+# Attempts in a row ended by infrastructure faults on one kept Ray cluster (controller.rayClusterPerRun)
+# after which the next attempt gets a new one (``next_ray_cluster``).
+KEPT_CLUSTER_INTERRUPTIONS = 2
 
 # Reasons: the CamelCase words of status.attempts[].reason, of the conditions and of the Events.
 # How an attempt ended (status.attempts[].reason; the Event of its end carries the same word):
@@ -857,9 +860,10 @@ def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
 def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
     """(the RayCluster the next attempt runs on, the run's old one to delete), with a cluster per run.
 
-    The last attempt's cluster is kept while it exists, is the run's, and its head was never lost;
-    otherwise the next generation, and the old one deleted (a re-created head would start a new
-    Ray cluster anyway, and its pods would hold capacity the new one waits for). A namesake's
+    The last attempt's cluster is kept while it exists, is the run's, its head was never lost, and
+    it did not end the last ``KEPT_CLUSTER_INTERRUPTIONS`` attempts in a row by infrastructure
+    faults; otherwise the next generation, and the old one deleted (a re-created head would start a
+    new Ray cluster anyway, and its pods would hold capacity the new one waits for). A namesake's
     cluster (another TrainingRun of this name, being garbage-collected) is never deleted.
     """
     if not obs.ray_cluster_per_run:
@@ -870,17 +874,35 @@ def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
         return ray_cluster_name(obs.run.name, 1), None
     seen = obs.ray_cluster if obs.ray_cluster is not None and obs.ray_cluster.name == last else None
     ours = seen is not None and (obs.run_uid is None or seen.owner_uid == obs.run_uid)
-    if seen is not None and ours and seen.head_lost is None:
+    if seen is not None and ours and seen.head_lost is None and not _interrupted_on(obs.state, last):
         return last, None
     following = ray_cluster_name(obs.run.name, ray_cluster_generation(last, obs.run.name) + 1)
     return following, (last if ours else None)
+
+
+def _interrupted_on(state: RunState, ray_cluster: str) -> bool:
+    """Whether the last ``KEPT_CLUSTER_INTERRUPTIONS`` attempts all ran on ``ray_cluster`` and ended
+    Interrupted (infrastructure faults, nothing spent): the cluster itself may be what fails them
+    (its nodes drained, a broken head: "Job supervisor actor could not be scheduled"), and waiting
+    on it would stall the run for ever. A new one costs what every attempt of a run without a kept
+    cluster pays; an outage elsewhere (S3) merely gets a new cluster for its next attempt."""
+    last = state.attempts[-KEPT_CLUSTER_INTERRUPTIONS:]
+    return (
+        len(last) == KEPT_CLUSTER_INTERRUPTIONS
+        and interruptions_in_a_row(last) == KEPT_CLUSTER_INTERRUPTIONS
+        and all(attempt.ray_cluster == ray_cluster for attempt in last)
+    )
 
 
 def _why_not_kept(obs: Observation, old: str) -> str:
     seen = obs.ray_cluster
     if seen is None or seen.name != old:
         return "gone"
-    return f"its head was lost: {seen.head_lost}" if seen.head_lost else "another TrainingRun's"
+    if seen.head_lost:
+        return f"its head was lost: {seen.head_lost}"
+    if obs.run_uid is not None and seen.owner_uid != obs.run_uid:
+        return "another TrainingRun's"
+    return f"the last {KEPT_CLUSTER_INTERRUPTIONS} attempts on it ended by infrastructure faults"
 
 
 def _budget_spent(state: RunState, run: TrainingRun) -> str:

@@ -211,3 +211,25 @@ def test_a_job_on_a_cluster_that_outlives_its_attempt_is_told_so() -> None:
     own = build_rayjob(run, 2, UID, ControllerConfig())
     assert not context(own).ray_cluster_outlives_attempt
     assert "rayClusterOutlivesAttempt" not in own["spec"]["runtimeEnvYAML"], "absent unless true"
+
+
+def test_a_cluster_that_ended_two_attempts_in_a_row_by_infrastructure_faults_is_replaced() -> None:
+    """Real pods, --ray-cluster-per-run: a kept cluster whose nodes a stopped driver had drained failed
+    attempts 2-6 at once ("Job supervisor actor could not be scheduled", Interrupted, nothing spent),
+    and the run waited on it for ever. Whatever breaks a kept cluster, two such attempts in a row on
+    it give the next attempt a new one."""
+    run = parse_training_run(new_run(UID))
+    seen = RayClusterView("burst-c1", owner_uid=UID)
+
+    def after(*ended: tuple[str, str]) -> tuple[str | None, str | None]:
+        attempts = [
+            {"attempt": n, "rayJob": f"burst-a{n}", "outcome": outcome, "rayCluster": cluster}
+            for n, (outcome, cluster) in enumerate(ended, start=1)
+        ]
+        state = RunState.from_status({"attempts": attempts}, "burst")
+        return next_ray_cluster(Observation(run, state, None, run_uid=UID, ray_cluster_per_run=True, ray_cluster=seen))
+
+    assert after(("Interrupted", "burst-c1")) == ("burst-c1", None), "one fault (an S3 blip) keeps it"
+    assert after(("Interrupted", "burst-c1"), ("Interrupted", "burst-c1")) == ("burst-c2", "burst-c1")
+    assert after(("Preempted", "burst-c1"), ("Interrupted", "burst-c1")) == ("burst-c1", None)
+    assert after(("Interrupted", "burst-c0"), ("Interrupted", "burst-c1")) == ("burst-c1", None), "one on this one"
