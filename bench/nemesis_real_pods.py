@@ -137,6 +137,12 @@ KINDS_ON_A_KEPT_CLUSTER: dict[str, KindOfFault] = {
     ),
 }
 
+
+def kinds_judged(ray_cluster_per_run: bool) -> dict[str, KindOfFault]:
+    """The fault kinds, as judged with controller.rayClusterPerRun on or off."""
+    return KINDS_ON_A_KEPT_CLUSTER if ray_cluster_per_run else KINDS_ON_REAL_PODS
+
+
 # Run in the head's container: signal the job's processes, found by the word in their argv (the job's
 # module). The driver alone is `python -m <module>` (its argv holds the module as one word); "all"
 # adds the shell Ray's job supervisor runs it through. Prints the pids signalled.
@@ -188,7 +194,7 @@ class RealPodsCampaign:
     def __init__(self, cluster: cluster_demo.DemoCluster, workdir: Path, ray_cluster_per_run: bool = False) -> None:
         self.cluster, self.bed, self.workdir = cluster, cluster.testbed, workdir
         self.ray_cluster_per_run = ray_cluster_per_run
-        self.kinds = KINDS_ON_A_KEPT_CLUSTER if ray_cluster_per_run else KINDS_ON_REAL_PODS
+        self.kinds = kinds_judged(ray_cluster_per_run)
         if ray_cluster_per_run:  # before the controller's pod is read: the upgrade rolls it out anew
             cluster_demo.set_ray_cluster_per_run(self.bed, on=True)
         self.pace = REAL_PODS_PACE
@@ -642,8 +648,8 @@ def main() -> int:
     if args.ray_cluster_per_run:
         where += "; controller.rayClusterPerRun on (one Ray cluster per run, kept across its attempts)"
     name = KEPT_RESULT if args.ray_cluster_per_run else "nemesis_real_pods"
-    kinds_judged = KINDS_ON_A_KEPT_CLUSTER if args.ray_cluster_per_run else KINDS_ON_REAL_PODS
-    return nemesis.write_summary(name, log, kinds_judged, REAL_PODS_PACE, where, module="nemesis_real_pods")
+    judged = kinds_judged(args.ray_cluster_per_run)
+    return nemesis.write_summary(name, log, judged, REAL_PODS_PACE, where, module="nemesis_real_pods")
 
 
 def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | None) -> list[TrialResult]:
