@@ -25,7 +25,8 @@ Checked against an uninterrupted run of the same job, made first:
 - every step's batch is the uninterrupted run's: no sample trained twice, none skipped;
 - the final weights are the uninterrupted run's (up to ``WEIGHT_TOLERANCE``: float noise);
 - every restart resumed from the newest checkpoint that was complete when it was hit (nothing
-  complete is lost), and after a spot notice from its emergency checkpoint (nothing lost at all).
+  complete is lost), and after a spot notice from its emergency checkpoint (nothing lost at all;
+  a notice acted on that made none fails the run, unless S3 was down: ``restart_problems``).
 Steps lost per restart are reported by fault kind.
 
 The faults this script injects itself find their process by an environment marker that every
@@ -360,9 +361,10 @@ def shared_memory_left(result: RunResult) -> list[int]:
 
 
 def restarts(events_path: Path) -> list[dict[str, Any]]:
-    """Each time training started again: the step reached, the resume point, and what was complete then."""
+    """Each time training started again: the step reached, the resume point, what was complete then,
+    and the step where the attempt before it acted on a spot notice (``noticed``, None: no notice)."""
     found = []
-    reached, complete, emergency, started = 0, 0, None, False
+    reached, complete, emergency, noticed, started = 0, 0, None, None, False
     for event in read_events(events_path):
         kind = event["event"]
         if kind == "step":
@@ -371,14 +373,43 @@ def restarts(events_path: Path) -> list[dict[str, Any]]:
             complete = max(complete, int(event["step"]))
         elif kind == "emergency_checkpoint":
             emergency = int(event["step"])
+        elif kind == "preemption_notice":
+            noticed = int(event["step"])
         elif kind == "start":
             if started:
                 resumed = int(event["resumed_from"] or 0)
-                found.append({"reached": reached, "resumed": resumed, "complete": complete, "emergency": emergency})
+                found.append(
+                    {"reached": reached, "resumed": resumed, "complete": complete, "emergency": emergency,
+                     "noticed": noticed}
+                )  # fmt: skip
                 complete = max(complete, emergency or 0)
-                reached, emergency = resumed, None
+                reached, emergency, noticed = resumed, None, None
             started = True
     return found
+
+
+def restart_problems(found: list[dict[str, Any]], faults: list[Fault]) -> list[str]:
+    """What the restarts (``restarts``) broke: a resume older than the newest complete checkpoint, one
+    that is not the emergency checkpoint, or a notice acted on that left no emergency checkpoint.
+
+    The last is allowed only in a run with an S3 outage: a store that is down for longer than the
+    drain deadline cannot make the emergency checkpoint safe, and the newest complete one is then
+    the resume point (chaos run 6 of 2026-11-29: the notice at step 28 of attempt 1, S3 down since
+    step 22, resumed from checkpoint-10).
+    """
+    problems = []
+    outage = any(fault.kind == "s3-outage" for fault in faults)
+    for restart in found:
+        if restart["resumed"] < restart["complete"]:
+            problems.append(f"resumed from {restart['resumed']}, but checkpoint-{restart['complete']} was complete")
+        if restart["emergency"] is not None and restart["resumed"] != restart["emergency"]:
+            problems.append(f"resumed from {restart['resumed']}, not the emergency checkpoint {restart['emergency']}")
+        if restart.get("noticed") is not None and restart["emergency"] is None and not outage:
+            problems.append(
+                f"the spot notice acted on at step {restart['noticed']} left no emergency checkpoint "
+                f"(resumed from {restart['resumed']}, {restart['reached'] - restart['resumed']} steps lost)"
+            )
+    return problems
 
 
 def budgets_due(result: RunResult, faults: list[Fault]) -> tuple[tuple[int, int], list[str]]:
@@ -431,11 +462,7 @@ def judge(result: RunResult, faults: list[Fault], reference: RunResult) -> list[
     worst = max(float((final[name] - baseline[name]).abs().max()) for name in baseline)
     if worst > WEIGHT_TOLERANCE:
         problems.append(f"final weights differ from the uninterrupted run's by up to {worst:.2e}")
-    for restart in restarts(result.workdir / "events.jsonl"):
-        if restart["resumed"] < restart["complete"]:
-            problems.append(f"resumed from {restart['resumed']}, but checkpoint-{restart['complete']} was complete")
-        if restart["emergency"] is not None and restart["resumed"] != restart["emergency"]:
-            problems.append(f"resumed from {restart['resumed']}, not the emergency checkpoint {restart['emergency']}")
+    problems += restart_problems(restarts(result.workdir / "events.jsonl"), faults)
     return problems
 
 
