@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-elastic-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -155,6 +155,9 @@ bench-driver-imports: setup ## the GPT-2 driver's start-up: its imports now vs i
 
 bench-ray-train-start: setup ## Ray Train's start on a fresh cluster: the driver asking for its autoscaling coordinator early vs not, A vs B (~9 min)
 	$(PY) -m bench.ray_train_start
+
+bench-ray-prestart: setup ## Ray's idle workers prestarted for the first driver vs not, local Ray, A vs B (~5 min)
+	$(PY) -m bench.ray_prestart
 
 bench-elastic-notice: setup ## an elastic run's worker node lost with a spot notice (go on at once) vs without, A vs B (~22 min)
 	$(PY) -m bench.elastic_notice
