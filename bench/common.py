@@ -10,6 +10,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -58,6 +59,31 @@ def alternating_processes(sides: dict[str, list[str]], rounds: int) -> dict[str,
 
 def _timed_seconds(command: list[str]) -> float:
     return round(timed_process(command), 3)
+
+
+def script_leg(script: str, side: str, timeout_s: float = 600) -> tuple[dict[str, Any], str]:
+    """One leg of an A vs B: ``python -c script side`` as a whole process (it must exit 0). Returns the
+    JSON object its last stdout line holds, and all it wrote (stdout then stderr)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, side], capture_output=True, text=True, timeout=timeout_s, check=True
+    )
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result, done.stdout + done.stderr
+
+
+def paired_legs(legs: Mapping[str, list[dict[str, Any]]], key: str, figure: str) -> tuple[float, dict[str, Any]]:
+    """The ratio of ``alternating_rounds``' two sides (first over second) by each leg's ``key``, and the
+    details a result file keeps: the figure, every leg, the medians, each pair's ratio, the machine."""
+    a, b = legs
+    seconds = {side: [leg[key] for leg in legs[side]] for side in (a, b)}
+    ratio, pairs = paired_ratio(seconds[a], seconds[b])
+    return ratio, {
+        "figure": figure,
+        "legs": dict(legs),
+        "medians_s": {side: statistics.median(values) for side, values in seconds.items()},
+        "pair_ratios": pairs,
+        "machine": machine_details(),
+    }
 
 
 def goal_met(ratio: float, goal: str) -> bool:

@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import statistics
-import subprocess
 import sys
 import textwrap
+from typing import Any
 
-from bench.common import alternating_rounds, machine_details, paired_ratio, write_result
+from bench.common import alternating_rounds, paired_legs, script_leg, write_result
 
 LEG = textwrap.dedent(
     """
@@ -71,10 +69,8 @@ LEG = textwrap.dedent(
 SIDES = ("no_prestart", "default")  # A, B
 
 
-def leg(side: str) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", LEG, side], capture_output=True, text=True, timeout=600, check=True)
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+def leg(side: str) -> dict[str, Any]:
+    return script_leg(LEG, side)[0]
 
 
 def main() -> int:
@@ -82,16 +78,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     legs = alternating_rounds({side: functools.partial(leg, side) for side in SIDES}, args.rounds)
-    seconds = {side: [one["init_to_loop_s"] for one in legs[side]] for side in SIDES}
-    ratio, pairs = paired_ratio(seconds["no_prestart"], seconds["default"])
-    details = {
-        "figure": "the driver's ray.init -> the training loop running, one worker, a fresh local Ray (2 CPUs)",
-        "legs": legs,
-        "medians_s": {side: statistics.median(values) for side, values in seconds.items()},
-        "pair_ratios": pairs,
-        "machine": machine_details(),
-    }
-    print(f"no prestart / Ray's default: {ratio:.3f} (median of {len(pairs)} pairs)")
+    figure = "the driver's ray.init -> the training loop running, one worker, a fresh local Ray (2 CPUs)"
+    ratio, details = paired_legs(legs, "init_to_loop_s", figure)
+    print(f"no prestart / Ray's default: {ratio:.3f} (median of {len(details['pair_ratios'])} pairs)")
     command = " ".join(["python -m bench.ray_prestart", *sys.argv[1:]])
     baseline = "Ray's default: num_cpus idle workers prestarted for the first driver"
     write_result("ray_prestart", ratio, "<= 0.9", baseline, command, details)

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import statistics
-import subprocess
 import sys
 import textwrap
+from typing import Any
 
-from bench.common import alternating_rounds, machine_details, paired_ratio, write_result
+from bench.common import alternating_rounds, paired_legs, script_leg, write_result
 
 LEG = textwrap.dedent(
     """
@@ -56,11 +54,10 @@ LEG = textwrap.dedent(
 SIDES = ("early", "ray_train")  # A, B
 
 
-def leg(side: str) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", LEG, side], capture_output=True, text=True, timeout=600, check=True)
-    result: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+def leg(side: str) -> dict[str, Any]:
+    result, output = script_leg(LEG, side)
     # Ray Train's own words when an ask of the coordinator timed out: the wait this removes.
-    result["asks_timed_out"] = (done.stdout + done.stderr).count("Failed to send resource request")
+    result["asks_timed_out"] = output.count("Failed to send resource request")
     return result
 
 
@@ -69,16 +66,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     legs = alternating_rounds({side: functools.partial(leg, side) for side in SIDES}, args.rounds)
-    seconds = {side: [one["fit_to_loop_s"] for one in legs[side]] for side in SIDES}
-    ratio, pairs = paired_ratio(seconds["early"], seconds["ray_train"])
-    details = {
-        "figure": "TorchTrainer.fit() -> the training loop running, one worker, a fresh local Ray (2 CPUs)",
-        "legs": legs,
-        "medians_s": {side: statistics.median(values) for side, values in seconds.items()},
-        "pair_ratios": pairs,
-        "machine": machine_details(),
-    }
-    print(f"coordinator asked early / by Ray Train: {ratio:.3f} (median of {len(pairs)} pairs)")
+    figure = "TorchTrainer.fit() -> the training loop running, one worker, a fresh local Ray (2 CPUs)"
+    ratio, details = paired_legs(legs, "fit_to_loop_s", figure)
+    print(f"coordinator asked early / by Ray Train: {ratio:.3f} (median of {len(details['pair_ratios'])} pairs)")
     command = " ".join(["python -m bench.ray_train_start", *sys.argv[1:]])
     write_result("ray_train_start", ratio, "<= 0.9", "Ray Train creating its AutoscalingCoordinator itself",
                  command, details)  # fmt: skip

@@ -1,0 +1,37 @@
+"""The A vs B helpers the start-up benchmarks share (bench/common.py)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from bench.common import alternating_rounds, paired_legs, script_leg
+
+pytestmark = pytest.mark.unit
+
+# A leg as the benchmarks write one: its side in argv, its figures as JSON on the last stdout line.
+SCRIPT = """
+import json, sys
+print("noise first", file=sys.stderr)
+print("a line before the figures")
+print(json.dumps({"seconds": 2.0 if sys.argv[1] == "fast" else 4.0}))
+"""
+
+
+def test_a_script_leg_returns_its_last_line_as_json_and_all_it_wrote() -> None:
+    result, output = script_leg(SCRIPT, "fast")
+    assert result == {"seconds": 2.0}
+    assert "a line before the figures" in output
+    assert "noise first" in output
+
+
+def test_paired_legs_take_the_first_side_over_the_second_round_by_round() -> None:
+    legs = alternating_rounds({side: functools.partial(lambda s: script_leg(SCRIPT, s)[0], side)
+                               for side in ("fast", "slow")}, rounds=2)  # fmt: skip
+    ratio, details = paired_legs(legs, "seconds", "a figure")
+    assert ratio == 0.5
+    assert details["pair_ratios"] == [0.5, 0.5]
+    assert details["medians_s"] == {"fast": 2.0, "slow": 4.0}
+    assert details["figure"] == "a figure"
+    assert details["legs"] == {"fast": [{"seconds": 2.0}] * 2, "slow": [{"seconds": 4.0}] * 2}
