@@ -33,7 +33,7 @@ from bench.common import alternating_rounds, paired_legs, script_leg, write_resu
 
 LEG = textwrap.dedent(
     """
-    import json, os, subprocess, sys, tempfile, time
+    import json, os, shutil, subprocess, sys, tempfile, time
     from spotray.local_ray import LocalRayCluster
 
     env = {} if sys.argv[1] == "default" else {"RAY_prestart_worker_first_driver": "0"}
@@ -61,6 +61,7 @@ LEG = textwrap.dedent(
         TorchTrainer(loop, train_loop_config={"marks": marks}, scaling_config=ScalingConfig(num_workers=1),
                      run_config=RunConfig(storage_path=marks)).fit()
         looped = float(open(marks + "/loop").read())
+        shutil.rmtree(marks, ignore_errors=True)
         ray.shutdown()
     print(json.dumps({"init_to_loop_s": round(looped - began, 2), "init_s": round(connected - began, 2),
                       "idle_workers_seen": idle}))

@@ -27,7 +27,7 @@ from bench.common import alternating_rounds, paired_legs, script_leg, write_resu
 
 LEG = textwrap.dedent(
     """
-    import json, sys, tempfile, time
+    import json, shutil, sys, tempfile, time
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -48,6 +48,7 @@ LEG = textwrap.dedent(
                  run_config=RunConfig(storage_path=marks)).fit()
     ended = time.time()
     looped = float(open(marks + "/loop").read())
+    shutil.rmtree(marks, ignore_errors=True)
     print(json.dumps({"fit_to_loop_s": round(looped - began, 2), "fit_s": round(ended - began, 2)}))
     """
 )
