@@ -404,7 +404,7 @@ def restart_problems(found: list[dict[str, Any]], faults: list[Fault]) -> list[s
             problems.append(f"resumed from {restart['resumed']}, but checkpoint-{restart['complete']} was complete")
         if restart["emergency"] is not None and restart["resumed"] != restart["emergency"]:
             problems.append(f"resumed from {restart['resumed']}, not the emergency checkpoint {restart['emergency']}")
-        if restart.get("noticed") is not None and restart["emergency"] is None and not outage:
+        if restart["noticed"] is not None and restart["emergency"] is None and not outage:
             problems.append(
                 f"the spot notice acted on at step {restart['noticed']} left no emergency checkpoint "
                 f"(resumed from {restart['resumed']}, {restart['reached'] - restart['resumed']} steps lost)"

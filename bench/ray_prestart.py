@@ -5,9 +5,9 @@ By default a raylet starts ``num_cpus`` idle Python workers when the first drive
 job and an empty runtime env, and holds that driver's registration until they are up. Ray Train V2's
 actors cannot take them, as read in Ray 2.60's source: its controller and its workers get a runtime env
 of their own (env vars it propagates), and a worker process only takes a lease whose runtime env
-hashes the same. On 2 cores
-those processes import Ray beside the driver and Ray Train's first actors, on every local attempt
-(local mode starts a cluster per attempt when the fault took the old one: spotray/local_ray.py). On
+hashes the same. On 2 cores those processes import Ray beside the driver and Ray Train's first actors,
+on every local attempt (local mode starts a cluster per attempt when the fault took the old one:
+spotray/local_ray.py). On
 KubeRay the head has ``num-cpus: 0`` and the driver runs there, so no worker is prestarted: this
 measures local mode.
 
