@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -176,6 +176,9 @@ bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ra
 
 bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot node reclaimed once: goodput, RayJob -> first step, notice -> training again
 	$(PY) -m bench.goodput_testbed --steps 600 --interval 50 --reclaim-at 160
+
+bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 10 minutes vs the same run uninterrupted (~70 min; KEPT=1: one Ray cluster per run)
+	$(PY) -m bench.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run)
 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt
 	$(PY) -m bench.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120

@@ -139,15 +139,29 @@ def startup_phases(cluster: DemoCluster, name: str, status: dict[str, Any]) -> d
 
 
 def run_leg(
-    cluster: DemoCluster, workdir: Path, name: str, steps: int, interval: int, reclaims: list[int], timeout_s: float
+    cluster: DemoCluster,
+    workdir: Path,
+    name: str,
+    steps: int,
+    interval: int,
+    reclaims: list[int],
+    timeout_s: float,
+    min_step_seconds: float = 0.0,
 ) -> dict[str, Any]:
     document = cluster_demo.demo_training_run(
-        f"{cluster_demo.POD_JOB_DIR}/{name}", name=name, steps=steps, every=interval, max_preemptions=len(reclaims) + 3
+        f"{cluster_demo.POD_JOB_DIR}/{name}",
+        name=name,
+        steps=steps,
+        every=interval,
+        max_preemptions=len(reclaims) + 3,
+        min_step_seconds=min_step_seconds,
     )
     manifest = workdir / f"{name}.yaml"
     manifest.write_text(yaml.safe_dump(document, sort_keys=False))
     cluster.testbed.kubectl("apply", "-f", str(manifest))
-    stop, reclaimed, back_s = threading.Event(), [], []
+    stop = threading.Event()
+    reclaimed: list[int] = []
+    back_s: list[float] = []
     reclaimer = threading.Thread(
         target=reclaim_at, args=(cluster, name, reclaims, stop, reclaimed, back_s), daemon=True
     )

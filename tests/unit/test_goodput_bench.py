@@ -8,6 +8,7 @@ import yaml
 
 from bench.demo_goodput import demo_faults
 from bench.goodput import leg_manifest, node_flags, node_lifetimes
+from bench.goodput_long import goodput_ratio, leg_timeout_s, reclaim_steps
 from bench.goodput_testbed import current_step
 from spotray.contract.spec import WorkerSpec, parse_training_run
 from spotray.node_faults import Moment, NodeSchedule
@@ -60,3 +61,20 @@ def test_the_demo_benchmark_runs_the_faults_make_demo_passes(tmp_path):
     makefile.write_text("demo: setup\n\tspotray run x --local\n")
     with pytest.raises(SystemExit, match="no `DEMO_FAULTS"):
         demo_faults(makefile)
+
+
+def test_the_long_run_is_reclaimed_once_every_period_half_a_period_in() -> None:
+    steps = 3600  # 30 minutes at 0.5 s a step
+    assert reclaim_steps(steps, 0.5, 600) == [600, 1800, 3000], "at 5, 15 and 25 minutes"
+    assert reclaim_steps(steps, 0.5, 1800) == [1800], "one period: one reclaim, in its middle"
+    assert reclaim_steps(100, 0.5, 600) == [], "a run shorter than half a period is never reclaimed"
+    with pytest.raises(ValueError, match="positive"):
+        reclaim_steps(steps, 0.0, 600)
+
+
+def test_the_long_runs_ratio_needs_both_runs_to_succeed_with_a_goodput() -> None:
+    done = {"phase": "Succeeded", "goodput": 0.8}
+    assert goodput_ratio(done, {"phase": "Succeeded", "goodput": 0.76}) == pytest.approx(0.95)
+    assert goodput_ratio(done, {"phase": "Failed", "goodput": 0.5}) is None
+    assert goodput_ratio({"phase": "Succeeded", "goodput": None}, done) is None
+    assert leg_timeout_s(3600, 0.5, 3) > 3600 * 0.5, "a leg may take longer than its paced steps"
