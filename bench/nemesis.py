@@ -812,7 +812,7 @@ class TrialResult:
     seconds: float
     attempts: list[str] = field(default_factory=list)  # "1 Preempted/NodeLost", ...
     steps_lost: list[int] = field(default_factory=list)
-    kept: str = ""  # where a failed trial's logs are
+    kept: str = ""  # where a failed (or unexplained: see unexplained_interruptions) trial's logs are
     notes: list[str] = field(default_factory=list)  # what went wrong on the campaign's side (not judged)
 
 
@@ -1175,15 +1175,32 @@ def keep_logs(campaign: Campaign, trial: Trial, result: TrialResult) -> str:
     return str(trial.dir)
 
 
+def unexplained_interruptions(attempts: list[str], landings: list[Landing]) -> list[int]:
+    """Attempts that ended Interrupted (nothing spent, so the checker passes them: any cluster fault of
+    the trial allows it) although no fault landed in them or in the attempt before (an outage that
+    began there may reach into the next one's start), nor between attempts. Something else stopped
+    them, the test bed or the product, and a person should read why: such a trial keeps its logs as a
+    failed one does (trial 96 had one and left nothing to read)."""
+    landed = [land for land in landings if not land.missed]
+    if any(not land.attempts for land in landed):
+        return []  # a fault between attempts (or before the first) may explain any of them
+    near = {number + later for land in landed for number in land.attempts for later in (0, 1)}
+    interrupted = [int(text.split()[0]) for text in attempts if text.split()[1].startswith("Interrupted/")]
+    return [number for number in interrupted if number not in near]
+
+
 def run_trial(campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> TrialResult:
     trial = Trial(campaign, number, seed, faults)
     result = trial.run()
-    if result.problems:
+    unexplained = unexplained_interruptions(result.attempts, result.landings)
+    if unexplained:
+        result.notes.append(f"attempts {unexplained} ended Interrupted with no fault of the trial in them")
+    if result.problems or unexplained:
         result.kept = keep_logs(campaign, trial, result)
     elif number == 0:
         campaign.reference_batches = trained_batches(trial.dir / "samples")
     campaign.bed.kubectl("delete", "trainingrun", trial.name, "-n", campaign.namespace, "--wait=false", check=False)
-    if not result.problems:
+    if not result.kept:
         shutil.rmtree(trial.dir, ignore_errors=True)
     return result
 

@@ -36,6 +36,7 @@ from bench.nemesis import (
     latest_runs,
     outcomes_allowed,
     summary,
+    unexplained_interruptions,
 )
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME
 
@@ -295,3 +296,14 @@ def test_a_spot_notice_goes_to_the_python_driver_not_the_shell_that_names_it() -
         for process in (shell, driver):
             process.kill()
             process.wait()
+
+
+def test_an_interruption_no_fault_explains_keeps_the_trials_logs() -> None:
+    attempts = ["1 Interrupted/InfrastructureFault", "2 Succeeded/TrainingFinished"]
+    assert unexplained_interruptions(attempts, [landing("s3-refuse", [2])]) == [1], "trial 96: S3 failed later"
+    assert unexplained_interruptions(attempts, [landing("s3-refuse", [1])]) == []
+    later = ["1 Preempted/NodeLost", "2 Interrupted/InfrastructureFault", "3 Succeeded/TrainingFinished"]
+    assert unexplained_interruptions(later, [landing("s3-silent", [1])]) == [], "an outage reaching attempt 2"
+    assert unexplained_interruptions(attempts, [landing("s3-silent", [])]) == [], "a fault between attempts"
+    assert unexplained_interruptions(attempts, [landing("s3-refuse", [1], missed=True)]) == [1]
+    assert unexplained_interruptions(["1 Succeeded/TrainingFinished"], []) == []
