@@ -1197,7 +1197,7 @@ def run_trial(campaign: Campaign, number: int, seed: int, faults: list[Fault]) -
         result.notes.append(f"attempts {unexplained} ended Interrupted with no fault of the trial in them")
     if result.problems or unexplained:
         result.kept = keep_logs(campaign, trial, result)
-    elif number == 0:
+    if number == 0 and not result.problems:  # the reference, even one that keeps its logs
         campaign.reference_batches = trained_batches(trial.dir / "samples")
     campaign.bed.kubectl("delete", "trainingrun", trial.name, "-n", campaign.namespace, "--wait=false", check=False)
     if not result.kept:
