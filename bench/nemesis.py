@@ -1189,13 +1189,19 @@ def unexplained_interruptions(attempts: list[str], landings: list[Landing]) -> l
     return [number for number in interrupted if number not in near]
 
 
-def run_trial(campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> TrialResult:
-    trial = Trial(campaign, number, seed, faults)
-    result = trial.run()
+def note_unexplained(result: TrialResult) -> bool:
+    """Note on ``result`` the attempts ``unexplained_interruptions`` finds; True if there were any
+    (the trial then keeps its logs). Both campaigns' ``run_trial`` ask it."""
     unexplained = unexplained_interruptions(result.attempts, result.landings)
     if unexplained:
         result.notes.append(f"attempts {unexplained} ended Interrupted with no fault of the trial in them")
-    if result.problems or unexplained:
+    return bool(unexplained)
+
+
+def run_trial(campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> TrialResult:
+    trial = Trial(campaign, number, seed, faults)
+    result = trial.run()
+    if note_unexplained(result) or result.problems:
         result.kept = keep_logs(campaign, trial, result)
     if number == 0 and not result.problems:  # the reference, even one that keeps its logs
         campaign.reference_batches = trained_batches(trial.dir / "samples")

@@ -70,7 +70,7 @@ from kubernetes import client, config
 
 from bench import nemesis
 from bench.common import RESULTS_DIR
-from bench.nemesis import KINDS, Fault, KindOfFault, Landing, Pace, TrialLog, TrialResult, unexplained_interruptions
+from bench.nemesis import KINDS, Fault, KindOfFault, Landing, Pace, TrialLog, TrialResult
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -552,10 +552,7 @@ def emergency_resumes(attempts: list[dict[str, Any]]) -> list[str]:
 def run_trial(campaign: RealPodsCampaign, number: int, seed: int, faults: list[Fault]) -> TrialResult:
     trial = RealPodsTrial(campaign, number, seed, faults)
     result = trial.run()
-    unexplained = unexplained_interruptions(result.attempts, result.landings)
-    if unexplained:
-        result.notes.append(f"attempts {unexplained} ended Interrupted with no fault of the trial in them")
-    if result.problems or unexplained:
+    if nemesis.note_unexplained(result) or result.problems:
         record = {"result": asdict(result), "history": [{"t": t, "status": s} for t, s in trial.history]}
         (trial.dir / "trial.json").write_text(json.dumps(record, indent=2, default=str))
         campaign.keep_logs(trial.dir)
