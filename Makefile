@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -78,7 +78,7 @@ test: setup testbed ## every suite: unit, e2e, then integration with the compat 
 	echo "e2e: exit $$e2e; integration: exit $$integration; compat matrix: exit $$compat_status"; \
 	test $$e2e -eq 0 && test $$integration -eq 0 && test $$compat_status -eq 0
 
-test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps, local PBT, the Hydra launcher's local multirun, a run's kept Ray cluster on real pods, a spot notice whose checkpoint outlasts its deadline)
+test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps, local PBT, the Hydra launcher's local multirun, a run's kept Ray cluster on real pods, a spot notice whose checkpoint outlasts its deadline, a fixed-size run going on on its spare)
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)
@@ -161,6 +161,9 @@ bench-ray-prestart: setup ## Ray's idle workers prestarted for the first driver 
 
 bench-elastic-notice: setup ## an elastic run's worker node lost with a spot notice (go on at once) vs without, A vs B (~22 min)
 	$(PY) -m bench.elastic_notice
+
+bench-spare-notice: setup ## a fixed-size run's worker node given a spot notice, with a spare worker pod vs without, A vs B (~15 min)
+	$(PY) -m bench.spare_notice
 
 bench-hook-start: setup ## a worker pod's preStop hook starting: Ray alone vs the launcher's imports, A vs B (~2 min)
 	$(PY) -m bench.hook_start

@@ -7,8 +7,8 @@ hour in each of the chart's pools, one worker pod per node::
 
 From the goodput ledger (status.goodput, train/records/goodput.py), ``status.cost`` is then:
 
-- ``run``: the wall time so far, times the head node and ``replicas`` worker nodes at their pool's
-  price (``spotPerHour`` for ``workers.spot``, else ``onDemandPerHour``). The wall time includes
+- ``run``: the wall time so far, times the head node and ``replicas + spareReplicas`` worker nodes
+  at their pool's price (``spotPerHour`` for ``workers.spot``, else ``onDemandPerHour``). The wall time includes
   every wait, restart and redone step: that is what spot costs. It counts every worker for all of
   it, so an elastic run that went on smaller, or a run waiting for capacity, is counted high;
 - ``onDemandSameSteps``: what an uninterrupted run of the same surviving steps would cost on
@@ -78,7 +78,7 @@ def run_cost(goodput: Goodput, workers: WorkerSpec, prices: Prices) -> Cost:
     start_up = goodput.lost_seconds.start_up if goodput.lost_seconds else None
     same_steps_h = (float(goodput.surviving_step_seconds or 0) + float(start_up or 0)) / 3600
     worker_price = prices.spot_per_hour if workers.spot else prices.on_demand_per_hour
-    run = wall_h * (workers.replicas * worker_price + prices.head_per_hour)
+    run = wall_h * (workers.pods * worker_price + prices.head_per_hour)  # spares cost what they hold
     on_demand = same_steps_h * (workers.replicas * prices.on_demand_per_hour + prices.head_per_hour)
     return Cost(
         currency=prices.currency,

@@ -226,11 +226,12 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
         "workerGroupSpecs": [
             {
                 "groupName": WORKER_GROUP,
-                "replicas": workers.replicas,
-                # Ray Train's elastic group (train/launch/launcher.py) decides how many of them it uses;
-                # KubeRay keeps asking for all of them, so lost spot pods come back with capacity.
+                # The run's replicas and its spares (idle until a notice takes a worker's node). Ray
+                # Train's group (train/launch/launcher.py) decides how many of them it uses; KubeRay
+                # keeps asking for all of them, so lost spot pods come back with capacity.
+                "replicas": workers.pods,
                 "minReplicas": workers.min_replicas or workers.replicas,
-                "maxReplicas": workers.replicas,
+                "maxReplicas": workers.pods,
                 "rayStartParams": {},
                 "template": _pod_template(
                     run,

@@ -97,6 +97,8 @@ LOCAL_RESIZE_CHECK_S = 5
 # drained by a spot notice exits once its workers are done, a moment before the driver does; a
 # driver whose head died under it waits for the gone GCS, which Ray bounds by no deadline of ours.
 HEAD_LOST_GRACE_S = 10.0
+# Spare worker nodes take the loopback addresses after the lost node's (127.0.0.3): 127.0.0.4, .5, ...
+SPARE_HOST_FIRST = 4
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,8 @@ class LocalRun:
         # preemption, and Ray never takes a drained node back: such a cluster is not kept.
         self.cluster_drained = False
         self.node: LocalRayWorkerNode | None = None  # the worker node of a run with node faults, while up
+        # spec.workers.spareReplicas's nodes, one worker's CPUs each, started once the group trains.
+        self.spares: list[LocalRayWorkerNode] = []
         # The preStop hook of a worker node's spot notice, and when it was given (--worker-notice-s).
         self.node_notice: tuple[subprocess.Popen[bytes], float] | None = None
 
@@ -436,6 +440,7 @@ class LocalRun:
         if self.cluster is not None:
             self.cluster.stop()
         self.cluster, self.node, self.node_notice, self.cluster_drained = None, None, None, False
+        self.spares = []  # stopped with their cluster
 
     def driver_env(self, context: RunContext, ray_address: str) -> dict[str, str]:
         """The environment of an attempt's driver: this process's, the S3 settings, ``spec.secretEnv``'s
@@ -472,6 +477,7 @@ class LocalRun:
                     workers[int(event["rank"])] = int(event["pid"])
                 if event["event"] == "step":
                     step = int(event["step"])
+                    self._start_spares(cluster)
                     lost = self._maybe_inject(step, driver, cluster, workers)
                     if lost is not None:
                         return driver.returncode, lost
@@ -541,6 +547,21 @@ class LocalRun:
             self._injected(f"SIGTERM to the driver (a spot notice) at step {step}")
             self.faults = replace(faults, preempt_at=None)
         return None
+
+    def _start_spares(self, cluster: LocalRayCluster) -> None:
+        """A run with node faults and ``spareReplicas`` gets its spare nodes once its group trains.
+
+        Not before: Ray places a group on any node with room, and the group must hold the worker on
+        the node the faults hit, as a cluster's group holds its spot workers. A spot notice to that
+        node then finds a spare free, and a fixed-size run goes on there (train/hf/worker.py).
+        """
+        spares = self.run_spec.spec.workers.spare_replicas
+        if not self.node_layout.node_cpus or len(self.spares) >= spares:
+            return
+        for index in range(len(self.spares), spares):
+            host = f"127.0.0.{SPARE_HOST_FIRST + index}"
+            self.spares.append(cluster.add_worker_node(self.node_layout.node_cpus, host=host))
+            self.progress.note(f"a spare worker node up on {host} (spec.workers.spareReplicas)")
 
     def _move_node(
         self, step: int, cluster: LocalRayCluster, node: LocalRayWorkerNode | None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from typing import Any
 
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
@@ -37,6 +38,7 @@ from spotray.train.hf.learning_rate import LearningRateAfterResume
 from spotray.train.hf.loadable import trainer_checkpoint_check
 from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback
 from spotray.train.launch.batching import plan_batch
+from spotray.train.launch.ray_capacity import spare_room
 from spotray.train.processes.ranks import broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.events import EventLog
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
@@ -213,9 +215,13 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         )
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     report = ProgressCallback(sync, events, progress)
-    # An elastic group goes on without the ranks a spot notice takes, if enough are left (train/hf/worker.py).
+    # An elastic group goes on without the ranks a spot notice takes, if enough are left, and any group
+    # whose spares Ray has room for right then (train/hf/worker.py).
     min_workers = spec.workers.min_workers if spec.workers.elastic else None
-    notice = PreemptionNoticeCallback(sync, events, attempt=context.attempt_id, min_workers=min_workers)
+    room = partial(spare_room, spec.workers) if spec.workers.spare_replicas else None
+    notice = PreemptionNoticeCallback(
+        sync, events, attempt=context.attempt_id, min_workers=min_workers, spare_room=room
+    )
     # --learning-rate holds after a resume too (the Trainer would restore the checkpoint's): a sweep's
     # population-based training resumes a trial from another's checkpoint with a perturbed rate.
     callbacks: list[TrainerCallback] = [sync, report, notice, LearningRateAfterResume(config.learning_rate)]

@@ -237,6 +237,13 @@ class WorkerSpec:
         default=None,
         minimum=1,
     )
+    spare_replicas: int = spec_field(
+        "Worker pods kept up beside the run's replicas, idle until a spot notice takes a worker's node: "
+        "the run then goes on at once on a spare, in the same attempt, from the notice's emergency "
+        "checkpoint, instead of stopping and waiting for a new node. Each costs a node of the workers' pool.",
+        default=0,
+        minimum=0,
+    )
 
     def problems(self, path: str) -> list[str]:
         if self.min_replicas is not None and self.min_replicas > self.replicas:
@@ -263,6 +270,11 @@ class WorkerSpec:
     @property
     def elastic(self) -> bool:
         return self.min_workers < self.num_workers
+
+    @property
+    def pods(self) -> int:
+        """The worker pods the Ray cluster keeps up: the run's replicas and its spares."""
+        return self.replicas + self.spare_replicas
 
     @property
     def worker_counts(self) -> range:

@@ -25,6 +25,12 @@ def test_spot_costs_the_wall_time_and_on_demand_the_surviving_steps_plus_one_sta
     assert cost == Cost(currency="USD", run=2.5, on_demand_same_steps=4.55, saved_ratio=0.451)
 
 
+def test_spare_pods_cost_what_they_hold_and_an_on_demand_run_needs_none() -> None:
+    cost = run_cost(LEDGER, WorkerSpec(replicas=2, spare_replicas=1, spot=True), PRICES)
+    # run: 1 h x (3 x 1.0 + 0.5); on demand, no interruption to stand by for: as without spares
+    assert (cost.run, cost.on_demand_same_steps) == (3.5, 4.55)
+
+
 def test_workers_off_spot_pay_the_on_demand_price_and_spot_can_cost_more() -> None:
     cost = run_cost(LEDGER, WorkerSpec(replicas=2, spot=False), PRICES)
     assert cost.run == 6.5

@@ -11,7 +11,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from spotray.train.hf.worker import PreemptionNoticeCallback, goes_on_without, notice_ranks
 from spotray.train.launch.drain import raylet_pids
 from spotray.train.processes.drain_handshake import checkpointed, checkpointed_marker, mark_checkpointed
-from spotray.train.records.events import EventLog
+from spotray.train.records.events import EventLog, read_events
 
 pytestmark = pytest.mark.unit
 NODE = "a3f0" * 14  # a Ray node id is 56 hex digits
@@ -35,21 +35,26 @@ class FakeSync:
 
 
 @pytest.mark.parametrize(
-    ("ranks", "size", "min_workers", "goes_on"),
+    ("ranks", "size", "min_workers", "room", "goes_on"),
     [
-        ({1}, 2, 1, True),  # an elastic run of 2 keeps its 1 minimum
-        ({2, 3}, 4, 2, True),
-        ({1, 2, 3}, 4, 2, False),  # too few left: the whole group stops on its checkpoint
-        ({0, 1}, 2, 1, False),  # every rank (the driver's SIGTERM drains every node)
-        ({1}, 2, None, False),  # a fixed-size run
-        (set(), 2, 1, False),  # a SIGTERM notice names no rank: every rank goes
-        ({0}, 2, 1, True),  # rank 0's node: Ray Train gives the smaller group a new rank 0
+        ({1}, 2, 1, 0, True),  # an elastic run of 2 keeps its 1 minimum
+        ({2, 3}, 4, 2, 0, True),
+        ({1, 2, 3}, 4, 2, 0, False),  # too few left: the whole group stops on its checkpoint
+        ({1, 2, 3}, 4, 2, 1, True),  # ... unless a spare makes up the minimum
+        ({0, 1}, 2, 1, 0, False),  # every rank (the driver's SIGTERM drains every node)
+        ({1}, 2, None, 0, False),  # a fixed-size run with no room elsewhere
+        ({1}, 2, None, 1, True),  # a fixed-size run with a spare free: it restarts at full size there
+        ({1, 2}, 4, None, 1, False),  # two ranks taken, room for one: a fixed size cannot go on
+        ({1, 2}, 4, None, 3, True),
+        (set(), 2, None, 4, False),  # a SIGTERM notice names no rank: every rank goes, room or not
+        (set(), 2, 1, 0, False),
+        ({0}, 2, 1, 0, True),  # rank 0's node: Ray Train gives the smaller group a new rank 0
     ],
 )
-def test_an_elastic_group_goes_on_only_when_enough_ranks_are_left(
-    ranks: set[int], size: int, min_workers: int | None, goes_on: bool
+def test_a_group_goes_on_only_when_enough_ranks_are_left_or_have_room_elsewhere(
+    ranks: set[int], size: int, min_workers: int | None, room: int, goes_on: bool
 ) -> None:
-    assert goes_on_without(frozenset(ranks), size, min_workers) is goes_on
+    assert goes_on_without(frozenset(ranks), size, min_workers, room) is goes_on
 
 
 def test_a_notice_names_its_ranks_only_when_ray_gives_them() -> None:
@@ -105,6 +110,40 @@ def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
     callback.on_step_end(args, hf_state(4), control)  # now every node: the whole group stops
     assert control.should_save
     assert control.should_training_stop
+
+
+@pytest.mark.parametrize(("room", "goes_on"), [(1, True), (0, False)])
+def test_a_fixed_size_group_with_spares_goes_on_only_when_rank_0_reads_room_for_the_ranks_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: int, goes_on: bool
+) -> None:
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("spotray.train.hf.worker.world_size", lambda: 2)
+    monkeypatch.setattr("spotray.train.hf.worker.world_rank", lambda: 0)
+    readings: list[int] = []
+
+    def spare_room() -> int:
+        readings.append(room)
+        return room
+
+    events = EventLog(tmp_path / "events.jsonl")
+    callback = PreemptionNoticeCallback(
+        FakeSync(),  # type: ignore[arg-type]
+        events,
+        attempt=1,
+        target_interval_s=0.0,
+        calibration_steps=1,
+        notice=lambda: RayNotice([1]),
+        spare_room=spare_room,
+        node_id=lambda: NODE,
+    )
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    control = TrainerControl()
+    callback.on_step_end(args, hf_state(1), control)
+    assert control.should_save, "an emergency checkpoint either way"
+    assert control.should_training_stop is not goes_on
+    assert readings == [room], "the room is read once, at the notice"
+    notice = next(event for event in read_events(tmp_path / "events.jsonl") if event["event"] == "preemption_notice")
+    assert (notice["going_on"], notice["spare_room"]) == (goes_on, room)
 
 
 def test_the_handshake_file_is_per_node_and_refuses_what_is_not_a_node_id(tmp_path: Path) -> None:

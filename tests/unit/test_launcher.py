@@ -88,6 +88,9 @@ def test_a_notice_ends_a_fixed_size_attempt_but_an_elastic_group_restarts_smalle
     assert fixed.failure_config.max_preemption_failures == 0
     elastic = build_run_config(context(workers={"replicas": 3, "minReplicas": 1}), "/tmp/ray")
     assert elastic.failure_config.max_preemption_failures == -1
+    # A spare is how a fixed-size group goes on after a notice: Ray Train restarts it there.
+    spares = build_run_config(context(workers={"replicas": 2, "spareReplicas": 1}), "/tmp/ray")
+    assert spares.failure_config.max_preemption_failures == -1
 
 
 def test_a_ray_without_preemption_handling_gets_no_preemption_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -16,7 +16,9 @@
   store, leaves a marker there, and training stops. An elastic group that can do without the ranks
   the notice names (``goes_on_without``) keeps training instead: once the emergency checkpoint is
   safe, the ranks on the draining node tell its preStop hook (train/processes/drain_handshake.py), the
-  node goes, and Ray Train restarts the group smaller from that checkpoint, in the same attempt.
+  node goes, and Ray Train restarts the group smaller from that checkpoint, in the same attempt. A
+  fixed-size group with spare pods does the same when Ray has room for the ranks the notice takes
+  (read on rank 0 at the notice): Ray Train restarts it at full size, on a spare.
 
 Only ``ray.train`` calls need a Ray cluster; ranks come from ``torch.distributed``, which both launchers
 set up. The module still imports ``ray.train``, so it needs the ``[ray]`` extra even under torchrun.
@@ -90,15 +92,19 @@ def notice_ranks(info: object) -> frozenset[int]:
     return frozenset(getattr(info, "preempted_ranks", None) or ())
 
 
-def goes_on_without(ranks: frozenset[int], size: int, min_workers: int | None) -> bool:
-    """Whether a group of ``size`` ranks can go on without ``ranks``: an elastic run keeps at least ``min_workers``.
+def goes_on_without(ranks: frozenset[int], size: int, min_workers: int | None, room: int = 0) -> bool:
+    """Whether a group of ``size`` ranks can go on without ``ranks``, restarting on the ranks left and
+    on ``room`` workers' worth of free capacity elsewhere (spare pods): an elastic run needs at least
+    ``min_workers`` of them, a fixed-size run (``min_workers`` None) all ``size``.
 
     A notice that names no rank (a SIGTERM, or Ray's for a node that holds none of ours) stops the
-    whole group, as does one a fixed-size run (``min_workers`` None) gets.
+    whole group, and so does one a fixed-size run gets with no room for the ranks it takes.
     """
-    if min_workers is None or not ranks:
+    if not ranks:
         return False
-    return size - len(ranks & set(range(size))) >= max(1, min_workers)
+    lost = len(ranks & set(range(size)))
+    needed = size if min_workers is None else max(1, min_workers)
+    return size - lost + min(room, lost) >= needed
 
 
 class ProgressCallback(TrainerCallback):
@@ -162,6 +168,7 @@ class PreemptionNoticeCallback(TrainerCallback):
         calibration_steps: int = 5,
         notice: Callable[[], object | None] | None = None,
         min_workers: int | None = None,
+        spare_room: Callable[[], int] | None = None,
         node_id: Callable[[], str | None] = ray_node_id,
     ) -> None:
         self.sync = sync
@@ -170,7 +177,10 @@ class PreemptionNoticeCallback(TrainerCallback):
         self.target_interval_s = target_interval_s
         self.calibration_steps = calibration_steps
         self.notice = notice or default_notice()
-        self.min_workers = min_workers  # an elastic run's minimum; None: any notice stops the group
+        self.min_workers = min_workers  # an elastic run's minimum; None: a fixed size
+        # How many workers could start now outside the draining nodes (read on rank 0 at a notice);
+        # None: the run has no spares, so a fixed-size group stops at any notice.
+        self.spare_room = spare_room
         self.node_id = node_id
         self.check_every_steps = 1  # until calibrated
         self.steps_seen = 0
@@ -203,17 +213,23 @@ class PreemptionNoticeCallback(TrainerCallback):
         if ranks and ranks <= self.going_on_without:
             return  # the notice this group already went on without (Ray repeats it until the node is gone)
         self.noticed_at = time.monotonic()
-        go_on = goes_on_without(ranks, world_size(), self.min_workers)
+        size = world_size()
+        room = None
+        go_on = goes_on_without(ranks, size, self.min_workers)
+        if not go_on and ranks and self.spare_room is not None:
+            room = self._room()  # every rank gets here alike: they share the notice and the spec
+            go_on = goes_on_without(ranks, size, self.min_workers, room)
         log.warning(
-            "preemption notice at step %d: saving an emergency checkpoint, then %s",
+            "preemption notice at step %d: saving an emergency checkpoint, then %s%s",
             state.global_step,
             f"going on without ranks {sorted(ranks)}" if go_on else "stopping",
+            "" if room is None else f" (room for {room} worker(s) outside the draining nodes)",
         )
         if state.is_world_process_zero:
             deadline_ms = getattr(info, "deadline_ms", None)  # Ray's notice has one; SIGTERM's does not
             self.events.emit(
                 "preemption_notice", step=state.global_step, deadline_ms=deadline_ms, going_on=go_on,
-                ranks=sorted(ranks) or None,
+                ranks=sorted(ranks) or None, spare_room=room,
             )  # fmt: skip
         control.should_save = True
         if go_on:
@@ -221,6 +237,11 @@ class PreemptionNoticeCallback(TrainerCallback):
         else:
             self.going_on_without = frozenset()
             control.should_training_stop = True
+
+    def _room(self) -> int:
+        """Rank 0's reading of the spare room, on every rank (a collective)."""
+        assert self.spare_room is not None
+        return int(broadcast_from_rank0(self.spare_room() if world_rank() == 0 else 0))
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.noticed_at is None or self.stopped_at_step is not None:

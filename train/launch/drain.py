@@ -5,9 +5,9 @@ The hook drains this pod's Ray node as a preemption (what ``ray drain-node --rea
 DRAIN_NODE_REASON_PREEMPTION`` does), which Ray Train turns into a notice for the training workers:
 they take an emergency checkpoint, wait until it is complete in S3, and stop. The hook then waits
 until no Ray Train worker is left on this node, or the workers on it say that their checkpoint is
-safe and their group goes on without them (an elastic run: train/processes/drain_handshake.py), or the
-deadline nears, so the SIGTERM that follows does not cut the checkpoint short, and an elastic group
-does not train on a leaving node for longer than it must.
+safe and their group goes on without them (an elastic run, or one with a spare worker pod:
+train/processes/drain_handshake.py), or the deadline nears, so the SIGTERM that follows does not cut
+the checkpoint short, and a group that goes on does not train on a leaving node longer than it must.
 """
 
 from __future__ import annotations

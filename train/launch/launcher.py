@@ -14,12 +14,15 @@ What each part of the spec becomes:
   dies is replaced and training goes on from the latest complete checkpoint in our store (seed 003);
   a training loop that crashes again and again (raises, or its worker dies by a signal) is not
   (train/launch/crash_loop.py);
-- preemptions -> ``FailureConfig(max_preemption_failures=0)`` unless the run is elastic: a notice ends
-  the attempt (its emergency checkpoint, then the controller's next attempt), so Ray Train must not
-  start a group of its own after the drain deadline. Its default (-1) did, on nodes the driver's own
-  SIGTERM had drained, and that group never started: an attempt "running" for 15 minutes (nemesis
-  trial 39 of seed 1, its checkpoint 0.9 s past the deadline; tests/integration/test_driver_notice.py).
-  An elastic group keeps Ray Train's restarts: they are how it goes on smaller.
+- preemptions -> ``FailureConfig(max_preemption_failures=0)`` unless the run is elastic or has spare
+  pods: a notice ends the attempt (its emergency checkpoint, then the controller's next attempt), so
+  Ray Train must not start a group of its own after the drain deadline. Its default (-1) did, on nodes
+  the driver's own SIGTERM had drained, and that group never started: an attempt "running" for 15
+  minutes (nemesis trial 39 of seed 1, its checkpoint 0.9 s past the deadline;
+  tests/integration/test_driver_notice.py). An elastic group keeps Ray Train's restarts: they are how
+  it goes on smaller; so does a group with spares (``spec.workers.spareReplicas``): they are how it
+  goes on at full size on a spare. For both, the driver's own SIGTERM is bounded by
+  train/launch/driver_notice.py.
 
 Ray Train V2 (the default in Ray 2.60) has no ``TorchTrainer.restore``: a new attempt is a new
 ``fit()``, and resume comes from our own S3 checkpoints, which each worker fetches at start. We
@@ -66,6 +69,7 @@ from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
 from spotray.train.launch.driver_notice import EXIT_MARGIN_S, DriverNotice, stop_without_drain
 from spotray.train.launch.node_watch import NodeWatch, coordinator_refresh
+from spotray.train.launch.ray_capacity import worker_resources
 from spotray.train.launch.ray_drain import drain_all_nodes
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
 from spotray.train.records.events import EventLog, event_log_from_env
@@ -161,9 +165,7 @@ def build_scaling_config(context: RunContext, environ: dict[str, str] | None = N
     run, restarting the group bigger if so. Each restart resumes from the latest checkpoint.
     """
     workers = context.spec.workers
-    resources: dict[str, float] = {"CPU": workers.cpu_per_worker}
-    if workers.gpu:
-        resources["GPU"] = 1
+    resources = worker_resources(workers)
     if not workers.elastic:
         return ScalingConfig(num_workers=workers.num_workers, use_gpu=workers.gpu > 0, resources_per_worker=resources)
     # Ray Train V2's ScalingConfig (what ray.train exports in Ray 2.60); the type stubs know V1's.
@@ -181,7 +183,7 @@ def build_scaling_config(context: RunContext, environ: dict[str, str] | None = N
 def build_run_config(context: RunContext, storage_path: str, *, max_worker_failures: int = -1) -> RunConfig:
     # Ray Train V2's FailureConfig (what ray.train exports in Ray 2.60); the type stubs know V1's.
     failures: dict[str, Any] = {"max_failures": max_worker_failures}
-    if not context.spec.workers.elastic and PREEMPTION_ERROR:
+    if not context.spec.workers.elastic and not context.spec.workers.spare_replicas and PREEMPTION_ERROR:
         failures["max_preemption_failures"] = 0  # a notice ends the attempt (see the module docstring)
     return RunConfig(name=context.name, storage_path=storage_path, failure_config=FailureConfig(**failures))
 
