@@ -95,23 +95,31 @@ def loss_cost(events: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_once(scratch: Path, mode: str) -> dict[str, Any]:
-    """One run in a new directory under ``scratch``."""
+def measure_loss(
+    scratch: Path, bench: str, mode: str, manifest_text: str, extra_args: tuple[str, ...], attempts: int = 1
+) -> dict[str, Any]:
+    """One local run with node faults in a new directory under ``scratch``, which must end Succeeded
+    in its ``attempts``-th attempt; returns what its first loss cost (``loss_cost``)."""
     workdir = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=scratch)) / "run"
     print(f"{mode}: running in {workdir}", flush=True)
     result = chaos_runs.run_local(
-        workdir,
-        [],
-        f"{NAME}-{os.getpid()}-{mode}",
-        manifest_text=elastic_manifest(STEPS, step_seconds=STEP_SECONDS),
-        timeout_s=900,
-        extra_args=("--lose-worker-at", str(LOSE_AT), *MODES[mode]),
+        workdir, [], f"{bench}-{os.getpid()}-{mode}", manifest_text=manifest_text, timeout_s=900, extra_args=extra_args
     )
-    if result.exit_code != 0 or result.state.get("attempt") != 1:
-        raise RuntimeError(f"{mode}: exit {result.exit_code}, status {result.state}:\n{result.log_tail()}")
+    if result.exit_code != 0 or result.state.get("attempt") != attempts:
+        raise RuntimeError(
+            f"{mode}: exit {result.exit_code}, status {result.state} (expected attempt {attempts}):\n"
+            f"{result.log_tail()}"
+        )
     cost = loss_cost(list(read_events(result.workdir / "events.jsonl")))
     print(f"  {mode}: {cost}", flush=True)
-    return {"mode": mode, "seconds": round(result.seconds, 1), "injected": result.injected, **cost}
+    seconds = round(result.seconds, 1)
+    return {"mode": mode, "attempts": attempts, "seconds": seconds, "injected": result.injected, **cost}
+
+
+def run_once(scratch: Path, mode: str) -> dict[str, Any]:
+    """One run in a new directory under ``scratch``."""
+    manifest = elastic_manifest(STEPS, step_seconds=STEP_SECONDS)
+    return measure_loss(scratch, NAME, mode, manifest, ("--lose-worker-at", str(LOSE_AT), *MODES[mode]))
 
 
 def main(argv: list[str] | None = None) -> int:

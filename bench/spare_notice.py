@@ -26,26 +26,19 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import chaos_runs
 from bench.common import alternating_rounds, machine_details, paired_ratio, scratch_dir, write_result
-from bench.elastic_notice import loss_cost
-from spotray.train.records.events import read_events
+
+# The same run shape as the elastic notice's: 80 steps paced to 1 s, a checkpoint every 10, a 30 s notice.
+from bench.elastic_notice import GLOBAL_BATCH, NOTICE_S, SAVE_STEPS, STEP_SECONDS, STEPS, measure_loss
 
 NAME = "spare_notice"
 GOAL = "<= 0.5"
-STEPS = 80
-SAVE_STEPS = 10
-GLOBAL_BATCH = 8
 NOTICE_AT = 20
-STEP_SECONDS = 1.0  # the notice's hook is a new Python process: unpaced, the run is over first
-NOTICE_S = 30
 RETURN_AFTER = "5s"  # the lost node back this long after it is gone (the real-pods bed: 5 s)
 MODES = {"spare": 1, "none": 0}
 
@@ -75,27 +68,9 @@ def notice_args(notice_at: int = NOTICE_AT, return_after: str = RETURN_AFTER) ->
 
 
 def run_once(scratch: Path, mode: str) -> dict[str, Any]:
-    """One run in a new directory under ``scratch``."""
-    workdir = Path(tempfile.mkdtemp(prefix=f"{mode}-", dir=scratch)) / "run"
-    print(f"{mode}: running in {workdir}", flush=True)
-    result = chaos_runs.run_local(
-        workdir,
-        [],
-        f"{NAME}-{os.getpid()}-{mode}",
-        manifest_text=spares_manifest(STEPS, MODES[mode]),
-        timeout_s=900,
-        extra_args=notice_args(),
-    )
+    """One run in a new directory under ``scratch``: with a spare it stays in attempt 1, without it takes 2."""
     attempts = 1 if MODES[mode] else 2
-    if result.exit_code != 0 or result.state.get("attempt") != attempts:
-        raise RuntimeError(
-            f"{mode}: exit {result.exit_code}, status {result.state} (expected attempt {attempts}):\n"
-            f"{result.log_tail()}"
-        )
-    cost = loss_cost(list(read_events(result.workdir / "events.jsonl")))
-    print(f"  {mode}: {cost}", flush=True)
-    seconds = round(result.seconds, 1)
-    return {"mode": mode, "attempts": attempts, "seconds": seconds, "injected": result.injected, **cost}
+    return measure_loss(scratch, NAME, mode, spares_manifest(STEPS, MODES[mode]), notice_args(), attempts)
 
 
 def main(argv: list[str] | None = None) -> int:
