@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import argparse
 import functools
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import alternating_rounds, machine_details, paired_ratio, scratch_dir, write_result
+from bench.common import alternating_rounds, paired_legs, scratch_dir, write_result
 
 # The same run shape as the elastic notice's: 80 steps paced to 1 s, a checkpoint every 10, a 30 s notice.
 from bench.elastic_notice import GLOBAL_BATCH, NOTICE_S, SAVE_STEPS, STEP_SECONDS, STEPS, measure_loss
@@ -78,32 +77,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
     with scratch_dir("spotray-spare-notice-") as scratch:
-        by_mode = alternating_rounds({mode: functools.partial(run_once, scratch, mode) for mode in MODES}, args.rounds)
-    runs = [{"round": index + 1, **run} for mode in MODES for index, run in enumerate(by_mode[mode])]
-    spare = [r["lost_s"] for r in by_mode["spare"]]
-    none = [r["lost_s"] for r in by_mode["none"]]
-    ratio, per_round = paired_ratio(spare, none)
+        legs = alternating_rounds({mode: functools.partial(run_once, scratch, mode) for mode in MODES}, args.rounds)
+    figure = "the notice's emergency checkpoint step trained -> the next worker group's first step"
+    ratio, details = paired_legs(legs, "lost_s", figure)
+    medians = details["medians_s"]
     write_result(
         NAME,
         ratio,
         GOAL,
         baseline=(
             f"the same fixed-size run (2 workers) without a spare, its worker node given a {NOTICE_S} s notice "
-            f"at step {NOTICE_AT} and back {RETURN_AFTER} after it is gone (a new attempt); measured: the "
-            "emergency checkpoint's step trained -> the next group's first step; "
-            f"median {statistics.median(spare):.1f} s with a spare vs {statistics.median(none):.1f} s without"
+            f"at step {NOTICE_AT} and back {RETURN_AFTER} after it is gone (a new attempt); measured: {figure}; "
+            f"median {medians['spare']:.1f} s with a spare vs {medians['none']:.1f} s without"
         ),
         command=" ".join(["python -m bench.spare_notice", *(argv if argv is not None else sys.argv[1:])]),
-        details={
-            **machine_details(),
-            "per_round": per_round,
-            "runs": runs,
-            "steps": STEPS,
-            "save_steps": SAVE_STEPS,
-            "step_seconds": STEP_SECONDS,
-        },
+        details={**details, "steps": STEPS, "save_steps": SAVE_STEPS, "step_seconds": STEP_SECONDS},
     )
-    print(f"{NAME}: spare {spare} vs none {none}: ratio {ratio:.3f} (goal {GOAL})")
+    print(f"{NAME}: spare {medians['spare']} s vs none {medians['none']} s: ratio {ratio:.3f} (goal {GOAL})")
     return 0
 
 
