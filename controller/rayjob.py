@@ -66,6 +66,8 @@ from spotray.controller.lifecycle import RayJobRefusal
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
 SHARED_VOLUME = "shared"
+KUBERAY_NODE_TYPE_LABEL = "ray.io/node-type"  # KubeRay labels each pod "head" or "worker"
+HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"  # one node: the kubelet sets it on every Node
 # The uid of spotray's image and of the official Ray images; set explicitly because the kubelet
 # cannot check runAsNonRoot against an image whose USER is a name ("ray").
 RUN_AS_USER = 1000
@@ -151,6 +153,7 @@ def _pod_template(
     node_selector: dict[str, str],
     tolerations: list[dict[str, Any]],
     grace_seconds: int | None = None,
+    spread: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "containers": [container],
@@ -163,11 +166,24 @@ def _pod_template(
         spec["tolerations"] = [dict(t) for t in tolerations]
     if grace_seconds is not None:
         spec["terminationGracePeriodSeconds"] = grace_seconds
+    if spread is not None:
+        spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [spread]}}
     if config.shared_pvc:
         spec["securityContext"]["fsGroup"] = config.fs_group
         spec["volumes"] = [{"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": config.shared_pvc}}]
         container["volumeMounts"] = [{"name": SHARED_VOLUME, "mountPath": config.shared_mount_path}]
     return {"metadata": {"labels": _labels(run, attempt)}, "spec": spec}
+
+
+def _spread_workers(run: TrainingRun) -> dict[str, Any] | None:
+    """A run with spares asks the scheduler to put its worker pods on different nodes (preferred, so
+    a pool with fewer nodes still starts the run): a spare on the node of the worker it stands in
+    for goes with it when a reclaim takes that node. Without spares the scheduler packs as it likes."""
+    if not run.spec.workers.spare_replicas:
+        return None
+    selector = {RUN_LABEL: run.name, KUBERAY_NODE_TYPE_LABEL: "worker"}
+    term = {"labelSelector": {"matchLabels": selector}, "topologyKey": HOSTNAME_TOPOLOGY_KEY}
+    return {"weight": 100, "podAffinityTerm": term}
 
 
 def _labels(run: TrainingRun, attempt: int | None) -> dict[str, str]:
@@ -241,6 +257,7 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
                     node_selector=worker_selector,
                     tolerations=worker_tolerations,
                     grace_seconds=grace,
+                    spread=_spread_workers(run),
                 ),
             }
         ],

@@ -111,3 +111,15 @@ def test_k8s_job_mode_gets_a_restricted_submitter_without_the_s3_secret() -> Non
     assert (
         "submitterPodTemplate" not in build_rayjob(parse_training_run(document["trainingRun"]), 1, "uid", http)["spec"]
     )
+
+
+def test_a_run_with_spares_spreads_its_worker_pods_over_nodes_and_one_without_does_not() -> None:
+    # A spare on the node of the worker it stands in for would go with it when a reclaim takes it.
+    spread = pod_specs(build("gpu-nfs"))["workers"]["affinity"]["podAntiAffinity"]
+    (preferred,) = spread["preferredDuringSchedulingIgnoredDuringExecution"]
+    term = preferred["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == {"spotray.dev/run": "llm", "ray.io/node-type": "worker"}
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in spread  # a smaller pool still starts the run
+    for role, pod in pod_specs(build("defaults")).items():
+        assert "affinity" not in pod, role
