@@ -69,7 +69,16 @@ SPOT_BACK_AFTER_S = 5  # a new spot VM joins this long after the old one is gone
 DEMO_MIN_STEP_SECONDS = 0.2  # the reclaim lands mid-run, not after the last step (see demo_training_run)
 
 ON_DEMAND_NODE = tb.real.RealNode("real-ondemand-0", 1, labels={SPOT_LABEL: SPOT_LABEL_ON_DEMAND})
-SPOT_NODE = tb.real.RealNode("real-spot-0", 2, labels={SPOT_LABEL: SPOT_LABEL_SPOT}, taints=[dict(tb.SPOT_TAINT)])
+
+
+def spot_node(index: int) -> tb.real.RealNode:
+    """The ``index``-th spot node (real-spot-0, real-spot-1, ...), after the on-demand node on the fabric."""
+    return tb.real.RealNode(
+        f"real-spot-{index}", 2 + index, labels={SPOT_LABEL: SPOT_LABEL_SPOT}, taints=[dict(tb.SPOT_TAINT)]
+    )
+
+
+SPOT_NODE = spot_node(0)
 
 
 class StopRequestedError(Exception):
@@ -88,8 +97,10 @@ def demo_training_run(
     max_preemptions: int = 3,
     *,
     min_step_seconds: float = 0.0,
+    spares: int = 0,
 ) -> dict[str, Any]:
-    """jobs/gpt2/trainingrun.yaml, made to fit two small nodes: one CPU worker on the spot node.
+    """jobs/gpt2/trainingrun.yaml, made to fit two small nodes: one CPU worker on the spot node
+    (and ``spares`` spare worker pods, each wanting a spot node of its own).
 
     ``min_step_seconds`` paces the tiny model like a real one: unpaced it runs 10 steps a second or
     more, faster than a spot notice takes effect (the preStop hook starts Python and drains the Ray
@@ -105,6 +116,8 @@ def demo_training_run(
     # which Ray's memory monitor would kill tasks over under a 2Gi limit.
     spec["head"] = {"cpu": "250m", "memory": "4Gi"}
     spec["workers"] = {"replicas": 1, "cpu": "500m", "memory": "3Gi"}
+    if spares:
+        spec["workers"]["spareReplicas"] = spares
     spec["checkpoint"] = {
         "uri": f"s3://{BUCKET}/runs/{name}",
         "everySteps": every,
@@ -145,16 +158,23 @@ def lose_the_spot_node(testbed: tb.Testbed, stop: threading.Event) -> None:
     reclaim_worker_node(testbed, status, RUN, stop)
 
 
-def reclaim_worker_node(testbed: tb.Testbed, status: dict[str, Any], name: str, stop: threading.Event) -> float:
-    """Reclaim the node of the current attempt's worker pod (notice, then the VM gone); a new spot
-    VM joins SPOT_BACK_AFTER_S later. Returns when the notice was given (time.time())."""
+def worker_pods_selector(status: dict[str, Any], name: str) -> str:
+    """The label selector of the current attempt's worker pods: of its own Ray cluster, or of the
+    run's kept across attempts (controller.rayClusterPerRun)."""
     attempts = status.get("attempts") or [{}]
-    step = (status.get("progress") or {}).get("step")
-    # An attempt's own cluster, or the run's kept across attempts (controller.rayClusterPerRun).
     ray_cluster = attempts[-1].get("rayCluster")
     whose = f"ray.io/cluster={ray_cluster}" if ray_cluster else f"{ATTEMPT_LABEL}={len(attempts)}"
-    selector = f"{RUN_LABEL}={name},{whose},ray.io/node-type=worker"
-    node = pods(testbed, NAMESPACE, selector)[0]["spec"]["nodeName"]
+    return f"{RUN_LABEL}={name},{whose},ray.io/node-type=worker"
+
+
+def reclaim_worker_node(
+    testbed: tb.Testbed, status: dict[str, Any], name: str, stop: threading.Event, node: str | None = None
+) -> float:
+    """Reclaim ``node``, by default the node of the current attempt's (first) worker pod: the notice,
+    then the VM gone; a new spot VM joins SPOT_BACK_AFTER_S later. Returns when the notice was given
+    (time.time())."""
+    step = (status.get("progress") or {}).get("step")
+    node = node or pods(testbed, NAMESPACE, worker_pods_selector(status, name))[0]["spec"]["nodeName"]
     say(f"spot node {node} reclaimed at step {step}: tainted, its pods evicted with their grace period, then gone")
     noticed = time.time()
     testbed.reclaim_real_node(node)
@@ -295,10 +315,12 @@ def set_ray_cluster_per_run(testbed: tb.Testbed, on: bool) -> None:
 
 
 @contextlib.contextmanager
-def demo_cluster(workdir: Path) -> Iterator[DemoCluster]:
-    """The test bed on real nodes and `helm install` of the chart (controller and MinIO as pods)."""
-    say(f"starting the test bed in {workdir}: control plane, KubeRay, two real nodes (on-demand, spot)")
-    with tb.Testbed(workdir, nodes=[], real_nodes=[ON_DEMAND_NODE, SPOT_NODE]) as testbed:
+def demo_cluster(workdir: Path, spot_nodes: int = 1) -> Iterator[DemoCluster]:
+    """The test bed on real nodes (one on-demand, ``spot_nodes`` spot) and `helm install` of the
+    chart (controller and MinIO as pods)."""
+    say(f"starting the test bed in {workdir}: control plane, KubeRay, real nodes (one on-demand, {spot_nodes} spot)")
+    real_nodes = [ON_DEMAND_NODE, *(spot_node(index) for index in range(spot_nodes))]
+    with tb.Testbed(workdir, nodes=[], real_nodes=real_nodes) as testbed:
         kubeconfig = testbed.kubeconfig
         print(
             "while it runs, from another terminal:\n"
