@@ -88,8 +88,8 @@ nemesis: setup testbed ## the controller in the loop: 200 trials on the kwok tes
 	rm -f bench/results/nemesis-trials.jsonl
 	$(PY) -m bench.nemesis --trials 200 --parallel 3
 
-nemesis-real-pods: setup testbed ## the nemesis on real pods: 20 full trainings in real containers, each hit by faults at random moments (bench/nemesis_real_pods.py)
-	$(PY) -m bench.nemesis_real_pods --trials 20
+nemesis-real-pods: setup testbed ## the nemesis on real pods: 20 full trainings in real containers, each hit by faults at random moments (bench/nemesis_real_pods.py; KEPT=1: one Ray cluster per run, SPARES=1: a spare worker pod)
+	$(PY) -m bench.nemesis_real_pods --trials 20 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares)
 
 test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)

@@ -45,12 +45,18 @@ With ``--ray-cluster-per-run`` the chart's controller.rayClusterPerRun is on: ea
 cluster across its attempts, and its trials go to a log and result of their own
 (nemesis-real-pods-kept-trials.jsonl, nemesis_real_pods_kept.json). The driver's SIGTERM there is a
 stopped job, not a notice (``KINDS_ON_A_KEPT_CLUSTER``).
+
+With ``--spares`` each run keeps a spare worker pod (``spareReplicas: 1``) on a second spot node; the
+reclaim then takes the node of the pod that runs the Ray Train worker, and the attempt may go on and
+finish on the spare (``kinds_judged``). Its trials go to nemesis-real-pods-spares-trials.jsonl and
+nemesis_real_pods_spares.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import itertools
 import json
 import random
@@ -98,6 +104,9 @@ DEFAULT_LOG = RESULTS_DIR / "nemesis-real-pods-trials.jsonl"
 # With controller.rayClusterPerRun on (--ray-cluster-per-run): a campaign of its own, apart from the default's.
 KEPT_LOG = RESULTS_DIR / "nemesis-real-pods-kept-trials.jsonl"
 KEPT_RESULT = "nemesis_real_pods_kept"
+# With a spare worker pod (--spares): a second spot node, and the trials' own log and result.
+SPARES_LOG = RESULTS_DIR / "nemesis-real-pods-spares-trials.jsonl"
+SPARES_RESULT = "nemesis_real_pods_spares"
 
 # A worker's node lost without notice, the head on its on-demand node untouched: Ray Train replaces the
 # worker when a new one joins and goes on inside the attempt from the newest complete checkpoint
@@ -138,9 +147,17 @@ KINDS_ON_A_KEPT_CLUSTER: dict[str, KindOfFault] = {
 }
 
 
-def kinds_judged(ray_cluster_per_run: bool) -> dict[str, KindOfFault]:
-    """The fault kinds, as judged with controller.rayClusterPerRun on or off."""
-    return KINDS_ON_A_KEPT_CLUSTER if ray_cluster_per_run else KINDS_ON_REAL_PODS
+def kinds_judged(ray_cluster_per_run: bool, spares: bool = False) -> dict[str, KindOfFault]:
+    """The fault kinds, as judged with controller.rayClusterPerRun on or off, with spares or without.
+
+    With a spare worker pod Ready, a reclaim's notice lets the attempt go on: its group restarts on
+    the spare from the emergency checkpoint, and the attempt may finish; without room (the spare not
+    joined yet, or itself leaving) the notice ends it as without spares."""
+    kinds = dict(KINDS_ON_A_KEPT_CLUSTER if ray_cluster_per_run else KINDS_ON_REAL_PODS)
+    if spares:
+        reclaim = kinds["spot-reclaim"]
+        kinds["spot-reclaim"] = dataclasses.replace(reclaim, judged=(*reclaim.judged, nemesis.SUCCEEDED_))
+    return kinds
 
 
 # Run in the head's container: signal the job's processes, found by the word in their argv (the job's
@@ -191,10 +208,12 @@ def newest_complete(keys: list[str]) -> int:
 class RealPodsCampaign:
     """The cluster every trial shares, and the faults acting on it."""
 
-    def __init__(self, cluster: cluster_demo.DemoCluster, workdir: Path, ray_cluster_per_run: bool = False) -> None:
+    def __init__(
+        self, cluster: cluster_demo.DemoCluster, workdir: Path, ray_cluster_per_run: bool = False, spares: int = 0
+    ) -> None:
         self.cluster, self.bed, self.workdir = cluster, cluster.testbed, workdir
-        self.ray_cluster_per_run = ray_cluster_per_run
-        self.kinds = kinds_judged(ray_cluster_per_run)
+        self.ray_cluster_per_run, self.spares = ray_cluster_per_run, spares
+        self.kinds = kinds_judged(ray_cluster_per_run, spares > 0)
         if ray_cluster_per_run:  # before the controller's pod is read: the upgrade rolls it out anew
             cluster_demo.set_ray_cluster_per_run(self.bed, on=True)
         self.pace = REAL_PODS_PACE
@@ -204,7 +223,6 @@ class RealPodsCampaign:
         (pod,) = self.pods(SYSTEM, CONTROLLER)
         # The audit log names requests by user: the controller's ServiceAccount, as its pod has it.
         self.user = f"system:serviceaccount:{SYSTEM}:{pod['spec']['serviceAccountName']}"
-        self.spot_node = next(n for n in self.bed.real_nodes if n.name == cluster_demo.SPOT_NODE.name)
         self.stores: dict[tuple[str, str], S3ObjectStore] = {}  # (run, MinIO's pod address) -> its store
 
     # -- reading (every read may fail while a fault holds the API server or MinIO) --------------
@@ -284,8 +302,11 @@ class RealPodsCampaign:
         return self.pods(NAMESPACE, f"{RUN_LABEL}={run},{owner},ray.io/node-type={node_type}")
 
     def worker_node(self, run: str, attempt: int) -> str:
+        """The node of the attempt's worker pod; with spares, of the one that runs the Ray Train worker
+        where its pods say so (else the first's: a fault may hold the API server)."""
         pods = self.ray_pods(run, attempt, "worker")
-        return next((p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")), "")
+        training = cluster_demo.training_worker_node(self.bed, pods) if self.spares and len(pods) > 1 else None
+        return training or next((p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")), "")
 
     def head_pod(self, run: str, attempt: int) -> str:
         running = [p for p in self.ray_pods(run, attempt, "head") if p["status"].get("phase") == "Running"]
@@ -330,7 +351,7 @@ class RealPodsCampaign:
             if controller_down:
                 back.callback(self.scale_controller, 1)  # whatever fails below: the next trials need it
                 self.scale_controller(0)
-            back.callback(self.spot_node_back)
+            back.callback(self.spot_node_back, node)
             if kind == "spot-reclaim":
                 self.bed.reclaim_real_node(node)
             else:
@@ -343,11 +364,11 @@ class RealPodsCampaign:
                     tb.wait_until(ended, lambda: self.job_ended(run, attempt), CONTROLLER_DOWN_S)
         return node
 
-    def spot_node_back(self) -> None:
+    def spot_node_back(self, name: str) -> None:
         """A new spot VM of the same name joins SPOT_BACK_AFTER_S after the old one went."""
         time.sleep(cluster_demo.SPOT_BACK_AFTER_S)
-        self.bed.start_real_node(self.spot_node)
-        self.bed.wait_real_nodes_ready([self.spot_node.name])
+        self.bed.start_real_node(next(n for n in self.bed.real_nodes if n.name == name))
+        self.bed.wait_real_nodes_ready([name])
 
     def scale_controller(self, replicas: int) -> None:
         deployment = "deployment/spotray-controller"
@@ -394,7 +415,7 @@ class RealPodsTrial:
         pace = self.campaign.pace
         document = cluster_demo.demo_training_run(
             f"{cluster_demo.POD_JOB_DIR}/{self.name}", name=self.name, steps=pace.steps, every=pace.every,
-            min_step_seconds=pace.step_seconds,
+            min_step_seconds=pace.step_seconds, spares=self.campaign.spares,
         )  # fmt: skip
         document["spec"]["retry"] = {"maxPreemptions": 10, "maxFailures": 5, "backoffSeconds": 1}
         return document
@@ -626,9 +647,15 @@ def main() -> int:
         help="the chart's controller.rayClusterPerRun on: each run keeps one Ray cluster across its attempts "
         f"(its own log and result: {KEPT_LOG.name}, {KEPT_RESULT}.json)",
     )
+    parser.add_argument(
+        "--spares",
+        action="store_true",
+        help="each run keeps a spare worker pod (spareReplicas 1) on a second spot node "
+        f"(its own log and result: {SPARES_LOG.name}, {SPARES_RESULT}.json)",
+    )
     args = parser.parse_args()
-    if args.ray_cluster_per_run and args.log == DEFAULT_LOG:
-        args.log = KEPT_LOG
+    if args.log == DEFAULT_LOG and (args.spares or args.ray_cluster_per_run):
+        args.log = SPARES_LOG if args.spares else KEPT_LOG
     kinds = [k for k in args.kinds.split(",") if k] or None
     for kind in kinds or []:
         if kind not in KINDS_ON_REAL_PODS:
@@ -647,8 +674,10 @@ def main() -> int:
     where = "real pods: real kubelets, containerd and runc; the chart's controller and MinIO as pods; KubeRay"
     if args.ray_cluster_per_run:
         where += "; controller.rayClusterPerRun on (one Ray cluster per run, kept across its attempts)"
-    name = KEPT_RESULT if args.ray_cluster_per_run else "nemesis_real_pods"
-    judged = kinds_judged(args.ray_cluster_per_run)
+    if args.spares:
+        where += "; spareReplicas 1 (a spare worker pod on a second spot node)"
+    name = SPARES_RESULT if args.spares else KEPT_RESULT if args.ray_cluster_per_run else "nemesis_real_pods"
+    judged = kinds_judged(args.ray_cluster_per_run, args.spares)
     return nemesis.write_summary(name, log, judged, REAL_PODS_PACE, where, module="nemesis_real_pods")
 
 
@@ -660,8 +689,9 @@ def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | 
     started = time.monotonic()
     trial_log = TrialLog(log, args.seed, 1) if log is not None else None
     numbers = range(args.first, args.first + args.trials)
-    with cluster_demo.demo_cluster(workdir / "cluster") as cluster:
-        campaign = RealPodsCampaign(cluster, workdir, args.ray_cluster_per_run)
+    spares = 1 if args.spares else 0
+    with cluster_demo.demo_cluster(workdir / "cluster", spot_nodes=1 + spares) as cluster:
+        campaign = RealPodsCampaign(cluster, workdir, args.ray_cluster_per_run, spares)
         results = campaign_trials(campaign, numbers, args.seed, kinds, trial_log)
     passed = sum(1 for r in results if not r.problems)
     minutes = (time.monotonic() - started) / 60

@@ -58,18 +58,7 @@ GOAL = "<= 0.5"
 GOAL_NOTICE_TO_TRAINING_S = 15  # the issue's: reclaim notice -> training again, the head kept
 SETTINGS = {"spare": 1, "none": 0}  # leg -> spec.workers.spareReplicas
 POLL_S = 1.0
-SPARE_READY_TIMEOUT_S = 300.0
-# Run in a worker pod: does it host the run's Ray Train worker? (Ray names an actor's process after
-# its class; a spare's Ray node runs none.)
-HOSTS_TRAIN_WORKER = """
-import pathlib
-def cmdline(path):
-    try:
-        return path.read_bytes()
-    except OSError:
-        return b""
-print(any(b"RayTrainWorker" in cmdline(p) for p in pathlib.Path("/proc").glob("[0-9]*/cmdline")))
-"""
+RECLAIM_MOMENT_TIMEOUT_S = 600.0  # the run's pods up, its start-up and steps to the reclaim
 
 
 def ready_worker_pods(cluster: cluster_demo.DemoCluster, status: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -80,18 +69,6 @@ def ready_worker_pods(cluster: cluster_demo.DemoCluster, status: dict[str, Any],
         for pod in found
         if pod["status"].get("containerStatuses") and all(c.get("ready") for c in pod["status"]["containerStatuses"])
     ]
-
-
-def training_worker_node(cluster: cluster_demo.DemoCluster, pods: list[dict[str, Any]]) -> str:
-    """The node of the worker pod that runs the Ray Train worker (not the spare's)."""
-    for pod in pods:
-        found = cluster.testbed.kubectl(
-            "exec", "-n", cluster_demo.NAMESPACE, pod["metadata"]["name"], "-c", "ray-worker", "--",
-            "python", "-c", HOSTS_TRAIN_WORKER, check=False,
-        )  # fmt: skip
-        if found.returncode == 0 and found.stdout.strip() == "True":
-            return str(pod["spec"]["nodeName"])
-    raise RuntimeError(f"no worker pod of {[p['metadata']['name'] for p in pods]} runs a RayTrainWorker")
 
 
 def wait_for_reclaim_moment(
@@ -159,8 +136,10 @@ def run_leg(
     manifest.write_text(yaml.safe_dump(document, sort_keys=False))
     cluster.testbed.kubectl("apply", "-f", str(manifest))
     started = time.monotonic()
-    status, ready = wait_for_reclaim_moment(cluster, name, args.reclaim_at, 1 + spares, SPARE_READY_TIMEOUT_S + 300)
-    node = training_worker_node(cluster, ready)
+    status, ready = wait_for_reclaim_moment(cluster, name, args.reclaim_at, 1 + spares, RECLAIM_MOMENT_TIMEOUT_S)
+    node = cluster_demo.training_worker_node(cluster.testbed, ready)
+    if node is None:
+        raise RuntimeError(f"{name}: no worker pod of {[p['metadata']['name'] for p in ready]} runs a RayTrainWorker")
     reclaimed_at_step = current_step(status)
     noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, threading.Event(), node=node)
     status = wait_until_done(cluster, name, 900.0)

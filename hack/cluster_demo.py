@@ -167,6 +167,32 @@ def worker_pods_selector(status: dict[str, Any], name: str) -> str:
     return f"{RUN_LABEL}={name},{whose},ray.io/node-type=worker"
 
 
+# Run in a worker pod: does it host the run's Ray Train worker? (Ray names an actor's process after
+# its class; a spare's Ray node runs none.)
+HOSTS_TRAIN_WORKER = """
+import pathlib
+def cmdline(path):
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+print(any(b"RayTrainWorker" in cmdline(p) for p in pathlib.Path("/proc").glob("[0-9]*/cmdline")))
+"""
+
+
+def training_worker_node(testbed: tb.Testbed, worker_pods: list[dict[str, Any]]) -> str | None:
+    """The node of the worker pod that runs the run's Ray Train worker (not a spare's), asked of each
+    pod's container; None when none answers that it does (a fault may hold the API server)."""
+    for pod in worker_pods:
+        found = testbed.kubectl(
+            "exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "ray-worker", "--",
+            "python", "-c", HOSTS_TRAIN_WORKER, check=False,
+        )  # fmt: skip
+        if found.returncode == 0 and found.stdout.strip() == "True" and pod["spec"].get("nodeName"):
+            return str(pod["spec"]["nodeName"])
+    return None
+
+
 def reclaim_worker_node(
     testbed: tb.Testbed, status: dict[str, Any], name: str, stop: threading.Event, node: str | None = None
 ) -> float:

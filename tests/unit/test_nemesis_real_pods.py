@@ -22,6 +22,7 @@ from bench.nemesis_real_pods import (
     emergency_resumes,
     emergency_step,
     is_progress_key,
+    kinds_judged,
     newest_complete,
     resumes_judged,
 )
@@ -123,6 +124,19 @@ def test_a_reclaim_in_the_last_interval_may_find_the_job_finished_as_a_notice_ma
     for reason in ("SpotNotice", "NodeLost"):
         judged = [attempt(1, "Preempted", reason)]
         assert outcomes_allowed(judged, [early], REAL_PODS_PACE, KINDS_ON_REAL_PODS) == []
+
+
+def test_with_a_spare_an_early_reclaim_may_let_the_attempt_finish_and_without_one_it_may_not() -> None:
+    early = Landing("spot-reclaim", "step", [1], 10, "between checkpoints", 30.0)
+    finished = [attempt(1, "Succeeded", "TrainingFinished")]
+    assert outcomes_allowed(finished, [early], REAL_PODS_PACE, kinds_judged(False, spares=True)) == []
+    assert outcomes_allowed(finished, [early], REAL_PODS_PACE, kinds_judged(True, spares=True)) == []
+    assert outcomes_allowed(finished, [early], REAL_PODS_PACE, kinds_judged(False)) != []
+    # No room (the spare not joined yet): the notice ends the attempt, as without spares.
+    preempted = [attempt(1, "Preempted", "SpotNotice")]
+    assert outcomes_allowed(preempted, [early], REAL_PODS_PACE, kinds_judged(True, spares=True)) == []
+    failed = [attempt(1, "Failed", "TrainingFailed")]
+    assert outcomes_allowed(failed, [early], REAL_PODS_PACE, kinds_judged(True, spares=True)) != []
 
 
 def test_faults_are_drawn_from_the_real_pods_kinds_only() -> None:
