@@ -108,7 +108,11 @@ def first_group_after(history: list[AttemptProgress], moment: float) -> dict[str
     starts += [(at, a, step) for a in history for step, at in a.restarts]
     later = sorted((s for s in starts if s[0] > moment), key=lambda s: s[0])
     if not later:
-        raise RuntimeError(f"no worker group started after the notice: {[a.attempt for a in history]}")
+        groups = [(a.attempt, a.started, a.restarts, a.last_step) for a in history]
+        raise RuntimeError(
+            f"no worker group started after the notice at {moment:.1f}: (attempt, started, restarts, last step)"
+            f" {groups}"
+        )
     started, attempt, resumed = later[0]
     first = next((p for p in attempt.points if p[2] >= started), None)
     if first is None:
@@ -130,7 +134,12 @@ def run_leg(
     cluster: cluster_demo.DemoCluster, workdir: Path, name: str, spares: int, args: argparse.Namespace
 ) -> dict[str, Any]:
     document = cluster_demo.demo_training_run(
-        f"{cluster_demo.POD_JOB_DIR}/{name}", name=name, steps=args.steps, every=args.interval, spares=spares
+        f"{cluster_demo.POD_JOB_DIR}/{name}",
+        name=name,
+        steps=args.steps,
+        every=args.interval,
+        spares=spares,
+        min_step_seconds=args.step_seconds,
     )
     manifest = workdir / f"{name}.yaml"
     manifest.write_text(yaml.safe_dump(document, sort_keys=False))
@@ -166,6 +175,12 @@ def main() -> int:
     parser.add_argument("--interval", type=int, default=50, help="checkpoint interval, in steps")
     parser.add_argument("--reclaim-at", type=int, default=120, help="the step at which the worker's node is reclaimed")
     parser.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.25,
+        help="each step's least time: the steps after the notice outlast its drain and the new group's start",
+    )
+    parser.add_argument(
         "--dir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-spare-real-pods", help="work directory"
     )
     args = parser.parse_args()
@@ -199,6 +214,7 @@ def main() -> int:
         "steps": args.steps,
         "interval": args.interval,
         "reclaim_at": args.reclaim_at,
+        "step_seconds": args.step_seconds,
         "spot_nodes": 2,
         "spot_node_back_after_s": cluster_demo.SPOT_BACK_AFTER_S,
         "median_notice_to_training_again_s": medians,

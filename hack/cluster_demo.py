@@ -168,15 +168,16 @@ def worker_pods_selector(status: dict[str, Any], name: str) -> str:
 
 
 # Run in a worker pod: does it host the run's Ray Train worker? (Ray names an actor's process after
-# its class; a spare's Ray node runs none.)
+# its class; a spare's Ray node runs none.) Its own argv holds the class's name too: skipped.
 HOSTS_TRAIN_WORKER = """
-import pathlib
+import os, pathlib
 def cmdline(path):
     try:
         return path.read_bytes()
     except OSError:
         return b""
-print(any(b"RayTrainWorker" in cmdline(p) for p in pathlib.Path("/proc").glob("[0-9]*/cmdline")))
+others = (p for p in pathlib.Path("/proc").glob("[0-9]*") if p.name != str(os.getpid()))
+print(any(b"RayTrainWorker" in cmdline(p / "cmdline") for p in others))
 """
 
 
