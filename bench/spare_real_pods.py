@@ -44,6 +44,7 @@ import yaml
 
 from bench.common import machine_details, write_result
 from bench.goodput_testbed import current_step
+from bench.recovery_real_pods import follow_driver_log
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -145,6 +146,18 @@ def run_leg(
     manifest.write_text(yaml.safe_dump(document, sort_keys=False))
     cluster.testbed.kubectl("apply", "-f", str(manifest))
     started = time.monotonic()
+    # The drivers' logs, kept for where the time goes (the last RayJob, and its log, go as the run ends).
+    stop_following = threading.Event()
+    followers = [
+        threading.Thread(
+            target=follow_driver_log,
+            args=(cluster.testbed, name, attempt, workdir / f"{name}-a{attempt}-driver.log", stop_following),
+            daemon=True,
+        )
+        for attempt in (1, 2)
+    ]
+    for follower in followers:
+        follower.start()
     status, ready = wait_for_reclaim_moment(cluster, name, args.reclaim_at, 1 + spares, RECLAIM_MOMENT_TIMEOUT_S)
     node = cluster_demo.training_worker_node(cluster.testbed, ready)
     if node is None:
@@ -152,6 +165,9 @@ def run_leg(
     reclaimed_at_step = current_step(status)
     noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, threading.Event(), node=node)
     status = wait_until_done(cluster, name, 900.0)
+    stop_following.set()
+    for follower in followers:
+        follower.join(timeout=30)
     os.environ.update(cluster.s3_env)  # this machine reads the run's progress from MinIO
     store = open_store(document["spec"]["checkpoint"]["uri"], checkpoint_key=None)
     history = read_run_progress(store)
