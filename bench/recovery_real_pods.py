@@ -50,7 +50,7 @@ DRIVER_MILESTONES = {
 }
 
 
-def _log_moment(line: str) -> float | None:
+def log_moment(line: str) -> float | None:
     """The kubelet's timestamp at the start of a `kubectl logs --timestamps` line (nanoseconds cut to micro)."""
     stamp = line.split(" ", 1)[0].rstrip("Z")
     whole, _, fraction = stamp.partition(".")
@@ -92,7 +92,7 @@ def resumed_attempt_timeline(
     lines = driver_log.read_text().splitlines() if driver_log.exists() else []
     timeline: dict[str, float | None] = {}
     for milestone, marker in DRIVER_MILESTONES.items():
-        moment = next((_log_moment(line) for line in lines if marker in line), None)
+        moment = next((log_moment(line) for line in lines if marker in line), None)
         timeline[milestone] = None if moment is None else round(moment - created, 1)
     startup = entry.get("startup") or {}
     timeline |= {"pods ready": startup.get("podsReady"), "first step": startup.get("firstStep")}

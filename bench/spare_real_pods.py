@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -44,7 +45,7 @@ import yaml
 
 from bench.common import machine_details, write_result
 from bench.goodput_testbed import current_step
-from bench.recovery_real_pods import follow_driver_log
+from bench.recovery_real_pods import follow_driver_log, log_moment
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -60,6 +61,38 @@ GOAL_NOTICE_TO_TRAINING_S = 15  # the issue's: reclaim notice -> training again,
 SETTINGS = {"spare": 1, "none": 0}  # leg -> spec.workers.spareReplicas
 POLL_S = 1.0
 RECLAIM_MOMENT_TIMEOUT_S = 600.0  # the run's pods up, its start-up and steps to the reclaim
+
+
+# Where a notice's time goes, in order, from the drivers' logs (their lines come in about once a
+# second: Ray forwards the workers' output in batches), as regular expressions. The last two come
+# from the progress records.
+NOTICE_MILESTONES = {
+    "rank 0 has the notice": r"received preemption signal",
+    "emergency checkpoint complete": r"emergency checkpoint-\d+ complete",
+    "Ray Train sees the worker gone": r"\[FailurePolicy\]",
+    "next driver submitted": r"spotray\.submitter: job \S+ submitted",  # without a spare: the next attempt's
+    "new worker group asked for": r"Attempting to start training worker group",
+    "new worker group started": r"Started training worker group",
+}
+
+
+def notice_timeline(driver_logs: list[Path], noticed: float) -> dict[str, float | None]:
+    """Seconds from the notice to each of NOTICE_MILESTONES, each the first line after the one before
+    it (lines before the notice skipped); None: the leg never logged it (a spare needs no driver)."""
+    lines = []
+    for path in driver_logs:
+        for line in path.read_text().splitlines() if path.exists() else []:
+            moment = log_moment(line)
+            if moment is not None and moment >= noticed:
+                lines.append((moment, line))
+    lines.sort(key=lambda pair: pair[0])
+    timeline: dict[str, float | None] = {}
+    position = 0
+    for milestone, marker in NOTICE_MILESTONES.items():
+        found = next((i for i in range(position, len(lines)) if re.search(marker, lines[i][1])), None)
+        timeline[milestone] = None if found is None else round(lines[found][0] - noticed, 1)
+        position = position if found is None else found + 1
+    return timeline
 
 
 def ready_worker_pods(cluster: cluster_demo.DemoCluster, status: dict[str, Any], name: str) -> list[dict[str, Any]]:
@@ -126,8 +159,10 @@ def first_group_after(history: list[AttemptProgress], moment: float) -> dict[str
         "notice_to_new_group_s": round(started - moment, 1),
         "new_group_in_attempt": attempt.attempt,
         "resumed_from": resumed,
+        # As the records show: the old group's last few points may not have reached the store (its
+        # writer flushes every few seconds) before its node went.
         "last_step_before_the_new_group": last_old,
-        "steps_redone": None if resumed is None else last_old - resumed,
+        "steps_redone_recorded": None if resumed is None else max(last_old - resumed, 0),
     }
 
 
@@ -171,6 +206,12 @@ def run_leg(
     os.environ.update(cluster.s3_env)  # this machine reads the run's progress from MinIO
     store = open_store(document["spec"]["checkpoint"]["uri"], checkpoint_key=None)
     history = read_run_progress(store)
+    driver_logs = [workdir / f"{name}-a{attempt}-driver.log" for attempt in (1, 2)]
+    found = first_group_after(history, noticed)
+    timeline = notice_timeline(driver_logs, noticed) | {
+        "new worker group trains": found["notice_to_new_group_s"],
+        "first step": found["notice_to_training_again_s"],
+    }
     return {
         "name": name,
         "setting": "spare" if spares else "none",
@@ -180,7 +221,8 @@ def run_leg(
         "reclaimed_at_step": reclaimed_at_step,
         "seconds": round(time.monotonic() - started, 1),
         "goodput": (status.get("goodput") or {}).get("ratio"),
-        **first_group_after(history, noticed),
+        **found,
+        "notice_timeline_s": timeline,
     }
 
 
