@@ -169,6 +169,7 @@ def worker_pods_selector(status: dict[str, Any], name: str) -> str:
 
 # Run in a worker pod: does it host the run's Ray Train worker? (Ray names an actor's process after
 # its class; a spare's Ray node runs none.) Its own argv holds the class's name too: skipped.
+EXEC_TIMEOUT_S = 15  # the probe takes about a second; an API server held by a fault does not answer
 HOSTS_TRAIN_WORKER = """
 import os, pathlib
 def cmdline(path):
@@ -183,11 +184,12 @@ print(any(b"RayTrainWorker" in cmdline(p / "cmdline") for p in others))
 
 def training_worker_node(testbed: tb.Testbed, worker_pods: list[dict[str, Any]]) -> str | None:
     """The node of the worker pod that runs the run's Ray Train worker (not a spare's), asked of each
-    pod's container; None when none answers that it does (a fault may hold the API server)."""
+    pod's container; None when none answers that it does (a fault may hold the API server: each
+    ask is bounded by EXEC_TIMEOUT_S)."""
     for pod in worker_pods:
         found = testbed.kubectl(
-            "exec", "-n", NAMESPACE, pod["metadata"]["name"], "-c", "ray-worker", "--",
-            "python", "-c", HOSTS_TRAIN_WORKER, check=False,
+            f"--request-timeout={EXEC_TIMEOUT_S}s", "exec", "-n", NAMESPACE, pod["metadata"]["name"],
+            "-c", "ray-worker", "--", "python", "-c", HOSTS_TRAIN_WORKER, check=False,
         )  # fmt: skip
         if found.returncode == 0 and found.stdout.strip() == "True" and pod["spec"].get("nodeName"):
             return str(pod["spec"]["nodeName"])
