@@ -186,7 +186,7 @@ bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt
 	$(PY) -m bench.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
 
-bench-spare-real-pods: setup testbed ## real pods, A vs B: a fixed-size run's worker reclaimed with a spare worker pod vs without (~20 min)
+bench-spare-real-pods: setup testbed ## real pods, A vs B: a fixed-size run's worker reclaimed with a spare worker pod vs without (~12 min)
 	$(PY) -m bench.spare_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)

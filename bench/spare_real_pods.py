@@ -24,7 +24,7 @@ the details with what was met.
 
 Result: ``bench/results/spare_real_pods.json``.
 
-    .venv/bin/python -m bench.spare_real_pods          # make bench-spare-real-pods (~20 min)
+    .venv/bin/python -m bench.spare_real_pods          # make bench-spare-real-pods (~12 min)
 """
 
 from __future__ import annotations
