@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,18 @@ def wait_ray_job_finished(testbed: tb.Testbed, namespace: str, name: str, timeou
         raise
 
 
+def what_the_job_saw(testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str, name: str) -> str:
+    """For a failed assertion: the RayJob's status, the operator's last lines, the Ray head's jobs
+    (its dashboard's job list: what each submission became, with Ray's message)."""
+    status = yaml.safe_dump(get(testbed, "rayjob", name, namespace).get("status"))
+    try:
+        with urllib.request.urlopen(f"{ray_head.dashboard_url}/api/jobs/", timeout=5) as answer:
+            jobs = answer.read().decode(errors="replace")[-4000:]
+    except OSError as error:
+        jobs = f"(the dashboard did not answer: {error})"
+    return f"RayJob status:\n{status}\nray-operator:\n{testbed.log_tail('ray-operator', 40)}\nRay jobs:\n{jobs}"
+
+
 def ray_job(name: str, entrypoint: str) -> dict[str, Any]:
     return {
         "apiVersion": "ray.io/v1",
@@ -154,7 +167,12 @@ def test_ray_job_in_http_mode_runs_on_the_local_ray_and_succeeds(
 
     job = wait_ray_job_finished(testbed, namespace, "write-file", timeout=120)
 
-    assert job["status"]["jobDeploymentStatus"] == "Complete"
+    seen = (
+        what_the_job_saw(testbed, ray_head, namespace, "write-file")
+        if job["status"]["jobDeploymentStatus"] != "Complete"
+        else ""
+    )
+    assert job["status"]["jobDeploymentStatus"] == "Complete", seen
     assert job["status"]["jobStatus"] == "SUCCEEDED"
     assert out.read_text() == "ran on real ray"
     # The status came from the real job: the operator's dashboard URL is the head Service name.
@@ -263,11 +281,15 @@ def test_preempting_the_head_node_and_killing_the_job_makes_the_ray_job_failed(
     testbed: tb.Testbed, ray_head: tb.RayHead, namespace: str
 ) -> None:
     testbed.apply(ray_job("preempted", "python -c 'import time; time.sleep(600)'"), namespace=namespace)
-    running = tb.wait_until(
-        "the Ray job to run",
-        lambda: (j := get(testbed, "rayjob", "preempted", namespace))["status"].get("jobStatus") == "RUNNING" and j,
-        timeout=120,
-    )
+    try:
+        running = tb.wait_until(
+            "the Ray job to run",
+            lambda: (j := get(testbed, "rayjob", "preempted", namespace))["status"].get("jobStatus") == "RUNNING" and j,
+            timeout=120,
+        )
+    except TimeoutError:
+        print(what_the_job_saw(testbed, ray_head, namespace, "preempted"))
+        raise
     cluster = running["status"]["rayClusterName"]
     pods = ray_pods(testbed, namespace, cluster)
     head_node = next(p["spec"]["nodeName"] for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "head")
