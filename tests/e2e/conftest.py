@@ -54,17 +54,71 @@ def kube_api(kubeconfig: Path) -> client.ApiClient:
     return config.new_client_from_config(str(kubeconfig))
 
 
+class SessionRayHead:
+    """The session's default Ray head, which every RayCluster without a bridge entry of its own
+    reaches, started again when a test drained it.
+
+    On kwok one head stands in for every test's RayCluster. A driver SIGTERMed on a cluster it takes
+    for its attempt's own (a test's namespace deleted while its job runs) drains every node of it
+    for preemption (train/launch/launcher.py), and Ray never takes a drained node back: every later
+    job's supervisor is then unschedulable ("NodeAffinitySchedulingStrategy ... infeasible"), in
+    whichever test comes next. The GCS logs each drain, so that is what is read.
+    """
+
+    def __init__(self, testbed: tb.Testbed, workdirs: pytest.TempPathFactory, env: dict[str, str]) -> None:
+        self.testbed, self.workdirs, self.env = testbed, workdirs, env
+        self.head: tb.RayHead | None = None
+
+    def drained(self) -> bool:
+        if self.head is None or self.head.temp_dir is None:
+            return False
+        gcs_log = self.head.temp_dir / "session_latest" / "logs" / "gcs_server.out"
+        return gcs_log.exists() and "Set node to be draining" in gcs_log.read_text(errors="replace")
+
+    def current(self) -> tb.RayHead:
+        if self.head is not None and self.drained():
+            print(f"the Ray head on {self.head.address} was drained by a test's driver: starting another")
+            self.stop()
+        if self.head is None:
+            self.head = tb.RayHead(self.workdirs.mktemp("ray-head"), num_cpus=3, extra_env=self.env).start()
+            self.testbed.set_default_ray_head(self.head.address)
+        return self.head
+
+    def stop(self) -> None:
+        if self.head is not None:
+            self.testbed.set_default_ray_head(None)
+            self.head.stop()
+            self.head = None
+
+
+_SESSION_RAY_HEADS: list[SessionRayHead] = []  # the session's, once a test has asked for it
+
+
 @pytest.fixture(scope="session")
-def ray_head(
+def session_ray_head(
     testbed: tb.Testbed, s3_server: LocalS3Server, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tb.RayHead]:
+) -> Iterator[SessionRayHead]:
     # Jobs on this head see what a RayJob's pods would: the S3 endpoint and keys (from the run's
     # Secret in a cluster) and the project on PYTHONPATH (the image's WORKDIR).
-    pod_env = {**s3_server.env(), "PYTHONPATH": str(ROOT)}
-    with tb.RayHead(tmp_path_factory.mktemp("ray-head"), num_cpus=3, extra_env=pod_env) as head:
-        testbed.set_default_ray_head(head.address)
-        yield head
-        testbed.set_default_ray_head(None)
+    heads = SessionRayHead(testbed, tmp_path_factory, {**s3_server.env(), "PYTHONPATH": str(ROOT)})
+    _SESSION_RAY_HEADS.append(heads)
+    try:
+        yield heads
+    finally:
+        _SESSION_RAY_HEADS.remove(heads)
+        heads.stop()
+
+
+@pytest.fixture
+def ray_head(session_ray_head: SessionRayHead) -> tb.RayHead:
+    return session_ray_head.current()
+
+
+@pytest.fixture(autouse=True)
+def _no_drained_ray_head() -> None:
+    """Every test starts with a usable default head, whether it asked for the head or only runs jobs on it."""
+    for heads in _SESSION_RAY_HEADS:
+        heads.current()
 
 
 RESTRICTED = "pod-security.kubernetes.io/enforce=restricted"
