@@ -9,6 +9,7 @@ operator, and one real Ray head on loopback that the operator reaches through th
     ray_head     a real `ray start --head` on 127.0.0.7 (or the next free address up to
                  127.0.0.16, .address); every RayCluster without its own bridge
                  entry is routed to it. .kill_job(submission_id) kills a job's processes.
+                 Started again before any test if a driver drained it (SessionRayHead).
     namespace    a fresh namespace per test, deleted afterwards; with the `restricted` marker (every
                  test of spotray's own pods), Pod Security "restricted" is enforced in it
 
