@@ -182,14 +182,13 @@ def run_leg(
     cluster.testbed.kubectl("apply", "-f", str(manifest))
     started = time.monotonic()
     # The drivers' logs, kept for where the time goes (the last RayJob, and its log, go as the run ends).
+    driver_logs = {attempt: workdir / f"{name}-a{attempt}-driver.log" for attempt in (1, 2)}
     stop_following = threading.Event()
     followers = [
         threading.Thread(
-            target=follow_driver_log,
-            args=(cluster.testbed, name, attempt, workdir / f"{name}-a{attempt}-driver.log", stop_following),
-            daemon=True,
+            target=follow_driver_log, args=(cluster.testbed, name, attempt, log, stop_following), daemon=True
         )
-        for attempt in (1, 2)
+        for attempt, log in driver_logs.items()
     ]
     for follower in followers:
         follower.start()
@@ -206,9 +205,8 @@ def run_leg(
     os.environ.update(cluster.s3_env)  # this machine reads the run's progress from MinIO
     store = open_store(document["spec"]["checkpoint"]["uri"], checkpoint_key=None)
     history = read_run_progress(store)
-    driver_logs = [workdir / f"{name}-a{attempt}-driver.log" for attempt in (1, 2)]
     found = first_group_after(history, noticed)
-    timeline = notice_timeline(driver_logs, noticed) | {
+    timeline = notice_timeline(list(driver_logs.values()), noticed) | {
         "new worker group trains": found["notice_to_new_group_s"],
         "first step": found["notice_to_training_again_s"],
     }
