@@ -121,6 +121,9 @@ class ControllerConfig:
     ray_cluster_per_run: bool = False
     rayjob_ttl_seconds: int = 600
     worker_grace_seconds: int = 120
+    # How often the kubelet asks a Ray pod whether it is Ready (controller/rayjob.py readiness_probe);
+    # 0 leaves KubeRay's own probe, which first asks 10 s after the container starts, then every 5 s.
+    ray_readiness_period_seconds: int = 2
     reconcile_interval_seconds: int = 10
     # The periodic refreshes of all active runs start at most this often (controller/work_queue.py):
     # with more runs than interval x rate, each run's interval grows instead of the load.
@@ -216,6 +219,9 @@ class ControllerConfig:
             ray_cluster_per_run=ray_cluster_per_run,
             rayjob_ttl_seconds=_int_env(env, "SPOTRAY_RAYJOB_TTL_SECONDS", defaults.rayjob_ttl_seconds),
             worker_grace_seconds=_int_env(env, "SPOTRAY_WORKER_GRACE_SECONDS", defaults.worker_grace_seconds, 1),
+            ray_readiness_period_seconds=_int_env(
+                env, "SPOTRAY_RAY_READINESS_PERIOD_SECONDS", defaults.ray_readiness_period_seconds
+            ),
             reconcile_interval_seconds=_int_env(
                 env, "SPOTRAY_RECONCILE_INTERVAL_SECONDS", defaults.reconcile_interval_seconds, 1
             ),
@@ -245,16 +251,25 @@ class ControllerConfig:
 TOKEN_AUTH_MIN_RAY_VERSION = (2, 52, 0)
 
 
+def ray_release(ray_version: str) -> tuple[int, int, int] | None:
+    """``"2.60.0"`` -> (2, 60, 0); None for what is not a release number (a nightly, a typo)."""
+    release = re.match(r"(\d+)\.(\d+)\.(\d+)", ray_version.strip())
+    if release is None:
+        return None
+    major, minor, patch = (int(number) for number in release.groups())
+    return major, minor, patch
+
+
 def _require_token_auth_version(ray_version: str) -> None:
     """Refuse, at start, a Ray version that KubeRay would refuse token auth for on every RayJob."""
-    release = re.match(r"(\d+)\.(\d+)\.(\d+)", ray_version.strip())
+    release = ray_release(ray_version)
     wanted = ".".join(map(str, TOKEN_AUTH_MIN_RAY_VERSION))
     if release is None:
         raise SpotrayError(
             f"SPOTRAY_RAY_VERSION must be a Ray release like 2.60.0 for token auth, got {ray_version!r}",
             "set the chart's ray.version to the Ray version of the image",
         )
-    if tuple(int(number) for number in release.groups()) < TOKEN_AUTH_MIN_RAY_VERSION:
+    if release < TOKEN_AUTH_MIN_RAY_VERSION:
         raise SpotrayError(
             f"Ray's token auth (SPOTRAY_RAY_TOKEN_AUTH) needs Ray {wanted} or newer, not {ray_version}",
             f"use an image with Ray {wanted} or newer and set ray.version to it, or set rayTokenAuth.enabled=false",

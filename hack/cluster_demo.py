@@ -334,13 +334,18 @@ def install_chart(testbed: tb.Testbed, *extra: str) -> dict[str, str]:
     return {"AWS_ENDPOINT_URL": f"http://{minio['status']['podIP']}:9000", "AWS_REGION": "us-east-1", **keys}
 
 
-def set_ray_cluster_per_run(testbed: tb.Testbed, on: bool) -> None:
-    """`helm upgrade --reuse-values` with controller.rayClusterPerRun ``on``; returns once the
-    controller's Deployment rolled out (runs created after it get the setting)."""
+def set_chart_values(testbed: tb.Testbed, *values: str) -> None:
+    """`helm upgrade --reuse-values` with each ``key=value`` of ``values``; returns once the controller's
+    Deployment rolled out (runs created after it get the settings)."""
     helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig)]
-    subprocess.run([*helm, "upgrade", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--reuse-values",
-                    "--set", f"controller.rayClusterPerRun={str(on).lower()}", "--wait", "--timeout", "5m"],
-                   check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    sets = [arg for value in values for arg in ("--set", value)]
+    subprocess.run([*helm, "upgrade", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--reuse-values", *sets,
+                    "--wait", "--timeout", "5m"], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
+def set_ray_cluster_per_run(testbed: tb.Testbed, on: bool) -> None:
+    """controller.rayClusterPerRun ``on`` (``set_chart_values``)."""
+    set_chart_values(testbed, f"controller.rayClusterPerRun={str(on).lower()}")
 
 
 @contextlib.contextmanager

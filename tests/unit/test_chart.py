@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from spotray.controller.config import ControllerConfig
+from spotray.controller.rayjob import readiness_probe
 from tests.pod_security import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -267,6 +268,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_SPOT_NODE_SELECTOR": '{"spotray.dev/capacity":"spot"}',
         "SPOTRAY_SPOT_TOLERATIONS": '[{"effect":"NoSchedule","key":"spotray.dev/spot","operator":"Exists"}]',
         "SPOTRAY_WORKER_GRACE_SECONDS": "120",
+        "SPOTRAY_RAY_READINESS_PERIOD_SECONDS": "2",
         "SPOTRAY_FS_GROUP": "1000",
         "SPOTRAY_S3_SECRET": "",
         "SPOTRAY_S3_ENDPOINT": "",
@@ -950,3 +952,17 @@ def test_rays_token_auth_is_on_for_every_runs_cluster_and_the_charts_own(helm: P
     assert "authOptions" not in only(off, "RayCluster")["spec"]
     roles = [o for o in objects if o["kind"] in ("Role", "ClusterRole")]
     assert roles == [o for o in off if o["kind"] in ("Role", "ClusterRole")]
+
+
+@pytest.mark.parametrize("period", [2, 3, 0])
+def test_long_lived_ray_cluster_gets_the_controllers_readiness_probe(helm: Path, period: int) -> None:
+    # The chart's RayCluster and the controller's (controller/rayjob.py) get the same probe.
+    cluster = only(render("raycluster.yaml", f"ray.readinessPeriodSeconds={period}"), "RayCluster")["spec"]
+    config = ControllerConfig(ray_readiness_period_seconds=period)
+    head = cluster["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (workers,) = cluster["workerGroupSpecs"]
+    worker = workers["template"]["spec"]["containers"][0]
+    assert head.get("readinessProbe") == readiness_probe(config, head=True)
+    assert worker.get("readinessProbe") == readiness_probe(config, head=False)
+    old_ray = only(render("raycluster.yaml", "ray.version=2.52.0"), "RayCluster")["spec"]
+    assert "readinessProbe" not in old_ray["headGroupSpec"]["template"]["spec"]["containers"][0]

@@ -123,3 +123,23 @@ def test_a_run_with_spares_spreads_its_worker_pods_over_nodes_and_one_without_do
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in spread  # a smaller pool still starts the run
     for role, pod in pod_specs(build("defaults")).items():
         assert "affinity" not in pod, role
+
+
+def test_ray_pods_are_probed_for_readiness_from_their_start_and_old_rays_keep_kuberays_probe() -> None:
+    # KubeRay's own probe first asks 10 s after the container starts, and every RayJob waits for it.
+    specs = pod_specs(build("defaults"))
+    head, worker = specs["head"]["containers"][0], specs["workers"]["containers"][0]
+    for container, timeout in ((head, 5), (worker, 2)):
+        probe = container["readinessProbe"]
+        assert probe["httpGet"] == {"path": "/api/healthz", "port": 52365}
+        assert probe.get("initialDelaySeconds", 0) == 0
+        assert probe["periodSeconds"] == 2
+        assert probe["timeoutSeconds"] == timeout
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= 50  # out of service no sooner than KubeRay's
+    document = yaml.safe_load((DATA / "defaults.input.yaml").read_text())
+    run = parse_training_run(document["trainingRun"])
+    for env in ({"SPOTRAY_RAY_READINESS_PERIOD_SECONDS": "0"}, {"SPOTRAY_RAY_VERSION": "2.52.1"}):
+        config = ControllerConfig.from_env({**document["controllerEnv"], **env})
+        for role, pod in pod_specs(build_rayjob(run, 1, "uid", config)).items():
+            if role != "submitter":
+                assert "readinessProbe" not in pod["containers"][0], (env, role)

@@ -104,6 +104,26 @@ seccompProfile:
 {{- end }}
 
 {{/* Container fields shared by the long-lived RayCluster's head and workers: image, S3, shared volume. */}}
+{{/*
+The Ray container's readiness probe, called with (list . <timeoutSeconds>): Ray's health endpoint
+from the container's start, every ray.readinessPeriodSeconds, out of service after 50 s of failures
+as with KubeRay's own probe (controller/rayjob.py readiness_probe says why). Empty: KubeRay's probe.
+*/}}
+{{- define "spotray.rayReadinessProbe" -}}
+{{- $root := index . 0 -}}
+{{- $period := int $root.Values.ray.readinessPeriodSeconds -}}
+{{- if and (gt $period 0) (semverCompare ">=2.53.0-0" $root.Values.ray.version) }}
+readinessProbe:
+  httpGet:
+    path: /api/healthz
+    port: 52365
+  periodSeconds: {{ $period }}
+  timeoutSeconds: {{ index . 1 }}
+  successThreshold: 1
+  failureThreshold: {{ max 1 (div (add 50 $period -1) $period) }}
+{{- end }}
+{{- end }}
+
 {{- define "spotray.rayContainerCommon" -}}
 image: {{ include "spotray.rayImage" . }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
