@@ -180,8 +180,8 @@ bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ra
 bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot node reclaimed once: goodput, RayJob -> first step, notice -> training again
 	$(PY) -m bench.goodput_testbed --steps 600 --interval 50 --reclaim-at 160
 
-bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 10 minutes vs the same run uninterrupted (~70 min; KEPT=1: one Ray cluster per run)
-	$(PY) -m bench.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run)
+bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 10 minutes vs the same run uninterrupted (~70 min; KEPT=1: one Ray cluster per run; SPARES=1: a spare worker pod)
+	$(PY) -m bench.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares $(SPARES) --name goodput_real_pods_long_spares)
 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt
 	$(PY) -m bench.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120

@@ -9,7 +9,10 @@ The reclaims are set in time, not drawn: one every ``--reclaim-every-minutes`` o
 period in (at 5, 15 and 25 minutes of a 30-minute run), so each lands mid-way between two of the
 run's restarts and the count per run is fixed. ``--ray-cluster-per-run`` turns the chart's
 ``controller.rayClusterPerRun`` on for both runs (the next attempt on the kept head); off, each
-attempt has a RayCluster of its own, the product's default.
+attempt has a RayCluster of its own, the product's default. ``--spares N`` gives both runs N spare
+worker pods (``spec.workers.spareReplicas``) on N more spot nodes, and each reclaim takes the node of
+the pod that runs the Ray Train worker: the run goes on on a spare in its attempt (docs/goodput.md,
+"Spare worker pods"); notice -> training again is then read from the run's progress records.
 
 Result: ``bench/results/NAME.json`` (default ``goodput_real_pods_long``); ratio: the reclaimed
 run's goodput over the uninterrupted run's, both from their ``status.goodput``, taken in the same
@@ -75,6 +78,7 @@ def main() -> int:
     parser.add_argument(
         "--ray-cluster-per-run", action="store_true", help="keep one Ray cluster per run (controller.rayClusterPerRun)"
     )
+    parser.add_argument("--spares", type=int, default=0, help="spare worker pods of each run, each on a spot node")
     parser.add_argument("--name", default="goodput_real_pods_long", help="the result's name: bench/results/NAME.json")
     parser.add_argument(
         "--dir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-goodput-long", help="work directory"
@@ -86,7 +90,7 @@ def main() -> int:
         parser.error(f"no reclaim fits in {args.minutes:g} minutes at one per {args.reclaim_every_minutes:g}")
     workdir = args.dir.resolve()
     runs = []
-    with cluster_demo.as_supervisor(workdir), cluster_demo.demo_cluster(workdir) as cluster:
+    with cluster_demo.as_supervisor(workdir), cluster_demo.demo_cluster(workdir, spot_nodes=1 + args.spares) as cluster:
         if args.ray_cluster_per_run:
             cluster_demo.set_ray_cluster_per_run(cluster.testbed, True)
         for name, planned in (("uninterrupted", []), ("reclaimed", reclaims)):
@@ -96,7 +100,15 @@ def main() -> int:
                 f"reclaims at {planned} (this leg may take {timeout_s / 60:.0f} minutes)"
             )
             row = run_leg(
-                cluster, workdir, name, steps, args.interval, planned, timeout_s, min_step_seconds=args.min_step_seconds
+                cluster,
+                workdir,
+                name,
+                steps,
+                args.interval,
+                planned,
+                timeout_s,
+                min_step_seconds=args.min_step_seconds,
+                spares=args.spares,
             )
             print(json.dumps(row), flush=True)
             runs.append(row)
@@ -113,6 +125,7 @@ def main() -> int:
         "interval": args.interval,
         "reclaim_every_minutes": args.reclaim_every_minutes,
         "ray_cluster_per_run": args.ray_cluster_per_run,
+        "spares": args.spares,
         "goodput": {"uninterrupted": uninterrupted["goodput"], "reclaimed": reclaimed["goodput"]},
         "runs": runs,
     }

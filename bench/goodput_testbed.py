@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,8 @@ import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 from cluster_demo import DemoCluster  # noqa: E402
 
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES  # noqa: E402
+from spotray.train.records.progress_log import AttemptProgress, read_run_progress  # noqa: E402
+from spotray.train.storage.store import open_store  # noqa: E402
 
 POLL_S = 1.0
 
@@ -62,32 +66,92 @@ def current_step(status: dict[str, Any]) -> int:
     return int(progress.get("step") or 0)
 
 
+def ready_worker_pods(cluster: DemoCluster, status: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    """The current attempt's worker pods whose containers are all ready (Ray up on them)."""
+    found = cluster_demo.pods(cluster.testbed, cluster_demo.NAMESPACE, cluster_demo.worker_pods_selector(status, name))
+    return [
+        pod
+        for pod in found
+        if pod["status"].get("containerStatuses") and all(c.get("ready") for c in pod["status"]["containerStatuses"])
+    ]
+
+
+@dataclass
+class Reclaims:
+    """What a leg's reclaimer did: the step of each reclaim, the moment of each notice (time.time()),
+    and each notice -> the next attempt's first reported step. A run with spares goes on in its
+    attempt: its seconds are read from the progress records afterwards (``first_group_after``)."""
+
+    steps: list[int] = field(default_factory=list)
+    notices: list[float] = field(default_factory=list)
+    back_s: list[float] = field(default_factory=list)
+
+
 def reclaim_at(
-    cluster: DemoCluster, name: str, steps: list[int], stop: threading.Event, done: list[int], back_s: list[float]
+    cluster: DemoCluster, name: str, targets: list[int], stop: threading.Event, done: Reclaims, spares: int = 0
 ) -> None:
-    """Reclaim the worker's node once the running attempt reaches each of ``steps`` in turn; after
-    each, record in ``back_s`` the seconds from the notice until the next attempt reports a step."""
-    for target in steps:
+    """Reclaim the worker's node once the running attempt reaches each of ``targets`` in turn. With
+    ``spares``, once its spares are Ready too, and the node of the pod that runs the Ray Train worker
+    (a spare's node would cost nothing)."""
+    for target in targets:
         while not stop.is_set():
             status = cluster_demo.run_status(cluster.testbed, name)
             if status.get("phase") in TERMINAL_PHASES:
                 return
-            if current_step(status) >= target:
+            if current_step(status) >= target and len(ready_worker_pods(cluster, status, name)) > spares:
                 break
             stop.wait(POLL_S)
         else:
             return
-        done.append(current_step(status))
+        node = None
+        if spares:
+            node = cluster_demo.training_worker_node(cluster.testbed, ready_worker_pods(cluster, status, name))
+            if node is None:
+                cluster_demo.say("no worker pod says it runs the Ray Train worker: reclaiming the first one's node")
+        done.steps.append(current_step(status))
         attempts = len(status.get("attempts") or [])
-        noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, stop)
-        while not stop.is_set():
+        noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, stop, node=node)
+        done.notices.append(noticed)
+        while not spares and not stop.is_set():
             status = cluster_demo.run_status(cluster.testbed, name)
             if len(status.get("attempts") or []) > attempts and current_step(status) >= 0:
-                back_s.append(round(time.time() - noticed, 1))
+                done.back_s.append(round(time.time() - noticed, 1))
                 break
             if status.get("phase") in TERMINAL_PHASES:
                 return
             stop.wait(POLL_S)
+
+
+def first_group_after(history: list[AttemptProgress], moment: float) -> dict[str, Any]:
+    """The first worker group started after ``moment`` (a new attempt's, or a restart inside one):
+    seconds from ``moment`` to its first step, where it resumed, and the steps the old group trained
+    past that (redone)."""
+    starts = [(a.started, a, a.resumed_from) for a in history if a.started is not None]
+    starts += [(at, a, step) for a in history for step, at in a.restarts]
+    later = sorted((s for s in starts if s[0] > moment), key=lambda s: s[0])
+    if not later:
+        groups = [(a.attempt, a.started, a.restarts, a.last_step) for a in history]
+        raise RuntimeError(
+            f"no worker group started after the notice at {moment:.1f}: (attempt, started, restarts, last step)"
+            f" {groups}"
+        )
+    started, attempt, resumed = later[0]
+    first = next((p for p in attempt.points if p[2] >= started), None)
+    if first is None:
+        raise RuntimeError(f"attempt {attempt.attempt}'s group started after the notice logged no step")
+    before = [p[0] for a in history for p in a.points if p[2] < moment]
+    trained_after_notice = [p[0] for a in history for p in a.points if moment <= p[2] < started]
+    last_old = max(before + trained_after_notice)
+    return {
+        "notice_to_training_again_s": round(first[2] - moment, 1),
+        "notice_to_new_group_s": round(started - moment, 1),
+        "new_group_in_attempt": attempt.attempt,
+        "resumed_from": resumed,
+        # As the records show: the old group's last few points may not have reached the store (its
+        # writer flushes every few seconds) before its node went.
+        "last_step_before_the_new_group": last_old,
+        "steps_redone_recorded": None if resumed is None else max(last_old - resumed, 0),
+    }
 
 
 def rayjob_to_first_step(lost_seconds: dict[str, Any]) -> int | None:
@@ -138,6 +202,20 @@ def startup_phases(cluster: DemoCluster, name: str, status: dict[str, Any]) -> d
     return phases
 
 
+def spare_recoveries(cluster: DemoCluster, document: dict[str, Any], notices: list[float]) -> list[float | None]:
+    """Each notice -> the first step of the first worker group started after it, from the run's
+    progress records in MinIO (the pods share this machine's clock); None where none started."""
+    os.environ.update(cluster.s3_env)  # this machine reads the run's progress from MinIO
+    history = read_run_progress(open_store(document["spec"]["checkpoint"]["uri"], checkpoint_key=None))
+    found: list[float | None] = []
+    for noticed in notices:
+        try:
+            found.append(first_group_after(history, noticed)["notice_to_training_again_s"])
+        except RuntimeError:
+            found.append(None)
+    return found
+
+
 def run_leg(
     cluster: DemoCluster,
     workdir: Path,
@@ -147,6 +225,7 @@ def run_leg(
     reclaims: list[int],
     timeout_s: float,
     min_step_seconds: float = 0.0,
+    spares: int = 0,
 ) -> dict[str, Any]:
     document = cluster_demo.demo_training_run(
         f"{cluster_demo.POD_JOB_DIR}/{name}",
@@ -155,16 +234,14 @@ def run_leg(
         every=interval,
         max_preemptions=len(reclaims) + 3,
         min_step_seconds=min_step_seconds,
+        spares=spares,
     )
     manifest = workdir / f"{name}.yaml"
     manifest.write_text(yaml.safe_dump(document, sort_keys=False))
     cluster.testbed.kubectl("apply", "-f", str(manifest))
     stop = threading.Event()
-    reclaimed: list[int] = []
-    back_s: list[float] = []
-    reclaimer = threading.Thread(
-        target=reclaim_at, args=(cluster, name, reclaims, stop, reclaimed, back_s), daemon=True
-    )
+    done = Reclaims()
+    reclaimer = threading.Thread(target=reclaim_at, args=(cluster, name, reclaims, stop, done, spares), daemon=True)
     reclaimer.start()
     started = time.monotonic()
     status: dict[str, Any] = {}
@@ -179,6 +256,7 @@ def run_leg(
     status = cluster_demo.run_status(cluster.testbed, name)
     goodput = status.get("goodput") or {}
     phases = startup_phases(cluster, name, status) if not reclaims else None
+    back_s = done.back_s if not spares else spare_recoveries(cluster, document, done.notices)
     return {
         "name": name,
         "phase": status.get("phase"),
@@ -186,7 +264,8 @@ def run_leg(
             f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status.get("attempts") or []
         ],
         "reclaims_planned_at_steps": reclaims,
-        "reclaimed_at_steps": reclaimed,
+        "reclaimed_at_steps": done.steps,
+        "spares": spares,
         "goodput": goodput.get("ratio"),
         "wall_s": goodput.get("wallSeconds"),
         "surviving_step_s": goodput.get("survivingStepSeconds"),

@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from bench.common import machine_details, write_result
-from bench.goodput_testbed import current_step
+from bench.goodput_testbed import current_step, first_group_after, ready_worker_pods
 from bench.recovery_real_pods import follow_driver_log, log_moment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 
 from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES  # noqa: E402
-from spotray.train.records.progress_log import AttemptProgress, read_run_progress  # noqa: E402
+from spotray.train.records.progress_log import read_run_progress  # noqa: E402
 from spotray.train.storage.store import open_store  # noqa: E402
 
 NAME = "spare_real_pods"
@@ -95,16 +95,6 @@ def notice_timeline(driver_logs: list[Path], noticed: float) -> dict[str, float 
     return timeline
 
 
-def ready_worker_pods(cluster: cluster_demo.DemoCluster, status: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """The current attempt's worker pods whose containers are all ready (Ray up on them)."""
-    found = cluster_demo.pods(cluster.testbed, cluster_demo.NAMESPACE, cluster_demo.worker_pods_selector(status, name))
-    return [
-        pod
-        for pod in found
-        if pod["status"].get("containerStatuses") and all(c.get("ready") for c in pod["status"]["containerStatuses"])
-    ]
-
-
 def wait_for_reclaim_moment(
     cluster: cluster_demo.DemoCluster, name: str, step: int, pods_wanted: int, timeout_s: float
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -132,38 +122,6 @@ def wait_until_done(cluster: cluster_demo.DemoCluster, name: str, timeout_s: flo
             return status
         time.sleep(2)
     raise RuntimeError(f"{name} still {status.get('phase')} after {timeout_s:.0f} s")
-
-
-def first_group_after(history: list[AttemptProgress], moment: float) -> dict[str, Any]:
-    """The first worker group started after ``moment`` (a new attempt's, or a restart inside one):
-    seconds from ``moment`` to its first step, where it resumed, and the steps the old group trained
-    past that (redone)."""
-    starts = [(a.started, a, a.resumed_from) for a in history if a.started is not None]
-    starts += [(at, a, step) for a in history for step, at in a.restarts]
-    later = sorted((s for s in starts if s[0] > moment), key=lambda s: s[0])
-    if not later:
-        groups = [(a.attempt, a.started, a.restarts, a.last_step) for a in history]
-        raise RuntimeError(
-            f"no worker group started after the notice at {moment:.1f}: (attempt, started, restarts, last step)"
-            f" {groups}"
-        )
-    started, attempt, resumed = later[0]
-    first = next((p for p in attempt.points if p[2] >= started), None)
-    if first is None:
-        raise RuntimeError(f"attempt {attempt.attempt}'s group started after the notice logged no step")
-    before = [p[0] for a in history for p in a.points if p[2] < moment]
-    trained_after_notice = [p[0] for a in history for p in a.points if moment <= p[2] < started]
-    last_old = max(before + trained_after_notice)
-    return {
-        "notice_to_training_again_s": round(first[2] - moment, 1),
-        "notice_to_new_group_s": round(started - moment, 1),
-        "new_group_in_attempt": attempt.attempt,
-        "resumed_from": resumed,
-        # As the records show: the old group's last few points may not have reached the store (its
-        # writer flushes every few seconds) before its node went.
-        "last_step_before_the_new_group": last_old,
-        "steps_redone_recorded": None if resumed is None else max(last_old - resumed, 0),
-    }
 
 
 def run_leg(

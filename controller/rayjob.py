@@ -18,6 +18,8 @@ of the same attempt is refused by the API server, never duplicated). What goes i
   dashboard, the job API and the GCS refuse whoever does not hold the cluster's token;
 - a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
   take an emergency checkpoint within the grace period (train/launch/drain.py);
+- a readiness probe on the Ray containers, asked from their start (``readiness_probe``): KubeRay's
+  first asks 10 s in, and the RayJob waits for every pod to be Ready;
 - the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
 - Pod Security "restricted" on every pod (head, workers, and the submitter of K8sJobMode, which
   KubeRay would otherwise make without a securityContext): non-root uid 1000, no privilege
