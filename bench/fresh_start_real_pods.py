@@ -31,19 +31,18 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from bench.common import machine_details, write_result
 from bench.goodput_testbed import run_leg
-from bench.recovery_real_pods import follow_driver_log, resumed_attempt_timeline
+from bench.recovery_real_pods import driver_logs_followed, resumed_attempt_timeline
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
 import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 
-from spotray.contract.names import RUN_LABEL, SUCCEEDED  # noqa: E402
+from spotray.contract.names import SUCCEEDED  # noqa: E402
 
 NAME = "fresh_start_real_pods"
 GOAL = "<= 0.85"
@@ -53,32 +52,14 @@ RUN_TIMEOUT_S = 600.0
 PODS_GONE_TIMEOUT_S = 300.0
 
 
-def delete_run(cluster: cluster_demo.DemoCluster, name: str) -> None:
-    """Delete the run and wait until its pods are gone (its RayJob and cluster go with it, by owner
-    references): KubeRay keeps a finished job's cluster for its TTL, and the next leg needs the room."""
-    bed = cluster.testbed
-    bed.kubectl("delete", "trainingrun", name, "-n", cluster_demo.NAMESPACE, "--wait=false", check=False)
-    cluster_demo.tb.wait_until(
-        f"the pods of run {name} gone",
-        lambda: not cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={name}"),
-        timeout=PODS_GONE_TIMEOUT_S,
-        interval=2,
-    )
-
-
 def fresh_start_leg(
     cluster: cluster_demo.DemoCluster, workdir: Path, name: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    driver_log, stop = workdir / f"{name}-a1-driver.log", threading.Event()
-    follower = threading.Thread(
-        target=follow_driver_log, args=(cluster.testbed, name, 1, driver_log, stop), daemon=True
-    )
-    follower.start()
-    row = run_leg(cluster, workdir, name, args.steps, args.steps, [], RUN_TIMEOUT_S)
-    stop.set()
-    follower.join(timeout=30)
+    driver_log = workdir / f"{name}-a1-driver.log"
+    with driver_logs_followed(cluster.testbed, name, {1: driver_log}):
+        row = run_leg(cluster, workdir, name, args.steps, args.steps, [], RUN_TIMEOUT_S)
     timeline = resumed_attempt_timeline(cluster, name, driver_log, attempt=1)
-    delete_run(cluster, name)
+    cluster_demo.delete_run(cluster.testbed, name, PODS_GONE_TIMEOUT_S)
     return {
         "name": name,
         "phase": row["phase"],

@@ -94,18 +94,23 @@ def reclaim_at(
     ``spares``, once its spares are Ready too, and the node of the pod that runs the Ray Train worker
     (a spare's node would cost nothing)."""
     for target in targets:
+        ready: list[dict[str, Any]] = []
         while not stop.is_set():
             status = cluster_demo.run_status(cluster.testbed, name)
             if status.get("phase") in TERMINAL_PHASES:
                 return
-            if current_step(status) >= target and len(ready_worker_pods(cluster, status, name)) > spares:
-                break
+            if current_step(status) >= target:
+                if not spares:
+                    break
+                ready = ready_worker_pods(cluster, status, name)
+                if len(ready) > spares:
+                    break
             stop.wait(POLL_S)
         else:
             return
         node = None
         if spares:
-            node = cluster_demo.training_worker_node(cluster.testbed, ready_worker_pods(cluster, status, name))
+            node = cluster_demo.training_worker_node(cluster.testbed, ready)
             if node is None:
                 cluster_demo.say("no worker pod says it runs the Ray Train worker: reclaiming the first one's node")
         done.steps.append(current_step(status))

@@ -580,16 +580,7 @@ def run_trial(campaign: RealPodsCampaign, number: int, seed: int, faults: list[F
         result.kept = str(trial.dir)
     else:
         shutil.rmtree(trial.dir, ignore_errors=True)
-    bed = campaign.bed
-    bed.kubectl("delete", "trainingrun", trial.name, "-n", NAMESPACE, "--wait=false", check=False)
-    # The next trial's pods need the nodes' room: wait until this one's are gone (its RayJobs and
-    # clusters go with the run, by owner references).
-    tb.wait_until(
-        f"the pods of run {trial.name} gone",
-        lambda: not campaign.pods(NAMESPACE, f"{RUN_LABEL}={trial.name}"),
-        timeout=300,
-        interval=2,
-    )
+    cluster_demo.delete_run(campaign.bed, trial.name)  # the next trial's pods need the nodes' room
     return result
 
 

@@ -22,12 +22,14 @@ head kept, is in the details with what was met.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -81,6 +83,25 @@ def follow_driver_log(bed: Any, name: str, attempt: int, into: Path, stop: threa
         stop.wait(1)
 
 
+@contextlib.contextmanager
+def driver_logs_followed(bed: Any, name: str, logs: dict[int, Path]) -> Iterator[None]:
+    """While inside, copy each attempt's driver log into its path in ``logs`` (attempt -> path) with
+    ``follow_driver_log``; on the way out the followers stop, each given 30 s to end."""
+    stop = threading.Event()
+    followers = [
+        threading.Thread(target=follow_driver_log, args=(bed, name, attempt, into, stop), daemon=True)
+        for attempt, into in logs.items()
+    ]
+    for follower in followers:
+        follower.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for follower in followers:
+            follower.join(timeout=30)
+
+
 def resumed_attempt_timeline(
     cluster: cluster_demo.DemoCluster, name: str, driver_log: Path, attempt: int = 2
 ) -> dict[str, float | None]:
@@ -118,14 +139,11 @@ def main() -> int:
                 cluster_demo.set_ray_cluster_per_run(cluster.testbed, SETTINGS[setting])
                 name = f"{setting}-{pair}"
                 cluster_demo.say(f"{name}: {args.steps} steps, the spot node reclaimed at step {args.reclaim_at}")
-                driver_log, stop = workdir / f"{name}-a2-driver.log", threading.Event()
-                follower = threading.Thread(
-                    target=follow_driver_log, args=(cluster.testbed, name, 2, driver_log, stop), daemon=True
-                )
-                follower.start()
-                row = run_leg(cluster, workdir, name, args.steps, args.interval, [args.reclaim_at], 600.0 + args.steps)
-                stop.set()
-                follower.join(timeout=30)
+                driver_log = workdir / f"{name}-a2-driver.log"
+                with driver_logs_followed(cluster.testbed, name, {2: driver_log}):
+                    row = run_leg(
+                        cluster, workdir, name, args.steps, args.interval, [args.reclaim_at], 600.0 + args.steps
+                    )
                 row["setting"] = setting
                 row["attempt_2_from_its_rayjob_s"] = resumed_attempt_timeline(cluster, name, driver_log)
                 print(json.dumps(row), flush=True)

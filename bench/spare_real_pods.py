@@ -45,7 +45,7 @@ import yaml
 
 from bench.common import machine_details, write_result
 from bench.goodput_testbed import current_step, first_group_after, ready_worker_pods
-from bench.recovery_real_pods import follow_driver_log, log_moment
+from bench.recovery_real_pods import driver_logs_followed, log_moment
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -141,25 +141,15 @@ def run_leg(
     started = time.monotonic()
     # The drivers' logs, kept for where the time goes (the last RayJob, and its log, go as the run ends).
     driver_logs = {attempt: workdir / f"{name}-a{attempt}-driver.log" for attempt in (1, 2)}
-    stop_following = threading.Event()
-    followers = [
-        threading.Thread(
-            target=follow_driver_log, args=(cluster.testbed, name, attempt, log, stop_following), daemon=True
-        )
-        for attempt, log in driver_logs.items()
-    ]
-    for follower in followers:
-        follower.start()
-    status, ready = wait_for_reclaim_moment(cluster, name, args.reclaim_at, 1 + spares, RECLAIM_MOMENT_TIMEOUT_S)
-    node = cluster_demo.training_worker_node(cluster.testbed, ready)
-    if node is None:
-        raise RuntimeError(f"{name}: no worker pod of {[p['metadata']['name'] for p in ready]} runs a RayTrainWorker")
-    reclaimed_at_step = current_step(status)
-    noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, threading.Event(), node=node)
-    status = wait_until_done(cluster, name, 900.0)
-    stop_following.set()
-    for follower in followers:
-        follower.join(timeout=30)
+    with driver_logs_followed(cluster.testbed, name, driver_logs):
+        status, ready = wait_for_reclaim_moment(cluster, name, args.reclaim_at, 1 + spares, RECLAIM_MOMENT_TIMEOUT_S)
+        node = cluster_demo.training_worker_node(cluster.testbed, ready)
+        if node is None:
+            pod_names = [p["metadata"]["name"] for p in ready]
+            raise RuntimeError(f"{name}: no worker pod of {pod_names} runs a RayTrainWorker")
+        reclaimed_at_step = current_step(status)
+        noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, threading.Event(), node=node)
+        status = wait_until_done(cluster, name, 900.0)
     os.environ.update(cluster.s3_env)  # this machine reads the run's progress from MinIO
     store = open_store(document["spec"]["checkpoint"]["uri"], checkpoint_key=None)
     history = read_run_progress(store)

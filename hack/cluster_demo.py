@@ -143,6 +143,18 @@ def pods(testbed: tb.Testbed, namespace: str, selector: str) -> list[dict[str, A
     return items
 
 
+def delete_run(testbed: tb.Testbed, name: str, timeout_s: float = 300.0) -> None:
+    """Delete the run and wait until its pods are gone (its RayJobs and clusters go with it, by owner
+    references): KubeRay keeps a finished job's cluster for its TTL, and the next run needs the room."""
+    testbed.kubectl("delete", "trainingrun", name, "-n", NAMESPACE, "--wait=false", check=False)
+    tb.wait_until(
+        f"the pods of run {name} gone",
+        lambda: not pods(testbed, NAMESPACE, f"{RUN_LABEL}={name}"),
+        timeout=timeout_s,
+        interval=2,
+    )
+
+
 def lose_the_spot_node(testbed: tb.Testbed, stop: threading.Event) -> None:
     """Once attempt 1 passed PREEMPT_AT_STEP: reclaim the node of its worker pod, as a cloud does."""
     while not stop.is_set():
