@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-spare-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -188,6 +188,9 @@ bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the
 
 bench-spare-real-pods: setup testbed ## real pods, A vs B: a fixed-size run's worker reclaimed with a spare worker pod vs without (~12 min)
 	$(PY) -m bench.spare_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
+
+bench-spare-move-real-pods: setup testbed ## real pods, A vs B: a run with a spare reclaimed twice, its idle spare moved off the worker's node vs left there (~25 min)
+	$(PY) -m bench.spare_move_real_pods --pairs 2
 
 bench-fresh-start-real-pods: setup testbed ## real pods, A vs B: a fresh run's RayJob -> first step with spotray's readiness probe vs KubeRay's (~10 min)
 	$(PY) -m bench.fresh_start_real_pods --pairs 3 --steps 30

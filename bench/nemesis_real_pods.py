@@ -107,6 +107,9 @@ KEPT_RESULT = "nemesis_real_pods_kept"
 # With a spare worker pod (--spares): a second spot node, and the trials' own log and result.
 SPARES_LOG = RESULTS_DIR / "nemesis-real-pods-spares-trials.jsonl"
 SPARES_RESULT = "nemesis_real_pods_spares"
+# Both (--ray-cluster-per-run --spares): a spare worker pod on a Ray cluster kept across attempts.
+KEPT_SPARES_LOG = RESULTS_DIR / "nemesis-real-pods-kept-spares-trials.jsonl"
+KEPT_SPARES_RESULT = "nemesis_real_pods_kept_spares"
 
 # A worker's node lost without notice, the head on its on-demand node untouched: Ray Train replaces the
 # worker when a new one joins and goes on inside the attempt from the newest complete checkpoint
@@ -615,6 +618,17 @@ def campaign_trials(
     return results
 
 
+def campaign_name(ray_cluster_per_run: bool, spares: bool) -> tuple[str, Path]:
+    """The result's name and the trial log of a campaign with these settings: each combination has its own."""
+    if ray_cluster_per_run and spares:
+        return KEPT_SPARES_RESULT, KEPT_SPARES_LOG
+    if spares:
+        return SPARES_RESULT, SPARES_LOG
+    if ray_cluster_per_run:
+        return KEPT_RESULT, KEPT_LOG
+    return "nemesis_real_pods", DEFAULT_LOG
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -642,11 +656,13 @@ def main() -> int:
         "--spares",
         action="store_true",
         help="each run keeps a spare worker pod (spareReplicas 1) on a second spot node "
-        f"(its own log and result: {SPARES_LOG.name}, {SPARES_RESULT}.json)",
+        f"(its own log and result: {SPARES_LOG.name}, {SPARES_RESULT}.json; with --ray-cluster-per-run "
+        f"{KEPT_SPARES_LOG.name}, {KEPT_SPARES_RESULT}.json)",
     )
     args = parser.parse_args()
-    if args.log == DEFAULT_LOG and (args.spares or args.ray_cluster_per_run):
-        args.log = SPARES_LOG if args.spares else KEPT_LOG
+    name, default_log = campaign_name(args.ray_cluster_per_run, args.spares)
+    if args.log == DEFAULT_LOG:
+        args.log = default_log
     kinds = [k for k in args.kinds.split(",") if k] or None
     for kind in kinds or []:
         if kind not in KINDS_ON_REAL_PODS:
@@ -667,7 +683,6 @@ def main() -> int:
         where += "; controller.rayClusterPerRun on (one Ray cluster per run, kept across its attempts)"
     if args.spares:
         where += "; spareReplicas 1 (a spare worker pod on a second spot node)"
-    name = SPARES_RESULT if args.spares else KEPT_RESULT if args.ray_cluster_per_run else "nemesis_real_pods"
     judged = kinds_judged(args.ray_cluster_per_run, args.spares)
     return nemesis.write_summary(name, log, judged, REAL_PODS_PACE, where, module="nemesis_real_pods")
 

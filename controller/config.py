@@ -119,6 +119,9 @@ class ControllerConfig:
     # that takes spot workers but not the on-demand head costs no new head; each attempt is a RayJob
     # with a clusterSelector on it (controller/rayjob.py build_ray_cluster). Off: a cluster per attempt.
     ray_cluster_per_run: bool = False
+    # With ray_cluster_per_run: move a run's idle spare worker pod off the node it shares with a
+    # training worker (controller/spare_placement.py). Off: the scheduler's first placement stays.
+    move_idle_spares: bool = True
     rayjob_ttl_seconds: int = 600
     worker_grace_seconds: int = 120
     # How often the kubelet asks a Ray pod whether it is Ready (controller/rayjob.py readiness_probe);
@@ -217,6 +220,7 @@ class ControllerConfig:
             fs_group=_int_env(env, "SPOTRAY_FS_GROUP", defaults.fs_group),
             ray_cluster_selector=ray_cluster_selector,
             ray_cluster_per_run=ray_cluster_per_run,
+            move_idle_spares=_bool_env(env, "SPOTRAY_MOVE_IDLE_SPARES", defaults.move_idle_spares),
             rayjob_ttl_seconds=_int_env(env, "SPOTRAY_RAYJOB_TTL_SECONDS", defaults.rayjob_ttl_seconds),
             worker_grace_seconds=_int_env(env, "SPOTRAY_WORKER_GRACE_SECONDS", defaults.worker_grace_seconds, 1),
             ray_readiness_period_seconds=_int_env(

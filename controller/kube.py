@@ -270,6 +270,32 @@ class Cluster:
     def annotate_ray_cluster(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         self._annotate_ray_object(RAYCLUSTER_PLURAL, namespace, name, annotations)
 
+    def delete_ray_cluster_worker(self, namespace: str, name: str, group: str, pod: str) -> None:
+        """Ask KubeRay to delete worker ``pod`` of the RayCluster's first worker group ``group`` and make a new one.
+
+        A JSON patch of ``scaleStrategy.workersToDelete`` (the replicas unchanged), tested against the
+        group's name: the controller may patch a run's RayCluster but not delete pods. A RayCluster
+        already gone is no error.
+        """
+        patch: list[dict[str, Any]] = [
+            {"op": "test", "path": "/spec/workerGroupSpecs/0/groupName", "value": group},
+            {"op": "add", "path": "/spec/workerGroupSpecs/0/scaleStrategy", "value": {"workersToDelete": [pod]}},
+        ]
+        try:
+            self.custom.patch_namespaced_custom_object(
+                RAY_GROUP,
+                RAY_VERSION,
+                namespace,
+                RAYCLUSTER_PLURAL,
+                name,
+                patch,
+                _content_type="application/json-patch+json",
+                _request_timeout=REQUEST_TIMEOUT,
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
     def _delete_ray_object(self, plural: str, namespace: str, name: str) -> None:
         """Delete a RayJob or RayCluster; one already gone is no error."""
         try:

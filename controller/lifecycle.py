@@ -161,6 +161,7 @@ REASON_WAITING_FOR_STORAGE = "WaitingForStorage"
 REASON_STORAGE_UNREACHABLE = "StorageUnreachable"  # also the StorageUnreachable condition's
 REASON_STATUS_UNREADABLE = "StatusUnreadable"  # a status field did not match its declaration: rebuilt
 REASON_RETRY_BUDGET_SPENT = "RetryBudgetSpent"  # an ended run's status did not say Failed: nothing starts
+REASON_SPARE_MOVED = "SpareMoved"  # an idle spare pod moved off its training worker's node (spare_placement.py)
 # The API server did not create the attempt's RayJob: tried again. Also the reason of a running
 # attempt (status.attempts[].reason) while its RayJob waits to be created: what tells it from a
 # RayJob that was created and then vanished.
@@ -419,6 +420,7 @@ class RayClusterView:
     name: str
     head_lost: str | None = None  # set by the pod watcher: "pod P on node N: reason"
     owner_uid: str | None = None  # the TrainingRun that owns it
+    spare_moved: str | None = None  # the last idle spare moved off a worker's node (controller/spare_placement.py)
 
 
 @dataclass(frozen=True)

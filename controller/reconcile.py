@@ -42,6 +42,8 @@ from spotray.contract.names import (
     RAY_CLUSTER_LABEL,
     RAY_NODE_TYPE_LABEL,
     RUN_LABEL,
+    RUNNING,
+    SPARE_MOVED_ANNOTATION,
     TERMINAL_PHASES,
     rayjob_name,
 )
@@ -58,6 +60,7 @@ from spotray.controller.lifecycle import (
     OUTCOME_UNKNOWN,
     REASON_INVALID_SPEC,
     REASON_RAYJOB_REFUSED,
+    REASON_SPARE_MOVED,
     REASON_STATUS_UNREADABLE,
     STALLED_PROGRESS_S,
     Event,
@@ -78,7 +81,7 @@ from spotray.controller.lifecycle import (
 )
 from spotray.controller.network_policy import build_run_network_policy
 from spotray.controller.ownership import foreign_object_refusal
-from spotray.controller.rayjob import build_ray_cluster, build_rayjob, secret_env_refusal, size_refusal
+from spotray.controller.rayjob import WORKER_GROUP, build_ray_cluster, build_rayjob, secret_env_refusal, size_refusal
 from spotray.controller.run_store import (
     StoreReport,
     StoreReports,
@@ -86,6 +89,7 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
+from spotray.controller.spare_placement import SpareMoved, hosts_seen, spare_to_move, worker_pods
 from spotray.controller.startup import attempt_startup, pods_ready_at
 from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import ObjectStore
@@ -145,6 +149,7 @@ def ray_cluster_view(body: dict[str, Any] | None) -> RayClusterView | None:
         name=str(meta.get("name") or ""),
         head_lost=(meta.get("annotations") or {}).get(HEAD_LOST_ANNOTATION),
         owner_uid=controller_owner_uid(body),
+        spare_moved=(meta.get("annotations") or {}).get(SPARE_MOVED_ANNOTATION),
     )
 
 
@@ -324,7 +329,17 @@ def _reconcile_locked(  # noqa: PLR0917
         decided = _hold_without_credentials(cluster, config, run, state, decided)
     # Act: create, persist, delete (see the module docstring).
     return _act(
-        cluster, config, run, body, state, decided, run_store, now, job=observation.job, defer_status=defer_status
+        cluster,
+        config,
+        run,
+        body,
+        state,
+        decided,
+        run_store,
+        now,
+        job=observation.job,
+        ray_cluster=observation.ray_cluster,
+        defer_status=defer_status,
     )
 
 
@@ -472,6 +487,7 @@ def _act(  # noqa: PLR0917
     now: datetime,
     *,
     job: RayJobView | None,
+    ray_cluster: RayClusterView | None = None,
     defer_status: bool,
 ) -> float | None:
     namespace, name, uid = run.namespace, run.name, body["metadata"]["uid"]
@@ -488,7 +504,7 @@ def _act(  # noqa: PLR0917
             return 0.0  # the status write is deferred: come back once no new run waits
         decided = created
     status = _stored_status(body)
-    new_status = _status(
+    new_status, found = _status(
         run,
         run_store,
         uid,
@@ -512,6 +528,7 @@ def _act(  # noqa: PLR0917
         cluster.delete_rayjob(namespace, decided.delete_rayjob)
     if decided.delete_ray_cluster:
         cluster.delete_ray_cluster(namespace, decided.delete_ray_cluster)
+    _move_idle_spare(cluster, config, run, body, now, decided=decided, ray_cluster=ray_cluster, found=found)
     for event in decided.events:
         if EVENTS.post(cluster.post_event, body, event, now):
             log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
@@ -641,9 +658,10 @@ def _status(
     storage_patience_s: float,
     prices: Prices | None,
     attempt_pods: Callable[[AttemptStatus], list[dict[str, Any]]],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], StoreReport | None]:
     """The whole new status as a merge patch: the lifecycle's state, conditions, and what S3 says about
-    progress; ``attempt_pods`` lists an attempt's pods (read once per attempt, for its start-up)."""
+    progress (also returned: None when not read); ``attempt_pods`` lists an attempt's pods (read once
+    per attempt, for its start-up)."""
     status = replace(
         state.run_status(),
         observed_generation=generation,
@@ -656,7 +674,7 @@ def _status(
     finished = state.phase in TERMINAL_PHASES
     owed = finished and state.storage_unreachable_since is not None
     if not owed and (job is None or not job.submitted):
-        return status.to_patch()
+        return status.to_patch(), None
     ended = finished or (job is not None and job.finished)
     found, storage_error = _report(run_store, run, state, run_uid, ended=ended, objective_steps=objective_steps)
     if finished:
@@ -687,7 +705,52 @@ def _status(
             status = replace(status, attempts=(*earlier, current))
     if storage_error:
         status = replace(status, message=bounded(f"{status.message} (cannot read checkpoints: {storage_error})"))
-    return status.to_patch()
+    return status.to_patch(), found
+
+
+def _move_idle_spare(
+    cluster: Cluster,
+    config: ControllerConfig,
+    run: TrainingRun,
+    body: dict[str, Any],
+    now: datetime,
+    *,
+    decided: Plan,
+    ray_cluster: RayClusterView | None,
+    found: StoreReport | None,
+) -> None:
+    """Move an idle spare off the node it shares with a training worker (controller/spare_placement.py).
+
+    Only a running run with spares on its own RayCluster (``ray_cluster``, kept), whose rank 0 recorded
+    which worker pods are idle (``found``: this reconcile's read of its progress). The move is
+    annotated on the RayCluster first, so that a failure after it waits out the backoff instead of
+    trying again at once; then KubeRay is asked to delete the pod and make a new one.
+    """
+    if not config.move_idle_spares or not run.spec.workers.spare_replicas:
+        return
+    if decided.state.phase != RUNNING or decided.delete_ray_cluster:
+        return
+    if ray_cluster is None or ray_cluster.head_lost or found is None or not found.worker_hosts:
+        return
+    labels = {RUN_LABEL: run.name, RAY_CLUSTER_LABEL: ray_cluster.name}
+    try:
+        pods = worker_pods(cluster.list_attempt_pods(run.namespace, labels))
+    except (ApiException, OSError) as error:
+        why = getattr(error, "reason", error)
+        log.warning("cannot read the pods of %s/%s: %s", run.namespace, ray_cluster.name, why)
+        return
+    last = SpareMoved.from_annotation(ray_cluster.spare_moved)
+    move = spare_to_move(pods, hosts_seen(found.worker_hosts), last, now)
+    if move is None:
+        return
+    cluster.annotate_ray_cluster(run.namespace, ray_cluster.name, {SPARE_MOVED_ANNOTATION: move.to_annotation()})
+    cluster.delete_ray_cluster_worker(run.namespace, ray_cluster.name, WORKER_GROUP, move.pod)
+    message = (
+        f"idle spare pod {move.pod} moved off node {move.node}, which it shared with training worker pod "
+        f"{move.beside}: KubeRay makes a new spare, placed on another node if one has room (try {move.tries})"
+    )
+    if EVENTS.post(cluster.post_event, body, Event("Normal", REASON_SPARE_MOVED, message), now):
+        log.info("%s/%s: %s: %s", run.namespace, run.name, REASON_SPARE_MOVED, message)
 
 
 def _startup(

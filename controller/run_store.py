@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubernetes.client import ApiException
 
@@ -207,6 +207,8 @@ class StoreReport:
     # The job's clock (unix seconds): when its worker group began the training loop, and its first logged step.
     training_loop_at: float | None = None
     first_step_at: float | None = None
+    # A run with spares: its worker pods as Ray saw them (idle or busy), for controller/spare_placement.py.
+    worker_hosts: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,7 @@ class StoreReports:
             interval_losses=interval_losses_status(progress, objective_steps, last_checkpoint, every_steps),
             training_loop_at=progress.started if progress is not None else None,
             first_step_at=progress.points[0][2] if progress is not None and progress.points else None,
+            worker_hosts=progress.worker_hosts if progress is not None else None,
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:

@@ -36,9 +36,9 @@ from spotray.train.hf.data import (
 )
 from spotray.train.hf.learning_rate import LearningRateAfterResume
 from spotray.train.hf.loadable import trainer_checkpoint_check
-from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback
+from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback, in_ray_train
 from spotray.train.launch.batching import plan_batch
-from spotray.train.launch.ray_capacity import spare_room
+from spotray.train.launch.ray_capacity import run_worker_hosts, spare_room
 from spotray.train.processes.ranks import broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.events import EventLog
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
@@ -214,11 +214,13 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             started=started,
         )
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
-    report = ProgressCallback(sync, events, progress)
     # An elastic group goes on without the ranks a spot notice takes, if enough are left, and any group
-    # whose spares Ray has room for right then (train/hf/worker.py).
+    # whose spares Ray has room for right then (train/hf/worker.py). With spares, rank 0 also records
+    # which worker pods are idle, so that the controller can move a spare off its worker's node.
     min_workers = spec.workers.min_workers if spec.workers.elastic else None
     room = partial(spare_room, spec.workers) if spec.workers.spare_replicas else None
+    hosts = partial(run_worker_hosts, spec.workers) if spec.workers.spare_replicas and in_ray_train() else None
+    report = ProgressCallback(sync, events, progress, worker_hosts=hosts)
     notice = PreemptionNoticeCallback(
         sync, events, attempt=context.attempt_id, min_workers=min_workers, spare_room=room
     )

@@ -54,6 +54,9 @@ DISRUPTED_AT_ANNOTATION = f"{GROUP}/disrupted-at"
 # pod watcher when its head pod was disrupted: the cluster is not used again, the next attempt gets
 # the next generation.
 HEAD_LOST_ANNOTATION = f"{GROUP}/head-lost"
+# Written on a run's RayCluster by the controller when it moved an idle spare worker pod off a node it
+# shared with a training worker (controller/spare_placement.py): the pod, the node, when, tries in a row.
+SPARE_MOVED_ANNOTATION = f"{GROUP}/spare-moved"
 
 # Nodes: this label says which capacity a node is (Ray heads go on on-demand nodes, workers of a
 # spot run on spot ones), and spot nodes carry a NoSchedule taint with this key that only spot

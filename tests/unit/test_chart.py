@@ -279,6 +279,7 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_FILE_ROOTS": "",
         "SPOTRAY_RAY_CLUSTER_SELECTOR": "",
         "SPOTRAY_RAY_CLUSTER_PER_RUN": "false",
+        "SPOTRAY_MOVE_IDLE_SPARES": "true",
         "SPOTRAY_RAYJOB_TTL_SECONDS": "600",
         "SPOTRAY_RECONCILE_INTERVAL_SECONDS": "10",
         "SPOTRAY_REFRESHES_PER_SECOND": "10",

@@ -257,6 +257,7 @@ def test_the_charts_defaults_are_the_controllers_own() -> None:
     assert controller["storagePatienceSeconds"] == defaults.storage_patience_seconds == STORAGE_PATIENCE_SECONDS
     assert controller["submissionMode"] == defaults.submission_mode
     assert controller["rayJobTTLSeconds"] == defaults.rayjob_ttl_seconds
+    assert controller["moveIdleSpares"] == defaults.move_idle_spares
     assert controller["reconcileIntervalSeconds"] == defaults.reconcile_interval_seconds
     assert controller["refreshesPerSecond"] == defaults.refreshes_per_second
     assert controller["startDeadlineSeconds"] == defaults.start_deadline_seconds

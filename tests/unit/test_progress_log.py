@@ -1,5 +1,6 @@
 """train/records/progress_log.py: each attempt's progress object, written and read back through a store."""
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ from spotray.train.records.progress_log import (
     MAX_PROGRESS_BYTES,
     MAX_PROGRESS_VALUES,
     MAX_RESTARTS,
+    MAX_WORKER_HOSTS,
     AttemptProgress,
     ProgressWriter,
     continue_attempt_progress,
@@ -158,6 +160,7 @@ def test_the_largest_object_the_writer_keeps_is_one_its_readers_parse() -> None:
         checkpoint_stalls=[(step, 86400.1234, at)] * MAX_POINTS,
         restarts=[(step, at)] * MAX_RESTARTS,
         checkpoint_interval=dict.fromkeys(decision_keys, 1.7976931348623157e308),
+        worker_hosts={"idle": ["p" * 253] * MAX_WORKER_HOSTS, "busy": ["p" * 253] * MAX_WORKER_HOSTS, "time": at},
     )
     largest.thin()  # the writer thins after every change: at these counts it drops nothing
     written = largest.to_json()
@@ -175,3 +178,21 @@ def test_restarts_stay_bounded_also_when_a_worker_group_continues_the_object(tmp
     assert len(continued.restarts) <= MAX_RESTARTS
     assert continued.restarts[0][0] == 0
     assert continued.restarts[-1][0] == MAX_RESTARTS  # the newest restart is kept
+
+
+def test_worker_hosts_round_trip_and_a_malformed_one_is_dropped_not_the_progress(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "ckpt"))
+    writer = ProgressWriter(store, AttemptProgress(attempt=1, run_id="r1"), interval_s=3600)
+    writer.record_worker_hosts(idle=["w-b"], busy=["w-a"])
+    assert writer.close()
+    read = read_attempt_progress(store, AttemptId("r1", 1))
+    assert read is not None
+    assert read.worker_hosts is not None
+    assert (read.worker_hosts["idle"], read.worker_hosts["busy"]) == (["w-b"], ["w-a"])
+
+    for bad in ({"idle": "w-b", "busy": [], "time": 1.0}, {"idle": [1], "busy": [], "time": 1.0}, {"idle": []}, [1]):
+        raw = json.loads(read.to_json())
+        raw["worker_hosts"] = bad
+        parsed = AttemptProgress.from_json(json.dumps(raw).encode())
+        assert parsed.worker_hosts is None
+        assert parsed.attempt == 1

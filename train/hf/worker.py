@@ -31,7 +31,7 @@ import signal
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,9 @@ from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_r
 from spotray.train.records.attempt_records import write_preemption
 from spotray.train.records.events import EventLog
 from spotray.train.records.progress_log import ProgressWriter
+
+if TYPE_CHECKING:
+    from spotray.train.launch.ray_capacity import WorkerHosts
 
 with extra_required("ray"):
     import ray.train
@@ -107,15 +110,47 @@ def goes_on_without(ranks: frozenset[int], size: int, min_workers: int | None, r
     return size - lost + min(room, lost) >= needed
 
 
-class ProgressCallback(TrainerCallback):
-    """Each logged step to the event log; under Ray Train, the final state to ``ray.train.report``."""
+# How often rank 0 of a run with spares reads which worker pods are idle (one GCS read): the
+# controller moves an idle spare off its worker's node within about this long after it lands there.
+WORKER_HOSTS_EVERY_S = 10.0
 
-    def __init__(self, sync: S3CheckpointCallback, events: EventLog, progress: ProgressWriter | None = None) -> None:
+
+class ProgressCallback(TrainerCallback):
+    """Each logged step to the event log; under Ray Train, the final state to ``ray.train.report``.
+
+    ``worker_hosts`` (a run with spares, rank 0): reads which worker pods are idle and which train
+    (train/launch/ray_capacity.py ``run_worker_hosts``), recorded in the progress every
+    ``WORKER_HOSTS_EVERY_S``; a failed read is logged and skipped (it is advice to the controller).
+    """
+
+    def __init__(
+        self,
+        sync: S3CheckpointCallback,
+        events: EventLog,
+        progress: ProgressWriter | None = None,
+        worker_hosts: Callable[[], WorkerHosts] | None = None,
+    ) -> None:
         self.sync = sync
         self.events = events
         self.progress = progress  # rank 0 only: the attempt's progress object in the store
+        self.worker_hosts = worker_hosts
+        self.hosts_read_at = float("-inf")
         self.report_to_ray = in_ray_train()
         self.last_loss: float | None = None
+
+    def _record_worker_hosts(self) -> None:
+        if self.progress is None or self.worker_hosts is None:
+            return
+        now = time.monotonic()
+        if now - self.hosts_read_at < WORKER_HOSTS_EVERY_S:
+            return
+        self.hosts_read_at = now
+        try:
+            hosts = self.worker_hosts()
+        except Exception as error:  # noqa: BLE001 - advice for the controller; training goes on without it
+            log.warning("could not read which worker pods are idle: %s", error)
+            return
+        self.progress.record_worker_hosts(hosts.idle, hosts.busy)
 
     def on_log(
         self,
@@ -133,6 +168,7 @@ class ProgressCallback(TrainerCallback):
             self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps, lr=rate)
             if self.progress is not None:
                 self.progress.record(state.global_step, logs["loss"])
+            self._record_worker_hosts()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         # After the S3 callback's on_save (it comes first in the list), which measured the stall.

@@ -1,4 +1,5 @@
-"""How many more training workers the Ray cluster could place now: spare room for a spot notice.
+"""How many more training workers the Ray cluster could place now: spare room for a spot notice;
+and which worker pods are idle spares right now.
 
 A fixed-size run with spare worker pods (``spec.workers.spareReplicas``) goes on after a spot
 notice only when the workers the notice takes can start again elsewhere (train/hf/worker.py
@@ -13,12 +14,15 @@ DeveloperAPI; the draining nodes are what ``ray drain-node`` and our preStop hoo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import WorkerSpec
 
 with extra_required("ray"):
+    import ray
     import ray._private.state
 
 # A node's free CPU is a float sum of fractions (0.1 + 0.2 ...): allow for rounding below a whole slot.
@@ -56,3 +60,48 @@ def spare_room(workers: WorkerSpec) -> int:
     available_by_node = ray._private.state.available_resources_per_node()  # type: ignore[no-untyped-call]
     draining = frozenset(ray._private.state.state.get_draining_nodes())
     return free_worker_slots(per_worker, available_by_node, draining)
+
+
+@dataclass(frozen=True)
+class WorkerHosts:
+    """The hostnames of the live, not draining nodes that can run a worker: those that run none
+    now (idle spares) and those with a worker's resources in use (training)."""
+
+    idle: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+
+
+def worker_hosts(
+    per_worker: Mapping[str, float],
+    nodes: Iterable[Mapping[str, Any]],
+    available_by_node: Mapping[str, Mapping[str, float]],
+    draining: frozenset[str],
+) -> WorkerHosts:
+    """Split the nodes that could run a worker into idle and busy, by what Ray has free on each.
+
+    ``nodes`` as ``ray.nodes()`` gives them (NodeID, Alive, NodeManagerHostname, Resources: the
+    totals). A node that could host no worker at all (the head, ``num-cpus: 0``) is neither; a
+    draining one neither (it is leaving). On Kubernetes a Ray node's hostname is its pod's name.
+    """
+    idle: list[str] = []
+    busy: list[str] = []
+    for node in nodes:
+        node_id, hostname = node.get("NodeID"), node.get("NodeManagerHostname")
+        if not node.get("Alive") or not node_id or not hostname or node_id in draining:
+            continue
+        room = slots_on(node.get("Resources") or {}, per_worker)
+        if room > 0:
+            free = slots_on(available_by_node.get(node_id, {}), per_worker)
+            (idle if free >= room else busy).append(str(hostname))
+    return WorkerHosts(idle=tuple(sorted(idle)), busy=tuple(sorted(busy)))
+
+
+def run_worker_hosts(workers: WorkerSpec) -> WorkerHosts:
+    """``worker_hosts`` for the run's workers as Ray's GCS sees the cluster now (inside a Ray worker or driver).
+
+    Rank 0 records it in the attempt's progress; the controller moves an idle spare off a node it
+    shares with a busy worker (controller/spare_placement.py).
+    """
+    available_by_node = ray._private.state.available_resources_per_node()  # type: ignore[no-untyped-call]
+    draining = frozenset(ray._private.state.state.get_draining_nodes())
+    return worker_hosts(worker_resources(workers), ray.nodes(), available_by_node, draining)  # type: ignore[no-untyped-call]

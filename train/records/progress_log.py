@@ -8,7 +8,8 @@ Rank 0 of each attempt rewrites one small object, ``_spotray/<run id>/attempt-<N
      "points": [[31, 3.21, 1763869990.5], ...],          # [step, loss, unix time]
      "restarts": [[40, 1763870100.0]],                  # workers restarted inside the attempt: [from step, time]
      "checkpoint_stalls": [[40, 0.8, 1763870090.0]],    # [step, seconds the loop waited for the save, time]
-     "checkpoint_interval": {...}}                      # everySteps: auto's latest choice
+     "checkpoint_interval": {...},                      # everySteps: auto's latest choice
+     "worker_hosts": {"idle": ["w-2"], "busy": ["w-1"], "time": 1763870000.0}}  # runs with spares: Ray's view
 
 Objects, not appends, because S3 cannot append; one per attempt, so a new attempt never rewrites
 an old one's history. A worker group that Ray Train restarts inside the attempt continues its
@@ -33,7 +34,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +53,8 @@ MAX_POINTS = 10_000
 # Worker groups restarted inside one attempt that are kept apart in the ledger: a restart past them
 # joins its lifetime to the one before (its restart's lost time then counts as a step's).
 MAX_RESTARTS = 1_000
+# Worker pods named in ``worker_hosts`` (a run with more is cut to these; a pod name is <= 253 bytes).
+MAX_WORKER_HOSTS = 256
 # The bounds of the object, which the writer keeps by the three above: at most 10,000 points and
 # 10,000 stalls of about 70 and 55 bytes with the longest numbers (a 19-digit step, a 24-character
 # loss), and 1,000 restarts: 1.3 MB and 83,000 values (tests/unit/test_progress_log.py). A read of
@@ -76,6 +79,10 @@ class AttemptProgress:
     restarts: list[tuple[int, float]] = field(default_factory=list)  # (resumed from step, time)
     checkpoint_stalls: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, time)
     checkpoint_interval: dict[str, Any] | None = None
+    # A run with spares: which worker pods ran no training worker (idle) and which did (busy), as Ray
+    # saw them at ``time`` (train/launch/ray_capacity.py); the controller moves an idle spare that
+    # shares a node with a busy worker (controller/spare_placement.py).
+    worker_hosts: dict[str, Any] | None = None
 
     @property
     def last_step(self) -> int | None:
@@ -106,6 +113,7 @@ class AttemptProgress:
                 "restarts": [list(restart) for restart in self.restarts],
                 "checkpoint_stalls": [list(stall) for stall in self.checkpoint_stalls],
                 "checkpoint_interval": self.checkpoint_interval,
+                "worker_hosts": self.worker_hosts,
             }
         ).encode()
 
@@ -127,6 +135,7 @@ class AttemptProgress:
                 (int(s), float(seconds), float(at)) for s, seconds, at in raw.get("checkpoint_stalls") or []
             ],
             checkpoint_interval=raw.get("checkpoint_interval"),
+            worker_hosts=_worker_hosts(raw.get("worker_hosts")),
         )
 
     @property
@@ -182,6 +191,11 @@ class ProgressWriter:
         """The training loop waited ``seconds`` for the checkpoint of ``step`` (the goodput ledger's cost)."""
         self._change(lambda progress: progress.checkpoint_stalls.append((step, round(seconds, 4), time.time())))
 
+    def record_worker_hosts(self, idle: Sequence[str], busy: Sequence[str]) -> None:
+        """Which worker pods run no training worker and which do, as Ray sees them now (a run with spares)."""
+        hosts = {"idle": list(idle[:MAX_WORKER_HOSTS]), "busy": list(busy[:MAX_WORKER_HOSTS]), "time": time.time()}
+        self._change(lambda progress: setattr(progress, "worker_hosts", hosts))
+
     def record_checkpoint_interval(self, decision: dict[str, Any]) -> None:
         """everySteps: auto's newest choice and the numbers it came from (the controller shows it in status)."""
         self._change(lambda progress: setattr(progress, "checkpoint_interval", decision))
@@ -229,6 +243,19 @@ class ProgressWriter:
             # Coalesce: the next write carries every point recorded meanwhile; a flush cuts the pause short.
             if self._hurry.wait(self.interval_s):
                 self._hurry.clear()
+
+
+def _worker_hosts(raw: object) -> dict[str, Any] | None:
+    """``worker_hosts`` as written, or None when it is missing or not that shape (it is only advice)."""
+    if not isinstance(raw, dict):
+        return None
+    names = {kind: raw.get(kind) for kind in ("idle", "busy")}
+    at = raw.get("time")
+    if not all(isinstance(n, list) and all(isinstance(h, str) for h in n) for n in names.values()):
+        return None
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None
+    return {kind: list(n or [])[:MAX_WORKER_HOSTS] for kind, n in names.items()} | {"time": float(at)}
 
 
 def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProgress | None:
