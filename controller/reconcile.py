@@ -726,11 +726,21 @@ def _move_idle_spare(
     annotated on the RayCluster first, so that a failure after it waits out the backoff instead of
     trying again at once; then KubeRay is asked to delete the pod and make a new one.
     """
-    if not config.move_idle_spares or not run.spec.workers.spare_replicas:
-        return
-    if decided.state.phase != RUNNING or decided.delete_ray_cluster:
-        return
-    if ray_cluster is None or ray_cluster.head_lost or found is None or not found.worker_hosts:
+    wanted = (
+        config.move_idle_spares
+        and run.spec.workers.spare_replicas > 0
+        and decided.state.phase == RUNNING
+        and not decided.delete_ray_cluster
+    )
+    hosts = hosts_seen(found.worker_hosts) if found is not None else None
+    # Only the run's own cluster (never a namesake's), and not one whose head was lost.
+    if (
+        not wanted
+        or hosts is None
+        or ray_cluster is None
+        or ray_cluster.head_lost
+        or ray_cluster.owner_uid != body["metadata"]["uid"]
+    ):
         return
     labels = {RUN_LABEL: run.name, RAY_CLUSTER_LABEL: ray_cluster.name}
     try:
@@ -740,11 +750,16 @@ def _move_idle_spare(
         log.warning("cannot read the pods of %s/%s: %s", run.namespace, ray_cluster.name, why)
         return
     last = SpareMoved.from_annotation(ray_cluster.spare_moved)
-    move = spare_to_move(pods, hosts_seen(found.worker_hosts), last, now)
+    move = spare_to_move(pods, hosts, last, now)
     if move is None:
         return
-    cluster.annotate_ray_cluster(run.namespace, ray_cluster.name, {SPARE_MOVED_ANNOTATION: move.to_annotation()})
-    cluster.delete_ray_cluster_worker(run.namespace, ray_cluster.name, WORKER_GROUP, move.pod)
+    try:
+        cluster.annotate_ray_cluster(run.namespace, ray_cluster.name, {SPARE_MOVED_ANNOTATION: move.to_annotation()})
+        cluster.delete_ray_cluster_worker(run.namespace, ray_cluster.name, WORKER_GROUP, move.pod)
+    except (ApiException, OSError) as error:  # a placement is advice: the run goes on, the backoff holds
+        why = getattr(error, "reason", error)
+        log.warning("cannot move spare pod %s of %s/%s: %s", move.pod, run.namespace, ray_cluster.name, why)
+        return
     message = (
         f"idle spare pod {move.pod} moved off node {move.node}, which it shared with training worker pod "
         f"{move.beside}: KubeRay makes a new spare, placed on another node if one has room (try {move.tries})"

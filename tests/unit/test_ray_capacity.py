@@ -1,9 +1,16 @@
-"""Spare room for a spot notice: how many more workers Ray could place now (train/launch/ray_capacity.py)."""
+"""Spare room for a spot notice; which worker pods are idle or busy, as rank 0 records it (ray_capacity.py)."""
+
+from pathlib import Path
 
 import pytest
+from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from spotray.contract.spec import WorkerSpec
+from spotray.train.hf.worker import WORKER_HOSTS_EVERY_S, ProgressCallback
 from spotray.train.launch.ray_capacity import WorkerHosts, free_worker_slots, slots_on, worker_hosts, worker_resources
+from spotray.train.records.events import EventLog
+from spotray.train.records.progress_log import AttemptProgress, ProgressWriter
+from spotray.train.storage.store import open_store
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +71,32 @@ def test_a_node_with_part_of_its_room_in_use_is_busy() -> None:
     nodes = [{"NodeID": "a", "NodeManagerHostname": "p", "Alive": True, "Resources": {"CPU": 2.0}}]
     assert worker_hosts({"CPU": 1.0}, nodes, {"a": {"CPU": 1.0}}, frozenset()) == WorkerHosts(busy=("p",))
     assert worker_hosts({"CPU": 1.0}, nodes, {"a": {"CPU": 2.0}}, frozenset()) == WorkerHosts(idle=("p",))
+
+
+def test_rank_0_records_worker_hosts_at_most_every_interval_and_a_failed_read_costs_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr("spotray.train.hf.worker.time.monotonic", lambda: clock[0])
+    reads: list[WorkerHosts | Exception] = [WorkerHosts(idle=("b",), busy=("a",)), RuntimeError("GCS away")]
+
+    def read() -> WorkerHosts:
+        found = reads.pop(0)
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    writer = ProgressWriter(open_store(str(tmp_path / "ckpt")), AttemptProgress(attempt=1, run_id="r1"), 3600)
+    callback = ProgressCallback(None, EventLog(tmp_path / "events.jsonl"), writer, worker_hosts=read)  # type: ignore[arg-type]
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
+    state = TrainerState(global_step=1)
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})  # within the interval: not read
+    assert writer.progress.worker_hosts is not None
+    assert (writer.progress.worker_hosts["idle"], writer.progress.worker_hosts["busy"]) == (["b"], ["a"])
+    assert len(reads) == 1
+    clock[0] += WORKER_HOSTS_EVERY_S
+    callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})  # the read fails: logged, training goes on
+    assert reads == []
+    assert writer.progress.worker_hosts["idle"] == ["b"], "the last view stays"
+    assert writer.close()

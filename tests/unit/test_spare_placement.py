@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from spotray.contract.attempts import AttemptId
 from spotray.contract.names import SPARE_MOVED_ANNOTATION
@@ -122,7 +123,6 @@ class SparesFake(KeptClusterFake):
 
     def __init__(self, run: dict[str, Any]) -> None:
         super().__init__(run)
-        self.pods: list[dict[str, Any]] = []
         self.workers_to_delete: list[tuple[str, str, str]] = []
 
     def list_attempt_pods(self, namespace: str, labels: dict[str, str]) -> list[dict[str, Any]]:
@@ -137,30 +137,35 @@ def running_worker(name: str, node: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "labels": labels}, "spec": {"nodeName": node}, "status": {"phase": "Running"}}
 
 
-def test_reconcile_moves_the_spare_its_run_named_idle_once_then_backs_off(tmp_path: Path) -> None:
+def running_with_spare_beside(
+    tmp_path: Path, *, spares: int = 1, per_run: bool = True
+) -> tuple[SparesFake, Any, ControllerConfig]:
+    """A run whose attempt 1 trains on its spare after a reclaim, KubeRay's new pod beside it, as rank 0 recorded."""
     body = new_run(UID)
     body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    body["spec"]["workers"] = {"replicas": 1, "spareReplicas": 1}
+    body["spec"]["workers"] = {"replicas": 1, "spareReplicas": spares}
     fake = SparesFake(body)
-    cluster: Any = fake
-    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),))
-    reconcile(cluster, config, "ns", "burst")
+    config = ControllerConfig(ray_cluster_per_run=per_run, file_roots=(str(tmp_path / "runs"),))
+    reconcile(fake, config, "ns", "burst")  # type: ignore[arg-type]
     fake.set_job("burst-a1", "RUNNING", "Running")
-    # After a reclaim of spot-a: the group went on on the spare (busy), KubeRay's new pod is beside it.
-    fake.pods = [running_worker("burst-c1-workers-spare", "spot-b"), running_worker("burst-c1-workers-new", "spot-b")]
-    store = open_store(body["spec"]["checkpoint"]["uri"])
+    fake.pods = (running_worker("burst-c1-workers-spare", "spot-b"), running_worker("burst-c1-workers-new", "spot-b"))
     progress = AttemptProgress(attempt=1, run_id=UID, points=[(10, 1.0, datetime.now(UTC).timestamp())])
     progress.worker_hosts = {
         "idle": ["burst-c1-workers-new"],
         "busy": ["burst-c1-workers-spare"],
         "time": datetime.now(UTC).timestamp(),
     }
-    store.put_bytes(AttemptId(UID, 1).progress_key, progress.to_json())
+    open_store(body["spec"]["checkpoint"]["uri"]).put_bytes(AttemptId(UID, 1).progress_key, progress.to_json())
+    return fake, fake, config
 
+
+def test_reconcile_moves_the_spare_its_run_named_idle_once_then_backs_off(tmp_path: Path) -> None:
+    fake, cluster, config = running_with_spare_beside(tmp_path)
     reconcile(cluster, config, "ns", "burst")
     EVENTS.drain()
     assert fake.workers_to_delete == [("burst-c1", "workers", "burst-c1-workers-new")]
-    moved = SpareMoved.from_annotation(fake.ray_clusters["burst-c1"]["metadata"]["annotations"][SPARE_MOVED_ANNOTATION])
+    annotation = fake.ray_clusters["burst-c1"]["metadata"]["annotations"][SPARE_MOVED_ANNOTATION]
+    moved = SpareMoved.from_annotation(annotation)
     assert moved is not None
     assert (moved.pod, moved.node, moved.beside, moved.tries) == (
         "burst-c1-workers-new",
@@ -174,23 +179,32 @@ def test_reconcile_moves_the_spare_its_run_named_idle_once_then_backs_off(tmp_pa
     assert len(fake.workers_to_delete) == 1
 
 
-def test_a_run_without_spares_or_on_a_rayjobs_own_cluster_is_never_moved(tmp_path: Path) -> None:
-    for spares, per_run in ((0, True), (1, False)):
-        body = new_run(UID)
-        body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / str(spares)}"
-        body["spec"]["workers"] = {"replicas": 1, "spareReplicas": spares}
-        fake = SparesFake(body)
-        cluster: Any = fake
-        config = ControllerConfig(ray_cluster_per_run=per_run, file_roots=(str(tmp_path / "runs"),))
-        reconcile(cluster, config, "ns", "burst")
-        fake.set_job("burst-a1", "RUNNING", "Running")
-        fake.pods = [running_worker("w-spare", "spot-b"), running_worker("w-new", "spot-b")]
-        progress = AttemptProgress(attempt=1, run_id=UID, points=[(10, 1.0, datetime.now(UTC).timestamp())])
-        progress.worker_hosts = {"idle": ["w-new"], "busy": ["w-spare"], "time": datetime.now(UTC).timestamp()}
-        open_store(body["spec"]["checkpoint"]["uri"]).put_bytes(AttemptId(UID, 1).progress_key, progress.to_json())
-        reconcile(cluster, config, "ns", "burst")
-        EVENTS.drain()
-        assert fake.workers_to_delete == []
+@pytest.mark.parametrize(("spares", "per_run"), [(0, True), (1, False)])
+def test_a_run_without_spares_or_on_a_rayjobs_own_cluster_is_never_moved(
+    tmp_path: Path, spares: int, per_run: bool
+) -> None:
+    fake, cluster, config = running_with_spare_beside(tmp_path, spares=spares, per_run=per_run)
+    reconcile(cluster, config, "ns", "burst")
+    EVENTS.drain()
+    assert fake.workers_to_delete == []
+
+
+def test_a_namesakes_cluster_is_never_touched_and_a_refused_patch_never_fails_the_reconcile(tmp_path: Path) -> None:
+    fake, cluster, config = running_with_spare_beside(tmp_path)
+    fake.ray_clusters["burst-c1"]["metadata"]["ownerReferences"][0]["uid"] = "another-run"
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.workers_to_delete == []
+
+    fake, cluster, config = running_with_spare_beside(tmp_path / "refused")
+
+    def refused(namespace: str, name: str, group: str, pod: str) -> None:
+        raise ApiException(status=422, reason="the test operation failed")
+
+    fake.delete_ray_cluster_worker = refused  # type: ignore[method-assign]
+    reconcile(cluster, config, "ns", "burst")
+    EVENTS.drain()
+    assert SPARE_MOVED_ANNOTATION in fake.ray_clusters["burst-c1"]["metadata"]["annotations"], "the backoff holds"
+    assert "event SpareMoved" not in fake.calls
 
 
 def test_a_long_pod_name_is_matched_by_the_hostname_the_kubelet_gives_it() -> None:
