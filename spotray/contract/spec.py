@@ -241,7 +241,8 @@ class WorkerSpec:
         "Worker pods kept up beside the run's replicas, idle until a spot notice takes a worker's node: "
         "the run then goes on at once on a spare, in the same attempt, from the notice's emergency "
         "checkpoint, instead of stopping and waiting for a new node. Each costs a node of the workers' pool; "
-        "the worker pods are then asked to go on different nodes (preferred), so one reclaim takes one of them.",
+        "the worker pods are then asked to go on different nodes (preferred), so one reclaim takes one of them; "
+        "with the chart's controller.rayClusterPerRun, a spare that lands beside a training worker is moved.",
         default=0,
         minimum=0,
     )
