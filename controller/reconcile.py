@@ -89,7 +89,7 @@ from spotray.controller.run_store import (
     open_run_store,
     s3_access_refusal,
 )
-from spotray.controller.spare_placement import SpareMoved, hosts_seen, spare_to_move, worker_pods
+from spotray.controller.spare_placement import SpareMoved, spare_to_move, worker_pods
 from spotray.controller.startup import attempt_startup, pods_ready_at
 from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import ObjectStore
@@ -732,7 +732,7 @@ def _move_idle_spare(
         and decided.state.phase == RUNNING
         and not decided.delete_ray_cluster
     )
-    hosts = hosts_seen(found.worker_hosts) if found is not None else None
+    hosts = found.worker_hosts if found is not None else None
     # Only the run's own cluster (never a namesake's), and not one whose head was lost.
     if (
         not wanted

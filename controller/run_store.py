@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from http import HTTPStatus
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kubernetes.client import ApiException
 
@@ -56,6 +56,7 @@ from spotray.train.records.goodput import Tally, attempts_from_progress, kept_up
 from spotray.train.records.progress_log import (
     MAX_PROGRESS_BYTES,
     AttemptProgress,
+    WorkerHosts,
     parse_attempt_progress,
     read_attempt_progress,
 )
@@ -208,7 +209,7 @@ class StoreReport:
     training_loop_at: float | None = None
     first_step_at: float | None = None
     # A run with spares: its worker pods as Ray saw them (idle or busy), for controller/spare_placement.py.
-    worker_hosts: Mapping[str, Any] | None = None
+    worker_hosts: WorkerHosts | None = None
 
 
 @dataclass(frozen=True)

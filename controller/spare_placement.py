@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from spotray.contract.names import RAY_NODE_TYPE_LABEL
 from spotray.controller.lifecycle import parse_timestamp, timestamp
+from spotray.train.records.progress_log import WorkerHosts
 
 # The record is Ray's view at one moment: older than this, it may describe a layout that changed.
 HOSTS_FRESH_S = 60.0
@@ -58,15 +59,6 @@ class WorkerPod:
     @property
     def hostname(self) -> str:
         return pod_hostname(self.name)
-
-
-@dataclass(frozen=True)
-class WorkerHostsSeen:
-    """The run's worker pods as Ray saw them at ``at``: running no training worker (idle), or some (busy)."""
-
-    idle: frozenset[str]
-    busy: frozenset[str]
-    at: datetime
 
 
 @dataclass(frozen=True)
@@ -113,31 +105,17 @@ def worker_pods(pods: Sequence[Mapping[str, Any]]) -> list[WorkerPod]:
     return found
 
 
-def hosts_seen(recorded: Mapping[str, Any] | None) -> WorkerHostsSeen | None:
-    """The progress object's ``worker_hosts`` (already shape-checked by its reader), or None."""
-    if not recorded:
-        return None
-    at = recorded.get("time")
-    if not isinstance(at, (int, float)) or isinstance(at, bool):
-        return None
-    try:
-        moment = datetime.fromtimestamp(at, UTC)
-    except (OverflowError, OSError, ValueError):
-        return None
-    return WorkerHostsSeen(frozenset(recorded.get("idle") or ()), frozenset(recorded.get("busy") or ()), moment)
-
-
 def spare_to_move(
-    pods: Sequence[WorkerPod], hosts: WorkerHostsSeen | None, last: SpareMoved | None, now: datetime
+    pods: Sequence[WorkerPod], hosts: WorkerHosts | None, last: SpareMoved | None, now: datetime
 ) -> SpareMoved | None:
     """The idle spare to move now, or None.
 
     Only from a fresh record written after the last move (it then shows where the new spare went),
     once the last move's backoff has passed; only a pod Ray named idle, beside one Ray named busy.
     """
-    if hosts is None or now - hosts.at > timedelta(seconds=HOSTS_FRESH_S):
+    if hosts is None or now.timestamp() - hosts.time > HOSTS_FRESH_S:
         return None
-    if last is not None and (hosts.at <= last.at or now - last.at < last.backoff):
+    if last is not None and (hosts.time <= last.at.timestamp() or now - last.at < last.backoff):
         return None
     by_node: dict[str, list[WorkerPod]] = {}
     for pod in pods:

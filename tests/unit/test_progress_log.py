@@ -17,6 +17,7 @@ from spotray.train.records.progress_log import (
     MAX_WORKER_HOSTS,
     AttemptProgress,
     ProgressWriter,
+    WorkerHosts,
     continue_attempt_progress,
     read_attempt_progress,
     read_run_progress,
@@ -160,7 +161,7 @@ def test_the_largest_object_the_writer_keeps_is_one_its_readers_parse() -> None:
         checkpoint_stalls=[(step, 86400.1234, at)] * MAX_POINTS,
         restarts=[(step, at)] * MAX_RESTARTS,
         checkpoint_interval=dict.fromkeys(decision_keys, 1.7976931348623157e308),
-        worker_hosts={"idle": ["p" * 253] * MAX_WORKER_HOSTS, "busy": ["p" * 253] * MAX_WORKER_HOSTS, "time": at},
+        worker_hosts=WorkerHosts(("p" * 253,) * MAX_WORKER_HOSTS, ("p" * 253,) * MAX_WORKER_HOSTS, at),
     )
     largest.thin()  # the writer thins after every change: at these counts it drops nothing
     written = largest.to_json()
@@ -183,14 +184,18 @@ def test_restarts_stay_bounded_also_when_a_worker_group_continues_the_object(tmp
 def test_worker_hosts_round_trip_and_a_malformed_one_is_dropped_not_the_progress(tmp_path: Path) -> None:
     store = open_store(str(tmp_path / "ckpt"))
     writer = ProgressWriter(store, AttemptProgress(attempt=1, run_id="r1"), interval_s=3600)
-    writer.record_worker_hosts(idle=["w-b"], busy=["w-a"])
+    writer.record_worker_hosts(WorkerHosts(idle=("w-b",), busy=("w-a",), time=1.5))
     assert writer.close()
     read = read_attempt_progress(store, AttemptId("r1", 1))
     assert read is not None
-    assert read.worker_hosts is not None
-    assert (read.worker_hosts["idle"], read.worker_hosts["busy"]) == (["w-b"], ["w-a"])
+    assert read.worker_hosts == WorkerHosts(idle=("w-b",), busy=("w-a",), time=1.5)
 
-    for bad in ({"idle": "w-b", "busy": [], "time": 1.0}, {"idle": [1], "busy": [], "time": 1.0}, {"idle": []}, [1]):
+    many = {"idle": ["w"] * (MAX_WORKER_HOSTS + 1), "busy": [], "time": 1.0}
+    assert WorkerHosts.from_json(many) == WorkerHosts(("w",) * MAX_WORKER_HOSTS, (), 1.0), "cut, not dropped"
+    not_a_time = ("x", True, None, float("nan"), float("inf"))
+    malformed = [{"idle": [], "busy": [], "time": at} for at in not_a_time]
+    malformed += [{"idle": "w-b", "busy": [], "time": 1.0}, {"idle": [1], "busy": [], "time": 1.0}, {"idle": []}, [1]]
+    for bad in malformed:
         raw = json.loads(read.to_json())
         raw["worker_hosts"] = bad
         parsed = AttemptProgress.from_json(json.dumps(raw).encode())

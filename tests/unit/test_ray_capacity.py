@@ -7,9 +7,9 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from spotray.contract.spec import WorkerSpec
 from spotray.train.hf.worker import WORKER_HOSTS_EVERY_S, ProgressCallback
-from spotray.train.launch.ray_capacity import WorkerHosts, free_worker_slots, slots_on, worker_hosts, worker_resources
+from spotray.train.launch.ray_capacity import free_worker_slots, slots_on, worker_hosts, worker_resources
 from spotray.train.records.events import EventLog
-from spotray.train.records.progress_log import AttemptProgress, ProgressWriter
+from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, WorkerHosts
 from spotray.train.storage.store import open_store
 
 pytestmark = pytest.mark.unit
@@ -63,14 +63,14 @@ def test_worker_hosts_names_the_idle_spares_and_the_busy_workers_by_pod() -> Non
     ]
     available = {"h": {}, "a": {"CPU": 0.0, "CPU_group_x": 1.0}, "b": {"CPU": 1.0}, "c": {"CPU": 1.0}}
     available["e"] = {"CPU": 1.0}
-    hosts = worker_hosts({"CPU": 1.0}, nodes, available, frozenset({"c"}))
-    assert hosts == WorkerHosts(idle=("run-worker-b",), busy=("run-worker-a",))
+    hosts = worker_hosts({"CPU": 1.0}, nodes, available, frozenset({"c"}), seen_at=7.0)
+    assert hosts == WorkerHosts(idle=("run-worker-b",), busy=("run-worker-a",), time=7.0)
 
 
 def test_a_node_with_part_of_its_room_in_use_is_busy() -> None:
     nodes = [{"NodeID": "a", "NodeManagerHostname": "p", "Alive": True, "Resources": {"CPU": 2.0}}]
-    assert worker_hosts({"CPU": 1.0}, nodes, {"a": {"CPU": 1.0}}, frozenset()) == WorkerHosts(busy=("p",))
-    assert worker_hosts({"CPU": 1.0}, nodes, {"a": {"CPU": 2.0}}, frozenset()) == WorkerHosts(idle=("p",))
+    assert worker_hosts({"CPU": 1.0}, nodes, {"a": {"CPU": 1.0}}, frozenset(), 0.0) == WorkerHosts(busy=("p",))
+    assert worker_hosts({"CPU": 1.0}, nodes, {"a": {"CPU": 2.0}}, frozenset(), 0.0) == WorkerHosts(idle=("p",))
 
 
 def test_rank_0_records_worker_hosts_at_most_every_interval_and_a_failed_read_costs_nothing(
@@ -93,10 +93,10 @@ def test_rank_0_records_worker_hosts_at_most_every_interval_and_a_failed_read_co
     callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})
     callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})  # within the interval: not read
     assert writer.progress.worker_hosts is not None
-    assert (writer.progress.worker_hosts["idle"], writer.progress.worker_hosts["busy"]) == (["b"], ["a"])
+    assert writer.progress.worker_hosts == WorkerHosts(idle=("b",), busy=("a",))
     assert len(reads) == 1
     clock[0] += WORKER_HOSTS_EVERY_S
     callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})  # the read fails: logged, training goes on
     assert reads == []
-    assert writer.progress.worker_hosts["idle"] == ["b"], "the last view stays"
+    assert writer.progress.worker_hosts == WorkerHosts(idle=("b",), busy=("a",)), "the last view stays"
     assert writer.close()

@@ -22,14 +22,12 @@ from spotray.controller.spare_placement import (
     FIRST_BACKOFF_S,
     MAX_BACKOFF_S,
     SpareMoved,
-    WorkerHostsSeen,
     WorkerPod,
-    hosts_seen,
     pod_hostname,
     spare_to_move,
     worker_pods,
 )
-from spotray.train.records.progress_log import AttemptProgress
+from spotray.train.records.progress_log import AttemptProgress, WorkerHosts
 from spotray.train.storage.store import open_store
 from tests.unit.test_controller_writes import new_run
 from tests.unit.test_ray_cluster_per_run import KeptClusterFake
@@ -39,8 +37,12 @@ NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 UID = "uid-spares"
 
 
-def seen(idle: set[str], busy: set[str], seconds_ago: float = 5.0) -> WorkerHostsSeen:
-    return WorkerHostsSeen(frozenset(idle), frozenset(busy), NOW - timedelta(seconds=seconds_ago))
+def seen(idle: set[str], busy: set[str], seconds_ago: float = 5.0) -> WorkerHosts:
+    return hosts(idle, busy, NOW - timedelta(seconds=seconds_ago))
+
+
+def hosts(idle: set[str], busy: set[str], at: datetime) -> WorkerHosts:
+    return WorkerHosts(tuple(sorted(idle)), tuple(sorted(busy)), at.timestamp())
 
 
 BESIDE = [WorkerPod("w-new", "spot-b"), WorkerPod("w-spare", "spot-b")]  # after a reclaim of spot-a
@@ -61,9 +63,7 @@ def test_an_idle_spare_beside_a_busy_worker_is_moved() -> None:
         (BESIDE, None, "no view recorded (a job that records none)"),
     ],
 )
-def test_nothing_moves_without_facts_that_say_so(
-    pods: list[WorkerPod], hosts: WorkerHostsSeen | None, why: str
-) -> None:
+def test_nothing_moves_without_facts_that_say_so(pods: list[WorkerPod], hosts: WorkerHosts | None, why: str) -> None:
     assert spare_to_move(pods, hosts, None, NOW) is None, why
 
 
@@ -71,18 +71,18 @@ def test_a_move_waits_for_a_view_newer_than_itself_and_backs_off_while_the_spare
     first = SpareMoved("w-new", "spot-b", "w-spare", NOW, tries=1)
     back = [WorkerPod("w-newer", "spot-b"), WorkerPod("w-spare", "spot-b")]  # no other node had room
     later = NOW + timedelta(seconds=FIRST_BACKOFF_S - 1)
-    fresh = WorkerHostsSeen(frozenset({"w-newer"}), frozenset({"w-spare"}), later - timedelta(seconds=1))
+    fresh = hosts({"w-newer"}, {"w-spare"}, later - timedelta(seconds=1))
     assert spare_to_move(back, fresh, first, later) is None, "inside the backoff"
     past = NOW + timedelta(seconds=FIRST_BACKOFF_S + 1)
-    stale = WorkerHostsSeen(frozenset({"w-newer"}), frozenset({"w-spare"}), NOW - timedelta(seconds=1))
+    stale = hosts({"w-newer"}, {"w-spare"}, NOW - timedelta(seconds=1))
     assert spare_to_move(back, stale, first, past) is None, "a view from before the move says nothing of it"
-    fresh = WorkerHostsSeen(frozenset({"w-newer"}), frozenset({"w-spare"}), past - timedelta(seconds=1))
+    fresh = hosts({"w-newer"}, {"w-spare"}, past - timedelta(seconds=1))
     second = spare_to_move(back, fresh, first, past)
     assert second is not None
     assert (second.pod, second.tries) == ("w-newer", 2)
     assert second.backoff == timedelta(seconds=2 * FIRST_BACKOFF_S)
     assert SpareMoved("p", "n", "b", NOW, tries=30).backoff == timedelta(seconds=MAX_BACKOFF_S)
-    apart = WorkerHostsSeen(frozenset({"x"}), frozenset({"y"}), past)
+    apart = hosts({"x"}, {"y"}, past)
     elsewhere = spare_to_move([WorkerPod("x", "spot-c"), WorkerPod("y", "spot-c")], apart, first, past)
     assert elsewhere is not None
     assert elsewhere.tries == 1, "another node: a first try"
@@ -95,7 +95,7 @@ def test_the_annotation_round_trips_and_an_unreadable_one_waits_on_nothing() -> 
         assert SpareMoved.from_annotation(bad) is None
 
 
-def test_only_running_worker_pods_count_and_a_recorded_view_is_read_back() -> None:
+def test_only_running_worker_pods_count() -> None:
     def pod(name: str, node_type: str, phase: str = "Running", **meta: Any) -> dict[str, Any]:
         labels = {"ray.io/node-type": node_type}
         return {
@@ -112,10 +112,6 @@ def test_only_running_worker_pods_count_and_a_recorded_view_is_read_back() -> No
         {"metadata": {"name": "submitter", "labels": {}}, "spec": {"nodeName": "n"}, "status": {"phase": "Running"}},
     ]
     assert worker_pods(listed) == [WorkerPod("w-1", "n")]
-    recorded = {"idle": ["a"], "busy": ["b"], "time": NOW.timestamp()}
-    assert hosts_seen(recorded) == WorkerHostsSeen(frozenset({"a"}), frozenset({"b"}), NOW)
-    assert hosts_seen({"idle": [], "busy": [], "time": 1e300}) is None
-    assert hosts_seen(None) is None
 
 
 class SparesFake(KeptClusterFake):
@@ -150,11 +146,7 @@ def running_with_spare_beside(
     fake.set_job("burst-a1", "RUNNING", "Running")
     fake.pods = (running_worker("burst-c1-workers-spare", "spot-b"), running_worker("burst-c1-workers-new", "spot-b"))
     progress = AttemptProgress(attempt=1, run_id=UID, points=[(10, 1.0, datetime.now(UTC).timestamp())])
-    progress.worker_hosts = {
-        "idle": ["burst-c1-workers-new"],
-        "busy": ["burst-c1-workers-spare"],
-        "time": datetime.now(UTC).timestamp(),
-    }
+    progress.worker_hosts = hosts({"burst-c1-workers-new"}, {"burst-c1-workers-spare"}, datetime.now(UTC))
     open_store(body["spec"]["checkpoint"]["uri"]).put_bytes(AttemptId(UID, 1).progress_key, progress.to_json())
     return fake, fake, config
 

@@ -47,7 +47,7 @@ from spotray.train.records.events import EventLog
 from spotray.train.records.progress_log import ProgressWriter
 
 if TYPE_CHECKING:
-    from spotray.train.launch.ray_capacity import WorkerHosts
+    from spotray.train.records.progress_log import WorkerHosts
 
 with extra_required("ray"):
     import ray.train
@@ -150,7 +150,7 @@ class ProgressCallback(TrainerCallback):
         except Exception as error:  # noqa: BLE001 - advice for the controller; training goes on without it
             log.warning("could not read which worker pods are idle: %s", error)
             return
-        self.progress.record_worker_hosts(hosts.idle, hosts.busy)
+        self.progress.record_worker_hosts(hosts)
 
     def on_log(
         self,

@@ -14,12 +14,13 @@ DeveloperAPI; the draining nodes are what ``ray drain-node`` and our preStop hoo
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import WorkerSpec
+from spotray.train.records.progress_log import WorkerHosts
 
 with extra_required("ray"):
     import ray
@@ -62,22 +63,14 @@ def spare_room(workers: WorkerSpec) -> int:
     return free_worker_slots(per_worker, available_by_node, draining)
 
 
-@dataclass(frozen=True)
-class WorkerHosts:
-    """The hostnames of the live, not draining nodes that can run a worker: those that run none
-    now (idle spares) and those with a worker's resources in use (training)."""
-
-    idle: tuple[str, ...] = ()
-    busy: tuple[str, ...] = ()
-
-
 def worker_hosts(
     per_worker: Mapping[str, float],
     nodes: Iterable[Mapping[str, Any]],
     available_by_node: Mapping[str, Mapping[str, float]],
     draining: frozenset[str],
+    seen_at: float,
 ) -> WorkerHosts:
-    """Split the nodes that could run a worker into idle and busy, by what Ray has free on each.
+    """Split the nodes that could run a worker into idle and busy, by what Ray has free on each (at ``seen_at``).
 
     ``nodes`` as ``ray.nodes()`` gives them (NodeID, Alive, NodeManagerHostname, Resources: the
     totals). A node that could host no worker at all (the head, ``num-cpus: 0``) is neither; a
@@ -93,7 +86,7 @@ def worker_hosts(
         if room > 0:
             free = slots_on(available_by_node.get(node_id, {}), per_worker)
             (idle if free >= room else busy).append(str(hostname))
-    return WorkerHosts(idle=tuple(sorted(idle)), busy=tuple(sorted(busy)))
+    return WorkerHosts(idle=tuple(sorted(idle)), busy=tuple(sorted(busy)), time=seen_at)
 
 
 def run_worker_hosts(workers: WorkerSpec) -> WorkerHosts:
@@ -104,4 +97,5 @@ def run_worker_hosts(workers: WorkerSpec) -> WorkerHosts:
     """
     available_by_node = ray._private.state.available_resources_per_node()  # type: ignore[no-untyped-call]
     draining = frozenset(ray._private.state.state.get_draining_nodes())
-    return worker_hosts(worker_resources(workers), ray.nodes(), available_by_node, draining)  # type: ignore[no-untyped-call]
+    nodes = ray.nodes()  # type: ignore[no-untyped-call]
+    return worker_hosts(worker_resources(workers), nodes, available_by_node, draining, seen_at=time.time())

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 from spotray.contract.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
 from spotray.contract.bounded_json import load_json
@@ -64,6 +65,38 @@ MAX_PROGRESS_BYTES = 1536 << 10
 MAX_PROGRESS_VALUES = 100_000
 
 
+@dataclass(frozen=True)
+class WorkerHosts:
+    """A run with spares: which worker pods run no training worker (idle) and which do (busy), as Ray
+    saw them at ``time`` (unix seconds). Rank 0 reads it (train/launch/ray_capacity.py) and writes it
+    in its attempt's progress; the controller moves an idle spare that shares a node with a busy
+    worker (controller/spare_placement.py). A Ray node's hostname is its pod's name."""
+
+    idle: tuple[str, ...] = ()
+    busy: tuple[str, ...] = ()
+    time: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        cut = MAX_WORKER_HOSTS
+        return {"idle": list(self.idle[:cut]), "busy": list(self.busy[:cut]), "time": self.time}
+
+    @classmethod
+    def from_json(cls, raw: object) -> WorkerHosts | None:
+        """As written; None when missing or not that shape (it is only advice: the rest of the progress stands)."""
+        if not isinstance(raw, dict):
+            return None
+        idle, busy, at = raw.get("idle"), raw.get("busy"), raw.get("time")
+        if not _names(idle) or not _names(busy):
+            return None
+        if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+            return None
+        return cls(tuple(idle[:MAX_WORKER_HOSTS]), tuple(busy[:MAX_WORKER_HOSTS]), float(at))
+
+
+def _names(raw: object) -> TypeGuard[list[str]]:
+    return isinstance(raw, list) and all(isinstance(name, str) for name in raw)
+
+
 @dataclass
 class AttemptProgress:
     """What one attempt trained: every logged (step, loss, time), where it started, its target."""
@@ -79,10 +112,7 @@ class AttemptProgress:
     restarts: list[tuple[int, float]] = field(default_factory=list)  # (resumed from step, time)
     checkpoint_stalls: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, time)
     checkpoint_interval: dict[str, Any] | None = None
-    # A run with spares: which worker pods ran no training worker (idle) and which did (busy), as Ray
-    # saw them at ``time`` (train/launch/ray_capacity.py); the controller moves an idle spare that
-    # shares a node with a busy worker (controller/spare_placement.py).
-    worker_hosts: dict[str, Any] | None = None
+    worker_hosts: WorkerHosts | None = None  # a run with spares: Ray's view of its worker pods
 
     @property
     def last_step(self) -> int | None:
@@ -113,7 +143,7 @@ class AttemptProgress:
                 "restarts": [list(restart) for restart in self.restarts],
                 "checkpoint_stalls": [list(stall) for stall in self.checkpoint_stalls],
                 "checkpoint_interval": self.checkpoint_interval,
-                "worker_hosts": self.worker_hosts,
+                "worker_hosts": self.worker_hosts.to_json() if self.worker_hosts is not None else None,
             }
         ).encode()
 
@@ -135,7 +165,7 @@ class AttemptProgress:
                 (int(s), float(seconds), float(at)) for s, seconds, at in raw.get("checkpoint_stalls") or []
             ],
             checkpoint_interval=raw.get("checkpoint_interval"),
-            worker_hosts=_worker_hosts(raw.get("worker_hosts")),
+            worker_hosts=WorkerHosts.from_json(raw.get("worker_hosts")),
         )
 
     @property
@@ -191,9 +221,8 @@ class ProgressWriter:
         """The training loop waited ``seconds`` for the checkpoint of ``step`` (the goodput ledger's cost)."""
         self._change(lambda progress: progress.checkpoint_stalls.append((step, round(seconds, 4), time.time())))
 
-    def record_worker_hosts(self, idle: Sequence[str], busy: Sequence[str]) -> None:
-        """Which worker pods run no training worker and which do, as Ray sees them now (a run with spares)."""
-        hosts = {"idle": list(idle[:MAX_WORKER_HOSTS]), "busy": list(busy[:MAX_WORKER_HOSTS]), "time": time.time()}
+    def record_worker_hosts(self, hosts: WorkerHosts) -> None:
+        """Which worker pods run no training worker and which do, as Ray saw them (a run with spares)."""
         self._change(lambda progress: setattr(progress, "worker_hosts", hosts))
 
     def record_checkpoint_interval(self, decision: dict[str, Any]) -> None:
@@ -243,19 +272,6 @@ class ProgressWriter:
             # Coalesce: the next write carries every point recorded meanwhile; a flush cuts the pause short.
             if self._hurry.wait(self.interval_s):
                 self._hurry.clear()
-
-
-def _worker_hosts(raw: object) -> dict[str, Any] | None:
-    """``worker_hosts`` as written, or None when it is missing or not that shape (it is only advice)."""
-    if not isinstance(raw, dict):
-        return None
-    names = {kind: raw.get(kind) for kind in ("idle", "busy")}
-    at = raw.get("time")
-    if not all(isinstance(n, list) and all(isinstance(h, str) for h in n) for n in names.values()):
-        return None
-    if not isinstance(at, (int, float)) or isinstance(at, bool):
-        return None
-    return {kind: list(n or [])[:MAX_WORKER_HOSTS] for kind, n in names.items()} | {"time": float(at)}
 
 
 def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProgress | None:
