@@ -88,11 +88,18 @@ class Reclaims:
 
 
 def reclaim_at(
-    cluster: DemoCluster, name: str, targets: list[int], stop: threading.Event, done: Reclaims, spares: int = 0
+    cluster: DemoCluster,
+    name: str,
+    targets: list[int],
+    stop: threading.Event,
+    done: Reclaims,
+    spares: int = 0,
+    lose: str = "worker",
 ) -> None:
     """Reclaim the worker's node once the running attempt reaches each of ``targets`` in turn. With
     ``spares``, once its spares are Ready too, and the node of the pod that runs the Ray Train worker
-    (a spare's node would cost nothing)."""
+    (a spare's node would cost nothing). ``lose`` head: the node of the attempt's Ray head instead
+    (the chart placing heads on spot nodes)."""
     for target in targets:
         ready: list[dict[str, Any]] = []
         while not stop.is_set():
@@ -109,7 +116,15 @@ def reclaim_at(
         else:
             return
         node = None
-        if spares:
+        if lose == "head":
+            heads = cluster_demo.pods(
+                cluster.testbed, cluster_demo.NAMESPACE, cluster_demo.worker_pods_selector(status, name, "head")
+            )
+            node = next((pod["spec"].get("nodeName") for pod in heads if pod["status"].get("phase") == "Running"), None)
+            if node is None:
+                cluster_demo.say(f"{name}: no running head pod to reclaim the node of: no reclaim")
+                return
+        elif spares:
             node = cluster_demo.training_worker_node(cluster.testbed, ready)
             if node is None:
                 cluster_demo.say("no worker pod says it runs the Ray Train worker: reclaiming the first one's node")
@@ -117,7 +132,8 @@ def reclaim_at(
         attempts = len(status.get("attempts") or [])
         noticed = cluster_demo.reclaim_worker_node(cluster.testbed, status, name, stop, node=node)
         done.notices.append(noticed)
-        while not spares and not stop.is_set():
+        # Otherwise the run goes on in the same attempt, or it may: read from its progress afterwards.
+        while not spares and lose == "worker" and not stop.is_set():
             status = cluster_demo.run_status(cluster.testbed, name)
             if len(status.get("attempts") or []) > attempts and current_step(status) >= 0:
                 done.back_s.append(round(time.time() - noticed, 1))
@@ -231,6 +247,7 @@ def run_leg(
     timeout_s: float,
     min_step_seconds: float = 0.0,
     spares: int = 0,
+    lose: str = "worker",
 ) -> dict[str, Any]:
     document = cluster_demo.demo_training_run(
         f"{cluster_demo.POD_JOB_DIR}/{name}",
@@ -246,7 +263,8 @@ def run_leg(
     cluster.testbed.kubectl("apply", "-f", str(manifest))
     stop = threading.Event()
     done = Reclaims()
-    reclaimer = threading.Thread(target=reclaim_at, args=(cluster, name, reclaims, stop, done, spares), daemon=True)
+    reclaiming = (cluster, name, reclaims, stop, done, spares, lose)
+    reclaimer = threading.Thread(target=reclaim_at, args=reclaiming, daemon=True)
     reclaimer.start()
     started = time.monotonic()
     status: dict[str, Any] = {}
@@ -261,7 +279,8 @@ def run_leg(
     status = cluster_demo.run_status(cluster.testbed, name)
     goodput = status.get("goodput") or {}
     phases = startup_phases(cluster, name, status) if not reclaims else None
-    back_s = done.back_s if not spares else spare_recoveries(cluster, document, done.notices)
+    in_progress = spares or lose != "worker"
+    back_s = spare_recoveries(cluster, document, done.notices) if in_progress else done.back_s
     return {
         "name": name,
         "phase": status.get("phase"),
@@ -280,6 +299,8 @@ def run_leg(
         # Ray) plus the first attempt's start-up in them; and each reclaim notice -> training again.
         "rayjob_to_first_step_s": rayjob_to_first_step(goodput.get("lostSeconds") or {}),
         "notice_to_training_again_s": back_s,
+        "notices_at": done.notices,  # unix seconds: when each reclaim's notice was given
+        "checkpoint_uri": document["spec"]["checkpoint"]["uri"],
         # A fresh start, phase by phase: seconds from attempt 1's start (startup_phases).
         "startup_phases_s": phases,
         "seconds": round(time.monotonic() - started, 1),

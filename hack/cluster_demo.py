@@ -170,13 +170,13 @@ def lose_the_spot_node(testbed: tb.Testbed, stop: threading.Event) -> None:
     reclaim_worker_node(testbed, status, RUN, stop)
 
 
-def worker_pods_selector(status: dict[str, Any], name: str) -> str:
-    """The label selector of the current attempt's worker pods: of its own Ray cluster, or of the
-    run's kept across attempts (controller.rayClusterPerRun)."""
+def worker_pods_selector(status: dict[str, Any], name: str, node_type: str = "worker") -> str:
+    """The label selector of the current attempt's worker pods (``node_type`` head: its head pod): of
+    its own Ray cluster, or of the run's kept across attempts (controller.rayClusterPerRun)."""
     attempts = status.get("attempts") or [{}]
     ray_cluster = attempts[-1].get("rayCluster")
     whose = f"ray.io/cluster={ray_cluster}" if ray_cluster else f"{ATTEMPT_LABEL}={len(attempts)}"
-    return f"{RUN_LABEL}={name},{whose},ray.io/node-type=worker"
+    return f"{RUN_LABEL}={name},{whose},ray.io/node-type={node_type}"
 
 
 # Run in a worker pod: does it host the run's Ray Train worker? (Ray names an actor's process after
