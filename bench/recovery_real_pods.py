@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -62,9 +63,15 @@ HEADS_ON_SPOT = (
 # Lines of the driver's log (its submitter pod follows it) that mark where a resumed attempt's time goes.
 DRIVER_MILESTONES = {
     "submitted": "spotray.submitter: job",
+    "driver ready": ": driver ready, ",  # its imports done (train/launch/launcher.py ``milestone``)
+    "Ray connected": ": connected to Ray",
+    "worker group asked": ": asking Ray Train for the worker group",
     "resources requested": "Requesting resources",
     "worker group started": "Started training worker group",
 }
+
+
+DRIVER_AGE = re.compile(r": driver ready, ([0-9.]+) s after its process started")
 
 
 def log_moment(line: str) -> float | None:
@@ -135,6 +142,10 @@ def resumed_attempt_timeline(
     for milestone, marker in DRIVER_MILESTONES.items():
         moment = next((log_moment(line) for line in lines if marker in line), None)
         timeline[milestone] = None if moment is None else round(moment - created, 1)
+    # The driver says how long after its process started it was ready: when Ray's job manager started it.
+    ready = next((DRIVER_AGE.search(line) for line in lines if DRIVER_AGE.search(line)), None)
+    if ready is not None and timeline["driver ready"] is not None:
+        timeline["driver process started"] = round(timeline["driver ready"] - float(ready.group(1)), 1)
     startup = entry.get("startup") or {}
     timeline |= {"pods ready": startup.get("podsReady"), "first step": startup.get("firstStep")}
     return timeline

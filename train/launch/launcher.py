@@ -47,6 +47,7 @@ import logging
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ from spotray.train.records.events import EventLog, event_log_from_env
 from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):
+    import psutil  # a dependency of Ray's
     import ray
     import ray.exceptions
     import ray.train
@@ -386,6 +388,19 @@ def copy_start_checkpoint(store: ObjectStore, context: RunContext, events: Event
     return None
 
 
+def milestone(events: EventLog, event: str, what: str, context: RunContext) -> None:
+    """A start-up milestone of the attempt: in local mode's event log, and in the driver's log (where a
+    cluster's start-up is read: bench/recovery_real_pods.py, bench/fresh_start_real_pods.py)."""
+    events.emit(event)
+    log.info("attempt %d: %s", context.attempt, what)
+
+
+def process_age_s() -> float:
+    """Seconds since this process started: Python's own start and the imports before ``launch``."""
+    started: float = psutil.Process().create_time()
+    return time.time() - started
+
+
 def launch(
     train_loop: Callable[[dict[str, Any]], None],
     loop_config: dict[str, Any],
@@ -414,7 +429,7 @@ def launch(
     # Where an attempt's start-up goes, for the goodput ledger and bench/local_recovery.py: from here
     # (the driver's imports and the job's own checks done) to Ray connected, to the worker group asked for.
     events = event_log_from_env()
-    events.emit("driver_start")
+    milestone(events, "driver_start", f"driver ready, {process_age_s():.1f} s after its process started", context)
     start = context.spec.checkpoint.start_from
     to_copy = start is not None and not start_from_done(store, context.attempt_id, start)
     if resume_dir is not None and ray_runs_on_this_machine() and not to_copy:
@@ -435,7 +450,7 @@ def launch(
         except (ConnectionError, TimeoutError, ray.exceptions.RaySystemError) as error:
             print(f"error: cannot connect to the Ray cluster (an infrastructure fault): {error}", file=sys.stderr)
             return EXIT_INFRASTRUCTURE
-    events.emit("ray_connected")
+    milestone(events, "ray_connected", "connected to Ray", context)
     coordinator = autoscaling_coordinator()
     if coordinator is not None and context.spec.workers.elastic:
         # Ray Train's elastic resizes see a node leave or join within a second, not 20 s.
@@ -457,7 +472,7 @@ def launch(
         run_config=build_run_config(context, storage_path or default_storage_path()),
         datasets=datasets,
     )
-    events.emit("worker_group_asked")
+    milestone(events, "worker_group_asked", "asking Ray Train for the worker group", context)
     try:
         trainer.fit()
     except Exception as error:  # noqa: BLE001 (whatever ended the attempt, it ends with its cause's code)
