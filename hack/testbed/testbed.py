@@ -711,8 +711,10 @@ class Testbed:
         pods = json.loads(self.kubectl("get", "pods", "-A", "-o", "json",
                                        "--field-selector", f"spec.nodeName={name}").stdout)["items"]  # fmt: skip
         self.kubectl("taint", "node", name, f"{SPOT_TAINT_KEY}-reclaimed=true:NoSchedule", "--overwrite")
+        # Through the Eviction API, as a cloud's termination handler does: the pods carry DisruptionTarget
+        # (EvictionByEvictionAPI), which the controller's pod watcher reads. A plain delete sets none.
         self.kubectl("drain", name, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
-                     "--disable-eviction", f"--timeout={int(timeout)}s", check=False)  # fmt: skip
+                     f"--timeout={int(timeout)}s", check=False)  # fmt: skip
         self.stop_real_node(node)
         self.kubectl("delete", "node", name, "--wait=false", check=False)
         for pod in pods:
