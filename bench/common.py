@@ -48,6 +48,14 @@ def alternating_rounds(legs: Mapping[str, Callable[[], T]], rounds: int) -> dict
     return results
 
 
+def alternating_pairs(pairs: int, first: str, second: str) -> Iterator[tuple[str, str]]:
+    """(setting, leg name) for ``pairs`` A vs B pairs back to back, neither setting always first (A B,
+    then B A, ...); each leg is named ``<setting>-<pair>``."""
+    for pair in range(1, pairs + 1):
+        for setting in (first, second) if pair % 2 else (second, first):
+            yield setting, f"{setting}-{pair}"
+
+
 def alternating_processes(sides: dict[str, list[str]], rounds: int) -> dict[str, list[float]]:
     """Each side's command as a whole process (``alternating_rounds``), after one warm-up of the last
     side (the page cache); wall seconds per side, in order."""

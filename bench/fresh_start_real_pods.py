@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_details, write_result
+from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import run_leg
 from bench.recovery_real_pods import driver_logs_followed, resumed_attempt_timeline
 
@@ -88,15 +88,12 @@ def main() -> int:
             cluster_demo.say(f"warm-up {number}: a fresh run of {args.steps} steps, not counted")
             warmups.append({"setting": "probe", **fresh_start_leg(cluster, workdir, f"warmup-{number}", args)})
             print(json.dumps(warmups[-1]), flush=True)
-        for pair in range(1, args.pairs + 1):
-            order = ("probe", "kuberay") if pair % 2 else ("kuberay", "probe")  # neither always goes first
-            for setting in order:
-                cluster_demo.set_chart_values(cluster.testbed, f"ray.readinessPeriodSeconds={SETTINGS[setting]}")
-                name = f"{setting}-{pair}"
-                cluster_demo.say(f"{name}: a fresh run of {args.steps} steps")
-                row = {"setting": setting, **fresh_start_leg(cluster, workdir, name, args)}
-                print(json.dumps(row), flush=True)
-                legs.append(row)
+        for setting, name in alternating_pairs(args.pairs, "probe", "kuberay"):
+            cluster_demo.set_chart_values(cluster.testbed, f"ray.readinessPeriodSeconds={SETTINGS[setting]}")
+            cluster_demo.say(f"{name}: a fresh run of {args.steps} steps")
+            row = {"setting": setting, **fresh_start_leg(cluster, workdir, name, args)}
+            print(json.dumps(row), flush=True)
+            legs.append(row)
     wrong = [leg for leg in legs if leg["phase"] != SUCCEEDED or leg["rayjob_to_first_step_s"] is None]
     if wrong:
         print(f"legs that did not succeed, or logged no first step: {wrong}; no result written", file=sys.stderr)

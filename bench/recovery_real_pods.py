@@ -40,7 +40,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bench.common import machine_details, write_result
+from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import run_leg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,30 +194,27 @@ def main() -> int:
     with cluster_demo.as_supervisor(workdir), cluster_demo.demo_cluster(workdir, spot_nodes) as cluster:
         if args.lose == "head":
             cluster_demo.set_chart_values(cluster.testbed, *HEADS_ON_SPOT)
-        for pair in range(1, args.pairs + 1):
-            order = ("kept", "new") if pair % 2 else ("new", "kept")  # neither always goes first
-            for setting in order:
-                cluster_demo.set_ray_cluster_per_run(cluster.testbed, SETTINGS[setting])
-                name = f"{setting}-{pair}"
-                cluster_demo.say(f"{name}: {args.steps} steps, the {args.lose}'s node reclaimed at {args.reclaim_at}")
-                driver_log = workdir / f"{name}-a2-driver.log"
-                first_log = workdir / f"{name}-a1-driver.log"
-                with driver_logs_followed(cluster.testbed, name, {1: first_log, 2: driver_log}):
-                    row = run_leg(
-                        cluster,
-                        workdir,
-                        name,
-                        args.steps,
-                        args.interval,
-                        [args.reclaim_at],
-                        600.0 + args.steps,
-                        lose=args.lose,
-                    )
-                row["setting"] = setting
-                row["attempt_2_from_its_rayjob_s"] = resumed_attempt_timeline(cluster, name, driver_log)
-                row["attempt_1_end_from_the_notice_s"] = attempt_end_timeline(cluster, name, row, first_log)
-                print(json.dumps(row), flush=True)
-                legs.append(row)
+        for setting, name in alternating_pairs(args.pairs, "kept", "new"):
+            cluster_demo.set_ray_cluster_per_run(cluster.testbed, SETTINGS[setting])
+            cluster_demo.say(f"{name}: {args.steps} steps, the {args.lose}'s node reclaimed at {args.reclaim_at}")
+            driver_log = workdir / f"{name}-a2-driver.log"
+            first_log = workdir / f"{name}-a1-driver.log"
+            with driver_logs_followed(cluster.testbed, name, {1: first_log, 2: driver_log}):
+                row = run_leg(
+                    cluster,
+                    workdir,
+                    name,
+                    args.steps,
+                    args.interval,
+                    [args.reclaim_at],
+                    600.0 + args.steps,
+                    lose=args.lose,
+                )
+            row["setting"] = setting
+            row["attempt_2_from_its_rayjob_s"] = resumed_attempt_timeline(cluster, name, driver_log)
+            row["attempt_1_end_from_the_notice_s"] = attempt_end_timeline(cluster, name, row, first_log)
+            print(json.dumps(row), flush=True)
+            legs.append(row)
     if any(leg["phase"] != SUCCEEDED or not leg["notice_to_training_again_s"] for leg in legs):
         print("a leg did not succeed, or saw no training after its reclaim: no result written", file=sys.stderr)
         return 1

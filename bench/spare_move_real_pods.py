@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import machine_details, write_result
+from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import current_step, first_group_after
 from bench.spare_real_pods import RECLAIM_MOMENT_TIMEOUT_S, wait_for_reclaim_moment, wait_until_done
 
@@ -122,17 +122,14 @@ def main() -> int:
     legs: list[dict[str, Any]] = []
     with cluster_demo.as_supervisor(workdir), cluster_demo.demo_cluster(workdir, spot_nodes=2) as cluster:
         cluster_demo.set_ray_cluster_per_run(cluster.testbed, True)
-        for pair in range(1, args.pairs + 1):
-            order = ("moved", "kept") if pair % 2 else ("kept", "moved")  # neither always goes first
-            for setting in order:
-                cluster_demo.set_chart_values(
-                    cluster.testbed, f"controller.moveIdleSpares={str(SETTINGS[setting]).lower()}"
-                )
-                name = f"{setting}-{pair}"
-                cluster_demo.say(f"{name}: {args.steps} steps, the worker's node reclaimed at steps {args.reclaims}")
-                row = run_leg(cluster, workdir, name, args)
-                print(json.dumps(row), flush=True)
-                legs.append(row)
+        for setting, name in alternating_pairs(args.pairs, "moved", "kept"):
+            cluster_demo.set_chart_values(
+                cluster.testbed, f"controller.moveIdleSpares={str(SETTINGS[setting]).lower()}"
+            )
+            cluster_demo.say(f"{name}: {args.steps} steps, the worker's node reclaimed at steps {args.reclaims}")
+            row = run_leg(cluster, workdir, name, args)
+            print(json.dumps(row), flush=True)
+            legs.append(row)
     failed = [leg["name"] for leg in legs if leg["phase"] != SUCCEEDED]
     if failed:
         print(f"legs that did not succeed: {failed}; no result written", file=sys.stderr)

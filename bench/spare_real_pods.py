@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import machine_details, write_result
+from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import current_step, first_group_after, ready_worker_pods
 from bench.recovery_real_pods import driver_logs_followed, log_moment
 
@@ -192,14 +192,11 @@ def main() -> int:
     legs: list[dict[str, Any]] = []
     with cluster_demo.as_supervisor(workdir), cluster_demo.demo_cluster(workdir, spot_nodes=2) as cluster:
         cluster_demo.set_ray_cluster_per_run(cluster.testbed, True)
-        for pair in range(1, args.pairs + 1):
-            order = ("spare", "none") if pair % 2 else ("none", "spare")  # neither always goes first
-            for setting in order:
-                name = f"{setting}-{pair}"
-                cluster_demo.say(f"{name}: {args.steps} steps, the worker's node reclaimed at step {args.reclaim_at}")
-                row = run_leg(cluster, workdir, name, SETTINGS[setting], args)
-                print(json.dumps(row), flush=True)
-                legs.append(row)
+        for setting, name in alternating_pairs(args.pairs, "spare", "none"):
+            cluster_demo.say(f"{name}: {args.steps} steps, the worker's node reclaimed at step {args.reclaim_at}")
+            row = run_leg(cluster, workdir, name, SETTINGS[setting], args)
+            print(json.dumps(row), flush=True)
+            legs.append(row)
     expected_attempts = {"spare": 1, "none": 2}
     wrong = [
         leg for leg in legs if leg["phase"] != SUCCEEDED or len(leg["attempts"]) != expected_attempts[leg["setting"]]

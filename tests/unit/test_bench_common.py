@@ -6,7 +6,7 @@ import functools
 
 import pytest
 
-from bench.common import alternating_rounds, paired_legs, script_leg
+from bench.common import alternating_pairs, alternating_rounds, paired_legs, script_leg
 
 pytestmark = pytest.mark.unit
 
@@ -35,3 +35,15 @@ def test_paired_legs_take_the_first_side_over_the_second_round_by_round() -> Non
     assert details["medians_s"] == {"fast": 2.0, "slow": 4.0}
     assert details["figure"] == "a figure"
     assert details["legs"] == {"fast": [{"seconds": 2.0}] * 2, "slow": [{"seconds": 4.0}] * 2}
+
+
+def test_alternating_pairs_put_neither_setting_always_first() -> None:
+    legs = list(alternating_pairs(3, "kept", "new"))
+    assert legs == [
+        ("kept", "kept-1"),
+        ("new", "new-1"),
+        ("new", "new-2"),
+        ("kept", "kept-2"),
+        ("kept", "kept-3"),
+        ("new", "new-3"),
+    ]
