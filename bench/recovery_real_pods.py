@@ -71,13 +71,19 @@ DRIVER_MILESTONES = {
 }
 
 
+LOGGING_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 DRIVER_AGE = re.compile(r": driver ready, ([0-9.]+) s after its process started")
 
 
 def log_moment(line: str) -> float | None:
-    """The kubelet's timestamp at the start of a `kubectl logs --timestamps` line (nanoseconds cut to micro)."""
-    stamp = line.split(" ", 1)[0].rstrip("Z")
-    whole, _, fraction = stamp.partition(".")
+    """When a `kubectl logs --timestamps` line was written: its own time where it begins with Python
+    logging's (``2026-11-30 16:07:53,168``, UTC in the pod), else the kubelet's, when the submitter
+    received it (Ray's job log tail hands lines over in batches, seconds late)."""
+    stamp, _, text = line.partition(" ")
+    own = LOGGING_TIME.match(text)
+    if own is not None:
+        return datetime.fromisoformat(f"{own.group(1)}.{own.group(2)}000+00:00").timestamp()
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
     try:
         return datetime.fromisoformat(f"{whole}.{(fraction + '000000')[:6]}+00:00").timestamp()
     except ValueError:
