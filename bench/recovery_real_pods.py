@@ -221,6 +221,8 @@ def main() -> int:
             row["attempt_1_end_from_the_notice_s"] = attempt_end_timeline(cluster, name, row, first_log)
             print(json.dumps(row), flush=True)
             legs.append(row)
+            # KubeRay keeps a finished job's cluster for its TTL: the next leg starts on empty nodes.
+            cluster_demo.delete_run(cluster.testbed, name)
     if any(leg["phase"] != SUCCEEDED or not leg["notice_to_training_again_s"] for leg in legs):
         print("a leg did not succeed, or saw no training after its reclaim: no result written", file=sys.stderr)
         return 1
