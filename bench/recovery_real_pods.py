@@ -141,7 +141,8 @@ def resumed_attempt_timeline(
     """Seconds from the resumed attempt's RayJob creation to each milestone: the driver's, from its log
     (``follow_driver_log``), then the status's start-up (its pods Ready, the training loop, the first step)."""
     bed = cluster.testbed
-    entry = (cluster_demo.run_status(bed, name).get("attempts") or [{}] * attempt)[attempt - 1]
+    attempts = cluster_demo.run_status(bed, name).get("attempts") or []
+    entry = attempts[attempt - 1] if len(attempts) >= attempt else {}  # a run the reclaim did not stop: none
     created = unix(entry.get("startTime")) or 0.0
     lines = driver_log.read_text().splitlines() if driver_log.exists() else []
     timeline: dict[str, float | None] = {}

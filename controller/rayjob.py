@@ -17,7 +17,8 @@ of the same attempt is refused by the API server, never duplicated). What goes i
 - Ray's token auth when configured (``ray_token_auth``): ``authOptions`` mode token, so that the
   dashboard, the job API and the GCS refuse whoever does not hold the cluster's token;
 - a preStop hook on workers that drains their Ray node as a preemption, so Ray Train's workers
-  take an emergency checkpoint within the grace period (train/launch/drain.py);
+  take an emergency checkpoint within the grace period, and one on the head that drains every node
+  (a notice on the head's node ends the cluster; train/launch/drain.py);
 - a readiness probe on the Ray containers, asked from their start (``readiness_probe``): KubeRay's
   first asks 10 s in, and the RayJob waits for every pod to be Ready;
 - the shared volume (NFS or any PVC) when configured, with ``fsGroup`` so it is writable;
@@ -253,13 +254,12 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
         probe = readiness_probe(config, head=is_head)
         if probe is not None:
             container["readinessProbe"] = probe
-    # A spot notice reaches the pod as SIGTERM after preStop: drain first so Ray Train checkpoints.
+    # A spot notice reaches the pod as SIGTERM after preStop: drain first so Ray Train checkpoints. The
+    # head's notice ends the whole cluster: its hook drains every node (train/launch/drain.py).
     grace = config.worker_grace_seconds
-    worker["lifecycle"] = {
-        "preStop": {
-            "exec": {"command": ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", str(grace)]}
-        }
-    }
+    drain = ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", str(grace)]
+    worker["lifecycle"] = {"preStop": {"exec": {"command": drain}}}
+    head["lifecycle"] = {"preStop": {"exec": {"command": [*drain, "--whole-cluster"]}}}
     worker_selector = config.spot_node_selector if workers.spot else config.head_node_selector
     worker_tolerations = config.spot_tolerations if workers.spot else config.head_tolerations
     spec: dict[str, Any] = {
@@ -273,6 +273,7 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
                 container=head,
                 node_selector=config.head_node_selector,
                 tolerations=config.head_tolerations,
+                grace_seconds=grace,
             ),
         },
         "workerGroupSpecs": [

@@ -56,3 +56,31 @@ def test_the_prestop_hook_drains_its_ray_node_so_it_takes_no_new_work(tmp_path: 
                 ray.get(one.remote(), timeout=5)
         finally:
             ray.shutdown()
+
+
+def test_the_heads_prestop_hook_drains_the_whole_cluster_and_waits_for_its_training_workers(tmp_path: Path) -> None:
+    """A notice on the head's node (a spot head, a node drained for an upgrade) ends the whole Ray
+    cluster: the head's hook drains every node as a preemption, so the workers, on other nodes, take
+    their emergency checkpoint before the head and its GCS go."""
+    with LocalRayCluster(num_cpus=1, log_path=tmp_path / "ray.log") as cluster:
+        ray.init(address=cluster.address)
+        try:
+            worker = RayTrainWorker.remote()  # type: ignore[attr-defined]
+            assert ray.get(worker.ready.remote(), timeout=60)
+            hook = subprocess.Popen(
+                [sys.executable, "-m", "spotray.train.launch.drain", "--deadline-seconds", "60", "--whole-cluster"],
+                env={**os.environ, "RAY_ADDRESS": cluster.address},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )  # fmt: skip
+            time.sleep(8)
+            assert hook.poll() is None, "the hook must wait while a training worker is alive in the cluster"
+            started = time.monotonic()
+            ray.kill(worker)
+            output, _ = hook.communicate(timeout=30)
+
+            assert hook.returncode == 0, output
+            assert "drain of 1 of 1 nodes accepted" in output, output
+            assert "no training worker left in the cluster" in output, output
+            assert time.monotonic() - started < 10, "the hook returns soon after the last worker leaves"
+        finally:
+            ray.shutdown()

@@ -634,6 +634,9 @@ def test_long_lived_ray_cluster_is_targeted_by_selector_and_keeps_its_dashboard_
     assert spec["enableInTreeAutoscaling"] is True
     head = spec["headGroupSpec"]["template"]["spec"]
     assert head["nodeSelector"] == {"spotray.dev/capacity": "on-demand"}
+    assert head["terminationGracePeriodSeconds"] == 120
+    hook = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert hook == ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", "120", "--whole-cluster"]
     (workers,) = spec["workerGroupSpecs"]
     assert workers["replicas"] == 3
     worker = workers["template"]["spec"]

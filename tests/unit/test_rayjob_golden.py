@@ -72,6 +72,15 @@ def test_workers_drain_their_ray_node_before_sigterm() -> None:
     assert command == ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", "30"]
 
 
+def test_the_head_drains_the_whole_cluster_before_sigterm_within_the_workers_grace() -> None:
+    """A notice on the head's node ends the cluster: its hook drains every node, so the workers take
+    their emergency checkpoint (train/launch/drain.py ``--whole-cluster``), in the same grace period."""
+    head = build("gpu-nfs")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head["terminationGracePeriodSeconds"] == 30
+    command = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", "30", "--whole-cluster"]
+
+
 def pod_specs(rayjob: dict) -> dict[str, dict]:
     """Every pod spec of the RayJob, by role: submitter, head, and each worker group."""
     spec = rayjob["spec"]

@@ -1,4 +1,4 @@
-"""``python -m spotray.train.launch.drain``: a Ray worker pod's preStop hook for spot notices.
+"""``python -m spotray.train.launch.drain``: a Ray pod's preStop hook for spot notices.
 
 Kubernetes runs the hook before it sends SIGTERM, and waits for it within the pod's grace period.
 The hook drains this pod's Ray node as a preemption (what ``ray drain-node --reason
@@ -8,6 +8,13 @@ until no Ray Train worker is left on this node, or the workers on it say that th
 safe and their group goes on without them (an elastic run, or one with a spare worker pod:
 train/processes/drain_handshake.py), or the deadline nears, so the SIGTERM that follows does not cut
 the checkpoint short, and a group that goes on does not train on a leaving node longer than it must.
+
+The head pod's hook (``--whole-cluster``): a notice on the head's node (a head on spot capacity, a
+node drained for an upgrade) ends the whole Ray cluster, its GCS and the job's driver with it. Its
+container's first process is KubeRay's shell, which need not pass SIGTERM on to Ray, so without the
+hook the job learns nothing until the grace period ends and the head is killed: the steps since the
+last checkpoint are lost. The hook drains every node as a preemption and waits until no Ray Train
+worker is left in the cluster (their emergency checkpoint taken) or the deadline nears.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import time
 from pathlib import Path
 
 from spotray.contract.extras import extra_required
-from spotray.train.launch.ray_drain import drain_nodes
+from spotray.train.launch.ray_drain import alive_nodes, drain_nodes
 from spotray.train.processes.drain_handshake import checkpointed, checkpointed_marker
 
 with extra_required("ray"):
@@ -37,14 +44,15 @@ _MARKER_POLL_S = 0.2
 _WORKERS_POLL_S = 1.0
 
 
-def training_workers_on(node_id: str) -> int:
-    """Live Ray Train worker actors on the node, from the GCS (a worker pod has no dashboard of its own)."""
+def training_workers_on(node_id: str | None) -> int:
+    """Live Ray Train worker actors on the node (None: anywhere in the cluster), from the GCS (a worker
+    pod has no dashboard of its own)."""
     actors = ray._private.state.actors()  # the GCS view: the state API would need the dashboard
     return sum(
         1
         for actor in actors.values()
         if actor.get("State") == "ALIVE"
-        and actor.get("Address", {}).get("NodeID") == node_id
+        and (node_id is None or actor.get("Address", {}).get("NodeID") == node_id)
         and "TrainWorker" in (actor.get("ActorClassName") or "")
     )
 
@@ -85,6 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         "--node-ip-address",
         help="the Ray node to drain, by its address (default: this machine's; local mode runs several on one)",
     )
+    parser.add_argument(
+        "--whole-cluster",
+        action="store_true",
+        help="the head pod's hook: drain every node, and wait until no training worker is left in the cluster",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s spotray.drain: %(message)s")
     started = time.monotonic()
@@ -94,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         logging_level=logging.WARNING,
         _node_ip_address=args.node_ip_address,
     )
+    if args.whole_cluster:
+        return drain_whole_cluster(args.deadline_seconds, started)
     node_id = ray.get_runtime_context().get_node_id()
     accepted = drain_nodes([node_id], "spotray: pod preStop (spot notice)", args.deadline_seconds)
     log.info("drain of node %s %s", node_id, "accepted" if accepted else "refused")
@@ -121,6 +136,26 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         time.sleep(_MARKER_POLL_S)
     log.warning("deadline near with training workers still on this node; letting Kubernetes stop the pod")
+    return 0
+
+
+def drain_whole_cluster(deadline_seconds: int, started: float) -> int:
+    """The head's hook: every node drained as a preemption, then wait until the cluster runs no Ray
+    Train worker (they took their emergency checkpoint and stopped) or the deadline nears."""
+    nodes = alive_nodes()
+    accepted = drain_nodes(nodes, "spotray: head pod preStop (spot notice)", deadline_seconds)
+    log.info("drain of %d of %d nodes accepted", accepted, len(nodes))
+    while time.monotonic() - started < deadline_seconds - _MARGIN_S:
+        try:
+            remaining = training_workers_on(None)
+        except Exception as error:  # noqa: BLE001 - the hook must never fail the pod's shutdown
+            log.warning("cannot list the cluster's actors (%s); not waiting", error)
+            return 0
+        if remaining == 0:
+            log.info("no training worker left in the cluster after %.1f s", time.monotonic() - started)
+            return 0
+        time.sleep(_WORKERS_POLL_S)
+    log.warning("deadline near with training workers still in the cluster; letting Kubernetes stop the head")
     return 0
 
 

@@ -35,7 +35,12 @@ def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) ->
     return accepted
 
 
+def alive_nodes() -> list[str]:
+    """The IDs of the cluster's live Ray nodes, from the GCS."""
+    return [node["NodeID"] for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+
+
 def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
-    """Drain every live node: what the driver does with its own SIGTERM (the whole cluster is going)."""
-    alive = [node["NodeID"] for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
-    return drain_nodes(alive, reason_message, grace_seconds)
+    """Drain every live node: what the driver does with its own SIGTERM, and the head pod's preStop
+    hook (train/launch/drain.py): the whole cluster is going."""
+    return drain_nodes(alive_nodes(), reason_message, grace_seconds)
