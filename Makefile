@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -185,6 +185,9 @@ bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 
 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt
 	$(PY) -m bench.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
+
+bench-recovery-head-lost: setup testbed ## real pods, A vs B: the Ray head's spot node reclaimed, the run's cluster kept against a new cluster per attempt (~15 min)
+	$(PY) -m bench.recovery_real_pods --lose head --pairs 2 --steps 300 --interval 50 --reclaim-at 120
 
 bench-spare-real-pods: setup testbed ## real pods, A vs B: a fixed-size run's worker reclaimed with a spare worker pod vs without (~12 min)
 	$(PY) -m bench.spare_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120

@@ -254,8 +254,12 @@ def main() -> int:
         f"{cluster_demo.SPOT_BACK_AFTER_S} s after the old one is gone"
     )
     command = "python -m bench.recovery_real_pods " + " ".join(sys.argv[1:])
-    name = "recovery_real_pods" if args.lose == "worker" else "recovery_real_pods_head_lost"
-    path = write_result(name, ratio, "<= 0.5", baseline, command.strip(), details)
+    # Head lost, both settings build a new cluster: the kept one should cost no more (the absolute goal,
+    # <= 45 s, is in the details).
+    name, goal = (
+        ("recovery_real_pods", "<= 0.5") if args.lose == "worker" else ("recovery_real_pods_head_lost", "<= 1.0")
+    )
+    path = write_result(name, ratio, goal, baseline, command.strip(), details)
     print(f"wrote {path}")
     return 0
 
