@@ -26,6 +26,13 @@ class RayTrainWorker:  # the class name Ray Train V2 gives its workers, which th
         return True
 
 
+def start_hook(address: str, *args: str) -> subprocess.Popen[str]:
+    """The preStop hook as the kubelet runs it, against the Ray cluster at ``address``, a 60 s deadline."""
+    command = [sys.executable, "-m", "spotray.train.launch.drain", "--deadline-seconds", "60", *args]
+    env = {**os.environ, "RAY_ADDRESS": address}
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def test_the_prestop_hook_drains_its_ray_node_so_it_takes_no_new_work(tmp_path: Path) -> None:
     with LocalRayCluster(num_cpus=1, log_path=tmp_path / "ray.log") as cluster:
         ray.init(address=cluster.address)
@@ -35,11 +42,7 @@ def test_the_prestop_hook_drains_its_ray_node_so_it_takes_no_new_work(tmp_path: 
             worker = RayTrainWorker.remote()  # type: ignore[attr-defined]
             assert ray.get(worker.ready.remote(), timeout=60)
 
-            hook = subprocess.Popen(
-                [sys.executable, "-m", "spotray.train.launch.drain", "--deadline-seconds", "60"],
-                env={**os.environ, "RAY_ADDRESS": cluster.address},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
+            hook = start_hook(cluster.address)
             time.sleep(8)
             assert hook.poll() is None, "the hook must wait while a training worker is still on the node"
             started = time.monotonic()
@@ -67,11 +70,7 @@ def test_the_heads_prestop_hook_drains_the_whole_cluster_and_waits_for_its_train
         try:
             worker = RayTrainWorker.remote()  # type: ignore[attr-defined]
             assert ray.get(worker.ready.remote(), timeout=60)
-            hook = subprocess.Popen(
-                [sys.executable, "-m", "spotray.train.launch.drain", "--deadline-seconds", "60", "--whole-cluster"],
-                env={**os.environ, "RAY_ADDRESS": cluster.address},
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            )  # fmt: skip
+            hook = start_hook(cluster.address, "--whole-cluster")
             time.sleep(8)
             assert hook.poll() is None, "the hook must wait while a training worker is alive in the cluster"
             started = time.monotonic()

@@ -57,6 +57,21 @@ def training_workers_on(node_id: str | None) -> int:
     )
 
 
+def no_workers_left(node_id: str | None, started: float) -> bool:
+    """No Ray Train worker is left on the node (None: in the cluster), or the GCS cannot say: the hook
+    must never fail the pod's shutdown, nor hold it on a question it cannot ask."""
+    where = "on this node" if node_id is not None else "in the cluster"
+    try:
+        remaining = training_workers_on(node_id)
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        log.warning("cannot list the actors %s (%s); not waiting", where, error)
+        return True
+    if remaining == 0:
+        log.info("no training worker left %s after %.1f s", where, time.monotonic() - started)
+        return True
+    return False
+
+
 def raylet_pids(node_id: str, proc: Path = Path("/proc")) -> list[int]:
     """The raylet of the Ray node ``node_id`` (its command line names the node), from ``proc``."""
     wanted = f"--node_id={node_id}".encode()
@@ -116,13 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     while time.monotonic() - started < args.deadline_seconds - _MARGIN_S:
         if time.monotonic() - workers_asked_at >= _WORKERS_POLL_S:
             workers_asked_at = time.monotonic()
-            try:
-                remaining = training_workers_on(node_id)
-            except Exception as error:  # noqa: BLE001 - the hook must never fail the pod's shutdown
-                log.warning("cannot list this node's actors (%s); not waiting", error)
-                return 0
-            if remaining == 0:
-                log.info("no training worker left on this node after %.1f s", time.monotonic() - started)
+            if no_workers_left(node_id, started):
                 return 0
         if checkpointed(node_id):
             checkpointed_marker(node_id).unlink(missing_ok=True)
@@ -146,13 +155,7 @@ def drain_whole_cluster(deadline_seconds: int, started: float) -> int:
     accepted = drain_nodes(nodes, "spotray: head pod preStop (spot notice)", deadline_seconds)
     log.info("drain of %d of %d nodes accepted", accepted, len(nodes))
     while time.monotonic() - started < deadline_seconds - _MARGIN_S:
-        try:
-            remaining = training_workers_on(None)
-        except Exception as error:  # noqa: BLE001 - the hook must never fail the pod's shutdown
-            log.warning("cannot list the cluster's actors (%s); not waiting", error)
-            return 0
-        if remaining == 0:
-            log.info("no training worker left in the cluster after %.1f s", time.monotonic() - started)
+        if no_workers_left(None, started):
             return 0
         time.sleep(_WORKERS_POLL_S)
     log.warning("deadline near with training workers still in the cluster; letting Kubernetes stop the head")
