@@ -30,7 +30,6 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +44,20 @@ import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
 from cluster_demo import DemoCluster  # noqa: E402
 
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES  # noqa: E402
+from spotray.contract.status import parse_date_time  # noqa: E402
 from spotray.train.records.progress_log import AttemptProgress, read_run_progress  # noqa: E402
 from spotray.train.storage.store import open_store  # noqa: E402
 
 POLL_S = 1.0
 
 
+def status_time(text: str | None) -> float | None:
+    """A time of the run's status (RFC 3339, spotray/contract/status.py) as unix seconds; None when unset."""
+    return parse_date_time(text).timestamp() if text else None
+
+
 def _moment(text: str | None) -> float:
-    return datetime.fromisoformat(text).timestamp() if text else 0.0
+    return status_time(text) or 0.0
 
 
 def current_step(status: dict[str, Any]) -> int:

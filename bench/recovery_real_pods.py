@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import alternating_pairs, machine_details, write_result
-from bench.goodput_testbed import run_leg
+from bench.goodput_testbed import run_leg, status_time
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "hack"))
@@ -130,11 +130,6 @@ def driver_logs_followed(bed: Any, name: str, logs: dict[int, Path]) -> Iterator
             follower.join(timeout=30)
 
 
-def unix(stamp: object) -> float | None:
-    """An RFC 3339 time of the run's status (``2026-11-30T12:00:00Z``) as unix seconds; None when absent."""
-    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp() if stamp else None
-
-
 def resumed_attempt_timeline(
     cluster: cluster_demo.DemoCluster, name: str, driver_log: Path, attempt: int = 2
 ) -> dict[str, float | None]:
@@ -143,14 +138,14 @@ def resumed_attempt_timeline(
     bed = cluster.testbed
     attempts = cluster_demo.run_status(bed, name).get("attempts") or []
     entry = attempts[attempt - 1] if len(attempts) >= attempt else {}  # a run the reclaim did not stop: none
-    created = unix(entry.get("startTime")) or 0.0
+    created = status_time(entry.get("startTime")) or 0.0
     lines = driver_log.read_text().splitlines() if driver_log.exists() else []
     timeline: dict[str, float | None] = {}
     for milestone, marker in DRIVER_MILESTONES.items():
         moment = next((log_moment(line) for line in lines if marker in line), None)
         timeline[milestone] = None if moment is None else round(moment - created, 1)
     # The driver says how long after its process started it was ready: when Ray's job manager started it.
-    ready = next((DRIVER_AGE.search(line) for line in lines if DRIVER_AGE.search(line)), None)
+    ready = next(filter(None, map(DRIVER_AGE.search, lines)), None)
     if ready is not None and timeline["driver ready"] is not None:
         timeline["driver process started"] = round(timeline["driver ready"] - float(ready.group(1)), 1)
     startup = entry.get("startup") or {}
@@ -176,8 +171,8 @@ def attempt_end_timeline(
         "preemption recorded": (records.preempted or {}).get("time") if records else None,
         "outcome recorded": (records.outcome or {}).get("time") if records else None,
         "driver's last log line": log_moment(lines[-1]) if lines else None,
-        "attempt 1 ended": unix(attempts[0].get("endTime")) if attempts else None,
-        "attempt 2 RayJob created": unix(attempts[1].get("startTime")) if len(attempts) > 1 else None,
+        "attempt 1 ended": status_time(attempts[0].get("endTime")) if attempts else None,
+        "attempt 2 RayJob created": status_time(attempts[1].get("startTime")) if len(attempts) > 1 else None,
     }
     return {mark: None if at is None else round(float(at) - noticed, 1) for mark, at in marks.items()}
 
