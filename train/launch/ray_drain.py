@@ -41,6 +41,5 @@ def alive_nodes() -> list[str]:
 
 
 def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
-    """Drain every live node: what the driver does with its own SIGTERM, and the head pod's preStop
-    hook (train/launch/drain.py): the whole cluster is going."""
+    """Drain every live node: what the driver does with its own SIGTERM (the whole cluster is going)."""
     return drain_nodes(alive_nodes(), reason_message, grace_seconds)
