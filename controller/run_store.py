@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -370,11 +371,17 @@ def progress_status(progress: AttemptProgress | None) -> tuple[Progress | None, 
     status = Progress(
         step=progress.last_step,
         total_steps=progress.max_steps,
-        loss=round(progress.last_loss, 6) if progress.last_loss is not None else None,
+        loss=_finite(progress.last_loss),
         steps_per_second=round(speed, 3) if speed is not None else None,
         update_time=timestamp(datetime.fromtimestamp(progress.updated, UTC)),
     )
     return status, progress.resumed_from
+
+
+def _finite(loss: float | None) -> float | None:
+    """A loss as the status shows it: rounded, and None when NaN or infinite (training diverged). JSON has no
+    NaN, and the API server refuses a patch that holds one; the progress object keeps the fact."""
+    return round(loss, 6) if loss is not None and math.isfinite(loss) else None
 
 
 def checkpoint_interval_status(progress: AttemptProgress | None) -> CheckpointInterval | None:
@@ -403,7 +410,8 @@ def interval_losses_status(
     losses = {step: loss for step, loss, _ in progress.points}
     wanted = [*steps, *([progress.max_steps] if progress.max_steps else [])]
     found = objective_values(losses, wanted, last_checkpoint.step, every_steps)
-    return tuple(IntervalLoss(step=step, loss=round(loss, 6)) for step, loss in sorted(found.items()))
+    finite = {step: loss for step, mean in found.items() if (loss := _finite(mean)) is not None}
+    return tuple(IntervalLoss(step=step, loss=loss) for step, loss in sorted(finite.items()))
 
 
 def last_checkpoint_status(store: ObjectStore) -> LastCheckpoint | None:

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 # A JSON string, escapes included, or an unterminated one to the end (json.loads refuses it there):
 # each quote that opens a string is scanned once, and possessively, so any document is scanned in
 # linear time (a pattern that could fail would rescan from every escaped quote, in quadratic time).
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.?)*+(?:"|\Z)', re.DOTALL)
 _VALUE_MARKS = (b"[", b"{", b",", b":")
+T = TypeVar("T")
 
 
 def json_values(document: bytes) -> int:
@@ -58,3 +60,54 @@ def load_json(document: bytes, *, max_bytes: int, max_values: int) -> Any:
         return json.loads(document)
     except RecursionError:  # nested deeper than the interpreter recurses: not ours either
         raise ValueError("not parsed: it is nested too deep") from None
+
+
+# ------------------------------------------------------------------------------------------ ranges
+# A parsed object within its bounds can still hold values no writer of ours makes, each of which
+# would fail a reader later: ``datetime.fromtimestamp(1e300)`` raises OverflowError, a step past
+# int64 is refused by the API server in a status patch, and NaN is not JSON at all. So each reader
+# checks every number it takes in range as well (tests/unit/test_hostile_values.py, one per field).
+
+# Unix seconds up to the end of year 9999: what ``datetime`` (and RFC 3339) can show.
+MAX_UNIX_TIME = 253_402_300_799.0
+# A step, a count of steps or workers: what a status field of format int64 holds.
+MAX_COUNT = 2**63 - 1
+
+
+def unix_time(value: object, what: str) -> float:
+    """``value`` as seconds since 1970, finite and no later than year 9999; ValueError otherwise."""
+    return _between(value, what, 0.0, MAX_UNIX_TIME, "a time between 1970 and 9999")
+
+
+def seconds(value: object, what: str) -> float:
+    """``value`` as a duration in seconds: finite, not negative (and no longer than a time can be)."""
+    return _between(value, what, 0.0, MAX_UNIX_TIME, "a duration of 0 s or more")
+
+
+def count(value: object, what: str, *, minimum: int = 0) -> int:
+    """``value`` as a whole number from ``minimum`` to int64's largest; ValueError for a float, bool or string."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} is not a whole number: {value!r}"[:200])
+    if not minimum <= value <= MAX_COUNT:
+        raise ValueError(f"{what} is out of range ({minimum} to 2**63 - 1): {value}")
+    return value
+
+
+def number(value: object, what: str) -> float:
+    """``value`` as a float; NaN and infinities pass (a diverged loss is a fact), a bool or a string does not."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} is not a number: {value!r}"[:200])
+    return float(value)
+
+
+def optional(read: Callable[[object, str], T], value: object, what: str) -> T | None:
+    """``read(value, what)``, or None for None."""
+    return None if value is None else read(value, what)
+
+
+def _between(value: object, what: str, low: float, high: float, wanted: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} is not a number: {value!r}"[:200])
+    if not low <= value <= high:  # NaN fails both comparisons
+        raise ValueError(f"{what} is not {wanted}: {value!r}")
+    return float(value)

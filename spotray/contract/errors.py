@@ -63,6 +63,13 @@ class StoreUnreachableError(SpotrayError):
     cause = Cause.INFRASTRUCTURE
 
 
+class NodeClockSkewError(SpotrayError):
+    """The object store refused a request signed too far from its own clock (RequestTimeTooSkewed): the
+    clock of the node that sent it, which another node or a clock set right again cures."""
+
+    cause = Cause.INFRASTRUCTURE
+
+
 class StoreCredentialsError(SpotrayError):
     """The object store refused the credentials."""
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.bounded_json import bounds_problem, load_json
+from spotray.contract.bounded_json import bounds_problem, count, load_json, unix_time
 from spotray.contract.checkpoint_key import SIGNATURE_FIELD, CheckpointKey
 from spotray.contract.errors import CorruptCheckpointError, ObjectTooLargeError, SpotrayError, StoreRequestError
 from spotray.train.records.attempt_records import check_fence
@@ -124,16 +124,16 @@ class Manifest:
                     "used; find out who else can write to the bucket, and delete it",
                 )
             files = {
-                str(name): FileEntry(size=int(entry["size"]), sha256=str(entry["sha256"]))
+                str(name): FileEntry(size=count(entry["size"], f"{name}'s size"), sha256=str(entry["sha256"]))
                 for name, entry in raw["files"].items()
             }
             for name in files:
                 check_file_name(name, f"the manifest {where}")
             return cls(
-                step=int(raw["step"]),
-                world_size=int(raw["world_size"]),
+                step=count(raw["step"], "step"),
+                world_size=count(raw["world_size"], "world_size", minimum=1),
                 files=files,
-                created_at=float(raw["created_at"]),
+                created_at=unix_time(raw["created_at"], "created_at"),
                 versions={str(k): str(v) for k, v in raw.get("versions", {}).items()},
                 resume=dict(raw.get("resume", {})),
                 signed=SIGNATURE_FIELD in raw,

@@ -22,7 +22,7 @@ from spotray.contract.attempts import (
     AttemptRecords,
     Fence,
 )
-from spotray.contract.bounded_json import load_json
+from spotray.contract.bounded_json import count, load_json, optional
 from spotray.contract.errors import Cause, ObjectTooLargeError, SpotrayError
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
@@ -113,7 +113,11 @@ def _read_fence_record(store: ObjectStore) -> _FenceRecord | None:
         record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
         resumed, taken_from = record.get("resumed_from"), record.get("taken_from")
         return _FenceRecord(
-            Fence(str(record["run_id"]), int(record["attempt"]), int(resumed) if resumed is not None else None),
+            Fence(
+                str(record["run_id"]),
+                count(record["attempt"], "attempt", minimum=1),
+                optional(count, resumed, "resumed_from"),
+            ),
             str(taken_from) if taken_from is not None else None,
             record.get("taken_back") is True,
         )

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -40,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
 from spotray.contract.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
-from spotray.contract.bounded_json import load_json
+from spotray.contract.bounded_json import count, load_json, number, optional, seconds, unix_time
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
@@ -88,9 +87,15 @@ class WorkerHosts:
         idle, busy, at = raw.get("idle"), raw.get("busy"), raw.get("time")
         if not _names(idle) or not _names(busy):
             return None
-        if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
+        try:
+            at = unix_time(at, "worker_hosts.time")
+        except ValueError:
             return None
         return cls(tuple(idle[:MAX_WORKER_HOSTS]), tuple(busy[:MAX_WORKER_HOSTS]), float(at))
+
+
+def _ranks(value: object, what: str) -> int:
+    return count(value, what, minimum=1)
 
 
 def _names(raw: object) -> TypeGuard[list[str]]:
@@ -149,20 +154,28 @@ class AttemptProgress:
 
     @classmethod
     def from_json(cls, data: bytes) -> AttemptProgress:
-        """The object's content; ValueError when it is past its bounds or is not JSON."""
+        """The object's content; ValueError when it is past its bounds, is not JSON, or holds a value out of
+        range (a time past year 9999, a negative step: spotray/contract/bounded_json.py). A loss may be NaN."""
         raw: dict[str, Any] = load_json(data, max_bytes=MAX_PROGRESS_BYTES, max_values=MAX_PROGRESS_VALUES)
         return cls(
-            attempt=int(raw["attempt"]),
+            attempt=count(raw["attempt"], "attempt", minimum=1),
             run_id=str(raw["run_id"]),
-            resumed_from=raw.get("resumed_from"),
-            max_steps=raw.get("max_steps"),
-            world_size=raw.get("world_size"),
-            started=float(raw["started"]) if raw.get("started") is not None else None,
-            updated=float(raw.get("updated", 0.0)),
-            points=[(int(step), float(loss), float(when)) for step, loss, when in raw.get("points", [])],
-            restarts=[(int(step), float(when)) for step, when in raw.get("restarts") or []],
+            resumed_from=optional(count, raw.get("resumed_from"), "resumed_from"),
+            max_steps=optional(count, raw.get("max_steps"), "max_steps"),
+            world_size=optional(_ranks, raw.get("world_size"), "world_size"),
+            started=optional(unix_time, raw.get("started"), "started"),
+            updated=unix_time(raw.get("updated", 0.0), "updated"),
+            points=[
+                (count(step, "a point's step"), number(loss, "a point's loss"), unix_time(at, "a point's time"))
+                for step, loss, at in raw.get("points", [])
+            ],
+            restarts=[
+                (count(step, "a restart's step"), unix_time(at, "a restart's time"))
+                for step, at in raw.get("restarts") or []
+            ],
             checkpoint_stalls=[
-                (int(s), float(seconds), float(at)) for s, seconds, at in raw.get("checkpoint_stalls") or []
+                (count(step, "a stall's step"), seconds(waited, "a stall's seconds"), unix_time(at, "a stall's time"))
+                for step, waited, at in raw.get("checkpoint_stalls") or []
             ],
             checkpoint_interval=raw.get("checkpoint_interval"),
             worker_hosts=WorkerHosts.from_json(raw.get("worker_hosts")),

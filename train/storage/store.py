@@ -45,6 +45,7 @@ from spotray.contract.attempts import MAX_RECORD_BYTES
 from spotray.contract.checkpoint_key import CheckpointKey
 from spotray.contract.errors import (
     BucketMissingError,
+    NodeClockSkewError,
     ObjectTooLargeError,
     StoreCredentialsError,
     StoreRequestError,
@@ -169,6 +170,8 @@ _CREDENTIAL_CODES = frozenset(
     {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken", "403"}
 )
 _MISSING_BUCKET_CODES = frozenset({"NoSuchBucket"})
+# S3 refuses a request whose signature's time is more than 15 minutes off its own (AWS answers 403).
+_CLOCK_SKEW_CODES = frozenset({"RequestTimeTooSkewed"})
 
 
 def _client_error_code(error: ClientError) -> tuple[str, int]:
@@ -197,7 +200,7 @@ def is_transient(error: BaseException) -> bool:
         # s3transfer flattens the cause into the message; a 5xx or connection fault inside it is
         # still transient, an auth or missing-bucket refusal is not.
         text = str(error)
-        return not any(code in text for code in (*_CREDENTIAL_CODES, *_MISSING_BUCKET_CODES))
+        return not any(code in text for code in (*_CREDENTIAL_CODES, *_MISSING_BUCKET_CODES, *_CLOCK_SKEW_CODES))
     if isinstance(error, ClientError):
         code, status = _client_error_code(error)
         return code in _TRANSIENT_CODES or status >= 500 or status == 429
@@ -244,6 +247,11 @@ def describe_failure(error: BaseException, config: StoreConfig, uri: StorageUri,
             f"bucket '{uri.bucket}' does not exist at {endpoint}",
             f"create it (aws --endpoint-url {config.endpoint_url or '<endpoint>'} s3 mb s3://{uri.bucket}, "
             "or `mc mb` for MinIO), or let spotray create it with create_bucket=True / --create-bucket",
+        )
+    if code in _CLOCK_SKEW_CODES or "RequestTimeTooSkewed" in text:
+        return NodeClockSkewError(
+            f"{endpoint} refused to {action}: this node's clock is too far from the server's ({code or text})",
+            "set the node's clock right (NTP); the next attempt, on a node with a good clock, goes on",
         )
     if code in _CREDENTIAL_CODES or any(c in text for c in _CREDENTIAL_CODES if not c.isdigit()):
         key = masked_key_id(config.access_key_id)
