@@ -51,7 +51,7 @@ from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_
 from spotray.contract.status import AttemptStartup, AttemptStatus, IntervalLoss, RunStatus
 from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
-from spotray.controller.checkpoint_key import build_checkpoint_key_secret, key_owner_uid, new_checkpoint_key
+from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
 from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
@@ -621,9 +621,7 @@ def _create(
         policy = build_run_network_policy(run, uid, config)
         _refuse_if_foreign("NetworkPolicy", policy, run, uid, cluster.create_network_policy(policy))
     if config.run_checkpoint_keys and not config.ray_cluster_selector and attempt == 1:
-        secret = build_checkpoint_key_secret(run, uid, new_checkpoint_key())
-        owners = cluster.create_checkpoint_key_secret(secret)
-        _refuse_if_foreign("Secret", secret, run, key_owner_uid(run, uid), owners)
+        cluster.create_checkpoint_key_secret(build_checkpoint_key_secret(run, new_checkpoint_key()))
     if ray_cluster is not None:
         # The run's cluster before its RayJob (which waits for it, Initializing, until it is Ready);
         # an attempt on a kept one finds it there (409, its owner ours).

@@ -18,7 +18,7 @@ from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.errors import CorruptCheckpointError, SpotrayError
 from spotray.contract.names import (
     CHECKPOINT_KEY_SECRET_DATA_KEY,
-    CHECKPOINT_KEY_SECRET_SUFFIX,
+    DEFAULT_CHECKPOINT_KEY_SECRET,
 )
 from spotray.errors import CommandFailedError, NotFoundError
 from spotray.output import emit, human_age, human_bytes, render_data, render_table
@@ -134,8 +134,8 @@ def signature_line(store: ObjectStore, info: CheckpointInfo, location: RunLocati
             "its manifest is not signed (the run had no checkpoint key): "
             "it is only as trustworthy as everyone who can write to the bucket"
         )
-    # A URI's last segment need not be the run: then the Secret is named as a pattern.
-    secret = location.key_secret or "<run>" + CHECKPOINT_KEY_SECRET_SUFFIX
+    # Without the run (a URI): the namespace's key, unless the run's spec.checkpoint.keySecret named another.
+    secret = location.key_secret or DEFAULT_CHECKPOINT_KEY_SECRET
     return (
         f"its manifest is signed, but the signature was NOT checked: {CHECKPOINT_KEY_ENV} is not set. For a "
         f"TrainingRun: export {CHECKPOINT_KEY_ENV}=$(kubectl get secret {secret} "

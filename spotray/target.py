@@ -16,8 +16,8 @@ from pathlib import Path
 
 from spotray.cluster_options import KubeOptions
 from spotray.contract.errors import SpotrayError
-from spotray.contract.names import checkpoint_key_secret_name, sweep_checkpoint_key_secret_name
-from spotray.contract.spec import load_training_run, sweep_owner
+from spotray.contract.names import DEFAULT_CHECKPOINT_KEY_SECRET
+from spotray.contract.spec import load_training_run
 from spotray.contract.uris import parse_uri
 from spotray.errors import NotFoundError
 from spotray.train.storage.store import ObjectStore, RetryPolicy, StoreConfig, open_store
@@ -38,9 +38,7 @@ class RunLocation:
     name: str
     uri: str
     source: str
-    key_secret: str | None = (
-        None  # the Secret with the run's checkpoint key, when the run is known (a trial's: its sweep's)
-    )
+    key_secret: str | None = None  # the Secret with the run's checkpoint key, when the run is known
 
 
 def locate_run(run: str, kube: KubeOptions) -> RunLocation:
@@ -70,8 +68,8 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
     uri = str(document.get("spec", {}).get("checkpoint", {}).get("uri", ""))
     if not uri:
         raise SpotrayError(f"TrainingRun {cluster.namespace}/{run} has no spec.checkpoint.uri", "add one and submit")
-    sweep = sweep_owner(document.get("metadata") or {})
-    key_secret = sweep_checkpoint_key_secret_name(sweep.name) if sweep else checkpoint_key_secret_name(run)
+    named = document.get("spec", {}).get("checkpoint", {}).get("keySecret")
+    key_secret = str(named) if named else DEFAULT_CHECKPOINT_KEY_SECRET
     return RunLocation(run, uri, f"TrainingRun {cluster.namespace}/{run} (context {cluster.context_name})", key_secret)
 
 

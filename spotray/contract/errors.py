@@ -86,6 +86,12 @@ class CorruptCheckpointError(SpotrayError):
     """A checkpoint's files do not match its manifest."""
 
 
+class ForeignCheckpointError(CorruptCheckpointError):
+    """A checkpoint whose manifest is not signed with the reader's key: a run with another key (or none)
+    wrote it, or someone forged it. Never loaded, pruned or written over; a job that finds one newer
+    than any it can verify refuses to start (train/checkpoints/resume.py ``refuse_foreign_newer``)."""
+
+
 class UnloadableCheckpointError(SpotrayError):
     """A complete checkpoint whose files verify, but that the job cannot load.
 

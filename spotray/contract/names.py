@@ -69,25 +69,17 @@ SPOT_TAINT_KEY = f"{GROUP}/spot"
 # A Secret labelled with this, set to "true", may be named by runs for S3 (controller/s3_access.py).
 S3_OPT_IN_LABEL = f"{GROUP}/s3-credentials"
 
-# The Secret the controller makes for each run (controller/checkpoint_key.py), owned by the run: its
-# data key holds the run's checkpoint key (spotray/contract/checkpoint_key.py), which the run's Ray
-# containers get as SPOTRAY_CHECKPOINT_KEY. `spotray pull` names it when it cannot check a signature.
-CHECKPOINT_KEY_SECRET_SUFFIX = "-checkpoint-key"  # noqa: S105 - a name, not a secret
+# The Secret that holds the checkpoint key of a namespace's runs (controller/checkpoint_key.py makes it
+# for the first run that needs it, owned by nothing, so it outlives every run), unless a run's
+# spec.checkpoint.keySecret names another. Its data key holds the key (spotray/contract/checkpoint_key.py),
+# which the run's Ray containers get as SPOTRAY_CHECKPOINT_KEY. `spotray pull` names it when it cannot
+# check a signature.
+DEFAULT_CHECKPOINT_KEY_SECRET = "spotray-checkpoint-key"  # noqa: S105 - a name, not a secret
 CHECKPOINT_KEY_SECRET_DATA_KEY = "key"  # noqa: S105 - a name, not a secret
 
 
-def checkpoint_key_secret_name(run_name: str) -> str:
-    return f"{run_name}{CHECKPOINT_KEY_SECRET_SUFFIX}"
-
-
-# A sweep's trials share one checkpoint key, owned by the sweep: population-based training resumes a
-# trial from another trial's checkpoint, which it must be able to check (spotray/contract/sweep.py).
 SWEEP_KIND = "TrainingSweep"
 SWEEP_LABEL = f"{GROUP}/sweep"  # on each trial: the sweep it belongs to
-
-
-def sweep_checkpoint_key_secret_name(sweep_name: str) -> str:
-    return f"{sweep_name}-sweep{CHECKPOINT_KEY_SECRET_SUFFIX}"
 
 
 # status.phase of a TrainingRun.

@@ -38,14 +38,13 @@ from spotray.contract.attempts import AttemptId, check_run_id
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import (
     API_VERSION,
+    DEFAULT_CHECKPOINT_KEY_SECRET,
     KIND,
     MAX_RAYJOB_NAME_LENGTH,
     MAX_RESERVED_ATTEMPT,
     SWEEP_KIND,
     SWEEP_LABEL,
-    checkpoint_key_secret_name,
     rayjob_name,
-    sweep_checkpoint_key_secret_name,
 )
 from spotray.contract.uris import parse_uri
 
@@ -350,9 +349,22 @@ class CheckpointSpec:
         max_length=253,
     )
 
+    key_secret: str | None = spec_field(
+        "With the chart's checkpointKeys on: the Secret in the run's namespace whose `key` signs this run's "
+        "checkpoints and checks those it resumes from. Unset: spotray-checkpoint-key, one key for all the "
+        "namespace's runs, made by the controller for the first run that needs it and kept when runs are "
+        "deleted, so that a run created again on the same URI resumes, and warm starts and a sweep's trials "
+        "check each other's checkpoints. Name another to share a key with runs of another namespace (make "
+        "the Secret yourself: `kubectl create secret generic NAME --from-literal=key=$(openssl rand -hex 32)`), "
+        "or to keep the key of a run begun when each run had its own (<run>-checkpoint-key).",
+        default=None,
+        kind=TEXT,
+        max_length=253,
+    )
     start_from: str | None = spec_field(
         "Start from another run's checkpoint: the URI of its checkpoint-<step> directory, e.g. "
-        "s3://BUCKET/runs/other/checkpoint-40 (the same store and key as this run's). The next attempt "
+        "s3://BUCKET/runs/other/checkpoint-40 (the same store and checkpoint key as this run's: with keySecret "
+        "unset, any run of the namespace). The next attempt "
         "copies it into this run's prefix, verified against its manifest, in place of this run's own "
         "checkpoints, and resumes from it (when it was pruned since, from that run's newest complete "
         "checkpoint after it). Done once per value: later attempts resume from this run's own newest. "
@@ -479,10 +491,8 @@ class TrainingRun:
 
     @property
     def checkpoint_key_secret(self) -> str:
-        """The Secret holding the run's checkpoint key: its own, or a trial's sweep's (shared by its trials)."""
-        if self.sweep is not None:
-            return sweep_checkpoint_key_secret_name(self.sweep.name)
-        return checkpoint_key_secret_name(self.name)
+        """The Secret holding the run's checkpoint key: the one its spec names, else the namespace's."""
+        return self.spec.checkpoint.key_secret or DEFAULT_CHECKPOINT_KEY_SECRET
 
 
 def sweep_owner(metadata: dict[str, Any]) -> SweepOwner | None:

@@ -309,11 +309,12 @@ def test_the_installed_controller_runs_a_training_run_through_a_spot_loss_with_o
         assert policy["spec"]["ingress"][0]["from"][0] == {"podSelector": run_pods}
         run_uid = json.loads(testbed.kubectl("get", "trainingrun", "chart-run", "-n", runs, "-o", "json").stdout)
         assert policy["metadata"]["ownerReferences"][0]["uid"] == run_uid["metadata"]["uid"]
-        # The run's checkpoint key (checkpointKeys.enabled): made once, owned by the run, immutable.
+        # The namespace's checkpoint key (checkpointKeys.enabled): made once, owned by nothing (it outlives
+        # the run, as its checkpoints do), immutable.
         key_secret = json.loads(
-            testbed.kubectl("get", "secret", "chart-run-checkpoint-key", "-n", runs, "-o", "json").stdout
+            testbed.kubectl("get", "secret", "spotray-checkpoint-key", "-n", runs, "-o", "json").stdout
         )
-        assert key_secret["metadata"]["ownerReferences"][0]["uid"] == run_uid["metadata"]["uid"]
+        assert "ownerReferences" not in key_secret["metadata"]
         assert key_secret["immutable"] is True
         run_key = base64.b64decode(key_secret["data"]["key"]).decode()
         rayjobs = json.loads(testbed.kubectl("get", "rayjobs", "-n", runs, "-o", "json").stdout)["items"]

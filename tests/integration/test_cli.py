@@ -271,7 +271,7 @@ def test_pull_checks_the_run_key_when_it_is_set_and_says_plainly_when_it_is_not(
     unchecked = spotray("pull", s3_uri, "--step", "10", str(tmp_path / "unchecked"), env=s3_env)
     assert unchecked.returncode == 0, unchecked.stderr
     assert f"signature was NOT checked: {CHECKPOINT_KEY_ENV} is not set" in unchecked.stdout
-    assert "kubectl get secret <run>-checkpoint-key" in unchecked.stdout
+    assert "kubectl get secret spotray-checkpoint-key" in unchecked.stdout
 
     unsigned = spotray("pull", s3_uri, "--step", "20", str(tmp_path / "unsigned"), env=s3_env)
     assert unsigned.returncode == 0, unsigned.stderr

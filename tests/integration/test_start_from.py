@@ -108,7 +108,64 @@ def test_a_copy_cut_short_before_its_manifest_is_repeated_whole(
     with pytest.raises(ConnectionError):
         start_from(recipient, uri, ATTEMPT)
     monkeypatch.setattr(S3ObjectStore, "put_bytes", real_put)
-    assert complete_checkpoints(recipient) == [], "half a copy is no checkpoint, and the run's own went first"
+    assert complete_checkpoints(recipient) == [], "half a copy is no checkpoint (the run's own went once it was staged)"
+
+    copied = start_from(recipient, uri, AttemptId(ATTEMPT.run_id, ATTEMPT.attempt + 1))
+
+    assert copied is not None
+    assert copied.step == 20
+    assert contents(recipient, 20, tmp_path) == wanted
+
+
+def test_a_source_pruned_while_it_is_copied_gives_way_to_its_next_and_the_runs_own_stay_until_then(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue #69: the run's own checkpoints were deleted first, then the donor pruned the named one
+    mid-copy; the 404 was taken for bad input, and the trial failed for good with nothing left."""
+    donor, recipient = stores
+    save(donor, tmp_path, 20, "donor")
+    later = save(donor, tmp_path, 30, "donor")
+    save(recipient, tmp_path, 10, "own")
+    real_copy_in = S3ObjectStore.copy_in
+    pruned: list[int] = []
+
+    def donor_prunes_meanwhile(store: S3ObjectStore, source: S3ObjectStore, pairs: list[tuple[str, str]]) -> None:
+        if not pruned:
+            assert [c.step for c in complete_checkpoints(recipient)] == [10], "the run's own are still there"
+            delete_checkpoint(donor, next(c for c in list_checkpoints(donor) if c.step == 20))
+            pruned.append(20)
+        real_copy_in(store, source, pairs)
+
+    monkeypatch.setattr(S3ObjectStore, "copy_in", donor_prunes_meanwhile)
+    copied = start_from(recipient, str(donor.uri.join("checkpoint-20")), ATTEMPT)
+
+    assert pruned == [20]
+    assert copied is not None
+    assert (copied.step, copied.replaced) == (30, 1), "the donor's next; the run's own replaced only then"
+    assert contents(recipient, 30, tmp_path) == later
+    assert recipient.list("_spotray/run-recipient/start-from/") == [], "the staged copy is gone"
+
+
+def test_a_job_killed_after_its_own_checkpoints_went_takes_the_staged_copy_not_the_source(
+    stores: tuple[S3ObjectStore, S3ObjectStore], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    donor, recipient = stores
+    wanted = save(donor, tmp_path, 20, "donor")
+    save(recipient, tmp_path, 30, "own")
+    uri = str(donor.uri.join("checkpoint-20"))
+    real_put = S3ObjectStore.put_bytes
+
+    def killed_at_the_swap(store: S3ObjectStore, key: str, data: bytes) -> None:
+        if store is recipient and key == f"checkpoint-20/{MANIFEST_NAME}":
+            raise ConnectionError("the job died here")
+        real_put(store, key, data)
+
+    monkeypatch.setattr(S3ObjectStore, "put_bytes", killed_at_the_swap)
+    with pytest.raises(ConnectionError):
+        start_from(recipient, uri, ATTEMPT)
+    monkeypatch.setattr(S3ObjectStore, "put_bytes", real_put)
+    for info in list_checkpoints(donor):  # the donor moved on and pruned it: the staged copy is what is left
+        delete_checkpoint(donor, info)
 
     copied = start_from(recipient, uri, AttemptId(ATTEMPT.run_id, ATTEMPT.attempt + 1))
 
@@ -150,7 +207,7 @@ def test_a_source_signed_with_another_runs_key_is_refused_and_one_with_the_same_
     donor.checkpoint_key, recipient.checkpoint_key = other, shared
     save(donor, tmp_path, 20, "donor")
     uri = str(donor.uri.join("checkpoint-20"))
-    with pytest.raises(SpotrayError, match="signed with another run's key counts as incomplete"):
+    with pytest.raises(SpotrayError, match="signed with another key than this run's counts as incomplete"):
         start_from(recipient, uri, ATTEMPT)
 
     donor.checkpoint_key = shared

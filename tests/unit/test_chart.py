@@ -809,7 +809,7 @@ def test_secrets_by_name_narrows_rbac_to_the_named_secrets(helm: Path) -> None:
         "apiGroups": [""],
         "resources": ["secrets"],
         "verbs": ["get"],
-        "resourceNames": ["s3-credentials", "team-a"],
+        "resourceNames": ["s3-credentials", "team-a", "spotray-checkpoint-key"],  # the status checks signatures
     }
     # Creating each run's checkpoint key: a create cannot be narrowed by name (Kubernetes ignores
     # resourceNames for create), and it reads nothing.

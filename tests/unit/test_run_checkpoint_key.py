@@ -1,9 +1,10 @@
-"""controller/checkpoint_key.py: each run's checkpoint key, made once, given to its pods by reference.
+"""controller/checkpoint_key.py: the namespace's checkpoint key, made once, given to pods by reference.
 
-Issue #38, item 4. The key's use (signing, refusing forged checkpoints) is tests/unit/test_checkpoint_key.py;
-here the controller's part: the Secret made before the run's first RayJob and never again, owned by the
-run, immutable; every Ray container referencing it (optional, so a run without one goes on); a Secret
-of that name that is not the run's holding the RayJob back; the API server's refusal too.
+Issue #38, item 4, and issue #69, item 1. The key's use (signing, refusing forged checkpoints) is
+tests/unit/test_checkpoint_key.py; here the controller's part: the Secret made before a run's first
+RayJob when it is not there yet, and never again; owned by nothing (it outlives runs, as their
+checkpoints do), immutable; every Ray container referencing it (optional, so a run without one goes
+on); a Secret of that name already there taken as the key, whoever made it; the API server's refusal.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiException, V1ObjectMeta, V1OwnerReference, V1Secret
+from kubernetes.client import ApiException
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
 from spotray.contract.names import API_VERSION, SWEEP_KIND, SWEEP_LABEL
@@ -42,12 +43,12 @@ def ray_containers(rayjob: dict[str, Any]) -> list[dict[str, Any]]:
     return [container for group in groups for container in group["template"]["spec"]["containers"]]
 
 
-def test_the_key_secret_is_the_runs_immutable_and_holds_a_fresh_random_key(tmp_path: Path) -> None:
+def test_the_key_secret_is_the_namespaces_owned_by_nothing_immutable_with_a_fresh_random_key(tmp_path: Path) -> None:
     run = parse_training_run(body(tmp_path, None))
     key = new_checkpoint_key()
-    secret = build_checkpoint_key_secret(run, "uid-1", key)
-    assert secret["metadata"]["name"] == "r-checkpoint-key"
-    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"  # deleted with the run
+    secret = build_checkpoint_key_secret(run, key)
+    assert (secret["metadata"]["namespace"], secret["metadata"]["name"]) == ("ns", "spotray-checkpoint-key")
+    assert "ownerReferences" not in secret["metadata"]  # deleting the run leaves it, as it leaves the checkpoints
     assert secret["immutable"] is True
     stored = base64.b64decode(secret["data"]["key"]).decode()
     assert stored == key
@@ -60,7 +61,7 @@ def test_every_ray_container_gets_the_key_by_reference_and_the_rayjob_holds_no_k
     rayjob = build_rayjob(run, 1, "uid-1", ControllerConfig(**KEYED))  # type: ignore[arg-type]
     for container in ray_containers(rayjob):
         [item] = [e for e in container["env"] if e["name"] == CHECKPOINT_KEY_ENV]
-        assert item["valueFrom"]["secretKeyRef"] == {"name": "r-checkpoint-key", "key": "key", "optional": True}
+        assert item["valueFrom"]["secretKeyRef"] == {"name": "spotray-checkpoint-key", "key": "key", "optional": True}
     plain = build_rayjob(run, 1, "uid-1", ControllerConfig())
     assert all(CHECKPOINT_KEY_ENV not in str(container) for container in ray_containers(plain))
 
@@ -76,12 +77,12 @@ class KeyCluster(FakeCluster):
         self.refuse = refuse
         self.key_name = parse_training_run(run_body).checkpoint_key_secret
 
-    def create_checkpoint_key_secret(self, secret: dict[str, Any]) -> list[str] | None:
+    def create_checkpoint_key_secret(self, secret: dict[str, Any]) -> None:
         self.calls.append("secret")
         # The real Cluster's handling of the API server's answers, over this fake's "server".
         real = Cluster.__new__(Cluster)
         real.core = self  # type: ignore[assignment]
-        return Cluster.create_checkpoint_key_secret(real, secret)
+        Cluster.create_checkpoint_key_secret(real, secret)
 
     def create_namespaced_secret(self, namespace: str, secret: dict[str, Any], **_: Any) -> None:
         if self.refuse is not None:
@@ -92,23 +93,16 @@ class KeyCluster(FakeCluster):
             raise ApiException(status=409, reason="AlreadyExists")
         self.secrets.append(secret)
 
-    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> V1Secret:
-        assert (namespace, name) == ("ns", self.key_name), "the Secret the run's key is in"
-        if self.existing == ["unreadable"]:
-            raise ApiException(status=403, reason="Forbidden")
-        owners = [V1OwnerReference(api_version="v1", kind="Thing", name="t", uid=uid) for uid in self.existing or []]
-        return V1Secret(metadata=V1ObjectMeta(name=name, owner_references=owners or None))
-
     def create_rayjob(self, rayjob: dict[str, Any]) -> dict[str, Any] | None:
         self.calls.append("rayjob")
         return super().create_rayjob(rayjob)
 
 
-def test_the_key_is_made_before_the_runs_first_rayjob_and_owned_by_the_run(tmp_path: Path) -> None:
+def test_the_key_is_made_before_the_runs_first_rayjob(tmp_path: Path) -> None:
     fake = KeyCluster(body(tmp_path, None))
     fake.reconcile(fake.config(**KEYED))
     assert fake.calls == ["secret", "rayjob"]
-    assert fake.secrets[0]["metadata"]["ownerReferences"][0]["uid"] == fake.run["metadata"]["uid"]
+    assert fake.secrets[0]["metadata"]["name"] == "spotray-checkpoint-key"
 
 
 def test_no_later_attempt_makes_a_key_so_a_run_never_changes_keys(tmp_path: Path) -> None:
@@ -121,24 +115,47 @@ def test_no_later_attempt_makes_a_key_so_a_run_never_changes_keys(tmp_path: Path
     assert fake.calls == ["rayjob"]
 
 
-def test_a_key_secret_left_by_this_run_is_taken_as_made(tmp_path: Path) -> None:
-    """The controller stopped between the Secret and the RayJob: the restart finds its own Secret."""
-    run_body = body(tmp_path, None)
-    fake = KeyCluster(run_body, existing=[run_body["metadata"]["uid"]])
-    fake.reconcile(fake.config(**KEYED))
-    assert fake.calls == ["secret", "rayjob"]
-
-
-@pytest.mark.parametrize("owners", [["uid-of-a-deleted-namesake"], []], ids=["namesake", "user-made"])
-def test_a_secret_of_that_name_not_the_runs_holds_the_rayjob_back_saying_so(tmp_path: Path, owners: list[str]) -> None:
+@pytest.mark.parametrize(
+    "owners", [[], ["uid-of-a-deleted-run"], ["uid-of-something-else"]], ids=["user-made", "runs-before", "owned"]
+)
+def test_a_key_secret_already_there_is_the_key_whoever_made_it(tmp_path: Path, owners: list[str]) -> None:
+    """Issue #69: a run deleted and created again (a new UID) finds the key its checkpoints were signed
+    with, and resumes from them; so does any run of the namespace. The Secret is neither read nor replaced."""
     fake = KeyCluster(body(tmp_path, None), existing=owners)
     fake.reconcile(fake.config(**KEYED))
-    assert fake.calls == ["secret"]
-    assert fake.rayjobs == {}
-    status = fake.run["status"]
-    assert status["phase"] == "Pending"
-    assert "Secret ns/r-checkpoint-key exists and is not this run's" in status["message"]
-    assert "kubectl -n ns delete secret r-checkpoint-key" in status["message"]
+    assert fake.calls == ["secret", "rayjob"]
+    assert fake.secrets == [], "not replaced"
+
+
+def test_a_run_created_again_gets_the_same_key_secret_as_the_run_before_it(tmp_path: Path) -> None:
+    first, again = body(tmp_path, None), body(tmp_path, None)
+    again["metadata"]["uid"] = "another-uid"
+    config = ControllerConfig(**KEYED)  # type: ignore[arg-type]
+    made = [
+        build_checkpoint_key_secret(parse_training_run(run), new_checkpoint_key())["metadata"] for run in (first, again)
+    ]
+    assert made[0] == made[1]
+    for run in (first, again):
+        rayjob = build_rayjob(parse_training_run(run), 1, run["metadata"]["uid"], config)
+        names = {
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for c in ray_containers(rayjob)
+            for e in c["env"]
+            if e["name"] == CHECKPOINT_KEY_ENV
+        }
+        assert names == {"spotray-checkpoint-key"}
+
+
+def test_spec_checkpoint_key_secret_names_another(tmp_path: Path) -> None:
+    run_body = body(tmp_path, None)
+    run_body["spec"]["checkpoint"]["keySecret"] = "team-a-checkpoint-key"
+    run = parse_training_run(run_body)
+    assert run.checkpoint_key_secret == "team-a-checkpoint-key"
+    assert build_checkpoint_key_secret(run, new_checkpoint_key())["metadata"]["name"] == "team-a-checkpoint-key"
+    rayjob = build_rayjob(run, 1, "uid-1", ControllerConfig(**KEYED))  # type: ignore[arg-type]
+    for container in ray_containers(rayjob):
+        [item] = [e for e in container["env"] if e["name"] == CHECKPOINT_KEY_ENV]
+        assert item["valueFrom"]["secretKeyRef"]["name"] == "team-a-checkpoint-key"
 
 
 def test_a_key_secret_the_api_server_refuses_holds_the_rayjob_back(tmp_path: Path) -> None:
@@ -146,7 +163,7 @@ def test_a_key_secret_the_api_server_refuses_holds_the_rayjob_back(tmp_path: Pat
     fake.reconcile(fake.config(**KEYED))
     assert fake.calls == ["secret"]
     assert fake.rayjobs == {}
-    assert "Secret r-checkpoint-key: secrets is forbidden" in fake.run["status"]["message"]
+    assert "Secret spotray-checkpoint-key: secrets is forbidden" in fake.run["status"]["message"]
 
 
 def test_the_setting_comes_from_the_chart_and_the_shared_ray_cluster_gets_no_key(tmp_path: Path) -> None:
@@ -157,13 +174,6 @@ def test_the_setting_comes_from_the_chart_and_the_shared_ray_cluster_gets_no_key
     assert fake.calls == ["rayjob"]
 
 
-def test_a_key_secret_whose_owner_the_controller_may_not_read_is_taken_as_the_runs(tmp_path: Path) -> None:
-    """rbac.secretsByName narrows `get` to the named Secrets: the owner of a leftover key cannot be read."""
-    fake = KeyCluster(body(tmp_path, None), existing=["unreadable"])
-    fake.reconcile(fake.config(**KEYED))
-    assert fake.calls == ["secret", "rayjob"]
-
-
 def test_the_fakes_stand_in_for_calls_the_kubernetes_client_has() -> None:
     """The fakes above answer the calls controller/kube.py makes; these are the client's own (a
     call_api with another client version's arguments passed every unit test and failed on real pods)."""
@@ -171,7 +181,6 @@ def test_the_fakes_stand_in_for_calls_the_kubernetes_client_has() -> None:
 
     for api, method in [
         (client.CoreV1Api, "create_namespaced_secret"),
-        (client.CoreV1Api, "read_namespaced_secret"),
         (client.NetworkingV1Api, "create_namespaced_network_policy"),
         (client.NetworkingV1Api, "read_namespaced_network_policy"),
     ]:
@@ -188,7 +197,7 @@ class SecretKeyCluster(FakeCluster):
         self.add_rayjob(1, "RUNNING", "Running")
 
     def read_secret(self, namespace: str, name: str, max_age_s: float = 0.0) -> SecretView | None:  # type: ignore[override]
-        assert (namespace, name) == ("ns", "r-checkpoint-key")
+        assert (namespace, name) == ("ns", "spotray-checkpoint-key")
         if self.refuse is not None:
             raise ApiException(status=self.refuse, reason="Forbidden" if self.refuse == 403 else "Internal")
         return None if self.key is None else SecretView(name, {}, {"key": self.key})
@@ -225,7 +234,7 @@ def test_a_key_read_the_api_server_fails_is_retried_not_taken_as_no_key(tmp_path
     fake.reconcile(fake.config(**KEYED))
     status = fake.run["status"]
     assert "lastCheckpoint" not in status, status  # not the unsigned one: unknown until the key is read
-    assert "cannot read the run's checkpoint key, Secret ns/r-checkpoint-key: 500" in json.dumps(status), status
+    assert "cannot read the run's checkpoint key, Secret ns/spotray-checkpoint-key: 500" in json.dumps(status), status
 
 
 def trial_body(tmp_path: Path, sweep_uid: str | None = "sweep-uid") -> dict[str, Any]:
@@ -244,32 +253,20 @@ def trial_body(tmp_path: Path, sweep_uid: str | None = "sweep-uid") -> dict[str,
     return trial
 
 
-def test_a_sweeps_trials_share_one_key_owned_by_the_sweep(tmp_path: Path) -> None:
+def test_a_sweeps_trials_share_the_namespaces_key(tmp_path: Path) -> None:
     """Population-based training resumes a trial from another trial's checkpoint: its job must be able to
-    check that checkpoint's manifest, so every trial of a sweep signs and checks with the sweep's key."""
+    check that checkpoint's manifest, so every trial signs and checks with the same key, the namespace's."""
     run = parse_training_run(trial_body(tmp_path))
-    secret = build_checkpoint_key_secret(run, "trial-uid", new_checkpoint_key())
-    assert secret["metadata"]["name"] == "lr-sweep-sweep-checkpoint-key"
-    [owner] = secret["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == (SWEEP_KIND, "lr-sweep", "sweep-uid"), "deleted with it"
-    assert secret["metadata"]["labels"][SWEEP_LABEL] == "lr-sweep"
+    assert run.sweep is not None
+    secret = build_checkpoint_key_secret(run, new_checkpoint_key())
+    assert secret["metadata"]["name"] == "spotray-checkpoint-key"
     rayjob = build_rayjob(run, 1, "trial-uid", ControllerConfig(**KEYED))  # type: ignore[arg-type]
     for container in ray_containers(rayjob):
         [item] = [e for e in container["env"] if e["name"] == CHECKPOINT_KEY_ENV]
-        assert item["valueFrom"]["secretKeyRef"]["name"] == "lr-sweep-sweep-checkpoint-key"
+        assert item["valueFrom"]["secretKeyRef"]["name"] == "spotray-checkpoint-key"
 
 
-def test_the_second_trial_finds_the_sweeps_key_made_by_the_first_and_starts(tmp_path: Path) -> None:
+def test_the_second_trial_finds_the_key_made_by_the_first_and_starts(tmp_path: Path) -> None:
     fake = KeyCluster(trial_body(tmp_path), existing=["sweep-uid"])
     fake.reconcile(fake.config(**KEYED))
     assert fake.calls == ["secret", "rayjob"]
-
-
-def test_a_run_labelled_with_a_sweep_that_does_not_own_it_keeps_a_key_of_its_own(tmp_path: Path) -> None:
-    """A label anyone may set does not give a run a sweep's key: the sweep must be its controller owner."""
-    run = parse_training_run(trial_body(tmp_path, sweep_uid=None))
-    assert run.sweep is None
-    assert run.checkpoint_key_secret == "r-checkpoint-key"
-    fake = KeyCluster(trial_body(tmp_path, sweep_uid=None), existing=["sweep-uid"])
-    fake.reconcile(fake.config(**KEYED))
-    assert "Secret ns/r-checkpoint-key exists and is not this run's" in fake.run["status"]["message"]

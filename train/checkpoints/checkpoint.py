@@ -36,7 +36,13 @@ from typing import Any
 from spotray.contract.attempts import AttemptId
 from spotray.contract.bounded_json import bounds_problem, count, load_json, unix_time
 from spotray.contract.checkpoint_key import SIGNATURE_FIELD, CheckpointKey
-from spotray.contract.errors import CorruptCheckpointError, ObjectTooLargeError, SpotrayError, StoreRequestError
+from spotray.contract.errors import (
+    CorruptCheckpointError,
+    ForeignCheckpointError,
+    ObjectTooLargeError,
+    SpotrayError,
+    StoreRequestError,
+)
 from spotray.train.records.attempt_records import check_fence
 from spotray.train.storage.store import ObjectInfo, ObjectStore, object_exists, upload_dir
 
@@ -118,10 +124,10 @@ class Manifest:
                 raise ValueError(f"unknown manifest format {raw.get('format')!r}")
             forged = key.problem(MANIFEST_PURPOSE, raw) if key is not None else None
             if forged is not None:  # before any of its content is taken for what it says
-                raise CorruptCheckpointError(
+                raise ForeignCheckpointError(
                     f"the manifest {where} {forged}",
-                    "nothing to do: this checkpoint is skipped and an older one signed with the run's key is "
-                    "used; find out who else can write to the bucket, and delete it",
+                    "give the run the key that signed it (spec.checkpoint.keySecret; SPOTRAY_CHECKPOINT_KEY in "
+                    "local mode), or a checkpoint URI of its own; if nobody you trust wrote it, delete it",
                 )
             files = {
                 str(name): FileEntry(size=count(entry["size"], f"{name}'s size"), sha256=str(entry["sha256"]))
@@ -281,6 +287,9 @@ class CheckpointInfo:
     manifest: Manifest | None
     problem: str | None
     file_count: int = 0  # objects under the prefix, the manifest included
+    # Its manifest is whole but not signed with the reader's key (``ForeignCheckpointError``): another
+    # key's run wrote it, or a forger. Not this run's to load, prune or write over.
+    foreign: bool = False
 
     @property
     def complete(self) -> bool:
@@ -297,6 +306,8 @@ def _assess(store: ObjectStore, step: int, objects: list[ObjectInfo]) -> Checkpo
     try:
         raw_manifest = store.get_bytes(f"{prefix}/{MANIFEST_NAME}", max_bytes=MAX_MANIFEST_BYTES)
         manifest = Manifest.from_json(raw_manifest, where, store.checkpoint_key)
+    except ForeignCheckpointError as error:
+        return found(None, error.problem, foreign=True)
     except (CorruptCheckpointError, ObjectTooLargeError) as error:
         return found(None, error.problem)
     except (StoreRequestError, FileNotFoundError):
@@ -338,7 +349,16 @@ def _complete_newest_first(store: ObjectStore) -> Iterator[CheckpointInfo]:
     for info in _assessed_newest_first(store):
         if info.complete:
             yield info
-        elif info.problem in (NO_MANIFEST, VANISHED):
+        else:
+            log_incomplete(store, [info])
+
+
+def log_incomplete(store: ObjectStore, checkpoints: list[CheckpointInfo]) -> None:
+    """Say why each incomplete checkpoint is skipped: a warning, unless it is an upload in flight or gone."""
+    for info in checkpoints:
+        if info.complete:
+            continue
+        if info.problem in (NO_MANIFEST, VANISHED):
             log.info("skipping %s: %s", store.uri.join(info.prefix), info.problem)
         else:
             log.warning("skipping %s: %s", store.uri.join(info.prefix), info.problem)
@@ -468,7 +488,8 @@ def prune_checkpoints(
     """Keep the newest ``keep`` complete checkpoints; delete older ones. Returns the steps deleted.
 
     Incomplete checkpoints older than the newest complete one are abandoned uploads and go too;
-    anything newer than the newest complete one may be an upload in flight and is left alone.
+    anything newer than the newest complete one may be an upload in flight and is left alone, and a
+    foreign one (signed with another key, or unsigned where the run signs) is never this run's to delete.
     Never deleted, whatever ``keep`` says: ``just_uploaded`` (its bytes were hashed from the local
     files a moment ago, while a newer-numbered checkpoint may be complete by its sizes and still
     corrupt) and the step the running attempt resumed from (the fence's ``resumed_from``). With
@@ -483,7 +504,9 @@ def prune_checkpoints(
     if not complete:
         return []
     newest_complete = complete[0].step
-    doomed = complete[keep:] + [c for c in checkpoints if not c.complete and c.step < newest_complete]
+    # A foreign checkpoint is another key's (controller/checkpoint_key.py): never this run's to delete.
+    abandoned = [c for c in checkpoints if not c.complete and not c.foreign and c.step < newest_complete]
+    doomed = complete[keep:] + abandoned
     doomed = [c for c in doomed if c.step not in protected]
     for info in sorted(doomed, key=lambda c: c.step):
         if attempt is not None:

@@ -40,10 +40,12 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import (
     Cause,
     CorruptCheckpointError,
+    ForeignCheckpointError,
     StoreRequestError,
     UnloadableCheckpointError,
     cause_of,
 )
+from spotray.contract.names import DEFAULT_CHECKPOINT_KEY_SECRET
 from spotray.train.checkpoints.checkpoint import (
     CheckpointInfo,
     Manifest,
@@ -51,6 +53,8 @@ from spotray.train.checkpoints.checkpoint import (
     delete_other_copies,
     download_checkpoint,
     latest_complete_checkpoint,
+    list_checkpoints,
+    log_incomplete,
     manifest_exists,
 )
 from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank
@@ -142,10 +146,13 @@ def fetch_resume_checkpoint(
         return loadable_or_older(
             store, dest_root, fetch_resume_checkpoint(store, dest_root, below_step=below_step), check
         )
-    for info in complete_checkpoints(store):
+    checkpoints = list_checkpoints(store)
+    log_incomplete(store, checkpoints)
+    for info in (c for c in checkpoints if c.complete):
         assert info.manifest is not None  # complete implies a parsed manifest
         if below_step is not None and info.step >= below_step:
             continue
+        refuse_foreign_newer(store, checkpoints, info.step)
         try:
             local_dir = download_checkpoint(store, info, dest_root)
         except Exception as error:
@@ -159,7 +166,30 @@ def fetch_resume_checkpoint(
                 log.warning("skipping %s: %s", where, problem)
             continue
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
+    refuse_foreign_newer(store, checkpoints, None)
     return None
+
+
+def refuse_foreign_newer(store: ObjectStore, checkpoints: list[CheckpointInfo], step: int | None) -> None:
+    """Raise ``ForeignCheckpointError`` (bad input) when a checkpoint newer than ``step`` (None: a fresh
+    start) is foreign: its manifest is whole, but not signed with this run's key. Resuming from older,
+    or from nothing, would train steps that checkpoint holds and then write over it; which key signed it
+    is the user's to say (issue #69: a run created again got a new key and trained from step 0 over the
+    old run's checkpoints, saying only "fresh start")."""
+    foreign = [c for c in checkpoints if c.foreign and (step is None or c.step > step)]
+    if not foreign:
+        return
+    newest = foreign[0]
+    instead = "start from step 0" if step is None else f"resume from the older checkpoint-{step}"
+    raise ForeignCheckpointError(
+        f"{store.uri.join(newest.prefix)} {newest.problem}; this run would {instead} and write over it"
+        + (f" (and {len(foreign) - 1} more like it)" if len(foreign) > 1 else ""),
+        "run it with the key that signed it: on a cluster, spec.checkpoint.keySecret naming that key's Secret "
+        f"(the namespace's {DEFAULT_CHECKPOINT_KEY_SECRET} unless the run named another; <run>-checkpoint-key for "
+        "a run begun when each run had its own key); in local mode, that SPOTRAY_CHECKPOINT_KEY. Or give "
+        "this run a checkpoint URI of its own. If nobody you trust wrote them, delete them "
+        "(`spotray checkpoints URI` lists them)",
+    )
 
 
 def loadable_or_older(

@@ -311,6 +311,15 @@ class ObjectStore(Protocol):
     def delete(self, keys: Sequence[str]) -> None: ...
 
 
+def under(store: ObjectStore, prefix: str) -> ObjectStore:
+    """The same store (bucket, credentials, key, client) seen from ``prefix`` below its root."""
+    if isinstance(store, S3ObjectStore):
+        return replace(store, uri=store.uri.join(prefix), client=store._client)
+    if isinstance(store, LocalObjectStore):
+        return replace(store, uri=store.uri.join(prefix))
+    raise TypeError(f"no view under a prefix of a {type(store).__name__}")
+
+
 def object_exists(store: ObjectStore, key: str) -> bool:
     """Whether ``key`` exists, by a LIST: stores differ in how a missing key fails a read."""
     return any(info.key == key for info in store.list(key))
