@@ -942,8 +942,8 @@ def _rayjob_name_too_long(state: RunState, run: TrainingRun, number: int) -> Pla
     message = (
         f"attempt {number} would be RayJob {job} ({len(job)} characters), and KubeRay refuses RayJob names over "
         f"{MAX_RAYJOB_NAME_LENGTH} characters (a name of {MAX_NAME_LENGTH} has room for {MAX_RESERVED_ATTEMPT} "
-        "attempts). Create the run again under a shorter name with the same spec.checkpoint.uri: it resumes "
-        "from the latest checkpoint."
+        "attempts). Create the run again under a shorter name, in the same namespace, with the same "
+        "spec.checkpoint.uri (and keySecret, if set): it resumes from the latest checkpoint."
     )
     new = replace(
         state, phase=FAILED, message=message, next_attempt_time=None, failure_reason=REASON_RAYJOB_NAME_TOO_LONG

@@ -282,7 +282,7 @@ class StoreReports:
             metrics.STORE_READS.labels(kind="unchanged").inc()
             return seen.report
         raw = store.get_bytes(key, max_bytes=MAX_PROGRESS_BYTES) if etag is not None else None
-        progress = parse_attempt_progress(raw, attempt) if raw is not None else None
+        progress = parse_attempt_progress(raw, attempt, store.checkpoint_key) if raw is not None else None
         last_checkpoint = last_checkpoint_status(store)
         report = StoreReport(
             *progress_status(progress),

@@ -21,6 +21,7 @@ class CountingStore:
 
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
+        self.checkpoint_key = inner.checkpoint_key
         self.uri = inner.uri
         self.gets: list[str] = []
 

@@ -52,7 +52,7 @@ def progress_object(**changes: Any) -> dict[str, Any]:
 
 
 def parsed(obj: dict[str, Any]) -> AttemptProgress | None:
-    return parse_attempt_progress(json.dumps(obj).encode(), ATTEMPT)
+    return parse_attempt_progress(json.dumps(obj).encode(), ATTEMPT, None)
 
 
 def test_a_well_formed_progress_object_is_read() -> None:
@@ -92,7 +92,7 @@ def test_a_value_out_of_range_makes_the_progress_unreadable_never_an_exception(f
 @pytest.mark.parametrize("loss", ["NaN", "Infinity", "-Infinity"])
 def test_a_non_finite_loss_is_no_loss_in_the_status_and_the_status_is_json(loss: str) -> None:
     text = json.dumps(progress_object()).replace("2.4", loss)
-    progress = parse_attempt_progress(text.encode(), ATTEMPT)
+    progress = parse_attempt_progress(text.encode(), ATTEMPT, None)
     assert progress is not None
     assert progress.last_step == 22
     status, _ = progress_status(progress)

@@ -52,6 +52,7 @@ class StalledStore:
 
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
+        self.checkpoint_key = inner.checkpoint_key
         self.release = threading.Event()
         self.writes = 0
 

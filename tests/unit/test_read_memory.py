@@ -131,7 +131,7 @@ def test_the_measurement_sees_a_parse(peak_rise: dict[str, int]) -> None:
 def test_objects_at_the_value_bounds_are_read_not_refused(tmp_path: Path) -> None:
     """The budget holds for objects that are parsed, not only for objects refused before parsing."""
     by_name = {shape.name: shape.document() for shape in SHAPES}
-    progress = parse_attempt_progress(by_name["progress: points to the value bound"], ATTEMPT)
+    progress = parse_attempt_progress(by_name["progress: points to the value bound"], ATTEMPT, None)
     assert progress is not None
     assert len(progress.points) > MAX_PROGRESS_VALUES // 5
     (tmp_path / KEYS[RECORDS]).parent.mkdir(parents=True)

@@ -1,7 +1,11 @@
 """Reading and writing an attempt's records and the fence (the keys and identities: spotray/contract/attempts.py).
 
 A reader ignores any record whose identity is not the attempt it asks about; the fence lets the
-newest attempt's driver stop older attempts' uploads and prunes.
+newest attempt's driver stop older attempts' uploads and prunes. Where the store has the run's
+checkpoint key (spotray/contract/checkpoint_key.py), every record is signed with it, and a reader
+holding the key takes an unsigned or forged one for unreadable, never for a fact: the controller
+acts on them (an outcome with exit code 0 ends a run Succeeded), and a writer of the bucket without
+the key could otherwise write one.
 """
 
 from __future__ import annotations
@@ -31,10 +35,24 @@ log = logging.getLogger(__name__)
 # ------------------------------------------------------------------------------------------ records
 
 
+# What a record's HMAC is for (spotray/contract/checkpoint_key.py): never valid as a manifest's.
+RECORD_PURPOSE = "attempt record"
+
+
 def write_record(store: ObjectStore, key: str, attempt: AttemptId, fields: dict[str, Any]) -> None:
-    """Write one record: ``fields`` plus the attempt's identity and the time."""
+    """Write one record: ``fields`` plus the attempt's identity and the time, signed with the store's key if any."""
     record = {**fields, **attempt.identity(), "time": time.time()}
+    if store.checkpoint_key is not None:
+        record = store.checkpoint_key.sign(RECORD_PURPOSE, record)
     store.put_bytes(key, json.dumps(record, sort_keys=True).encode())
+
+
+def _unsigned(store: ObjectStore, key: str, record: dict[str, Any]) -> bool:
+    """Whether the store has a key and ``record`` was not signed with it (logged: someone else wrote it)."""
+    problem = store.checkpoint_key.problem(RECORD_PURPOSE, record) if store.checkpoint_key is not None else None
+    if problem is not None:
+        log.warning("ignoring %s: it %s", store.uri.join(key), problem)
+    return problem is not None
 
 
 def read_record(store: ObjectStore, key: str, attempt: AttemptId) -> dict[str, Any] | None:
@@ -60,7 +78,9 @@ def read_run_record(store: ObjectStore, key: str, run_id: str) -> dict[str, Any]
         record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
     except ValueError:
         return None
-    return record if isinstance(record, dict) and record.get("run_id") == run_id else None
+    if not isinstance(record, dict) or record.get("run_id") != run_id or _unsigned(store, key, record):
+        return None
+    return record
 
 
 def write_outcome(store: ObjectStore, attempt: AttemptId, outcome: AttemptOutcome) -> None:
@@ -111,6 +131,8 @@ def _read_fence_record(store: ObjectStore) -> _FenceRecord | None:
         return None
     try:
         record = load_json(raw, max_bytes=MAX_RECORD_BYTES, max_values=MAX_RECORD_VALUES)
+        if _unsigned(store, FENCE_KEY, record):
+            return None
         resumed, taken_from = record.get("resumed_from"), record.get("taken_from")
         return _FenceRecord(
             Fence(

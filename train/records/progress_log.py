@@ -40,6 +40,7 @@ from typing import Any, TypeGuard
 
 from spotray.contract.attempts import RECORDS_PREFIX, RUN_ID_PATTERN, AttemptId
 from spotray.contract.bounded_json import count, load_json, number, optional, seconds, unix_time
+from spotray.contract.checkpoint_key import CheckpointKey
 from spotray.train.storage.store import ObjectStore, get_bytes_if_exists
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,8 @@ MAX_WORKER_HOSTS = 256
 # bound of 64 MiB they replaced let one hostile object take 2 GiB of the controller's 512 MiB.
 MAX_PROGRESS_BYTES = 1536 << 10
 MAX_PROGRESS_VALUES = 100_000
+# What a progress object's HMAC is for (spotray/contract/checkpoint_key.py).
+PROGRESS_PURPOSE = "attempt progress"
 
 
 @dataclass(frozen=True)
@@ -134,29 +137,32 @@ class AttemptProgress:
             return None
         return (recent[-1][0] - recent[0][0]) / (recent[-1][2] - recent[0][2])
 
-    def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "run_id": self.run_id,
-                "attempt": self.attempt,
-                "resumed_from": self.resumed_from,
-                "max_steps": self.max_steps,
-                "world_size": self.world_size,
-                "started": self.started,
-                "updated": self.updated,
-                "points": [list(point) for point in self.points],
-                "restarts": [list(restart) for restart in self.restarts],
-                "checkpoint_stalls": [list(stall) for stall in self.checkpoint_stalls],
-                "checkpoint_interval": self.checkpoint_interval,
-                "worker_hosts": self.worker_hosts.to_json() if self.worker_hosts is not None else None,
-            }
-        ).encode()
+    def to_json(self, key: CheckpointKey | None = None) -> bytes:
+        """The object as stored: signed with ``key`` when there is one (the controller acts on ``worker_hosts``)."""
+        content = {
+            "run_id": self.run_id,
+            "attempt": self.attempt,
+            "resumed_from": self.resumed_from,
+            "max_steps": self.max_steps,
+            "world_size": self.world_size,
+            "started": self.started,
+            "updated": self.updated,
+            "points": [list(point) for point in self.points],
+            "restarts": [list(restart) for restart in self.restarts],
+            "checkpoint_stalls": [list(stall) for stall in self.checkpoint_stalls],
+            "checkpoint_interval": self.checkpoint_interval,
+            "worker_hosts": self.worker_hosts.to_json() if self.worker_hosts is not None else None,
+        }
+        return json.dumps(key.sign(PROGRESS_PURPOSE, content) if key is not None else content).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> AttemptProgress:
-        """The object's content; ValueError when it is past its bounds, is not JSON, or holds a value out of
-        range (a time past year 9999, a negative step: spotray/contract/bounded_json.py). A loss may be NaN."""
+    def from_json(cls, data: bytes, key: CheckpointKey | None = None) -> AttemptProgress:
+        """The object's content; ValueError when it is past its bounds, is not JSON, holds a value out of
+        range (a time past year 9999, a negative step: spotray/contract/bounded_json.py; a loss may be NaN),
+        or, with ``key``, is not signed with it."""
         raw: dict[str, Any] = load_json(data, max_bytes=MAX_PROGRESS_BYTES, max_values=MAX_PROGRESS_VALUES)
+        if key is not None and (problem := key.problem(PROGRESS_PURPOSE, raw)) is not None:
+            raise ValueError(f"it {problem}")
         return cls(
             attempt=count(raw["attempt"], "attempt", minimum=1),
             run_id=str(raw["run_id"]),
@@ -274,7 +280,7 @@ class ProgressWriter:
             with self._lock:
                 generation = self._generation
                 self.progress.updated = time.time()
-                snapshot = self.progress.to_json()
+                snapshot = self.progress.to_json(self.store.checkpoint_key)
             try:
                 self.store.put_bytes(self.progress.attempt_id.progress_key, snapshot)
             except Exception as error:  # noqa: BLE001 - progress is best effort; training must go on
@@ -290,7 +296,7 @@ class ProgressWriter:
 def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProgress | None:
     """One attempt's progress; None if it wrote none (yet), or the object is unreadable or not this attempt's."""
     raw = get_bytes_if_exists(store, attempt.progress_key, max_bytes=MAX_PROGRESS_BYTES)
-    return None if raw is None else parse_attempt_progress(raw, attempt)
+    return None if raw is None else parse_attempt_progress(raw, attempt, store.checkpoint_key)
 
 
 def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> AttemptProgress:
@@ -313,10 +319,11 @@ def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> Att
     return earlier
 
 
-def parse_attempt_progress(raw: bytes, attempt: AttemptId) -> AttemptProgress | None:
-    """The progress object's content; None if it is unreadable or not this attempt's."""
+def parse_attempt_progress(raw: bytes, attempt: AttemptId, key: CheckpointKey | None) -> AttemptProgress | None:
+    """The progress object's content; None if it is unreadable, not this attempt's, or (with ``key``) not signed
+    with the run's key."""
     try:
-        progress = AttemptProgress.from_json(raw)
+        progress = AttemptProgress.from_json(raw, key)
     except (ValueError, KeyError, TypeError, OverflowError) as error:
         log.warning("ignoring unreadable progress of %s: %s", attempt, error)
         return None
