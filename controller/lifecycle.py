@@ -421,6 +421,7 @@ class RayClusterView:
     head_lost: str | None = None  # set by the pod watcher: "pod P on node N: reason"
     owner_uid: str | None = None  # the TrainingRun that owns it
     spare_moved: str | None = None  # the last idle spare moved off a worker's node (controller/spare_placement.py)
+    shape: str | None = None  # the hash of the spec it was made from (controller/rayjob.py ``ray_cluster_shape``)
 
 
 @dataclass(frozen=True)
@@ -469,6 +470,8 @@ class Observation:
     # the one the last attempt ran on as read (None: it does not exist, or there is none yet).
     ray_cluster_per_run: bool = False
     ray_cluster: RayClusterView | None = None
+    # The shape of the RayCluster the run's spec makes now; a kept cluster of another is replaced.
+    ray_cluster_shape: str | None = None
 
 
 @dataclass(frozen=True)
@@ -862,9 +865,11 @@ def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
 def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
     """(the RayCluster the next attempt runs on, the run's old one to delete), with a cluster per run.
 
-    The last attempt's cluster is kept while it exists, is the run's, its head was never lost, and
-    it did not end the last ``KEPT_CLUSTER_INTERRUPTIONS`` attempts in a row by infrastructure
-    faults; otherwise the next generation, and the old one deleted (a re-created head would start a
+    The last attempt's cluster is kept while it exists, is the run's, its head was never lost, its
+    shape is what the spec makes now (an edited image, resources, replicas or secretEnv would otherwise
+    be silently ignored, or leave the next driver waiting for workers the pods cannot hold), and it did
+    not end the last ``KEPT_CLUSTER_INTERRUPTIONS`` attempts in a row by infrastructure faults;
+    otherwise the next generation, and the old one deleted (a re-created head would start a
     new Ray cluster anyway, and its pods would hold capacity the new one waits for). A namesake's
     cluster (another TrainingRun of this name, being garbage-collected) is never deleted.
     """
@@ -876,10 +881,17 @@ def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
         return ray_cluster_name(obs.run.name, 1), None
     seen = obs.ray_cluster if obs.ray_cluster is not None and obs.ray_cluster.name == last else None
     ours = seen is not None and (obs.run_uid is None or seen.owner_uid == obs.run_uid)
-    if seen is not None and ours and seen.head_lost is None and not _interrupted_on(obs.state, last):
+    usable = seen is not None and ours and seen.head_lost is None and not _reshaped(obs, seen)
+    if usable and not _interrupted_on(obs.state, last):
         return last, None
     following = ray_cluster_name(obs.run.name, ray_cluster_generation(last, obs.run.name) + 1)
     return following, (last if ours else None)
+
+
+def _reshaped(obs: Observation, seen: RayClusterView) -> bool:
+    """Whether the spec now makes a cluster of another shape than ``seen`` (one made before clusters carried
+    their shape is taken as it is)."""
+    return seen.shape is not None and obs.ray_cluster_shape is not None and seen.shape != obs.ray_cluster_shape
 
 
 def _interrupted_on(state: RunState, ray_cluster: str) -> bool:
@@ -902,6 +914,8 @@ def _why_not_kept(obs: Observation, old: str) -> str:
         return "gone"
     if seen.head_lost:
         return f"its head was lost: {seen.head_lost}"
+    if _reshaped(obs, seen):
+        return "the run's spec now makes another (its image, resources, replicas or secretEnv changed)"
     if obs.run_uid is not None and seen.owner_uid != obs.run_uid:
         return "another TrainingRun's"
     return f"the last {KEPT_CLUSTER_INTERRUPTIONS} attempts on it ended by infrastructure faults"

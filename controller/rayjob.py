@@ -44,6 +44,7 @@ cluster; the controller deletes the cluster itself (controller/lifecycle.py).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from typing import Any
 
@@ -54,6 +55,7 @@ from spotray.contract.names import (
     API_VERSION,
     ATTEMPT_LABEL,
     CHECKPOINT_KEY_SECRET_DATA_KEY,
+    CLUSTER_SHAPE_ANNOTATION,
     KIND,
     RAY_API_VERSION,
     RAY_CLUSTER_LABEL,
@@ -348,7 +350,9 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str, runtime_env:
 
 
 def build_ray_cluster(run: TrainingRun, name: str, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
-    """The run's RayCluster ``name`` (``<run>-c<G>``), kept across its attempts, owned by the TrainingRun."""
+    """The run's RayCluster ``name`` (``<run>-c<G>``), kept across its attempts, owned by the TrainingRun,
+    annotated with its shape (``ray_cluster_shape``)."""
+    spec = _cluster_spec(run, None, config)
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAYCLUSTER_KIND,
@@ -356,10 +360,22 @@ def build_ray_cluster(run: TrainingRun, name: str, run_uid: str, config: Control
             "name": name,
             "namespace": run.namespace,
             "labels": _labels(run, None),
+            "annotations": {CLUSTER_SHAPE_ANNOTATION: _shape(spec)},
             "ownerReferences": [owner_reference(run.name, run_uid)],
         },
-        "spec": _cluster_spec(run, None, config),
+        "spec": spec,
     }
+
+
+def ray_cluster_shape(run: TrainingRun, config: ControllerConfig) -> str:
+    """A hash of the RayCluster spec the run's spec makes now: the image, resources, replicas, secretEnv,
+    everything. A kept cluster annotated with another was made from an older spec (controller/lifecycle.py
+    ``next_ray_cluster`` replaces it)."""
+    return _shape(_cluster_spec(run, None, config))
+
+
+def _shape(spec: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def build_rayjob(

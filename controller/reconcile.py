@@ -33,6 +33,7 @@ from spotray.contract.attempts import OUTCOME_RUNNING, AttemptId, AttemptRecords
 from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.contract.names import (
     ATTEMPT_LABEL,
+    CLUSTER_SHAPE_ANNOTATION,
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
     FAILED,
@@ -81,7 +82,14 @@ from spotray.controller.lifecycle import (
 )
 from spotray.controller.network_policy import build_run_network_policy
 from spotray.controller.ownership import foreign_object_refusal
-from spotray.controller.rayjob import WORKER_GROUP, build_ray_cluster, build_rayjob, secret_env_refusal, size_refusal
+from spotray.controller.rayjob import (
+    WORKER_GROUP,
+    build_ray_cluster,
+    build_rayjob,
+    ray_cluster_shape,
+    secret_env_refusal,
+    size_refusal,
+)
 from spotray.controller.run_store import (
     StoreReport,
     StoreReports,
@@ -150,6 +158,7 @@ def ray_cluster_view(body: dict[str, Any] | None) -> RayClusterView | None:
         head_lost=(meta.get("annotations") or {}).get(HEAD_LOST_ANNOTATION),
         owner_uid=controller_owner_uid(body),
         spare_moved=(meta.get("annotations") or {}).get(SPARE_MOVED_ANNOTATION),
+        shape=(meta.get("annotations") or {}).get(CLUSTER_SHAPE_ANNOTATION),
     )
 
 
@@ -423,6 +432,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         storage_patience_seconds=config.storage_patience_seconds,
         ray_cluster_per_run=config.ray_cluster_per_run,
         ray_cluster=ray_cluster,
+        ray_cluster_shape=ray_cluster_shape(run, config) if ray_cluster is not None else None,
     )
 
 

@@ -57,6 +57,10 @@ HEAD_LOST_ANNOTATION = f"{GROUP}/head-lost"
 # Written on a run's RayCluster by the controller when it moved an idle spare worker pod off a node it
 # shared with a training worker (controller/spare_placement.py): the pod, the node, when, tries in a row.
 SPARE_MOVED_ANNOTATION = f"{GROUP}/spare-moved"
+# Written on a run's RayCluster when the controller makes it: a hash of its spec as the run's spec made
+# it (controller/rayjob.py ``ray_cluster_shape``). A kept cluster whose shape is not what the spec makes
+# now (the image, resources, replicas or secretEnv edited) is replaced at the next attempt.
+CLUSTER_SHAPE_ANNOTATION = f"{GROUP}/shape"
 
 # Nodes: this label says which capacity a node is (Ray heads go on on-demand nodes, workers of a
 # spot run on spot ones), and spot nodes carry a NoSchedule taint with this key that only spot

@@ -10,6 +10,7 @@ wait 300 s) and starts the next on a new generation, and the cluster goes when t
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from spotray.contract.names import HEAD_LOST_ANNOTATION
 from spotray.contract.spec import RunContext, parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.lifecycle import Observation, RayClusterView, RunState, next_ray_cluster, timestamp
-from spotray.controller.rayjob import build_ray_cluster, build_rayjob
+from spotray.controller.rayjob import build_ray_cluster, build_rayjob, ray_cluster_shape
 from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
 from tests.unit.test_controller_writes import FakeCluster, new_run
 
@@ -233,3 +234,53 @@ def test_a_cluster_that_ended_two_attempts_in_a_row_by_infrastructure_faults_is_
     assert after(("Interrupted", "burst-c1"), ("Interrupted", "burst-c1")) == ("burst-c2", "burst-c1")
     assert after(("Preempted", "burst-c1"), ("Interrupted", "burst-c1")) == ("burst-c1", None)
     assert after(("Interrupted", "burst-c0"), ("Interrupted", "burst-c1")) == ("burst-c1", None), "one on this one"
+
+
+def test_a_kept_cluster_whose_shape_the_spec_no_longer_makes_is_replaced_at_the_next_attempt(tmp_path: Path) -> None:
+    """Issue #69, item 4: the kept RayCluster was reused by name whatever the spec said now, so an edited
+    image was silently ignored, and more workers or GPUs left the next driver waiting for a worker group
+    the pods could not hold, retried by Ray Train for ever while the RayJob stayed Running."""
+    body = new_run(UID)
+    body["spec"]["retry"] = {"backoffSeconds": 0}
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = KeptClusterFake(body)
+    cluster: Any = fake
+    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), settle_seconds=0)
+    long_ago = datetime.now(UTC) - timedelta(minutes=5)
+    events: list[str] = []
+    fake.post_event = lambda _run, event, _now: events.append(event.message)  # type: ignore[method-assign,assignment]
+    reconcile(cluster, config, "ns", "burst")
+    made = fake.ray_clusters["burst-c1"]
+    assert made["metadata"]["annotations"]["spotray.dev/shape"] == ray_cluster_shape(parse_training_run(body), config)
+
+    # The user edits the spec mid-attempt: the running attempt goes on, on the cluster it has.
+    fake.run["spec"]["image"] = "registry.example/team/trainer:v2"
+    fake.run["spec"]["workers"] = {**fake.run["spec"].get("workers", {}), "replicas": 3}
+    fake.set_job("burst-a1", "RUNNING", "Running")
+    reconcile(cluster, config, "ns", "burst")
+    assert "delete burst-c1" not in fake.calls
+    # The attempt ends (a worker reclaimed): the next runs on a new cluster of the new shape.
+    worker = disrupted_pod("burst-c1-workers-x", "worker", "burst-c1", long_ago)
+    record_cluster_pod_disrupted(cluster, worker, datetime.now(UTC))
+    fake.set_job("burst-a1", "FAILED", "Failed", ended=long_ago)
+    reconcile(cluster, config, "ns", "burst")
+    reconcile(cluster, config, "ns", "burst")
+    second = fake.run["status"]["attempts"][1]
+    assert second["rayCluster"] == "burst-c2"
+    EVENTS.drain()
+    assert any("the run's spec now makes another" in message for message in events), events
+    assert "burst-c1" not in fake.ray_clusters
+    replaced = fake.ray_clusters["burst-c2"]
+    assert replaced["spec"]["workerGroupSpecs"][0]["replicas"] == 3
+    assert "registry.example/team/trainer:v2" in json.dumps(replaced["spec"])
+    assert (
+        replaced["metadata"]["annotations"]["spotray.dev/shape"] != made["metadata"]["annotations"]["spotray.dev/shape"]
+    )
+
+
+def test_a_kept_cluster_made_before_clusters_carried_their_shape_is_kept() -> None:
+    old = RayClusterView("burst-c1", owner_uid=UID)
+    obs = replace(observation("burst-c1", old), ray_cluster_shape="0123456789abcdef")
+    assert next_ray_cluster(obs) == ("burst-c1", None)
+    other = RayClusterView("burst-c1", owner_uid=UID, shape="fedcba9876543210")
+    assert next_ray_cluster(replace(obs, ray_cluster=other)) == ("burst-c2", "burst-c1")
