@@ -472,6 +472,9 @@ class Observation:
     ray_cluster: RayClusterView | None = None
     # The shape of the RayCluster the run's spec makes now; a kept cluster of another is replaced.
     ray_cluster_shape: str | None = None
+    # How long a suspended attempt's RayJob outlives its kept cluster's deletion (``_plan``): the workers'
+    # grace period, in which the nodes' preStop drains give the emergency checkpoint, and a margin.
+    suspend_checkpoint_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -789,8 +792,31 @@ def _plan(obs: Observation, now: datetime) -> Plan:
         # it: Ray reports SUCCEEDED while KubeRay's submitter still follows the driver's log, and a
         # submitter that loses its head retries into pods that cannot start (the cluster's token
         # Secret goes with the cluster). KubeRay's finalizer lets a RayJob go even if it cannot stop it.
+        wait = _suspend_checkpoint_left(obs, decided.state, current, now)
+        if wait > 0:
+            return replace(decided, delete_rayjob=None, delete_ray_cluster=current.ray_cluster, requeue_after_s=wait)
         return replace(decided, delete_rayjob=current.ray_job, delete_ray_cluster=current.ray_cluster)
     return decided
+
+
+def _suspend_checkpoint_left(obs: Observation, state: RunState, current: AttemptStatus, now: datetime) -> float:
+    """How long a suspended attempt's RayJob stays while its kept cluster goes; 0: delete it now.
+
+    Deleting a RayJob on a kept cluster stops its Ray job (KubeRay's finalizer): the driver ends at once
+    (train/launch/driver_notice.py ``stop_without_drain``) and its workers with it, before any checkpoint,
+    so a suspend lost the steps since the last one (issue #69). Deleting the cluster first gives every
+    pod its preStop hook, which drains its node (the head's, every node) as a spot notice does: the
+    workers take an emergency checkpoint and stop, and the driver records it and ends. So the RayJob
+    stays until its job has ended, or for ``suspend_checkpoint_seconds`` after the suspend at most.
+    """
+    job = obs.job
+    if state.phase != SUSPENDED or job is None or job.finished or current.outcome != OUTCOME_SUSPENDED:
+        return 0.0
+    if obs.run_uid is not None and job.owner_uid != obs.run_uid:
+        return 0.0
+    suspended_at = parse_timestamp(current.end_time) or now
+    left = obs.suspend_checkpoint_seconds - (now - suspended_at).total_seconds()
+    return min(left, 10.0) if left > 0 else 0.0
 
 
 def _decide(obs: Observation, now: datetime) -> Plan:
@@ -859,7 +885,11 @@ def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
         why += f", on the run's Ray cluster {ray_cluster} that survived it"
     elif ray_cluster is not None and old is not None:
         why += f", on a new Ray cluster {ray_cluster} ({old}: {_why_not_kept(obs, old)})"
-    return replace(start_attempt(obs.state, obs.run, now, why, ray_cluster), delete_ray_cluster=old)
+    # The ended attempt's RayJob, if it is still there (a suspended one whose emergency checkpoint was
+    # waited for, ``_suspend_checkpoint_left``): it must not outlive the attempt that replaces it.
+    leftover = obs.state.current.ray_job if obs.state.current is not None and obs.job is not None else None
+    started = start_attempt(obs.state, obs.run, now, why, ray_cluster)
+    return replace(started, delete_ray_cluster=old, delete_rayjob=leftover)
 
 
 def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:

@@ -239,6 +239,10 @@ def _records(
         return None, str(error), cause_of(error)
 
 
+# Past the workers' grace period, how long a suspended attempt's RayJob waits for its driver to record the
+# emergency checkpoint and end (controller/lifecycle.py ``_suspend_checkpoint_left``), as the driver's
+# own bound after a notice does (train/launch/driver_notice.py EXIT_MARGIN_S).
+SUSPEND_CHECKPOINT_MARGIN_S = 60.0
 # run UID -> the attempt whose RayJob a reconcile created while leaving the status write to the next.
 _created_awaiting_status: dict[str, int] = {}
 _SECRET_SEEN_TTL_S = 60.0
@@ -433,6 +437,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         ray_cluster_per_run=config.ray_cluster_per_run,
         ray_cluster=ray_cluster,
         ray_cluster_shape=ray_cluster_shape(run, config) if ray_cluster is not None else None,
+        suspend_checkpoint_seconds=config.worker_grace_seconds + SUSPEND_CHECKPOINT_MARGIN_S,
     )
 
 

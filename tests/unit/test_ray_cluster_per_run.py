@@ -21,7 +21,15 @@ import yaml
 from spotray.contract.names import HEAD_LOST_ANNOTATION
 from spotray.contract.spec import RunContext, parse_training_run
 from spotray.controller.config import ControllerConfig
-from spotray.controller.lifecycle import Observation, RayClusterView, RunState, next_ray_cluster, timestamp
+from spotray.controller.lifecycle import (
+    Observation,
+    RayClusterView,
+    RayJobView,
+    RunState,
+    next_ray_cluster,
+    timestamp,
+)
+from spotray.controller.lifecycle import plan as plan_of
 from spotray.controller.rayjob import build_ray_cluster, build_rayjob, ray_cluster_shape
 from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
 from tests.unit.test_controller_writes import FakeCluster, new_run
@@ -184,11 +192,18 @@ def test_a_suspended_run_deletes_its_cluster_and_resumes_on_a_new_one(tmp_path: 
     cluster: Any = fake
     config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),))
     reconcile(cluster, config, "ns", "burst")
+    fake.set_job("burst-a1", "RUNNING", "Running")
     fake.run["spec"]["suspend"] = True
     reconcile(cluster, config, "ns", "burst")
     assert fake.run["status"]["phase"] == "Suspended"
-    assert fake.rayjobs == {}
+    # The cluster goes first: its pods' preStop hooks drain their nodes, the workers take an emergency
+    # checkpoint and the driver records it. Deleting the RayJob would stop its driver at once, and the
+    # workers with it, before any checkpoint (issue #69).
     assert fake.ray_clusters == {}
+    assert set(fake.rayjobs) == {"burst-a1"}
+    fake.set_job("burst-a1", "FAILED", "Failed", ended=datetime.now(UTC))  # the driver recorded it and ended
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.rayjobs == {}
     fake.run["spec"]["suspend"] = False
     reconcile(cluster, config, "ns", "burst")
     assert fake.run["status"]["attempts"][-1]["rayCluster"] == "burst-c2"
@@ -284,3 +299,35 @@ def test_a_kept_cluster_made_before_clusters_carried_their_shape_is_kept() -> No
     assert next_ray_cluster(obs) == ("burst-c1", None)
     other = RayClusterView("burst-c1", owner_uid=UID, shape="fedcba9876543210")
     assert next_ray_cluster(replace(obs, ray_cluster=other)) == ("burst-c2", "burst-c1")
+
+
+def test_a_suspended_attempts_rayjob_on_a_kept_cluster_goes_after_the_grace_period_at_most(tmp_path: Path) -> None:
+    body = new_run(UID)
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    fake = KeptClusterFake(body)
+    cluster: Any = fake
+    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), worker_grace_seconds=30)
+    reconcile(cluster, config, "ns", "burst")
+    fake.set_job("burst-a1", "RUNNING", "Running")
+    fake.run["spec"]["suspend"] = True
+    reconcile(cluster, config, "ns", "burst")
+    assert set(fake.rayjobs) == {"burst-a1"}, "the driver still records the emergency checkpoint"
+    # A driver that never ends (its submitter stuck): the RayJob goes once the grace period and margin passed.
+    suspended = fake.run["status"]["attempts"][0]
+    long_ago = datetime.now(UTC) - timedelta(seconds=30 + 61)
+    suspended["endTime"] = long_ago.strftime("%Y-%m-%dT%H:%M:%SZ")
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.rayjobs == {}
+
+
+def test_resuming_before_the_suspended_attempts_rayjob_went_deletes_it() -> None:
+    run = parse_training_run(new_run(UID))
+    status = {
+        "phase": "Suspended",
+        "attempts": [{"attempt": 1, "rayJob": "burst-a1", "outcome": "Suspended", "rayCluster": "burst-c1"}],
+    }
+    state = RunState.from_status(status, "burst")
+    job = RayJobView("RUNNING", "Running", owner_uid=UID)
+    plan = plan_of(Observation(run, state, job, run_uid=UID, ray_cluster_per_run=True), datetime.now(UTC))
+    assert plan.create_attempt == 2
+    assert plan.delete_rayjob == "burst-a1"
