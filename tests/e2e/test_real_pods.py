@@ -423,3 +423,68 @@ def test_a_run_on_its_own_kept_ray_cluster_goes_on_after_a_worker_reclaim_on_the
     for kind, name in (("rayjob", f"{KEPT_RUN}-a2"), ("raycluster", ray_cluster)):
         # The controller writes the status before it deletes (controller/reconcile.py).
         tb.wait_until(f"{kind} {name} deleted after the run ended", lambda k=kind, n=name: going(k, n), timeout=30)
+
+
+SUSPENDED_RUN = "gpt2-suspend"
+SUSPEND_AT_STEP = 40
+# Periodic checkpoints only at steps 100 and 200, and 0.5 s a step: a resume from a step past the
+# suspend that is no multiple of 100 can only be from the suspend's emergency checkpoint.
+SUSPEND_EVERY, SUSPEND_STEP_S = 100, 0.5
+
+
+# In make test-campaign: each mode runs real training to a suspend and its resume (about 4 minutes).
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S + 300)
+@pytest.mark.parametrize("kept", [False, True], ids=["rayjobs-own-cluster", "kept-cluster"])
+def test_a_suspend_takes_an_emergency_checkpoint_and_the_resume_goes_on_from_it(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path, kept: bool
+) -> None:
+    """Issue #69, item 3: `spec.suspend: true` is an emergency checkpoint, then a stop, in both cluster
+    modes. On a kept cluster, deleting the RayJob first stopped the driver at once and its workers with
+    it, so the resume went back to the last periodic checkpoint (here: none, step 0). The resume must
+    start at the step the suspend was seen at or later."""
+    bed = cluster.testbed
+    cluster_demo.set_ray_cluster_per_run(bed, on=kept)
+    name = f"{SUSPENDED_RUN}-{'kept' if kept else 'own'}"
+    document = cluster_demo.demo_training_run(
+        name=name, steps=MAX_STEPS, every=SUSPEND_EVERY, min_step_seconds=SUSPEND_STEP_S
+    )
+    manifest = tmp_path / "suspended.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+    bed.kubectl("apply", "-f", str(manifest))
+    deadline = time.monotonic() + TIMEOUT_S
+    while ((status := cluster_demo.run_status(bed, name)).get("progress") or {}).get("step", 0) < SUSPEND_AT_STEP:
+        assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
+        assert time.monotonic() < deadline, f"no step {SUSPEND_AT_STEP} in time: {status}"
+        time.sleep(1)
+    seen_at = status["progress"]["step"]
+    bed.kubectl(
+        "patch", "trainingrun", name, "-n", cluster_demo.NAMESPACE, "--type=merge", "-p", '{"spec":{"suspend":true}}'
+    )
+    print(f"suspended at step {seen_at} or later ({'kept cluster' if kept else 'the RayJob own cluster'})", flush=True)
+
+    def stopped() -> bool:
+        left = bed.kubectl(
+            "get", "rayjobs,rayclusters", "-n", cluster_demo.NAMESPACE, "-l", f"{RUN_LABEL}={name}", "-o", "name"
+        )
+        return cluster_demo.run_status(bed, name).get("phase") == "Suspended" and not left.stdout.strip()
+
+    tb.wait_until(f"{name} suspended, its RayJob and cluster gone", stopped, timeout=300)
+    bed.kubectl(
+        "patch", "trainingrun", name, "-n", cluster_demo.NAMESPACE, "--type=merge", "-p", '{"spec":{"suspend":false}}'
+    )
+
+    def resumed() -> dict[str, Any] | None:
+        attempts = cluster_demo.run_status(bed, name).get("attempts") or []
+        return attempts[1] if len(attempts) > 1 and attempts[1].get("resumedFrom") is not None else None
+
+    tb.wait_until(f"{name}'s attempt 2 resumed", lambda: resumed() is not None, timeout=600)
+    second = resumed()
+    assert second is not None
+    assert second["resumedFrom"] >= seen_at, (second, seen_at, cluster_demo.run_status(bed, name)["attempts"][0])
+    assert second["resumedFrom"] % EVERY != 0 or second["resumedFrom"] > seen_at, (
+        "an emergency checkpoint, not a periodic one"
+    )
+    print(f"suspend seen at step {seen_at}: attempt 2 resumed from step {second['resumedFrom']}", flush=True)
+    bed.kubectl("delete", "trainingrun", name, "-n", cluster_demo.NAMESPACE)
+    cluster_demo.set_ray_cluster_per_run(bed, on=False)
