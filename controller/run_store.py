@@ -292,7 +292,7 @@ class StoreReports:
             interval_losses=interval_losses_status(progress, objective_steps, last_checkpoint, every_steps),
             training_loop_at=progress.started if progress is not None else None,
             first_step_at=progress.points[0][2] if progress is not None and progress.points else None,
-            worker_hosts=progress.worker_hosts if progress is not None else None,
+            worker_hosts=progress.current_worker_hosts if progress is not None else None,
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:

@@ -85,8 +85,10 @@ def wait_for_step(events: Path, step: int, process: subprocess.Popen[bytes], tim
         pytest.param(signal.SIGTERM, marks=pytest.mark.campaign),
         pytest.param(signal.SIGKILL, marks=pytest.mark.campaign),
         pytest.param(signal.SIGHUP, marks=pytest.mark.campaign),
+        # Ctrl-C (issue #69): the same emergency checkpoint, and the same command again resumes from it.
+        pytest.param(signal.SIGINT, marks=pytest.mark.campaign),
     ],
-    ids=["SIGTERM", "SIGKILL", "SIGHUP"],
+    ids=["SIGTERM", "SIGKILL", "SIGHUP", "SIGINT"],
 )
 def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: signal.Signals) -> None:
     workdir = tmp_path / "run"
@@ -141,7 +143,7 @@ def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: si
         latest = latest_complete_checkpoint(store)
         assert latest is not None
         assert latest.step == step
-    if signum != signal.SIGHUP:
+    if signum not in (signal.SIGHUP, signal.SIGINT):
         return
     before = len([e for e in read_events(workdir / "events.jsonl") if e["event"] == "start"])
     again = subprocess.run(

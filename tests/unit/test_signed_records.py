@@ -11,6 +11,7 @@ reader takes an unsigned or forged one for unreadable: never a fact.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,15 @@ def test_forged_worker_hosts_never_reach_the_controller(tmp_path: Path, forger_k
     read = read_attempt_progress(run, ATTEMPT)
     assert read is not None
     assert read.worker_hosts == hosts
+
+
+def test_worker_hosts_from_before_the_groups_last_restart_are_not_acted_on() -> None:
+    """Issue #69: after a restart the carried-over view could call idle the spare the new group started
+    on, and the controller would move (delete) it, for up to 60 s."""
+    hosts = WorkerHosts(idle=("spare",), busy=("worker",), time=1_795_773_178.0)
+    progress = AttemptProgress(attempt=1, run_id="run-1", worker_hosts=hosts)
+    assert progress.current_worker_hosts == hosts
+    progress.restarts.append((20, hosts.time + 1))
+    assert progress.current_worker_hosts is None
+    progress.worker_hosts = replace(hosts, time=hosts.time + 2)  # the new group's own view
+    assert progress.current_worker_hosts == progress.worker_hosts

@@ -123,6 +123,15 @@ class AttemptProgress:
     worker_hosts: WorkerHosts | None = None  # a run with spares: Ray's view of its worker pods
 
     @property
+    def current_worker_hosts(self) -> WorkerHosts | None:
+        """``worker_hosts`` if the current worker group wrote it: not one from before the group's last restart,
+        which may call idle the very spare the new group started on (the controller would delete it)."""
+        hosts = self.worker_hosts
+        if hosts is None or any(at >= hosts.time for _, at in self.restarts):
+            return None
+        return hosts
+
+    @property
     def last_step(self) -> int | None:
         return self.points[-1][0] if self.points else None
 
@@ -315,6 +324,7 @@ def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> Att
         return fresh
     earlier.restarts.append((fresh.resumed_from or 0, time.time()))
     earlier.world_size = fresh.world_size
+    earlier.worker_hosts = None  # the earlier group's view: the new group writes its own
     earlier.thin()
     return earlier
 
