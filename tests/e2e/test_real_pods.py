@@ -488,3 +488,61 @@ def test_a_suspend_takes_an_emergency_checkpoint_and_the_resume_goes_on_from_it(
     print(f"suspend seen at step {seen_at}: attempt 2 resumed from step {second['resumedFrom']}", flush=True)
     bed.kubectl("delete", "trainingrun", name, "-n", cluster_demo.NAMESPACE)
     cluster_demo.set_ray_cluster_per_run(bed, on=False)
+
+
+RECREATED_RUN = "gpt2-recreated"
+
+
+# In make test-campaign: one run to step 60, deleted, and created again until it resumes (about 3 minutes).
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S + 300)
+def test_a_run_deleted_and_created_again_resumes_from_its_checkpoints(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path
+) -> None:
+    """Issue #69, reproduced here before the fix: `kubectl delete trainingrun` and `kubectl apply` of the same
+    file made a new key Secret under the old name; the new pods got the kubelet's cached old value or the new
+    one, so the run resumed by accident, or trained from step 0 over the first run's checkpoints. Now the key
+    is the namespace's, kept when the run goes: the new run (another UID) resumes from the newest."""
+    bed = cluster.testbed
+    cluster_demo.set_ray_cluster_per_run(bed, on=False)
+    document = cluster_demo.demo_training_run(name=RECREATED_RUN, steps=MAX_STEPS, every=EVERY, min_step_seconds=STEP_S)
+    manifest = tmp_path / "recreated.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+    bed.kubectl("apply", "-f", str(manifest))
+
+    def get(kind: str, name: str) -> dict[str, Any]:
+        return json.loads(bed.kubectl("get", kind, name, "-n", cluster_demo.NAMESPACE, "-o", "json").stdout)  # type: ignore[no-any-return]
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while (
+        ((status := cluster_demo.run_status(bed, RECREATED_RUN)).get("lastCheckpoint") or {}).get("step") or 0
+    ) < 2 * EVERY:
+        assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
+        assert time.monotonic() < deadline, f"no checkpoint-{2 * EVERY} in time: {status}"
+        time.sleep(1)
+    first_uid = get("trainingrun", RECREATED_RUN)["metadata"]["uid"]
+    key_uid = get("secret", "spotray-checkpoint-key")["metadata"]["uid"]
+    bed.kubectl("delete", "trainingrun", RECREATED_RUN, "-n", cluster_demo.NAMESPACE, "--wait=true")
+    tb.wait_until(
+        "the first run's pods gone",
+        lambda: not cluster_demo.pods(bed, cluster_demo.NAMESPACE, f"{RUN_LABEL}={RECREATED_RUN}"),
+        timeout=300,
+    )
+    bed.kubectl("apply", "-f", str(manifest))
+
+    def started() -> dict[str, Any] | None:
+        """Attempt 1 of the new run, once it said where it started (or trained a step: a fresh start)."""
+        status = cluster_demo.run_status(bed, RECREATED_RUN)
+        attempts = status.get("attempts") or []
+        if attempts and (attempts[0].get("resumedFrom") is not None or (status.get("progress") or {}).get("step")):
+            return attempts[0]  # type: ignore[no-any-return]
+        return None
+
+    tb.wait_until("the new run's attempt 1 started training", lambda: started() is not None, timeout=600)
+    first = started()
+    assert first is not None
+    assert get("trainingrun", RECREATED_RUN)["metadata"]["uid"] != first_uid, "another run"
+    assert get("secret", "spotray-checkpoint-key")["metadata"]["uid"] == key_uid, "the same key Secret, never replaced"
+    assert (first.get("resumedFrom") or 0) >= 2 * EVERY, first
+    print(f"created again: attempt 1 resumed from step {first['resumedFrom']}", flush=True)
+    bed.kubectl("delete", "trainingrun", RECREATED_RUN, "-n", cluster_demo.NAMESPACE)
