@@ -887,7 +887,8 @@ def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
         why += f", on a new Ray cluster {ray_cluster} ({old}: {_why_not_kept(obs, old)})"
     # The ended attempt's RayJob, if it is still there (a suspended one whose emergency checkpoint was
     # waited for, ``_suspend_checkpoint_left``): it must not outlive the attempt that replaces it.
-    leftover = obs.state.current.ray_job if obs.state.current is not None and obs.job is not None else None
+    ours = obs.job is not None and (obs.run_uid is None or obs.job.owner_uid == obs.run_uid)
+    leftover = obs.state.current.ray_job if obs.state.current is not None and ours else None
     started = start_attempt(obs.state, obs.run, now, why, ray_cluster)
     return replace(started, delete_ray_cluster=old, delete_rayjob=leftover)
 

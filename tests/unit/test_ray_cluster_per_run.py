@@ -331,3 +331,11 @@ def test_resuming_before_the_suspended_attempts_rayjob_went_deletes_it() -> None
     plan = plan_of(Observation(run, state, job, run_uid=UID, ray_cluster_per_run=True), datetime.now(UTC))
     assert plan.create_attempt == 2
     assert plan.delete_rayjob == "burst-a1"
+
+
+def test_a_namesakes_rayjob_is_never_deleted_as_a_leftover() -> None:
+    run = parse_training_run(new_run(UID))
+    status = {"phase": "Suspended", "attempts": [{"attempt": 1, "rayJob": "burst-a1", "outcome": "Suspended"}]}
+    job = RayJobView("RUNNING", "Running", owner_uid="a-deleted-run-of-the-same-name")
+    obs = Observation(run, RunState.from_status(status, "burst"), job, run_uid=UID)
+    assert plan_of(obs, datetime.now(UTC)).delete_rayjob is None
