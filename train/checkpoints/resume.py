@@ -7,7 +7,9 @@ The newest complete checkpoint is downloaded and verified; if that fails for a f
 itself (``checkpoint_fault``: bytes that do not match the manifest, an object it lists gone, keys that
 cannot be files here), the next older complete one is tried, with a warning naming the one skipped and
 why. A fault of the store, the node or the code is raised instead. No complete checkpoint that can be
-fetched means a fresh start.
+fetched means a fresh start, unless a *foreign* checkpoint (whole, but not signed with the run's key)
+is newer than the one chosen: then the job refuses to start (``refuse_foreign_newer``, bad input), as
+resuming below it, or from nothing, would train its steps again and write over it.
 
 A checkpoint can also fetch and verify and still not load: the bytes are the ones written, but not
 for the model this job builds, or files its loader refuses. The job passes a ``LoadCheck`` (the
