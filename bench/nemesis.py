@@ -187,7 +187,14 @@ KINDS: dict[str, KindOfFault] = {
     "spot-notice": KindOfFault(
         "run", (("Preempted", "SpotNotice"),), "the driver's SIGTERM (a spot notice)", notice=True
     ),
+    # A user action (issue #69): spec.suspend true, then false 1-10 s after the run says Suspended and its
+    # RayJob is gone. Nothing is spent; the next attempt resumes from the newest complete checkpoint.
+    "user-suspend": KindOfFault(
+        "run", (("Suspended", "Suspended"),), "the user suspends the run, then resumes it", (1, 10)
+    ),
 }
+# How long a suspend may take to show (the run Suspended, its RayJob gone) before the fault is judged missed.
+SUSPEND_SEEN_S = 240.0
 
 
 @dataclass(frozen=True)
@@ -1002,6 +1009,8 @@ class Trial:
             tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
         elif fault.kind == "driver-killed":
             tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
+        elif fault.kind == "user-suspend":
+            landing.detail = self._suspend_and_resume(attempt, job)
         else:  # spot-notice: the driver's own SIGTERM (it drains this attempt's Ray cluster)
             drivers = [pid for pid in campaign.driver_pids(self.name, attempt, job) if is_job_driver(pid)]
             for pid in drivers[:1]:
@@ -1009,6 +1018,33 @@ class Trial:
             landing.missed = not drivers
         landing.reached = self.step
         return landing
+
+    def _suspend_and_resume(self, attempt: int, job: str) -> str:
+        """spec.suspend true; once the run says Suspended and its RayJob is gone, what is left of the job
+        killed (kwok pods run nothing: its processes on the Ray head are KubeRay's teardown here, as for
+        ``rayjob-deleted``); then spec.suspend false after a drawn pause."""
+        campaign, rayjob = self.campaign, rayjob_name(self.name, attempt)
+
+        def stopped() -> bool:
+            jobs = {j["metadata"]["name"] for j in campaign.rayjobs(self.name) or []}
+            return (campaign.run_status(self.name) or {}).get("phase") == "Suspended" and rayjob not in jobs
+
+        _set_suspend(campaign, self.name, True)
+        asked, step = time.monotonic(), self.step
+        try:
+            tb.wait_until(f"{self.name} Suspended, {rayjob} gone", stopped, timeout=SUSPEND_SEEN_S, interval=0.5)
+        finally:
+            took = time.monotonic() - asked
+            tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
+            held = self.rng.uniform(*KINDS["user-suspend"].held_s)
+            time.sleep(held)
+            _set_suspend(campaign, self.name, False)
+        return f"suspended at step {step}: Suspended and {rayjob} gone {took:.1f} s later; resumed {held:.1f} s after"
+
+
+def _set_suspend(campaign: Campaign, run: str, suspend: bool) -> None:
+    patch = json.dumps({"spec": {"suspend": suspend}})
+    campaign.bed.kubectl("patch", "trainingrun", run, "-n", campaign.namespace, "--type=merge", "-p", patch)
 
 
 def deliver(

@@ -885,10 +885,12 @@ def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
         why += f", on the run's Ray cluster {ray_cluster} that survived it"
     elif ray_cluster is not None and old is not None:
         why += f", on a new Ray cluster {ray_cluster} ({old}: {_why_not_kept(obs, old)})"
-    # The ended attempt's RayJob, if it is still there (a suspended one whose emergency checkpoint was
-    # waited for, ``_suspend_checkpoint_left``): it must not outlive the attempt that replaces it.
+    # A suspended attempt's RayJob still there (its emergency checkpoint was waited for on a kept cluster,
+    # ``_suspend_checkpoint_left``) must not outlive the attempt that replaces it. Any other ended
+    # attempt's RayJob stays for its TTL: its driver's logs are read from it (`spotray logs`).
+    current = obs.state.current
     ours = obs.job is not None and (obs.run_uid is None or obs.job.owner_uid == obs.run_uid)
-    leftover = obs.state.current.ray_job if obs.state.current is not None and ours else None
+    leftover = current.ray_job if current is not None and ours and current.outcome == OUTCOME_SUSPENDED else None
     started = start_attempt(obs.state, obs.run, now, why, ray_cluster)
     return replace(started, delete_ray_cluster=old, delete_rayjob=leftover)
 

@@ -339,3 +339,14 @@ def test_a_namesakes_rayjob_is_never_deleted_as_a_leftover() -> None:
     job = RayJobView("RUNNING", "Running", owner_uid="a-deleted-run-of-the-same-name")
     obs = Observation(run, RunState.from_status(status, "burst"), job, run_uid=UID)
     assert plan_of(obs, datetime.now(UTC)).delete_rayjob is None
+
+
+def test_a_failed_attempts_rayjob_stays_for_its_logs_when_the_next_attempt_starts() -> None:
+    """Only a suspended attempt's leftover RayJob goes with the next start: a failed one's driver logs are
+    read from its RayJob until its TTL (`spotray logs`; tests/e2e/test_controller.py found this)."""
+    run = parse_training_run(new_run(UID))
+    status = {"phase": "Resuming", "attempts": [{"attempt": 1, "rayJob": "burst-a1", "outcome": "Failed"}]}
+    job = RayJobView("FAILED", "Failed", owner_uid=UID)
+    plan = plan_of(Observation(run, RunState.from_status(status, "burst"), job, run_uid=UID), datetime.now(UTC))
+    assert plan.create_attempt == 2
+    assert plan.delete_rayjob is None
