@@ -24,7 +24,9 @@ save (its upload in flight), or a drawn number of seconds into an attempt's star
   processes killed), with the controller up or SIGKILLed first and started only after the RayJob
   failed (``node-lost``, ``node-lost-controller-down``);
 - the attempt's RayJob deleted; the job's driver SIGKILLed; a spot notice (the driver's SIGTERM, as
-  the preStop drain gives it: an emergency checkpoint, then exit 143).
+  the preStop drain gives it: an emergency checkpoint, then exit 143);
+- a user action: the run suspended (``spec.suspend: true``) and resumed 1-10 s after it says
+  Suspended (``user-suspend``).
 
 A node lost takes every attempt with a pod on it (``--parallel`` trials share the spot nodes); each
 of those attempts gets a landing of its own.
