@@ -137,9 +137,14 @@ def start_from(store: ObjectStore, uri: str, attempt: AttemptId, scratch: Path |
         delete_checkpoint(store, info)
     _copy(staged, store, chosen, attempt, scratch)
     write_record(store, start_from_key(attempt.run_id), attempt, {"uri": uri, "step": chosen.step})
-    staged.delete([o.key for o in staged.list()])
+    _empty(staged)
     log.info("started from %s: checkpoint-%d copied, %d checkpoint(s) of this run replaced", uri, chosen.step, len(own))
     return StartedFrom(uri, chosen.step, len(own))
+
+
+def _empty(staged: ObjectStore) -> None:
+    """Delete whatever is staged: a copy cut short, or one that has served."""
+    staged.delete([o.key for o in staged.list()])
 
 
 def _staged_copy(staged: ObjectStore) -> CheckpointInfo | None:
@@ -159,7 +164,7 @@ def _stage(source: ObjectStore, staged: ObjectStore, step: int, uri: str, scratc
             log.warning(
                 "%s was pruned while being copied: taking the source run's next", source.uri.join(chosen.prefix)
             )
-            staged.delete([o.key for o in staged.list()])
+            _empty(staged)
             continue
         return chosen
     raise SourcePrunedError(
