@@ -112,6 +112,18 @@ class KeptClusterFake(FakeCluster):
         self.rayjobs[name]["status"] = status | ({"endTime": timestamp(ended)} if ended else {})
 
 
+def kept_run(
+    tmp_path: Path, retry: dict[str, Any] | None = None, **config: Any
+) -> tuple[KeptClusterFake, ControllerConfig]:
+    """The run "burst" on a directory store under ``tmp_path``, with a cluster per run (and ``config``)."""
+    body = new_run(UID)
+    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
+    if retry is not None:
+        body["spec"]["retry"] = retry
+    settings = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), **config)
+    return KeptClusterFake(body), settings
+
+
 def disrupted_pod(name: str, node_type: str, ray_cluster: str, when: datetime) -> dict[str, Any]:
     condition = {
         "type": "DisruptionTarget",
@@ -128,12 +140,8 @@ def disrupted_pod(name: str, node_type: str, ray_cluster: str, when: datetime) -
 
 
 def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_run_deletes_it(tmp_path: Path) -> None:
-    body = new_run(UID)
-    body["spec"]["retry"] = {"backoffSeconds": 0}
-    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    fake = KeptClusterFake(body)
+    fake, config = kept_run(tmp_path, {"backoffSeconds": 0}, settle_seconds=0)
     cluster: Any = fake
-    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), settle_seconds=0)
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
 
     reconcile(cluster, config, "ns", "burst")
@@ -186,11 +194,8 @@ def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_ru
 
 
 def test_a_suspended_run_deletes_its_cluster_and_resumes_on_a_new_one(tmp_path: Path) -> None:
-    body = new_run(UID)
-    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    fake = KeptClusterFake(body)
+    fake, config = kept_run(tmp_path)
     cluster: Any = fake
-    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),))
     reconcile(cluster, config, "ns", "burst")
     fake.set_job("burst-a1", "RUNNING", "Running")
     fake.run["spec"]["suspend"] = True
@@ -255,18 +260,16 @@ def test_a_kept_cluster_whose_shape_the_spec_no_longer_makes_is_replaced_at_the_
     """Issue #69, item 4: the kept RayCluster was reused by name whatever the spec said now, so an edited
     image was silently ignored, and more workers or GPUs left the next driver waiting for a worker group
     the pods could not hold, retried by Ray Train for ever while the RayJob stayed Running."""
-    body = new_run(UID)
-    body["spec"]["retry"] = {"backoffSeconds": 0}
-    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    fake = KeptClusterFake(body)
+    fake, config = kept_run(tmp_path, {"backoffSeconds": 0}, settle_seconds=0)
     cluster: Any = fake
-    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), settle_seconds=0)
     long_ago = datetime.now(UTC) - timedelta(minutes=5)
     events: list[str] = []
     fake.post_event = lambda _run, event, _now: events.append(event.message)  # type: ignore[method-assign,assignment]
     reconcile(cluster, config, "ns", "burst")
     made = fake.ray_clusters["burst-c1"]
-    assert made["metadata"]["annotations"]["spotray.dev/shape"] == ray_cluster_shape(parse_training_run(body), config)
+    assert made["metadata"]["annotations"]["spotray.dev/shape"] == ray_cluster_shape(
+        parse_training_run(fake.run), config
+    )
 
     # The user edits the spec mid-attempt: the running attempt goes on, on the cluster it has.
     fake.run["spec"]["image"] = "registry.example/team/trainer:v2"
@@ -302,11 +305,8 @@ def test_a_kept_cluster_made_before_clusters_carried_their_shape_is_kept() -> No
 
 
 def test_a_suspended_attempts_rayjob_on_a_kept_cluster_goes_after_the_grace_period_at_most(tmp_path: Path) -> None:
-    body = new_run(UID)
-    body["spec"]["checkpoint"]["uri"] = f"file://{tmp_path / 'runs' / 'burst'}"
-    fake = KeptClusterFake(body)
+    fake, config = kept_run(tmp_path, worker_grace_seconds=30)
     cluster: Any = fake
-    config = ControllerConfig(ray_cluster_per_run=True, file_roots=(str(tmp_path / "runs"),), worker_grace_seconds=30)
     reconcile(cluster, config, "ns", "burst")
     fake.set_job("burst-a1", "RUNNING", "Running")
     fake.run["spec"]["suspend"] = True
