@@ -116,11 +116,21 @@ def _argv_literal(text: str) -> str:
     return text.replace("$", "$$")
 
 
-def _runtime_env(run: TrainingRun, attempt: int, run_uid: str, cluster_outlives_attempt: bool) -> dict[str, Any]:
+def _runtime_env(
+    run: TrainingRun, attempt: int, run_uid: str, cluster_outlives_attempt: bool, config: ControllerConfig
+) -> dict[str, Any]:
     user = dict(run.spec.runtime_env)
     env_vars = {str(k): str(v) for k, v in (user.pop("env_vars", None) or {}).items()}
-    # The attempt's identity: the run's UID and the number (spotray/contract/attempts.py).
-    context = RunContext(run.name, run_uid, attempt, run.spec, ray_cluster_outlives_attempt=cluster_outlives_attempt)
+    # The attempt's identity: the run's UID and the number (spotray/contract/attempts.py); the start
+    # deadline, which bounds the job's wait for its worker group as well as the RayJob's start.
+    context = RunContext(
+        run.name,
+        run_uid,
+        attempt,
+        run.spec,
+        ray_cluster_outlives_attempt=cluster_outlives_attempt,
+        start_deadline_seconds=float(config.start_deadline_seconds),
+    )
     env_vars.update(context.to_env())
     return {**user, "env_vars": env_vars}
 
@@ -388,7 +398,7 @@ def build_rayjob(
     """
     # A cluster that is not the RayJob's own outlives the attempt: stopping the job must leave it usable.
     outlives = ray_cluster is not None or bool(config.ray_cluster_selector)
-    runtime_env = _runtime_env(run, attempt, run_uid, outlives)
+    runtime_env = _runtime_env(run, attempt, run_uid, outlives, config)
     spec: dict[str, Any] = {
         "entrypoint": run.spec.entrypoint,
         "runtimeEnvYAML": yaml.safe_dump(runtime_env, sort_keys=True),

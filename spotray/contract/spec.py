@@ -529,6 +529,10 @@ class RunContext:
     # the chart's long-lived one): its driver's SIGTERM stops the job and drains no node, which the
     # next attempt or other runs still need (train/launch/launcher.py ``install_driver_sigterm``).
     ray_cluster_outlives_attempt: bool = False
+    # How long the attempt's cluster may take to start, the controller's start deadline: it bounds the
+    # wait for the worker group inside a running job too (train/launch/launcher.py
+    # ``worker_group_start_tries``). None: the job's default (the controller's, 900 s); 0: no deadline.
+    start_deadline_seconds: float | None = None
 
     @property
     def attempt_id(self) -> AttemptId:
@@ -543,6 +547,8 @@ class RunContext:
         }
         if self.ray_cluster_outlives_attempt:  # absent otherwise: the same variable as before for most runs
             fields["rayClusterOutlivesAttempt"] = True
+        if self.start_deadline_seconds is not None:
+            fields["startDeadlineSeconds"] = self.start_deadline_seconds
         return {RUN_ENV_VAR: json.dumps(fields)}
 
     @classmethod
@@ -552,12 +558,14 @@ class RunContext:
         if not raw:
             return None
         data = json.loads(raw)
+        deadline = data.get("startDeadlineSeconds")
         return cls(
             name=str(data["name"]),
             run_id=check_run_id(str(data["runId"])),
             attempt=int(data["attempt"]),
             spec=parse_spec(data["spec"], where=RUN_ENV_VAR),
             ray_cluster_outlives_attempt=data.get("rayClusterOutlivesAttempt") is True,
+            start_deadline_seconds=float(deadline) if isinstance(deadline, int | float) and deadline >= 0 else None,
         )
 
 

@@ -3,6 +3,7 @@
 import json
 import sys
 import types
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from spotray.train.launch.launcher import (
     ray_runs_on_this_machine,
     spotray_env_for_workers,
     start_autoscaling_coordinator,
+    worker_group_start_tries,
 )
 from spotray.train.records.events import EventLog
 
@@ -80,6 +82,30 @@ def test_run_config_is_stable_across_attempts_and_retries_workers_forever() -> N
     assert run_config.name == "llm"
     assert run_config.storage_path == "/mnt/nfs/ray"
     assert run_config.failure_config.max_failures == -1
+
+
+def test_the_worker_groups_start_is_bounded_by_the_runs_start_deadline() -> None:
+    """Issue #69: Ray Train retried an unplaceable worker group for ever, the RayJob Running, its pods held."""
+    default = replace(context(), start_deadline_seconds=None)
+    assert worker_group_start_tries(default, {}) == (15, 60.0)  # the controller's 900 s, Ray Train's 60 s a try
+    short = replace(context(), start_deadline_seconds=120)
+    assert worker_group_start_tries(short, {}) == (2, 60.0)
+    assert worker_group_start_tries(short, {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}) == (12, 10.0)
+    assert worker_group_start_tries(replace(context(), start_deadline_seconds=30), {}) == (1, 60.0)  # at least one
+    # The chart's startDeadlineSeconds 0 is "no deadline": Ray Train's own for ever.
+    assert worker_group_start_tries(replace(context(), start_deadline_seconds=0), {}) == (-1, 60.0)
+    bounded = build_run_config(context(), "/tmp/ray", start_tries=15)
+    assert bounded.failure_config.controller_failure_limit == 15
+    assert build_run_config(context(), "/tmp/ray").failure_config.controller_failure_limit == -1
+
+
+def test_the_start_deadline_travels_to_the_job_in_its_run_context() -> None:
+    sent = replace(context(), start_deadline_seconds=300.0)
+    assert RunContext.from_env(sent.to_env()) == sent
+    none = replace(context(), start_deadline_seconds=0.0)
+    assert RunContext.from_env(none.to_env()) == none
+    assert RunContext.from_env(context().to_env()).start_deadline_seconds is None
+    assert "startDeadlineSeconds" not in context().to_env()["SPOTRAY_RUN"]
 
 
 def test_a_notice_ends_a_fixed_size_attempt_but_an_elastic_group_restarts_smaller() -> None:

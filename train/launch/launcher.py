@@ -41,9 +41,11 @@ attempts still draining stop uploading and pruning.
 from __future__ import annotations
 
 import importlib
+import inspect
 import ipaddress
 import json
 import logging
+import math
 import os
 import sys
 import tempfile
@@ -103,6 +105,18 @@ RESIZE_CHECK_ENV = "SPOTRAY_ELASTIC_RESIZE_CHECK_S"
 # so an elastic run starts on what is there rather than wait for a full group; a user who needs
 # more sets the variable.
 ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+# Ray Train (2.60) waits RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S (60 s unless set) for the worker group's
+# placement group, then tries again: for ever, unless FailureConfig.controller_failure_limit says
+# otherwise. A group the cluster cannot hold now (a spot pool out of capacity, a kept RayCluster smaller
+# than the spec) kept the RayJob Running and its pods held, with no deadline: the controller's start
+# deadline ends only a RayJob that never ran (issue #69). So the tries are bounded to fit in the run's
+# start deadline (RunContext.start_deadline_seconds; this default where none was given, the
+# controller's own): the attempt then ends as an infrastructure fault that says what Ray could not
+# place, and the next attempt tries again. The count is the whole attempt's: a group restarted
+# many times, each time placed only after a full try, ends its attempt the same way.
+RAY_TRAIN_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+RAY_TRAIN_START_TIMEOUT_DEFAULT_S = 60.0
+DEFAULT_START_DEADLINE_S = 900.0
 # Ray Train (2.60) asks a detached actor of Ray Data's, the AutoscalingCoordinator, for the worker
 # group's resources as its controller starts, gives it 5 s to answer, and asks again before it starts
 # any worker if it did not. The first ask on a cluster creates that actor, whose new process took
@@ -157,6 +171,8 @@ RAY_FAULTS: tuple[type[BaseException], ...] = _exception_types(ray.exceptions, _
 )
 # What fit() raises when Ray Train's controller failed; its ``controller_failure`` is the cause.
 CONTROLLER_ERROR: tuple[type[BaseException], ...] = _exception_types(ray.train, ("ControllerError",))
+# The controller's failure when the worker group was not placed in time (``worker_group_start_tries``).
+START_TIMEOUT_ERROR = _exception_types(_ray_train_internal_exceptions(), ("WorkerGroupStartupTimeoutError",))
 # What fit() raises when a preemption's drain deadline passed before the group stopped (Ray 2.60's Ray
 # Train; an older Ray has no preemption handling, and neither this nor ``max_preemption_failures``).
 PREEMPTION_ERROR: tuple[type[BaseException], ...] = _exception_types(ray.train, ("PreemptionError",))
@@ -185,11 +201,25 @@ def build_scaling_config(context: RunContext, environ: dict[str, str] | None = N
     return ScalingConfig(**options)
 
 
-def build_run_config(context: RunContext, storage_path: str, *, max_worker_failures: int = -1) -> RunConfig:
+def worker_group_start_tries(context: RunContext, worker_env: dict[str, str]) -> tuple[int, float]:
+    """(tries, seconds each) Ray Train gets to place the worker group: as many as fit in the start
+    deadline (RAY_TRAIN_START_TIMEOUT_ENV, above), at least one; -1 (for ever) with no deadline (0)."""
+    per_try = float(worker_env.get(RAY_TRAIN_START_TIMEOUT_ENV) or RAY_TRAIN_START_TIMEOUT_DEFAULT_S)
+    deadline = DEFAULT_START_DEADLINE_S if context.start_deadline_seconds is None else context.start_deadline_seconds
+    if deadline == 0:
+        return -1, per_try
+    return max(1, math.ceil(deadline / per_try)), per_try
+
+
+def build_run_config(
+    context: RunContext, storage_path: str, *, max_worker_failures: int = -1, start_tries: int | None = None
+) -> RunConfig:
     # Ray Train V2's FailureConfig (what ray.train exports in Ray 2.60); the type stubs know V1's.
     failures: dict[str, Any] = {"max_failures": max_worker_failures}
     if not context.spec.workers.elastic and not context.spec.workers.spare_replicas and PREEMPTION_ERROR:
         failures["max_preemption_failures"] = 0  # a notice ends the attempt (see the module docstring)
+    if start_tries is not None and "controller_failure_limit" in inspect.signature(FailureConfig).parameters:
+        failures["controller_failure_limit"] = start_tries  # a Ray whose FailureConfig has it (2.60 does)
     return RunConfig(name=context.name, storage_path=storage_path, failure_config=FailureConfig(**failures))
 
 
@@ -249,12 +279,22 @@ def preempted_outcome(store: ObjectStore, attempt: AttemptId, error: BaseExcepti
         )
 
 
-def outcome_of_fit_error(error: BaseException) -> AttemptOutcome:
-    """How an attempt whose ``fit()`` raised ``error`` ended: its cause's exit code, and words for the record."""
+def outcome_of_fit_error(error: BaseException, start_tries: tuple[int, float] | None = None) -> AttemptOutcome:
+    """How an attempt whose ``fit()`` raised ``error`` ended: its cause's exit code, and words for the
+    record. ``start_tries``: what ``worker_group_start_tries`` gave Ray Train to place the worker group."""
     cause = fit_failure_cause(error)
     inner = error.controller_failure if isinstance(error, CONTROLLER_ERROR) else error  # type: ignore[attr-defined]
     if isinstance(inner, SpotrayError):
         detail = inner.problem
+    elif isinstance(inner, START_TIMEOUT_ERROR) and start_tries is not None:
+        tries, per_try = start_tries
+        # Not Ray's own words: rebuilt in the driver, they give the driver's timeout, not the one Ray Train used.
+        workers = getattr(inner, "num_workers", "its")
+        detail = (
+            f"Ray could not place the worker group ({workers} workers) within the start deadline ({tries} tries "
+            f"of {per_try:.0f} s): no node had room for it (a spot pool out of capacity, or a kept RayCluster "
+            "smaller than the spec); the next attempt tries again"
+        )
     elif cause is Cause.TRAINING:
         detail = f"training failed: {type(error).__name__}: {error}"
     else:
@@ -439,6 +479,7 @@ def launch(
     worker_env = {**spotray_env_for_workers(), **context.to_env(), **RAY_TRAIN_SETTINGS}
     if context.spec.workers.elastic:
         worker_env |= {key: value for key, value in ELASTIC_RAY_TRAIN_SETTINGS.items() if key not in os.environ}
+    start_tries = worker_group_start_tries(context, {**os.environ, **worker_env})
     if not ray.is_initialized():
         # RAY_ADDRESS is set by the RayJob (KubeRay) and by local mode; without it Ray starts its own.
         try:
@@ -469,7 +510,7 @@ def launch(
         guard_against_crash_loops(train_loop),
         train_loop_config=loop_config,
         scaling_config=build_scaling_config(context),
-        run_config=build_run_config(context, storage_path or default_storage_path()),
+        run_config=build_run_config(context, storage_path or default_storage_path(), start_tries=start_tries[0]),
         datasets=datasets,
     )
     milestone(events, "worker_group_asked", "asking Ray Train for the worker group", context)
@@ -480,7 +521,11 @@ def launch(
         # Ray Train's PreemptionError: its nodes were drained as preempted and the deadline passed. After
         # the driver's own SIGTERM every node was, so whatever fit() raised, the attempt was preempted.
         preempted = isinstance(error, PREEMPTION_ERROR) or notice.received
-        outcome = preempted_outcome(store, context.attempt_id, error) if preempted else outcome_of_fit_error(error)
+        outcome = (
+            preempted_outcome(store, context.attempt_id, error)
+            if preempted
+            else outcome_of_fit_error(error, start_tries)
+        )
         print(f"error: {outcome.detail}", file=sys.stderr)
         if isinstance(error, SpotrayError) and not preempted:
             print(f"  fix: {error.fix}", file=sys.stderr)
