@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -87,6 +87,10 @@ chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/downloa
 nemesis: setup testbed ## the controller in the loop: 200 trials on the kwok test bed, faults at random moments, a history checker (bench/nemesis.py)
 	rm -f bench/results/nemesis-trials.jsonl
 	$(PY) -m bench.nemesis --trials 200 --parallel 3
+
+nemesis-user-actions: setup testbed ## issue #69's campaign: 100 trials led by user actions (re-create, rename, suspend, edit, pull, warm start), keys on
+	rm -f bench/results/nemesis-user-actions-trials.jsonl
+	$(PY) -m bench.nemesis --user-actions --trials 100 --parallel 3
 
 nemesis-real-pods: setup testbed ## the nemesis on real pods: 20 full trainings in real containers, each hit by faults at random moments (bench/nemesis_real_pods.py; KEPT=1: one Ray cluster per run, SPARES=1: a spare worker pod)
 	$(PY) -m bench.nemesis_real_pods --trials 20 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares)

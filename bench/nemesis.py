@@ -61,6 +61,7 @@ import os
 import queue
 import random
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -82,8 +83,11 @@ from kubernetes import client, config
 from bench.chaos_runs import restarts
 from bench.common import RESULTS_DIR, machine_details, write_result
 from bench.fault_proxy import FaultProxy, fault
+from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import (
     ATTEMPT_LABEL,
+    CHECKPOINT_KEY_SECRET_DATA_KEY,
+    DEFAULT_CHECKPOINT_KEY_SECRET,
     GROUP,
     PLURAL,
     RUN_LABEL,
@@ -161,6 +165,9 @@ class KindOfFault:
     # A notice (the driver's SIGTERM, a node drained): the steps left in the last interval may take
     # less time than the drain, so the job may finish first (``late_from``).
     notice: bool = False
+    # Whether the attempt it lands on ends (every fault but a user's edit or pull): a second fault
+    # triggered by an attempt's start-up then waits for the next attempt (``draw_faults``).
+    ends_attempt: bool = True
 
 
 KINDS: dict[str, KindOfFault] = {
@@ -194,7 +201,29 @@ KINDS: dict[str, KindOfFault] = {
     "user-suspend": KindOfFault(
         "run", (("Suspended", "Suspended"),), "the user suspends the run, then resumes it", (1, 10)
     ),
+    # The run deleted and applied again (the same manifest, or under another name on the same URI):
+    # its attempt is judged by nobody (its run is gone); the run created again is judged as a whole,
+    # its first attempt resuming from the newest complete checkpoint.
+    "user-recreate": KindOfFault("run", (), "the user deletes the run and applies the same manifest again"),
+    "user-rename": KindOfFault(
+        "run", (), "the user deletes the run and creates it under another name on the same checkpoint URI"
+    ),
+    # Edits the controller takes at the next attempt boundary, and a pull: the attempt trains on.
+    "user-edit": KindOfFault(
+        "run", (SUCCEEDED_,), "the user edits the spec mid-run (checkpoint.keep 2-4, the backoff)", ends_attempt=False
+    ),
+    "user-pull": KindOfFault(
+        "run", (SUCCEEDED_,), "the user pulls the newest checkpoint (spotray pull) mid-run", ends_attempt=False
+    ),
+    "user-warm-start": KindOfFault(
+        "run",
+        (SUCCEEDED_,),
+        "another run starts from the run's oldest kept checkpoint (checkpoint.startFrom) while it prunes",
+        ends_attempt=False,
+    ),
 }
+USER_ACTIONS = tuple(kind for kind in KINDS if kind.startswith("user-"))
+RECREATIONS = ("user-recreate", "user-rename")
 # How long a suspend may take to show (the run Suspended, its RayJob gone) before the fault is judged missed.
 SUSPEND_SEEN_S = 240.0
 
@@ -217,6 +246,9 @@ class Landing:
     detail: str = ""
     missed: bool = False  # nothing to hit (the attempt had ended): it counts for nothing
     reached: int = -1  # the newest step once the fault had acted (a RayJob's deletion takes seconds)
+    # Which object of the run it hit: 0 the first; each user-recreate or user-rename makes the next.
+    # ``attempts`` are that object's attempt numbers (a run created again counts from 1 again).
+    instance: int = 0
 
 
 def draw_faults(
@@ -233,7 +265,7 @@ def draw_faults(
     rng.shuffle(chosen)
     faults: list[Fault] = []
     for order, kind in enumerate(chosen):
-        starts_one = order == 0 or kinds[faults[0].kind].scope == "run"
+        starts_one = order == 0 or (kinds[faults[0].kind].scope == "run" and kinds[faults[0].kind].ends_attempt)
         triggers = ["step", "upload"] + (["start"] if kinds[kind].scope == "cluster" and starts_one else [])
         trigger = rng.choice(triggers)
         if trigger == "step":
@@ -252,7 +284,9 @@ def draw_faults(
 class Controller:
     """``python -m spotray.controller`` as a process, with a stand-in for the kubelet's liveness probe."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_path: Path, s3_endpoint: str) -> None:
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log_path: Path, s3_endpoint: str, checkpoint_keys: bool = False
+    ) -> None:
         self.log_path = log_path
         self.health_port, metrics_port = free_ports(2)
         self.env = {
@@ -265,6 +299,7 @@ class Controller:
             "SPOTRAY_METRICS_PORT": str(metrics_port),
             "SPOTRAY_HEALTH_PORT": str(self.health_port),
             "SPOTRAY_ALLOWED_S3_ENDPOINTS": s3_endpoint,
+            "SPOTRAY_RUN_CHECKPOINT_KEYS": "true" if checkpoint_keys else "false",
         }
         self.proc: subprocess.Popen[bytes] | None = None
         self.lock = threading.Lock()  # one change of the process at a time (faults, the liveness probe)
@@ -440,13 +475,20 @@ class RayHeads:
 # ------------------------------------------------------------------------------- the campaign
 
 
-def read_run_status(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:
-    """The TrainingRun's status; None when the API server did not answer within 5 s (asked again next round)."""
+def read_run(custom: client.CustomObjectsApi, namespace: str, name: str) -> tuple[str, dict[str, Any]] | None:
+    """The TrainingRun's UID and status; None when it is not there or the API server did not answer
+    within 5 s (asked again next round)."""
     try:
         found = custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, _request_timeout=(3, 5))
     except Exception:  # noqa: BLE001 - unknown this round, asked again next round
         return None
-    return dict(found.get("status") or {})
+    return str(found["metadata"]["uid"]), dict(found.get("status") or {})
+
+
+def read_run_status(custom: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:
+    """The TrainingRun's status; None when the API server did not answer within 5 s (asked again next round)."""
+    found = read_run(custom, namespace, name)
+    return found[1] if found else None
 
 
 def read_rayjobs(custom: client.CustomObjectsApi, namespace: str, run: str) -> list[dict[str, Any]] | None:
@@ -534,13 +576,20 @@ class Campaign:
         warm_heads: int = 1,
         heads_needed: int | None = None,
         pace: Pace = CAMPAIGN_PACE,
+        checkpoint_key: str | None = None,
     ) -> None:
         self.bed, self.s3, self.namespace, self.workdir, self.pace = bed, s3, namespace, workdir, pace
+        # The chart's default, checkpoint keys on: the namespace's key Secret made here, before any run,
+        # and the same key in every head's environment (kwok pods run nothing: a job runs on a head,
+        # whose environment stands for the pods' secretKeyRef). None: keys off.
+        self.checkpoint_key = checkpoint_key
         self.proxy = FaultProxy(s3.port, upload_bytes_per_s=pace.upload_bytes_per_s)
         self.heads: dict[tuple[str, int], tb.RayHead | None] = {}  # (run, attempt) -> its RayCluster's head
         self.heads_lock = threading.Lock()
         pod_env = {**s3.env(), "AWS_ENDPOINT_URL": self.proxy.endpoint_url,
                    "S3_ENDPOINT_URL": self.proxy.endpoint_url, "PYTHONPATH": str(ROOT)}  # fmt: skip
+        if checkpoint_key is not None:
+            pod_env[CHECKPOINT_KEY_ENV] = checkpoint_key
         self.ray_heads = RayHeads(workdir / "ray", pod_env, warm_heads, heads_needed)
         self.cluster_lock = threading.Lock()  # cluster faults never overlap: each brings its part back
         self.api = config.new_client_from_config(str(bed.kubeconfig))
@@ -564,10 +613,16 @@ class Campaign:
             self.bed.kubectl("apply", "--server-side", "-f", str(CRD))
             self.bed.kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}", "--timeout=60s")
             self._s3_secret()
+            if self.checkpoint_key is not None:
+                self.bed.kubectl(
+                    "create", "secret", "generic", DEFAULT_CHECKPOINT_KEY_SECRET, "-n", self.namespace,
+                    f"--from-literal={CHECKPOINT_KEY_SECRET_DATA_KEY}={self.checkpoint_key}",
+                )  # fmt: skip
             kubeconfig = self._controller_kubeconfig()
             self.controller = Controller(
-                kubeconfig, self.namespace, self.workdir / "controller.log", self.proxy.endpoint_url
-            )
+                kubeconfig, self.namespace, self.workdir / "controller.log", self.proxy.endpoint_url,
+                checkpoint_keys=self.checkpoint_key is not None,
+            )  # fmt: skip
             self.controller.start()
             self.ray_heads.fill()
             yield self
@@ -602,6 +657,9 @@ class Campaign:
     def run_status(self, name: str) -> dict[str, Any] | None:
         return read_run_status(self.custom, self.namespace, name)
 
+    def run(self, name: str) -> tuple[str, dict[str, Any]] | None:
+        return read_run(self.custom, self.namespace, name)
+
     def rayjobs(self, run: str) -> list[dict[str, Any]] | None:
         return read_rayjobs(self.custom, self.namespace, run)
 
@@ -613,6 +671,15 @@ class Campaign:
 
     def store(self, run: str) -> S3ObjectStore:
         return S3ObjectStore(parse_uri(self.run_uri(run)), self.direct, RetryPolicy(deadline_s=10))
+
+    def complete_checkpoints(self, uri: str) -> set[int] | None:
+        """The steps of the complete checkpoints (manifest there) under ``uri``; None: S3 did not answer."""
+        store = S3ObjectStore(parse_uri(uri), self.direct, RetryPolicy(deadline_s=30))
+        try:
+            keys = [info.key for info in store.list("")]
+        except Exception:  # noqa: BLE001 - the rule is then not judged, and the trial says so
+            return None
+        return {int(m.group(1)) for key in keys if (m := re.match(rf"^checkpoint-(\d+)/{MANIFEST_NAME}$", key))}
 
     def store_state(self, run: str, saved: list[int]) -> str:
         """Where the run's checkpointing stood as a fault fired (see ``commit_window``)."""
@@ -811,6 +878,16 @@ class Campaign:
 # ------------------------------------------------------------------------------- one trial
 
 
+@dataclass(frozen=True)
+class WarmStart:
+    """A second run, started from the trial's checkpoint-<step> (``checkpoint.startFrom``) on a URI of its own."""
+
+    name: str
+    uri: str
+    dir: Path
+    step: int
+
+
 @dataclass
 class TrialResult:
     number: int
@@ -831,12 +908,23 @@ class Trial:
     def __init__(self, campaign: Campaign, number: int, seed: int, faults: list[Fault]) -> None:
         self.campaign, self.number, self.seed = campaign, number, seed
         self.faults = faults  # fired in this order, each once the one before it has landed
-        self.name = f"t{number}"
+        self.name = f"t{number}"  # the run's name now (user-rename gives it another)
+        self.names = [self.name]  # every name it had
+        self.uri = campaign.run_uri(self.name)  # the run's checkpoint URI, whatever its name
         self.dir = campaign.workdir / self.name
         self.rng = random.Random(seed)
+        # The run as an object: a user-recreate or user-rename deletes it and makes another (``instance``
+        # counts them), whose history begins again at attempt 1; the earlier objects' histories are kept.
+        self.uid, self.instance, self.object_name = "", 0, self.name  # object_name: the name the object has
         self.history: list[tuple[float, dict[str, Any]]] = []
-        self.rayjob_uids: dict[str, set[str]] = {}
+        self.earlier: list[list[tuple[float, dict[str, Any]]]] = []
+        self.keeps = [3]  # spec.checkpoint.keep, and each value a user-edit gave it
+        self.rayjob_uids: dict[str, set[str]] = {}  # "<RayJob> of run <its run's UID>" -> the RayJob's UIDs seen
         self.appeared: dict[int, float] = {}  # attempt -> when its RayJob was first seen
+        # Heads of a deleted run's attempts: (name, attempt, instance), stopped once their RayJob is gone.
+        self.leftover_heads: list[tuple[str, int, int]] = []
+        self.pull_failures: list[str] = []  # a user-pull that did not end with a verified checkpoint
+        self.warm_failures: list[str] = []  # a user-warm-start that did not start from the trial's checkpoint
         self.events = self.dir / "events.jsonl"
         self.cursor = EventCursor(self.events)
         self.step = 0  # the newest step the job reported
@@ -848,22 +936,26 @@ class Trial:
         self.since = 0.0  # when the last fault fired: a start trigger waits for an attempt begun after it
         self.notes: list[str] = []
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self, warm: WarmStart | None = None) -> dict[str, Any]:
+        """The trial's TrainingRun; ``warm``: the run that starts from one of its checkpoints."""
+        name, uri, into = (warm.name, warm.uri, warm.dir) if warm else (self.name, self.uri, self.dir)
         document = yaml.safe_load((ROOT / "jobs" / "gpt2" / "trainingrun.yaml").read_text())
-        document["metadata"] = {"name": self.name}
+        document["metadata"] = {"name": name}
         spec, pace = document["spec"], self.campaign.pace
         spec["entrypoint"] = (
-            f"SPOTRAY_SAMPLE_LOG={self.dir / 'samples'} python -m spotray.jobs.gpt2 --max-steps {pace.steps} "
+            f"SPOTRAY_SAMPLE_LOG={into / 'samples'} python -m spotray.jobs.gpt2 --max-steps {pace.steps} "
             f"--batch-size {BATCH} --n-layer 1 --n-embd 32 --min-step-seconds {pace.step_seconds} "
-            f"--workdir {self.dir / 'job'} --events {self.events}"
+            f"--workdir {into / 'job'} --events {into / 'events.jsonl'}"
         )
         spec["workers"] = {"replicas": 1, "cpu": "1", "memory": "2Gi", "gpu": 0, "spot": True}
         spec["checkpoint"] = {
-            "uri": self.campaign.run_uri(self.name),
+            "uri": uri,
             "everySteps": pace.every,
-            "keep": 3,
+            "keep": self.keeps[0],
             "secretRef": SECRET,
         }
+        if warm:
+            spec["checkpoint"]["startFrom"] = f"{self.uri}/{checkpoint_dir_name(warm.step)}"
         spec["data"] = {"uri": f"s3://{BUCKET}/datasets/gpt2-nemesis"}
         spec["retry"] = {"maxPreemptions": 10, "maxFailures": 5, "backoffSeconds": 1}
         return document
@@ -903,6 +995,7 @@ class Trial:
             observer.join()
         self.campaign.copy_ray_logs(self.name, list(self.appeared), self.dir / "ray-logs")
         self.campaign.stop_heads(self.name, list(self.appeared))
+        self._retire_leftover_heads(still_listed=set())
         for missed in pending:  # the run ended before its moment came
             why = f"never due: the job's newest step {self.step}, of attempt {self.job_attempt}"
             self.landings.append(Landing(missed.kind, missed.trigger, [], self.step, "", now, why, True))
@@ -934,17 +1027,28 @@ class Trial:
             done.wait(POLL_S)
 
     def _observe(self, now: float) -> None:
-        status = self.campaign.run_status(self.name)
-        if status is not None:
+        name = self.name  # read once: a user-rename changes it meanwhile
+        found = self.campaign.run(name)
+        if found is not None:
+            uid, status = found
+            if uid != self.uid:
+                self._new_object(uid, name)
             self.history.append((now, status))
-        jobs = self.campaign.rayjobs(self.name)
+        jobs = self.campaign.rayjobs(name)
         for job in jobs or []:
             meta = job["metadata"]
-            self.rayjob_uids.setdefault(meta["name"], set()).add(meta["uid"])
+            owner = next((ref.get("uid", "") for ref in meta.get("ownerReferences") or []), "")
+            self.rayjob_uids.setdefault(f"{meta['name']} of run {owner}", set()).add(meta["uid"])
+            if owner != self.uid:
+                continue  # a deleted run's, going with it
             attempt = int(meta.get("labels", {}).get(ATTEMPT_LABEL, 0))
+            # A RayJob name is unique: the deleted run's of this name is gone, and its head with it.
+            self._retire_leftover_heads(still_listed=set(), only=(name, attempt))
             if attempt not in self.appeared:
                 self.appeared[attempt] = now
-                self.campaign.start_head(self.name, attempt)
+                self.campaign.start_head(name, attempt)
+        if self.leftover_heads:
+            self._retire_leftover_heads(self._rayjobs_listed({leftover[0] for leftover in self.leftover_heads}))
         if jobs is not None and self.appeared:  # a head whose RayJob is gone has nothing left to run
             listed = {int(job["metadata"].get("labels", {}).get(ATTEMPT_LABEL, 0)) for job in jobs}
             gone = [a for a in self.appeared if a not in listed and a < max(self.appeared)]
@@ -953,6 +1057,41 @@ class Trial:
         running = self._last_status().get("phase") not in TERMINAL_PHASES
         if newest and running and self.campaign.revive_head(self.name, newest):
             self.notes.append(f"the Ray head of attempt {newest} died by itself at {now:.0f} s; another was started")
+
+    def _new_object(self, uid: str, name: str) -> None:
+        """The run is another object now (deleted and applied again, or under another ``name``): its
+        history and attempts begin again; the old object's heads go once their RayJobs are gone."""
+        if self.uid:
+            self.earlier.append(self.history)
+            self.history = []
+            self.leftover_heads += [(self.object_name, attempt, self.instance) for attempt in self.appeared]
+            self.appeared = {}
+            self.instance += 1
+        self.uid, self.object_name = uid, name
+
+    def _rayjobs_listed(self, names: set[str]) -> set[tuple[str, int]] | None:
+        """(run name, attempt) of every RayJob of these runs; None when the API server did not answer."""
+        listed = set()
+        for name in names:
+            jobs = self.campaign.rayjobs(name)
+            if jobs is None:
+                return None
+            listed |= {(name, int(job["metadata"].get("labels", {}).get(ATTEMPT_LABEL, 0))) for job in jobs}
+        return listed
+
+    def _retire_leftover_heads(
+        self, still_listed: set[tuple[str, int]] | None, only: tuple[str, int] | None = None
+    ) -> None:
+        """Stop the heads of a deleted run's attempts whose RayJobs are gone (not in ``still_listed``;
+        None: unknown, nothing stopped), their Ray logs copied first; ``only``: that one alone."""
+        if still_listed is None:
+            return
+        for name, attempt, instance in list(self.leftover_heads):
+            if (name, attempt) in still_listed or (only is not None and (name, attempt) != only):
+                continue
+            self.leftover_heads.remove((name, attempt, instance))
+            self.campaign.copy_ray_logs(name, [attempt], self.dir / "ray-logs" / f"run-object-{instance}")
+            self.campaign.stop_heads(name, [attempt])
 
     def _read_events(self) -> None:
         for event in self.cursor.new_events():
@@ -983,6 +1122,7 @@ class Trial:
         job = campaign.job_id(self.name, attempt) if attempt else ""
         running = bool(campaign.driver_pids(self.name, attempt, job))
         landing = Landing(fault.kind, fault.trigger, [attempt] if running else [], self.step, store, round(now, 1))
+        landing.instance = self.instance
         if KINDS[fault.kind].scope == "cluster":
             landing.detail = campaign.cluster_fault(fault.kind, self.rng)
             return landing
@@ -1013,6 +1153,14 @@ class Trial:
             tb.kill_pids(campaign.driver_pids(self.name, attempt, job))
         elif fault.kind == "user-suspend":
             landing.detail = self._suspend_and_resume(attempt, job)
+        elif fault.kind in RECREATIONS:
+            landing.detail = self._create_again(renamed=fault.kind == "user-rename")
+        elif fault.kind == "user-edit":
+            landing.detail = self._edit_spec()
+        elif fault.kind == "user-pull":
+            landing.detail = self._pull()
+        elif fault.kind == "user-warm-start":
+            landing.detail = self._warm_start()
         else:  # spot-notice: the driver's own SIGTERM (it drains this attempt's Ray cluster)
             drivers = [pid for pid in campaign.driver_pids(self.name, attempt, job) if is_job_driver(pid)]
             for pid in drivers[:1]:
@@ -1042,6 +1190,94 @@ class Trial:
             time.sleep(held)
             _set_suspend(campaign, self.name, False)
         return f"suspended at step {step}: Suspended and {rayjob} gone {took:.1f} s later; resumed {held:.1f} s after"
+
+    def _create_again(self, renamed: bool) -> str:
+        """``kubectl delete trainingrun`` (it returns once the run is gone; its RayJobs go after it, by the
+        garbage collector and KubeRay's finalizer, which stops their jobs), then at once ``kubectl apply``
+        of the same manifest: under the same name, or another (``renamed``) on the same checkpoint URI.
+        Returns once the new object is followed and the old one's Ray heads are gone (so the next fault
+        finds the new run's job)."""
+        campaign, old, instance = self.campaign, self.name, self.instance
+        campaign.bed.kubectl("delete", "trainingrun", old, "-n", campaign.namespace)
+        deleted = time.monotonic()
+        self.name = f"{old}-again" if renamed else old
+        if renamed:
+            self.names.append(self.name)
+        self.job_attempt = 0  # step triggers wait for the new run's job
+        campaign.bed.apply(self.manifest(), namespace=campaign.namespace)
+        applied = time.monotonic() - deleted
+
+        def old_run_gone() -> bool:
+            return self.instance > instance and not any(left[2] == instance for left in self.leftover_heads)
+
+        tb.wait_until(f"the run created again as {self.name}, {old}'s RayJobs gone", old_run_gone, 180, 0.5)
+        return (
+            f"{old} deleted, {self.name} applied {applied:.1f} s later; {old}'s RayJobs gone after "
+            f"{time.monotonic() - deleted:.0f} s"
+        )
+
+    def _edit_spec(self) -> str:
+        """An edit the controller takes at the next attempt: checkpoint.keep (2-4) and the backoff."""
+        keep, backoff = self.rng.choice([2, 3, 4]), self.rng.choice([1, 2])
+        self.keeps.append(keep)
+        patch = json.dumps({"spec": {"checkpoint": {"keep": keep}, "retry": {"backoffSeconds": backoff}}})
+        self.campaign.bed.kubectl("patch", "trainingrun", self.name, "-n", self.campaign.namespace, "--type=merge",
+                                  "-p", patch)  # fmt: skip
+        return f"checkpoint.keep {keep}, retry.backoffSeconds {backoff}"
+
+    def _pull(self) -> str:
+        """``spotray pull <run> DIR`` as a user runs it beside the training (kubectl's credentials, S3's
+        from the environment, the key from the namespace's Secret). It must end with a verified checkpoint."""
+        into = self.dir / f"pulled-{len(self.landings)}"
+        env = {**os.environ, **self.campaign.s3.env(), "KUBECONFIG": str(self.campaign.bed.kubeconfig)}
+        if self.campaign.checkpoint_key is not None:
+            env[CHECKPOINT_KEY_ENV] = self.campaign.checkpoint_key
+        spotray = str(Path(sys.executable).parent / "spotray")
+        command = [spotray, "pull", self.name, str(into), "-n", self.campaign.namespace]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
+        said = (done.stdout + done.stderr).strip().replace("\n", " | ")
+        if done.returncode != 0:
+            self.pull_failures.append(f"spotray pull exited {done.returncode}: {said}")
+        return f"exit {done.returncode}: {said[:300]}"
+
+    def _warm_start(self) -> str:
+        """A run on a URI of its own with ``checkpoint.startFrom`` naming the trial's oldest complete
+        checkpoint, the one its ``keep`` prunes next, while the trial trains on (a PBT exploit). It
+        must start from that checkpoint or, pruned meanwhile, a newer one of the trial's, never fail
+        (bad input) nor touch the trial's checkpoints; followed to its end, then deleted."""
+        campaign = self.campaign
+        complete = campaign.complete_checkpoints(self.uri)
+        if not complete:
+            return "no complete checkpoint to start from yet"
+        name = f"{self.names[0]}-warm{len(self.landings)}"
+        warm = WarmStart(name, campaign.run_uri(name), self.dir / name, min(complete))
+        warm.dir.mkdir(parents=True)
+        campaign.bed.apply(self.manifest(warm), namespace=campaign.namespace)
+        attempts: set[int] = set()
+        final: dict[str, Any] = {}
+        deadline = time.monotonic() + TRIAL_TIMEOUT_S / 2
+        try:
+            while time.monotonic() < deadline and final.get("phase") not in TERMINAL_PHASES:
+                for job in campaign.rayjobs(name) or []:
+                    attempt = int(job["metadata"].get("labels", {}).get(ATTEMPT_LABEL, 0))
+                    if attempt not in attempts:
+                        attempts.add(attempt)
+                        campaign.start_head(name, attempt)
+                final = campaign.run_status(name) or final
+                time.sleep(POLL_S)
+        finally:
+            campaign.copy_ray_logs(name, sorted(attempts), warm.dir / "ray-logs")
+            campaign.stop_heads(name, sorted(attempts))
+            campaign.bed.kubectl("delete", "trainingrun", name, "-n", campaign.namespace, "--wait=false", check=False)
+        starts = [e for e in EventCursor(warm.dir / "events.jsonl").new_events() if e["event"] == "start"]
+        resumed = int(starts[0].get("resumed_from") or 0) if starts else None
+        ended = f"{final.get('phase')} ({final.get('message')})"
+        said = f"{name} from checkpoint-{warm.step}: {ended}, resumed from {resumed}"
+        if final.get("phase") != "Succeeded":
+            self.warm_failures.append(f"the warm start {said}")
+        elif resumed is None or resumed < warm.step:
+            self.warm_failures.append(f"the warm start {said}: not from checkpoint-{warm.step} or a newer one")
+        return said
 
 
 def _set_suspend(campaign: Campaign, run: str, suspend: bool) -> None:
@@ -1084,8 +1320,20 @@ def is_job_driver(pid: int) -> bool:
 def judge(trial: Trial) -> list[str]:
     """Every promise the run broke, as sentences; empty when it kept them all."""
     final = trial._last_status()
-    creations = trial.campaign.rayjob_creations(trial.name)
-    problems = promises_broken(final, trial.history, trial.rayjob_uids, creations, trial.landings, trial.campaign.pace)
+    made = sum((trial.campaign.rayjob_creations(name) for name in trial.names), Counter())
+    creations = once_per_object(made, trial.rayjob_uids)
+    # Faults that hit an earlier object of the run judge nothing of this one's attempts.
+    landings = [land for land in trial.landings if land.instance == trial.instance or KINDS[land.kind].scope != "run"]
+    problems = promises_broken(final, trial.history, trial.rayjob_uids, creations, landings, trial.campaign.pace)
+    for earlier in trial.earlier:
+        problems += [f"(a deleted object of the run) {problem}" for problem in judged_once(earlier)]
+    problems += trial.pull_failures + trial.warm_failures
+    reported = checkpoints_reported(trial)
+    present = trial.campaign.complete_checkpoints(trial.uri)
+    if present is not None:
+        problems += checkpoints_vanished(reported, present, min(trial.keeps))
+    else:
+        trial.notes.append("S3 did not list the checkpoints at the end: whether any vanished was not judged")
     if final.get("phase") != "Succeeded":
         return problems
     for restart in restarts(trial.events):
@@ -1138,6 +1386,39 @@ def promises_broken(
     )
     if spent != counted:
         problems.append(f"budgets spent (preemptions, failures) {spent}, the attempts' outcomes count {counted}")
+    return problems
+
+
+def once_per_object(creations: Counter[str], rayjob_uids: dict[str, set[str]]) -> Counter[str]:
+    """The audit log's creations of each RayJob name, less one for each further run object that had a
+    RayJob of that name (a run deleted and applied again makes its attempts' RayJobs again)."""
+    objects = Counter(key.split(" of run ")[0] for key in rayjob_uids)
+    return Counter({name: count - max(0, objects[name] - 1) for name, count in creations.items()})
+
+
+def checkpoints_reported(trial: Trial) -> set[int]:
+    """Every checkpoint said complete: in the run's status (any object of it) or by the job's events."""
+    reported = {
+        int(step)
+        for history in [*trial.earlier, trial.history]
+        for _, status in history
+        if (step := (status.get("lastCheckpoint") or {}).get("step")) is not None
+    }
+    for event in EventCursor(trial.events).new_events():
+        if event["event"] in ("checkpoint_complete", "emergency_checkpoint"):
+            reported.add(int(event["step"]))
+    return reported
+
+
+def checkpoints_vanished(reported: set[int], present: set[int], keep: int) -> list[str]:
+    """Issue #69's rule: a checkpoint ever reported complete is still in the store, or was pruned by the
+    run's own ``keep`` for newer ones (at least ``keep`` newer complete ones are there)."""
+    problems = []
+    for step in sorted(reported - present):
+        newer = sorted(s for s in present if s > step)
+        if len(newer) < keep:
+            gone = f"checkpoint-{step} was reported complete and is gone"
+            problems.append(f"{gone}, with only {newer} newer in the store (keep {keep})")
     return problems
 
 
@@ -1222,6 +1503,8 @@ def unexplained_interruptions(attempts: list[str], landings: list[Landing]) -> l
     landed = [land for land in landings if not land.missed]
     if any(not land.attempts for land in landed):
         return []  # a fault between attempts (or before the first) may explain any of them
+    if any(land.kind in RECREATIONS for land in landed):
+        return []  # the run created again numbers its attempts from 1 again: the landings name the old ones
     near = {number + later for land in landed for number in land.attempts for later in (0, 1)}
     interrupted = [int(text.split()[0]) for text in attempts if text.split()[1].startswith("Interrupted/")]
     return [number for number in interrupted if number not in near]
@@ -1411,13 +1694,20 @@ def main() -> int:
         "--first", type=int, default=1, help="number of the first trial (to run a campaign in parts; see --log)"
     )
     parser.add_argument(
-        "--log",
-        type=Path,
-        default=RESULTS_DIR / "nemesis-trials.jsonl",
-        help="append each judged trial here; bench/results/nemesis.json summarizes every trial in it",
+        "--user-actions",
+        action="store_true",
+        help=f"the user-actions campaign (issue #69): trials led by {', '.join(USER_ACTIONS)}, checkpoint keys "
+        "on (the chart's default); its own log and bench/results/nemesis-user-actions.json",
     )
     parser.add_argument(
-        "--summarize", action="store_true", help="run nothing: rewrite nemesis.json from the trials in --log"
+        "--log",
+        type=Path,
+        default=None,
+        help="append each judged trial here (default: bench/results/<campaign>-trials.jsonl); "
+        "bench/results/<campaign>.json summarizes every trial in it",
+    )
+    parser.add_argument(
+        "--summarize", action="store_true", help="run nothing: rewrite the campaign's result from the trials in --log"
     )
     parser.add_argument(
         "--parallel", type=int, default=1, help="trials at once (they share the cluster and its faults)"
@@ -1429,7 +1719,9 @@ def main() -> int:
     )
     parser.add_argument("--no-write", action="store_true", help="do not write bench/results/nemesis.json")
     args = parser.parse_args()
-    kinds = [k for k in args.kinds.split(",") if k] or None
+    name = "nemesis-user-actions" if args.user_actions else "nemesis"
+    args.log = args.log or RESULTS_DIR / f"{name}-trials.jsonl"
+    kinds = [k for k in args.kinds.split(",") if k] or (list(USER_ACTIONS) if args.user_actions else None)
     for kind in kinds or []:
         if kind not in KINDS:
             parser.error(f"unknown fault kind {kind!r}; known: {', '.join(KINDS)}")
@@ -1444,7 +1736,9 @@ def main() -> int:
     if log is None or not log.exists():
         parser.error(f"no trials to summarize: {log} does not exist (run some first, or name another --log)")
     where = "kwok test bed: real kube-apiserver, etcd, KubeRay, the controller, a Ray head per attempt, SeaweedFS"
-    return write_summary("nemesis", log, KINDS, CAMPAIGN_PACE, where)
+    if args.user_actions:
+        where += "; checkpoint keys on (one namespace key)"
+    return write_summary(name, log, KINDS, CAMPAIGN_PACE, where, module="nemesis")
 
 
 def write_summary(
@@ -1480,7 +1774,9 @@ def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | 
     numbers = range(args.first, args.first + args.trials)
     with tb.Testbed(workdir / "testbed") as bed, LocalS3Server(workdir / "seaweedfs") as s3:
         bed.kubectl("create", "namespace", "nemesis")
-        with Campaign(bed, s3, "nemesis", workdir, warm_heads=args.parallel + 1).running() as campaign:
+        key = secrets.token_hex(32) if args.user_actions else None
+        campaign_parts = Campaign(bed, s3, "nemesis", workdir, warm_heads=args.parallel + 1, checkpoint_key=key)
+        with campaign_parts.running() as campaign:
             results = campaign_trials(campaign, numbers, args.seed, args.parallel, kinds, trial_log)
             liveness = campaign.controller.liveness_restarts if campaign.controller else 0
     passed = sum(1 for r in results if not r.problems)

@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,11 +30,13 @@ from bench.nemesis import (
     Landing,
     TrialLog,
     TrialResult,
+    checkpoints_vanished,
     commit_window,
     draw_faults,
     is_job_driver,
     judged_once,
     latest_runs,
+    once_per_object,
     outcomes_allowed,
     summary,
     unexplained_interruptions,
@@ -113,8 +116,10 @@ def test_faults_are_drawn_where_they_can_land() -> None:
             if drawn.trigger == "upload":
                 assert drawn.value in PACE.saves_for(order, len(faults))
             if drawn.trigger == "start" and order == 1:
-                # It waits for an attempt begun after the first fault: only a run fault surely makes one.
+                # It waits for an attempt begun after the first fault: only a run fault that ends its
+                # attempt surely makes one (a user's edit or pull does not).
                 assert KINDS[faults[0].kind].scope == "run"
+                assert KINDS[faults[0].kind].ends_attempt
                 second_starts += 1
         if len(faults) == 2:
             pairs += 1
@@ -123,6 +128,26 @@ def test_faults_are_drawn_where_they_can_land() -> None:
                 assert first.value < second.value, "the second fault lands later in the run"
     assert pairs > 50, "a third of the trials have two faults"
     assert second_starts > 0, "a cluster fault in the start-up of the attempt a run fault made"
+
+
+def test_a_checkpoint_reported_complete_may_vanish_only_by_the_runs_own_keep() -> None:
+    # keep 3, checkpoints 10..60 reported: pruning leaves 40, 50, 60, and every older one has 3 newer.
+    assert checkpoints_vanished({10, 20, 30, 40, 50, 60}, {40, 50, 60}, keep=3) == []
+    # An emergency checkpoint (57) pruned with the others is as fine.
+    assert checkpoints_vanished({10, 20, 30, 40, 50, 57, 60}, {50, 57, 60}, keep=3) == []
+    # A run created again that started fresh and pruned the first run's: 40 and 50 gone with one newer.
+    lost = checkpoints_vanished({10, 20, 30, 40, 50}, {10, 60}, keep=3)
+    assert [problem.split(" was ")[0] for problem in lost] == ["checkpoint-20", "checkpoint-30", "checkpoint-40",
+                                                               "checkpoint-50"]  # fmt: skip
+    # A startFrom that deleted the run's own before its copy was safe: nothing newer at all.
+    assert checkpoints_vanished({10, 20}, set(), keep=3) != []
+
+
+def test_a_run_created_again_may_create_its_rayjob_names_again_once() -> None:
+    uids = {"t1-a1 of run A": {"j1"}, "t1-a2 of run A": {"j2"}, "t1-a1 of run B": {"j3"}}
+    assert once_per_object(Counter({"t1-a1": 2, "t1-a2": 1}), uids) == Counter({"t1-a1": 1, "t1-a2": 1})
+    # The same object creating a name twice is still seen.
+    assert once_per_object(Counter({"t1-a1": 3, "t1-a2": 2}), uids) == Counter({"t1-a1": 2, "t1-a2": 2})
 
 
 def test_a_first_fault_held_longest_is_over_while_the_job_still_has_a_save_to_come() -> None:
