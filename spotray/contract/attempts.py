@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import signal
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from spotray.contract.errors import Cause, SpotrayError, cause_of
@@ -119,6 +119,11 @@ class AttemptId:
 
     run_id: str
     attempt: int
+    # On its way out: a notice stops it, and it writes only its emergency checkpoint. Such an attempt
+    # never takes the URI over or back from another run (train/records/attempt_records.py
+    # ``check_fence``): that run is the one that goes on, e.g. the run created again after this one's
+    # was deleted. Not part of the identity.
+    leaving: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         check_run_id(self.run_id)

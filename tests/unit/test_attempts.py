@@ -1,5 +1,6 @@
 """spotray/contract/attempts.py and its users: identity-checked records, the fence, and what pruning never deletes."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,26 @@ def test_a_run_that_took_over_the_claim_of_a_run_that_still_runs_stops_as_bad_in
         check_fence(store, this)
     assert cause_of(caught.value) is Cause.BAD_INPUT
     assert check_fence(store, other) == Fence("uid-other", 7)
+
+
+def test_a_deleted_runs_job_saving_on_its_way_out_never_takes_the_uri_back_from_the_run_created_again(
+    tmp_path: Path,
+) -> None:
+    """Issue #69: `kubectl delete trainingrun` then `kubectl apply` of the same file. The deleted run's job
+    gets its notice (KubeRay stops it; its pods drain) and saves its emergency checkpoint after the run
+    created again claimed the URI: it took the claim back, and the new run, at its next save, stopped as
+    bad input ("two runs write to one URI") and failed for good. An attempt on its way out (its notice
+    stops it) never takes a URI over or back: it stops writing, and the run that holds the URI goes on."""
+    store = store_at(tmp_path)
+    deleted, created = AttemptId("uid-deleted", 3), AttemptId("uid-new", 1)
+    write_fence(store, deleted)
+    assert check_fence(store, created) == Fence("uid-new", 1)  # the new run's attempt 1 takes it over
+    leaving = replace(deleted, leaving=True)
+    with pytest.raises(SupersededError):
+        upload_checkpoint(store, checkpoint_files(tmp_path, 57), 57, 1, attempt=leaving)
+    assert not store.list("checkpoint-57/")  # nothing of it written
+    assert check_fence(store, created) == Fence("uid-new", 1)  # the new run goes on
+    # Its own claim, the attempt on its way out still commits its emergency checkpoint.
+    write_fence(store, deleted)
+    upload_checkpoint(store, checkpoint_files(tmp_path, 58), 58, 1, attempt=leaving)
+    assert store.list("checkpoint-58/")

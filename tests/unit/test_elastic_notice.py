@@ -29,9 +29,13 @@ class RayNotice:
 class FakeSync:
     flushes: int = 0
     store: object = field(default=None)
+    leaving: bool = False  # a notice that stops the group: its last saves take no other run's URI
 
     def flush(self) -> None:
         self.flushes += 1
+
+    def leave(self) -> None:
+        self.leaving = True
 
 
 @pytest.mark.parametrize(
@@ -95,6 +99,7 @@ def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
     callback.on_step_end(args, hf_state(2), control)
     assert control.should_save, "an emergency checkpoint at once"
     assert not control.should_training_stop, "the ranks left go on"
+    assert not sync.leaving, "a group that goes on still owns its URI"
     assert not checkpointed(NODE), "the node may not go before the checkpoint is safe"
     callback.on_save(args, hf_state(2), control)
     assert sync.flushes == 1
@@ -110,6 +115,7 @@ def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
     callback.on_step_end(args, hf_state(4), control)  # now every node: the whole group stops
     assert control.should_save
     assert control.should_training_stop
+    assert sync.leaving
 
 
 @pytest.mark.parametrize(("room", "goes_on"), [(1, True), (0, False)])

@@ -173,13 +173,17 @@ def hf_state(step: int, max_steps: int = 100) -> TrainerState:
 
 
 class FakeSync:
-    """Stands in for the S3 callback: the notice callback only needs flush() and the store."""
+    """Stands in for the S3 callback: the notice callback only needs flush(), leave() and the store."""
 
     def __init__(self) -> None:
         self.flushes = 0
+        self.leaving = False
 
     def flush(self) -> None:
         self.flushes += 1
+
+    def leave(self) -> None:
+        self.leaving = True
 
 
 def test_notice_saves_stops_and_is_checked_about_once_per_interval(tmp_path: Path) -> None:
@@ -190,8 +194,9 @@ def test_notice_saves_stops_and_is_checked_about_once_per_interval(tmp_path: Pat
         calls.append(state.global_step)
         return "drain" if state.global_step >= notice_at else None
 
+    sync = FakeSync()
     callback = PreemptionNoticeCallback(
-        FakeSync(),  # type: ignore[arg-type]
+        sync,  # type: ignore[arg-type]
         events=EventLog(None),
         attempt=1,
         target_interval_s=0.0,  # interval of 1 step once calibrated
@@ -209,6 +214,8 @@ def test_notice_saves_stops_and_is_checked_about_once_per_interval(tmp_path: Pat
     assert control.should_training_stop
     assert state.global_step == notice_at
     assert calls == list(range(1, notice_at + 1))
+    # On its way out: its emergency checkpoint never takes the URI from another run (issue #69).
+    assert sync.leaving
 
 
 def test_no_notice_check_on_the_last_step(tmp_path: Path) -> None:

@@ -102,6 +102,12 @@ class CheckpointUploader:
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
 
+    def leave(self) -> None:
+        """The attempt is on its way out (a notice stops it): what it uploads from now on never takes
+        the URI from another run (``AttemptId.leaving``)."""
+        if self.attempt is not None:
+            self.attempt = replace(self.attempt, leaving=True)
+
     def submit(
         self,
         staged_dir: Path,

@@ -23,6 +23,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -212,6 +213,13 @@ class S3CheckpointCallback(TrainerCallback):
         if self._owns_staging and self._staging_root is not None:
             shutil.rmtree(self._staging_root, ignore_errors=True)
             self._staging_root = None
+
+    def leave(self) -> None:
+        """A notice stops the attempt: its last saves never take the URI from another run (``AttemptId.leaving``)."""
+        if self.attempt is not None:
+            self.attempt = replace(self.attempt, leaving=True)
+        if self._uploader is not None:
+            self._uploader.leave()
 
     def flush(self) -> None:
         """Wait for the checkpoint being written and every queued upload; raises if one failed."""

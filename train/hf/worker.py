@@ -273,6 +273,7 @@ class PreemptionNoticeCallback(TrainerCallback):
         else:
             self.going_on_without = frozenset()
             control.should_training_stop = True
+            self.sync.leave()
 
     def _room(self) -> int:
         """Rank 0's reading of the spare room, on every rank (a collective)."""

@@ -187,7 +187,8 @@ def check_fence(store: ObjectStore, attempt: AttemptId) -> Fence | None:
     this run goes on, so it takes the fence over, with a warning naming that run. Only a run that
     still runs comes back for its claim: it takes the fence back at its next check, and then the
     run that took it over stops (bad input: two runs write to one URI; the latest claim wins, as
-    when every run kept to its own). A fence taken over no longer says which step ``attempt``
+    when every run kept to its own). An attempt on its way out (``AttemptId.leaving``) takes no
+    other run's claim: it stops writing. A fence taken over no longer says which step ``attempt``
     resumed from, which pruning then no longer spares.
     """
     record = _read_fence_record(store)
@@ -202,6 +203,10 @@ def check_fence(store: ObjectStore, attempt: AttemptId) -> Fence | None:
         log.info("%s takes the checkpoint URI %s back from its attempt %d", attempt, store.uri, fence.attempt)
         write_fence(store, attempt)
         return Fence(attempt.run_id, attempt.attempt)
+    if attempt.leaving:
+        # A run deleted and created again on this URI: the deleted run's job saves once more as it stops,
+        # after the new run claimed the URI. Taking it back stopped the new run as bad input (issue #69).
+        raise SupersededError(attempt, fence)
     taking_back = record.taken_from == attempt.run_id
     if taking_back and record.taken_back:
         raise SupersededError(attempt, fence)  # this run took over a claim whose run came back for it
