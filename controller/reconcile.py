@@ -710,15 +710,29 @@ def _status(
             *earlier, current = status.attempts
             if found.resumed_from is not None:
                 current = replace(current, resumed_from=found.resumed_from)
+            if found.skipped_checkpoints:
+                current = replace(current, skipped_checkpoints=found.skipped_checkpoints)
             unrecorded = current.start_time and (current.startup is None or current.startup.first_step is None)
             if found.first_step_at is not None and unrecorded:
                 # Once per attempt, when its first step is known: by then its pods were Ready. (An entry
                 # without a start time, rebuilt from an old status, has none to measure from.)
                 current = replace(current, startup=_startup(run, current, found, attempt_pods))
             status = replace(status, attempts=(*earlier, current))
+    if found is not None and found.skipped_checkpoints and status.attempts and not finished:
+        status = replace(status, message=bounded((status.message or "") + passed_over(status.attempts[-1])))
     if storage_error:
         status = replace(status, message=bounded(f"{status.message} (cannot read checkpoints: {storage_error})"))
     return status.to_patch(), found
+
+
+def passed_over(current: AttemptStatus) -> str:
+    """For status.message (``kubectl get``): the newer checkpoints the attempt did not resume from, and why."""
+    skipped = current.skipped_checkpoints or ()
+    if not skipped:
+        return ""
+    start = f"checkpoint-{current.resumed_from}" if current.resumed_from is not None else "step 0"
+    more = f"; and {len(skipped) - 1} more (spotray status)" if len(skipped) > 1 else ""
+    return f" (resumed from {start}, passing over {skipped[0]}{more})"
 
 
 def _move_idle_spare(

@@ -211,6 +211,8 @@ class StoreReport:
     first_step_at: float | None = None
     # A run with spares: its worker pods as Ray saw them (idle or busy), for controller/spare_placement.py.
     worker_hosts: WorkerHosts | None = None
+    # Newer complete checkpoints the attempt passed over, and why ("checkpoint-40: ...").
+    skipped_checkpoints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -293,6 +295,7 @@ class StoreReports:
             training_loop_at=progress.started if progress is not None else None,
             first_step_at=progress.points[0][2] if progress is not None and progress.points else None,
             worker_hosts=progress.current_worker_hosts if progress is not None else None,
+            skipped_checkpoints=tuple(progress.skipped_checkpoints) if progress is not None else (),
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:

@@ -70,6 +70,8 @@ class ProgressView:
                 self.note(f"  resumed from checkpoint-{resumed} ({event.get('world_size')} workers)")
             else:
                 self.note(f"  fresh start ({event.get('world_size')} workers)")
+            for skipped in event.get("skipped_checkpoints") or []:
+                self.note(f"  passed over {skipped}")
         elif kind == "step":
             self.step = int(event["step"])
             self.max_steps = int(event.get("max_steps") or self.max_steps)

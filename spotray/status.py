@@ -222,6 +222,12 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
         ]
         headers = ("attempt", "rayjob", "outcome", "reason", "resumed from", "start-up", "started", "ended", "message")
         lines += ["Attempts:", _indent(render_table(headers, rows))]
+        # Checkpoints an attempt did not resume from although they were newer (issue #69): said, with why.
+        lines += [
+            f"  attempt {a.attempt} passed over {skipped}"
+            for a in status.attempts
+            for skipped in a.skipped_checkpoints or ()
+        ]
     if status.conditions:
         condition_rows = [
             (c.type, c.status, c.reason, _ago(c.last_transition_time, now), c.message) for c in status.conditions

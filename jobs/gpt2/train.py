@@ -169,6 +169,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             dataset_cache=str(cache_dir),  # local mode releases its shared memory when it ends (spotray/reaper.py)
             resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
             resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
+            skipped_checkpoints=fetch.skipped,  # newer complete checkpoints passed over, and why
         )
     assert spec.data.uri is not None  # the driver checked
     dataset = open_streaming_dataset(
@@ -212,6 +213,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             max_steps=config.max_steps,
             world_size=size,
             started=started,
+            skipped_checkpoints=list(fetch.skipped),
         )
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     # An elastic group goes on without the ranks a spot notice takes, if enough are left, and any group

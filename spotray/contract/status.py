@@ -406,6 +406,13 @@ class AttemptStatus(StatusObject):
     resumed_from: int | None = status_field(
         "The checkpoint step the attempt resumed from; null when it started from scratch.", minimum=0, nullable=True
     )
+    skipped_checkpoints: tuple[str, ...] | None = status_field(
+        "Complete checkpoints newer than the one the attempt resumed from that it passed over, and why; "
+        "absent when it resumed from the newest.",
+        items="One passed over: checkpoint-<step>: why (bytes that do not match its manifest, a checkpoint "
+        "this job cannot load).",
+        maxItems=5,
+    )
     startup: AttemptStartup | None = status_field(
         "Where the attempt's start-up went, in seconds from its RayJob's creation (controller/startup.py)."
     )

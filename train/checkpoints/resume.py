@@ -49,6 +49,8 @@ from spotray.contract.errors import (
 )
 from spotray.contract.names import DEFAULT_CHECKPOINT_KEY_SECRET
 from spotray.train.checkpoints.checkpoint import (
+    NO_MANIFEST,
+    VANISHED,
     CheckpointInfo,
     Manifest,
     complete_checkpoints,
@@ -138,18 +140,38 @@ def checkpoint_fault(error: BaseException) -> str | None:
 
 
 def fetch_resume_checkpoint(
-    store: ObjectStore, dest_root: Path, check: LoadCheck | None = None, *, below_step: int | None = None
+    store: ObjectStore,
+    dest_root: Path,
+    check: LoadCheck | None = None,
+    *,
+    below_step: int | None = None,
+    skipped: list[str] | None = None,
 ) -> ResumePoint | None:
     """Download the newest complete checkpoint that can be fetched and verifies into ``dest_root``; None if none can.
 
     With ``check``, also one the job can load (``loadable_or_older``); with ``below_step``, only older ones.
+    Each complete checkpoint passed over for a fault of its own is added to ``skipped`` ("checkpoint-40:
+    why"): the job reports them, so that the run's status says what it did not resume from (issue #69).
     """
     if check is not None:
-        return loadable_or_older(
-            store, dest_root, fetch_resume_checkpoint(store, dest_root, below_step=below_step), check
-        )
+        fetched = fetch_resume_checkpoint(store, dest_root, below_step=below_step, skipped=skipped)
+        return loadable_or_older(store, dest_root, fetched, check, skipped)
     checkpoints = list_checkpoints(store)
     log_incomplete(store, checkpoints)
+    # Damaged as listed (a file of another size than its manifest says, a manifest that does not
+    # parse): passed over like one that fails its download. An upload in flight or pruned is not.
+    damaged = [
+        c
+        for c in checkpoints
+        if not c.complete and not c.foreign and c.problem not in (NO_MANIFEST, VANISHED)
+        if below_step is None or c.step < below_step
+    ]
+
+    def passed_over(step: int | None) -> None:
+        """Add the damaged ones newer than the checkpoint chosen (None: a fresh start) to ``skipped``."""
+        if skipped is not None:
+            skipped.extend(f"{c.prefix}: {c.problem}" for c in damaged if step is None or c.step > step)
+
     for info in (c for c in checkpoints if c.complete):
         assert info.manifest is not None  # complete implies a parsed manifest
         if below_step is not None and info.step >= below_step:
@@ -166,9 +188,13 @@ def fetch_resume_checkpoint(
                 log.info("skipping %s: deleted while being downloaded (pruned meanwhile)", where)
             else:
                 log.warning("skipping %s: %s", where, problem)
+                if skipped is not None:
+                    skipped.append(f"{info.prefix}: {problem}")
             continue
+        passed_over(info.step)
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
     refuse_foreign_newer(store, checkpoints, None)
+    passed_over(None)
     return None
 
 
@@ -195,11 +221,16 @@ def refuse_foreign_newer(store: ObjectStore, checkpoints: list[CheckpointInfo], 
 
 
 def loadable_or_older(
-    store: ObjectStore, dest_root: Path, point: ResumePoint | None, check: LoadCheck
+    store: ObjectStore,
+    dest_root: Path,
+    point: ResumePoint | None,
+    check: LoadCheck,
+    skipped: list[str] | None = None,
 ) -> ResumePoint | None:
     """``point`` if ``check`` passes, else the newest older checkpoint that fetches and passes; None on a fresh start.
 
-    Raises ``UnloadableCheckpointError`` (bad input) when checkpoints were there and none loads.
+    Raises ``UnloadableCheckpointError`` (bad input) when checkpoints were there and none loads. Each
+    one passed over is added to ``skipped`` (``fetch_resume_checkpoint``).
     """
     refused: list[str] = []
     while point is not None:
@@ -208,7 +239,9 @@ def loadable_or_older(
         except UnloadableCheckpointError as error:
             log.warning("skipping %s: this job cannot load it: %s", point.uri, error.problem)
             refused.append(f"checkpoint-{point.step}: {error.problem}")
-            point = fetch_resume_checkpoint(store, dest_root, below_step=point.step)
+            if skipped is not None:
+                skipped.append(f"checkpoint-{point.step}: this job cannot load it: {error.problem}")
+            point = fetch_resume_checkpoint(store, dest_root, below_step=point.step, skipped=skipped)
             continue
         return point
     if not refused:
@@ -272,6 +305,7 @@ class ResumeFetch:
         self.fetched: ResumePoint | None = None
         self.error: BaseException | None = None
         self.started = time.monotonic()
+        self.skipped: list[str] = []  # rank 0: newer complete checkpoints not resumed from, and why
         self.fetch_s: float | None = None  # how long the background fetch took
         self.waited_s: float | None = None  # how long ``wait`` blocked on it: the part not hidden
         self._thread = threading.Thread(target=self._fetch, name="spotray-resume-fetch", daemon=True)
@@ -280,7 +314,7 @@ class ResumeFetch:
     def _fetch(self) -> None:
         try:
             if self.rank == 0:
-                self.fetched = fetch_resume_checkpoint(self.store, self.dest_root)
+                self.fetched = fetch_resume_checkpoint(self.store, self.dest_root, skipped=self.skipped)
             else:
                 newest = latest_complete_checkpoint(self.store)
                 self.fetched = _fetch_agreed(self.store, newest, self.dest_root) if newest else None
@@ -299,7 +333,7 @@ class ResumeFetch:
         chosen = self.fetched if self.rank == 0 else None
         if chosen is not None and check is not None:
             # The same verified bytes on every rank: rank 0's verdict holds for all.
-            chosen = loadable_or_older(self.store, self.dest_root, chosen, check)
+            chosen = loadable_or_older(self.store, self.dest_root, chosen, check, self.skipped)
         if chosen is not None and self.attempt is not None:
             write_fence(self.store, self.attempt, resumed_from=chosen.step)
         step = broadcast_from_rank0(chosen.step if chosen else None)

@@ -56,6 +56,9 @@ MAX_POINTS = 10_000
 MAX_RESTARTS = 1_000
 # Worker pods named in ``worker_hosts`` (a run with more is cut to these; a pod name is <= 253 bytes).
 MAX_WORKER_HOSTS = 256
+# Newer complete checkpoints the attempt did not resume from, each "checkpoint-<step>: why": a few say it.
+MAX_SKIPPED_CHECKPOINTS = 5
+MAX_SKIPPED_CHARS = 400
 # The bounds of the object, which the writer keeps by the three above: at most 10,000 points and
 # 10,000 stalls of about 70 and 55 bytes with the longest numbers (a 19-digit step, a 24-character
 # loss), and 1,000 restarts: 1.3 MB and 83,000 values (tests/unit/test_progress_log.py). A read of
@@ -121,6 +124,9 @@ class AttemptProgress:
     checkpoint_stalls: list[tuple[int, float, float]] = field(default_factory=list)  # (step, seconds, time)
     checkpoint_interval: dict[str, Any] | None = None
     worker_hosts: WorkerHosts | None = None  # a run with spares: Ray's view of its worker pods
+    # Complete checkpoints newer than the one it resumed from that it passed over, and why (corrupt,
+    # unloadable): "checkpoint-40: ...". The newest first; the status says them (issue #69).
+    skipped_checkpoints: list[str] = field(default_factory=list)
 
     @property
     def current_worker_hosts(self) -> WorkerHosts | None:
@@ -161,6 +167,9 @@ class AttemptProgress:
             "checkpoint_stalls": [list(stall) for stall in self.checkpoint_stalls],
             "checkpoint_interval": self.checkpoint_interval,
             "worker_hosts": self.worker_hosts.to_json() if self.worker_hosts is not None else None,
+            "skipped_checkpoints": [
+                text[:MAX_SKIPPED_CHARS] for text in self.skipped_checkpoints[:MAX_SKIPPED_CHECKPOINTS]
+            ],
         }
         return json.dumps(key.sign(PROGRESS_PURPOSE, content) if key is not None else content).encode()
 
@@ -194,6 +203,7 @@ class AttemptProgress:
             ],
             checkpoint_interval=raw.get("checkpoint_interval"),
             worker_hosts=WorkerHosts.from_json(raw.get("worker_hosts")),
+            skipped_checkpoints=_skipped_checkpoints(raw.get("skipped_checkpoints")),
         )
 
     @property
@@ -308,6 +318,15 @@ def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProg
     return None if raw is None else parse_attempt_progress(raw, attempt, store.checkpoint_key)
 
 
+def _skipped_checkpoints(raw: object) -> list[str]:
+    """The object's ``skipped_checkpoints``, within bounds; ValueError when it is not a list of strings."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list) or not all(isinstance(text, str) for text in raw):
+        raise ValueError("skipped_checkpoints is not a list of strings")
+    return [text[:MAX_SKIPPED_CHARS] for text in raw[:MAX_SKIPPED_CHECKPOINTS]]
+
+
 def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> AttemptProgress:
     """``fresh``, or this attempt's object so far when an earlier worker group of the attempt wrote one.
 
@@ -325,6 +344,7 @@ def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> Att
     earlier.restarts.append((fresh.resumed_from or 0, time.time()))
     earlier.world_size = fresh.world_size
     earlier.worker_hosts = None  # the earlier group's view: the new group writes its own
+    earlier.skipped_checkpoints = list(dict.fromkeys(fresh.skipped_checkpoints + earlier.skipped_checkpoints))
     earlier.thin()
     return earlier
 
