@@ -1160,7 +1160,8 @@ class Trial:
         elif fault.kind == "user-pull":
             landing.detail = self._pull()
         elif fault.kind == "user-warm-start":
-            landing.detail = self._warm_start()
+            landing.detail, started = self._warm_start()
+            landing.missed = not started
         else:  # spot-notice: the driver's own SIGTERM (it drains this attempt's Ray cluster)
             drivers = [pid for pid in campaign.driver_pids(self.name, attempt, job) if is_job_driver(pid)]
             for pid in drivers[:1]:
@@ -1240,15 +1241,16 @@ class Trial:
             self.pull_failures.append(f"spotray pull exited {done.returncode}: {said}")
         return f"exit {done.returncode}: {said[:300]}"
 
-    def _warm_start(self) -> str:
+    def _warm_start(self) -> tuple[str, bool]:
         """A run on a URI of its own with ``checkpoint.startFrom`` naming the trial's oldest complete
         checkpoint, the one its ``keep`` prunes next, while the trial trains on (a PBT exploit). It
         must start from that checkpoint or, pruned meanwhile, a newer one of the trial's, never fail
-        (bad input) nor touch the trial's checkpoints; followed to its end, then deleted."""
+        (bad input) nor touch the trial's checkpoints; followed to its end, then deleted. Returns what
+        happened and whether there was a checkpoint to start from (none: missed)."""
         campaign = self.campaign
         complete = campaign.complete_checkpoints(self.uri)
         if not complete:
-            return "no complete checkpoint to start from yet"
+            return "no complete checkpoint to start from yet", False
         name = f"{self.names[0]}-warm{len(self.landings)}"
         warm = WarmStart(name, campaign.run_uri(name), self.dir / name, min(complete))
         warm.dir.mkdir(parents=True)
@@ -1277,7 +1279,7 @@ class Trial:
             self.warm_failures.append(f"the warm start {said}")
         elif resumed is None or resumed < warm.step:
             self.warm_failures.append(f"the warm start {said}: not from checkpoint-{warm.step} or a newer one")
-        return said
+        return said, True
 
 
 def _set_suspend(campaign: Campaign, run: str, suspend: bool) -> None:
