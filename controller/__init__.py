@@ -11,6 +11,10 @@ reports progress and checkpoints in status. The modules (docs/controller.md has 
 - reconcile.py: observe -> decide -> act; lifecycle.py: the pure state machine;
 - kube.py: the Kubernetes calls; run_store.py: the S3 reads; s3_access.py: which Secrets and
   endpoints a run may use; rayjob.py: the RayJob of an attempt; crd.py: the CRD;
+- network_policy.py: a run's NetworkPolicy; checkpoint_key.py: the namespace's checkpoint key
+  Secret; ownership.py: whose an object with a run's name is;
+- spare_placement.py: which idle spare pod to move; startup.py: where an attempt's start-up went;
+- sweep.py: a TrainingSweep's pure decisions; sweep_reconcile.py: one sweep's reconcile;
 - events.py: Kubernetes Events; metrics.py: Prometheus metrics; watch_health.py: is the watch
   still delivering; cost.py: status.cost.
 
