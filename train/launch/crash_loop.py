@@ -44,6 +44,7 @@ from spotray.contract.errors import Cause, cause_of
 from spotray.contract.extras import extra_required
 from spotray.contract.spec import RunContext
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
+from spotray.train.launch.ray_drain import alive_nodes  # by ID: a node that returns gets a new one
 from spotray.train.storage.store import open_store
 
 with extra_required("ray"):
@@ -232,7 +233,7 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
         if rank == 0:
             step = _newest_checkpoint_step(context)
             group, verdict = ray.get(
-                ledger.new_group.remote(workers=world_size(), alive_nodes=alive_node_ids(), checkpoint_step=step)
+                ledger.new_group.remote(workers=world_size(), alive_nodes=alive_nodes(), checkpoint_step=step)
             )
         group, give_up = broadcast_from_rank0((group, verdict is not None))
         if give_up:
@@ -252,11 +253,6 @@ def guard_against_crash_loops(train_loop: Callable[[dict[str, Any]], None]) -> C
                 log.warning("cannot tell the crash ledger that the loop returned: %s", error)
 
     return guarded
-
-
-def alive_node_ids() -> frozenset[str]:
-    """The Ray nodes alive now, by ID (a node that returns gets a new one)."""
-    return frozenset(node["NodeID"] for node in ray.nodes() if node.get("Alive"))  # type: ignore[no-untyped-call]
 
 
 def _newest_checkpoint_step(context: RunContext) -> int | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from spotray.contract.extras import extra_required
+from spotray.train.launch.ray_drain import alive_nodes
 
 with extra_required("ray"):
     import ray
@@ -30,10 +31,6 @@ log = logging.getLogger(__name__)
 POLL_S = 0.5  # Ray Train restarts a group within about a second of a worker's death
 REFRESH_TIMEOUT_S = 10.0
 REQUESTER = "spotray-node-watch"  # the coordinator answers an unknown requester with nothing, after its tick
-
-
-def alive_nodes(nodes: list[dict[str, Any]]) -> frozenset[str]:
-    return frozenset(node["NodeID"] for node in nodes if node.get("Alive"))
 
 
 def coordinator_refresh(coordinator: Any) -> Callable[[], None]:

@@ -9,6 +9,8 @@ it 14 s on 2 cores.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
+from typing import Any
 
 from spotray.contract.extras import extra_required
 
@@ -16,7 +18,7 @@ with extra_required("ray"):
     import ray
 
 
-def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) -> int:
+def drain_nodes(node_ids: Collection[str], reason_message: str, grace_seconds: int) -> int:
     """Tell Ray these nodes are being preempted; returns how many accepted the drain.
 
     Ray Train passes the notice to the workers through ``ray.train.get_preemption_info``; they take
@@ -35,9 +37,11 @@ def drain_nodes(node_ids: list[str], reason_message: str, grace_seconds: int) ->
     return accepted
 
 
-def alive_nodes() -> list[str]:
-    """The IDs of the cluster's live Ray nodes, from the GCS."""
-    return [node["NodeID"] for node in ray.nodes() if node.get("Alive")]  # type: ignore[no-untyped-call]
+def alive_nodes(nodes: list[dict[str, Any]] | None = None) -> frozenset[str]:
+    """The IDs of the live Ray nodes among ``nodes`` (``ray.nodes()``'s form), or the cluster's now, from
+    the GCS. The one reading of "alive": the drain, the crash-loop guard and the node watch share it."""
+    listed = ray.nodes() if nodes is None else nodes  # type: ignore[no-untyped-call]
+    return frozenset(node["NodeID"] for node in listed if node.get("Alive"))
 
 
 def drain_all_nodes(reason_message: str, grace_seconds: int) -> int:
