@@ -123,11 +123,24 @@ def machine_details() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version()}
 
 
+def current_commit() -> str:
+    """HEAD's short hash, "+changes" when the tree differs from it; "unknown" outside a checkout."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", *args], cwd=RESULTS_DIR.parent, capture_output=True, text=True, check=False)
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + ("+changes" if git("status", "--porcelain").stdout.strip() else "")
+
+
 def write_result(name: str, ratio: float, goal: str, baseline: str, command: str, details: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` and return its path."""
+    """Write ``bench/results/<name>.json`` (with the commit it measured) and return its path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     record = {
         "name": name,
+        "commit": current_commit(),
         "ratio": round(ratio, 4),
         "goal": goal,
         "passed": goal_met(ratio, goal),

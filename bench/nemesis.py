@@ -81,7 +81,7 @@ import yaml
 from kubernetes import client, config
 
 from bench.chaos_runs import restarts
-from bench.common import RESULTS_DIR, machine_details, write_result
+from bench.common import RESULTS_DIR, current_commit, machine_details, write_result
 from bench.fault_proxy import FaultProxy, fault
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import (
@@ -1634,18 +1634,6 @@ def latest_runs(
         if index not in set(kept)
     ]
     return [results[index] for index in kept], earlier
-
-
-def current_commit() -> str:
-    """HEAD's short hash, "+changes" when the tree differs from it; "unknown" outside a checkout."""
-
-    def git(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=False)
-
-    head = git("rev-parse", "--short", "HEAD")
-    if head.returncode != 0:
-        return "unknown"
-    return head.stdout.strip() + ("+changes" if git("status", "--porcelain").stdout.strip() else "")
 
 
 def summary(results: list[TrialResult], kinds: dict[str, KindOfFault] = KINDS) -> dict[str, Any]:
