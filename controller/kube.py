@@ -105,10 +105,28 @@ class Cluster:
             for item in cast(dict[str, Any], page).get("items", [])
         }
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, PLURAL, name, {"status": status}, _request_timeout=REQUEST_TIMEOUT
-        )
+    def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> bool:
+        """Merge ``status`` into the run's; with ``resource_version``, only into the object as it was then.
+
+        False (nothing written) when it changed since: edited, or deleted and created again under the
+        same name, whose status a write meant for the deleted one took over, attempts and budgets
+        spent included (issue #69). The API server checks a status patch's resourceVersion (409); a
+        uid in the patch would be ignored, as the status subresource keeps the object's metadata.
+        """
+        patch: dict[str, Any] = {"status": status}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _request_timeout=REQUEST_TIMEOUT
+            )
+        except ApiException as error:
+            if error.status == 409 and resource_version:
+                return False
+            raise
+        return True
 
     # -- sweeps: a TrainingSweep and its trials, which are TrainingRuns (controller/sweep_reconcile.py)
 

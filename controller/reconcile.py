@@ -182,9 +182,10 @@ def _refuse_invalid(cluster: Cluster, body: dict[str, Any], error: InvalidSpecEr
         observed_generation=meta.get("generation"),
         conditions=conditions(state, stored.conditions or (), meta.get("generation", 0), now),
     )
-    # Only these fields: the attempts and budgets stay as they were.
-    cluster.patch_run_status(meta["namespace"], meta["name"], refused.to_status())
-    cluster.post_event(body, Event("Warning", REASON_INVALID_SPEC, message), now)
+    # Only these fields: the attempts and budgets stay as they were. Into this object only (not a
+    # run of the same name created since: it is reconciled on its own).
+    if cluster.patch_run_status(meta["namespace"], meta["name"], refused.to_status(), meta.get("resourceVersion")):
+        cluster.post_event(body, Event("Warning", REASON_INVALID_SPEC, message), now)
 
 
 def settled(status: RunStatus | RunState) -> bool:
@@ -537,8 +538,13 @@ def _act(  # noqa: PLR0917
         # Held unreadably and not written anew (progress while S3 is not read): removed, so
         # nothing unreadable stays to be reported; the next read of the store fills it again.
         new_status.setdefault(key, None)
-    if status_changed(status, new_status):
-        cluster.patch_run_status(namespace, name, new_status)
+    if status_changed(status, new_status) and not cluster.patch_run_status(
+        namespace, name, new_status, body["metadata"].get("resourceVersion")
+    ):
+        # Changed since it was read: edited, or deleted and created again. Nothing decided on the old
+        # object is done (its deletes would take the new one's RayJob of the same name): decide again.
+        log.info("%s/%s changed while reconciled: its status is not written, it is reconciled again", namespace, name)
+        return 0.0
     if decided.delete_rayjob:
         cluster.delete_rayjob(namespace, decided.delete_rayjob)
     if decided.delete_ray_cluster:

@@ -30,6 +30,7 @@ from spotray.contract.names import CRD_NAME, PLURAL, VERSION
 from spotray.contract.names import GROUP as API_GROUP
 from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from spotray.controller.crd import CRD_PATH, spec_schema
+from spotray.controller.kube import Cluster
 from spotray.controller.lifecycle import (
     MAX_MESSAGE_CHARS,
     AttemptEnd,
@@ -556,3 +557,27 @@ def test_a_40_kb_job_detail_reaches_the_status_cut_instead_of_freezing_the_run(
     with pytest.raises(ApiException) as refused:
         patch(uncut)
     assert refused.value.status == 422
+
+
+def test_a_status_write_for_a_deleted_run_is_refused_by_the_run_created_again_under_its_name(
+    kube_api: client.ApiClient, custom_objects: client.CustomObjectsApi, namespace: str
+) -> None:
+    """Issue #69: the controller's status patch names the resourceVersion it was computed from, and the
+    real API server refuses it (409) on an object of the same name created since; a uid in a status
+    patch would not do (the status subresource keeps the object's metadata)."""
+    cluster = Cluster(kube_api)
+    manifest = base_manifest("created-again")
+    old = custom_objects.create_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, manifest)
+    read = old["metadata"]["resourceVersion"]
+    assert cluster.patch_run_status(namespace, "created-again", {"message": "first"}, read)
+    assert not cluster.patch_run_status(namespace, "created-again", {"message": "stale"}, read)
+    custom_objects.delete_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, "created-again")
+    new = custom_objects.create_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, manifest)
+    assert not cluster.patch_run_status(namespace, "created-again", {"message": "meant for the old one"}, read)
+    stored = cast(
+        "dict[str, Any]",
+        custom_objects.get_namespaced_custom_object(API_GROUP, VERSION, namespace, PLURAL, "created-again"),
+    )
+    assert (stored.get("status") or {}).get("message") is None
+    now = new["metadata"]["resourceVersion"]
+    assert cluster.patch_run_status(namespace, "created-again", {"message": "its own"}, now)

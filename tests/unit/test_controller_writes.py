@@ -229,10 +229,19 @@ class FakeCluster(LeftoverFacts):
         self.rayjobs[name] = body
         return None
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> bool:
+        now = self.run["metadata"].get("resourceVersion")
+        if resource_version is not None and resource_version != now:
+            self.calls.append(f"patch refused: resourceVersion {resource_version}, the object's {now}")
+            return False
         self.calls.append(f"patch {status['phase']} attempt {status['attempt']}")
         merged = {**(self.run.get("status") or {}), **status}
         self.run["status"] = {key: value for key, value in merged.items() if value is not None}
+        if now is not None:
+            self.run["metadata"]["resourceVersion"] = str(int(now) + 1)
+        return True
 
     def delete_rayjob(self, namespace: str, name: str) -> None:
         self.calls.append(f"delete {name}")
@@ -367,3 +376,33 @@ def test_a_running_rayjob_whose_job_recorded_its_preemption_long_ago_is_ended_an
     ended = fake.run["status"]["attempts"][0]
     assert (ended["outcome"], ended["reason"]) == ("Preempted", "SpotNotice")
     assert "still unfinished" in ended["message"]
+
+
+def test_a_status_meant_for_a_deleted_run_never_lands_on_the_run_created_again_under_its_name() -> None:
+    """Issue #69, found by the user-actions campaign (trial 2): `kubectl delete` then `kubectl apply` of
+    a run while a reconcile of the deleted object was in flight. Its status patch, by name, landed on the
+    new object: the new run took the old one's attempt 1 (its start time, its RayJob) for its own, and
+    would as well have taken its budgets spent. The patch now names the resourceVersion it was computed
+    from; the new object has another, so nothing of the old one is written or done."""
+    old = new_run("uid-deleted")
+    old["metadata"]["resourceVersion"] = "10"
+    fake = FakeCluster(old)
+    cluster: Any = fake
+    read = fake.get_run("ns", "burst")  # the reconcile of the old object has read it ...
+    created_again = new_run("uid-created-again")  # ... the user deletes it and applies the file again
+    created_again["metadata"]["resourceVersion"] = "15"
+    fake.run = created_again
+    assert reconcile(cluster, ControllerConfig(), "ns", "burst", read, defer_status=False) == 0.0
+    assert fake.run.get("status") is None, "the new object's status is its own"
+    assert [call for call in fake.calls if call.startswith("patch")] == [
+        "patch refused: resourceVersion 10, the object's 15"
+    ]
+    assert not [call for call in fake.calls if call.startswith(("delete", "event"))]
+    # Reconciled again from the object as it is now: the RayJob made for the deleted object is not its
+    # own, so it waits for the garbage collector, then starts its own attempt 1.
+    reconcile(cluster, ControllerConfig(), "ns", "burst", None, defer_status=False)
+    assert "belongs to another TrainingRun" in fake.run["status"]["message"]
+    del fake.rayjobs["burst-a1"]  # the garbage collector: its owner is gone
+    reconcile(cluster, ControllerConfig(), "ns", "burst", None, defer_status=False)
+    assert fake.run["status"]["attempt"] == 1
+    assert fake.rayjobs["burst-a1"]["metadata"]["ownerReferences"][0]["uid"] == "uid-created-again"

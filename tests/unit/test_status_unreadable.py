@@ -375,10 +375,13 @@ class FakeCluster(LeftoverFacts):
         self.rayjobs[name] = body
         return None
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+    def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any], resource_version: str | None = None
+    ) -> bool:
         self.patches.append(copy.deepcopy(status))
         merged = {**(self.run.get("status") or {}), **status}
         self.run["status"] = {key: value for key, value in merged.items() if value is not None}
+        return True
 
     def delete_rayjob(self, namespace: str, name: str) -> None:
         self.deleted.append(name)
