@@ -71,7 +71,7 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -1553,7 +1553,7 @@ def print_result(result: TrialResult) -> None:
 
 def campaign_trials(
     campaign: Campaign,
-    numbers: range,
+    numbers: Sequence[int],
     seed: int,
     parallel: int,
     kinds: list[str] | None = None,
@@ -1702,6 +1702,13 @@ def main() -> int:
     parser.add_argument(
         "--parallel", type=int, default=1, help="trials at once (they share the cluster and its faults)"
     )
+    parser.add_argument(
+        "--again",
+        type=lambda text: [int(number) for number in text.split(",") if number],
+        default=[],
+        metavar="N,N",
+        help="trials to run again before the range, after a fix (each keeps its earlier runs in the log)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kinds", default="", help="comma-separated fault kinds to lead trials (default: all)")
     parser.add_argument(
@@ -1761,7 +1768,7 @@ def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | 
     print(f"[nemesis] work directory (failed trials keep their logs here): {workdir}", flush=True)
     started = time.monotonic()
     trial_log = TrialLog(log, args.seed, args.parallel) if log is not None else None
-    numbers = range(args.first, args.first + args.trials)
+    numbers = [*args.again, *range(args.first, args.first + args.trials)]
     with tb.Testbed(workdir / "testbed") as bed, LocalS3Server(workdir / "seaweedfs") as s3:
         bed.kubectl("create", "namespace", "nemesis")
         key = secrets.token_hex(32) if args.user_actions else None
@@ -1771,7 +1778,7 @@ def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | 
             liveness = campaign.controller.liveness_restarts if campaign.controller else 0
     passed = sum(1 for r in results if not r.problems)
     minutes = (time.monotonic() - started) / 60
-    print(f"[nemesis] trials {numbers.start}-{numbers.stop - 1}: {passed}/{len(results)} passed in {minutes:.1f} min, "
+    print(f"[nemesis] trials {numbers}: {passed}/{len(results)} passed in {minutes:.1f} min, "
           f"{liveness} liveness restarts of the controller", flush=True)  # fmt: skip
     return results
 
