@@ -167,7 +167,7 @@ def fetch_resume_checkpoint(
         if below_step is None or c.step < below_step
     ]
 
-    def passed_over(step: int | None) -> None:
+    def note_damaged_newer_than(step: int | None) -> None:
         """Add the damaged ones newer than the checkpoint chosen (None: a fresh start) to ``skipped``."""
         if skipped is not None:
             skipped.extend(f"{c.prefix}: {c.problem}" for c in damaged if step is None or c.step > step)
@@ -191,10 +191,10 @@ def fetch_resume_checkpoint(
                 if skipped is not None:
                     skipped.append(f"{info.prefix}: {problem}")
             continue
-        passed_over(info.step)
+        note_damaged_newer_than(info.step)
         return ResumePoint(info.step, local_dir, info.manifest, str(store.uri.join(info.prefix)))
     refuse_foreign_newer(store, checkpoints, None)
-    passed_over(None)
+    note_damaged_newer_than(None)
     return None
 
 

@@ -125,7 +125,7 @@ class AttemptProgress:
     checkpoint_interval: dict[str, Any] | None = None
     worker_hosts: WorkerHosts | None = None  # a run with spares: Ray's view of its worker pods
     # Complete checkpoints newer than the one it resumed from that it passed over, and why (corrupt,
-    # unloadable): "checkpoint-40: ...". The newest first; the status says them (issue #69).
+    # unloadable): "checkpoint-40: ...". The status says them (issue #69).
     skipped_checkpoints: list[str] = field(default_factory=list)
 
     @property
