@@ -16,6 +16,7 @@ from typing import Any
 
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
+from spotray.contract.spec import DEFAULT_START_DEADLINE_SECONDS
 from spotray.controller.cost import Prices
 
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
@@ -134,7 +135,7 @@ class ControllerConfig:
     # A failed RayJob is judged only this long after it ended, so that a pod's disruption that
     # caused it (reported on its own watch stream) is seen first.
     settle_seconds: int = 5
-    start_deadline_seconds: int = 900  # controller/lifecycle.py: Observation.start_deadline_seconds
+    start_deadline_seconds: int = DEFAULT_START_DEADLINE_SECONDS  # lifecycle.py: Observation.start_deadline_seconds
     # /healthz fails when the TrainingRun watch has not delivered a listed change for this long
     # (controller/watch_health.py); the check LISTs the runs every third of it.
     watch_grace_seconds: int = 180

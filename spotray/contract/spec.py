@@ -511,6 +511,11 @@ def sweep_owner(metadata: dict[str, Any]) -> SweepOwner | None:
     return None
 
 
+# How long an attempt's Ray cluster may take to start (the chart's controller.startDeadlineSeconds,
+# SPOTRAY_START_DEADLINE_SECONDS): the controller's default, and the job's where it was given none.
+DEFAULT_START_DEADLINE_SECONDS = 900
+
+
 @dataclass(frozen=True)
 class RunContext:
     """What a job needs to know about the run it belongs to: set by whoever starts the attempt.
@@ -531,7 +536,7 @@ class RunContext:
     ray_cluster_outlives_attempt: bool = False
     # How long the attempt's cluster may take to start, the controller's start deadline: it bounds the
     # wait for the worker group inside a running job too (train/launch/launcher.py
-    # ``worker_group_start_tries``). None: the job's default (the controller's, 900 s); 0: no deadline.
+    # ``worker_group_start_tries``). None: DEFAULT_START_DEADLINE_SECONDS; 0: no deadline.
     start_deadline_seconds: float | None = None
 
     @property

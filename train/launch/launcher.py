@@ -66,7 +66,7 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.errors import Cause, SpotrayError, cause_of
 from spotray.contract.extras import extra_required
-from spotray.contract.spec import RunContext
+from spotray.contract.spec import DEFAULT_START_DEADLINE_SECONDS, RunContext
 from spotray.train.checkpoints.resume import prefetch_in_background
 from spotray.train.checkpoints.start_from import copied_already, start_from
 from spotray.train.launch.crash_loop import CrashLoop, guard_against_crash_loops, ledger_verdict, start_ledger
@@ -110,13 +110,12 @@ ELASTIC_RAY_TRAIN_SETTINGS = {"RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
 # otherwise. A group the cluster cannot hold now (a spot pool out of capacity, a kept RayCluster smaller
 # than the spec) kept the RayJob Running and its pods held, with no deadline: the controller's start
 # deadline ends only a RayJob that never ran (issue #69). So the tries are bounded to fit in the run's
-# start deadline (RunContext.start_deadline_seconds; this default where none was given, the
-# controller's own): the attempt then ends as an infrastructure fault that says what Ray could not
+# start deadline (RunContext.start_deadline_seconds; the controller's default where none was given):
+# the attempt then ends as an infrastructure fault that says what Ray could not
 # place, and the next attempt tries again. The count is the whole attempt's: a group restarted
 # many times, each time placed only after a full try, ends its attempt the same way.
 RAY_TRAIN_START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 RAY_TRAIN_START_TIMEOUT_DEFAULT_S = 60.0
-DEFAULT_START_DEADLINE_S = 900.0
 # Ray Train (2.60) asks a detached actor of Ray Data's, the AutoscalingCoordinator, for the worker
 # group's resources as its controller starts, gives it 5 s to answer, and asks again before it starts
 # any worker if it did not. The first ask on a cluster creates that actor, whose new process took
@@ -205,7 +204,8 @@ def worker_group_start_tries(context: RunContext, worker_env: dict[str, str]) ->
     """(tries, seconds each) Ray Train gets to place the worker group: as many as fit in the start
     deadline (RAY_TRAIN_START_TIMEOUT_ENV, above), at least one; -1 (for ever) with no deadline (0)."""
     per_try = float(worker_env.get(RAY_TRAIN_START_TIMEOUT_ENV) or RAY_TRAIN_START_TIMEOUT_DEFAULT_S)
-    deadline = DEFAULT_START_DEADLINE_S if context.start_deadline_seconds is None else context.start_deadline_seconds
+    given = context.start_deadline_seconds
+    deadline = DEFAULT_START_DEADLINE_SECONDS if given is None else given
     if deadline == 0:
         return -1, per_try
     return max(1, math.ceil(deadline / per_try)), per_try
