@@ -17,13 +17,10 @@ from typing import Any
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.contract.spec import DEFAULT_START_DEADLINE_SECONDS
-from spotray.controller.cost import Prices
+from spotray.decisions.cost import Prices
+from spotray.decisions.run_plan import STORAGE_PATIENCE_SECONDS
 
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
-# An attempt ended and its records cannot be read: the run waits (no budget spent) and after this
-# long shows a StorageUnreachable condition (controller/lifecycle.py, which local mode uses too).
-# The chart's controller.storagePatienceSeconds repeats it (tests/unit/test_deploy_files.py checks).
-STORAGE_PATIENCE_SECONDS = 600
 # The labels of KubeRay's own Helm chart on the operator's pods (the chart's networkPolicy.kuberayPodSelector).
 KUBERAY_OPERATOR_LABELS = {"app.kubernetes.io/name": "kuberay-operator"}
 

@@ -50,7 +50,6 @@ from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
-from spotray.controller.lifecycle import timestamp
 from spotray.controller.reconcile import (
     disruption_note,
     disruption_time,
@@ -62,6 +61,7 @@ from spotray.controller.sweep_reconcile import REFRESH_S as SWEEP_REFRESH_S
 from spotray.controller.sweep_reconcile import reconcile_sweep
 from spotray.controller.watch_health import WatchChecker, WatchHealth
 from spotray.controller.work_queue import WorkQueue
+from spotray.decisions.run_plan import timestamp
 
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()

@@ -31,8 +31,8 @@ from spotray.contract.names import (
     VERSION,
 )
 from spotray.contract.sweep import SWEEP_PLURAL
-from spotray.controller.lifecycle import Event, RayJobRefusal, timestamp
 from spotray.controller.s3_access import SecretView
+from spotray.decisions.run_plan import Event, RayJobRefusal, timestamp
 
 log = logging.getLogger(__name__)
 

@@ -66,7 +66,7 @@ from spotray.contract.names import (
 )
 from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
 from spotray.controller.config import ControllerConfig, ray_release
-from spotray.controller.lifecycle import RayJobRefusal
+from spotray.decisions.run_plan import RayJobRefusal
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"

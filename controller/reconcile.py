@@ -54,10 +54,29 @@ from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
-from spotray.controller.cost import Prices, run_cost
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster, RayJobRefusedError
-from spotray.controller.lifecycle import (
+from spotray.controller.network_policy import build_run_network_policy
+from spotray.controller.ownership import foreign_object_refusal
+from spotray.controller.rayjob import (
+    WORKER_GROUP,
+    build_ray_cluster,
+    build_rayjob,
+    ray_cluster_shape,
+    secret_env_refusal,
+    size_refusal,
+)
+from spotray.controller.run_store import (
+    StoreReport,
+    StoreReports,
+    file_access_refusal,
+    open_run_store,
+    s3_access_refusal,
+)
+from spotray.controller.spare_placement import SpareMoved, spare_to_move, worker_pods
+from spotray.controller.startup import attempt_startup, pods_ready_at
+from spotray.decisions.cost import Prices, run_cost
+from spotray.decisions.run_plan import (
     OUTCOME_UNKNOWN,
     REASON_INVALID_SPEC,
     REASON_RAYJOB_REFUSED,
@@ -80,25 +99,6 @@ from spotray.controller.lifecycle import (
     unchecked_timestamp,
     wait_for_foreign_rayjob,
 )
-from spotray.controller.network_policy import build_run_network_policy
-from spotray.controller.ownership import foreign_object_refusal
-from spotray.controller.rayjob import (
-    WORKER_GROUP,
-    build_ray_cluster,
-    build_rayjob,
-    ray_cluster_shape,
-    secret_env_refusal,
-    size_refusal,
-)
-from spotray.controller.run_store import (
-    StoreReport,
-    StoreReports,
-    file_access_refusal,
-    open_run_store,
-    s3_access_refusal,
-)
-from spotray.controller.spare_placement import SpareMoved, spare_to_move, worker_pods
-from spotray.controller.startup import attempt_startup, pods_ready_at
 from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import ObjectStore
 

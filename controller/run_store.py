@@ -50,8 +50,8 @@ from spotray.contract.uris import parse_uri
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
-from spotray.controller.lifecycle import timestamp
 from spotray.controller.s3_access import SecretView, endpoint_refusal, file_uri_refusal, secret_refusal
+from spotray.decisions.run_plan import timestamp
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.records.goodput import Tally, attempts_from_progress, kept_up_to, ledger_of, tally
 from spotray.train.records.progress_log import (

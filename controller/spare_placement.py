@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from spotray.contract.names import RAY_NODE_TYPE_LABEL
-from spotray.controller.lifecycle import parse_timestamp, timestamp
+from spotray.decisions.run_plan import parse_timestamp, timestamp
 from spotray.train.records.progress_log import WorkerHosts
 
 # The record is Ray's view at one moment: older than this, it may describe a layout that changed.

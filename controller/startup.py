@@ -23,7 +23,7 @@ from typing import Any
 
 from spotray.contract.names import RAY_NODE_TYPE_LABEL
 from spotray.contract.status import AttemptStartup
-from spotray.controller.lifecycle import parse_timestamp, unchecked_timestamp
+from spotray.decisions.run_plan import parse_timestamp, unchecked_timestamp
 
 
 def pods_ready_at(pods: Sequence[dict[str, Any]]) -> datetime | None:

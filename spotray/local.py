@@ -64,7 +64,7 @@ from spotray.contract.errors import SpotrayError
 from spotray.contract.names import DEPLOYMENT_COMPLETE, FAILED, JOB_FAILED, JOB_SUCCEEDED, SUCCEEDED, TERMINAL_PHASES
 from spotray.contract.spec import RunContext, TrainingRun, WorkerSpec, split_secret_ref
 from spotray.contract.uris import parse_uri
-from spotray.controller.lifecycle import (
+from spotray.decisions.run_plan import (
     LOG_TAIL_CHARS,
     REASON_BAD_INPUT,
     REASON_INTERRUPTED,

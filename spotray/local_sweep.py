@@ -37,7 +37,7 @@ from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
 from spotray.contract.sweep import Exploit, TrainingSweep, format_value, gpu_hours, interval_mean, objective_values
 from spotray.contract.uris import parse_uri
-from spotray.controller.sweep import (
+from spotray.decisions.sweep import (
     FAILED,
     RUNNING,
     SUCCEEDED,

@@ -7,7 +7,7 @@ from typing import Any
 
 from spotray.contract.attempts import AttemptRecords
 from spotray.contract.spec import TrainingRun, parse_training_run
-from spotray.controller.lifecycle import Observation, Plan, RayJobView, RunState, plan
+from spotray.decisions.run_plan import Observation, Plan, RayJobView, RunState, plan
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 

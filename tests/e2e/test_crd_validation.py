@@ -31,7 +31,7 @@ from spotray.contract.names import GROUP as API_GROUP
 from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from spotray.controller.crd import CRD_PATH, spec_schema
 from spotray.controller.kube import Cluster
-from spotray.controller.lifecycle import (
+from spotray.decisions.run_plan import (
     MAX_MESSAGE_CHARS,
     AttemptEnd,
     RunState,

@@ -23,7 +23,7 @@ import yaml
 from transformers import get_cosine_schedule_with_warmup
 
 from spotray.contract.sweep import parse_sweep
-from spotray.controller.sweep import decide
+from spotray.decisions.sweep import decide
 from spotray.train.records.events import read_events
 
 REPO = Path(__file__).resolve().parents[2]

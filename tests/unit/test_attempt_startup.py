@@ -17,9 +17,9 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.status import AttemptStartup
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
-from spotray.controller.lifecycle import parse_timestamp, timestamp
 from spotray.controller.reconcile import reconcile
 from spotray.controller.startup import attempt_startup, pods_ready_at
+from spotray.decisions.run_plan import parse_timestamp, timestamp
 from spotray.status import describe_run
 from spotray.train.records.progress_log import AttemptProgress
 from spotray.train.storage.store import LocalObjectStore

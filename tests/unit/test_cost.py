@@ -9,7 +9,7 @@ from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import WorkerSpec
 from spotray.contract.status import Cost, Goodput, LostSeconds
 from spotray.controller.config import ControllerConfig
-from spotray.controller.cost import PRICES_ENV, Prices, run_cost
+from spotray.decisions.cost import PRICES_ENV, Prices, run_cost
 from spotray.status import cost_line, describe_run
 
 pytestmark = pytest.mark.unit

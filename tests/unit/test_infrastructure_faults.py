@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from spotray.contract.attempts import AttemptRecords
-from spotray.controller.lifecycle import (
+from spotray.decisions.run_plan import (
     AttemptEnd,
     RayJobView,
     RunState,

@@ -13,7 +13,7 @@ from ray.train.v2._internal.exceptions import WorkerGroupStartupTimeoutError
 from spotray.contract.attempts import AttemptId, AttemptRecords
 from spotray.contract.errors import Cause, SpotrayError, StoreCredentialsError, StoreUnreachableError
 from spotray.contract.spec import parse_training_run
-from spotray.controller.lifecycle import (
+from spotray.decisions.run_plan import (
     AttemptEnd,
     Observation,
     RayJobView,

@@ -11,17 +11,23 @@ any layer before its own; two packages that share a line are siblings and import
     spotray.train.launch | spotray.train.hf    Ray and torchrun glue | the Hugging Face side
     spotray.jobs                the example jobs
 
-The controller stands beside the job side, not above it: it reads what attempts leave in the
-store, so it may import the contract, storage, records and checkpoints, and nothing that trains
-(processes, launch, hf), no job and no CLI module. The CLI and local mode (spotray/*.py) are the
-top: they may import anything, and nothing imports them. spotray/__init__.py and
+The run's decisions (spotray.decisions: the run's plan, its budgets, the sweep's choices, cost
+and goodput arithmetic, the vocabulary of Events and refusals) stand on the contract alone: pure
+functions of facts, shared by the controller and local mode, importing no other spotray layer and
+imported by no job-side module. The controller stands beside the job side, not above it: it reads
+what attempts leave in the store, so it may import the contract, the decisions, storage, records
+and checkpoints, and nothing that trains (processes, launch, hf), no job and no CLI module. The CLI
+and local mode (spotray/*.py) are the top: they may import anything (the controller's modules
+aside: local mode shares the decisions, not the controller's internals), and nothing imports them.
+spotray/__init__.py and
 train/__init__.py are imported by every import below them, so they import no spotray module.
 
 Imports inside ``if TYPE_CHECKING:`` never run and are exempt. Every other import counts, at
 module level or inside a function. Third-party packages: the contract is standard library and
-PyYAML only; the controller imports neither torch, Ray nor the Hugging Face stack, and nothing
+PyYAML only; the decisions add only Optuna (the sweep's sampler); the controller
+imports neither torch, Ray nor the Hugging Face stack, and nothing
 below launch/hf imports Ray (``pip install spotray`` has no Ray). Two subprocesses check the same
-at run time: importing the contract or the controller's lifecycle loads none of them (nor boto3).
+at run time: importing the contract or the decisions loads none of them (nor boto3).
 """
 
 from __future__ import annotations
@@ -51,25 +57,31 @@ JOB_SIDE: list[tuple[str, ...]] = [
     ("spotray.train.launch", "spotray.train.hf"),
     ("spotray.jobs",),
 ]
+DECISIONS = "spotray.decisions"
 CONTROLLER = "spotray.controller"
-# What the controller may import besides itself: what attempts leave in the store, and how to read it.
+# What the controller may import besides itself: the decisions, what attempts leave in the store, and how to read it.
 CONTROLLER_MAY_IMPORT = (
     "spotray.contract",
+    DECISIONS,
     "spotray.train.storage",
     "spotray.train.records",
     "spotray.train.checkpoints",
 )
 CLI = "spotray (the CLI and local mode: spotray/*.py)"
+# Local mode: it runs a TrainingRun on one machine with the decisions the controller makes.
+LOCAL_MODE = ("spotray.local", "spotray.local_ray", "spotray.local_sweep")
 # Package roots: imported whenever anything under them is, so they must import no spotray module.
 ROOTS = ("spotray", "spotray.train")
 
 # Third-party packages, by the layer that must not import them (standard library aside).
 CONTRACT_MAY_IMPORT = ("yaml",)  # and the standard library, and itself
 NOT_IN_CONTROLLER = ("torch", "ray", "transformers", "accelerate", "safetensors", "streaming")
+DECISIONS_MAY_IMPORT = ("yaml", "optuna")  # and the standard library
 RAY_ONLY_FROM = ("spotray.train.launch", "spotray.train.hf", "spotray.jobs", CLI)
 # Not to be in sys.modules after the import, checked in a fresh interpreter.
 NOT_LOADED_BY_CONTRACT = ("torch", "ray", "transformers", "boto3", "botocore", "streaming", "kubernetes", "kopf")
 NOT_LOADED_BY_CONTROLLER = ("torch", "ray", "transformers")
+NOT_LOADED_BY_DECISIONS = NOT_LOADED_BY_CONTRACT
 
 
 @dataclass(frozen=True)
@@ -141,8 +153,9 @@ def unit_of(module: str) -> str:
         for package in layer:
             if module == package or module.startswith(package + "."):
                 return package
-    if module == CONTROLLER or module.startswith(CONTROLLER + "."):
-        return CONTROLLER
+    for unit in (DECISIONS, CONTROLLER):
+        if module == unit or module.startswith(unit + "."):
+            return unit
     if module.startswith("spotray.train."):
         return "unlayered " + ".".join(module.split(".")[:3])
     return CLI
@@ -163,15 +176,23 @@ def layering_violations(root: Path = ROOT) -> list[str]:
             problems.append(f"{where}: {importer if importer.startswith('unlayered') else imported} is in no layer")
         elif importer in ROOTS:
             problems.append(f"{where}: {importer} is imported with everything under it, so it imports nothing")
-        elif importer in (imported, CLI) or imported in ROOTS:
+        elif importer == imported or imported in ROOTS:
             continue
         elif imported == CLI:
             problems.append(f"{where}: nothing imports the CLI and local mode (spotray/*.py)")
+        elif importer == CLI:
+            if imported == CONTROLLER and imp.importer in LOCAL_MODE:
+                problems.append(f"{where}: local mode shares {DECISIONS} with the controller, not its modules")
+        elif importer == DECISIONS:
+            if imported != "spotray.contract":
+                problems.append(f"{where}: the decisions stand on spotray.contract alone")
         elif importer == CONTROLLER:
             if imported not in CONTROLLER_MAY_IMPORT:
                 problems.append(f"{where}: the controller may import only {', '.join(CONTROLLER_MAY_IMPORT)}")
         elif imported == CONTROLLER:
             problems.append(f"{where}: the job side never imports the controller")
+        elif imported == DECISIONS:
+            problems.append(f"{where}: the job side never imports the decisions")
         else:
             low, high = rank(importer), rank(imported)
             assert low is not None
@@ -192,6 +213,8 @@ def third_party_violations(root: Path = ROOT) -> list[str]:
         where = f"{imp.file}:{imp.line} ({imp.importer}) imports {imp.target}"
         if unit == "spotray.contract" and top not in CONTRACT_MAY_IMPORT:
             problems.append(f"{where}: the contract is the standard library and {', '.join(CONTRACT_MAY_IMPORT)}")
+        if unit == DECISIONS and top not in DECISIONS_MAY_IMPORT:
+            problems.append(f"{where}: the decisions are the standard library and {', '.join(DECISIONS_MAY_IMPORT)}")
         if unit == CONTROLLER and top in NOT_IN_CONTROLLER:
             problems.append(f"{where}: the controller decides without {', '.join(NOT_IN_CONTROLLER)}")
         if top == "ray" and unit not in RAY_ONLY_FROM:
@@ -207,7 +230,7 @@ def test_every_module_is_found_through_the_symlinks() -> None:
         "spotray.train.processes.ranks",
         "spotray.train.launch.launcher",
         "spotray.train.hf.worker",
-        "spotray.controller.lifecycle",
+        "spotray.decisions.run_plan",
         "spotray.jobs.gpt2.train",
     ):
         assert module in found, f"{module} not found: the walk of spotray/ is broken"
@@ -251,7 +274,12 @@ def test_the_checks_name_the_file_and_line_of_an_upward_import(tmp_path: Path) -
             "train/launch/__init__.py": "",
             "train/launch/launcher.py": "import ray\nfrom spotray.train.hf.worker import x\n",
             "train/hf/__init__.py": "",
-            "train/hf/worker.py": "from spotray.contract import spec\n",
+            "train/hf/worker.py": "from spotray.contract import spec\nfrom spotray.decisions import run_plan\n",
+            "spotray/decisions/__init__.py": "",
+            "spotray/decisions/run_plan.py": (
+                "from spotray.contract import spec\nfrom spotray.train.storage import store\n"
+            ),
+            "spotray/local.py": "from spotray.decisions import run_plan\nfrom spotray.controller import reconcile\n",
             "train/records/__init__.py": "import ray\n",
             "controller/__init__.py": "",
             "controller/lifecycle.py": (
@@ -271,6 +299,12 @@ def test_the_checks_name_the_file_and_line_of_an_upward_import(tmp_path: Path) -
             "the controller may import only " + ", ".join(CONTROLLER_MAY_IMPORT),
             "controller/lifecycle.py:3 (spotray.controller.lifecycle) imports spotray.cli: "
             "nothing imports the CLI and local mode (spotray/*.py)",
+            "train/hf/worker.py:2 (spotray.train.hf.worker) imports spotray.decisions.run_plan: "
+            "the job side never imports the decisions",
+            "spotray/decisions/run_plan.py:2 (spotray.decisions.run_plan) imports spotray.train.storage.store: "
+            "the decisions stand on spotray.contract alone",
+            "spotray/local.py:2 (spotray.local) imports spotray.controller: "
+            "local mode shares spotray.decisions with the controller, not its modules",
         ]
     )
     assert sorted(third_party_violations(tmp_path)) == sorted(
@@ -312,10 +346,13 @@ def test_the_contract_loads_no_heavy_dependency() -> None:
     assert not {name: packages for name, packages in loaded.items() if packages}
 
 
-def test_the_controller_decides_without_torch_ray_transformers_or_an_s3_client() -> None:
-    """lifecycle.plan decides from facts read elsewhere (run_store reads S3): it needs no boto3."""
-    loaded = _loaded_after_importing(["spotray.controller.lifecycle"], (*NOT_LOADED_BY_CONTROLLER, "boto3", "botocore"))
-    assert loaded == {"spotray.controller.lifecycle": []}
+def test_the_decisions_load_no_heavy_dependency() -> None:
+    """The run's plan decides from facts read elsewhere (controller/run_store.py reads S3): no boto3,
+    no Kubernetes client."""
+    decisions = sorted(m for m in modules() if unit_of(m) == DECISIONS)
+    assert "spotray.decisions.run_plan" in decisions
+    loaded = _loaded_after_importing(decisions, NOT_LOADED_BY_DECISIONS)
+    assert not {name: packages for name, packages in loaded.items() if packages}
 
 
 def test_no_controller_module_loads_torch_ray_or_transformers() -> None:

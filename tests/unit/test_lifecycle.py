@@ -10,7 +10,8 @@ from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATIO
 from spotray.contract.spec import MAX_NAME_LENGTH, parse_training_run
 from spotray.contract.status import AttemptStatus
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
-from spotray.controller.lifecycle import (
+from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
+from spotray.decisions.run_plan import (
     MAX_ATTEMPTS_KEPT,
     MAX_MESSAGE_CHARS,
     Observation,
@@ -20,7 +21,6 @@ from spotray.controller.lifecycle import (
     conditions,
     plan,
 )
-from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
 from tests.lifecycle_runs import NOW, run, step
 
 pytestmark = pytest.mark.unit

@@ -24,7 +24,7 @@ from spotray.contract.sweep import (
     TrainingSweep,
 )
 from spotray.controller.reconcile import merged_interval_losses
-from spotray.controller.sweep import (
+from spotray.decisions.sweep import (
     FAILED,
     RUNNING,
     SUCCEEDED,

@@ -21,7 +21,9 @@ import yaml
 from spotray.contract.names import HEAD_LOST_ANNOTATION
 from spotray.contract.spec import RunContext, parse_training_run
 from spotray.controller.config import ControllerConfig
-from spotray.controller.lifecycle import (
+from spotray.controller.rayjob import build_ray_cluster, build_rayjob, ray_cluster_shape
+from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
+from spotray.decisions.run_plan import (
     Observation,
     RayClusterView,
     RayJobView,
@@ -29,9 +31,7 @@ from spotray.controller.lifecycle import (
     next_ray_cluster,
     timestamp,
 )
-from spotray.controller.lifecycle import plan as plan_of
-from spotray.controller.rayjob import build_ray_cluster, build_rayjob, ray_cluster_shape
-from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
+from spotray.decisions.run_plan import plan as plan_of
 from tests.unit.test_controller_writes import FakeCluster, new_run
 
 pytestmark = pytest.mark.unit

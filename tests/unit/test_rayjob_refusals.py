@@ -14,9 +14,9 @@ from kubernetes.client.exceptions import ApiException
 
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import RayJobRefusedError, refusal_of
-from spotray.controller.lifecycle import Observation, RayJobRefusal, RayJobView, plan, timestamp
 from spotray.controller.rayjob import MAX_RAYJOB_BYTES, build_ray_cluster, build_rayjob, size_refusal
 from spotray.controller.reconcile import EVENTS, reconcile
+from spotray.decisions.run_plan import Observation, RayJobRefusal, RayJobView, plan, timestamp
 from tests.lifecycle_runs import NOW, run
 from tests.unit.test_controller_writes import FakeCluster, new_run
 from tests.unit.test_lifecycle import started

@@ -24,8 +24,8 @@ from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
 from spotray.contract.status import RunStatus, Unreadable, format_date_time, parse_date_time
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
-from spotray.controller.lifecycle import Event, Observation, Plan, RayJobView, RunState, conditions, plan
 from spotray.controller.reconcile import EVENTS, rayjob_view, reconcile
+from spotray.decisions.run_plan import Event, Observation, Plan, RayJobView, RunState, conditions, plan
 from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.watch import StatusFollower

@@ -37,7 +37,7 @@ from spotray.contract.sweep import (
 )
 from spotray.controller.reconcile import merged_interval_losses
 from spotray.controller.run_store import interval_losses_status
-from spotray.controller.sweep import (
+from spotray.decisions.sweep import (
     FAILED,
     RUNNING,
     SUCCEEDED,

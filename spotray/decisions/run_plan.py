@@ -95,8 +95,12 @@ from spotray.contract.status import (
     format_date_time,
     parse_date_time,
 )
-from spotray.controller.config import STORAGE_PATIENCE_SECONDS
 
+# An attempt ended and its records cannot be read: the run waits (no budget spent) and after this
+# long shows a StorageUnreachable condition; the controller's SPOTRAY_STORAGE_PATIENCE_SECONDS
+# (controller/config.py) sets it, and the chart's controller.storagePatienceSeconds repeats it
+# (tests/unit/test_deploy_files.py checks).
+STORAGE_PATIENCE_SECONDS = 600
 MAX_FAILURE_BACKOFF_S = 600
 # The first wait after an infrastructure fault when spec.retry.backoffSeconds is shorter (it may be
 # 0): a store or a Ray cluster that is down is not back within seconds. Doubles with each
