@@ -18,7 +18,7 @@ from spotray.contract.errors import SpotrayError
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.contract.spec import DEFAULT_START_DEADLINE_SECONDS
 from spotray.decisions.cost import Prices
-from spotray.decisions.run_plan import STORAGE_PATIENCE_SECONDS
+from spotray.decisions.observation import STORAGE_PATIENCE_SECONDS
 
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode")
 # The labels of KubeRay's own Helm chart on the operator's pods (the chart's networkPolicy.kuberayPodSelector).
@@ -132,7 +132,7 @@ class ControllerConfig:
     # A failed RayJob is judged only this long after it ended, so that a pod's disruption that
     # caused it (reported on its own watch stream) is seen first.
     settle_seconds: int = 5
-    start_deadline_seconds: int = DEFAULT_START_DEADLINE_SECONDS  # lifecycle.py: Observation.start_deadline_seconds
+    start_deadline_seconds: int = DEFAULT_START_DEADLINE_SECONDS  # Observation.start_deadline_seconds
     # /healthz fails when the TrainingRun watch has not delivered a listed change for this long
     # (controller/watch_health.py); the check LISTs the runs every third of it.
     watch_grace_seconds: int = 180
@@ -141,7 +141,7 @@ class ControllerConfig:
     health_port: int = 8080
     peering: str | None = None
     log_format: str = "text"
-    prices: Prices | None = None  # status.cost (controller/cost.py); None: no cost shown
+    prices: Prices | None = None  # status.cost (spotray/decisions/cost.py); None: no cost shown
     # Whether the controller may get Nodes (the chart's rbac.readNodes): how a node lost while it
     # was down is read back (controller/reconcile.py _node_loss_read_back).
     read_nodes: bool = True

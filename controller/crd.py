@@ -557,7 +557,7 @@ def sweep_spec_schema() -> dict[str, Any]:
     )
 
 
-SWEEP_TRIAL_STATES = ("running", "suspended", "succeeded", "failed")  # controller/sweep.py sweep_status's keys
+SWEEP_TRIAL_STATES = ("running", "suspended", "succeeded", "failed")  # spotray/decisions/sweep.py sweep_status's keys
 
 
 def sweep_status_schema() -> dict[str, Any]:

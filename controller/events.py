@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
-from spotray.decisions.run_plan import Event
+from spotray.decisions.vocabulary import Event
 
 Post = Callable[[dict[str, Any], Event, datetime], None]
 REPEAT_AFTER_S = 600.0

@@ -45,7 +45,7 @@ from spotray.contract.names import (
     VERSION,
     rayjob_name,
 )
-from spotray.contract.status import RunStatus
+from spotray.contract.status import RunStatus, format_date_time
 from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
@@ -61,7 +61,6 @@ from spotray.controller.sweep_reconcile import REFRESH_S as SWEEP_REFRESH_S
 from spotray.controller.sweep_reconcile import reconcile_sweep
 from spotray.controller.watch_health import WatchChecker, WatchHealth
 from spotray.controller.work_queue import WorkQueue
-from spotray.decisions.run_plan import timestamp
 
 log = logging.getLogger(__name__)
 CONFIG = ControllerConfig.from_env()
@@ -253,7 +252,7 @@ def on_pod_disrupted(body: kopf.Body, meta: kopf.Meta, **_: Any) -> None:
         return
     job = rayjob_name(meta.labels[RUN_LABEL], int(meta.labels[ATTEMPT_LABEL]))
     log.info("%s/%s: %s", meta.namespace, job, note)
-    when = disruption_time(dict(body)) or timestamp(datetime.now(UTC))
+    when = disruption_time(dict(body)) or format_date_time(datetime.now(UTC))
     cluster().annotate_rayjob(str(meta.namespace), job, {DISRUPTION_ANNOTATION: note, DISRUPTED_AT_ANNOTATION: when})
 
 

@@ -30,9 +30,10 @@ from spotray.contract.names import (
     RAYJOB_PLURAL,
     VERSION,
 )
+from spotray.contract.status import format_date_time
 from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller.s3_access import SecretView
-from spotray.decisions.run_plan import Event, RayJobRefusal, timestamp
+from spotray.decisions.vocabulary import Event, RayJobRefusal
 
 log = logging.getLogger(__name__)
 
@@ -410,8 +411,8 @@ class Cluster:
             "reason": event.reason,
             "message": event.message[:1024],
             "source": {"component": COMPONENT},
-            "firstTimestamp": timestamp(now),
-            "lastTimestamp": timestamp(now),
+            "firstTimestamp": format_date_time(now),
+            "lastTimestamp": format_date_time(now),
             "count": 1,
         }
         try:

@@ -38,7 +38,7 @@ With ``ray_cluster_per_run`` the cluster is not the RayJob's: ``build_ray_cluste
 RayCluster ``<run>-c<G>`` (the same head and workers, labelled with the run but no attempt, owned by
 the TrainingRun), kept across attempts, and each attempt's RayJob names it in ``clusterSelector``.
 KubeRay then ignores the TTL and shutdown, and deleting the RayJob stops its Ray job and leaves the
-cluster; the controller deletes the cluster itself (controller/lifecycle.py).
+cluster; the controller deletes the cluster itself (spotray/decisions/run_plan.py).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from spotray.contract.names import (
 )
 from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
 from spotray.controller.config import ControllerConfig, ray_release
-from spotray.decisions.run_plan import RayJobRefusal
+from spotray.decisions.vocabulary import RayJobRefusal
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
@@ -379,7 +379,7 @@ def build_ray_cluster(run: TrainingRun, name: str, run_uid: str, config: Control
 
 def ray_cluster_shape(run: TrainingRun, config: ControllerConfig) -> str:
     """A hash of the RayCluster spec the run's spec makes now: the image, resources, replicas, secretEnv,
-    everything. A kept cluster annotated with another was made from an older spec (controller/lifecycle.py
+    everything. A kept cluster annotated with another was made from an older spec (spotray/decisions/run_plan.py
     ``next_ray_cluster`` replaces it)."""
     return _shape(_cluster_spec(run, None, config))
 

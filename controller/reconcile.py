@@ -1,4 +1,4 @@
-"""One reconcile of one TrainingRun: observe, plan (controller/lifecycle.py), create, persist, delete.
+"""One reconcile of one TrainingRun: observe, plan (spotray/decisions/run_plan.py), create, persist, delete.
 
 Restart safety comes from deterministic names: the next attempt's number is always "the last one
 in status.attempts + 1", and its RayJob is ``<run>-a<N>``. So the RayJob is created first (the
@@ -7,7 +7,7 @@ one attempt behind on restart, plans the same attempt N again, and its create an
 is duplicated. Deletions go the other way round: the status says "Suspended" before the RayJob is
 deleted, and a suspended run's RayJob is deleted again at every reconcile until it is gone. A
 recorded attempt whose RayJob vanished is judged from its records and never created again under
-its number (controller/lifecycle.py ``_rayjob_gone``).
+its number (spotray/decisions/running_attempt.py ``rayjob_gone``).
 Reconciles triggered by a change read the TrainingRun fresh from the API server (not from a watch
 cache that may lag its own last patch), under a per-run lock, so two triggers never interleave.
 Events are posted from a background thread, each once (controller/events.py): they are for people.
@@ -49,7 +49,15 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
-from spotray.contract.status import AttemptStartup, AttemptStatus, IntervalLoss, RunStatus
+from spotray.contract.status import (
+    AttemptStartup,
+    AttemptStatus,
+    IntervalLoss,
+    RunStatus,
+    format_date_time,
+    parse_timestamp,
+    unchecked_timestamp,
+)
 from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
@@ -75,29 +83,21 @@ from spotray.controller.run_store import (
 )
 from spotray.controller.spare_placement import SpareMoved, spare_to_move, worker_pods
 from spotray.controller.startup import attempt_startup, pods_ready_at
+from spotray.decisions.attempt_end import rayjob_refused
+from spotray.decisions.conditions import conditions
 from spotray.decisions.cost import Prices, run_cost
-from spotray.decisions.run_plan import (
-    OUTCOME_UNKNOWN,
+from spotray.decisions.observation import STALLED_PROGRESS_S, Observation, RayClusterView, RayJobView
+from spotray.decisions.run_plan import plan
+from spotray.decisions.run_state import OUTCOME_UNKNOWN, Plan, RunState
+from spotray.decisions.running_attempt import wait_for_foreign_rayjob
+from spotray.decisions.vocabulary import (
     REASON_INVALID_SPEC,
     REASON_RAYJOB_REFUSED,
     REASON_SPARE_MOVED,
     REASON_STATUS_UNREADABLE,
-    STALLED_PROGRESS_S,
     Event,
-    Observation,
-    Plan,
-    RayClusterView,
     RayJobRefusal,
-    RayJobView,
-    RunState,
     bounded,
-    conditions,
-    parse_timestamp,
-    plan,
-    rayjob_refused,
-    timestamp,
-    unchecked_timestamp,
-    wait_for_foreign_rayjob,
 )
 from spotray.train.records.attempt_records import read_attempt_records
 from spotray.train.storage.store import ObjectStore
@@ -241,7 +241,7 @@ def _records(
 
 
 # Past the workers' grace period, how long a suspended attempt's RayJob waits for its driver to record the
-# emergency checkpoint and end (controller/lifecycle.py ``_suspend_checkpoint_left``), as the driver's
+# emergency checkpoint and end (spotray/decisions/run_plan.py ``_suspend_checkpoint_left``), as the driver's
 # own bound after a notice does (train/launch/driver_notice.py EXIT_MARGIN_S).
 SUSPEND_CHECKPOINT_MARGIN_S = 60.0
 # run UID -> the attempt whose RayJob a reconcile created while leaving the status write to the next.
@@ -337,7 +337,7 @@ def _reconcile_locked(  # noqa: PLR0917
     progress = _stored_status(body).get("progress")
     progress_at = unchecked_timestamp(progress.get("updateTime")) if isinstance(progress, dict) else None
     observation = _observe(cluster, config, run, body["metadata"]["uid"], state, run_store, now, progress_at)
-    # Decide: a pure function of the facts (controller/lifecycle.py).
+    # Decide: a pure function of the facts (spotray/decisions/run_plan.py).
     decided = plan(observation, now)
     if decided.create_attempt is not None:
         decided = _hold_without_credentials(cluster, config, run, state, decided)
@@ -392,7 +392,8 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     records: AttemptRecords | None = AttemptRecords()
     storage_error, refused = "", False
     ended = job is not None and job.finished and job.job_status != JOB_SUCCEEDED and job.owner_uid == run_uid
-    # A RayJob created and then gone: its attempt is judged from its records (lifecycle._rayjob_gone).
+    # A RayJob created and then gone: its attempt is judged from its records
+    # (spotray/decisions/running_attempt.py rayjob_gone).
     gone = (
         job is None
         and current is not None
@@ -409,8 +410,8 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         lost = _node_loss_read_back(cluster, run, current, read_nodes=config.read_nodes)
         if lost is not None:
             job = replace(job, disruption=lost)
-    # A running job whose progress stopped may have recorded its end and not exited: its records are
-    # read too (lifecycle.RECORDED_END_EXIT_S). Only then: a training job costs no reads here.
+    # A running job whose progress stopped may have recorded its end and not exited: its records are read
+    # too (spotray/decisions/running_attempt.py RECORDED_END_EXIT_S). Only then: a training job costs no reads here.
     stalled = (
         job is not None
         and not job.finished
@@ -699,7 +700,7 @@ def _status(
     if finished:
         # The run ended while S3 could not be read (the RayJob said so): its last progress and
         # checkpoint are owed, and reconcile comes back for them until S3 answers.
-        since = (state.storage_unreachable_since or timestamp(now)) if storage_error else None
+        since = (state.storage_unreachable_since or format_date_time(now)) if storage_error else None
         status = replace(status, storage_unreachable_since=since)
     if found is not None:
         status = replace(
@@ -888,7 +889,7 @@ def node_loss_note(placed: dict[str, tuple[str, datetime | None]], created: dict
         if node in created and made is None:
             why = "the node no longer exists"
         elif made is not None and placed_at is not None and made > placed_at:
-            why = f"the node was created anew at {timestamp(made)}, after the pod was placed on it"
+            why = f"the node was created anew at {format_date_time(made)}, after the pod was placed on it"
         else:
             continue
         return f"pod {pod} on node {node}: {why} (read back: the controller was not watching when it went)"
@@ -909,7 +910,7 @@ def record_cluster_pod_disrupted(cluster: Cluster, pod: dict[str, Any], now: dat
     namespace, run_name, ray_cluster = meta.get("namespace"), labels.get(RUN_LABEL), labels.get(RAY_CLUSTER_LABEL)
     if note is None or not (namespace and run_name and ray_cluster):
         return None
-    when = disruption_time(pod) or timestamp(now)
+    when = disruption_time(pod) or format_date_time(now)
     if labels.get(RAY_NODE_TYPE_LABEL) == "head":
         cluster.annotate_ray_cluster(namespace, ray_cluster, {HEAD_LOST_ANNOTATION: note})
     run = cluster.get_run(namespace, run_name)

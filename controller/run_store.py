@@ -44,14 +44,20 @@ from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV, CheckpointKey
 from spotray.contract.errors import Cause, SpotrayError
 from spotray.contract.names import CHECKPOINT_KEY_SECRET_DATA_KEY
 from spotray.contract.spec import TrainingRun
-from spotray.contract.status import CheckpointInterval, Goodput, IntervalLoss, LastCheckpoint, Progress
+from spotray.contract.status import (
+    CheckpointInterval,
+    Goodput,
+    IntervalLoss,
+    LastCheckpoint,
+    Progress,
+    format_date_time,
+)
 from spotray.contract.sweep import objective_values
 from spotray.contract.uris import parse_uri
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.s3_access import SecretView, endpoint_refusal, file_uri_refusal, secret_refusal
-from spotray.decisions.run_plan import timestamp
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.records.goodput import Tally, attempts_from_progress, kept_up_to, ledger_of, tally
 from spotray.train.records.progress_log import (
@@ -367,7 +373,7 @@ def progress_status(progress: AttemptProgress | None) -> tuple[Progress | None, 
         at_resume = Progress(
             step=progress.resumed_from,
             total_steps=progress.max_steps,
-            update_time=timestamp(datetime.fromtimestamp(started, UTC)) if started else None,
+            update_time=format_date_time(datetime.fromtimestamp(started, UTC)) if started else None,
         )
         return at_resume, progress.resumed_from
     speed = progress.steps_per_second()
@@ -376,7 +382,7 @@ def progress_status(progress: AttemptProgress | None) -> tuple[Progress | None, 
         total_steps=progress.max_steps,
         loss=_finite(progress.last_loss),
         steps_per_second=round(speed, 3) if speed is not None else None,
-        update_time=timestamp(datetime.fromtimestamp(progress.updated, UTC)),
+        update_time=format_date_time(datetime.fromtimestamp(progress.updated, UTC)),
     )
     return status, progress.resumed_from
 
@@ -424,5 +430,5 @@ def last_checkpoint_status(store: ObjectStore) -> LastCheckpoint | None:
     return LastCheckpoint(
         step=info.step,
         uri=str(store.uri.join(info.prefix)),
-        time=timestamp(datetime.fromtimestamp(info.manifest.created_at, UTC)),
+        time=format_date_time(datetime.fromtimestamp(info.manifest.created_at, UTC)),
     )

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from spotray.contract.names import RAY_NODE_TYPE_LABEL
-from spotray.decisions.run_plan import parse_timestamp, timestamp
+from spotray.contract.status import format_date_time, parse_timestamp
 from spotray.train.records.progress_log import WorkerHosts
 
 # The record is Ray's view at one moment: older than this, it may describe a layout that changed.
@@ -72,7 +72,7 @@ class SpareMoved:
     tries: int  # moves in a row off this node (each one waits longer)
 
     def to_annotation(self) -> str:
-        fields = {"pod": self.pod, "node": self.node, "beside": self.beside, "at": timestamp(self.at)}
+        fields = {"pod": self.pod, "node": self.node, "beside": self.beside, "at": format_date_time(self.at)}
         return json.dumps({**fields, "tries": self.tries}, sort_keys=True)
 
     @classmethod

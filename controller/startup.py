@@ -22,8 +22,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spotray.contract.names import RAY_NODE_TYPE_LABEL
-from spotray.contract.status import AttemptStartup
-from spotray.decisions.run_plan import parse_timestamp, unchecked_timestamp
+from spotray.contract.status import AttemptStartup, parse_timestamp, unchecked_timestamp
 
 
 def pods_ready_at(pods: Sequence[dict[str, Any]]) -> datetime | None:

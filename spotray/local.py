@@ -15,7 +15,7 @@ Faults can be injected at a chosen step so a user sees recovery for themselves:
   and comes back (spotray/node_faults.py): an elastic run goes on smaller, a fixed-size one waits.
 
 How an attempt ended and what comes next is decided by the controller's own functions
-(controller/lifecycle.py ``classify_end`` and ``end_attempt``), from the same records in the store
+(spotray/decisions/attempt_end.py ``classify_end`` and ``end_attempt``), from the same records in the store
 and, for an attempt that left none, the driver's exit code and the last lines of its log, as a
 RayJob's message gives them: the budgets mean the same here as on a cluster, and so do the words.
 Only the backoff differs: local mode starts the next attempt at once after a preemption or a
@@ -64,19 +64,17 @@ from spotray.contract.errors import SpotrayError
 from spotray.contract.names import DEPLOYMENT_COMPLETE, FAILED, JOB_FAILED, JOB_SUCCEEDED, SUCCEEDED, TERMINAL_PHASES
 from spotray.contract.spec import RunContext, TrainingRun, WorkerSpec, split_secret_ref
 from spotray.contract.uris import parse_uri
-from spotray.decisions.run_plan import (
+from spotray.decisions.attempt_end import (
     LOG_TAIL_CHARS,
-    REASON_BAD_INPUT,
-    REASON_INTERRUPTED,
     AttemptEnd,
-    Plan,
-    RayJobView,
-    RunState,
     classify_end,
     end_attempt,
     record_end,
     start_attempt,
 )
+from spotray.decisions.observation import RayJobView
+from spotray.decisions.run_state import Plan, RunState
+from spotray.decisions.vocabulary import REASON_BAD_INPUT, REASON_INTERRUPTED
 from spotray.local_ray import LocalRayCluster, LocalRayWorkerNode
 from spotray.node_faults import NodeLayout, NodeSchedule
 from spotray.progress import ProgressView, RunTally

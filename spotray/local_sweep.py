@@ -3,7 +3,7 @@
 Each trial is ``spotray run <trial>.yaml --local`` in a process of its own, with a work directory of
 its own (``<workdir>/<sweep>-t<N>``) and its own Ray cluster; one embedded S3 server (or the
 configured endpoint) serves them all. What to do next is decided by the controller's own function
-(controller/sweep.py ``decide``) from what the trials' event logs say: their losses, the
+(spotray/decisions/sweep.py ``decide``) from what the trials' event logs say: their losses, the
 checkpoints they completed, how they ended. A trial stopped at a rung gets SIGTERM, which a local
 run takes as a spot notice (an emergency checkpoint, then it stops, Suspended); a trial promoted
 later is the same command run again, which resumes it from its newest complete checkpoint.

@@ -1,4 +1,8 @@
-"""A small TrainingRun and one step of the controller's lifecycle, for the tests of its decisions."""
+"""A small TrainingRun and one step of its plan, for the tests of its decisions.
+
+Every plan made here is checked against the run's declared state machine
+(spotray/decisions/run_plan.py ``RUN_TRANSITIONS``): a phase change it does not declare fails the test.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,9 @@ from typing import Any
 
 from spotray.contract.attempts import AttemptRecords
 from spotray.contract.spec import TrainingRun, parse_training_run
-from spotray.decisions.run_plan import Observation, Plan, RayJobView, RunState, plan
+from spotray.decisions.observation import Observation, RayJobView
+from spotray.decisions.run_plan import plan, transition
+from spotray.decisions.run_state import Plan, RunState
 
 NOW = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 
@@ -22,11 +28,21 @@ def run(**spec_overrides: object) -> TrainingRun:
     )
 
 
+def planned(obs: Observation, now: datetime) -> Plan:
+    """``plan``, its phase change checked against ``RUN_TRANSITIONS``."""
+    decided = plan(obs, now)
+    before, after = obs.state.phase, decided.state.phase
+    assert before == after or transition(before, after) is not None, (
+        f"the plan went from {before} to {after}, which RUN_TRANSITIONS does not declare: {decided.state.message}"
+    )
+    return decided
+
+
 def step(
     state: RunState, job: RayJobView | None, records: AttemptRecords | None = None, now: datetime = NOW, **spec: object
 ) -> Plan:
     """One decision of the lifecycle on ``run(**spec)``, as the reconcile makes it."""
-    return plan(Observation(run(**spec), state, job, records or AttemptRecords(), settle_seconds=5), now)
+    return planned(Observation(run(**spec), state, job, records or AttemptRecords(), settle_seconds=5), now)
 
 
 class LeftoverFacts:

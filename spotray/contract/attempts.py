@@ -53,7 +53,7 @@ EXIT_NOT_FOUND = 3  # the command: no such run, checkpoint or bucket
 # The driver: an infrastructure fault ended the attempt (the store did not answer or kept failing, a
 # checkpoint upload failed, a newer attempt took over, Ray's cluster failed): nobody's input and not
 # the training code, so no budget is spent and the attempt is tried again after a backoff
-# (controller/lifecycle.py). 75 is EX_TEMPFAIL of sysexits.h: "try again later". An entrypoint of
+# (spotray/decisions/run_plan.py). 75 is EX_TEMPFAIL of sysexits.h: "try again later". An entrypoint of
 # the user's own that exits 75 asks for the same.
 EXIT_INFRASTRUCTURE = 75
 EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130: the command was stopped by Ctrl-C
@@ -78,7 +78,7 @@ def attempt_exit_code(error: BaseException) -> int:
 
 
 # How an attempt ended: status.attempts[].outcome. Interrupted: an infrastructure fault ended it,
-# which spends no budget (reason InfrastructureFault, controller/lifecycle.py).
+# which spends no budget (reason InfrastructureFault, spotray/decisions/run_plan.py).
 OUTCOME_RUNNING, OUTCOME_SUCCEEDED, OUTCOME_PREEMPTED, OUTCOME_FAILED, OUTCOME_SUSPENDED, OUTCOME_INTERRUPTED = (
     "Running",
     "Succeeded",

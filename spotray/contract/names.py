@@ -109,7 +109,7 @@ MAX_RAYJOB_NAME_LENGTH = 47
 # names for attempt numbers of up to 3 digits. The budgets in spec.retry allow maxPreemptions +
 # maxFailures + 1 attempts (54 by default) and each suspension adds one; a longest-named run that
 # gets past this many would make a RayJob KubeRay refuses, and the controller fails it instead
-# (controller/lifecycle.py REASON_RAYJOB_NAME_TOO_LONG). A shorter name has room for more digits.
+# (spotray/decisions/vocabulary.py REASON_RAYJOB_NAME_TOO_LONG). A shorter name has room for more digits.
 MAX_RESERVED_ATTEMPT = 999
 
 

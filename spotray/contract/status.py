@@ -12,15 +12,15 @@ keywords the API server checks. From the declarations:
   wrote; it ignores keys it does not know. A value that does not match its declaration (a time
   that is not one, a number where a string belongs, a list that is not a list, a phase it does not
   know) is read as missing too, never an exception: ``read`` also says which (``Unreadable``), for
-  the controller to report and rebuild (controller/lifecycle.py ``RunState.from_status``);
+  the controller to report and rebuild (spotray/decisions/run_state.py ``RunState.from_status``);
 - ``parse_date_time`` reads every time in it, ``format_date_time`` writes the controller's;
 - controller/crd.py generates the CRD's status schema from them.
 
-Who writes what: controller/lifecycle.py the phase, the attempts, the budgets and the conditions;
+Who writes what: spotray/decisions/run_plan.py the phase, the attempts, the budgets and the conditions;
 controller/run_store.py progress, lastCheckpoint, goodput and checkpointInterval from what the job
 wrote in the store (the job's train/records/goodput.py and train/hf/checkpoint_interval.py write
 the last two in this form, and tests/unit/test_status_model.py keeps their keys in step);
-controller/cost.py cost; controller/reconcile.py puts them together. The CLI (spotray/status.py,
+spotray/decisions/cost.py cost; controller/reconcile.py puts them together. The CLI (spotray/status.py,
 spotray/watch.py, spotray/logs.py) reads them.
 
 Standard library only, besides the contract's own names.
@@ -76,6 +76,28 @@ def parse_date_time(text: str) -> datetime:
 def format_date_time(moment: datetime) -> str:
     """The one form the controller writes a time in: UTC, whole seconds, "2026-01-02T03:04:05Z"."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str | None) -> datetime | None:
+    """A status time in any RFC 3339 form (``parse_date_time``); None when unset.
+
+    A time read through ``RunStatus``/``RunState.from_status`` was checked there; an unchecked
+    one (a RayJob's, a pod's, an annotation) goes through ``unchecked_timestamp``.
+    """
+    if not text:
+        return None
+    return parse_date_time(text)
+
+
+def unchecked_timestamp(value: object) -> datetime | None:
+    """A time from a field anyone may write (an annotation, a RayJob's or a pod's status), as RFC 3339
+    text or as the Kubernetes client's datetime; None when it is missing or not a time."""
+    if isinstance(value, datetime):
+        return value
+    try:
+        return parse_timestamp(str(value)) if value else None
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -337,7 +359,7 @@ class Goodput(StatusObject):
 
 @dataclass(frozen=True)
 class Cost(StatusObject):
-    """status.cost: what the run cost at the chart's prices (controller/cost.py)."""
+    """status.cost: what the run cost at the chart's prices (spotray/decisions/cost.py)."""
 
     currency: str | None = status_field("The prices' currency.")
     run: float | None = status_field("The wall time so far at the head's and every worker node's price (spot or not).")
@@ -390,7 +412,7 @@ class AttemptStartup(StatusObject):
 
 @dataclass(frozen=True)
 class AttemptStatus(StatusObject):
-    """One entry of status.attempts; controller/lifecycle.py keeps its state in them.
+    """One entry of status.attempts; spotray/decisions/run_plan.py keeps its state in them.
 
     The defaults are what a reader sees for a key an entry lacks; the controller writes every field
     but endTime (until the attempt ends) and resumedFrom (until the job says where it started).
@@ -499,7 +521,7 @@ class RunStatus(StatusObject):
     )
     interval_losses: tuple[IntervalLoss, ...] | None = status_field(
         "For a sweep's trial: the objective at each step its spotray.dev/objective-steps annotation lists "
-        "and at its last step, once that step is in a complete checkpoint (controller/sweep.py reads it).",
+        "and at its last step, once that step is in a complete checkpoint (spotray/decisions/sweep.py reads it).",
         items="The mean loss over one checkpoint interval.",
     )
     attempts: tuple[AttemptStatus, ...] | None = status_field(

@@ -19,7 +19,7 @@ the training code through the entrypoint, where ``${name}`` stands for each para
       earlyStopping: {minSteps: 20, reductionFactor: 3}   # ASHA, at checkpoint boundaries
 
 This module only reads and checks the spec (every problem at once, each with its path and fix) and
-makes a trial's TrainingRun manifest; choosing values and stopping trials is controller/sweep.py's.
+makes a trial's TrainingRun manifest; choosing values and stopping trials is spotray/decisions/sweep.py's.
 Standard library and PyYAML only, as the rest of the contract.
 """
 

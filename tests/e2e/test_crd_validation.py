@@ -31,14 +31,10 @@ from spotray.contract.names import GROUP as API_GROUP
 from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, parse_training_run
 from spotray.controller.crd import CRD_PATH, spec_schema
 from spotray.controller.kube import Cluster
-from spotray.decisions.run_plan import (
-    MAX_MESSAGE_CHARS,
-    AttemptEnd,
-    RunState,
-    conditions,
-    end_attempt,
-    start_attempt,
-)
+from spotray.decisions.attempt_end import AttemptEnd, end_attempt, start_attempt
+from spotray.decisions.conditions import conditions
+from spotray.decisions.run_state import RunState
+from spotray.decisions.vocabulary import MAX_MESSAGE_CHARS
 from tests.e2e.conftest import tb
 
 pytestmark = pytest.mark.e2e

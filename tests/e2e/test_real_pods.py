@@ -33,7 +33,7 @@ import yaml
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
-from spotray.decisions.run_plan import parse_timestamp
+from spotray.contract.status import parse_timestamp
 from spotray.train.storage.local_s3 import free_port
 from tests.e2e.conftest import ROOT, tb
 

@@ -14,12 +14,11 @@ from typing import Any
 import pytest
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.status import AttemptStartup
+from spotray.contract.status import AttemptStartup, format_date_time, parse_timestamp
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.reconcile import reconcile
 from spotray.controller.startup import attempt_startup, pods_ready_at
-from spotray.decisions.run_plan import parse_timestamp, timestamp
 from spotray.status import describe_run
 from spotray.train.records.progress_log import AttemptProgress
 from spotray.train.storage.store import LocalObjectStore
@@ -33,10 +32,10 @@ def pod(
     name: str, ready_after_s: float | None, node_type: str | None = "worker", start: datetime = START
 ) -> dict[str, Any]:
     labels = {"spotray.dev/run": "burst"} | ({"ray.io/node-type": node_type} if node_type else {})
-    conditions = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": timestamp(start)}]
+    conditions = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": format_date_time(start)}]
     if ready_after_s is not None:
         moment = start + timedelta(seconds=ready_after_s)
-        conditions.append({"type": "Ready", "status": "True", "lastTransitionTime": timestamp(moment)})
+        conditions.append({"type": "Ready", "status": "True", "lastTransitionTime": format_date_time(moment)})
     return {"metadata": {"name": name, "labels": labels}, "status": {"conditions": conditions}}
 
 
@@ -49,7 +48,7 @@ def test_the_pods_are_ready_when_the_last_ray_pod_is_and_the_submitter_does_not_
 
 def test_milestones_are_seconds_after_the_rayjob_and_never_before_it() -> None:
     startup = attempt_startup(
-        timestamp(START),
+        format_date_time(START),
         pods_ready=START + timedelta(seconds=18),
         training_loop_at=(START + timedelta(seconds=50.04)).timestamp(),
         first_step_at=(START - timedelta(seconds=2)).timestamp(),  # a job's clock behind the controller's
@@ -109,8 +108,14 @@ def test_reconcile_records_the_start_up_once_the_first_step_is_known_reading_the
 def test_spotray_status_shows_each_attempts_start_up() -> None:
     startup = {"podsReady": 18.0, "trainingLoop": 50.0, "firstStep": 51.0}
     attempts = [
-        {"attempt": 1, "rayJob": "burst-a1", "outcome": "Preempted", "startTime": timestamp(START), "startup": startup},
-        {"attempt": 2, "rayJob": "burst-a2", "outcome": "Running", "startTime": timestamp(START)},
+        {
+            "attempt": 1,
+            "rayJob": "burst-a1",
+            "outcome": "Preempted",
+            "startTime": format_date_time(START),
+            "startup": startup,
+        },
+        {"attempt": 2, "rayJob": "burst-a2", "outcome": "Running", "startTime": format_date_time(START)},
     ]
     body = new_run("uid") | {"status": {"phase": "Running", "attempt": 2, "attempts": attempts}}
     text = describe_run(body, now=START)

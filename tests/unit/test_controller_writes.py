@@ -22,7 +22,8 @@ from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import EVENTS, reconcile, settled, status_changed
 from spotray.controller.run_store import StoreReport, StoreReports
-from spotray.decisions.run_plan import Event, RayJobView
+from spotray.decisions.observation import RayJobView
+from spotray.decisions.vocabulary import Event
 from spotray.train.checkpoints.checkpoint import upload_checkpoint
 from spotray.train.records.progress_log import AttemptProgress
 from spotray.train.storage.store import LocalObjectStore, ObjectInfo

@@ -4,7 +4,7 @@ The issue's two cases: a driver whose store did not answer at start exited 2 (ba
 controller failed the run at once; Ray's "Job supervisor actor could not be scheduled" (a fault of
 Ray's cluster, before the entrypoint ran) was counted as TrainingFailed and spent maxFailures.
 The driver now exits 75 (EX_TEMPFAIL) for an infrastructure fault; the controller's one decision
-(controller/lifecycle.py ``classify_end``/``end_attempt``, which local mode calls too) ends such an
+(spotray/decisions/attempt_end.py ``classify_end``/``end_attempt``, which local mode calls too) ends such an
 attempt as Interrupted (reason InfrastructureFault), spends nothing and starts the next attempt
 after a backoff that doubles with each interruption in a row, at most 10 minutes. The literals
 (75, "Interrupted", "InfrastructureFault") are the contract a user reads in status.
@@ -16,13 +16,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from spotray.contract.attempts import AttemptRecords
-from spotray.decisions.run_plan import (
-    AttemptEnd,
-    RayJobView,
-    RunState,
-    classify_end,
-    end_attempt,
-)
+from spotray.decisions.attempt_end import AttemptEnd, classify_end, end_attempt
+from spotray.decisions.observation import RayJobView
+from spotray.decisions.run_state import RunState
 from tests.lifecycle_runs import NOW, run, step
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""Every transition of controller/lifecycle.plan, without a cluster (``now`` is an argument)."""
+"""Every transition of spotray/decisions/run_plan.py ``plan``, without a cluster (``now`` is an argument)."""
 
 from dataclasses import replace
 from datetime import timedelta
@@ -11,17 +11,12 @@ from spotray.contract.spec import MAX_NAME_LENGTH, parse_training_run
 from spotray.contract.status import AttemptStatus
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
 from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
-from spotray.decisions.run_plan import (
-    MAX_ATTEMPTS_KEPT,
-    MAX_MESSAGE_CHARS,
-    Observation,
-    Plan,
-    RayJobView,
-    RunState,
-    conditions,
-    plan,
-)
+from spotray.decisions.conditions import conditions
+from spotray.decisions.observation import Observation, RayJobView
+from spotray.decisions.run_state import MAX_ATTEMPTS_KEPT, Plan, RunState
+from spotray.decisions.vocabulary import MAX_MESSAGE_CHARS
 from tests.lifecycle_runs import NOW, run, step
+from tests.lifecycle_runs import planned as plan
 
 pytestmark = pytest.mark.unit
 

@@ -23,6 +23,8 @@ def modules(folder: str) -> list[str]:
         ("controller", "controller/__init__.py", "{name}"),
         ("controller", "docs/controller.md", "`controller/{name}`"),
         ("spotray/contract", "docs/architecture.md", "({name})"),
+        ("spotray/decisions", "docs/architecture.md", "({name})"),
+        ("spotray/decisions", "docs/controller.md", "`spotray/decisions/{name}`"),
     ],
 )
 def test_every_module_has_its_line_in_the_map(folder: str, map_file: str, written: str) -> None:

@@ -1,5 +1,5 @@
 """Population-based training (issue 40): its spec section (spotray/contract/sweep.py) and its decisions
-(controller/sweep.py: who is judged when, who exploits whom, the perturbed values, the patches that
+(spotray/decisions/sweep.py: who is judged when, who exploits whom, the perturbed values, the patches that
 stop a trial for its exploit and resume it from the donor's checkpoint)."""
 
 from __future__ import annotations

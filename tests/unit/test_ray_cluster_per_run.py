@@ -20,18 +20,14 @@ import yaml
 
 from spotray.contract.names import HEAD_LOST_ANNOTATION
 from spotray.contract.spec import RunContext, parse_training_run
+from spotray.contract.status import format_date_time
 from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import build_ray_cluster, build_rayjob, ray_cluster_shape
 from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
-from spotray.decisions.run_plan import (
-    Observation,
-    RayClusterView,
-    RayJobView,
-    RunState,
-    next_ray_cluster,
-    timestamp,
-)
-from spotray.decisions.run_plan import plan as plan_of
+from spotray.decisions.observation import Observation, RayClusterView, RayJobView
+from spotray.decisions.ray_cluster import next_ray_cluster
+from spotray.decisions.run_state import RunState
+from tests.lifecycle_runs import planned as plan_of
 from tests.unit.test_controller_writes import FakeCluster, new_run
 
 pytestmark = pytest.mark.unit
@@ -109,7 +105,7 @@ class KeptClusterFake(FakeCluster):
 
     def set_job(self, name: str, job_status: str, deployment: str, ended: datetime | None = None) -> None:
         status = {"jobStatus": job_status, "jobDeploymentStatus": deployment}
-        self.rayjobs[name]["status"] = status | ({"endTime": timestamp(ended)} if ended else {})
+        self.rayjobs[name]["status"] = status | ({"endTime": format_date_time(ended)} if ended else {})
 
 
 def kept_run(
@@ -129,7 +125,7 @@ def disrupted_pod(name: str, node_type: str, ray_cluster: str, when: datetime) -
         "type": "DisruptionTarget",
         "status": "True",
         "reason": "DeletionByTaintManager",
-        "lastTransitionTime": timestamp(when),
+        "lastTransitionTime": format_date_time(when),
     }
     labels = {"spotray.dev/run": "burst", "ray.io/cluster": ray_cluster, "ray.io/node-type": node_type}
     return {

@@ -1,6 +1,6 @@
 """A RayJob that the API server or KubeRay refuses: bad content fails the run at once with the words
 that say why; a quota, a policy or a failing server is tried again with the reason in the status
-until the start deadline; nothing waits for ever with "attempt N starting" (controller/lifecycle.py
+until the start deadline; nothing waits for ever with "attempt N starting" (spotray/decisions/run_plan.py
 ``rayjob_refused``, ``_validation_failed``; controller/rayjob.py ``size_refusal``, ``secret_env_refusal``)."""
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from typing import Any
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from spotray.contract.status import format_date_time
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import RayJobRefusedError, refusal_of
 from spotray.controller.rayjob import MAX_RAYJOB_BYTES, build_ray_cluster, build_rayjob, size_refusal
 from spotray.controller.reconcile import EVENTS, reconcile
-from spotray.decisions.run_plan import Observation, RayJobRefusal, RayJobView, plan, timestamp
+from spotray.decisions.observation import Observation, RayJobView
+from spotray.decisions.vocabulary import RayJobRefusal
 from tests.lifecycle_runs import NOW, run
+from tests.lifecycle_runs import planned as plan
 from tests.unit.test_controller_writes import FakeCluster, new_run
 from tests.unit.test_lifecycle import started
 
@@ -119,7 +122,7 @@ def test_a_rayjob_refused_until_the_start_deadline_ends_its_attempt_as_a_failure
     config = ControllerConfig(start_deadline_seconds=60)
     reconcile(cluster, config, "ns", "burst")
     # The attempt began two minutes ago, as far as the status says.
-    fake.run["status"]["attempts"][0]["startTime"] = timestamp(datetime.now(UTC) - timedelta(minutes=2))
+    fake.run["status"]["attempts"][0]["startTime"] = format_date_time(datetime.now(UTC) - timedelta(minutes=2))
     reconcile(cluster, config, "ns", "burst")
     status = fake.run["status"]
     (attempt,) = status["attempts"]

@@ -18,7 +18,7 @@ from spotray.contract.status import (
     Progress,
     RunStatus,
 )
-from spotray.decisions.run_plan import RunState
+from spotray.decisions.run_state import RunState
 from spotray.train.hf.checkpoint_interval import IntervalDecision
 from spotray.train.records.goodput import CAUSES, Ledger
 

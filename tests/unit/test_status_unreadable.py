@@ -25,11 +25,15 @@ from spotray.contract.status import RunStatus, Unreadable, format_date_time, par
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.reconcile import EVENTS, rayjob_view, reconcile
-from spotray.decisions.run_plan import Event, Observation, Plan, RayJobView, RunState, conditions, plan
+from spotray.decisions.conditions import conditions
+from spotray.decisions.observation import Observation, RayJobView
+from spotray.decisions.run_state import Plan, RunState
+from spotray.decisions.vocabulary import Event
 from spotray.progress import ProgressView
 from spotray.status import describe_run, run_summary, status_table
 from spotray.watch import StatusFollower
 from tests.lifecycle_runs import NOW, LeftoverFacts, run
+from tests.lifecycle_runs import planned as plan
 
 pytestmark = pytest.mark.unit
 
@@ -216,7 +220,7 @@ def test_a_rayjobs_end_time_in_any_form_is_read_and_the_failure_settles(end_time
 
 
 # ---------------------------------------------------------------------------------------------
-# The lifecycle's decisions on a status it could not read in full (pure: controller/lifecycle.py).
+# The lifecycle's decisions on a status it could not read in full (pure: spotray/decisions/run_plan.py).
 
 
 def test_unreadable_values_are_reported_in_one_warning_event_and_gone_from_the_state_planned() -> None:

@@ -1,5 +1,5 @@
 """Sweeps (issue 40): the TrainingSweep spec (spotray/contract/sweep.py) and the sweep's decisions
-(controller/sweep.py: Optuna's samplers choose values, its successive-halving pruner judges rungs,
+(spotray/decisions/sweep.py: Optuna's samplers choose values, its successive-halving pruner judges rungs,
 and a trial stopped at a rung is suspended, then resumed once it ranks among the best there)."""
 
 from __future__ import annotations
