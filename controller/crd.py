@@ -62,12 +62,15 @@ from spotray.contract.spec import (
 )
 from spotray.contract.status import RunStatus, StatusField, StatusObject, declaration
 from spotray.contract.sweep import (
-    ALGORITHMS,
-    DIRECTIONS,
-    MAX_TRIALS,
-    METRICS,
     PARAMETER_TYPES,
     SWEEP_PLURAL,
+    EarlyStopping,
+    ObjectiveSpec,
+    PopulationBased,
+    SearchSpec,
+    SweepStatus,
+    TrialsSpec,
+    sweep_declarations,
 )
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "charts" / "spotray" / "crds" / f"{CRD_NAME}.yaml"
@@ -316,6 +319,13 @@ def _status_schema(python_type: Any, description: str, declared: StatusField | N
         assert items, f"{description!r}: a list's declaration says what one item is (items=...)"
         item_type = typing.get_args(python_type)[0]
         schema = {"type": "array", "description": description, **keywords, "items": _status_schema(item_type, items)}
+    elif typing.get_origin(python_type) is dict:  # a JSON object kept as it is
+        schema = {
+            "type": "object",
+            "description": description,
+            **keywords,
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
     elif isinstance(python_type, type) and issubclass(python_type, StatusObject):
         schema = {"type": "object", "description": description, **keywords, **_status_object(python_type)}
     else:
@@ -450,6 +460,30 @@ def _section(description: str, properties: dict[str, Any], required: tuple[str, 
     return section
 
 
+def _sweep_section(cls: type[Any]) -> dict[str, Any]:
+    """The schema of one section of a sweep's spec, from its declarations (spotray/contract/sweep.py)."""
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    required = []
+    for key, section_field, declared in sweep_declarations(cls):
+        python_type = field_type(hints[section_field.name])
+        schema: dict[str, Any] = {"type": _OPENAPI_TYPES[python_type], "description": declared.description}
+        if declared.choices is not None:
+            schema["enum"] = list(declared.choices)
+        if declared.above is not None:
+            schema |= {"minimum": declared.above, "exclusiveMinimum": True}
+        if declared.minimum is not None:
+            schema["minimum"] = declared.minimum
+        if declared.maximum is not None:
+            schema["maximum"] = declared.maximum
+        if section_field.default is dataclasses.MISSING:
+            required.append(key)
+        elif section_field.default is not None:
+            schema["default"] = section_field.default
+        properties[key] = schema
+    return _section(" ".join((cls.__doc__ or "").split()), properties, tuple(required))
+
+
 def sweep_spec_schema() -> dict[str, Any]:
     """spec of a TrainingSweep: the shapes and ranges; spotray/contract/sweep.py checks the rest (that
     every ${name} is a parameter, minSteps on a checkpoint) and names the fix in the sweep's status."""
@@ -484,130 +518,13 @@ def sweep_spec_schema() -> dict[str, Any]:
                 "description": "The search space: parameter name -> its range or values.",
                 "additionalProperties": parameter,
             },
-            "search": _section(
-                "How new trials get their values (Optuna's samplers).",
-                {
-                    "algorithm": {**_choice("grid, random or tpe.", ALGORITHMS), "default": "random"},
-                    "seed": _integer("Seeds every sampler: the same sweep asks for the same values.", 0, 2**31 - 1),
-                },
-            ),
-            "objective": _section(
-                "What a trial is judged by: the mean loss over a checkpoint interval.",
-                {
-                    "metric": {**_choice("The metric (loss).", METRICS), "default": "loss"},
-                    "direction": {**_choice("minimize or maximize.", DIRECTIONS), "default": "minimize"},
-                },
-            ),
-            "trials": _section(
-                "How many trials in all, and how many at once.",
-                {
-                    "max": {**_integer("Trials in all.", 1, MAX_TRIALS), "default": 10},
-                    "parallel": {**_integer("Trials running at once.", 1, MAX_TRIALS), "default": 1},
-                    "maxGpuHours": {
-                        "type": "number",
-                        "exclusiveMinimum": True,
-                        "minimum": 0,
-                        "description": (
-                            "The GPU-hours the trials may spend in all: each trial's attempts' time times its GPUs "
-                            "(a CPU-only worker counts as one). Once spent, no trial starts or resumes; running "
-                            "trials finish. Unset: no such budget."
-                        ),
-                    },
-                },
-            ),
-            "earlyStopping": _section(
-                "Asynchronous successive halving at checkpoints: rungs at minSteps * reductionFactor^k.",
-                {
-                    "minSteps": _integer(
-                        "The first rung: a multiple of the template's checkpoint.everySteps.", 1, 10**9
-                    ),
-                    "reductionFactor": {**_integer("Only the best 1/factor go past a rung.", 2, 100), "default": 3},
-                },
-                required=("minSteps",),
-            ),
-            "populationBased": _section(
-                "Population-based training: every intervalSteps, a trial in the bottom quantile continues from "
-                "the checkpoint of one in the top quantile (checkpoint.startFrom) with its values perturbed. "
-                "The whole population trains at once (trials.parallel = trials.max).",
-                {
-                    "intervalSteps": _integer(
-                        "How often trials are compared: a multiple of the template's checkpoint.everySteps.", 1, 10**9
-                    ),
-                    "quantile": {
-                        "type": "number",
-                        "exclusiveMinimum": True,
-                        "minimum": 0,
-                        "maximum": 0.5,
-                        "default": 0.25,
-                        "description": "The bottom fraction that exploits the top fraction.",
-                    },
-                    "resampleProbability": {
-                        "type": "number",
-                        "minimum": 0,
-                        "maximum": 1,
-                        "default": 0.25,
-                        "description": "Each value is resampled with this probability, else perturbed "
-                        "(x0.8 or x1.2 for a range, a neighbour for listed values).",
-                    },
-                },
-                required=("intervalSteps",),
-            ),
+            "search": _sweep_section(SearchSpec),
+            "objective": _sweep_section(ObjectiveSpec),
+            "trials": _sweep_section(TrialsSpec),
+            "earlyStopping": _sweep_section(EarlyStopping),
+            "populationBased": _sweep_section(PopulationBased),
         },
         required=("template", "parameters"),
-    )
-
-
-SWEEP_TRIAL_STATES = ("running", "suspended", "succeeded", "failed")  # spotray/decisions/sweep.py sweep_status's keys
-
-
-def sweep_status_schema() -> dict[str, Any]:
-    count = {"type": "integer", "minimum": 0}
-    return _section(
-        "Written by the controller: a report; the trials are the state.",
-        {
-            "phase": _string("Running, Succeeded (no trial left to run, one succeeded) or Failed."),
-            "message": _string("The sweep in one line, or what stops it, with the fix."),
-            "observedGeneration": {"type": "integer", "format": "int64", "minimum": 0},
-            "started": {**count, "description": "Trials started so far."},
-            "limit": {
-                **count,
-                "description": "Trials the sweep may start in all (spec.trials.max, or the grid's size).",
-            },
-            "trials": _section(
-                "Trials by state.",
-                {state: {**count, "description": f"Trials {state}."} for state in SWEEP_TRIAL_STATES},
-            ),
-            "best": _section(
-                "The trial that succeeded with the best objective.",
-                {"trial": {**count, "description": "Its number."}, **{m: {"type": "number"} for m in METRICS}},
-            ),
-            "gpuHours": {
-                "type": "number",
-                "minimum": 0,
-                "description": "GPU-hours the trials spent so far (see spec.trials.maxGpuHours).",
-            },
-            "exploits": {
-                **count,
-                "description": "Population-based training: the exploits done so far (each trial's lineage is in "
-                "its spotray.dev/lineage annotation).",
-            },
-            "lineage": {
-                "type": "array",
-                "maxItems": 64,
-                "description": "Population-based training: each exploit applied, oldest first (the newest 64): the "
-                "trial, the step it was judged at, the donor and the donor's step it went on from, its new values.",
-                "items": _section(
-                    "One exploit.",
-                    {
-                        "trial": count,
-                        "step": count,
-                        "donor": count,
-                        "donorStep": count,
-                        "values": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-                    },
-                ),
-            },
-        },
     )
 
 
@@ -622,7 +539,7 @@ def training_sweep_crd() -> dict[str, Any]:
             "kind": _string("TrainingSweep."),
             "metadata": {"type": "object"},
             "spec": sweep_spec_schema(),
-            "status": sweep_status_schema(),
+            "status": _status_schema(SweepStatus, " ".join((SweepStatus.__doc__ or "").split())),
         },
     }
     columns = [

@@ -24,6 +24,7 @@ budget, never as a failure.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -32,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from spotray.contract.extras import MissingExtraError
 from spotray.contract.names import FAILED, SWEEP_LABEL
 from spotray.contract.spec import InvalidSpecError
-from spotray.contract.sweep import TrainingSweep, parse_sweep
+from spotray.contract.sweep import SweepStatus, TrainingSweep, TrialCounts, parse_sweep
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import status_changed
 
@@ -59,7 +60,7 @@ def reconcile_sweep(cluster: Cluster, namespace: str, name: str) -> float | None
         from spotray.decisions import sweep as decisions  # noqa: PLC0415 - needs the [sweep] extra (Optuna)
     except (InvalidSpecError, MissingExtraError) as error:
         message = str(error)
-        refused = {"phase": FAILED, "message": message, "observedGeneration": generation}
+        refused = SweepStatus(phase=FAILED, message=message, observed_generation=generation).to_status()
         if status_changed(stored, refused):
             cluster.patch_sweep_status(namespace, name, refused)
         log.warning("TrainingSweep %s/%s refused: %s", namespace, name, message)
@@ -81,10 +82,10 @@ def reconcile_sweep(cluster: Cluster, namespace: str, name: str) -> float | None
             problems.append(f"trial {sweep.trial_name(number)} was deleted; the sweep goes on without it")
         log.info("TrainingSweep %s/%s: trial %d: %s", namespace, name, number, patch)
     status = decisions.sweep_status(sweep.spec, facts, plan)
-    status["observedGeneration"] = generation
-    status["message"] = "; ".join(problems) or _summary(sweep, status, plan.budget_spent)
-    if status_changed(stored, status):
-        cluster.patch_sweep_status(namespace, name, status)
+    message = "; ".join(problems) or _summary(sweep, status, plan.budget_spent)
+    written = dataclasses.replace(status, observed_generation=generation, message=message).to_status()
+    if status_changed(stored, written):
+        cluster.patch_sweep_status(namespace, name, written)
     return None if plan.finished else REFRESH_S
 
 
@@ -102,13 +103,13 @@ def _create_trial(cluster: Cluster, sweep: TrainingSweep, uid: str, number: int,
     )
 
 
-def _summary(sweep: TrainingSweep, status: dict[str, Any], budget_spent: bool) -> str:
-    trials = status["trials"]
+def _summary(sweep: TrainingSweep, status: SweepStatus, budget_spent: bool) -> str:
+    trials = (status.trials or TrialCounts()).to_status()
     counts = ", ".join(f"{count} {state}" for state, count in trials.items() if count)
-    best = status.get("best")
-    found = f"; best so far trial {best['trial']} ({sweep.spec.metric} {best[sweep.spec.metric]})" if best else ""
-    budget = sweep.spec.max_gpu_hours
-    spent = "" if budget is None else f"; {status['gpuHours']} of {budget:g} GPU-hours spent"
+    best = status.best
+    found = f"; best so far trial {best.trial} ({sweep.spec.objective.metric} {best.loss})" if best else ""
+    budget = sweep.spec.trials.max_gpu_hours
+    spent = "" if budget is None else f"; {status.gpu_hours} of {budget:g} GPU-hours spent"
     if budget_spent:
         spent += ": no trial starts or resumes"
-    return f"{status['started']} of {status['limit']} trials started ({counts or 'none yet'}){found}{spent}"
+    return f"{status.started} of {status.limit} trials started ({counts or 'none yet'}){found}{spent}"

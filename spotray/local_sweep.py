@@ -173,9 +173,9 @@ class LocalSweep:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._load_state()
         spec = self.sweep.spec
-        if spec.parallel > self.fits:
+        if spec.trials.parallel > self.fits:
             self.progress.note(
-                f"trials.parallel is {spec.parallel}, and this machine's {os.cpu_count()} CPUs fit {self.fits} "
+                f"trials.parallel is {spec.trials.parallel}, and this machine's {os.cpu_count()} CPUs fit {self.fits} "
                 f"trial(s) of {spec.template.workers.num_workers} worker(s): {self.fits} at a time"
             )
         # Trials stop before the watchdog's end (which SIGKILLs what is left) and before the S3 server.
@@ -206,7 +206,9 @@ class LocalSweep:
 
     def _loop(self) -> int:
         spec = self.sweep.spec
-        limited = dataclasses.replace(spec, parallel=min(spec.parallel, self.fits))
+        limited = dataclasses.replace(
+            spec, trials=dataclasses.replace(spec.trials, parallel=min(spec.trials.parallel, self.fits))
+        )
         while True:
             facts = self.trials()
             plan = decide(limited, facts)
@@ -381,13 +383,13 @@ class LocalSweep:
 
     def _rung_text(self, facts: list[TrialFacts], number: int, rung: int) -> str:
         value = next(f for f in facts if f.number == number).rung_values.get(rung)
-        return f"{self.sweep.spec.metric} {value:.4f}" if value is not None else "no value"
+        return f"{self.sweep.spec.objective.metric} {value:.4f}" if value is not None else "no value"
 
     def _summary(self, facts: list[TrialFacts], plan: SweepPlan) -> int:
         self.progress.note(f"\nsweep {self.sweep.name}: {len(facts)} trial(s) in {self.workdir}")
         for fact in facts:
             values = _values_text(fact.values)
-            result = f"{self.sweep.spec.metric} {fact.value:.4f}" if fact.value is not None else ""
+            result = f"{self.sweep.spec.objective.metric} {fact.value:.4f}" if fact.value is not None else ""
             rungs = ", ".join(f"{step}: {value:.4f}" for step, value in sorted(fact.rung_values.items()))
             exploits = "; ".join(
                 f"from trial {e.donor}'s step {e.donor_step} at {e.step} ({_values_text(e.before)} -> "
@@ -399,7 +401,7 @@ class LocalSweep:
                 + (f"  (rungs {rungs})" if rungs and not exploits else "")
                 + (f"  (exploited: {exploits})" if exploits else "")
             )
-        budget = self.sweep.spec.max_gpu_hours
+        budget = self.sweep.spec.trials.max_gpu_hours
         if budget is not None:
             spent = sum(f.gpu_hours for f in facts)
             said = ": no trial started or resumed past it" if plan.budget_spent else ""
@@ -412,7 +414,7 @@ class LocalSweep:
             return 1
         number, value = plan.best
         self.progress.note(
-            f"best: trial {number} ({self.sweep.trial_name(number)}), {self.sweep.spec.metric} {value:.4f}; "
+            f"best: trial {number} ({self.sweep.trial_name(number)}), {self.sweep.spec.objective.metric} {value:.4f}; "
             f"its model: {self.workdir / self.sweep.trial_name(number) / 'final'}"
         )
         return 0

@@ -269,7 +269,7 @@ def _keys(cls: type[StatusObject]) -> tuple[_Key, ...]:
                     holds,
                     many,
                     declared.clearable,
-                    plain=inner if holds is None and inner in (str, int, float, bool) else None,
+                    plain=_plain_type(inner) if holds is None else None,
                     enum=tuple(enum) if enum is not None else None,
                     minimum=declared.openapi.get("minimum"),
                     date_time=declared.openapi.get("format") == DATE_TIME,
@@ -277,6 +277,14 @@ def _keys(cls: type[StatusObject]) -> tuple[_Key, ...]:
             )
         _KEYS[cls] = tuple(keys)
     return _KEYS[cls]
+
+
+def _plain_type(python_type: Any) -> type | None:
+    """The type a value of a field that holds no object must have: str, int, float, bool, or dict (a
+    JSON object kept as it is); None: anything."""
+    if typing.get_origin(python_type) is dict:
+        return dict
+    return python_type if python_type in (str, int, float, bool) else None
 
 
 def _written(key: _Key, value: Any) -> bool:

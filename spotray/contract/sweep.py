@@ -18,23 +18,37 @@ the training code through the entrypoint, where ``${name}`` stands for each para
       trials: {max: 16, parallel: 4, maxGpuHours: 40}   # the budget: trials, and GPU-hours in all
       earlyStopping: {minSteps: 20, reductionFactor: 3}   # ASHA, at checkpoint boundaries
 
-This module only reads and checks the spec (every problem at once, each with its path and fix) and
-makes a trial's TrainingRun manifest; choosing values and stopping trials is spotray/decisions/sweep.py's.
-Standard library and PyYAML only, as the rest of the contract.
+Each section is declared once, as a dataclass whose fields carry their description, default and
+bounds (``sweep_field``): the parser, the CRD schema (controller/crd.py) and `kubectl explain` come
+from the declarations. This module only reads and checks the spec (every problem at once, each with
+its path and fix) and makes a trial's TrainingRun manifest; choosing values and stopping trials is
+spotray/decisions/sweep.py's. Standard library and PyYAML only, as the rest of the contract.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 import string
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spotray.contract.names import API_VERSION, KIND, SWEEP_KIND, SWEEP_LABEL
-from spotray.contract.spec import MAX_NAME_LENGTH, InvalidSpecError, RunSpec, WorkerSpec, name_problem, parse_spec
+from spotray.contract.spec import (
+    MAX_NAME_LENGTH,
+    InvalidSpecError,
+    RunSpec,
+    WorkerSpec,
+    camel,
+    field_type,
+    name_problem,
+    parse_spec,
+)
+from spotray.contract.status import StatusObject, status_field
 
 SWEEP_PLURAL = "trainingsweeps"
 TRIAL_LABEL = "spotray.dev/trial"  # on each trial: its number
@@ -89,11 +103,77 @@ class Parameter:
 
 
 @dataclass(frozen=True)
-class EarlyStopping:
-    """Asynchronous successive halving: a trial goes on past a rung only among the best 1/factor there."""
+class SweepField:
+    """What the declaration of one field of a sweep's section says beyond its Python type and default."""
 
-    min_steps: int  # the first rung; the next ones at min_steps * factor^k
-    reduction_factor: int = 3
+    description: str  # `kubectl explain trainingsweep.spec` prints it
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None  # an exclusive minimum
+    choices: tuple[str, ...] | None = None
+    when_missing: str | None = None  # a required field: what to write
+    key: str | None = None  # its key in the manifest, where it is not the field's name in camelCase
+
+
+def sweep_field(description: str, *, default: Any = dataclasses.MISSING, **declared: Any) -> Any:
+    """A field of a sweep's section, with its ``SweepField``; no default: the field is required."""
+    return dataclasses.field(default=default, metadata={"sweep": SweepField(description, **declared)})
+
+
+def sweep_declarations(cls: type[Any]) -> list[tuple[str, dataclasses.Field[Any], SweepField]]:
+    """(key in the manifest, dataclass field, declaration) of each field of a sweep's section."""
+    found = []
+    for section_field in dataclasses.fields(cls):
+        declared: SweepField = section_field.metadata["sweep"]
+        found.append((declared.key or camel(section_field.name), section_field, declared))
+    return found
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    """How new trials get their values (Optuna's samplers)."""
+
+    algorithm: str = sweep_field("grid, random or tpe.", default="random", choices=ALGORITHMS)
+    seed: int = sweep_field(
+        "Seeds every sampler: the same sweep asks for the same values.", default=0, minimum=0, maximum=2**31 - 1
+    )
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """What a trial is judged by: the mean loss over a checkpoint interval."""
+
+    metric: str = sweep_field("The metric (loss).", default="loss", choices=METRICS)
+    direction: str = sweep_field("minimize or maximize.", default="minimize", choices=DIRECTIONS)
+
+
+@dataclass(frozen=True)
+class TrialsSpec:
+    """How many trials in all, and how many at once."""
+
+    max_trials: int = sweep_field("Trials in all.", default=10, minimum=1, maximum=MAX_TRIALS, key="max")
+    parallel: int = sweep_field("Trials running at once.", default=1, minimum=1, maximum=MAX_TRIALS)
+    max_gpu_hours: float | None = sweep_field(
+        "The GPU-hours the trials may spend in all: each trial's attempts' time times its GPUs (a CPU-only "
+        "worker counts as one). Once spent, no trial starts or resumes; running trials finish. Unset: no such "
+        "budget.",
+        default=None,
+        above=0,
+    )
+
+
+@dataclass(frozen=True)
+class EarlyStopping:
+    """Asynchronous successive halving at checkpoints: rungs at minSteps * reductionFactor^k, and a trial
+    goes on past a rung only among the best 1/reductionFactor there."""
+
+    min_steps: int = sweep_field(
+        "The first rung: a multiple of the template's checkpoint.everySteps.",
+        minimum=1,
+        maximum=MAX_RUNG_STEP,
+        when_missing="the first rung, a multiple of checkpoint.everySteps",
+    )
+    reduction_factor: int = sweep_field("Only the best 1/factor go past a rung.", default=3, minimum=2, maximum=100)
 
     def rungs(self, max_steps: int) -> list[int]:
         """The rung steps below ``max_steps``: where a trial is compared with the others."""
@@ -106,14 +186,26 @@ class EarlyStopping:
 
 @dataclass(frozen=True)
 class PopulationBased:
-    """Population-based training: every ``interval_steps``, a trial in the bottom ``quantile`` of the
-    trials at that step continues from the checkpoint of one in the top quantile (exploit), with that
-    trial's values perturbed (explore): each resampled with ``resample_probability``, else a range's
-    value times 0.8 or 1.2 and a listed value its neighbour."""
+    """Population-based training: every intervalSteps, a trial in the bottom quantile continues from the
+    checkpoint of one in the top quantile (checkpoint.startFrom) with its values perturbed. The whole
+    population trains at once (trials.parallel = trials.max)."""
 
-    interval_steps: int
-    quantile: float = 0.25
-    resample_probability: float = 0.25
+    interval_steps: int = sweep_field(
+        "How often trials are compared: a multiple of the template's checkpoint.everySteps.",
+        minimum=1,
+        maximum=MAX_RUNG_STEP,
+        when_missing="how often trials are compared, a multiple of checkpoint.everySteps",
+    )
+    quantile: float = sweep_field(
+        "The bottom fraction that exploits the top fraction.", default=0.25, above=0, maximum=0.5
+    )
+    resample_probability: float = sweep_field(
+        "Each value is resampled with this probability, else perturbed (x0.8 or x1.2 for a range, a neighbour "
+        "for listed values).",
+        default=0.25,
+        minimum=0,
+        maximum=1,
+    )
 
     def steps(self, max_steps: int) -> list[int]:
         """The steps below ``max_steps`` where trials are compared (at most MAX_OBJECTIVE_STEPS)."""
@@ -179,19 +271,81 @@ def _json_or_none(text: Any) -> Any:
         return None
 
 
+# The sweep's phases (status.phase) and its trials' states (status.trials' keys, lower case).
+SWEEP_PHASES = ("Running", "Succeeded", "Failed")
+MAX_STATUS_LINEAGE = 64  # exploits listed in a sweep's status.lineage (the newest)
+
+
+@dataclass(frozen=True)
+class TrialCounts(StatusObject):
+    """status.trials: the sweep's trials by state."""
+
+    running: int | None = status_field("Trials running.", minimum=0)
+    suspended: int | None = status_field("Trials suspended: stopped at a rung, or waiting to exploit.", minimum=0)
+    succeeded: int | None = status_field("Trials succeeded.", minimum=0)
+    failed: int | None = status_field("Trials failed.", minimum=0)
+
+
+@dataclass(frozen=True)
+class BestTrial(StatusObject):
+    """status.best: the trial that succeeded with the best objective."""
+
+    trial: int | None = status_field("Its number.", minimum=0)
+    loss: float | None = status_field("Its objective: the mean loss over its last checkpoint interval.")
+
+
+@dataclass(frozen=True)
+class LineageEntry(StatusObject):
+    """One exploit applied: the trial, the step it was judged at, the donor and the donor's step, its new values."""
+
+    trial: int | None = status_field("The trial that exploited.", minimum=0)
+    step: int | None = status_field("The step it was judged at.", minimum=0)
+    donor: int | None = status_field("The trial whose checkpoint it went on from.", minimum=0)
+    donor_step: int | None = status_field("The donor's step it went on from.", minimum=0)
+    values: dict[str, Any] | None = status_field("Its new values.")
+
+
+@dataclass(frozen=True)
+class SweepStatus(StatusObject):
+    """Written by the controller: a report; the trials are the state."""
+
+    phase: str | None = status_field(
+        "Running, Succeeded (no trial left to run, one succeeded) or Failed.", enum=list(SWEEP_PHASES)
+    )
+    message: str | None = status_field("The sweep in one line, or what stops it, with the fix.")
+    observed_generation: int | None = status_field(
+        "The sweep's metadata.generation this status was made from.", format="int64", minimum=0
+    )
+    started: int | None = status_field("Trials started so far.", minimum=0)
+    limit: int | None = status_field(
+        "Trials the sweep may start in all (spec.trials.max, or the grid's size).", minimum=0
+    )
+    trials: TrialCounts | None = status_field("Trials by state.")
+    best: BestTrial | None = status_field("The trial that succeeded with the best objective.")
+    gpu_hours: float | None = status_field(
+        "GPU-hours the trials spent so far (see spec.trials.maxGpuHours).", minimum=0
+    )
+    exploits: int | None = status_field(
+        "Population-based training: the exploits done so far (each trial's lineage is in its "
+        "spotray.dev/lineage annotation).",
+        minimum=0,
+    )
+    lineage: tuple[LineageEntry, ...] | None = status_field(
+        f"Population-based training: each exploit applied, oldest first (the newest {MAX_STATUS_LINEAGE}).",
+        items="One exploit.",
+        maxItems=MAX_STATUS_LINEAGE,
+    )
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     template: RunSpec
     template_document: dict[str, Any]  # the template as written, from which each trial's spec is made
     parameters: tuple[Parameter, ...]
-    algorithm: str = "random"
-    seed: int = 0
-    metric: str = "loss"
-    direction: str = "minimize"
-    max_trials: int = 10
-    parallel: int = 1
+    search: SearchSpec = SearchSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    trials: TrialsSpec = TrialsSpec()
     early_stopping: EarlyStopping | None = None
-    max_gpu_hours: float | None = None  # the trials' GPU-hours in all (gpu_hours); None: no such budget
     population: PopulationBased | None = None
 
     def objective_steps(self, max_steps: int = MAX_RUNG_STEP) -> list[int]:
@@ -330,19 +484,70 @@ class _Problems:
         for key in sorted(set(data) - set(keys)):
             self.items.append(f"{path}.{key}: unknown field (known: {', '.join(keys)})")
 
-    def integer(self, data: dict[str, Any], key: str, path: str, *, default: int, low: int, high: int) -> int:
-        value = data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            self.items.append(f"{path}.{key}: must be an integer from {low} to {high}, got {value!r}")
-            return default
-        return value
-
     def choice(self, data: dict[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> str:
         value = data.get(key, default)
         if value not in allowed:
             self.items.append(f"{path}.{key}: must be one of {', '.join(allowed)}, got {value!r}")
             return default
         return str(value)
+
+    def section(self, cls: type[Any], data: Any, path: str) -> Any:
+        """A sweep's section read by its declarations (``sweep_field``); None when a required field is
+        missing or unreadable (every problem is noted, so the sweep is refused)."""
+        data = self.mapping(data, path)
+        declared = sweep_declarations(cls)
+        self.known(data, path, tuple(key for key, _, _ in declared))
+        hints = typing.get_type_hints(cls)
+        values: dict[str, Any] = {}
+        complete = True
+        for key, section_field, info in declared:
+            if data.get(key) is None:
+                if section_field.default is dataclasses.MISSING:
+                    self.items.append(f"{path}.{key}: missing; {info.when_missing}")
+                    complete = False
+                continue
+            value = self.value(field_type(hints[section_field.name]), info, data[key], f"{path}.{key}")
+            if value is not None:
+                values[section_field.name] = value
+            elif section_field.default is dataclasses.MISSING:
+                complete = False
+        return cls(**values) if complete else None
+
+    def value(self, python_type: type, info: SweepField, value: Any, path: str) -> Any:
+        """``value`` when it is what the declaration allows, else None with the problem noted."""
+        if info.choices is not None:
+            if value in info.choices:
+                return value
+            self.items.append(f"{path}: must be one of {', '.join(info.choices)}, got {value!r}")
+            return None
+        if python_type is int:
+            fits = isinstance(value, int) and not isinstance(value, bool) and _within(value, info)
+            if not fits:
+                self.items.append(f"{path}: must be an integer {_bounds(info)}, got {value!r}")
+            return value if fits else None
+        if _number(value) and _within(value, info):
+            return float(value)
+        self.items.append(f"{path}: must be a number {_bounds(info)}, got {value!r}")
+        return None
+
+
+def _within(value: float, info: SweepField) -> bool:
+    low_ok = (info.minimum is None or value >= info.minimum) and (info.above is None or value > info.above)
+    return low_ok and (info.maximum is None or value <= info.maximum)
+
+
+def _bounds(info: SweepField) -> str:
+    """The range a declaration allows, in words: "from 2 to 100", "above 0 and at most 0.5"."""
+    if info.minimum is not None and info.maximum is not None:
+        return f"from {info.minimum:g} to {info.maximum:g}"
+    words = []
+    if info.minimum is not None:
+        words.append(f"of at least {info.minimum:g}")
+    if info.above is not None:
+        words.append(f"above {info.above:g}")
+    if info.maximum is not None:
+        words.append(f"at most {info.maximum:g}")
+    return " and ".join(words)
 
 
 def _fits(kind: str, value: Any) -> bool:
@@ -444,35 +649,22 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
         )
     parameters = tuple(p for n, d in raw_parameters.items() if (p := _parameter(n, d, problems)) is not None)
 
-    search = problems.mapping(spec.get("search"), "spec.search")
-    problems.known(search, "spec.search", ("algorithm", "seed"))
-    algorithm = problems.choice(search, "algorithm", "spec.search", "random", ALGORITHMS)
-    seed = problems.integer(search, "seed", "spec.search", default=0, low=0, high=2**31 - 1)
-
-    objective = problems.mapping(spec.get("objective"), "spec.objective")
-    problems.known(objective, "spec.objective", ("metric", "direction"))
-    metric = problems.choice(objective, "metric", "spec.objective", "loss", METRICS)
-    direction = problems.choice(objective, "direction", "spec.objective", "minimize", DIRECTIONS)
-
-    trials = problems.mapping(spec.get("trials"), "spec.trials")
-    problems.known(trials, "spec.trials", ("max", "parallel", "maxGpuHours"))
-    max_trials = problems.integer(trials, "max", "spec.trials", default=10, low=1, high=MAX_TRIALS)
-    parallel = problems.integer(trials, "parallel", "spec.trials", default=1, low=1, high=MAX_TRIALS)
-    max_gpu_hours = trials.get("maxGpuHours")
-    if max_gpu_hours is not None and not (_number(max_gpu_hours) and max_gpu_hours > 0):
-        problems.items.append(f"spec.trials.maxGpuHours: a number of hours above 0, got {max_gpu_hours!r}")
-
+    search: SearchSpec = problems.section(SearchSpec, spec.get("search"), "spec.search") or SearchSpec()
+    objective: ObjectiveSpec = (
+        problems.section(ObjectiveSpec, spec.get("objective"), "spec.objective") or ObjectiveSpec()
+    )
+    trials: TrialsSpec = problems.section(TrialsSpec, spec.get("trials"), "spec.trials") or TrialsSpec()
     early_stopping = _early_stopping(spec.get("earlyStopping"), template, problems)
     population = _population(spec.get("populationBased"), template, problems)
     if population is not None and early_stopping is not None:
         problems.items.append("spec.populationBased: give earlyStopping or populationBased, not both")
-    if population is not None and parallel != max_trials:
+    if population is not None and trials.parallel != trials.max_trials:
         problems.items.append(
             f"spec.trials.parallel: population-based training trains the whole population at once: make it "
-            f"trials.max ({max_trials}), got {parallel}"
+            f"trials.max ({trials.max_trials}), got {trials.parallel}"
         )
 
-    _check_use(template, raw_parameters, parameters, algorithm, problems)
+    _check_use(template, raw_parameters, parameters, search.algorithm, problems)
     if problems.items:
         raise InvalidSpecError(problems.items, where)
     assert template is not None
@@ -483,14 +675,10 @@ def parse_sweep(document: Any, where: str = SWEEP_KIND) -> TrainingSweep:
             template=template,
             template_document=template_document,
             parameters=parameters,
-            algorithm=algorithm,
-            seed=seed,
-            metric=metric,
-            direction=direction,
-            max_trials=max_trials,
-            parallel=parallel,
+            search=search,
+            objective=objective,
+            trials=trials,
             early_stopping=early_stopping,
-            max_gpu_hours=None if max_gpu_hours is None else float(max_gpu_hours),
             population=population,
         ),
     )
@@ -526,17 +714,11 @@ def _early_stopping(data: Any, template: RunSpec | None, problems: _Problems) ->
     if data is None:
         return None
     path = "spec.earlyStopping"
-    data = problems.mapping(data, path)
-    problems.known(data, path, ("minSteps", "reductionFactor"))
-    if "minSteps" not in data:
-        problems.items.append(f"{path}.minSteps: missing; the first rung, a multiple of checkpoint.everySteps")
-        return None
-    min_steps = problems.integer(data, "minSteps", path, default=1, low=1, high=10**9)
-    factor = problems.integer(data, "reductionFactor", path, default=3, low=2, high=100)
-    _checkpoint_multiple(
-        min_steps, template, f"{path}.minSteps", problems, "a trial stopped at a rung resumes from the checkpoint there"
-    )
-    return EarlyStopping(min_steps, factor)
+    early_stopping: EarlyStopping | None = problems.section(EarlyStopping, data, path)
+    if early_stopping is not None:
+        why = "a trial stopped at a rung resumes from the checkpoint there"
+        _checkpoint_multiple(early_stopping.min_steps, template, f"{path}.minSteps", problems, why)
+    return early_stopping
 
 
 def _checkpoint_multiple(value: int, template: RunSpec | None, path: str, problems: _Problems, why: str) -> None:
@@ -552,24 +734,13 @@ def _population(data: Any, template: RunSpec | None, problems: _Problems) -> Pop
     if data is None:
         return None
     path = "spec.populationBased"
-    data = problems.mapping(data, path)
-    problems.known(data, path, ("intervalSteps", "quantile", "resampleProbability"))
-    if "intervalSteps" not in data:
-        problems.items.append(f"{path}.intervalSteps: missing; how often trials are compared, a multiple of "
-                              "checkpoint.everySteps")  # fmt: skip
-        return None
-    interval = problems.integer(data, "intervalSteps", path, default=1, low=1, high=10**9)
-    _checkpoint_multiple(interval, template, f"{path}.intervalSteps", problems, "a trial exploits a checkpoint there")
-    quantile, resample = data.get("quantile", 0.25), data.get("resampleProbability", 0.25)
-    if not (_number(quantile) and 0 < quantile <= 0.5):
-        problems.items.append(f"{path}.quantile: a fraction above 0 and at most 0.5, got {quantile!r}")
-        quantile = 0.25
-    if not (_number(resample) and 0 <= resample <= 1):
-        problems.items.append(f"{path}.resampleProbability: a probability from 0 to 1, got {resample!r}")
-        resample = 0.25
+    population: PopulationBased | None = problems.section(PopulationBased, data, path)
+    if population is not None:
+        why = "a trial exploits a checkpoint there"
+        _checkpoint_multiple(population.interval_steps, template, f"{path}.intervalSteps", problems, why)
     if template is not None and template.checkpoint.start_from is not None:
         problems.items.append(
             "spec.template.checkpoint.startFrom: population-based training sets it on each trial that exploits "
             "another; remove it from the template"
         )
-    return PopulationBased(interval, float(quantile), float(resample))
+    return population

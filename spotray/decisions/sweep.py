@@ -41,15 +41,20 @@ from spotray.contract.sweep import (
     LINEAGE_ANNOTATION,
     MAX_LINEAGE,
     MAX_RUNG_STEP,
+    MAX_STATUS_LINEAGE,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
     TRIAL_LABEL,
+    BestTrial,
     EarlyStopping,
     Exploit,
+    LineageEntry,
     Parameter,
     SweepSpec,
+    SweepStatus,
     TrainingSweep,
+    TrialCounts,
     format_value,
     gpu_hours,
     pending_exploit,
@@ -65,7 +70,6 @@ with extra_required("sweep"):
     from optuna.trial import FrozenTrial, TrialState, create_trial
 
 RUNNING, SUSPENDED, SUCCEEDED, FAILED = "Running", "Suspended", "Succeeded", "Failed"
-MAX_STATUS_LINEAGE = 64  # exploits listed in a sweep's status.lineage (the newest)
 # TPE's first trials are random: it needs a few results to model (Optuna's default is 10).
 TPE_STARTUP_TRIALS = 4
 
@@ -139,12 +143,14 @@ def grid(parameters: Sequence[Parameter]) -> list[dict[str, Any]]:
 
 def trial_limit(spec: SweepSpec) -> int:
     """How many trials the sweep starts in all: ``trials.max``, or fewer when a grid has fewer points."""
-    return min(spec.max_trials, len(grid(spec.parameters))) if spec.algorithm == "grid" else spec.max_trials
+    if spec.search.algorithm == "grid":
+        return min(spec.trials.max_trials, len(grid(spec.parameters)))
+    return spec.trials.max_trials
 
 
 def _sampler(spec: SweepSpec, number: int) -> BaseSampler:
-    seed = spec.seed * 1_000_003 + number  # one seed per trial: the same values for the same trial, always
-    if spec.algorithm == "tpe":
+    seed = spec.search.seed * 1_000_003 + number  # one seed per trial: the same values for the same trial, always
+    if spec.search.algorithm == "tpe":
         return TPESampler(seed=seed, n_startup_trials=TPE_STARTUP_TRIALS, constant_liar=True)
     return RandomSampler(seed=seed)
 
@@ -192,7 +198,7 @@ def _study(spec: SweepSpec, trials: Sequence[TrialFacts], sampler: BaseSampler |
         if spec.early_stopping is not None
         else None
     )
-    direction = StudyDirection.MAXIMIZE if spec.direction == "maximize" else StudyDirection.MINIMIZE
+    direction = StudyDirection.MAXIMIZE if spec.objective.direction == "maximize" else StudyDirection.MINIMIZE
     study = optuna.create_study(direction=direction, sampler=sampler or RandomSampler(0), pruner=pruner)
     for trial in trials:
         study.add_trial(_frozen(spec, trial, trial.rung_values))
@@ -237,10 +243,10 @@ def decide(spec: SweepSpec, trials: Sequence[TrialFacts]) -> SweepPlan:
                 suspend.append(trial.number)
     exploit, judged = population_decisions(spec, trials) if spec.population is not None else ({}, {})
     running = sum(1 for t in trials if t.state == RUNNING and t.number not in suspend)
-    spent = spec.max_gpu_hours is not None and spent_gpu_hours(trials) >= spec.max_gpu_hours
+    spent = spec.trials.max_gpu_hours is not None and spent_gpu_hours(trials) >= spec.trials.max_gpu_hours
     # Promotions first (ASHA): a free slot goes to a trial that earned it before a new one. With the
     # budget spent, the trials running finish and nothing else runs.
-    slots = 0 if spent else max(0, spec.parallel - running)
+    slots = 0 if spent else max(0, spec.trials.parallel - running)
     # A trial stopped for its exploit goes on with it (PBT trains the whole population at once).
     pending = sorted(t.number for t in trials if t.state == SUSPENDED and t.exploit is not None)[:slots]
     apply = {t.number: t.exploit for t in trials if t.number in pending and t.exploit is not None}
@@ -285,7 +291,7 @@ def population_decisions(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple
         step = max(ready)
         ranked = sorted(
             (t for t in trials if t.state != FAILED and step in t.rung_values),
-            key=lambda t: t.rung_values[step] if spec.direction == "minimize" else -t.rung_values[step],
+            key=lambda t: t.rung_values[step] if spec.objective.direction == "minimize" else -t.rung_values[step],
         )
         count = min(len(ranked) // 2, max(1, int(len(ranked) * spec.population.quantile)))
         bottom = {t.number for t in ranked[len(ranked) - count :]} if count else set()
@@ -294,7 +300,7 @@ def population_decisions(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple
         if trial.number not in bottom or not donors:
             judged[trial.number] = step
             continue
-        generator = random.Random(f"{spec.seed}/{trial.number}/{step}")  # noqa: S311 - seeded, reproducible; no secret
+        generator = random.Random(f"{spec.search.seed}/{trial.number}/{step}")  # noqa: S311 - seeded, reproducible; no secret
         donor = generator.choice(donors)
         values = explore(spec, donor.values, generator)
         exploits[trial.number] = Exploit(step, donor.number, max(donor.rung_values), trial.values, values)
@@ -369,7 +375,7 @@ def _started(trials: Sequence[TrialFacts]) -> int:
 def _new_trials(spec: SweepSpec, trials: Sequence[TrialFacts], slots: int) -> list[tuple[int, dict[str, Any]]]:
     """Up to ``slots`` new trials, numbered after the last one started, while the sweep has trials left."""
     numbers = range(_started(trials) + 1, min(_started(trials) + slots, trial_limit(spec)) + 1)
-    if spec.algorithm == "grid":
+    if spec.search.algorithm == "grid":
         points = grid(spec.parameters)
         return [(number, points[number - 1]) for number in numbers]
     chosen: list[tuple[int, dict[str, Any]]] = []
@@ -527,29 +533,32 @@ def exploit_patch(sweep: TrainingSweep, trial: TrialFacts, exploit: Exploit) -> 
     return {"metadata": {"annotations": annotations}, "spec": spec}
 
 
-def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) -> dict[str, Any]:
+def sweep_status(spec: SweepSpec, facts: Sequence[TrialFacts], plan: SweepPlan) -> SweepStatus:
     """The sweep's status: its phase, its trials by state, the best so far, how many of its trials started."""
-    states = (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
     phase = RUNNING_PHASE if not plan.finished else (SUCCEEDED_PHASE if plan.best is not None else FAILED_PHASE)
-    status: dict[str, Any] = {
-        "phase": phase,
-        "trials": {state.lower(): sum(1 for f in facts if f.state == state) for state in states},
-        "started": max((f.number for f in facts), default=0) + len(plan.start),
-        "limit": trial_limit(spec),
+    counts = {
+        state.lower(): sum(1 for f in facts if f.state == state) for state in (RUNNING, SUSPENDED, SUCCEEDED, FAILED)
     }
-    if plan.best is not None:
-        number, value = plan.best
-        status["best"] = {"trial": number, spec.metric: round(value, 6)}
-    status["gpuHours"] = round(spent_gpu_hours(facts), 2)  # whole 36 s: a running trial rewrites it rarely
-    if spec.population is not None:
-        status["exploits"] = sum(len(f.lineage) for f in facts)
-        # The population's lineage: every exploit applied (the newest MAX_STATUS_LINEAGE), in the order made.
-        lineage = sorted(((e.applied or "", f.number, e) for f in facts for e in f.lineage), key=lambda x: x[:2])
-        status["lineage"] = [
-            {"trial": number, "step": e.step, "donor": e.donor, "donorStep": e.donor_step, "values": e.values}
+    status = SweepStatus(
+        phase=phase,
+        trials=TrialCounts(**counts),
+        started=max((f.number for f in facts), default=0) + len(plan.start),
+        limit=trial_limit(spec),
+        best=None if plan.best is None else BestTrial(trial=plan.best[0], loss=round(plan.best[1], 6)),
+        gpu_hours=round(spent_gpu_hours(facts), 2),  # whole 36 s: a running trial rewrites it rarely
+    )
+    if spec.population is None:
+        return status
+    # The population's lineage: every exploit applied (the newest MAX_STATUS_LINEAGE), in the order made.
+    lineage = sorted(((e.applied or "", f.number, e) for f in facts for e in f.lineage), key=lambda x: x[:2])
+    return dataclasses.replace(
+        status,
+        exploits=sum(len(f.lineage) for f in facts),
+        lineage=tuple(
+            LineageEntry(trial=number, step=e.step, donor=e.donor, donor_step=e.donor_step, values=e.values)
             for _, number, e in lineage[-MAX_STATUS_LINEAGE:]
-        ]
-    return status
+        ),
+    )
 
 
 def best(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple[int, float] | None:
@@ -559,5 +568,5 @@ def best(spec: SweepSpec, trials: Sequence[TrialFacts]) -> tuple[int, float] | N
     ]
     if not done:
         return None
-    value, number = (min if spec.direction == "minimize" else max)(done)
+    value, number = (min if spec.objective.direction == "minimize" else max)(done)
     return number, value

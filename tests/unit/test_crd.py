@@ -14,10 +14,10 @@ import pytest
 import yaml
 
 from spotray.contract.spec import MAX_NAME_LENGTH, NAME_PATTERN, CheckpointSpec, InvalidSpecError, RunSpec, parse_spec
+from spotray.contract.sweep import parse_sweep, sweep_declarations
 from spotray.controller.crd import (
     CRD_PATH,
     SWEEP_CRD_PATH,
-    SWEEP_TRIAL_STATES,
     crd_yaml,
     spec_schema,
     training_run_crd,
@@ -102,8 +102,12 @@ def test_the_committed_sweep_crd_is_generated_and_its_spec_has_the_parsers_secti
         for key, value in example["spec"].get(section, {}).items():
             bounds = spec[section]["properties"][key]
             assert bounds["minimum"] <= value <= bounds["maximum"], (section, key, value)
-    status_trials = schema["properties"]["status"]["properties"]["trials"]["properties"]
-    assert set(status_trials) == set(SWEEP_TRIAL_STATES)
+    # Every default the parser falls back to is the schema's default: one declaration for both.
+    parsed = parse_sweep(example).spec
+    for section, read in (("search", parsed.search), ("objective", parsed.objective), ("trials", parsed.trials)):
+        for key, section_field, _ in sweep_declarations(type(read)):
+            if key not in example["spec"].get(section, {}) and "default" in spec[section]["properties"][key]:
+                assert getattr(read, section_field.name) == spec[section]["properties"][key]["default"], (section, key)
 
 
 @pytest.mark.parametrize("section", SECTIONS, ids=lambda s: s or "spec")

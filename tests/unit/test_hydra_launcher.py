@@ -36,7 +36,7 @@ def template() -> dict[str, Any]:
 def test_each_job_is_one_trial_that_runs_the_template_entrypoint_with_the_job_overrides() -> None:
     document = sweep_document(template(), JOBS, name="gpt2-hydra", parallel=2)
     sweep = parse_sweep(document)  # the same checks as kubectl apply's and spotray run's
-    assert (sweep.spec.algorithm, sweep.spec.max_trials, sweep.spec.parallel) == ("grid", 2, 2)
+    assert (sweep.spec.search.algorithm, sweep.spec.trials.max_trials, sweep.spec.trials.parallel) == ("grid", 2, 2)
     [parameter] = sweep.spec.parameters
     assert parameter.values == ("learning_rate=0.001 max_steps=30", "learning_rate=0.003 max_steps=30")
     trial = sweep.trial_manifest(1, {PARAMETER: parameter.values[1]})
@@ -67,7 +67,7 @@ def test_early_stopping_the_budget_and_the_namespace_come_through() -> None:
     )
     sweep = parse_sweep(document)
     assert sweep.namespace == "team-a"
-    assert sweep.spec.max_gpu_hours == 1.5
+    assert sweep.spec.trials.max_gpu_hours == 1.5
     assert sweep.spec.early_stopping is not None
     assert sweep.spec.early_stopping.rungs(30) == [10, 20]
 

@@ -95,8 +95,14 @@ def test_a_population_sweep_is_read_and_its_trials_are_compared_at_every_interva
         ({"earlyStopping": {"minSteps": 20}}, "give earlyStopping or populationBased, not both"),
         ({"trials": {"max": 4, "parallel": 2}}, "trains the whole population at once: make it trials.max (4)"),
         ({"populationBased": {"intervalSteps": 25}}, "must be a multiple of checkpoint.everySteps (10), got 25"),
-        ({"populationBased": {"intervalSteps": 20, "quantile": 0.7}}, "quantile: a fraction above 0 and at most 0.5"),
-        ({"populationBased": {"intervalSteps": 20, "resampleProbability": 2}}, "a probability from 0 to 1"),
+        (
+            {"populationBased": {"intervalSteps": 20, "quantile": 0.7}},
+            "quantile: must be a number above 0 and at most 0.5",
+        ),
+        (
+            {"populationBased": {"intervalSteps": 20, "resampleProbability": 2}},
+            "resampleProbability: must be a number from 0 to 1",
+        ),
         ({"populationBased": {}}, "intervalSteps: missing"),
         ({"template__checkpoint__startFrom": "s3://bucket/x/checkpoint-10"}, "remove it from the template"),
     ],
@@ -251,7 +257,7 @@ def test_a_trial_is_stopped_for_its_exploit_then_resumed_from_the_donors_checkpo
     after = trial_facts(sweep.spec, running)
     assert after is not None
     assert (after.state, after.values, after.lineage, after.exploit) == (RUNNING, new, (applied,), None)
-    status = sweep_status(sweep.spec, [*others, after], decide(sweep.spec, [*others, after]))
+    status = sweep_status(sweep.spec, [*others, after], decide(sweep.spec, [*others, after])).to_status()
     assert status["exploits"] == 1
     assert status["lineage"] == [{"trial": 4, "step": 20, "donor": 1, "donorStep": 20, "values": new}]
 

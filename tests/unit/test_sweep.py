@@ -120,7 +120,8 @@ def test_a_sweep_reads_with_its_defaults_and_its_template_checked_as_a_trainingr
     assert [p.name for p in parsed.spec.parameters] == ["lr", "layers"]
     assert parsed.spec.parameters[0].log
     assert parsed.spec.parameters[1].values == (1, 2)
-    assert (parsed.spec.algorithm, parsed.spec.seed, parsed.spec.max_trials, parsed.spec.parallel) == (
+    search, trials = parsed.spec.search, parsed.spec.trials
+    assert (search.algorithm, search.seed, trials.max_trials, trials.parallel) == (
         "random",
         7,
         9,
@@ -180,8 +181,8 @@ def test_a_literal_dollar_stays_and_only_named_placeholders_count() -> None:
         ({"template__checkpoint": None}, "spec.template: spec.checkpoint: missing"),
         ({"parameters": None}, "spec.parameters: missing; name at least one"),
         ({"budget": {"gpuHours": 3}}, "spec.budget: unknown field"),
-        ({"trials__maxGpuHours": 0}, "spec.trials.maxGpuHours: a number of hours above 0, got 0"),
-        ({"trials__maxGpuHours": "8h"}, "spec.trials.maxGpuHours: a number of hours above 0, got '8h'"),
+        ({"trials__maxGpuHours": 0}, "spec.trials.maxGpuHours: must be a number above 0, got 0"),
+        ({"trials__maxGpuHours": "8h"}, "spec.trials.maxGpuHours: must be a number above 0, got '8h'"),
     ],
 )
 def test_a_wrong_sweep_is_refused_with_every_problem_and_its_place(changes: dict[str, Any], said: str) -> None:
@@ -288,7 +289,7 @@ def test_maximize_keeps_the_highest_and_a_sweep_ends_when_nothing_runs_or_can_re
 
 def test_once_the_trials_spent_the_gpu_hours_nothing_starts_or_resumes_and_the_running_finish() -> None:
     spec = sweep(trials__parallel=2, trials__maxGpuHours=1.5).spec
-    assert spec.max_gpu_hours == 1.5
+    assert spec.trials.max_gpu_hours == 1.5
     trials = [
         dataclasses.replace(facts(1, RUNNING, {20: 1.0}, promoted=20), gpu_hours=0.9),
         dataclasses.replace(facts(2, SUSPENDED, {20: 2.0}), gpu_hours=0.3),
@@ -301,13 +302,13 @@ def test_once_the_trials_spent_the_gpu_hours_nothing_starts_or_resumes_and_the_r
     spent = decide(spec, trials)
     assert (spent.start, spent.resume, spent.budget_spent, spent.finished) == ([], [], True, False), "1 runs on"
     assert 4 not in spent.promoted, "not resumed, so not recorded: a raised budget resumes it"
-    raised = decide(dataclasses.replace(spec, max_gpu_hours=3.0), trials)
+    raised = decide(dataclasses.replace(spec, trials=dataclasses.replace(spec.trials, max_gpu_hours=3.0)), trials)
     assert (raised.resume, raised.promoted) == ([4], {4: 20})
     trials.pop()
     trials[0] = dataclasses.replace(trials[0], state=SUCCEEDED, value=1.0)
     over = decide(spec, trials)
     assert (over.finished, over.best) == (True, (1, 1.0)), "nothing runs and nothing may: the sweep is over"
-    assert sweep_status(spec, trials, over)["gpuHours"] == 1.5
+    assert sweep_status(spec, trials, over).gpu_hours == 1.5
 
 
 def test_a_trials_gpu_hours_are_its_attempts_time_times_its_gpus() -> None:
@@ -452,12 +453,12 @@ def test_the_patches_suspend_resume_and_record_the_rungs() -> None:
         "metadata": {"annotations": {PROMOTED_ANNOTATION: "20", STOPPED_ANNOTATION: None}},
         "spec": {"suspend": False},
     }
-    status = sweep_status(spec, trials, plan)
+    status = sweep_status(spec, trials, plan).to_status()
     assert status["phase"] == "Running"
     assert status["trials"] == {"running": 1, "suspended": 5, "succeeded": 0, "failed": 0}
     assert (status["started"], status["limit"]) == (6, 9)
     done = [TrialFacts(1, {"lr": 0.001, "layers": 1}, SUCCEEDED, value=2.5)]
-    finished = sweep_status(sweep(trials__max=1).spec, done, decide(sweep(trials__max=1).spec, done))
+    finished = sweep_status(sweep(trials__max=1).spec, done, decide(sweep(trials__max=1).spec, done)).to_status()
     assert (finished["phase"], finished["best"]) == ("Succeeded", {"trial": 1, "loss": 2.5})
 
 

@@ -15,7 +15,7 @@ class SpotrayLauncherConf:
     name: str | None = None  # the sweep's name; default: the job's name and a hash of the jobs
     parallel: int = 1  # trials at once
     early_stopping_min_steps: int | None = None  # successive halving's first rung; none: every trial runs to its end
-    reduction_factor: int = 3  # the best 1/factor of the trials at a rung go on
+    reduction_factor: int | None = None  # the best 1/factor of the trials at a rung go on; none: the sweep's default
     max_gpu_hours: float | None = None  # the trials' GPU-hours in all (spec.trials.maxGpuHours); none: no budget
     namespace: str | None = None  # local=false: the namespace (default: the template's, else the kubeconfig's)
     context: str | None = None  # local=false: the kubeconfig context

@@ -80,7 +80,7 @@ class SpotrayLauncher(Launcher):
             name=name,
             parallel=int(self.settings["parallel"]),
             early_stopping_min_steps=self.settings.get("early_stopping_min_steps"),
-            reduction_factor=int(self.settings["reduction_factor"]),
+            reduction_factor=self.settings.get("reduction_factor"),
             max_gpu_hours=self.settings.get("max_gpu_hours"),
         )
         if self.settings.get("namespace"):

@@ -62,7 +62,7 @@ def sweep_document(
     name: str,
     parallel: int = 1,
     early_stopping_min_steps: int | None = None,
-    reduction_factor: int = 3,
+    reduction_factor: int | None = None,
     max_gpu_hours: float | None = None,
 ) -> dict[str, Any]:
     """The TrainingSweep that runs ``jobs``: one trial each, from the TrainingRun manifest ``template``.
@@ -97,7 +97,9 @@ def sweep_document(
     if max_gpu_hours is not None:
         sweep_spec["trials"]["maxGpuHours"] = max_gpu_hours
     if early_stopping_min_steps is not None:
-        sweep_spec["earlyStopping"] = {"minSteps": early_stopping_min_steps, "reductionFactor": reduction_factor}
+        sweep_spec["earlyStopping"] = {"minSteps": early_stopping_min_steps}
+        if reduction_factor is not None:  # else the TrainingSweep's own default (spotray/contract/sweep.py)
+            sweep_spec["earlyStopping"]["reductionFactor"] = reduction_factor
     return {"apiVersion": API_VERSION, "kind": SWEEP_KIND, "metadata": metadata, "spec": sweep_spec}
 
 
