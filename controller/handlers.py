@@ -49,14 +49,9 @@ from spotray.contract.status import RunStatus, format_date_time
 from spotray.contract.sweep import SWEEP_PLURAL
 from spotray.controller import metrics
 from spotray.controller.config import ControllerConfig
+from spotray.controller.disruptions import disruption_note, disruption_time, record_cluster_pod_disrupted
 from spotray.controller.kube import Cluster
-from spotray.controller.reconcile import (
-    disruption_note,
-    disruption_time,
-    reconcile,
-    record_cluster_pod_disrupted,
-    settled,
-)
+from spotray.controller.reconcile import reconcile, settled
 from spotray.controller.sweep_reconcile import REFRESH_S as SWEEP_REFRESH_S
 from spotray.controller.sweep_reconcile import reconcile_sweep
 from spotray.controller.watch_health import WatchChecker, WatchHealth

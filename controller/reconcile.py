@@ -18,12 +18,11 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import re
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -41,7 +40,6 @@ from spotray.contract.names import (
     JOB_RUNNING,
     JOB_SUCCEEDED,
     RAY_CLUSTER_LABEL,
-    RAY_NODE_TYPE_LABEL,
     RUN_LABEL,
     RUNNING,
     SPARE_MOVED_ANNOTATION,
@@ -62,6 +60,7 @@ from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
 from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
+from spotray.controller.disruptions import disruption_note, disruption_time, node_loss_note, scheduled_nodes
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster, RayJobRefusedError
 from spotray.controller.network_policy import build_run_network_policy
@@ -104,10 +103,34 @@ from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
 
-_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
-_locks_guard = threading.Lock()
-EVENTS = EventPoster()
-REPORTS = StoreReports()
+
+@dataclass
+class ProcessMemory:
+    """What this controller process keeps between reconciles. None of it is a fact a decision rests on,
+    so a restart that loses it costs reads and writes, never correctness: each is rebuilt from the cluster.
+
+    - ``locks``: one per run, so a run is reconciled on one thread at a time (the work queue's threads);
+    - ``events``: the Events posted, so none is posted twice in a row (controller/events.py);
+    - ``reports``: what the store said about each attempt, read again only when it may have changed;
+    - ``created_awaiting_status``: run UID -> the attempt whose RayJob a reconcile created while leaving
+      the status write to the next (``defer_status``);
+    - ``secrets_seen``: (namespace, Secret) -> when it was last allowed (``SECRET_SEEN_TTL_S``).
+    """
+
+    locks: defaultdict[str, threading.Lock] = field(default_factory=lambda: defaultdict(threading.Lock))
+    locks_guard: threading.Lock = field(default_factory=threading.Lock)
+    events: EventPoster = field(default_factory=EventPoster)
+    reports: StoreReports = field(default_factory=StoreReports)
+    created_awaiting_status: dict[str, int] = field(default_factory=dict)
+    secrets_seen: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def lock_for(self, namespace: str, name: str) -> threading.Lock:
+        with self.locks_guard:
+            return self.locks[f"{namespace}/{name}"]
+
+
+# This process's: the kopf handlers are module-level functions, and so is what they share.
+MEMORY = ProcessMemory()
 
 
 def crash_point(name: str) -> None:
@@ -119,11 +142,6 @@ def crash_point(name: str) -> None:
     if os.environ.get("SPOTRAY_CRASH_AT") == name:
         log.error("SPOTRAY_CRASH_AT=%s: exiting now, as a crash would", name)
         os._exit(70)
-
-
-def _lock_for(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks[f"{namespace}/{name}"]
 
 
 def controller_owner_uid(body: dict[str, Any]) -> str | None:
@@ -213,7 +231,7 @@ def _report(
     }
     ended_at = parse_timestamp(current.end_time)
     try:
-        found = REPORTS.read(
+        found = MEMORY.reports.read(
             run_store(),
             AttemptId(run_uid, current.attempt),
             ended=ended,
@@ -244,10 +262,7 @@ def _records(
 # emergency checkpoint and end (spotray/decisions/run_plan.py ``_suspend_checkpoint_left``), as the driver's
 # own bound after a notice does (train/launch/driver_notice.py EXIT_MARGIN_S).
 SUSPEND_CHECKPOINT_MARGIN_S = 60.0
-# run UID -> the attempt whose RayJob a reconcile created while leaving the status write to the next.
-_created_awaiting_status: dict[str, int] = {}
-_SECRET_SEEN_TTL_S = 60.0
-_secrets_seen: dict[tuple[str, str], float] = {}
+SECRET_SEEN_TTL_S = 60.0  # how long an allowed Secret is taken as allowed (ProcessMemory.secrets_seen)
 
 
 def _s3_refusal(cluster: Cluster, run: TrainingRun, config: ControllerConfig) -> tuple[str, str] | None:
@@ -260,11 +275,11 @@ def _s3_refusal(cluster: Cluster, run: TrainingRun, config: ControllerConfig) ->
     if name is None:
         return None
     key = (run.namespace, name)
-    if time.monotonic() - _secrets_seen.get(key, -_SECRET_SEEN_TTL_S) < _SECRET_SEEN_TTL_S:
+    if time.monotonic() - MEMORY.secrets_seen.get(key, -SECRET_SEEN_TTL_S) < SECRET_SEEN_TTL_S:
         return None
     refused = s3_access_refusal(run, cluster.read_secret(run.namespace, name), config)
     if refused is None:
-        _secrets_seen[key] = time.monotonic()
+        MEMORY.secrets_seen[key] = time.monotonic()
     return refused
 
 
@@ -284,7 +299,7 @@ def reconcile(
     leave its status write and Events to a second reconcile, asked for by returning 0 (see ``_act``).
     """
     started = time.perf_counter()
-    with _lock_for(namespace, name):
+    with MEMORY.lock_for(namespace, name):
         try:
             return _reconcile_locked(cluster, config, namespace, name, body, defer_status)
         except Exception:
@@ -508,12 +523,12 @@ def _act(  # noqa: PLR0917
     defer_status: bool,
 ) -> float | None:
     namespace, name, uid = run.namespace, run.name, body["metadata"]["uid"]
-    unrecorded = _created_awaiting_status.get(uid)
+    unrecorded = MEMORY.created_awaiting_status.get(uid)
     if unrecorded is not None and decided.create_attempt != unrecorded:
         # The plan changed before the deferred status write (the run was suspended, its Secret
         # withdrawn): the RayJob that reconcile created was never recorded, so nothing would ever
         # end it. Delete it; the run's checkpoints are untouched.
-        del _created_awaiting_status[uid]
+        del MEMORY.created_awaiting_status[uid]
         cluster.delete_rayjob(namespace, rayjob_name(name, unrecorded))
     if decided.create_attempt is not None:
         created = _create_attempt(cluster, config, run, uid, state, decided, now, defer_status=defer_status)
@@ -552,7 +567,7 @@ def _act(  # noqa: PLR0917
         cluster.delete_ray_cluster(namespace, decided.delete_ray_cluster)
     _move_idle_spare(cluster, config, run, body, now, decided=decided, ray_cluster=ray_cluster, found=found)
     for event in decided.events:
-        if EVENTS.post(cluster.post_event, body, event, now):
+        if MEMORY.events.post(cluster.post_event, body, event, now):
             log.info("%s/%s: %s: %s", namespace, name, event.reason, event.message)
     for attempt in decided.state.attempts:
         if attempt not in state.attempts and attempt.end_time:
@@ -590,10 +605,10 @@ def _create_attempt(  # noqa: PLR0917
     """
     attempt = decided.create_attempt
     assert attempt is not None
-    if _created_awaiting_status.get(uid) == attempt:
+    if MEMORY.created_awaiting_status.get(uid) == attempt:
         # Created by the reconcile that deferred this status write: no second create (a 409 costs
         # the API server as much as a create). Used once: a RayJob deleted since is made again.
-        del _created_awaiting_status[uid]
+        del MEMORY.created_awaiting_status[uid]
         return decided
     assert decided.state.current is not None
     ray_cluster = decided.state.current.ray_cluster
@@ -610,7 +625,7 @@ def _create_attempt(  # noqa: PLR0917
             # New attempts first: under a burst the API server is the bottleneck, and this run's
             # status patch and Event would delay the next runs' RayJobs. A crash before the deferred
             # write is the restart case of the module docstring (same attempt, the create answers 409).
-            _created_awaiting_status[uid] = attempt
+            MEMORY.created_awaiting_status[uid] = attempt
             return None
         return decided
     owner = controller_owner_uid(existing)
@@ -798,7 +813,7 @@ def _move_idle_spare(
         f"idle spare pod {move.pod} moved off node {move.node}, which it shared with training worker pod "
         f"{move.beside}: KubeRay makes a new spare, placed on another node if one has room (try {move.tries})"
     )
-    if EVENTS.post(cluster.post_event, body, Event("Normal", REASON_SPARE_MOVED, message), now):
+    if MEMORY.events.post(cluster.post_event, body, Event("Normal", REASON_SPARE_MOVED, message), now):
         log.info("%s/%s: %s: %s", run.namespace, run.name, REASON_SPARE_MOVED, message)
 
 
@@ -835,94 +850,3 @@ def merged_interval_losses(
     by_step = {entry.step: entry for entry in kept} | {entry.step: entry for entry in found}
     merged = tuple(by_step[step] for step in sorted(by_step, key=lambda step: step or 0))
     return merged[-MAX_OBJECTIVE_STEPS:]
-
-
-def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
-    """The pod's DisruptionTarget condition when it is true (node deleted, evicted, spot reclaim)."""
-    for condition in (pod.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            return dict(condition)
-    return None
-
-
-def disruption_note(pod: dict[str, Any]) -> str | None:
-    """ "pod P on node N: <reason>: <message>" when the pod carries a true DisruptionTarget condition."""
-    condition = _disruption_condition(pod)
-    if condition is None:
-        return None
-    where = f"pod {pod['metadata']['name']} on node {pod.get('spec', {}).get('nodeName') or '?'}"
-    detail = condition.get("message") or ""
-    return f"{where}: {condition.get('reason') or 'disrupted'}" + (f": {detail}" if detail else "")
-
-
-# The scheduler's words in its "Scheduled" Event (k8s.io/kubernetes pkg/scheduler/schedule_one.go).
-SCHEDULED = re.compile(r"^Successfully assigned (\S+) to (\S+)$")
-
-
-def scheduled_nodes(
-    pods: Sequence[dict[str, Any]], events: Sequence[dict[str, Any]], rayjob: str
-) -> dict[str, tuple[str, datetime | None]]:
-    """node -> (a pod of the RayJob's that was placed on it, when), from the scheduler's Events (which
-    outlive pods deleted with their node, for the API server's event TTL, an hour by default) and
-    the pods that are left. KubeRay names every pod of a RayJob's cluster ``<rayjob>-...``."""
-    placed: dict[str, tuple[str, datetime | None]] = {}
-    for event in events:
-        pod_name = str((event.get("involvedObject") or {}).get("name") or "")
-        found = SCHEDULED.match(str(event.get("message") or ""))
-        if found is None or not pod_name.startswith(f"{rayjob}-"):
-            continue
-        when = event.get("eventTime") or event.get("firstTimestamp") or event.get("lastTimestamp")
-        placed.setdefault(found.group(2), (pod_name, unchecked_timestamp(when)))
-    for pod in pods:
-        node = (pod.get("spec") or {}).get("nodeName")
-        if node:
-            placed.setdefault(str(node), (str(pod["metadata"]["name"]), None))
-    return placed
-
-
-def node_loss_note(placed: dict[str, tuple[str, datetime | None]], created: dict[str, datetime | None]) -> str | None:
-    """ "pod P on node N: ..." for the first node a pod was placed on that is gone or was made anew
-    since (a spot VM reclaimed and a new one under its name); None when every node is still there."""
-    for node in sorted(placed):
-        pod, placed_at = placed[node]
-        made = created.get(node)
-        if node in created and made is None:
-            why = "the node no longer exists"
-        elif made is not None and placed_at is not None and made > placed_at:
-            why = f"the node was created anew at {format_date_time(made)}, after the pod was placed on it"
-        else:
-            continue
-        return f"pod {pod} on node {node}: {why} (read back: the controller was not watching when it went)"
-    return None
-
-
-def record_cluster_pod_disrupted(cluster: Cluster, pod: dict[str, Any], now: datetime) -> str | None:
-    """A pod of a run's cluster kept across attempts was disrupted: write the fact where the lifecycle
-    reads it. Returns the run's name, to reconcile it now (None: the pod is no run's cluster's).
-
-    The pod has no attempt: it counts for the attempt running on its cluster when it was disrupted,
-    which the run's status names (``status.attempts[-1].rayCluster``). A lost head also marks the
-    cluster itself (``HEAD_LOST_ANNOTATION``): it is not used again, and the attempt ends at once.
-    """
-    note = disruption_note(pod)
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    namespace, run_name, ray_cluster = meta.get("namespace"), labels.get(RUN_LABEL), labels.get(RAY_CLUSTER_LABEL)
-    if note is None or not (namespace and run_name and ray_cluster):
-        return None
-    when = disruption_time(pod) or format_date_time(now)
-    if labels.get(RAY_NODE_TYPE_LABEL) == "head":
-        cluster.annotate_ray_cluster(namespace, ray_cluster, {HEAD_LOST_ANNOTATION: note})
-    run = cluster.get_run(namespace, run_name)
-    attempts = RunStatus.of(run).attempts if run is not None else None
-    current = attempts[-1] if attempts else None
-    if current is not None and current.ray_cluster == ray_cluster and current.end_time is None:
-        annotations = {DISRUPTION_ANNOTATION: note, DISRUPTED_AT_ANNOTATION: when}
-        cluster.annotate_rayjob(namespace, current.ray_job, annotations)
-    return str(run_name)
-
-
-def disruption_time(pod: dict[str, Any]) -> str | None:
-    """When the pod's DisruptionTarget condition became true, as the API server wrote it."""
-    condition = _disruption_condition(pod)
-    return (condition.get("lastTransitionTime") or None) if condition else None

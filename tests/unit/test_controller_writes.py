@@ -20,7 +20,7 @@ from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
-from spotray.controller.reconcile import EVENTS, reconcile, settled, status_changed
+from spotray.controller.reconcile import MEMORY, reconcile, settled, status_changed
 from spotray.controller.run_store import StoreReport, StoreReports
 from spotray.decisions.observation import RayJobView
 from spotray.decisions.vocabulary import Event
@@ -270,7 +270,7 @@ def test_under_a_burst_the_rayjob_is_created_first_and_the_status_written_once_a
     assert reconcile(cluster, ControllerConfig(), "ns", "burst", fake.get_run("ns", "burst"), defer_status=True) == 0.0
     assert fake.calls == ["create burst-a1"]  # no status patch, no Event yet
     reconcile(cluster, ControllerConfig(), "ns", "burst")  # the queue's follow-up, once no new run waits
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert fake.calls == ["create burst-a1", "patch Pending attempt 1", "event AttemptStarted"]
     assert fake.run["status"]["attempts"][0]["rayJob"] == "burst-a1"
 
@@ -332,7 +332,7 @@ def test_a_run_that_ends_while_s3_fails_reads_its_last_progress_and_checkpoint_o
     assert (status["progress"]["step"], status["lastCheckpoint"]["step"]) == (60, 60)
     assert status["phase"] == "Succeeded"
     assert status.get("storageUnreachableSince") is None
-    EVENTS.drain()
+    MEMORY.events.drain()
 
 
 def test_a_finished_run_stays_on_the_work_queue_while_its_last_report_is_owed() -> None:
@@ -372,7 +372,7 @@ def test_a_running_rayjob_whose_job_recorded_its_preemption_long_ago_is_ended_an
     store.put_bytes(attempt.progress_key, stale.to_json())
     reconcile(cluster, config, "ns", "burst")  # reads the stale progress into the status
     reconcile(cluster, config, "ns", "burst")  # the stale status: the records are read
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert "delete burst-a1" in fake.calls
     ended = fake.run["status"]["attempts"][0]
     assert (ended["outcome"], ended["reason"]) == ("Preempted", "SpotNotice")

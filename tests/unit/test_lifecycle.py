@@ -10,7 +10,8 @@ from spotray.contract.names import DISRUPTED_AT_ANNOTATION, DISRUPTION_ANNOTATIO
 from spotray.contract.spec import MAX_NAME_LENGTH, parse_training_run
 from spotray.contract.status import AttemptStatus
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS
-from spotray.controller.reconcile import disruption_note, disruption_time, rayjob_view
+from spotray.controller.disruptions import disruption_note, disruption_time
+from spotray.controller.reconcile import rayjob_view
 from spotray.decisions.conditions import conditions
 from spotray.decisions.observation import Observation, RayJobView
 from spotray.decisions.run_state import MAX_ATTEMPTS_KEPT, Plan, RunState

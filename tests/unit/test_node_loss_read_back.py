@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from spotray.controller.config import ControllerConfig
-from spotray.controller.reconcile import node_loss_note, reconcile, scheduled_nodes
+from spotray.controller.disruptions import node_loss_note, scheduled_nodes
+from spotray.controller.reconcile import reconcile
 from tests.unit.test_controller_writes import FakeCluster, new_run
 
 pytestmark = pytest.mark.unit

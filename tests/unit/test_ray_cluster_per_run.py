@@ -22,8 +22,9 @@ from spotray.contract.names import HEAD_LOST_ANNOTATION
 from spotray.contract.spec import RunContext, parse_training_run
 from spotray.contract.status import format_date_time
 from spotray.controller.config import ControllerConfig
+from spotray.controller.disruptions import record_cluster_pod_disrupted
 from spotray.controller.rayjob import build_ray_cluster, build_rayjob, ray_cluster_shape
-from spotray.controller.reconcile import EVENTS, reconcile, record_cluster_pod_disrupted
+from spotray.controller.reconcile import MEMORY, reconcile
 from spotray.decisions.observation import Observation, RayClusterView, RayJobView
 from spotray.decisions.ray_cluster import next_ray_cluster
 from spotray.decisions.run_state import RunState
@@ -182,7 +183,7 @@ def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_ru
     # submitter would lose its head and retry into pods that cannot start (the cluster's token is gone).
     fake.set_job("burst-a3", "SUCCEEDED", "Running", ended=long_ago)
     reconcile(cluster, config, "ns", "burst")
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert fake.run["status"]["phase"] == "Succeeded"
     assert fake.ray_clusters == {}, "the run's cluster goes when the run ends"
     assert fake.rayjobs == {}, "and its last RayJob with it"
@@ -281,7 +282,7 @@ def test_a_kept_cluster_whose_shape_the_spec_no_longer_makes_is_replaced_at_the_
     reconcile(cluster, config, "ns", "burst")
     second = fake.run["status"]["attempts"][1]
     assert second["rayCluster"] == "burst-c2"
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert any("the run's spec now makes another" in message for message in events), events
     assert "burst-c1" not in fake.ray_clusters
     replaced = fake.ray_clusters["burst-c2"]

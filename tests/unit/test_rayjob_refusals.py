@@ -16,7 +16,7 @@ from spotray.contract.status import format_date_time
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import RayJobRefusedError, refusal_of
 from spotray.controller.rayjob import MAX_RAYJOB_BYTES, build_ray_cluster, build_rayjob, size_refusal
-from spotray.controller.reconcile import EVENTS, reconcile
+from spotray.controller.reconcile import MEMORY, reconcile
 from spotray.decisions.observation import Observation, RayJobView
 from spotray.decisions.vocabulary import RayJobRefusal
 from tests.lifecycle_runs import NOW, run
@@ -88,7 +88,7 @@ class RefusingCluster(FakeCluster):
         return super().create_rayjob(body)
 
     def events(self) -> list[str]:
-        EVENTS.drain()
+        MEMORY.events.drain()
         return [call.removeprefix("event ") for call in self.calls if call.startswith("event ")]
 
 

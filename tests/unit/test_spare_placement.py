@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from spotray.contract.attempts import AttemptId
 from spotray.contract.names import SPARE_MOVED_ANNOTATION
 from spotray.controller.config import ControllerConfig
-from spotray.controller.reconcile import EVENTS, reconcile
+from spotray.controller.reconcile import MEMORY, reconcile
 from spotray.controller.spare_placement import (
     FIRST_BACKOFF_S,
     MAX_BACKOFF_S,
@@ -154,7 +154,7 @@ def running_with_spare_beside(
 def test_reconcile_moves_the_spare_its_run_named_idle_once_then_backs_off(tmp_path: Path) -> None:
     fake, cluster, config = running_with_spare_beside(tmp_path)
     reconcile(cluster, config, "ns", "burst")
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert fake.workers_to_delete == [("burst-c1", "workers", "burst-c1-workers-new")]
     annotation = fake.ray_clusters["burst-c1"]["metadata"]["annotations"][SPARE_MOVED_ANNOTATION]
     moved = SpareMoved.from_annotation(annotation)
@@ -177,7 +177,7 @@ def test_a_run_without_spares_or_on_a_rayjobs_own_cluster_is_never_moved(
 ) -> None:
     fake, cluster, config = running_with_spare_beside(tmp_path, spares=spares, per_run=per_run)
     reconcile(cluster, config, "ns", "burst")
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert fake.workers_to_delete == []
 
 
@@ -194,7 +194,7 @@ def test_a_namesakes_cluster_is_never_touched_and_a_refused_patch_never_fails_th
 
     fake.delete_ray_cluster_worker = refused  # type: ignore[method-assign]
     reconcile(cluster, config, "ns", "burst")
-    EVENTS.drain()
+    MEMORY.events.drain()
     assert SPARE_MOVED_ANNOTATION in fake.ray_clusters["burst-c1"]["metadata"]["annotations"], "the backoff holds"
     assert "event SpareMoved" not in fake.calls
 

@@ -24,7 +24,7 @@ from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
 from spotray.contract.status import RunStatus, Unreadable, format_date_time, parse_date_time
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
-from spotray.controller.reconcile import EVENTS, rayjob_view, reconcile
+from spotray.controller.reconcile import MEMORY, rayjob_view, reconcile
 from spotray.decisions.conditions import conditions
 from spotray.decisions.observation import Observation, RayJobView
 from spotray.decisions.run_state import Plan, RunState
@@ -408,7 +408,7 @@ class FakeCluster(LeftoverFacts):
         try:
             return reconcile(cluster, config or self.config(), "ns", self.run["metadata"]["name"])
         finally:
-            EVENTS.drain()
+            MEMORY.events.drain()
 
     def warnings(self, reason: str) -> list[str]:
         with self.lock:
