@@ -15,7 +15,7 @@
 # Build args:
 #   BASE_IMAGE       a Debian 12 (bookworm) image: the python slim image (its Python is used), or
 #                    a bare Debian with no Python, e.g. `debootstrap --variant=minbase bookworm`
-#                    (then Debian's python3, also 3.11, comes from apt). hack/testbed/images.sh
+#                    (then Debian's python3, also 3.11, comes from apt). testbed/images.sh
 #                    builds on such a base, without Docker.
 #   TORCH_INDEX      where torch/torchvision come from (default: PyTorch's CPU index)
 #   TORCH_CUDA_LOCK  "" or docker/requirements-torch-pypi.lock (see above)

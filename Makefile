@@ -114,17 +114,17 @@ test-compat: setup ## the supported Pythons and transformers versions, each in a
 # on 2 cores) and reused: a warm check is instant. images.sh then builds the nodes' images (a Debian
 # base, pause, MinIO, and the project's image from the Dockerfile), rebuilt when the sources change.
 testbed: ## build the Kubernetes test bed (binaries, Debian packages, images) if missing (needs Go 1.26; docs/testbed.md)
-	hack/testbed/build.sh
-	hack/testbed/images.sh
+	testbed/build.sh
+	testbed/images.sh
 
 cluster-up: setup testbed ## start a test bed cluster (with KubeRay and a local Ray head) and print its KUBECONFIG
-	$(PY) hack/testbed/testbed.py up
+	$(PY) -m testbed.cluster up
 
 cluster-demo: setup testbed ## the cluster story: helm install, kubectl apply a TrainingRun, a spot node lost, resumed (KEEP=1 leaves it up)
-	$(PY) hack/cluster_demo.py $(if $(KEEP),--keep)
+	$(PY) -m testbed.cluster_demo $(if $(KEEP),--keep)
 
 cluster-down: setup ## stop the cluster started by cluster-up or cluster-demo (the demo's S3 server included)
-	$(PY) hack/testbed/testbed.py down
+	$(PY) -m testbed.cluster down
 
 lint: setup ## ruff and mypy
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,7 @@
 """Create-to-RayJob latency of the controller under a burst, against a no-op kopf operator, and its
 steady-state cost once the runs are active.
 
-On the Docker-free test bed (real etcd, kube-apiserver, KubeRay; hack/testbed), each round:
+On the Docker-free test bed (real etcd, kube-apiserver, KubeRay; testbed/), each round:
 - baseline: bench/noop_operator.py watches a fresh namespace; N TrainingRuns are created at once
   (50 threads); for each, seconds from just before its create call to the moment a watch on the
   namespace sees the operator's child object (a ConfigMap) appear;
@@ -38,12 +38,10 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
+import testbed.cluster as tb
 from bench.common import machine_details, write_result
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "hack" / "testbed"))
-import testbed as tb  # noqa: E402 - shared with the e2e tests
-
 from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, S3_OPT_IN_LABEL, VERSION  # noqa: E402
 from spotray.train.processes.subprocesses import cpu_seconds  # noqa: E402
 from spotray.train.storage.local_s3 import LocalS3Server  # noqa: E402

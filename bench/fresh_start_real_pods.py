@@ -3,7 +3,7 @@
 A RayJob is submitted only once every pod of its Ray cluster is Ready. KubeRay's own readiness probe
 (v1.6) first asks 10 s after the container starts, then every 5 s; spotray's (controller/rayjob.py
 ``readiness_probe``, the chart's ``ray.readinessPeriodSeconds``) asks the same endpoint from the start,
-every 2 s. The cluster is hack/cluster_demo.py's (docs/testbed.md, "Real pods": real kubelets, the
+every 2 s. The cluster is testbed/cluster_demo.py's (docs/testbed.md, "Real pods": real kubelets, the
 image built from the Dockerfile, the chart installed with helm, a new RayCluster per attempt); each
 leg is the GPT-2 job on one CPU worker, a short run that ends in one attempt, after a `helm upgrade`
 to its setting; legs alternate pair by pair, and each run's pods are gone before the next starts.
@@ -37,11 +37,9 @@ from typing import Any
 from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import run_leg
 from bench.recovery_real_pods import driver_logs_followed, resumed_attempt_timeline
+from testbed import cluster_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
-
 from spotray.contract.names import SUCCEEDED  # noqa: E402
 
 NAME = "fresh_start_real_pods"

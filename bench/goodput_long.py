@@ -1,7 +1,7 @@
 """Goodput of a long run on real pods with a reclaim every 10 minutes, against the same run
 uninterrupted (issue #39, item 4: a run of at least 30 minutes, goal >= 0.95 of the uninterrupted).
 
-The test bed, the run and the reclaim are bench/goodput_testbed.py's (hack/cluster_demo.py: two real
+The test bed, the run and the reclaim are bench/goodput_testbed.py's (testbed/cluster_demo.py: two real
 kubelets, the chart's controller and MinIO as pods, the GPT-2 job on one CPU worker on the spot
 node). Its steps are paced (``--min-step-seconds``) so that the run lasts as long as a real one: the
 tiny model unpaced runs 10 steps a second, and a half-hour run of it would be 18,000 steps of a toy.
@@ -32,11 +32,8 @@ from typing import Any
 
 from bench.common import machine_details, write_result
 from bench.goodput_testbed import run_leg
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack"))
-import cluster_demo  # a script in hack/, imported for its cluster
-
 from spotray.contract.names import SUCCEEDED
+from testbed import cluster_demo
 
 GOAL = ">= 0.95"
 

@@ -1,7 +1,7 @@
 """Goodput on real pods: a TrainingRun through the chart's controller, KubeRay and Ray in real
 containers, its spot worker node reclaimed at random, against the same run uninterrupted.
 
-The cluster is hack/cluster_demo.py's (docs/testbed.md, "Real pods"): two real kubelets (on-demand,
+The cluster is testbed/cluster_demo.py's (docs/testbed.md, "Real pods"): two real kubelets (on-demand,
 spot) running the image built from the Dockerfile, the chart installed with helm (controller and
 MinIO as pods), the GPT-2 job on one CPU worker. Reclaims arrive as a Poisson process in steps, one
 per ``1 / --rate`` checkpoint intervals on average: at each drawn step the node of the current
@@ -37,12 +37,10 @@ import yaml
 
 from bench.common import machine_details, write_result
 from bench.goodput import poisson_steps
+from testbed import cluster_demo
+from testbed.cluster_demo import DemoCluster
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
-from cluster_demo import DemoCluster  # noqa: E402
-
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, SUCCEEDED, TERMINAL_PHASES  # noqa: E402
 from spotray.contract.status import parse_date_time  # noqa: E402
 from spotray.train.records.progress_log import AttemptProgress, read_run_progress  # noqa: E402

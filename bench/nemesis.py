@@ -1,7 +1,7 @@
 """Nemesis campaign: the controller in the loop, with the API server, KubeRay, Ray and S3 all real,
 each trial a TrainingRun hit by faults at random moments, then judged by a history checker.
 
-Where it runs: the kwok test bed (hack/testbed/testbed.py: a real kube-apiserver and etcd, the real
+Where it runs: the kwok test bed (testbed/cluster.py: a real kube-apiserver and etcd, the real
 KubeRay operator, kwok nodes) with the real controller as a process (as the chart's Deployment runs
 it, with a ServiceAccount's token, so the API server's audit log holds every request it made), a
 real Ray head on loopback for each attempt's RayCluster (started when its RayJob appears, reached
@@ -80,6 +80,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+import testbed.cluster as tb
 from bench.chaos_runs import restarts
 from bench.common import RESULTS_DIR, current_commit, machine_details, write_result
 from bench.fault_proxy import FaultProxy, fault
@@ -104,8 +105,6 @@ from spotray.train.storage.local_s3 import LocalS3Server, free_ports
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack" / "testbed"))
-import testbed as tb  # noqa: E402 - hack/testbed, shared with `make cluster-up` and the e2e tests
 
 BATCH = 4
 BUCKET = "nemesis"

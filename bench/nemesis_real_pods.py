@@ -2,7 +2,7 @@
 hit by one or two faults at random moments, then judged by bench/nemesis.py's history checker where
 it applies.
 
-Where it runs: hack/cluster_demo.py's cluster (docs/testbed.md, "Real pods"): real kubelets,
+Where it runs: testbed/cluster_demo.py's cluster (docs/testbed.md, "Real pods"): real kubelets,
 containerd and runc (an on-demand node for the Ray head, the controller and MinIO; a spot node for
 the Ray worker), the chart installed with helm (the controller Deployment and MinIO as real pods),
 the KubeRay operator on the host. The campaign reaches the run as a user would: through the API
@@ -77,11 +77,9 @@ from kubernetes import client, config
 from bench import nemesis
 from bench.common import RESULTS_DIR
 from bench.nemesis import KINDS, Fault, KindOfFault, Landing, Pace, TrialLog, TrialResult
+from testbed import cluster_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
-
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, TERMINAL_PHASES, rayjob_name  # noqa: E402
 from spotray.contract.uris import parse_uri  # noqa: E402
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME  # noqa: E402
@@ -690,7 +688,7 @@ def main() -> int:
 def run_campaign(args: argparse.Namespace, kinds: list[str] | None, log: Path | None) -> list[TrialResult]:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="spotray-nemesis-real-"))
     print(f"[nemesis-real-pods] work directory (failed trials keep their logs here): {workdir}", flush=True)
-    if subprocess.run([str(ROOT / "hack" / "testbed" / "images.sh"), "--check"], check=False).returncode != 0:
+    if subprocess.run([str(ROOT / "testbed" / "images.sh"), "--check"], check=False).returncode != 0:
         raise SystemExit("the test bed's images are missing or older than the sources: run `make testbed`")
     started = time.monotonic()
     trial_log = TrialLog(log, args.seed, 1) if log is not None else None

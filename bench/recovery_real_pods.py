@@ -2,7 +2,7 @@
 (controller.rayClusterPerRun: the head survives, the next attempt's driver starts on it at once)
 against a new Ray cluster per attempt (the default: head and workers built again).
 
-The cluster is hack/cluster_demo.py's (docs/testbed.md, "Real pods"): two real kubelets (on-demand,
+The cluster is testbed/cluster_demo.py's (docs/testbed.md, "Real pods"): two real kubelets (on-demand,
 spot), the image built from the Dockerfile, the chart installed with helm, the GPT-2 job on one CPU
 worker. Each leg is the same run, its spot node reclaimed at the same step as a cloud does it (a
 taint and the pods evicted with their grace period, then the VM gone; a new one joins 5 s later);
@@ -42,11 +42,9 @@ from typing import Any
 
 from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import run_leg, status_time
+from testbed import cluster_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
-
 from spotray.contract.attempts import AttemptId  # noqa: E402
 from spotray.contract.names import SUCCEEDED, rayjob_name  # noqa: E402
 from spotray.train.records.attempt_records import read_attempt_records  # noqa: E402

@@ -6,7 +6,7 @@ left. At the next reclaim of that node worker and spare go together (docs/goodpu
 train again instead of 16 s). The controller now moves such an idle spare off its worker's node
 (controller/spare_placement.py); this benchmark measures what that buys.
 
-The cluster is hack/cluster_demo.py's with two spot nodes, the run's Ray cluster kept across
+The cluster is testbed/cluster_demo.py's with two spot nodes, the run's Ray cluster kept across
 attempts (controller.rayClusterPerRun) and ``spareReplicas: 1``. Each leg trains one run and
 reclaims the node of the pod that runs the Ray Train worker twice, at ``--reclaims`` steps (each
 time once both worker pods are Ready), as bench/spare_real_pods.py does once:
@@ -42,11 +42,9 @@ import yaml
 from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import current_step, first_group_after
 from bench.spare_real_pods import RECLAIM_MOMENT_TIMEOUT_S, wait_for_reclaim_moment, wait_until_done
+from testbed import cluster_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
-
 from spotray.contract.names import SUCCEEDED  # noqa: E402
 from spotray.train.records.progress_log import read_run_progress  # noqa: E402
 from spotray.train.storage.store import open_store  # noqa: E402

@@ -1,6 +1,6 @@
 """A fixed-size run's spot worker reclaimed on real pods, A vs B: with a spare worker pod or without (issue 39).
 
-The cluster is hack/cluster_demo.py's (docs/testbed.md, "Real pods") with a second spot node: real
+The cluster is testbed/cluster_demo.py's (docs/testbed.md, "Real pods") with a second spot node: real
 kubelets (one on-demand, two spot) running the image built from the Dockerfile, the chart installed
 with helm, the GPT-2 job on one CPU worker, the run's Ray cluster kept across attempts
 (controller.rayClusterPerRun) in both legs, so the head survives the reclaim either way. At step
@@ -46,11 +46,9 @@ import yaml
 from bench.common import alternating_pairs, machine_details, write_result
 from bench.goodput_testbed import current_step, first_group_after, ready_worker_pods
 from bench.recovery_real_pods import driver_logs_followed, log_moment
+from testbed import cluster_demo
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its cluster
-
 from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES  # noqa: E402
 from spotray.train.records.progress_log import read_run_progress  # noqa: E402
 from spotray.train.storage.store import open_store  # noqa: E402

@@ -49,9 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # started as `python bench/transfer.py`: import from the repository root
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench.common import goal_met, machine_details, write_result
 from spotray.contract.uris import parse_uri
 from spotray.train.storage.local_s3 import LocalS3Server

@@ -1,6 +1,6 @@
 """A real MinIO server and its client mc on loopback, for the chart's tenants hook.
 
-Both are built from the Go module proxy into the test bed cache (hack/testbed/build.sh, `make
+Both are built from the Go module proxy into the test bed cache (testbed/build.sh, `make
 testbed`); a missing binary fails the test with the command that builds it, never skips it.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,14 +18,11 @@ from pathlib import Path
 
 import pytest
 
+import testbed.cluster as tb
 from spotray.contract.uris import parse_uri
 from spotray.train.processes.subprocesses import start_in_own_session
 from spotray.train.storage.local_s3 import free_ports
 from spotray.train.storage.store import S3ObjectStore, StoreConfig
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hack" / "testbed"))
-
-import testbed as tb
 
 ROOT = Path(__file__).resolve().parents[1]
 TENANTS_SCRIPT = ROOT / "charts" / "spotray" / "files" / "minio-tenants.sh"

@@ -1,7 +1,7 @@
 """Session fixtures for the e2e tests: one Docker-free Kubernetes test bed with the real KubeRay
 operator, and one real Ray head on loopback that the operator reaches through the Ray bridge.
 
-    testbed      the running Testbed (hack/testbed/testbed.py): .kubeconfig, .kubectl(...),
+    testbed      the running Testbed (testbed/cluster.py): .kubeconfig, .kubectl(...),
                  .apply(...), .preempt_node(name), .restore_node(name), .add_node(node),
                  .bridge(ns, cluster, addr), .bridge_ray_job(ns, rayjob, addr), .log_tail(name)
     kubeconfig   path of the admin kubeconfig (TLS, client certificate)
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,17 +27,16 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack" / "testbed"))
+import testbed.cluster as tb
 
-import testbed as tb  # noqa: E402 - lives in hack/testbed, shared with `make cluster-up`
+ROOT = Path(__file__).resolve().parents[2]
 
 from spotray.train.storage.local_s3 import LocalS3Server  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tb.Testbed]:
-    if subprocess.run([str(ROOT / "hack" / "testbed" / "build.sh"), "--check"], check=False).returncode != 0:
+    if subprocess.run([str(ROOT / "testbed" / "build.sh"), "--check"], check=False).returncode != 0:
         pytest.fail("the test bed binaries are not built: run `make testbed` (30-50 minutes cold, cached after)")
     # The work dir holds the kubeconfig, certificates, etcd data and every component's log.
     with tb.Testbed(tmp_path_factory.mktemp("testbed")) as bed:

@@ -1,4 +1,4 @@
-"""`make cluster-demo KEEP=1` then `make cluster-down`, end to end (hack/cluster_demo.py): minutes, so
+"""`make cluster-demo KEEP=1` then `make cluster-down`, end to end (testbed/cluster_demo.py): minutes, so
 in make test-e2e / test-campaign; make test keeps the smoke in tests/unit/test_cluster_demo.py."""
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ def test_the_cluster_demo_loses_a_spot_node_resumes_and_cluster_down_stops_it_al
     log_path = tmp_path / "demo.log"
     with log_path.open("wb") as log:
         demo = subprocess.Popen(
-            [sys.executable, str(ROOT / "hack" / "cluster_demo.py"), "--dir", str(workdir), "--keep"],
+            [sys.executable, "-m", "testbed.cluster_demo", "--dir", str(workdir), "--keep"],
+            cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -42,7 +43,8 @@ def test_the_cluster_demo_loses_a_spot_node_resumes_and_cluster_down_stops_it_al
         assert (workdir / "loss.png").stat().st_size > 0
 
         down = subprocess.run(
-            [sys.executable, str(ROOT / "hack" / "testbed" / "testbed.py"), "down", "--dir", str(workdir)],
+            [sys.executable, "-m", "testbed.cluster", "down", "--dir", str(workdir)],
+            cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=120,

@@ -1,4 +1,4 @@
-"""The cluster story on real pods (hack/cluster_demo.py's cluster): real kubelets, containerd and runc
+"""The cluster story on real pods (testbed/cluster_demo.py's cluster): real kubelets, containerd and runc
 run the images built from the repository's Dockerfile, on a pod network in 198.18.0.0/15 with no
 uplink (docs/testbed.md, "Real pods").
 
@@ -35,10 +35,8 @@ from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
 from spotray.contract.status import parse_timestamp
 from spotray.train.storage.local_s3 import free_port
+from testbed import cluster_demo
 from tests.e2e.conftest import ROOT, tb
-
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
@@ -57,7 +55,7 @@ TOKEN = "s3cr3t-run-token"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster_demo.DemoCluster]:
     # The images must hold this tree's code: images.sh --check says whether they are current.
-    if subprocess.run([str(ROOT / "hack" / "testbed" / "images.sh"), "--check"], check=False).returncode != 0:
+    if subprocess.run([str(ROOT / "testbed" / "images.sh"), "--check"], check=False).returncode != 0:
         pytest.fail("the test bed's images are missing or older than the sources: run `make testbed`")
     before = real.kernel_settings()
     with cluster_demo.demo_cluster(tmp_path_factory.mktemp("real-pods")) as demo:

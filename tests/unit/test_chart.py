@@ -1,7 +1,7 @@
 """The Helm chart, rendered by the real helm binary: `helm lint`, `helm template` with each values
 file under tests/data/chart/, and values.schema.json refusing typos and bad values.
 
-helm comes from the test bed cache (hack/testbed/build.sh builds it from the Go module proxy);
+helm comes from the test bed cache (testbed/build.sh builds it from the Go module proxy);
 when it is missing the tests fail and say how to build it, they never skip.
 """
 
@@ -11,21 +11,19 @@ import functools
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+import testbed.cluster as tb
 from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import readiness_probe
 from tests.pod_security import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 
-import testbed as tb  # noqa: E402 - lives in hack/testbed, shared with the e2e tests
 
 pytestmark = pytest.mark.unit
 
@@ -724,7 +722,7 @@ def test_kuberay_bundle_pins_the_operator_chart_and_points_at_this_chart() -> No
     assert deps["kuberay-operator"]["condition"] == "kuberay-operator.enabled"
     assert deps["spotray"]["repository"] == "file://../spotray"
     assert deps["spotray"]["version"] == yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
-    # The KubeRay version the test bed runs (hack/testbed/versions.env) is the one pinned here.
+    # The KubeRay version the test bed runs (testbed/versions.env) is the one pinned here.
     assert tb.versions()["KUBERAY_VERSION"] == "v" + deps["kuberay-operator"]["version"]
 
 

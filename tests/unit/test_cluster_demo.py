@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 from spotray.contract.spec import parse_training_run
+from testbed import cluster_demo
 
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack"))
-import cluster_demo  # noqa: E402 - a script in hack/, imported for its builders
 
 
 def test_the_demo_run_is_a_valid_training_run_that_uses_the_demo_secret(tmp_path: Path) -> None:
@@ -28,7 +27,8 @@ def test_the_demo_run_is_a_valid_training_run_that_uses_the_demo_secret(tmp_path
 
 def test_the_demo_explains_itself() -> None:
     result = subprocess.run(
-        [sys.executable, str(ROOT / "hack" / "cluster_demo.py"), "--help"],
+        [sys.executable, "-m", "testbed.cluster_demo", "--help"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,

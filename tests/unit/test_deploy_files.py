@@ -19,13 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+import testbed.cluster as tb
 from spotray.contract.names import SPOT_LABEL
 from spotray.controller.config import STORAGE_PATIENCE_SECONDS, ControllerConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "hack" / "testbed"))
 
-import testbed as tb  # noqa: E402 - lives in hack/testbed: the taint the test bed's nodes carry
 
 pytestmark = pytest.mark.unit
 

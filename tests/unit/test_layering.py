@@ -22,6 +22,11 @@ aside: local mode shares the decisions, not the controller's internals), and not
 spotray/__init__.py and
 train/__init__.py are imported by every import below them, so they import no spotray module.
 
+The tools beside the package import it, never the other way: the test bed (testbed/) may import
+spotray and itself; the benchmarks (bench/) spotray, the test bed and themselves; nothing under
+spotray/ imports testbed, bench or tests. Every one of them is imported as the package it is, from the
+repository's root: no file changes ``sys.path``.
+
 Imports inside ``if TYPE_CHECKING:`` never run and are exempt. Every other import counts, at
 module level or inside a function. Third-party packages: the contract is standard library and
 PyYAML only; the decisions add only Optuna (the sweep's sampler); the controller
@@ -220,6 +225,91 @@ def third_party_violations(root: Path = ROOT) -> list[str]:
         if top == "ray" and unit not in RAY_ONLY_FROM:
             problems.append(f"{where}: only {', '.join(RAY_ONLY_FROM)} import Ray")
     return problems
+
+
+# The repository's own top-level packages, and which of them each may import (itself included).
+OWN_PACKAGES = ("spotray", "testbed", "bench", "tests", "hack")
+MAY_IMPORT_OWN = {"spotray": ("spotray",), "testbed": ("spotray", "testbed"), "bench": ("spotray", "testbed", "bench")}
+# Where Python files live that are run or imported (the symlinked folders are found through spotray/).
+PYTHON_FOLDERS = ("spotray", "testbed", "bench", "tests", "hack", "plugins")
+
+
+def _python_files(root: Path, folder: str) -> list[Path]:
+    if folder == "spotray":
+        return sorted(set(modules(root).values()))
+    return sorted(p for p in (root / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _running_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, imported module) of every import that runs (``if TYPE_CHECKING:`` bodies aside)."""
+    tree = ast.parse(path.read_text(), str(path))
+    exempt = _type_checking_only(tree)
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in exempt:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append((node.lineno, node.module or ""))
+    return found
+
+
+def tool_violations(root: Path = ROOT) -> list[str]:
+    """Imports of the repository's own packages that go against ``MAY_IMPORT_OWN``."""
+    problems = []
+    for folder, may in MAY_IMPORT_OWN.items():
+        for path in _python_files(root, folder):
+            for line, target in _running_imports(path):
+                top = target.split(".")[0]
+                if top in OWN_PACKAGES and top not in may:
+                    where = f"{path.resolve().relative_to(root.resolve())}:{line}"
+                    problems.append(f"{where} imports {target}: {folder}/ may import only {', '.join(may)}")
+    return problems
+
+
+def path_changes(root: Path = ROOT) -> list[str]:
+    """Every call that changes ``sys.path`` (insert, append, extend, assignment) in the repository's Python files."""
+    found = []
+    for folder in PYTHON_FOLDERS:
+        for path in _python_files(root, folder):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                target = node.func if isinstance(node, ast.Call) else None
+                text = ast.unparse(target) if target is not None else ""
+                assigned = isinstance(node, ast.Assign) and any(ast.unparse(t) == "sys.path" for t in node.targets)
+                if assigned or text.startswith("sys.path."):
+                    found.append(f"{path.resolve().relative_to(root.resolve())}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_tools_import_the_package_and_never_the_other_way() -> None:
+    problems = tool_violations()
+    assert not problems, "\n".join(problems)
+
+
+def test_nothing_changes_sys_path() -> None:
+    """The test bed, the benchmarks and the tests are packages imported from the repository's root."""
+    assert path_changes() == []
+
+
+def test_the_tool_checks_find_a_wrong_import_and_a_path_change(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        {
+            "spotray/__init__.py": "",
+            "spotray/cli.py": "import testbed.cluster\n",
+            "testbed/__init__.py": "",
+            "testbed/cluster.py": "from bench.common import write_result\nimport spotray.cli\n",
+            "bench/__init__.py": "",
+            "bench/common.py": "import sys\nsys.path.insert(0, 'hack')\nfrom tests.minio import x\n",
+        },
+    )
+    assert sorted(tool_violations(tmp_path)) == [
+        "bench/common.py:3 imports tests.minio: bench/ may import only spotray, testbed, bench",
+        "spotray/cli.py:1 imports testbed.cluster: spotray/ may import only spotray",
+        "testbed/cluster.py:1 imports bench.common: testbed/ may import only spotray, testbed",
+    ]
+    assert path_changes(tmp_path) == ["bench/common.py:2: sys.path.insert(0, 'hack')"]
 
 
 def test_every_module_is_found_through_the_symlinks() -> None:

@@ -1,4 +1,4 @@
-"""The real nodes' configuration (hack/testbed/nodes.py): every address in 198.18.0.0/15, no NAT to
+"""The real nodes' configuration (testbed/nodes.py): every address in 198.18.0.0/15, no NAT to
 anywhere, DNS that forwards nothing, and the kubelet kept off the machine's cgroups and settings."""
 
 from __future__ import annotations
@@ -6,15 +6,12 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "testbed"))
-
-import nodes as real  # lives in hack/testbed
+from testbed import nodes as real
 
 pytestmark = pytest.mark.unit
 

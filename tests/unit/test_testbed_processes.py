@@ -9,16 +9,12 @@ forks from one thread that lives as long as the process, whichever thread asks.
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "testbed"))
-
-import testbed as tb  # lives in hack/testbed
+import testbed.cluster as tb
 
 pytestmark = pytest.mark.unit
 

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack" / "testbed"))
-
-import testbed as tb  # lives in hack/testbed
-
+import testbed.cluster as tb
 from spotray.train.processes.subprocesses import is_running, start_time
 
 pytestmark = pytest.mark.unit

@@ -8,8 +8,8 @@
 # Each component lands in $TESTBED_CACHE/<component>-<version>/ and is skipped when present,
 # so a warm run takes well under a second. A cold run took 17 minutes on 2 busy cores.
 #
-# Usage: hack/testbed/build.sh            build what is missing
-#        hack/testbed/build.sh --check    exit 1 if anything is missing, build nothing
+# Usage: testbed/build.sh            build what is missing
+#        testbed/build.sh --check    exit 1 if anything is missing, build nothing
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -214,7 +214,7 @@ build_mc() {
 
 # kubelet and kube-proxy for real nodes, from the same k8s.io/kubernetes module as the control
 # plane (the Go cache it warmed makes this about half a minute), and the pause binary: Kubernetes'
-# own build/pause/linux/pause.c, static, for the pause image (hack/testbed/images.sh).
+# own build/pause/linux/pause.c, static, for the pause image (testbed/images.sh).
 build_kubenode() {
   local out dir
   out="$(staging_dir kubenode "$KUBERNETES_VERSION")"
@@ -273,7 +273,7 @@ GO
   publish coredns "$COREDNS_VERSION"
 }
 
-# kube-network-policies, the NetworkPolicy agent of real nodes (hack/testbed/nodes.py runs it).
+# kube-network-policies, the NetworkPolicy agent of real nodes (testbed/nodes.py runs it).
 build_netpol() {
   local out
   out="$(staging_dir netpol "$KUBE_NETWORK_POLICIES_VERSION")"

@@ -36,9 +36,7 @@ from typing import Any
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "testbed"))
-import testbed as tb  # the test bed's module lives next to this script
-
+import testbed.cluster as tb
 from spotray.contract.names import (
     ATTEMPT_LABEL,
     RUN_LABEL,

@@ -653,7 +653,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: kube-apiserve
 
 
 def testbed_binary(component: str, name: str) -> str:
-    """A binary that hack/testbed/build.sh built, by component (versions.env names it)."""
+    """A binary that testbed/build.sh built, by component (versions.env names it)."""
     v = versions()
     version = {"kubenode": v["KUBERNETES_VERSION"], "containerd": v["CONTAINERD_VERSION"],
                "coredns": v["COREDNS_VERSION"], "netpol": v["KUBE_NETWORK_POLICIES_VERSION"]}[component]  # fmt: skip
@@ -666,7 +666,7 @@ def testbed_binary(component: str, name: str) -> str:
 def images_manifest() -> dict[str, dict[str, str]]:
     path = CACHE / "images" / "images.json"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run make testbed (hack/testbed/images.sh)")
+        raise FileNotFoundError(f"{path} is missing: run make testbed (testbed/images.sh)")
     return dict(json.loads(path.read_text()))
 
 

@@ -22,13 +22,13 @@
 # Disk: the storage holds about 8 GB, the archives about 4 GB; a cold spotray build needs about
 # 13 GB more while it commits the CUDA wheels' layer (buildah stages each layer twice under tmp/).
 #
-# Usage: hack/testbed/images.sh            build what is missing or stale
-#        hack/testbed/images.sh --check    exit 1 if anything is missing or stale, build nothing
+# Usage: testbed/images.sh            build what is missing or stale
+#        testbed/images.sh --check    exit 1 if anything is missing or stale, build nothing
 # Needs root, podman, debootstrap, the Debian mirror and PyPI; build.sh's minio, mc and kubenode.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(cd "$HERE/../.." && pwd)"
+ROOT="$(cd "$HERE/.." && pwd)"
 # shellcheck source=versions.env
 source "$HERE/versions.env"
 TESTBED_CACHE="${TESTBED_CACHE:-$HOME/.cache/spotray/testbed}"
@@ -182,7 +182,7 @@ for tool in podman debootstrap; do
   command -v "$tool" >/dev/null || { log "$tool is required (apt-get install podman debootstrap)"; exit 1; }
 done
 for bin in "$PAUSE_BIN" "$MINIO_BIN" "$MC_BIN"; do
-  [[ -x "$bin" ]] || { log "$bin is missing: run hack/testbed/build.sh first"; exit 1; }
+  [[ -x "$bin" ]] || { log "$bin is missing: run testbed/build.sh first"; exit 1; }
 done
 [[ -r "$HOST_CA" ]] || { log "$HOST_CA: no CA bundle to give the pip steps"; exit 1; }
 

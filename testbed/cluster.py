@@ -3,8 +3,8 @@ kwok nodes and the real KubeRay operator, all on loopback, plus a bridge that le
 reach real Ray heads running on this machine.
 
 Used by tests/e2e/conftest.py (as a library) and by `make cluster-up` / `make cluster-down`
-(as a script: `python hack/testbed/testbed.py up|down|status`). The binaries come from
-hack/testbed/build.sh.
+(as a script: `python -m testbed.cluster up|down|status`). The binaries come from
+testbed/build.sh.
 """
 
 from __future__ import annotations
@@ -29,17 +29,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import nodes as real
 import yaml
-from nodes import CACHE, versions
 
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
 from spotray.local_ray import LocalRayWorkerNode
 from spotray.train.processes.subprocesses import is_running, session_members, start_time
 from spotray.train.storage.local_s3 import free_port, free_ports
+from testbed import nodes as real
+from testbed.nodes import CACHE, versions
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent
+REPO = HERE.parent
 # Every process the test bed starts carries this variable (children and grandchildren inherit
 # it), so teardown can find and kill anything that escaped its process group.
 MARKER = "SPOTRAY_TESTBED"
@@ -92,7 +92,7 @@ def binary(name: str) -> Path:
     }[name]
     path = CACHE / component / "bin" / name
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: run hack/testbed/build.sh (or make testbed)")
+        raise FileNotFoundError(f"{path} is missing: run testbed/build.sh (or make testbed)")
     return path
 
 
@@ -347,7 +347,7 @@ class Testbed:
     ) -> None:
         self.workdir = workdir
         self.nodes = DEFAULT_NODES if nodes is None else nodes
-        # Real kubelets running real containers (hack/testbed/nodes.py); none by default.
+        # Real kubelets running real containers (testbed/nodes.py); none by default.
         self.real_nodes = real_nodes or []
         self.fabric = real.Fabric(os.getpid()) if self.real_nodes else None
         self.api_address = real.HOST_IP if self.real_nodes else "127.0.0.1"
@@ -372,6 +372,7 @@ class Testbed:
                 env={**os.environ, **(env or {}), MARKER: self.marker},
                 # Its own process group, so teardown can kill it with all its children.
                 start_new_session=True,
+                cwd=REPO,  # where `python -m testbed.cluster` finds its package
             )
         self.procs[name] = proc
         self.commands[name] = (argv, env)
@@ -748,7 +749,7 @@ class Testbed:
         if not self.ray_heads_file.exists():
             self.ray_heads_file.write_text(json.dumps({}))
         self._spawn("ray-bridge", [
-            sys.executable, str(Path(__file__).resolve()), "bridge",
+            sys.executable, "-m", "testbed.cluster", "bridge",
             "--kubeconfig", str(self.kubeconfig),
             "--hosts", str(self.hosts_file), "--ray-heads", str(self.ray_heads_file),
         ])  # fmt: skip
@@ -1243,12 +1244,12 @@ def main() -> None:
             sys.exit(f"a test bed is already running in {args.dir}: make cluster-down first")
         shutil.rmtree(args.dir, ignore_errors=True)
         args.dir.mkdir(parents=True)
-        argv = [sys.executable, str(Path(__file__).resolve()), "up", "--dir", str(args.dir), "--foreground"]
+        argv = [sys.executable, "-m", "testbed.cluster", "up", "--dir", str(args.dir), "--foreground"]
         if args.no_ray:
             argv.append("--no-ray")
         with (args.dir / "supervisor.log").open("ab") as log:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # fmt: skip
+                                    start_new_session=True, cwd=REPO)  # fmt: skip
         pid_file.write_text(str(proc.pid))
         try:
             wait_until("the test bed", lambda: proc.poll() is not None or (args.dir / "ready").exists(), timeout=300)
