@@ -36,6 +36,7 @@ from spotray.contract.spec import InvalidSpecError
 from spotray.contract.sweep import SweepStatus, TrainingSweep, TrialCounts, parse_sweep
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import status_changed
+from spotray.decisions.sweep_trials import trial_facts
 
 log = logging.getLogger(__name__)
 # A sweep's trials tell it when they change (their watch events), so this is only a safety net.
@@ -67,7 +68,7 @@ def reconcile_sweep(cluster: Cluster, namespace: str, name: str) -> float | None
         return None
     uid = str(body["metadata"]["uid"])
     runs = cluster.list_labelled_runs(namespace, {SWEEP_LABEL: name})
-    facts = [fact for run in runs if owned_by(run, uid) and (fact := decisions.trial_facts(sweep.spec, run))]
+    facts = [fact for run in runs if owned_by(run, uid) and (fact := trial_facts(sweep.spec, run))]
     plan = decisions.decide(sweep.spec, facts)
     problems: list[str] = []
     for number, values in plan.start:

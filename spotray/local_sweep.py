@@ -37,15 +37,8 @@ from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
 from spotray.contract.sweep import Exploit, TrainingSweep, format_value, gpu_hours, interval_mean, objective_values
 from spotray.contract.uris import parse_uri
-from spotray.decisions.sweep import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
-    SUSPENDED,
-    SweepPlan,
-    TrialFacts,
-    decide,
-)
+from spotray.decisions.sweep import SweepPlan, decide
+from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts
 from spotray.local import needs_embedded_s3, refuse_gpus
 from spotray.progress import ProgressView
 from spotray.reaper import Reaper

@@ -24,18 +24,8 @@ from spotray.contract.sweep import (
     TrainingSweep,
 )
 from spotray.controller.reconcile import merged_interval_losses
-from spotray.decisions.sweep import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
-    SUSPENDED,
-    TrialFacts,
-    decide,
-    explore,
-    sweep_status,
-    trial_facts,
-    trial_patches,
-)
+from spotray.decisions.sweep import decide, explore, sweep_status, trial_patches
+from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts, trial_facts
 from spotray.local_sweep import current_life
 from spotray.plot import decision_marks
 from spotray.status import describe_sweep

@@ -38,20 +38,15 @@ from spotray.contract.sweep import (
 from spotray.controller.reconcile import merged_interval_losses
 from spotray.controller.run_store import interval_losses_status
 from spotray.decisions.sweep import (
-    FAILED,
-    RUNNING,
-    SUCCEEDED,
-    SUSPENDED,
-    TrialFacts,
     decide,
     grid,
     promotable,
     rung_index,
     sweep_status,
-    trial_facts,
     trial_limit,
     trial_patches,
 )
+from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts, trial_facts
 from spotray.local_sweep import (
     LocalSweep,
     SweepState,

@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from spotray.contract.names import FAILED, SUCCEEDED, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.sweep import TrainingSweep, parse_sweep
-from spotray.decisions.sweep import SUSPENDED, TrialFacts, trial_facts
+from spotray.decisions.sweep_trials import SUSPENDED, TrialFacts, trial_facts
 
 if TYPE_CHECKING:
     from spotray.kube import ClusterConnection
