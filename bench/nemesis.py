@@ -99,7 +99,7 @@ from spotray.contract.names import (
 )
 from spotray.contract.uris import parse_uri
 from spotray.local import EventCursor
-from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, checkpoint_dir_name
+from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, checkpoint_dir_name, parse_checkpoint_step
 from spotray.train.hf.data import trained_batches
 from spotray.train.storage.local_s3 import LocalS3Server, free_ports
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore
@@ -535,6 +535,17 @@ def control_plane_fault(bed: tb.Testbed, kind: str, down: float) -> str:
     return f"down {down:.1f} s"
 
 
+def complete_steps(keys: list[str]) -> set[int]:
+    """The steps of the checkpoints whose manifest is in a listing of a run's prefix."""
+    steps = set()
+    for key in keys:
+        folder, _, name = key.partition("/")
+        step = parse_checkpoint_step(folder)
+        if step is not None and name == MANIFEST_NAME:
+            steps.add(step)
+    return steps
+
+
 def commit_window(keys: list[str], saved: list[int]) -> str:
     """Which checkpoints were being written when a fault fired: the commit window.
 
@@ -545,9 +556,9 @@ def commit_window(keys: list[str], saved: list[int]) -> str:
     """
     files: dict[str, set[str]] = {}
     for key in keys:
-        match = re.match(r"^(checkpoint-\d+)/(.+)$", key)
-        if match:
-            files.setdefault(match.group(1), set()).add(match.group(2))
+        folder, _, name = key.partition("/")
+        if name and parse_checkpoint_step(folder) is not None:
+            files.setdefault(folder, set()).add(name)
     for step in saved:
         files.setdefault(checkpoint_dir_name(step), set())
     # Checkpoints commit in step order: one older than the newest complete one is pruned (its manifest
@@ -678,7 +689,7 @@ class Campaign:
             keys = [info.key for info in store.list("")]
         except Exception:  # noqa: BLE001 - the rule is then not judged, and the trial says so
             return None
-        return {int(m.group(1)) for key in keys if (m := re.match(rf"^checkpoint-(\d+)/{MANIFEST_NAME}$", key))}
+        return complete_steps(keys)
 
     def store_state(self, run: str, saved: list[int]) -> str:
         """Where the run's checkpointing stood as a fault fired (see ``commit_window``)."""

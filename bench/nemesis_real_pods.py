@@ -82,7 +82,6 @@ from testbed import cluster_demo
 ROOT = Path(__file__).resolve().parents[1]
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL, TERMINAL_PHASES, rayjob_name  # noqa: E402
 from spotray.contract.uris import parse_uri  # noqa: E402
-from spotray.train.checkpoints.checkpoint import MANIFEST_NAME  # noqa: E402
 from spotray.train.records.progress_log import MAX_PROGRESS_BYTES, AttemptProgress  # noqa: E402
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore, StoreConfig  # noqa: E402
 
@@ -202,8 +201,7 @@ def is_progress_key(key: str) -> bool:
 
 def newest_complete(keys: list[str]) -> int:
     """The newest checkpoint whose manifest is in the listing (0: none)."""
-    steps = [int(m.group(1)) for key in keys if (m := re.match(rf"^checkpoint-(\d+)/{MANIFEST_NAME}$", key))]
-    return max(steps, default=0)
+    return max(nemesis.complete_steps(keys), default=0)
 
 
 class RealPodsCampaign:
