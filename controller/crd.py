@@ -68,10 +68,10 @@ from spotray.contract.sweep import (
     ObjectiveSpec,
     PopulationBased,
     SearchSpec,
-    SweepStatus,
     TrialsSpec,
     sweep_declarations,
 )
+from spotray.contract.sweep_status import SweepStatus
 
 CRD_PATH = Path(__file__).resolve().parents[1] / "charts" / "spotray" / "crds" / f"{CRD_NAME}.yaml"
 

@@ -33,7 +33,8 @@ from kubernetes.client.exceptions import ApiException
 from spotray.contract.extras import MissingExtraError
 from spotray.contract.names import FAILED, SWEEP_LABEL
 from spotray.contract.spec import InvalidSpecError
-from spotray.contract.sweep import SweepStatus, TrainingSweep, TrialCounts, parse_sweep
+from spotray.contract.sweep import TrainingSweep, parse_sweep
+from spotray.contract.sweep_status import SweepStatus, TrialCounts
 from spotray.controller.kube import Cluster
 from spotray.controller.reconcile import status_changed
 from spotray.decisions.sweep_trials import trial_facts

@@ -39,21 +39,17 @@ from spotray.contract.sweep import (
     JUDGED_ANNOTATION,
     LINEAGE_ANNOTATION,
     MAX_LINEAGE,
-    MAX_STATUS_LINEAGE,
     PARAMS_ANNOTATION,
     PROMOTED_ANNOTATION,
     STOPPED_ANNOTATION,
-    BestTrial,
     EarlyStopping,
     Exploit,
-    LineageEntry,
     Parameter,
     SweepSpec,
-    SweepStatus,
     TrainingSweep,
-    TrialCounts,
     format_value,
 )
+from spotray.contract.sweep_status import MAX_STATUS_LINEAGE, BestTrial, LineageEntry, SweepStatus, TrialCounts
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts, spent_gpu_hours
 
 with extra_required("sweep"):
