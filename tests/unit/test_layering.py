@@ -287,6 +287,21 @@ def test_the_tools_import_the_package_and_never_the_other_way() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_the_hydra_launcher_shares_the_decisions_not_the_controller() -> None:
+    """The plugin (plugins/hydra-spotray-launcher) runs where the user's Hydra app does: it reads a sweep's
+    trials with spotray.decisions, as local mode does, and imports no controller module."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for path in _python_files(ROOT, "plugins")
+        for line, target in _running_imports(path)
+        if target == CONTROLLER or target.startswith(CONTROLLER + ".")
+    ]
+    assert found == []
+    assert any(
+        target.startswith(DECISIONS) for path in _python_files(ROOT, "plugins") for _, target in _running_imports(path)
+    )
+
+
 def test_nothing_changes_sys_path() -> None:
     """The test bed, the benchmarks and the tests are packages imported from the repository's root."""
     assert path_changes() == []
