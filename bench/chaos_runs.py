@@ -53,7 +53,7 @@ from safetensors.torch import load_file
 
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.names import SUCCEEDED
-from spotray.local import EventCursor
+from spotray.local.local_run import EventCursor
 from spotray.train.hf.data import trained_batches
 from spotray.train.hf.streaming_memory import owns, registrations
 from spotray.train.records.events import read_events
@@ -77,7 +77,7 @@ BUDGET_SPENT: dict[str, tuple[int, int]] = {
     "kill-upload": (0, 0),
     "s3-outage": (0, 0),
     "kill-worker-starting": (0, 0),
-    # A stopped `spotray run` records the attempt as interrupted: no budget (spotray/local.py).
+    # A stopped `spotray run` records the attempt as interrupted: no budget (spotray/local/local_run.py).
     "stop-cli-term": (0, 0),
     "stop-cli-hup": (0, 0),
     "stop-cli-kill": (0, 0),

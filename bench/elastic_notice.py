@@ -1,8 +1,8 @@
 """An elastic run loses a worker node, A vs B: with a spot notice first, or without (issue 39, item 2).
 
 The case: the GPT-2 example, two workers with ``minReplicas: 1``, one of them on a Ray node of its
-own that local mode takes away at step 20 (steps paced to 1 s) (spotray/node_faults.py). Each round runs it twice, back
-to back, in alternating order:
+own that local mode takes away at step 20 (steps paced to 1 s) (spotray/local/node_faults.py).
+Each round runs it twice, back to back, in alternating order:
 
 - A, ``--worker-notice-s 30``: the node gets a spot notice, as a pod's preStop hook gives it (the
   node drained as a preemption); every rank takes an emergency checkpoint and trains on; once it is

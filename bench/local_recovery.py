@@ -70,7 +70,7 @@ def attempt_phases(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind == "step":
             if begun is not None and begun["attempt"] > 1 and worker_up and loop_start:
                 # attempt_begun is written once the attempt's Ray cluster is there, as its driver starts
-                # (spotray/local.py): the attempt itself began ray_start_s earlier.
+                # (spotray/local/local_run.py): the attempt itself began ray_start_s earlier.
                 driver_begun = float(begun["time"])
                 began = driver_begun - float(begun["ray_start_s"])
                 marks = [

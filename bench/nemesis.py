@@ -98,7 +98,7 @@ from spotray.contract.names import (
     rayjob_name,
 )
 from spotray.contract.uris import parse_uri
-from spotray.local import EventCursor
+from spotray.local.local_run import EventCursor
 from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, checkpoint_dir_name, parse_checkpoint_step
 from spotray.train.hf.data import trained_batches
 from spotray.train.storage.local_s3 import LocalS3Server, free_ports

@@ -7,7 +7,7 @@ actors cannot take them, as read in Ray 2.60's source: its controller and its wo
 of their own (env vars it propagates), and a worker process only takes a lease whose runtime env
 hashes the same. On 2 cores those processes import Ray beside the driver and Ray Train's first actors,
 on every local attempt (local mode starts a cluster per attempt when the fault took the old one:
-spotray/local_ray.py). On
+spotray/local/local_ray.py). On
 KubeRay the head has ``num-cpus: 0`` and the driver runs there, so no worker is prestarted: this
 measures local mode.
 
@@ -34,7 +34,7 @@ from bench.common import alternating_rounds, paired_legs, script_leg, write_resu
 LEG = textwrap.dedent(
     """
     import json, os, shutil, subprocess, sys, tempfile, time
-    from spotray.local_ray import LocalRayCluster
+    from spotray.local.local_ray import LocalRayCluster
 
     env = {} if sys.argv[1] == "default" else {"RAY_prestart_worker_first_driver": "0"}
     with LocalRayCluster(num_cpus=2, env=env) as cluster:

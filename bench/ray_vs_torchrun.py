@@ -21,7 +21,7 @@ from pathlib import Path
 
 from bench.common import machine_details, write_result
 from bench.jobs import PYTHON, gpt2_command, python_env, steps_per_second
-from spotray.local_ray import LocalRayCluster
+from spotray.local.local_ray import LocalRayCluster
 from spotray.train.storage.local_s3 import LocalS3Server
 
 BUCKET = "bench-ray"

@@ -27,7 +27,7 @@ from bench.common import machine_details, write_result
 from bench.jobs import PYTHON, gpt2_command, python_env, start, wait_for_event
 from spotray.contract.uris import parse_uri
 from spotray.jobs.gpt2.data import MDS_COLUMNS, mds_samples
-from spotray.local_ray import LocalRayCluster
+from spotray.local.local_ray import LocalRayCluster
 from spotray.train.hf.data import ensure_dataset
 from spotray.train.records.events import read_events
 from spotray.train.storage.local_s3 import LocalS3Server

@@ -1,7 +1,7 @@
 """A fixed-size run's worker node gets a spot notice, A vs B: with a spare worker pod, or without (issue 39).
 
 The case: the GPT-2 example, two workers (a fixed size), one of them on a Ray node of its own that
-local mode drains with a 30 s spot notice at step 20 (steps paced to 1 s; spotray/node_faults.py).
+local mode drains with a 30 s spot notice at step 20 (steps paced to 1 s; spotray/local/node_faults.py).
 Each round runs it twice, back to back, in alternating order:
 
 - A, ``spareReplicas: 1``: local mode starts a spare node once the group trains. At the notice rank
@@ -12,7 +12,7 @@ Each round runs it twice, back to back, in alternating order:
   preemption, and local mode's next attempt starts a driver and a worker group of two, which needs
   the node back: it returns 5 s after it is gone (as a new spot node joined 5 s after a reclaim on
   the real-pods test bed), or with a new Ray cluster if local mode does not keep the old one
-  (spotray/local.py; the first run's B leg logged no return, so it got the node that way).
+  (spotray/local/local_run.py; the first run's B leg logged no return, so it got the node that way).
 
 What the notice costs the run, read from its event log: from the moment the step the next group
 resumes from was trained (the notice's emergency checkpoint), to the next group's first step. Ratio:

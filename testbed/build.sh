@@ -100,7 +100,7 @@ build_etcd() {
   # etcd's own top-level module uses local replace directives, so `go install` refuses it;
   # a two-line consumer of the server module builds the same binary.
   cat >"$src/go.mod" <<MOD
-module spotray.local/testbed/etcd
+module spotray.local.local_run/testbed/etcd
 
 go 1.26
 
@@ -132,7 +132,7 @@ build_from_kubernetes() {
   gomod="$(go mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
     sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
   {
-    printf 'module spotray.local/testbed/kubernetes\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n' \
+    printf 'module spotray.local.local_run/testbed/kubernetes\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\n' \
       "$KUBERNETES_VERSION"
     grep -E '^[[:space:]]*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" |
       awk -v v="$K8S_STAGING_VERSION" '{print "replace " $1 " => " $1 " " v}'
@@ -248,7 +248,7 @@ build_coredns() {
   src="$out/src"
   mkdir -p "$src"
   cat >"$src/go.mod" <<MOD
-module spotray.local/testbed/coredns
+module spotray.local.local_run/testbed/coredns
 
 go 1.26
 

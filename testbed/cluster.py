@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SPOT_TAINT_KEY
-from spotray.local_ray import LocalRayWorkerNode
+from spotray.local.local_ray import LocalRayWorkerNode
 from spotray.train.processes.subprocesses import is_running, session_members, start_time
 from spotray.train.storage.local_s3 import free_port, free_ports
 from testbed import nodes as real

@@ -166,7 +166,9 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             per_device_batch=plan.per_device,
             accumulation=plan.accumulation,
             data_position=position.to_dict(),
-            dataset_cache=str(cache_dir),  # local mode releases its shared memory when it ends (spotray/reaper.py)
+            dataset_cache=str(
+                cache_dir
+            ),  # local mode releases its shared memory when it ends (spotray/local/reaper.py)
             resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
             resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
             skipped_checkpoints=fetch.skipped,  # newer complete checkpoints passed over, and why

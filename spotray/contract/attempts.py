@@ -41,7 +41,7 @@ MAX_DETAIL_CHARS = 64_000
 
 # Exit codes, one set for the job's driver (train/launch/launcher.py; the controller and local mode
 # read them to tell how an attempt ended), the ``spotray`` command (scripts may rely on them:
-# spotray/errors.py says which error gives which) and the controller process.
+# spotray/cli/exit_codes.py says which error gives which) and the controller process.
 EXIT_OK = 0  # the driver: training finished; the command: done
 # The driver: training failed (counts against maxFailures). The command: what it set out to do
 # failed (a run failed, a checkpoint is incomplete or corrupt, S3 or the cluster refused).

@@ -8,7 +8,7 @@ Each error also says whose it is to fix, its ``Cause``: declared on its class (`
 train/records/attempt_records.py, decides per instance) and read through ``cause_of``, the one
 classification shared by the job's driver (its exit code, spotray/contract/attempts.py
 ``attempt_exit_code``, which the controller and local mode read), the crash-loop guard and the
-``spotray`` command (spotray/errors.py):
+``spotray`` command (spotray/cli/exit_codes.py):
 
 - BAD_INPUT, the user must change something: a URI or bucket name, credentials a server refused (or
   none at all), a missing bucket the run may not create, a spec refused for its content, a corrupt

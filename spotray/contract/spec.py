@@ -15,7 +15,7 @@ declarations:
 
 ``spec.secretEnv`` holds references only (``{HF_TOKEN: hf-token/token}``, never a value), so the
 spec, and ``SPOTRAY_RUN`` with it, can go anywhere: the kubelet reads the Secrets (controller/rayjob.py),
-and local mode takes the values from its own environment (spotray/local.py).
+and local mode takes the values from its own environment (spotray/local/local_run.py).
 
 Standard library and PyYAML only: the controller decides with it without boto3, torch or Ray.
 """
@@ -92,8 +92,8 @@ MAX_ENV_NAME_LENGTH = 128
 # and Ray: RAY_ADDRESS, RAY_IP, ...); AWS_* (the checkpoint Secret, envFrom, which an env item would
 # override; AWS_ENDPOINT_URL); KUBERAY_GEN_RAY_START_CMD. Then the single names: KubeRay's head
 # address and Redis credentials; controller/rayjob.py's S3 endpoint for MosaicML streaming; Ray
-# Train's torch.distributed variables; what local mode sets for its driver and Ray (spotray/local.py,
-# spotray/local_ray.py). tests/unit/test_secret_env.py checks the RayJob's and local mode's names against them.
+# Train's torch.distributed variables; what local mode sets for its driver and Ray (spotray/local/local_run.py,
+# spotray/local/local_ray.py). tests/unit/test_secret_env.py checks the RayJob's and local mode's names against them.
 RESERVED_ENV_PREFIXES = ("SPOTRAY_", "RAY_", "AWS_", "KUBERAY_")
 RESERVED_ENV_NAMES = (
     "FQ_RAY_IP",

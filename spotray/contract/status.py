@@ -20,8 +20,8 @@ Who writes what: spotray/decisions/run_plan.py the phase, the attempts, the budg
 controller/run_store.py progress, lastCheckpoint, goodput and checkpointInterval from what the job
 wrote in the store (the job's train/records/goodput.py and train/hf/checkpoint_interval.py write
 the last two in this form, and tests/unit/test_status_model.py keeps their keys in step);
-spotray/decisions/cost.py cost; controller/reconcile.py puts them together. The CLI (spotray/status.py,
-spotray/watch.py, spotray/logs.py) reads them.
+spotray/decisions/cost.py cost; controller/reconcile.py puts them together. The CLI (spotray/cli/run_status.py,
+spotray/cli/watch.py, spotray/cli/logs.py) reads them.
 
 Standard library only, besides the contract's own names.
 """

@@ -3,7 +3,7 @@
 What a TrainingRun does next (run_plan.py: its phases, its attempts' ends and budgets), what a
 TrainingSweep tries, promotes or exploits next (sweep.py), and what a run cost (cost.py). Nothing
 here reads a cluster, a store or a clock: the callers gather the facts (controller/reconcile.py,
-spotray/local.py), pass ``now``, and apply what comes back, so every decision is a unit test.
+spotray/local/local_run.py), pass ``now``, and apply what comes back, so every decision is a unit test.
 
 It imports the contract alone (and Optuna for the sweep's sampler), and the job side never
 imports it: tests/unit/test_layering.py.

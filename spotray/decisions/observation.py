@@ -1,5 +1,5 @@
 """What one decision knows: the run, its state, the current attempt's RayJob and the run's RayCluster
-as read, and what the job wrote (``Observation``), gathered by controller/reconcile.py or spotray/local.py.
+as read, and what the job wrote (``Observation``), gathered by controller/reconcile.py or spotray/local/local_run.py.
 """
 
 from __future__ import annotations

@@ -20,7 +20,9 @@ REASON_TRAINING_FAILED = "TrainingFailed"
 REASON_BAD_INPUT = "BadInput"  # also the Failed condition's: the run fails at once
 REASON_START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
 REASON_SUSPENDED = "Suspended"
-REASON_INTERRUPTED = "Interrupted"  # local mode (spotray/local.py): the command running the attempt was stopped
+REASON_INTERRUPTED = (
+    "Interrupted"  # local mode (spotray/local/local_run.py): the command running the attempt was stopped
+)
 # Outcome Interrupted: an infrastructure fault (the driver's exit code 75, Ray's job supervisor); spends no budget.
 REASON_INFRASTRUCTURE_FAULT = "InfrastructureFault"
 # Why a run failed (the Failed condition's reason and its Event), besides BadInput:

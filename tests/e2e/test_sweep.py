@@ -191,7 +191,7 @@ def test_a_sweep_makes_its_trials_once_whatever_the_controller_kills_and_they_go
     manifest = sweep_manifest("nap", tmp_path)
     manifest["spec"]["template"]["entrypoint"] = "python -c 'import time; time.sleep(300)'  # ${lr}"
     del manifest["spec"]["earlyStopping"]
-    # Through the CLI, as a user would: checked here, then applied (spotray/submit.py).
+    # Through the CLI, as a user would: checked here, then applied (spotray/cli/submit.py).
     spotray = cli(testbed)
     (tmp_path / "nap.yaml").write_text(yaml.safe_dump(manifest))
     submitted = spotray("run", str(tmp_path / "nap.yaml"), "-n", namespace)

@@ -10,7 +10,7 @@ import pytest
 import ray
 from ray.exceptions import GetTimeoutError, LocalRayletDiedError
 
-from spotray.local_ray import LocalRayCluster
+from spotray.local.local_ray import LocalRayCluster
 
 pytestmark = pytest.mark.integration
 

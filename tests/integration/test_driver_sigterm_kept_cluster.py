@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.local_ray import LocalRayCluster
+from spotray.local.local_ray import LocalRayCluster
 from tests.conftest import start_in_own_group, wait_or_dump_stacks
 
 # About 90 s of real Ray on 2 cores: make test-campaign; make test keeps the rules as unit tests

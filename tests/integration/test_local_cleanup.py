@@ -131,7 +131,7 @@ def test_a_stopped_local_run_leaves_no_process_behind(tmp_path: Path, signum: si
 
     if signum == signal.SIGKILL:
         return
-    # The stopped attempt is on record as interrupted, spending no budget (spotray/local.py).
+    # The stopped attempt is on record as interrupted, spending no budget (spotray/local/local_run.py).
     state = json.loads((workdir / "run-state.json").read_text())["status"]
     assert (state["attempts"][-1]["outcome"], state["attempts"][-1]["reason"]) == ("Suspended", "Interrupted")
     assert (state["preemptions"], state["failures"]) == (0, 0)

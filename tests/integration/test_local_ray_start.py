@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spotray import local_ray
 from spotray.contract.errors import SpotrayError
-from spotray.local_ray import LocalRayCluster
+from spotray.local import local_ray
+from spotray.local.local_ray import LocalRayCluster
 
 pytestmark = pytest.mark.integration
 

@@ -31,7 +31,7 @@ def test_the_wheel_holds_the_spotray_package_only(dist: Path) -> None:
     (wheel,) = dist.glob("spotray-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert all(n.startswith(("spotray/", "spotray-")) for n in names), [n for n in names if not n.startswith("spotray")]
-    for module in ("spotray/cli.py", "spotray/train/hf/callback.py", "spotray/controller/handlers.py"):
+    for module in ("spotray/cli/main.py", "spotray/train/hf/callback.py", "spotray/controller/handlers.py"):
         assert module in names
     assert "spotray/jobs/gpt2/train.py" in names  # the example jobs: `python -m spotray.jobs.gpt2` in the image
     assert "spotray/py.typed" in names

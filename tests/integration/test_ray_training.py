@@ -25,7 +25,7 @@ from safetensors.torch import load_file
 
 from spotray.contract.attempts import EXIT_OK, EXIT_PREEMPTED, AttemptId
 from spotray.contract.uris import parse_uri
-from spotray.local_ray import LocalRayCluster
+from spotray.local.local_ray import LocalRayCluster
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.launch.launcher import outcome_after_fit
 from spotray.train.records.attempt_records import write_preemption

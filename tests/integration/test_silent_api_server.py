@@ -3,7 +3,7 @@ answers (a hung proxy, a half-open link): the kind of silence a killed API serve
 since a closed port answers at once with a reset.
 
 The peer is a real TCP listener on loopback that accepts and then reads forever (tests/conftest.py). The clients are
-the real ones: the CLI's ClusterConnection (spotray/kube.py) and the controller's Cluster
+the real ones: the CLI's ClusterConnection (spotray/cli/cluster_client.py) and the controller's Cluster
 (controller/kube.py), over the kubernetes client and urllib3.
 """
 
@@ -17,10 +17,10 @@ import urllib3
 import yaml
 from kubernetes import config
 
-from spotray.cluster_options import KubeOptions
+from spotray.cli.cluster_client import ClusterConnection
+from spotray.cli.cluster_options import KubeOptions
 from spotray.contract.errors import SpotrayError
 from spotray.controller import kube as controller_kube
-from spotray.kube import ClusterConnection
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ stopped server never gives: a closed port answers at once with a reset.
 The peer is a real TCP listener on loopback that accepts and never sends a byte (tests/conftest.py);
 the clients are the real ones: the controller's reads of a run's records and progress
 (controller/run_store.py, through controller/reconcile.py's readers) and the CLI's store
-(spotray/target.py), over boto3.
+(spotray/cli/target.py), over boto3.
 
 The bound each must hold: its retry deadline plus one request's read timeout. Before, botocore
 retried each request twice more inside every try of ours, so a controller read of a silent store
@@ -19,13 +19,13 @@ import time
 
 import pytest
 
+from spotray.cli.target import CLI_RETRY, RunLocation
+from spotray.cli.target import open_run_store as cli_open_run_store
 from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import SpotrayError
 from spotray.controller import reconcile
 from spotray.controller.config import ControllerConfig
 from spotray.controller.run_store import CONTROLLER_RETRY, open_run_store, store_config
-from spotray.target import CLI_RETRY, RunLocation
-from spotray.target import open_run_store as cli_open_run_store
 from tests.unit.test_file_roots import NoSecrets, run
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.local_ray import LocalRayCluster
+from spotray.local.local_ray import LocalRayCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 
+from spotray.cli.run_status import describe_run
 from spotray.contract.attempts import AttemptId
 from spotray.contract.status import AttemptStartup, format_date_time, parse_timestamp
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
 from spotray.controller.reconcile import reconcile
 from spotray.controller.startup import attempt_startup, pods_ready_at
-from spotray.status import describe_run
 from spotray.train.records.progress_log import AttemptProgress
 from spotray.train.storage.store import LocalObjectStore
 from tests.unit.test_controller_writes import FakeCluster, new_run

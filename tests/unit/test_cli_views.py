@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 
-from spotray.cluster_options import KubeOptions
+from spotray.cli.cluster_options import KubeOptions
+from spotray.cli.exit_codes import NotFoundError, exit_code_for
+from spotray.cli.logs import dashboard_base, head_service
+from spotray.cli.output import human_age, human_bytes, render_table
+from spotray.cli.run_status import describe_run, run_summary, status_table
+from spotray.cli.target import locate_run
+from spotray.cli.watch import StatusFollower
 from spotray.contract.errors import CorruptCheckpointError, InvalidUriError, SpotrayError, StoreUnreachableError
 from spotray.contract.spec import InvalidSpecError
-from spotray.errors import NotFoundError, exit_code_for
-from spotray.logs import dashboard_base, head_service
-from spotray.output import human_age, human_bytes, render_table
-from spotray.progress import ProgressView
-from spotray.status import describe_run, run_summary, status_table
-from spotray.target import locate_run
+from spotray.local.progress import ProgressView
 from spotray.train.records.goodput import attempts_from_progress
 from spotray.train.records.progress_log import AttemptProgress
-from spotray.watch import StatusFollower
 
 pytestmark = pytest.mark.unit
 
@@ -237,7 +237,7 @@ def test_run_resolution_without_a_cluster(tmp_path: Path) -> None:
 def test_sigterm_and_sighup_stop_a_local_run_as_ctrl_c_does() -> None:
     import signal  # noqa: PLC0415
 
-    from spotray.cli import STOP_SIGNALS, stop_like_ctrl_c  # noqa: PLC0415
+    from spotray.cli.main import STOP_SIGNALS, stop_like_ctrl_c  # noqa: PLC0415
 
     before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     try:

@@ -5,12 +5,12 @@ from datetime import UTC, datetime
 
 import pytest
 
+from spotray.cli.run_status import cost_line, describe_run
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import WorkerSpec
 from spotray.contract.status import Cost, Goodput, LostSeconds
 from spotray.controller.config import ControllerConfig
 from spotray.decisions.cost import PRICES_ENV, Prices, run_cost
-from spotray.status import cost_line, describe_run
 
 pytestmark = pytest.mark.unit
 

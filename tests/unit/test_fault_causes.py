@@ -12,6 +12,7 @@ import pickle
 
 import pytest
 
+from spotray.cli.exit_codes import CommandFailedError, NotFoundError, exit_code_for
 from spotray.contract.attempts import (
     EXIT_BAD_INPUT,
     EXIT_FAILED,
@@ -36,7 +37,6 @@ from spotray.contract.errors import (
 )
 from spotray.contract.extras import MissingExtraError
 from spotray.contract.spec import InvalidSpecError
-from spotray.errors import CommandFailedError, NotFoundError, exit_code_for
 from spotray.train.records.attempt_records import SupersededError
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]

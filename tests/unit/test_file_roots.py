@@ -6,7 +6,7 @@ so ``checkpoint.uri: /`` made it list its whole root file system at every refres
 now reads a file:// URI only strictly inside a directory of ``SPOTRAY_FILE_ROOTS`` (the chart's
 ``controller.fileRoots``; empty by default: no file:// run is read in a cluster), symbolic links
 and ``..`` resolved, and refuses any other with a message that names the setting. Local mode
-(spotray/local.py) opens the user's own directories with train/storage's ``open_store`` and keeps
+(spotray/local/local_run.py) opens the user's own directories with train/storage's ``open_store`` and keeps
 accepting every file:// URI.
 """
 

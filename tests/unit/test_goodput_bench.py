@@ -11,7 +11,7 @@ from bench.goodput import leg_manifest, node_flags, node_lifetimes
 from bench.goodput_long import goodput_ratio, leg_timeout_s, reclaim_steps
 from bench.goodput_testbed import current_step
 from spotray.contract.spec import WorkerSpec, parse_training_run
-from spotray.node_faults import Moment, NodeSchedule
+from spotray.local.node_faults import Moment, NodeSchedule
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ from spotray.contract.spec import parse_training_run
 from spotray.decisions.attempt_end import AttemptEnd, classify_end, end_attempt
 from spotray.decisions.observation import Observation, RayJobView
 from spotray.decisions.run_state import RunState
-from spotray.local import driver_message, pause_before_next_attempt
+from spotray.local.local_run import driver_message, pause_before_next_attempt
 from spotray.train.launch.crash_loop import Crash, crash_loop_verdict
 from spotray.train.launch.launcher import fit_failure_cause, outcome_after_fit, outcome_after_preemption
 from spotray.train.records.attempt_records import write_outcome, write_preemption

@@ -12,8 +12,8 @@ import torch
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from spotray.contract.spec import RunContext, TrainingRun, parse_training_run
-from spotray.local import EventCursor, needs_embedded_s3, ray_cpus_for
-from spotray.progress import ProgressView, format_duration
+from spotray.local.local_run import EventCursor, needs_embedded_s3, ray_cpus_for
+from spotray.local.progress import ProgressView, format_duration
 from spotray.train.hf.data import DataPosition, EpochLoader
 from spotray.train.hf.worker import PreemptionNoticeCallback
 from spotray.train.launch.launcher import (

@@ -16,10 +16,11 @@ and goodput arithmetic, the vocabulary of Events and refusals) stand on the cont
 functions of facts, shared by the controller and local mode, importing no other spotray layer and
 imported by no job-side module. The controller stands beside the job side, not above it: it reads
 what attempts leave in the store, so it may import the contract, the decisions, storage, records
-and checkpoints, and nothing that trains (processes, launch, hf), no job and no CLI module. The CLI
-and local mode (spotray/*.py) are the top: they may import anything (the controller's modules
-aside: local mode shares the decisions, not the controller's internals), and nothing imports them.
-spotray/__init__.py and
+and checkpoints, and nothing that trains (processes, launch, hf), no job and no CLI module. Local
+mode (spotray.local: a TrainingRun or a sweep on one machine) may import everything below it but
+the controller: it shares the decisions, not the controller's internals. The command line
+(spotray.cli) is the top: it may import anything, and nothing imports it. Nothing else stands at
+the package's top level (a module there is in no layer). spotray/__init__.py and
 train/__init__.py are imported by every import below them, so they import no spotray module.
 
 The tools beside the package import it, never the other way: the test bed (testbed/) may import
@@ -72,9 +73,9 @@ CONTROLLER_MAY_IMPORT = (
     "spotray.train.records",
     "spotray.train.checkpoints",
 )
-CLI = "spotray (the CLI and local mode: spotray/*.py)"
+CLI = "spotray.cli"
 # Local mode: it runs a TrainingRun on one machine with the decisions the controller makes.
-LOCAL_MODE = ("spotray.local", "spotray.local_ray", "spotray.local_sweep")
+LOCAL_MODE = "spotray.local"
 # Package roots: imported whenever anything under them is, so they must import no spotray module.
 ROOTS = ("spotray", "spotray.train")
 
@@ -82,7 +83,7 @@ ROOTS = ("spotray", "spotray.train")
 CONTRACT_MAY_IMPORT = ("yaml",)  # and the standard library, and itself
 NOT_IN_CONTROLLER = ("torch", "ray", "transformers", "accelerate", "safetensors", "streaming")
 DECISIONS_MAY_IMPORT = ("yaml", "optuna")  # and the standard library
-RAY_ONLY_FROM = ("spotray.train.launch", "spotray.train.hf", "spotray.jobs", CLI)
+RAY_ONLY_FROM = ("spotray.train.launch", "spotray.train.hf", "spotray.jobs", LOCAL_MODE, CLI)
 # Not to be in sys.modules after the import, checked in a fresh interpreter.
 NOT_LOADED_BY_CONTRACT = ("torch", "ray", "transformers", "boto3", "botocore", "streaming", "kubernetes", "kopf")
 NOT_LOADED_BY_CONTROLLER = ("torch", "ray", "transformers")
@@ -158,12 +159,12 @@ def unit_of(module: str) -> str:
         for package in layer:
             if module == package or module.startswith(package + "."):
                 return package
-    for unit in (DECISIONS, CONTROLLER):
+    for unit in (DECISIONS, CONTROLLER, LOCAL_MODE, CLI):
         if module == unit or module.startswith(unit + "."):
             return unit
     if module.startswith("spotray.train."):
         return "unlayered " + ".".join(module.split(".")[:3])
-    return CLI
+    return "unlayered " + ".".join(module.split(".")[:2])
 
 
 def rank(unit: str) -> int | None:
@@ -184,10 +185,14 @@ def layering_violations(root: Path = ROOT) -> list[str]:
         elif importer == imported or imported in ROOTS:
             continue
         elif imported == CLI:
-            problems.append(f"{where}: nothing imports the CLI and local mode (spotray/*.py)")
+            problems.append(f"{where}: nothing imports the command line (spotray.cli)")
         elif importer == CLI:
-            if imported == CONTROLLER and imp.importer in LOCAL_MODE:
+            continue
+        elif importer == LOCAL_MODE:
+            if imported == CONTROLLER:
                 problems.append(f"{where}: local mode shares {DECISIONS} with the controller, not its modules")
+        elif imported == LOCAL_MODE:
+            problems.append(f"{where}: only the command line imports local mode (spotray.local)")
         elif importer == DECISIONS:
             if imported != "spotray.contract":
                 problems.append(f"{where}: the decisions stand on spotray.contract alone")
@@ -312,16 +317,16 @@ def test_the_tool_checks_find_a_wrong_import_and_a_path_change(tmp_path: Path) -
         tmp_path,
         {
             "spotray/__init__.py": "",
-            "spotray/cli.py": "import testbed.cluster\n",
+            "spotray/cli/main.py": "import testbed.cluster\n",
             "testbed/__init__.py": "",
-            "testbed/cluster.py": "from bench.common import write_result\nimport spotray.cli\n",
+            "testbed/cluster.py": "from bench.common import write_result\nimport spotray.cli.main\n",
             "bench/__init__.py": "",
             "bench/common.py": "import sys\nsys.path.insert(0, 'hack')\nfrom tests.minio import x\n",
         },
     )
     assert sorted(tool_violations(tmp_path)) == [
         "bench/common.py:3 imports tests.minio: bench/ may import only spotray, testbed, bench",
-        "spotray/cli.py:1 imports testbed.cluster: spotray/ may import only spotray",
+        "spotray/cli/main.py:1 imports testbed.cluster: spotray/ may import only spotray",
         "testbed/cluster.py:1 imports bench.common: testbed/ may import only spotray, testbed",
     ]
     assert path_changes(tmp_path) == ["bench/common.py:2: sys.path.insert(0, 'hack')"]
@@ -330,7 +335,7 @@ def test_the_tool_checks_find_a_wrong_import_and_a_path_change(tmp_path: Path) -
 def test_every_module_is_found_through_the_symlinks() -> None:
     found = modules()
     for module in (
-        "spotray.cli",
+        "spotray.cli.main",
         "spotray.contract.spec",
         "spotray.train.processes.ranks",
         "spotray.train.launch.launcher",
@@ -366,7 +371,7 @@ def test_the_checks_name_the_file_and_line_of_an_upward_import(tmp_path: Path) -
         tmp_path,
         {
             "spotray/__init__.py": "",
-            "spotray/cli.py": "import spotray.controller.handlers\nfrom spotray.train import hf\n",
+            "spotray/cli/main.py": "import spotray.controller.handlers\nfrom spotray.train import hf\n",
             "spotray/contract/__init__.py": "",
             "spotray/contract/spec.py": "import yaml\nimport boto3\n",
             "train/__init__.py": "",
@@ -384,11 +389,14 @@ def test_the_checks_name_the_file_and_line_of_an_upward_import(tmp_path: Path) -
             "spotray/decisions/run_plan.py": (
                 "from spotray.contract import spec\nfrom spotray.train.storage import store\n"
             ),
-            "spotray/local.py": "from spotray.decisions import run_plan\nfrom spotray.controller import reconcile\n",
+            "spotray/local/local_run.py": (
+                "from spotray.decisions import run_plan\nfrom spotray.controller import reconcile\n"
+            ),
+            "spotray/helpers.py": "from spotray.contract import spec\n",
             "train/records/__init__.py": "import ray\n",
             "controller/__init__.py": "",
             "controller/lifecycle.py": (
-                "import torch\nfrom spotray.train.processes.ranks import f\nimport spotray.cli\n"
+                "import torch\nfrom spotray.train.processes.ranks import f\nimport spotray.cli.main\n"
             ),
         },
     )
@@ -402,14 +410,16 @@ def test_the_checks_name_the_file_and_line_of_an_upward_import(tmp_path: Path) -
             "spotray.train.launch is a sibling of spotray.train.hf",
             "controller/lifecycle.py:2 (spotray.controller.lifecycle) imports spotray.train.processes.ranks: "
             "the controller may import only " + ", ".join(CONTROLLER_MAY_IMPORT),
-            "controller/lifecycle.py:3 (spotray.controller.lifecycle) imports spotray.cli: "
-            "nothing imports the CLI and local mode (spotray/*.py)",
+            "controller/lifecycle.py:3 (spotray.controller.lifecycle) imports spotray.cli.main: "
+            "nothing imports the command line (spotray.cli)",
             "train/hf/worker.py:2 (spotray.train.hf.worker) imports spotray.decisions.run_plan: "
             "the job side never imports the decisions",
             "spotray/decisions/run_plan.py:2 (spotray.decisions.run_plan) imports spotray.train.storage.store: "
             "the decisions stand on spotray.contract alone",
-            "spotray/local.py:2 (spotray.local) imports spotray.controller: "
+            "spotray/local/local_run.py:2 (spotray.local.local_run) imports spotray.controller: "
             "local mode shares spotray.decisions with the controller, not its modules",
+            "spotray/helpers.py:1 (spotray.helpers) imports spotray.contract.spec: "
+            "unlayered spotray.helpers is in no layer",
         ]
     )
     assert sorted(third_party_violations(tmp_path)) == sorted(

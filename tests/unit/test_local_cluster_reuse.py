@@ -16,11 +16,11 @@ import pytest
 
 from bench.common import goal_met
 from bench.local_recovery import GOAL, attempt_phases
-from spotray import local
-from spotray.cli import main
+from spotray.cli.main import main
 from spotray.contract.spec import parse_training_run
-from spotray.local import Faults, LocalRun
-from spotray.progress import ProgressView
+from spotray.local import local_run as local
+from spotray.local.local_run import Faults, LocalRun
+from spotray.local.progress import ProgressView
 
 pytestmark = pytest.mark.unit
 

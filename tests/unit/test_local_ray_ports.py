@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spotray import local_ray
 from spotray.contract.errors import SpotrayError
-from spotray.local_ray import WORKER_PORTS, free_worker_port_range, node_port_flags
+from spotray.local import local_ray
+from spotray.local.local_ray import WORKER_PORTS, free_worker_port_range, node_port_flags
 from spotray.train.storage.local_s3 import free_ports
 
 pytestmark = pytest.mark.unit

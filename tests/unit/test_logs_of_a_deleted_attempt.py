@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from spotray.errors import NotFoundError
-from spotray.logs import logs_command
+from spotray.cli.exit_codes import NotFoundError
+from spotray.cli.logs import logs_command
 
 pytestmark = pytest.mark.unit
 

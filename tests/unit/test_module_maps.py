@@ -24,6 +24,8 @@ def modules(folder: str) -> list[str]:
         ("controller", "docs/controller.md", "`controller/{name}`"),
         ("spotray/contract", "docs/architecture.md", "({name})"),
         ("spotray/decisions", "docs/architecture.md", "({name})"),
+        ("spotray/cli", "spotray/cli/__init__.py", "{name}"),
+        ("spotray/local", "spotray/local/__init__.py", "{name}"),
         ("spotray/decisions", "docs/controller.md", "`spotray/decisions/{name}`"),
     ],
 )

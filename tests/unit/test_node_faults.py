@@ -4,11 +4,11 @@ import time
 
 import pytest
 
-from spotray.cli import main
+from spotray.cli.main import main
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import WorkerSpec
-from spotray.local import start_worker_node
-from spotray.node_faults import Moment, NodeLayout, NodeSchedule
+from spotray.local.local_run import start_worker_node
+from spotray.local.node_faults import Moment, NodeLayout, NodeSchedule
 
 pytestmark = pytest.mark.unit
 

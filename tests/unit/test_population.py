@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from spotray.cli.loss_plot import decision_marks
+from spotray.cli.run_status import describe_sweep
 from spotray.contract.spec import InvalidSpecError
 from spotray.contract.status import IntervalLoss
 from spotray.contract.sweep import (
@@ -26,9 +28,7 @@ from spotray.contract.sweep import (
 from spotray.controller.reconcile import merged_interval_losses
 from spotray.decisions.sweep import decide, explore, sweep_status, trial_patches
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts, trial_facts
-from spotray.local_sweep import current_life
-from spotray.plot import decision_marks
-from spotray.status import describe_sweep
+from spotray.local.local_sweep import current_life
 from tests.unit.test_sweep import changed_sweep
 
 pytestmark = pytest.mark.unit

@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+from spotray.cli.exit_codes import CommandFailedError
+from spotray.cli.logs import RAY_TOKEN_ENV, logs_command, ray_token_secret_name
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import build_rayjob
-from spotray.errors import CommandFailedError
-from spotray.logs import RAY_TOKEN_ENV, logs_command, ray_token_secret_name
 from tests.unit.test_run_checkpoint_key import ray_containers
 from tests.unit.test_status_unreadable import body
 

@@ -1,4 +1,4 @@
-"""The watchdog's kill step (spotray/reaper.py) on real processes: a session's members, never a reused pid."""
+"""The watchdog's kill step (spotray/local/reaper.py) on real processes: a session's members, never a reused pid."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.reaper import Reaper, reap
+from spotray.local.reaper import Reaper, reap
 from spotray.train.hf.streaming_memory import SHM_DIR
 from spotray.train.processes.subprocesses import session_members, start_time
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spotray import cli
+from spotray.cli import main as cli
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import (
     RUN_ENV_VAR,
@@ -31,9 +31,9 @@ from spotray.contract.spec import (
 from spotray.controller.config import ControllerConfig
 from spotray.controller.crd import spec_schema
 from spotray.controller.rayjob import build_rayjob, secret_env_refusal
-from spotray.local import Faults, LocalRun, secret_env_from
-from spotray.local_ray import LocalRayCluster
-from spotray.progress import ProgressView
+from spotray.local.local_ray import LocalRayCluster
+from spotray.local.local_run import Faults, LocalRun, secret_env_from
+from spotray.local.progress import ProgressView
 from spotray.train.storage.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.unit

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from spotray.cli.run_status import describe_run
 from spotray.contract.attempts import AttemptId
 from spotray.contract.status import AttemptStatus, RunStatus
 from spotray.controller.reconcile import passed_over
 from spotray.controller.run_store import StoreReports
-from spotray.progress import ProgressView
-from spotray.status import describe_run
+from spotray.local.progress import ProgressView
 from spotray.train.checkpoints.checkpoint import upload_checkpoint
 from spotray.train.checkpoints.resume import fetch_resume_checkpoint
 from spotray.train.records.progress_log import MAX_SKIPPED_CHARS, AttemptProgress

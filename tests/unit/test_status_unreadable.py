@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from spotray.cli.run_status import describe_run, run_summary, status_table
+from spotray.cli.watch import StatusFollower
 from spotray.contract.attempts import AttemptRecords
 from spotray.contract.names import ATTEMPT_LABEL, RUN_LABEL
 from spotray.contract.status import RunStatus, Unreadable, format_date_time, parse_date_time
@@ -29,9 +31,7 @@ from spotray.decisions.conditions import conditions
 from spotray.decisions.observation import Observation, RayJobView
 from spotray.decisions.run_state import Plan, RunState
 from spotray.decisions.vocabulary import Event
-from spotray.progress import ProgressView
-from spotray.status import describe_run, run_summary, status_table
-from spotray.watch import StatusFollower
+from spotray.local.progress import ProgressView
 from tests.lifecycle_runs import NOW, LeftoverFacts, run
 from tests.lifecycle_runs import planned as plan
 

@@ -16,7 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from spotray.cli import main
+from spotray.cli.loss_plot import decision_marks
+from spotray.cli.main import main
+from spotray.cli.run_status import describe_sweep
 from spotray.contract.names import SWEEP_LABEL
 from spotray.contract.spec import InvalidSpecError, parse_training_run
 from spotray.contract.status import IntervalLoss, LastCheckpoint
@@ -47,7 +49,7 @@ from spotray.decisions.sweep import (
     trial_patches,
 )
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts, trial_facts
-from spotray.local_sweep import (
+from spotray.local.local_sweep import (
     LocalSweep,
     SweepState,
     TrialProcess,
@@ -55,9 +57,7 @@ from spotray.local_sweep import (
     complete_step,
     losses_by_step,
 )
-from spotray.plot import decision_marks
-from spotray.progress import ProgressView
-from spotray.status import describe_sweep
+from spotray.local.progress import ProgressView
 from spotray.train.records.plot import plot_sweep
 from spotray.train.records.progress_log import AttemptProgress
 

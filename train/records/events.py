@@ -1,7 +1,7 @@
 """A small JSON-lines event log: what a training process did, for people and for tools.
 
 Each line is one JSON object with ``event`` and ``time``. It is a local file (``SPOTRAY_EVENTS``):
-local mode (spotray/local.py) follows it while an attempt runs (progress, faults injected at a
+local mode (spotray/local/local_run.py) follows it while an attempt runs (progress, faults injected at a
 step) and reads it back for the goodput ledger and the loss plot; the benchmarks and tests read it
 too. The controller and ``spotray watch`` never see it: they follow the progress objects in the
 store (train/records/progress_log.py). Writing is thread-safe because the background uploader

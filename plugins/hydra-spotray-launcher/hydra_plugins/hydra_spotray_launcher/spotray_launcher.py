@@ -33,7 +33,7 @@ from spotray.contract.sweep import TrainingSweep, parse_sweep
 from spotray.decisions.sweep_trials import SUSPENDED, TrialFacts, trial_facts
 
 if TYPE_CHECKING:
-    from spotray.kube import ClusterConnection
+    from spotray.cli.cluster_client import ClusterConnection
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +88,8 @@ class SpotrayLauncher(Launcher):
         return document
 
     def _run_locally(self, sweep: TrainingSweep, jobs: list[list[str]]) -> list[JobResult]:
-        from spotray.local_sweep import LocalSweep  # noqa: PLC0415 - needs spotray[ray] only when local
-        from spotray.progress import ProgressView  # noqa: PLC0415
+        from spotray.local.local_sweep import LocalSweep  # noqa: PLC0415 - needs spotray[ray] only when local
+        from spotray.local.progress import ProgressView  # noqa: PLC0415
 
         assert self.config is not None
         workdir = Path(str(self.config.hydra.sweep.dir)) / "spotray" / sweep.name
@@ -100,8 +100,8 @@ class SpotrayLauncher(Launcher):
         return _results(sweep, jobs, local.trials())
 
     def _run_on_cluster(self, document: dict[str, Any], sweep: TrainingSweep, jobs: list[list[str]]) -> list[JobResult]:
-        from spotray.cluster_options import KubeOptions  # noqa: PLC0415 - needs spotray[controller] only here
-        from spotray.kube import ClusterConnection  # noqa: PLC0415
+        from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
+        from spotray.cli.cluster_options import KubeOptions  # noqa: PLC0415 - needs spotray[controller] only here
 
         options = KubeOptions(self.settings.get("kubeconfig"), self.settings.get("context"), sweep.namespace)
         cluster = ClusterConnection(options)
@@ -122,7 +122,7 @@ class SpotrayLauncher(Launcher):
     def _wait_for_sweep(self, cluster: ClusterConnection, name: str) -> str:
         """The sweep's phase once it ended, or the last one read when ``timeout_s`` passed. An API
         server that does not answer for a while is waited for as the sweep is (the trials go on)."""
-        from spotray.errors import CommandFailedError  # noqa: PLC0415
+        from spotray.cli.exit_codes import CommandFailedError  # noqa: PLC0415
 
         deadline = time.monotonic() + float(self.settings["timeout_s"])
         phase, said = "", ""

@@ -12,7 +12,7 @@ Faults can be injected at a chosen step so a user sees recovery for themselves:
 - ``--preempt-at N``: SIGTERM the driver, as a spot notice would: the workers take an emergency
   checkpoint, the attempt ends with exit code 143, and the next attempt resumes from it;
 - ``--lose-worker-at N`` and ``--add-worker-at M``: a second Ray node, holding one worker, vanishes
-  and comes back (spotray/node_faults.py): an elastic run goes on smaller, a fixed-size one waits.
+  and comes back (spotray/local/node_faults.py): an elastic run goes on smaller, a fixed-size one waits.
 
 How an attempt ended and what comes next is decided by the controller's own functions
 (spotray/decisions/attempt_end.py ``classify_end`` and ``end_attempt``), from the same records in the store
@@ -75,10 +75,10 @@ from spotray.decisions.attempt_end import (
 from spotray.decisions.observation import RayJobView
 from spotray.decisions.run_state import Plan, RunState
 from spotray.decisions.vocabulary import REASON_BAD_INPUT, REASON_INTERRUPTED
-from spotray.local_ray import LocalRayCluster, LocalRayWorkerNode
-from spotray.node_faults import NodeLayout, NodeSchedule
-from spotray.progress import ProgressView, RunTally
-from spotray.reaper import Reaper
+from spotray.local.local_ray import LocalRayCluster, LocalRayWorkerNode
+from spotray.local.node_faults import NodeLayout, NodeSchedule
+from spotray.local.progress import ProgressView, RunTally
+from spotray.local.reaper import Reaper
 from spotray.train.checkpoints.checkpoint import download_checkpoint, latest_complete_checkpoint
 from spotray.train.launch.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
 from spotray.train.processes.subprocesses import die_with_parent
@@ -252,7 +252,7 @@ class LocalRun:
         if state.phase in TERMINAL_PHASES:
             return self._already_over(state)
         # The watchdog outlives this process by a moment: whatever ends local mode, it ends what
-        # local mode started (spotray/reaper.py).
+        # local mode started (spotray/local/reaper.py).
         with self.reaper:
             return self._run_with_s3(run_id, state)
 

@@ -17,7 +17,7 @@ each loss comes with a spot notice instead: the node is drained as a preemption 
 a pod would run (train/launch/drain.py), and stopped with SIGTERM, as the kubelet does, once the
 hook returns or the notice runs out; an elastic run takes an emergency checkpoint and goes on
 without the node at once.
-This module is the schedule, pure and tested; spotray/local.py starts and kills the nodes.
+This module is the schedule, pure and tested; spotray/local/local_run.py starts and kills the nodes.
 """
 
 from __future__ import annotations

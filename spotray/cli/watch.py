@@ -11,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from spotray.cli.exit_codes import CommandFailedError
+from spotray.cli.output import parse_time
 from spotray.contract.attempts import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -21,12 +23,10 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.names import FAILED, SUCCEEDED
 from spotray.contract.status import LastCheckpoint, Progress, RunStatus
-from spotray.errors import CommandFailedError
-from spotray.output import parse_time
-from spotray.progress import ProgressView
+from spotray.local.progress import ProgressView
 
 if TYPE_CHECKING:
-    from spotray.kube import ClusterConnection
+    from spotray.cli.cluster_client import ClusterConnection
 
 POLL_SECONDS = 2.0
 # How long the API may stay unreachable (a control plane upgrade, a laptop's Wi-Fi) before giving up.

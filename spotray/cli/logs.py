@@ -16,13 +16,13 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any
 
+from spotray.cli.exit_codes import CommandFailedError, NotFoundError
 from spotray.contract.attempts import EXIT_OK, OUTCOME_INTERRUPTED, OUTCOME_PREEMPTED
 from spotray.contract.names import rayjob_name
 from spotray.contract.status import RunStatus
-from spotray.errors import CommandFailedError, NotFoundError
 
 if TYPE_CHECKING:
-    from spotray.kube import ClusterConnection
+    from spotray.cli.cluster_client import ClusterConnection
 
 DASHBOARD_PORT = 8265
 # What Ray's own clients read the token from (KubeRay sets it in the cluster's containers).

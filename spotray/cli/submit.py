@@ -13,14 +13,14 @@ from typing import Any
 
 import yaml
 
-from spotray.cluster_options import KubeOptions
+from spotray.cli.cluster_options import KubeOptions
+from spotray.cli.output import emit
+from spotray.cli.watch import watch_run
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import GROUP, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import load_training_run
 from spotray.contract.sweep import parse_sweep
-from spotray.output import emit
-from spotray.watch import watch_run
 
 
 def manifest_namespace(document: dict[str, Any]) -> str | None:
@@ -71,7 +71,7 @@ def submit_command(path: Path, kube: KubeOptions, *, watch: bool) -> int:
             f"{path} says metadata.namespace {namespace}, but --namespace says {kube.namespace}",
             "leave out one of them, or make them agree",
         )
-    from spotray.kube import ClusterConnection  # noqa: PLC0415 - the kubernetes client loads only once the manifest is valid
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415 - the kubernetes client loads only once the manifest is valid
 
     cluster = ClusterConnection(replace(kube, namespace=namespace or kube.namespace))
     _, verb = cluster.apply_run(document, cluster.namespace)

@@ -10,18 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spotray.cli.exit_codes import NotFoundError
+from spotray.cli.output import emit
+from spotray.cli.run_status import sweep_and_trials
+from spotray.cli.target import RunLocation, open_run_store
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.sweep import PROMOTED_ANNOTATION, STOPPED_ANNOTATION, TRIAL_LABEL, trial_lineage
-from spotray.errors import NotFoundError
-from spotray.output import emit
-from spotray.status import sweep_and_trials
-from spotray.target import RunLocation, open_run_store
 from spotray.train.records.goodput import attempts_from_progress
 from spotray.train.records.plot import plot_loss_across_attempts, plot_sweep
 from spotray.train.records.progress_log import read_run_progress
 
 if TYPE_CHECKING:
-    from spotray.kube import ClusterConnection
+    from spotray.cli.cluster_client import ClusterConnection
 
 
 def plot_command(location: RunLocation, png: Path | None) -> int:

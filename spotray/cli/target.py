@@ -14,12 +14,12 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from spotray.cluster_options import KubeOptions
+from spotray.cli.cluster_options import KubeOptions
+from spotray.cli.exit_codes import NotFoundError
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import DEFAULT_CHECKPOINT_KEY_SECRET
 from spotray.contract.spec import load_training_run
 from spotray.contract.uris import parse_uri
-from spotray.errors import NotFoundError
 from spotray.train.storage.store import ObjectStore, RetryPolicy, StoreConfig, open_store
 
 RUN_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -61,7 +61,7 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
             f"RUN {run!r} is not a manifest file, a checkpoint URI or a TrainingRun name",
             "give a TrainingRun YAML file, s3://BUCKET/PREFIX, an absolute directory, or a TrainingRun's name",
         )
-    from spotray.kube import ClusterConnection  # noqa: PLC0415 - the kubernetes client loads only when a cluster is asked
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415 - the kubernetes client loads only when a cluster is asked
 
     cluster = ClusterConnection(kube)
     document = cluster.get_run(run)

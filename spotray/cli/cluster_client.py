@@ -14,7 +14,8 @@ from typing import Any, cast
 
 import urllib3
 
-from spotray.cluster_options import KubeOptions
+from spotray.cli.cluster_options import KubeOptions
+from spotray.cli.exit_codes import CommandFailedError, NotFoundError
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 from spotray.contract.names import (
@@ -29,7 +30,6 @@ from spotray.contract.names import (
     VERSION,
 )
 from spotray.contract.sweep import SWEEP_PLURAL
-from spotray.errors import CommandFailedError, NotFoundError
 
 with extra_required("controller"):
     from kubernetes import client, config

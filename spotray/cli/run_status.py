@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from spotray.cli.exit_codes import NotFoundError
+from spotray.cli.output import age_since, emit, render_data, render_table
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.names import SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.status import (
@@ -31,12 +33,10 @@ from spotray.contract.sweep import (
     pending_exploit,
     trial_lineage,
 )
-from spotray.errors import NotFoundError
-from spotray.output import age_since, emit, render_data, render_table
 from spotray.train.records.goodput import lost_time_summary
 
 if TYPE_CHECKING:
-    from spotray.kube import ClusterConnection
+    from spotray.cli.cluster_client import ClusterConnection
 
 COLUMNS = ("name", "phase", "attempt", "step", "loss", "checkpoint", "preemptions", "failures", "goodput", "age")
 

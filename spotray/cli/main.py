@@ -12,11 +12,11 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from spotray.cluster_options import KubeOptions, add_cluster_flags
+from spotray.cli.cluster_options import KubeOptions, add_cluster_flags
+from spotray.cli.exit_codes import NotFoundError, exit_code_for
+from spotray.cli.output import FORMATS
 from spotray.contract.attempts import EXIT_INTERRUPTED
 from spotray.contract.errors import SpotrayError
-from spotray.errors import NotFoundError, exit_code_for
-from spotray.output import FORMATS
 
 RUN_HELP = (
     "a TrainingRun manifest (its spec.checkpoint.uri is used), a checkpoint URI (s3://BUCKET/PREFIX, "
@@ -163,9 +163,9 @@ def run_command(args: argparse.Namespace) -> int:
             )
         return submit_command(args)
     from spotray.contract.spec import load_training_run  # noqa: PLC0415
-    from spotray.local import Faults, LocalRun  # noqa: PLC0415
-    from spotray.node_faults import NodeSchedule  # noqa: PLC0415
-    from spotray.progress import ProgressView  # noqa: PLC0415
+    from spotray.local.local_run import Faults, LocalRun  # noqa: PLC0415
+    from spotray.local.node_faults import NodeSchedule  # noqa: PLC0415
+    from spotray.local.progress import ProgressView  # noqa: PLC0415
 
     training_run = load_training_run(args.file)
     workdir = args.workdir or Path("spotray-local") / training_run.name
@@ -206,8 +206,8 @@ def run_sweep(args: argparse.Namespace, document: dict[str, object]) -> int:
         )
     if not args.local:
         return submit_command(args)  # the controller runs its trials (controller/sweep_reconcile.py)
-    from spotray.local_sweep import LocalSweep  # noqa: PLC0415
-    from spotray.progress import ProgressView  # noqa: PLC0415
+    from spotray.local.local_sweep import LocalSweep  # noqa: PLC0415
+    from spotray.local.progress import ProgressView  # noqa: PLC0415
 
     workdir = args.workdir or Path("spotray-local") / sweep.name
     progress = ProgressView()
@@ -228,50 +228,50 @@ def _interrupt(_signum: int, _frame: FrameType | None) -> None:
 
 
 def submit_command(args: argparse.Namespace) -> int:
-    from spotray.submit import submit_command as submit  # noqa: PLC0415
+    from spotray.cli.submit import submit_command as submit  # noqa: PLC0415
 
     return submit(args.file, KubeOptions.from_args(args), watch=args.watch)
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from spotray.kube import ClusterConnection  # noqa: PLC0415
-    from spotray.status import status_command as status  # noqa: PLC0415
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
+    from spotray.cli.run_status import status_command as status  # noqa: PLC0415
 
     return status(ClusterConnection(KubeOptions.from_args(args)), args.run, args.output)
 
 
 def watch_command(args: argparse.Namespace) -> int:
-    from spotray.kube import ClusterConnection  # noqa: PLC0415
-    from spotray.watch import watch_run  # noqa: PLC0415
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
+    from spotray.cli.watch import watch_run  # noqa: PLC0415
 
     return watch_run(ClusterConnection(KubeOptions.from_args(args)), args.run)
 
 
 def logs_command(args: argparse.Namespace) -> int:
-    from spotray.kube import ClusterConnection  # noqa: PLC0415
-    from spotray.logs import logs_command as logs  # noqa: PLC0415
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
+    from spotray.cli.logs import logs_command as logs  # noqa: PLC0415
 
     return logs(ClusterConnection(KubeOptions.from_args(args)), args.run, args.attempt, args.dashboard)
 
 
 def checkpoints_command(args: argparse.Namespace) -> int:
-    from spotray.checkpoints import list_command  # noqa: PLC0415
-    from spotray.target import locate_run  # noqa: PLC0415
+    from spotray.cli.checkpoint_commands import list_command  # noqa: PLC0415
+    from spotray.cli.target import locate_run  # noqa: PLC0415
 
     return list_command(locate_run(args.run, KubeOptions.from_args(args)), args.output)
 
 
 def pull_command(args: argparse.Namespace) -> int:
-    from spotray.checkpoints import pull_command as pull  # noqa: PLC0415
-    from spotray.target import locate_run  # noqa: PLC0415
+    from spotray.cli.checkpoint_commands import pull_command as pull  # noqa: PLC0415
+    from spotray.cli.target import locate_run  # noqa: PLC0415
 
     return pull(locate_run(args.run, KubeOptions.from_args(args)), args.step, args.dir)
 
 
 def plot_command(args: argparse.Namespace) -> int:
-    from spotray.plot import plot_command as plot  # noqa: PLC0415
-    from spotray.plot import plot_sweep_command  # noqa: PLC0415
-    from spotray.target import RUN_NAME, locate_run  # noqa: PLC0415
+    from spotray.cli.loss_plot import plot_command as plot  # noqa: PLC0415
+    from spotray.cli.loss_plot import plot_sweep_command  # noqa: PLC0415
+    from spotray.cli.target import RUN_NAME, locate_run  # noqa: PLC0415
 
     kube = KubeOptions.from_args(args)
     try:
@@ -279,7 +279,7 @@ def plot_command(args: argparse.Namespace) -> int:
     except NotFoundError as no_run:
         if not RUN_NAME.match(args.run):
             raise
-        from spotray.kube import ClusterConnection  # noqa: PLC0415
+        from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
 
         return plot_sweep_command(ClusterConnection(kube), args.run, args.output, no_run)  # or a sweep's name
     return plot(location, args.output)

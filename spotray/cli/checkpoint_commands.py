@@ -13,6 +13,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotray.cli.exit_codes import CommandFailedError, NotFoundError
+from spotray.cli.output import emit, human_age, human_bytes, render_data, render_table
+from spotray.cli.target import RunLocation, open_run_store
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.errors import CorruptCheckpointError, SpotrayError
@@ -20,9 +23,6 @@ from spotray.contract.names import (
     CHECKPOINT_KEY_SECRET_DATA_KEY,
     DEFAULT_CHECKPOINT_KEY_SECRET,
 )
-from spotray.errors import CommandFailedError, NotFoundError
-from spotray.output import emit, human_age, human_bytes, render_data, render_table
-from spotray.target import RunLocation, open_run_store
 from spotray.train.checkpoints.checkpoint import CheckpointInfo, download_checkpoint, list_checkpoints
 from spotray.train.storage.store import ObjectStore
 

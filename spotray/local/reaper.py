@@ -6,7 +6,7 @@ so that an injected fault can kill it as a unit. A child dies with its parent on
 (PR_SET_PDEATHSIG), and Ray's daemons do not: a command line killed by SIGKILL, or by a signal it
 did not handle, used to leave a whole Ray cluster running.
 
-The watchdog is a small child process (``python -m spotray.reaper``) in a session of its own that
+The watchdog is a small child process (``python -m spotray.local.reaper``) in a session of its own that
 ignores the signals a terminal sends. Local mode writes to its stdin each session it starts (the
 S3 server's, the Ray cluster's, each driver's). When that pipe closes (local mode finished, or its
 process died in any way, SIGKILL included, since the kernel closes a dead process's pipes) it
@@ -41,7 +41,7 @@ class Reaper:
 
     def __enter__(self) -> Reaper:
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "spotray.reaper"], stdin=subprocess.PIPE, text=True, start_new_session=True
+            [sys.executable, "-m", "spotray.local.reaper"], stdin=subprocess.PIPE, text=True, start_new_session=True
         )
         return self
 

@@ -39,9 +39,9 @@ from spotray.contract.sweep import Exploit, TrainingSweep, format_value, gpu_hou
 from spotray.contract.uris import parse_uri
 from spotray.decisions.sweep import SweepPlan, decide
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts
-from spotray.local import needs_embedded_s3, refuse_gpus
-from spotray.progress import ProgressView
-from spotray.reaper import Reaper
+from spotray.local.local_run import needs_embedded_s3, refuse_gpus
+from spotray.local.progress import ProgressView
+from spotray.local.reaper import Reaper
 from spotray.train.records.events import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 
