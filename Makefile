@@ -82,18 +82,18 @@ test-campaign: setup testbed ## long campaigns left out of make test (3-fault lo
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
 chaos: setup ## fault campaign: 200 cheap trials (kills mid-upload/prune/download...) + 20 full local runs hit at random steps (~1 h)
-	$(PY) -m bench.chaos --trials 200 --full-runs 20
+	$(PY) -m bench.campaigns.chaos --trials 200 --full-runs 20
 
-nemesis: setup testbed ## the controller in the loop: 200 trials on the kwok test bed, faults at random moments, a history checker (bench/nemesis.py)
+nemesis: setup testbed ## the controller in the loop: 200 trials on the kwok test bed, faults at random moments, a history checker (bench/campaigns/nemesis.py)
 	rm -f bench/results/nemesis-trials.jsonl
-	$(PY) -m bench.nemesis --trials 200 --parallel 3
+	$(PY) -m bench.campaigns.nemesis --trials 200 --parallel 3
 
 nemesis-user-actions: setup testbed ## issue #69's campaign: 100 trials led by user actions (re-create, rename, suspend, edit, pull, warm start), keys on
 	rm -f bench/results/nemesis-user-actions-trials.jsonl
-	$(PY) -m bench.nemesis --user-actions --trials 100 --parallel 3
+	$(PY) -m bench.campaigns.nemesis --user-actions --trials 100 --parallel 3
 
-nemesis-real-pods: setup testbed ## the nemesis on real pods: 20 full trainings in real containers, each hit by faults at random moments (bench/nemesis_real_pods.py; KEPT=1: one Ray cluster per run, SPARES=1: a spare worker pod)
-	$(PY) -m bench.nemesis_real_pods --trials 20 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares)
+nemesis-real-pods: setup testbed ## the nemesis on real pods: 20 full trainings in real containers, each hit by faults at random moments (bench/campaigns/nemesis_real_pods.py; KEPT=1: one Ray cluster per run, SPARES=1: a spare worker pod)
+	$(PY) -m bench.campaigns.nemesis_real_pods --trials 20 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares)
 
 test-unit: setup ## the fast loop: unit tests only, in two processes (~1 min)
 	$(PY) -m pytest -m unit -n 2 $(PYTEST_ARGS)
@@ -142,65 +142,65 @@ bench: setup ## run the benchmarks; results land in bench/results/*.json
 	$(PY) bench/run_all.py
 
 bench-controller-scale: setup testbed ## 1,000 TrainingRuns at once vs a no-op operator, then the steady state (~20 min)
-	$(PY) -m bench.controller --runs 1000 --rounds 1 --settle-seconds 120
+	$(PY) -m bench.on_testbed.controller --runs 1000 --rounds 1 --settle-seconds 120
 
-bench-gpu-carry: setup ## put boto3, uv.lock's transformers and SeaweedFS (xz) under .device/ for bench/gpu_checkpoint.py and gpu_resume.py on a lent GPU machine
+bench-gpu-carry: setup ## put boto3, uv.lock's transformers and SeaweedFS (xz) under .device/ for bench/gpu/gpu_checkpoint.py and gpu_resume.py on a lent GPU machine
 	hack/device_carry.sh
 
 bench-goodput: setup ## local runs hit by Poisson preemptions: goodput, auto vs fixed checkpoint interval (~40 min)
-	$(PY) -m bench.goodput
+	$(PY) -m bench.micro.goodput
 
 bench-goodput-elastic: setup ## local runs losing a worker node at random: elastic vs fixed worker count (~25 min)
-	$(PY) -m bench.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
+	$(PY) -m bench.micro.goodput --kind lose-node --modes elastic,fixed --steps 1500 --interval 50 --rates 0.1 \
 		--capacity-back-s 60 --name goodput_elastic
 
 bench-driver-imports: setup ## the GPT-2 driver's start-up: its imports now vs importing the worker module as before, A vs B (~7 min)
-	$(PY) -m bench.driver_imports
+	$(PY) -m bench.micro.driver_imports
 
 bench-ray-train-start: setup ## Ray Train's start on a fresh cluster: the driver asking for its autoscaling coordinator early vs not, A vs B (~9 min)
-	$(PY) -m bench.ray_train_start
+	$(PY) -m bench.micro.ray_train_start
 
 bench-ray-prestart: setup ## Ray's idle workers prestarted for the first driver vs not, local Ray, A vs B (~5 min)
-	$(PY) -m bench.ray_prestart
+	$(PY) -m bench.micro.ray_prestart
 
 bench-elastic-notice: setup ## an elastic run's worker node lost with a spot notice (go on at once) vs without, A vs B (~22 min)
-	$(PY) -m bench.elastic_notice
+	$(PY) -m bench.micro.elastic_notice
 
 bench-spare-notice: setup ## a fixed-size run's worker node given a spot notice, with a spare worker pod vs without, A vs B (~15 min)
-	$(PY) -m bench.spare_notice
+	$(PY) -m bench.micro.spare_notice
 
 bench-hook-start: setup ## a worker pod's preStop hook starting: Ray alone vs the launcher's imports, A vs B (~2 min)
-	$(PY) -m bench.hook_start
+	$(PY) -m bench.micro.hook_start
 
 bench-bytecode: setup ## a worker's and the driver's imports from the venv's bytecode vs compiled from source, A vs B (~4 min)
-	$(PY) -m bench.bytecode
+	$(PY) -m bench.micro.bytecode
 
 bench-demo-goodput: setup ## make demo's goodput line with the venv's bytecode vs every import compiled from source, A vs B (~30 min)
-	$(PY) -m bench.demo_goodput
+	$(PY) -m bench.micro.demo_goodput
 
 bench-local-recovery: setup ## a restart after an infrastructure fault: a new Ray cluster vs the one left standing, A vs B (~8 min)
-	$(PY) -m bench.local_recovery
+	$(PY) -m bench.micro.local_recovery
 
 bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot node reclaimed once: goodput, RayJob -> first step, notice -> training again
-	$(PY) -m bench.goodput_testbed --steps 600 --interval 50 --reclaim-at 160
+	$(PY) -m bench.on_testbed.goodput_testbed --steps 600 --interval 50 --reclaim-at 160
 
 bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 10 minutes vs the same run uninterrupted (~70 min; KEPT=1: one Ray cluster per run; SPARES=1: a spare worker pod)
-	$(PY) -m bench.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares $(SPARES) --name goodput_real_pods_long_spares)
+	$(PY) -m bench.on_testbed.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares $(SPARES) --name goodput_real_pods_long_spares)
 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt
-	$(PY) -m bench.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
+	$(PY) -m bench.on_testbed.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
 
 bench-recovery-head-lost: setup testbed ## real pods, A vs B: the Ray head's spot node reclaimed, the run's cluster kept against a new cluster per attempt (~15 min)
-	$(PY) -m bench.recovery_real_pods --lose head --pairs 2 --steps 300 --interval 50 --reclaim-at 120
+	$(PY) -m bench.on_testbed.recovery_real_pods --lose head --pairs 2 --steps 300 --interval 50 --reclaim-at 120
 
 bench-spare-real-pods: setup testbed ## real pods, A vs B: a fixed-size run's worker reclaimed with a spare worker pod vs without (~12 min)
-	$(PY) -m bench.spare_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
+	$(PY) -m bench.on_testbed.spare_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120
 
 bench-spare-move-real-pods: setup testbed ## real pods, A vs B: a run with a spare reclaimed twice, its idle spare moved off the worker's node vs left there (~25 min)
-	$(PY) -m bench.spare_move_real_pods --pairs 2
+	$(PY) -m bench.on_testbed.spare_move_real_pods --pairs 2
 
 bench-fresh-start-real-pods: setup testbed ## real pods, A vs B: a fresh run's RayJob -> first step with spotray's readiness probe vs KubeRay's (~10 min)
-	$(PY) -m bench.fresh_start_real_pods --pairs 3 --steps 30
+	$(PY) -m bench.on_testbed.fresh_start_real_pods --pairs 3 --steps 30
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
 	rm -rf $(VENV) demo-output bench/work build .pytest_cache .mypy_cache .ruff_cache

@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]  # the repository's root: benches run from there (python -m bench...)
+RESULTS_DIR = ROOT / "bench" / "results"
 T = TypeVar("T")
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = {
-    "transfer": "bench.transfer",
-    "checkpoint": "bench.checkpoint",
-    "notice_checkpoint": "bench.notice_checkpoint",
-    "gpu_checkpoint": "bench.gpu_checkpoint",  # says so and exits 0 without CUDA
-    "resume": "bench.resume",
-    "ray_vs_torchrun": "bench.ray_vs_torchrun",
-    "streaming": "bench.streaming",
-    "recovery": "bench.recovery",
-    "controller": "bench.controller",
+    "transfer": "bench.micro.transfer",
+    "checkpoint": "bench.micro.checkpoint",
+    "notice_checkpoint": "bench.gpu.notice_checkpoint",
+    "gpu_checkpoint": "bench.gpu.gpu_checkpoint",  # says so and exits 0 without CUDA
+    "resume": "bench.micro.resume",
+    "ray_vs_torchrun": "bench.micro.ray_vs_torchrun",
+    "streaming": "bench.micro.streaming",
+    "recovery": "bench.micro.recovery",
+    "controller": "bench.on_testbed.controller",
 }
 
 

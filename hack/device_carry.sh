@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Puts what bench/gpu_checkpoint.py and bench/gpu_resume.py need on a device machine, and that
+# Puts what bench/gpu/gpu_checkpoint.py and bench/gpu/gpu_resume.py need on a device machine, and that
 # machine lacks, under .device/ (git-ignored), inside the device tool's 64 MiB:
 # - site.tar.xz: packages for its Python 3.12, installed here with --target:
 #   - boto3 (not there), with botocore's service models cut to S3 and STS (the wheel is 17 MB,

@@ -52,7 +52,7 @@ class StepFloor(TrainerCallback):
 
     A model small enough for a 2-core fault campaign trains a step in 10 ms, so a fault drawn for
     step 5 can only land once training is over; paced like a real model's steps, it lands near its
-    step and the campaign samples every window of a run (bench/nemesis.py).
+    step and the campaign samples every window of a run (bench/campaigns/nemesis.py).
     """
 
     def __init__(self, seconds: float) -> None:

@@ -234,7 +234,7 @@ class LocalRun:
         # Checked before anything starts: a schedule the run cannot live through is refused here.
         self.node_layout: NodeLayout = faults.nodes.check(run.spec.workers)
         # The next attempt runs on the Ray cluster the last one left standing (False: a new cluster
-        # for every attempt, as before; bench/local_recovery.py measures one against the other).
+        # for every attempt, as before; bench/micro/local_recovery.py measures one against the other).
         self.keep_ray_cluster = keep_ray_cluster
         self.cluster: LocalRayCluster | None = None
         # A driver that got SIGTERM (a spot notice, Ctrl-C) drained every node of its cluster for
@@ -377,7 +377,7 @@ class LocalRun:
         cursor.new_events()  # only this attempt's events from here on
         asked = time.monotonic()
         cluster, kept = self._cluster_for(attempt.attempt)
-        # For the ledger and bench/local_recovery.py: where an attempt's start-up went before the job's own
+        # For the ledger and bench/micro/local_recovery.py: where an attempt's start-up went before the job's own
         # events. Written as the driver starts, once the cluster is there: the attempt began ray_start_s earlier.
         EventLog(self.events_path).emit(
             "attempt_begun",

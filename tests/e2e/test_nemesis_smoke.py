@@ -1,4 +1,4 @@
-"""A smoke of the nemesis campaign (bench/nemesis.py, `make nemesis`) in make test: one trial with
+"""A smoke of the nemesis campaign (bench/campaigns/nemesis.py, `make nemesis`) in make test: one trial with
 two fixed faults in two windows, judged by the campaign's own history checker.
 
 - attempt 1's RayJob deleted at step 14: judged from what it left (no record: Interrupted, nothing
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.nemesis import Campaign, Fault, Pace, print_result, run_trial
+from bench.campaigns.nemesis import Campaign, Fault, Pace, print_result, run_trial
 from spotray.train.storage.local_s3 import LocalS3Server
 from tests.e2e.conftest import tb
 

@@ -29,7 +29,7 @@ import torch
 import yaml
 from safetensors.torch import load as safetensors_load
 
-from bench.nemesis import RayHeads
+from bench.campaigns.nemesis import RayHeads
 from spotray.contract.sweep import (
     LINEAGE_ANNOTATION,
     OBJECTIVE_STEPS_ANNOTATION,
@@ -91,7 +91,7 @@ class HeadPerRayJob:
     of its own. A trial stopped at its rung gets SIGTERM, which drains its Ray cluster (a spot
     notice's drain: Ray never takes a drained node back); on the session's shared head that drain
     left every later job unschedulable ("Job supervisor actor could not be scheduled"). Heads come
-    warm from bench/nemesis.py's pool (a kwok head pod is Ready at once), and go when their job ended.
+    warm from bench/campaigns/nemesis.py's pool (a kwok head pod is Ready at once), and go when their job ended.
     """
 
     def __init__(self, testbed: tb.Testbed, namespace: str, heads: RayHeads) -> None:

@@ -2,7 +2,7 @@
 
 Real Ray: the detached actor Ray Train's controller looks for (its name and namespace) exists and
 starts, and asking again is harmless. It is made by Ray's own function, which pins it to the caller's
-node: the driver's, the head in a RayJob, never a spot worker it would die with. bench/ray_train_start.py
+node: the driver's, the head in a RayJob, never a spot worker it would die with. bench/micro/ray_train_start.py
 measures what it saves.
 """
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import BUCKET, KINDS, MANIFEST_WINDOW
+from bench.campaigns.chaos import BUCKET, KINDS, MANIFEST_WINDOW
 from spotray.train.storage.local_s3 import LocalS3Server
 
 pytestmark = pytest.mark.integration

@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from bench import chaos_runs
-from bench.elastic_notice import elastic_manifest
+from bench.campaigns import chaos_runs
+from bench.micro.elastic_notice import elastic_manifest
 from spotray.train.hf.data import trained_batches
 from spotray.train.records.events import read_events
 

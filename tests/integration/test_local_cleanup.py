@@ -79,7 +79,7 @@ def wait_for_step(events: Path, step: int, process: subprocess.Popen[bytes], tim
     [
         # Each case starts a whole local run (S3 server, Ray cluster, job), 76 s and more, so all three
         # are in make test-campaign, and the chaos campaign stops `spotray run` with all three at
-        # random steps (bench/chaos_runs.py stop-cli-*). make test keeps what each relies on: the
+        # random steps (bench/campaigns/chaos_runs.py stop-cli-*). make test keeps what each relies on: the
         # one handler of SIGTERM and SIGHUP (tests/unit/test_cli_views.py) and, for SIGKILL, the
         # watchdog killing what its owner left, on real processes (tests/unit/test_reaper.py).
         pytest.param(signal.SIGTERM, marks=pytest.mark.campaign),

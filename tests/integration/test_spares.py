@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bench import chaos_runs
-from bench.spare_notice import notice_args, spares_manifest
+from bench.campaigns import chaos_runs
+from bench.micro.spare_notice import notice_args, spares_manifest
 from spotray.train.hf.data import trained_batches
 from spotray.train.records.events import read_events
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_runs import (
+from bench.campaigns.chaos_runs import (
     BUDGET_SPENT,
     CLI_FAULTS,
     CLI_STOPS,

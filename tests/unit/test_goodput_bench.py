@@ -1,15 +1,15 @@
-"""bench/goodput.py's legs are TrainingRuns and flags that local mode accepts, as the bench means them;
-bench/demo_goodput.py runs the demo's own faults."""
+"""bench/micro/goodput.py's legs are TrainingRuns and flags that local mode accepts, as the bench means them;
+bench/micro/demo_goodput.py runs the demo's own faults."""
 
 import random
 
 import pytest
 import yaml
 
-from bench.demo_goodput import demo_faults
-from bench.goodput import leg_manifest, node_flags, node_lifetimes
-from bench.goodput_long import goodput_ratio, leg_timeout_s, reclaim_steps
-from bench.goodput_testbed import current_step
+from bench.micro.demo_goodput import demo_faults
+from bench.micro.goodput import leg_manifest, node_flags, node_lifetimes
+from bench.on_testbed.goodput_long import goodput_ratio, leg_timeout_s, reclaim_steps
+from bench.on_testbed.goodput_testbed import current_step
 from spotray.contract.spec import WorkerSpec, parse_training_run
 from spotray.local.node_faults import Moment, NodeSchedule
 

@@ -3,7 +3,7 @@
 Ray itself is replaced here by a stand-in that says whether its head still runs: what is decided is
 which cluster an attempt gets. That Ray frees a finished driver's CPUs for the next driver is shown
 by the real runs (tests/integration/test_attempt_contract.py, test_demo.py) and measured in
-bench/local_recovery.py.
+bench/micro/local_recovery.py.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bench.common import goal_met
-from bench.local_recovery import GOAL, attempt_phases
+from bench.micro.local_recovery import GOAL, attempt_phases
 from spotray.cli.main import main
 from spotray.contract.spec import parse_training_run
 from spotray.local import local_run as local

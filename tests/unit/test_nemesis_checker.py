@@ -1,4 +1,5 @@
-"""The nemesis campaign's history checker (bench/nemesis.py) and its fault proxy (bench/fault_proxy.py).
+"""The nemesis campaign's history checker (bench/campaigns/nemesis.py) and its fault proxy
+(bench/campaigns/fault_proxy.py).
 
 The checker must fail the histories a broken controller would write (an outcome that changes, a
 budget that goes down, a preemption counted for a fault that should cost nothing) and pass the
@@ -22,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.fault_proxy import FaultProxy, fault
-from bench.nemesis import (
+from bench.campaigns.fault_proxy import FaultProxy, fault
+from bench.campaigns.nemesis import (
     CAMPAIGN_PACE,
     KINDS,
     Fault,

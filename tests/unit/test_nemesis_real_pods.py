@@ -1,5 +1,5 @@
-"""The real-pods nemesis's own checks (bench/nemesis_real_pods.py): where each restart resumed, and
-what a notice on a real node allows. The rest of its checker is bench/nemesis.py's (test_nemesis_checker.py).
+"""The real-pods nemesis's own checks (bench/campaigns/nemesis_real_pods.py): where each restart resumed, and
+what a notice on a real node allows. The rest of its checker is bench/campaigns/nemesis.py's (test_nemesis_checker.py).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from bench.nemesis import Landing, draw_faults, outcomes_allowed
-from bench.nemesis_real_pods import (
+from bench.campaigns.nemesis import Landing, draw_faults, outcomes_allowed
+from bench.campaigns.nemesis_real_pods import (
     KINDS_ON_REAL_PODS,
     REAL_PODS_PACE,
     RESUME_DECIDED_S,

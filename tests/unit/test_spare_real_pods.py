@@ -1,4 +1,4 @@
-"""bench/spare_real_pods.py's reading of a run's progress: notice -> the next worker group's first step."""
+"""bench/on_testbed/spare_real_pods.py's reading of a run's progress: notice -> the next worker group's first step."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.recovery_real_pods import log_moment
-from bench.spare_real_pods import first_group_after, notice_timeline
+from bench.on_testbed.recovery_real_pods import log_moment
+from bench.on_testbed.spare_real_pods import first_group_after, notice_timeline
 from spotray.train.records.progress_log import AttemptProgress
 
 pytestmark = pytest.mark.unit

@@ -121,7 +121,7 @@ RAY_TRAIN_START_TIMEOUT_DEFAULT_S = 60.0
 # any worker if it did not. The first ask on a cluster creates that actor, whose new process took
 # longer than 5 s to start on 2 cores ("Failed to send resource request" in the driver's log): 5-10 s
 # of every fresh cluster's start-up spent waiting. Asked for as the driver connects, the actor starts
-# while Ray Train's controller does (bench/ray_train_start.py). Ray's own function, so the actor is
+# while Ray Train's controller does (bench/micro/ray_train_start.py). Ray's own function, so the actor is
 # the one Ray Train would make (same name, node and options); a Ray without it skips this.
 AUTOSCALING_COORDINATOR_MODULE = "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator"
 # How long a preemption notice gives (GKE gives 15 s, AWS 120 s); the drain deadline we announce.
@@ -430,7 +430,7 @@ def copy_start_checkpoint(store: ObjectStore, context: RunContext, events: Event
 
 def milestone(events: EventLog, event: str, what: str, context: RunContext) -> None:
     """A start-up milestone of the attempt: in local mode's event log, and in the driver's log (where a
-    cluster's start-up is read: bench/recovery_real_pods.py, bench/fresh_start_real_pods.py)."""
+    cluster's start-up is read: bench/on_testbed/recovery_real_pods.py, bench/on_testbed/fresh_start_real_pods.py)."""
     events.emit(event)
     log.info("attempt %d: %s", context.attempt, what)
 
@@ -466,7 +466,7 @@ def launch(
     (``ResumeFetch``). When the workers run on this machine, the driver starts that download at
     once, while Ray starts (seconds to tens of seconds); the workers' own fetch then finds it there.
     """
-    # Where an attempt's start-up goes, for the goodput ledger and bench/local_recovery.py: from here
+    # Where an attempt's start-up goes, for the goodput ledger and bench/micro/local_recovery.py: from here
     # (the driver's imports and the job's own checks done) to Ray connected, to the worker group asked for.
     events = event_log_from_env()
     milestone(events, "driver_start", f"driver ready, {process_age_s():.1f} s after its process started", context)

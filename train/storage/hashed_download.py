@@ -9,7 +9,7 @@ file: the page cache, just written, not the disk.
 
 Why read back instead of keeping the chunks until their turn: ranges land out of order, so up to
 the whole file waits in memory, and on a VM every such buffer is fresh memory the host has to
-supply. Measured on this project's 2-core VM (270 MB, 16 threads, bench/transfer.py's files),
+supply. Measured on this project's 2-core VM (270 MB, 16 threads, bench/micro/transfer.py's files),
 keeping the chunks cost 0.3-1.0 s of kernel time per download against 0.11-0.15 s read back. Memory
 is now one chunk per thread and one read buffer per file being hashed, whatever the file's size.
 A failed range fails its file (its other ranges are still written, then dropped); the caller

@@ -1,0 +1,1 @@
+"""CPU micro-benchmarks: A vs B alternated in one process tree, on this machine, no cluster."""
