@@ -11,12 +11,12 @@ reports progress and checkpoints in status. The modules (docs/controller.md has 
 - reconcile.py: observe -> decide (spotray/decisions/run_plan.py) -> act;
 - kube.py: the Kubernetes calls; run_store.py: the S3 reads; s3_access.py: which Secrets and
   endpoints a run may use; rayjob.py: the RayJob of an attempt; crd.py: the CRD;
-- network_policy.py: a run's NetworkPolicy; checkpoint_key.py: the namespace's checkpoint key
+- network_policy.py: a run's NetworkPolicy; checkpoint_key_secret.py: the namespace's checkpoint key
   Secret; ownership.py: whose an object with a run's name is;
 - disruptions.py: lost pods and nodes, as the pod watcher sees them and as read back;
 - spare_placement.py: which idle spare pod to move; startup.py: where an attempt's start-up went;
-- sweep_reconcile.py: one sweep's reconcile (its decisions: spotray/decisions/sweep.py);
-- events.py: Kubernetes Events; metrics.py: Prometheus metrics; watch_health.py: is the watch
+- sweep_reconcile.py: one sweep's reconcile (its decisions: spotray/decisions/sweep_plan.py);
+- kube_events.py: Kubernetes Events; metrics.py: Prometheus metrics; watch_health.py: is the watch
   still delivering.
 
 It imports the contract, the decisions (which local mode shares) and the job side's storage,

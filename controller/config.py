@@ -148,7 +148,7 @@ class ControllerConfig:
     # A NetworkPolicy per run, made before its first RayJob (controller/network_policy.py): only the
     # run's own pods and ``kuberay_peer`` reach its Ray ports (the chart's networkPolicy.enabled).
     run_network_policy: bool = False
-    # A checkpoint key per run, in a Secret made before its first RayJob (controller/checkpoint_key.py):
+    # A checkpoint key per run, in a Secret made before its first RayJob (controller/checkpoint_key_secret.py):
     # its jobs sign their checkpoints and load only signed ones (the chart's checkpointKeys.enabled).
     run_checkpoint_keys: bool = False
     # Ray's token auth on each attempt's RayCluster (KubeRay's authOptions, mode token; the chart's

@@ -218,7 +218,7 @@ class Cluster:
         )
 
     def create_checkpoint_key_secret(self, body: dict[str, Any]) -> None:
-        """The checkpoint key (controller/checkpoint_key.py), unless a Secret of its name is there: that one
+        """The checkpoint key (controller/checkpoint_key_secret.py), unless a Secret of its name is there: that one
         is the key, whoever made it, and is neither read nor replaced. Any other answer raises
         ``RayJobRefusedError``: the run's RayJob waits for it."""
         name = body["metadata"]["name"]

@@ -8,7 +8,7 @@ of the same attempt is refused by the API server, never duplicated). What goes i
 - a head on on-demand nodes with ``num-cpus: 0`` (it hosts the driver, never training workers), and
   a worker group on spot nodes (node selector + toleration), one pod per replica, GPUs as limits;
 - S3 credentials by reference only (``envFrom`` the Secret), never copied into the RayJob;
-- the run's checkpoint key the same way (``checkpoint_key_env``, controller/checkpoint_key.py);
+- the run's checkpoint key the same way (``checkpoint_key_env``, controller/checkpoint_key_secret.py);
 - ``spec.secretEnv`` as ``env`` items with ``valueFrom.secretKeyRef`` on the head (the driver) and the
   workers (training): the kubelet reads the Secret when it starts the container, so no value passes
   through the controller (which never reads these Secrets), the RayJob, the runtime env, the
@@ -159,7 +159,7 @@ def _secret_env(run: TrainingRun) -> list[dict[str, Any]]:
 
 
 def checkpoint_key_env(run: TrainingRun) -> dict[str, Any]:
-    """The env item that gives a Ray container the run's checkpoint key (controller/checkpoint_key.py),
+    """The env item that gives a Ray container the run's checkpoint key (controller/checkpoint_key_secret.py),
     if its Secret exists: a run without one goes on neither signing nor checking. A sweep's trials
     share their sweep's, so that one can resume from another's checkpoint (population-based training)."""
     ref = {"name": run.checkpoint_key_secret, "key": CHECKPOINT_KEY_SECRET_DATA_KEY, "optional": True}

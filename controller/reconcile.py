@@ -10,7 +10,7 @@ recorded attempt whose RayJob vanished is judged from its records and never crea
 its number (spotray/decisions/running_attempt.py ``rayjob_gone``).
 Reconciles triggered by a change read the TrainingRun fresh from the API server (not from a watch
 cache that may lag its own last patch), under a per-run lock, so two triggers never interleave.
-Events are posted from a background thread, each once (controller/events.py): they are for people.
+Events are posted from a background thread, each once (controller/kube_events.py): they are for people.
 """
 
 from __future__ import annotations
@@ -58,11 +58,11 @@ from spotray.contract.status import (
 )
 from spotray.contract.sweep import MAX_OBJECTIVE_STEPS, objective_steps
 from spotray.controller import metrics
-from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
+from spotray.controller.checkpoint_key_secret import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
 from spotray.controller.disruptions import disruption_note, disruption_time, node_loss_note, scheduled_nodes
-from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster, RayJobRefusedError
+from spotray.controller.kube_events import EventPoster
 from spotray.controller.network_policy import build_run_network_policy
 from spotray.controller.ownership import foreign_object_refusal
 from spotray.controller.rayjob import (
@@ -110,7 +110,7 @@ class ProcessMemory:
     so a restart that loses it costs reads and writes, never correctness: each is rebuilt from the cluster.
 
     - ``locks``: one per run, so a run is reconciled on one thread at a time (the work queue's threads);
-    - ``events``: the Events posted, so none is posted twice in a row (controller/events.py);
+    - ``events``: the Events posted, so none is posted twice in a row (controller/kube_events.py);
     - ``reports``: what the store said about each attempt, read again only when it may have changed;
     - ``created_awaiting_status``: run UID -> the attempt whose RayJob a reconcile created while leaving
       the status write to the next (``defer_status``);
@@ -649,7 +649,7 @@ def _create(
     """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
     cannot serve, and the size check that the API server's store would make anyway) and, when they are
     on, the run's NetworkPolicy (its pods never start unprotected: controller/network_policy.py),
-    for its first attempt, its checkpoint key (controller/checkpoint_key.py) and, with a cluster per
+    for its first attempt, its checkpoint key (controller/checkpoint_key_secret.py) and, with a cluster per
     run, the run's RayCluster ``ray_cluster`` that the RayJob names."""
     refused = secret_env_refusal(run, config) or size_refusal(body)
     if refused is not None:

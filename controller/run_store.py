@@ -170,7 +170,7 @@ class CheckpointKeyUnreadableError(SpotrayError):
 
 
 def run_checkpoint_key(run: TrainingRun, cluster: Cluster, config: ControllerConfig) -> CheckpointKey | None:
-    """The run's checkpoint key (controller/checkpoint_key.py made it), so that the status counts only
+    """The run's checkpoint key (controller/checkpoint_key_secret.py made it), so that the status counts only
     checkpoints the run's jobs signed, as their resumes do; None when the run has none: keys off, a
     run begun before them, or a controller that may not read it (``rbac.secretsByName``), which then
     reports what the store shows."""

@@ -1,4 +1,4 @@
-"""One reconcile of one TrainingSweep: read its trials, decide (spotray/decisions/sweep.py), act, write its status.
+"""One reconcile of one TrainingSweep: read its trials, decide (spotray/decisions/sweep_plan.py), act, write its status.
 
 A sweep keeps nothing of its own but its status, which is only a report: its trials are the state.
 Each trial is a TrainingRun ``<sweep>-tN`` that this sweep owns (an owner reference with its UID);
@@ -59,7 +59,7 @@ def reconcile_sweep(cluster: Cluster, namespace: str, name: str) -> float | None
     generation = body["metadata"].get("generation", 0)
     try:
         sweep = parse_sweep(body, where=f"TrainingSweep {namespace}/{name}")
-        from spotray.decisions import sweep as decisions  # noqa: PLC0415 - needs the [sweep] extra (Optuna)
+        from spotray.decisions import sweep_plan as decisions  # noqa: PLC0415 - needs the [sweep] extra (Optuna)
     except (InvalidSpecError, MissingExtraError) as error:
         message = str(error)
         refused = SweepStatus(phase=FAILED, message=message, observed_generation=generation).to_status()

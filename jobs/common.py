@@ -33,7 +33,7 @@ from spotray.contract.spec import (
     default_of,
     parse_spec,
 )
-from spotray.train.records.events import EVENTS_ENV
+from spotray.train.records.event_log import EVENTS_ENV
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,7 @@ import pytest
 
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import complete_checkpoints
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import ObjectStore, RetryPolicy, S3ObjectStore
 from tests.processes import process_tree

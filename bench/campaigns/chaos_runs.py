@@ -56,7 +56,7 @@ from spotray.contract.names import SUCCEEDED
 from spotray.local.local_run import EventCursor
 from spotray.train.hf.data import trained_batches
 from spotray.train.hf.streaming_memory import owns, registrations
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 MAX_STEPS = 40
 INTERVAL = 10  # steps between checkpoints

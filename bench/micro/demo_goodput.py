@@ -40,7 +40,7 @@ from bench.common import (
 )
 from bench.micro.bytecode import exit_unless_compiled, from_source_env
 from bench.micro.local_recovery import attempt_phases
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.records.goodput import ledger, split_lifetimes
 
 MANIFEST = ROOT / "jobs" / "gpt2" / "trainingrun.yaml"

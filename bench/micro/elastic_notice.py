@@ -35,7 +35,7 @@ from typing import Any
 
 from bench.campaigns import chaos_runs
 from bench.common import alternating_rounds, machine_details, paired_ratio, scratch_dir, write_result
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 NAME = "elastic_notice"
 GOAL = "<= 0.5"

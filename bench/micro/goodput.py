@@ -49,7 +49,7 @@ from typing import Any
 from bench.campaigns import chaos_runs
 from bench.campaigns.chaos_runs import Fault, RunResult
 from bench.common import machine_details, write_result
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.records.goodput import Ledger, ledger, split_lifetimes
 
 MANIFEST = """\

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 
 def gpt2_command(

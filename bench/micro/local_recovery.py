@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from bench.common import ROOT, embedded_s3_env, machine_details, scratch_dir, write_result
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 MANIFEST = ROOT / "jobs" / "gpt2" / "trainingrun.yaml"
 MODES = {"fresh": ["--fresh-ray-cluster"], "kept": []}

@@ -28,7 +28,7 @@ from bench.micro.jobs import PYTHON, gpt2_command, python_env, start, wait_for_e
 from spotray.contract.uris import parse_uri
 from spotray.jobs.gpt2.data import MDS_COLUMNS, mds_samples
 from spotray.local.local_ray import LocalRayCluster
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.mds_dataset import ensure_dataset
 from spotray.train.storage.store import S3ObjectStore

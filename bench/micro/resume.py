@@ -35,7 +35,7 @@ from spotray.train.checkpoints.checkpoint import (
     verified_copy_unchanged,
     verify_local_checkpoint,
 )
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import S3ObjectStore
 

@@ -65,7 +65,7 @@ from spotray.train.checkpoints.resume import (
 from spotray.train.launch.batching import check_batch_splits
 from spotray.train.launch.launcher import launch
 from spotray.train.processes.ranks import world_rank, world_size
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 from spotray.train.storage.store import ObjectStore, StoreConfig, open_store
 
 STATE_NAME = "state.pt"

@@ -40,7 +40,7 @@ from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback, 
 from spotray.train.launch.batching import plan_batch
 from spotray.train.launch.ray_capacity import run_worker_hosts, spare_room
 from spotray.train.processes.ranks import broadcast_from_rank0, world_rank, world_size
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, continue_attempt_progress
 from spotray.train.storage.store import open_store
 

@@ -9,7 +9,7 @@ save) carries an HMAC-SHA256 over its content, and a reader holding the same key
 HMAC is missing or wrong, as it skips a corrupt one.
 
 The key reaches processes as the environment variable ``SPOTRAY_CHECKPOINT_KEY``: on Kubernetes
-from a Secret the controller makes for each run (controller/checkpoint_key.py) and deletes with it;
+from a Secret the controller makes for each run (controller/checkpoint_key_secret.py) and deletes with it;
 elsewhere from whoever starts the job. Every process that has it signs what it writes and checks
 what it reads; ``spotray pull`` checks when it is set in the shell and says so when it is not.
 

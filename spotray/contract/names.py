@@ -73,7 +73,7 @@ SPOT_TAINT_KEY = f"{GROUP}/spot"
 # A Secret labelled with this, set to "true", may be named by runs for S3 (controller/s3_access.py).
 S3_OPT_IN_LABEL = f"{GROUP}/s3-credentials"
 
-# The Secret that holds the checkpoint key of a namespace's runs (controller/checkpoint_key.py makes it
+# The Secret that holds the checkpoint key of a namespace's runs (controller/checkpoint_key_secret.py makes it
 # for the first run that needs it, owned by nothing, so it outlives every run), unless a run's
 # spec.checkpoint.keySecret names another. Its data key holds the key (spotray/contract/checkpoint_key.py),
 # which the run's Ray containers get as SPOTRAY_CHECKPOINT_KEY. `spotray pull` names it when it cannot

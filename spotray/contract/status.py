@@ -529,7 +529,7 @@ class RunStatus(StatusObject):
     )
     interval_losses: tuple[IntervalLoss, ...] | None = status_field(
         "For a sweep's trial: the objective at each step its spotray.dev/objective-steps annotation lists "
-        "and at its last step, once that step is in a complete checkpoint (spotray/decisions/sweep.py reads it).",
+        "and at its last step, once that step is in a complete checkpoint (spotray/decisions/sweep_plan.py reads it).",
         items="The mean loss over one checkpoint interval.",
     )
     attempts: tuple[AttemptStatus, ...] | None = status_field(

@@ -22,7 +22,7 @@ Each section is declared once, as a dataclass whose fields carry their descripti
 bounds (``sweep_field``): the parser, the CRD schema (controller/crd.py) and `kubectl explain` come
 from the declarations. This module only reads and checks the spec (every problem at once, each with
 its path and fix) and makes a trial's TrainingRun manifest; choosing values and stopping trials is
-spotray/decisions/sweep.py's. Standard library and PyYAML only, as the rest of the contract.
+spotray/decisions/sweep_plan.py's. Standard library and PyYAML only, as the rest of the contract.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The TrainingSweep's status as typed data (``SweepStatus``), declared once: the controller writes it
-(spotray/decisions/sweep.py ``sweep_status``), the CRD's status schema comes from it
+(spotray/decisions/sweep_plan.py ``sweep_status``), the CRD's status schema comes from it
 (controller/crd.py). Only a report: a sweep's trials are its state.
 """
 

@@ -1,6 +1,6 @@
 """The words the run's decisions speak: the reasons of attempts, conditions and Events, the Event
 itself, and why the API server refused a RayJob. The controller's Kubernetes calls (controller/kube.py,
-events.py, rayjob.py) and local mode use the same words.
+kube_events.py, rayjob.py) and local mode use the same words.
 """
 
 from __future__ import annotations

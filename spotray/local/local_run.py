@@ -83,7 +83,7 @@ from spotray.train.checkpoints.checkpoint import download_checkpoint, latest_com
 from spotray.train.launch.launcher import DEFAULT_GRACE_SECONDS, RESIZE_CHECK_ENV
 from spotray.train.processes.subprocesses import die_with_parent
 from spotray.train.records.attempt_records import read_attempt_records
-from spotray.train.records.events import EVENTS_ENV, EventLog, read_events
+from spotray.train.records.event_log import EVENTS_ENV, EventLog, read_events
 from spotray.train.records.goodput import ledger, split_lifetimes
 from spotray.train.records.plot import plot_loss_across_attempts
 from spotray.train.storage.local_s3 import LocalS3Server

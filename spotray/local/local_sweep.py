@@ -3,7 +3,7 @@
 Each trial is ``spotray run <trial>.yaml --local`` in a process of its own, with a work directory of
 its own (``<workdir>/<sweep>-t<N>``) and its own Ray cluster; one embedded S3 server (or the
 configured endpoint) serves them all. What to do next is decided by the controller's own function
-(spotray/decisions/sweep.py ``decide``) from what the trials' event logs say: their losses, the
+(spotray/decisions/sweep_plan.py ``decide``) from what the trials' event logs say: their losses, the
 checkpoints they completed, how they ended. A trial stopped at a rung gets SIGTERM, which a local
 run takes as a spot notice (an emergency checkpoint, then it stops, Suspended); a trial promoted
 later is the same command run again, which resumes it from its newest complete checkpoint.
@@ -37,12 +37,12 @@ from spotray.contract.names import SUCCEEDED as RUN_SUCCEEDED
 from spotray.contract.spec import TrainingRun
 from spotray.contract.sweep import Exploit, TrainingSweep, format_value, gpu_hours, interval_mean, objective_values
 from spotray.contract.uris import parse_uri
-from spotray.decisions.sweep import SweepPlan, decide
+from spotray.decisions.sweep_plan import SweepPlan, decide
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts
 from spotray.local.local_run import needs_embedded_s3, refuse_gpus
 from spotray.local.progress import ProgressView
 from spotray.local.reaper import Reaper
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 
 DECIDE_EVERY_S = 1.0

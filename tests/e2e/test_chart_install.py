@@ -40,7 +40,7 @@ ALLOWED_IN_NAMESPACE = [
     *[(verb, "rayjobs.ray.io") for verb in ("get", "list", "watch", "create", "delete", "patch")],
     *[(verb, "pods") for verb in ("list", "watch")],
     ("get", "secrets"),
-    ("create", "secrets"),  # each run's checkpoint key (controller/checkpoint_key.py)
+    ("create", "secrets"),  # each run's checkpoint key (controller/checkpoint_key_secret.py)
     ("create", "events"),
     ("create", "networkpolicies.networking.k8s.io"),  # each run's own (controller/network_policy.py)
     ("get", "networkpolicies.networking.k8s.io"),  # its owner, when one of its name exists (attempt 2 here)

@@ -39,7 +39,7 @@ from spotray.contract.sweep import (
     parse_sweep,
 )
 from spotray.contract.uris import parse_uri
-from spotray.decisions.sweep import decide
+from spotray.decisions.sweep_plan import decide
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore

@@ -31,7 +31,7 @@ from spotray.train.checkpoints.checkpoint import MANIFEST_NAME, complete_checkpo
 from spotray.train.checkpoints.direct_load import DirectLoadTrainer, direct_load_reason
 from spotray.train.checkpoints.resume import fetch_resume_checkpoint
 from spotray.train.hf.callback import S3CheckpointCallback
-from spotray.train.records.events import EventLog, read_events
+from spotray.train.records.event_log import EventLog, read_events
 from spotray.train.storage.store import LocalObjectStore
 from tests.conftest import run_two_ranks, saved_steps_and_uploads_checked
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -17,7 +17,7 @@ import yaml
 
 from spotray.jobs.cnn.data import NUM_CLASSES, ShapesSpec, generate
 from spotray.jobs.cnn.train import load_model
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

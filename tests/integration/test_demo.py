@@ -15,7 +15,7 @@ import pytest
 import yaml
 from PIL import Image
 
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

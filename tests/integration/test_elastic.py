@@ -29,7 +29,7 @@ import pytest
 from bench.campaigns import chaos_runs
 from bench.micro.elastic_notice import elastic_manifest
 from spotray.train.hf.data import trained_batches
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

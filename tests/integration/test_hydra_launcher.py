@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 APP = REPO / "jobs" / "gpt2" / "hydra_app.py"

@@ -27,7 +27,7 @@ from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.hf.streaming_memory import owns, registrations
 from spotray.train.processes.subprocesses import is_running, start_time
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore
 from tests.processes import process_tree

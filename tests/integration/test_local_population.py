@@ -23,8 +23,8 @@ import yaml
 from transformers import get_cosine_schedule_with_warmup
 
 from spotray.contract.sweep import parse_sweep
-from spotray.decisions.sweep import decide
-from spotray.train.records.events import read_events
+from spotray.decisions.sweep_plan import decide
+from spotray.train.records.event_log import read_events
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 60

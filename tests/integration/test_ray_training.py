@@ -29,7 +29,7 @@ from spotray.local.local_ray import LocalRayCluster
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.launch.launcher import outcome_after_fit
 from spotray.train.records.attempt_records import write_preemption
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import S3ObjectStore
 from tests.conftest import TEST_BUCKET

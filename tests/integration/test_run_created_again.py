@@ -6,7 +6,7 @@ run's key", in worker logs only), said "fresh start", trained from step 0 and wr
 -20 over the first run's; the CLI printed nothing about it. Now the second run fails at once as bad
 input, saying which checkpoint it cannot verify and what to do, and the first run's checkpoints are
 untouched; with the same key it resumes from them (on a cluster, the namespace's key gives every run
-the same one: controller/checkpoint_key.py).
+the same one: controller/checkpoint_key_secret.py).
 """
 
 from __future__ import annotations

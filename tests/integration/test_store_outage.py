@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from spotray.contract.uris import parse_uri
-from spotray.train.records.events import read_events
+from spotray.train.records.event_log import read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from tests.integration.test_demo import short_manifest
 

@@ -17,7 +17,7 @@ from spotray.train.hf.checkpoint_interval import (
     choose_interval,
     mean_time_between_interruptions,
 )
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 from spotray.train.records.goodput import Lifetime
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, read_attempt_progress
 from spotray.train.storage.store import open_store

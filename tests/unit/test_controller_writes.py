@@ -18,8 +18,8 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.status import RunStatus
 from spotray.contract.uris import parse_uri
 from spotray.controller.config import ControllerConfig
-from spotray.controller.events import EventPoster
 from spotray.controller.kube import Cluster
+from spotray.controller.kube_events import EventPoster
 from spotray.controller.reconcile import MEMORY, reconcile, settled, status_changed
 from spotray.controller.run_store import StoreReport, StoreReports
 from spotray.decisions.observation import RayJobView

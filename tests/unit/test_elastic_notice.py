@@ -11,7 +11,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from spotray.train.hf.worker import PreemptionNoticeCallback, goes_on_without, notice_ranks
 from spotray.train.launch.drain import raylet_pids
 from spotray.train.processes.drain_handshake import checkpointed, checkpointed_marker, mark_checkpointed
-from spotray.train.records.events import EventLog, read_events
+from spotray.train.records.event_log import EventLog, read_events
 
 pytestmark = pytest.mark.unit
 NODE = "a3f0" * 14  # a Ray node id is 56 hex digits

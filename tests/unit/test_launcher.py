@@ -25,7 +25,7 @@ from spotray.train.launch.launcher import (
     start_autoscaling_coordinator,
     worker_group_start_tries,
 )
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,5 @@
 """Population-based training (issue 40): its spec section (spotray/contract/sweep.py) and its decisions
-(spotray/decisions/sweep.py: who is judged when, who exploits whom, the perturbed values, the patches that
+(spotray/decisions/sweep_plan.py: who is judged when, who exploits whom, the perturbed values, the patches that
 stop a trial for its exploit and resume it from the donor's checkpoint)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from spotray.contract.sweep import (
     TrainingSweep,
 )
 from spotray.controller.reconcile import merged_interval_losses
-from spotray.decisions.sweep import decide, explore, sweep_status, trial_patches
+from spotray.decisions.sweep_plan import decide, explore, sweep_status, trial_patches
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts, trial_facts
 from spotray.local.local_sweep import current_life
 from tests.unit.test_sweep import changed_sweep

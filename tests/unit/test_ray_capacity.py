@@ -8,7 +8,7 @@ from transformers import TrainerControl, TrainerState, TrainingArguments
 from spotray.contract.spec import WorkerSpec
 from spotray.train.hf.worker import WORKER_HOSTS_EVERY_S, ProgressCallback
 from spotray.train.launch.ray_capacity import free_worker_slots, slots_on, worker_hosts, worker_resources
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, WorkerHosts
 from spotray.train.storage.store import open_store
 

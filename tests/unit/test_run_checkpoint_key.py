@@ -1,4 +1,4 @@
-"""controller/checkpoint_key.py: the namespace's checkpoint key, made once, given to pods by reference.
+"""controller/checkpoint_key_secret.py: the namespace's checkpoint key, made once, given to pods by reference.
 
 Issue #38, item 4, and issue #69, item 1. The key's use (signing, refusing forged checkpoints) is
 tests/unit/test_checkpoint_key.py; here the controller's part: the Secret made before a run's first
@@ -22,7 +22,7 @@ from spotray.contract.names import API_VERSION, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import parse_training_run
 from spotray.contract.uris import parse_uri
 from spotray.controller import reconcile
-from spotray.controller.checkpoint_key import build_checkpoint_key_secret, new_checkpoint_key
+from spotray.controller.checkpoint_key_secret import build_checkpoint_key_secret, new_checkpoint_key
 from spotray.controller.config import ControllerConfig
 from spotray.controller.kube import Cluster
 from spotray.controller.rayjob import build_rayjob

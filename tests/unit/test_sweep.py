@@ -1,5 +1,5 @@
 """Sweeps (issue 40): the TrainingSweep spec (spotray/contract/sweep.py) and the sweep's decisions
-(spotray/decisions/sweep.py: Optuna's samplers choose values, its successive-halving pruner judges rungs,
+(spotray/decisions/sweep_plan.py: Optuna's samplers choose values, its successive-halving pruner judges rungs,
 and a trial stopped at a rung is suspended, then resumed once it ranks among the best there)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from spotray.contract.sweep import (
 )
 from spotray.controller.reconcile import merged_interval_losses
 from spotray.controller.run_store import interval_losses_status
-from spotray.decisions.sweep import (
+from spotray.decisions.sweep_plan import (
     decide,
     grid,
     promotable,

@@ -504,7 +504,7 @@ def prune_checkpoints(
     if not complete:
         return []
     newest_complete = complete[0].step
-    # A foreign checkpoint is another key's (controller/checkpoint_key.py): never this run's to delete.
+    # A foreign checkpoint is another key's (controller/checkpoint_key_secret.py): never this run's to delete.
     abandoned = [c for c in checkpoints if not c.complete and not c.foreign and c.step < newest_complete]
     doomed = complete[keep:] + abandoned
     doomed = [c for c in doomed if c.step not in protected]

@@ -36,7 +36,7 @@ from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
 from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 from spotray.train.storage.store import ObjectStore, open_store
 
 # Without a TrainingRun (a plain Trainer script), the spec's default.

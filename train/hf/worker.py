@@ -43,7 +43,7 @@ from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.processes.drain_handshake import mark_checkpointed
 from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.attempt_records import write_preemption
-from spotray.train.records.events import EventLog
+from spotray.train.records.event_log import EventLog
 from spotray.train.records.progress_log import ProgressWriter
 
 if TYPE_CHECKING:

@@ -75,7 +75,7 @@ from spotray.train.launch.node_watch import NodeWatch, coordinator_refresh
 from spotray.train.launch.ray_capacity import worker_resources
 from spotray.train.launch.ray_drain import drain_all_nodes
 from spotray.train.records.attempt_records import read_record, write_fence, write_outcome
-from spotray.train.records.events import EventLog, event_log_from_env
+from spotray.train.records.event_log import EventLog, event_log_from_env
 from spotray.train.storage.store import ObjectStore
 
 with extra_required("ray"):
