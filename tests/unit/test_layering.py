@@ -83,6 +83,7 @@ ROOTS = ("spotray", "spotray.train")
 CONTRACT_MAY_IMPORT = ("yaml",)  # and the standard library, and itself
 NOT_IN_CONTROLLER = ("torch", "ray", "transformers", "accelerate", "safetensors", "streaming")
 DECISIONS_MAY_IMPORT = ("yaml", "optuna")  # and the standard library
+SWEEP_SAMPLER = "spotray.decisions.sweep_plan"  # the one decisions module that needs Optuna (the [sweep] extra)
 RAY_ONLY_FROM = ("spotray.train.launch", "spotray.train.hf", "spotray.jobs", LOCAL_MODE, CLI)
 # Not to be in sys.modules after the import, checked in a fresh interpreter.
 NOT_LOADED_BY_CONTRACT = ("torch", "ray", "transformers", "boto3", "botocore", "streaming", "kubernetes", "kopf")
@@ -466,6 +467,8 @@ def test_the_decisions_load_no_heavy_dependency() -> None:
     no Kubernetes client."""
     decisions = sorted(m for m in modules() if unit_of(m) == DECISIONS)
     assert "spotray.decisions.run_plan" in decisions
+    if importlib.util.find_spec("optuna") is None:  # the [sweep] extra: `pip install spotray` has no sampler
+        decisions.remove(SWEEP_SAMPLER)
     loaded = _loaded_after_importing(decisions, NOT_LOADED_BY_DECISIONS)
     assert not {name: packages for name, packages in loaded.items() if packages}
 
