@@ -1220,7 +1220,9 @@ def _up(workdir: Path, with_ray: bool) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m testbed.cluster", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a test bed in the background and print its KUBECONFIG")
     up.add_argument("--dir", type=Path, default=DEFAULT_DIR)

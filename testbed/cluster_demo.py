@@ -416,7 +416,7 @@ def demo(workdir: Path, keep: bool) -> int:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m testbed.cluster_demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, default=tb.DEFAULT_DIR, help="work directory (default: %(default)s)")
     parser.add_argument("--keep", action="store_true", help="leave the cluster up after the run (make cluster-down)")
     args = parser.parse_args()
