@@ -84,6 +84,7 @@ import testbed.cluster as tb
 from bench.campaigns.chaos_runs import restarts
 from bench.campaigns.fault_proxy import FaultProxy, fault
 from bench.common import RESULTS_DIR, ROOT, current_commit, machine_details, write_result
+from spotray.contract.attempts import EXIT_NOT_FOUND
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import (
     ATTEMPT_LABEL,
@@ -542,6 +543,13 @@ def complete_steps(keys: list[str]) -> set[int]:
         if step is not None and name == MANIFEST_NAME:
             steps.add(step)
     return steps
+
+
+def pull_found_nothing(exit_code: int, said: str, before: set[int] | None) -> bool:
+    """Whether a pull that failed kept its promise anyway: the run had no complete checkpoint when it
+    began (``before``, listed just before it) and it said so, with exit 3 (not found). A listing S3 did
+    not answer (None) proves nothing."""
+    return exit_code == EXIT_NOT_FOUND and before == set() and "no checkpoints" in said
 
 
 def commit_window(keys: list[str], saved: list[int]) -> str:
@@ -1236,7 +1244,10 @@ class Trial:
 
     def _pull(self) -> str:
         """``spotray pull <run> DIR`` as a user runs it beside the training (kubectl's credentials, S3's
-        from the environment, the key from the namespace's Secret). It must end with a verified checkpoint."""
+        from the environment, the key from the namespace's Secret). It must end with a verified checkpoint,
+        or, when the run had none complete as the pull began, say so with exit 3
+        (not found): what docs/cli.md promises (trial 41 pulled at step 3, before the first checkpoint)."""
+        before = self.campaign.complete_checkpoints(self.uri)
         into = self.dir / f"pulled-{len(self.landings)}"
         env = {**os.environ, **self.campaign.s3.env(), "KUBECONFIG": str(self.campaign.bed.kubeconfig)}
         if self.campaign.checkpoint_key is not None:
@@ -1245,7 +1256,7 @@ class Trial:
         command = [spotray, "pull", self.name, str(into), "-n", self.campaign.namespace]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120, check=False)
         said = (done.stdout + done.stderr).strip().replace("\n", " | ")
-        if done.returncode != 0:
+        if done.returncode != 0 and not pull_found_nothing(done.returncode, said, before):
             self.pull_failures.append(f"spotray pull exited {done.returncode}: {said}")
         return f"exit {done.returncode}: {said[:300]}"
 
@@ -1765,7 +1776,7 @@ def write_summary(
     }
     ratio = details["passes"] / max(1, details["trials"])
     print(json.dumps({k: details[k] for k in ("trials", "passes", "windows", "fault_kinds", "commits")}, indent=2))
-    command = " ".join([f"python -m bench.{module or name}", *sys.argv[1:]])
+    command = " ".join([f"python -m bench.campaigns.{module or name}", *sys.argv[1:]])
     path = write_result(name, ratio, ">= 1.0", "every trial keeps every promise", command, details)
     print(f"[{name}] wrote {path} ({details['trials']} trials in {log})")
     return 0 if ratio == 1.0 else 1

@@ -39,6 +39,7 @@ from bench.campaigns.nemesis import (
     latest_runs,
     once_per_object,
     outcomes_allowed,
+    pull_found_nothing,
     summary,
     unexplained_interruptions,
 )
@@ -333,3 +334,13 @@ def test_an_interruption_no_fault_explains_keeps_the_trials_logs() -> None:
     assert unexplained_interruptions(attempts, [landing("s3-silent", [])]) == [], "a fault between attempts"
     assert unexplained_interruptions(attempts, [landing("s3-refuse", [1], missed=True)]) == [1]
     assert unexplained_interruptions(["1 Succeeded/TrainingFinished"], []) == []
+
+
+def test_a_pull_before_the_first_checkpoint_keeps_its_promise_by_saying_so() -> None:
+    """Trial 41 pulled at step 3, before the run's first checkpoint: `spotray pull` said "no checkpoints"
+    with exit 3 (not found), as docs/cli.md promises. Only that answer, and only with none there."""
+    said = "error: there are no checkpoints under s3://nemesis/nemesis/runs/t41 |   fix: check RUN"
+    assert pull_found_nothing(3, said, set())
+    assert not pull_found_nothing(3, said, {10})  # one was there: the pull must have found it
+    assert not pull_found_nothing(3, said, None)  # the listing did not answer: nothing is proved
+    assert not pull_found_nothing(1, said, set())  # another failure is a failure
