@@ -472,15 +472,20 @@ def _within(value: float, info: SweepField) -> bool:
 def _bounds(info: SweepField) -> str:
     """The range a declaration allows, in words: "from 2 to 100", "above 0 and at most 0.5"."""
     if info.minimum is not None and info.maximum is not None:
-        return f"from {info.minimum:g} to {info.maximum:g}"
+        return f"from {_shown(info.minimum)} to {_shown(info.maximum)}"
     words = []
     if info.minimum is not None:
-        words.append(f"of at least {info.minimum:g}")
+        words.append(f"of at least {_shown(info.minimum)}")
     if info.above is not None:
-        words.append(f"above {info.above:g}")
+        words.append(f"above {_shown(info.above)}")
     if info.maximum is not None:
-        words.append(f"at most {info.maximum:g}")
+        words.append(f"at most {_shown(info.maximum)}")
     return " and ".join(words)
+
+
+def _shown(bound: float) -> str:
+    """A bound as a person writes it: 2147483647 and 0.5, never 2.14748e+09."""
+    return str(int(bound)) if float(bound).is_integer() else repr(float(bound))
 
 
 def _fits(kind: str, value: Any) -> bool:

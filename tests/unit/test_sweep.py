@@ -172,6 +172,9 @@ def test_a_literal_dollar_stays_and_only_named_placeholders_count() -> None:
         ({"trials__max": 0}, "spec.trials.max: must be an integer from 1 to 999"),
         ({"earlyStopping__minSteps": 25}, "must be a multiple of checkpoint.everySteps (10)"),
         ({"earlyStopping__reductionFactor": 1}, "reductionFactor: must be an integer from 2 to 100"),
+        # Bounds in words as written, never in exponent form ("2.14748e+09" would hide the real limit).
+        ({"search__seed": -1}, "spec.search.seed: must be an integer from 0 to 2147483647, got -1"),
+        ({"earlyStopping__minSteps": 0}, "spec.earlyStopping.minSteps: must be an integer from 1 to 1000000000"),
         ({"template__checkpoint": {"uri": "s3://bucket/p", "everySteps": "auto"}}, "checkpoint.everySteps is auto"),
         ({"template__checkpoint": None}, "spec.template: spec.checkpoint: missing"),
         ({"parameters": None}, "spec.parameters: missing; name at least one"),
