@@ -560,23 +560,19 @@ def commit_window(keys: list[str], saved: list[int]) -> str:
     side by side over one link, so for most of that window the store lists none of them: the
     store's listing alone (files, no manifest) saw the window only in its last moments.
     """
-    files: dict[str, set[str]] = {}
+    files: dict[int, set[str]] = {step: set() for step in saved}  # step -> the names listed under it
     for key in keys:
         folder, _, name = key.partition("/")
-        if name and parse_checkpoint_step(folder) is not None:
-            files.setdefault(folder, set()).add(name)
-    for step in saved:
-        files.setdefault(checkpoint_dir_name(step), set())
+        step = parse_checkpoint_step(folder)
+        if name and step is not None:
+            files.setdefault(step, set()).add(name)
     # Checkpoints commit in step order: one older than the newest complete one is pruned (its manifest
     # goes first), not being written. Seen in trial 8: a save at step 10, pruned by step 47, read as pending.
-    complete = [int(name.split("-")[1]) for name, names in files.items() if MANIFEST_NAME in names]
-    newest = max(complete, default=-1)
-    pending = sorted(
-        (name for name, names in files.items() if MANIFEST_NAME not in names and int(name.split("-")[1]) > newest),
-        key=lambda name: int(name.split("-")[1]),
-    )
+    newest = max(complete_steps(keys), default=-1)
+    pending = sorted(step for step, names in files.items() if MANIFEST_NAME not in names and step > newest)
     if pending:
-        return "being written: " + ", ".join(f"{name} ({len(files[name])} files, no manifest)" for name in pending)
+        listed = (f"{checkpoint_dir_name(step)} ({len(files[step])} files, no manifest)" for step in pending)
+        return "being written: " + ", ".join(listed)
     return "between checkpoints"
 
 
