@@ -44,6 +44,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,18 +128,24 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return exempt
 
 
+def _import_statements(path: Path) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement of a file that runs, at module level or in a function (``if TYPE_CHECKING:``
+    bodies aside)."""
+    tree = ast.parse(path.read_text(), str(path))
+    exempt = _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom) and id(node) not in exempt:
+            yield node
+
+
 def imports(root: Path = ROOT) -> list[Import]:
     """Every import statement that runs, at module level or in a function, resolved to a module name."""
     known = modules(root)
     found = []
     for module, path in known.items():
-        tree = ast.parse(path.read_text(), str(path))
-        exempt = _type_checking_only(tree)
         is_package = path.name == "__init__.py"
         file = str(path.resolve().relative_to(root.resolve()))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Import | ast.ImportFrom) or id(node) in exempt:
-                continue
+        for node in _import_statements(path):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             else:
@@ -247,16 +254,12 @@ def _python_files(root: Path, folder: str) -> list[Path]:
 
 
 def _running_imports(path: Path) -> list[tuple[int, str]]:
-    """(line, imported module) of every import that runs (``if TYPE_CHECKING:`` bodies aside)."""
-    tree = ast.parse(path.read_text(), str(path))
-    exempt = _type_checking_only(tree)
+    """(line, imported module) of every absolute import that runs (``_import_statements``)."""
     found = []
-    for node in ast.walk(tree):
-        if id(node) in exempt:
-            continue
+    for node in _import_statements(path):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level:
+        elif not node.level:
             found.append((node.lineno, node.module or ""))
     return found
 
