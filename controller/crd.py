@@ -277,7 +277,7 @@ def _spec_schema(cls: type[Any], prefix: str) -> dict[str, Any]:
 
 def spec_schema() -> dict[str, Any]:
     """The OpenAPI schema of ``spec``, built from RunSpec's declarations."""
-    schema = {"description": " ".join((RunSpec.__doc__ or "").split()), **_spec_schema(RunSpec, "")}
+    schema = {"description": _described(RunSpec), **_spec_schema(RunSpec, "")}
     schema["x-kubernetes-validations"] = [
         {
             "rule": "!has(oldSelf.data) || !has(oldSelf.data.uri) || (has(self.data) && has(self.data.uri))",
@@ -286,6 +286,11 @@ def spec_schema() -> dict[str, Any]:
         }
     ]
     return schema
+
+
+def _described(cls: type[Any]) -> str:
+    """A declaration's docstring as one line: the description `kubectl explain` prints."""
+    return " ".join((cls.__doc__ or "").split())
 
 
 def _string(description: str) -> dict[str, Any]:
@@ -481,7 +486,7 @@ def _sweep_section(cls: type[Any]) -> dict[str, Any]:
         elif section_field.default is not None:
             schema["default"] = section_field.default
         properties[key] = schema
-    return _section(" ".join((cls.__doc__ or "").split()), properties, tuple(required))
+    return _section(_described(cls), properties, tuple(required))
 
 
 def sweep_spec_schema() -> dict[str, Any]:
@@ -539,7 +544,7 @@ def training_sweep_crd() -> dict[str, Any]:
             "kind": _string("TrainingSweep."),
             "metadata": {"type": "object"},
             "spec": sweep_spec_schema(),
-            "status": _status_schema(SweepStatus, " ".join((SweepStatus.__doc__ or "").split())),
+            "status": _status_schema(SweepStatus, _described(SweepStatus)),
         },
     }
     columns = [
