@@ -13,7 +13,8 @@ reports progress and checkpoints in status. The modules (docs/controller.md has 
   endpoints a run may use; rayjob.py: the RayJob of an attempt; crd.py: the CRD;
 - network_policy.py: a run's NetworkPolicy; checkpoint_key_secret.py: the namespace's checkpoint key
   Secret; ownership.py: whose an object with a run's name is;
-- disruptions.py: lost pods and nodes, as the pod watcher sees them and as read back;
+- disruptions.py: lost pods and nodes, as the pod watcher sees them and as read back; pod_waits.py:
+  what a starting attempt's pods wait for (capacity, or an image or Secret that stops them);
 - spare_placement.py: which idle spare pod to move; startup.py: where an attempt's start-up went;
 - sweep_reconcile.py: one sweep's reconcile (its decisions: spotray/decisions/sweep_plan.py);
 - kube_events.py: Kubernetes Events; metrics.py: Prometheus metrics; watch_health.py: is the watch

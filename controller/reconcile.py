@@ -65,6 +65,7 @@ from spotray.controller.kube import Cluster, RayJobRefusedError
 from spotray.controller.kube_events import EventPoster
 from spotray.controller.network_policy import build_run_network_policy
 from spotray.controller.ownership import foreign_object_refusal
+from spotray.controller.pod_waits import pods_waiting
 from spotray.controller.rayjob import (
     WORKER_GROUP,
     build_ray_cluster,
@@ -85,7 +86,7 @@ from spotray.controller.startup import attempt_startup, pods_ready_at
 from spotray.decisions.attempt_end import rayjob_refused
 from spotray.decisions.conditions import conditions
 from spotray.decisions.cost import Prices, run_cost
-from spotray.decisions.observation import STALLED_PROGRESS_S, Observation, RayClusterView, RayJobView
+from spotray.decisions.observation import STALLED_PROGRESS_S, Observation, PodsWaiting, RayClusterView, RayJobView
 from spotray.decisions.run_plan import plan
 from spotray.decisions.run_state import OUTCOME_UNKNOWN, Plan, RunState
 from spotray.decisions.running_attempt import wait_for_foreign_rayjob
@@ -434,6 +435,8 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         and job.owner_uid == run_uid
         and (progress_at is None or (now - progress_at).total_seconds() >= STALLED_PROGRESS_S)
     )
+    starting = job is not None and not job.finished and job.job_status != JOB_RUNNING and job.owner_uid == run_uid
+    pods_waiting = _pods_waiting(cluster, run, current) if current is not None and starting else None
     if current is not None and (ended or gone or stalled):
         records, storage_error, cause = _records(run_store, run, AttemptId(run_uid, current.attempt))
         # No Secret: the controller reads unsigned (never with its own identity, run_store.py), so a
@@ -450,12 +453,22 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         storage_refused=refused,
         settle_seconds=config.settle_seconds,
         start_deadline_seconds=config.start_deadline_seconds,
+        pods_waiting=pods_waiting,
         storage_patience_seconds=config.storage_patience_seconds,
         ray_cluster_per_run=config.ray_cluster_per_run,
         ray_cluster=ray_cluster,
         ray_cluster_shape=ray_cluster_shape(run, config) if ray_cluster is not None else None,
         suspend_checkpoint_seconds=config.worker_grace_seconds + SUSPEND_CHECKPOINT_MARGIN_S,
     )
+
+
+def _pods_waiting(cluster: Cluster, run: TrainingRun, attempt: AttemptStatus) -> PodsWaiting:
+    """What the starting attempt's pods wait for (one LIST); unreadable when they cannot be listed,
+    which never ends the attempt (spotray/decisions/running_attempt.py)."""
+    try:
+        return pods_waiting(cluster.list_attempt_pods(run.namespace, attempt_pod_labels(run.name, attempt)))
+    except (ApiException, OSError) as error:
+        return PodsWaiting(unreadable=str(getattr(error, "reason", None) or error))
 
 
 def _node_loss_read_back(cluster: Cluster, run: TrainingRun, attempt: AttemptStatus, *, read_nodes: bool) -> str | None:

@@ -415,6 +415,13 @@ class RetrySpec:
     backoff_seconds: int = spec_field(
         "Seconds to wait before the next attempt after a failure (not after a preemption).", default=30, minimum=0
     )
+    max_wait_seconds: int | None = spec_field(
+        "The longest an attempt waits for capacity (its pods unschedulable: no node with room, a node pool "
+        "scaling up, no spot node), in all, before the run fails with CapacityWaitExceeded; the wait spends no "
+        "budget. Unset: no bound, the run waits until capacity comes.",
+        default=None,
+        minimum=1,
+    )
 
 
 @dataclass(frozen=True)

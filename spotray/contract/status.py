@@ -446,6 +446,15 @@ class AttemptStatus(StatusObject):
     startup: AttemptStartup | None = status_field(
         "Where the attempt's start-up went, in seconds from its RayJob's creation (controller/startup.py)."
     )
+    capacity_wait_since: str | None = status_field(
+        "Since when the attempt's pods wait for capacity: the scheduler cannot place them (no node with room, "
+        "a node pool scaling up, no spot node). No budget is spent meanwhile; unset once they are placed.",
+        format=DATE_TIME,
+    )
+    capacity_waited_seconds: int | None = status_field(
+        "Seconds the attempt's pods waited for capacity in waits that ended; its start deadline does not count them.",
+        minimum=0,
+    )
     ray_cluster: str | None = status_field(
         "The run's RayCluster the attempt ran on, when the controller keeps one across attempts "
         "(rayJob.clusterPerRun); absent when each attempt's RayJob has a cluster of its own."

@@ -57,6 +57,7 @@ from spotray.decisions.run_state import MAX_ATTEMPTS_KEPT, Plan, RunState
 from spotray.decisions.vocabulary import (
     REASON_ATTEMPT_STARTED,
     REASON_BAD_INPUT,
+    REASON_CAPACITY_WAIT_EXCEEDED,
     REASON_FAILURE_BUDGET_EXHAUSTED,
     REASON_INFRASTRUCTURE_FAULT,
     REASON_NODE_LOST,
@@ -176,10 +177,13 @@ def record_end(state: RunState, end: AttemptEnd, now: datetime, *, counted: bool
     )
 
 
-def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetime, *, counted: bool = True) -> Plan:
+def end_attempt(  # noqa: PLR0911 - one answer per kind of end
+    state: RunState, run: TrainingRun, end: AttemptEnd, now: datetime, *, counted: bool = True
+) -> Plan:
     """The budget decision, made once for the controller and local mode: the run after an attempt ended.
 
-    Succeeded ends the run. A preemption spends ``maxPreemptions``, a failure ``maxFailures``; past
+    Succeeded ends the run. A capacity wait past spec.retry.maxWaitSeconds (outcome Interrupted, no
+    budget spent) fails it: the user's bound. A preemption spends ``maxPreemptions``, a failure ``maxFailures``; past
     its budget the run fails, else the next attempt follows after the backoff (doubling with each
     failure). Bad input (the job refused its spec or storage, and said what to fix) fails the run
     at once: the same input would be refused the same way.
@@ -202,6 +206,13 @@ def end_attempt(state: RunState, run: TrainingRun, end: AttemptEnd, now: datetim
         message = f"{what}. Fix what it names, then create the run again (a retry would be refused the same way)."
         new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_BAD_INPUT)
         return Plan(new, events=(Event("Warning", REASON_BAD_INPUT, bounded(message)),))
+    if end.reason == REASON_CAPACITY_WAIT_EXCEEDED:
+        message = (
+            f"{what}. Create the run again once capacity is back (it resumes from its checkpoints), "
+            "or raise or unset spec.retry.maxWaitSeconds."
+        )
+        new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_CAPACITY_WAIT_EXCEEDED)
+        return Plan(new, events=(Event("Warning", REASON_CAPACITY_WAIT_EXCEEDED, bounded(message)),))
     if end.outcome == OUTCOME_INTERRUPTED:
         return _interrupted(ended, run, what, now)
     if counted and ended.preemptions > retry.max_preemptions:

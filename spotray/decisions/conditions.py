@@ -18,6 +18,7 @@ from spotray.contract.status import (
     format_date_time,
     parse_timestamp,
 )
+from spotray.decisions.capacity_wait import waiting_for_capacity
 from spotray.decisions.observation import STORAGE_PATIENCE_SECONDS
 from spotray.decisions.run_state import RunState
 from spotray.decisions.vocabulary import (
@@ -26,8 +27,10 @@ from spotray.decisions.vocabulary import (
     CONDITION_STORAGE_UNREACHABLE,
     CONDITION_SUCCEEDED,
     CONDITION_SUSPENDED,
+    CONDITION_WAITING_FOR_CAPACITY,
     REASON_STORAGE_UNREACHABLE,
     REASON_TRAINING_FINISHED,
+    REASON_WAITING_FOR_CAPACITY,
     bounded,
 )
 
@@ -53,6 +56,8 @@ def conditions(
             _storage_unreachable(state, now, storage_patience_s),
             REASON_STORAGE_UNREACHABLE,
         ),
+        # True while the current attempt's pods wait for capacity (spotray/decisions/capacity_wait.py).
+        CONDITION_WAITING_FOR_CAPACITY: (waiting_for_capacity(state), REASON_WAITING_FOR_CAPACITY),
     }
     old = {c.type: c for c in previous}
     result = []

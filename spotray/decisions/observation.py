@@ -93,6 +93,22 @@ class RayJobView:
 
 
 @dataclass(frozen=True)
+class PodsWaiting:
+    """Why the pods of an attempt that has not started wait, as their status says (controller/pod_waits.py).
+
+    ``capacity``: the scheduler cannot place a pod now (no node with room, a node pool scaling up, a
+    spot pool without nodes): infrastructure, waited for without spending a budget
+    (spotray/decisions/capacity_wait.py). ``stuck``: a placed pod that cannot start wherever it goes (an
+    image that cannot be pulled, a missing Secret or key): bad input, ended at the start deadline in its
+    own words. ``unreadable``: the pods could not be listed; no deadline ends an attempt on that.
+    """
+
+    capacity: str = ""
+    stuck: str = ""
+    unreadable: str = ""
+
+
+@dataclass(frozen=True)
 class RayClusterView:
     """The run's RayCluster its last attempt ran on, as read (``ray_cluster_per_run``)."""
 
@@ -122,6 +138,8 @@ class Observation:
     # An attempt whose Ray cluster has not started this long after it began ends as a failure
     # (pods refused by admission, a quota, no capacity): it must never wait for ever. 0: no deadline.
     start_deadline_seconds: float = 0.0
+    # What the pods of an attempt that has not started wait for; None: not read (it runs, local mode).
+    pods_waiting: PodsWaiting | None = None
     # How long an ended attempt's records may stay unreadable before the run shows StorageUnreachable.
     storage_patience_seconds: float = STORAGE_PATIENCE_SECONDS
     # One RayCluster per run, kept across attempts (controller/config.py ``ray_cluster_per_run``), and

@@ -1,5 +1,5 @@
 """The plan for a running attempt: its RayJob runs, starts, ended, refused, vanished or is another
-run's; its records say it ended; its head was lost; its start deadline passed.
+run's; its records say it ended; its head was lost; its pods wait for capacity; its start deadline passed.
 
 A fact that cannot be read is never taken as an answer: when the store cannot be read at the end of
 an attempt, nothing is decided and no budget is spent; the run waits, says why, and after
@@ -41,6 +41,13 @@ from spotray.contract.status import (
     parse_timestamp,
 )
 from spotray.decisions.attempt_end import AttemptEnd, classify_end, end_attempt
+from spotray.decisions.capacity_wait import (
+    CAPACITY_RECHECK_S,
+    plan_capacity_wait,
+    start_seconds,
+    wanted_capacity,
+    with_wait_accounted,
+)
 from spotray.decisions.observation import Observation, RayJobView
 from spotray.decisions.run_state import Plan, RunState
 from spotray.decisions.vocabulary import (
@@ -112,10 +119,27 @@ def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, 
     if recorded_end is not None:
         return recorded_end
     running = job.job_status == JOB_RUNNING
+    capacity = "" if running else wanted_capacity(obs.pods_waiting)
+    state = with_wait_accounted(obs.state, current, bool(capacity), now)
+    obs, current = replace(obs, state=state), state.attempts[-1]
+    if capacity:
+        return plan_capacity_wait(obs, current, capacity, now)
     if not running and _past_start_deadline(obs, current, now):
+        unreadable = obs.pods_waiting.unreadable if obs.pods_waiting is not None else ""
+        if unreadable:
+            return _hold_unread_pods(obs, current, unreadable)
         return _start_deadline_exceeded(obs, current, job, now)
     message = f"attempt {current.attempt} {'running' if running else 'starting'}"
-    return Plan(replace(obs.state, phase=RUNNING if running else PENDING, message=message))
+    return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
+
+
+def _hold_unread_pods(obs: Observation, current: AttemptStatus, unreadable: str) -> Plan:
+    """Past the start deadline, and whether the pods wait for capacity cannot be read: decide nothing."""
+    message = (
+        f"attempt {current.attempt} has not started within its start deadline, and its pods cannot be read "
+        f"({unreadable}): nothing is decided or spent until they can (whether they wait for capacity)"
+    )
+    return Plan(replace(obs.state, message=bounded(message)), requeue_after_s=CAPACITY_RECHECK_S)
 
 
 def _recorded_end(obs: Observation, current: AttemptStatus, now: datetime) -> Plan | None:
@@ -250,10 +274,11 @@ def _judged_without_records(obs: Observation) -> str:
 
 
 def _past_start_deadline(obs: Observation, current: AttemptStatus, now: datetime) -> bool:
-    started = parse_timestamp(current.start_time)
-    if not obs.start_deadline_seconds or started is None:
+    """The attempt has not started within the deadline, its waits for capacity not counted."""
+    counted = start_seconds(current, now)
+    if not obs.start_deadline_seconds or counted is None:
         return False
-    return (now - started).total_seconds() > obs.start_deadline_seconds
+    return counted > obs.start_deadline_seconds
 
 
 def _validation_failed(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:
@@ -272,11 +297,18 @@ def _start_deadline_exceeded(obs: Observation, current: AttemptStatus, job: RayJ
         where = f"never created; last: {obs.state.message}"
     else:
         where = f"{job.deployment_status or 'no status yet'}" + (f": {job.message}" if job.message else "")
+    waited = current.capacity_waited_seconds
+    after = f" after it waited {waited} s for capacity" if waited else ""
+    stuck = obs.pods_waiting.stuck if obs.pods_waiting is not None else ""
+    why = (
+        f"{stuck}; `kubectl describe pod` tells more"
+        if stuck
+        else f"`kubectl get events -n {obs.run.namespace}` tells why: pods refused by admission (Pod Security, a "
+        "quota), an image that cannot be pulled, a Secret or key that spec.secretEnv names and the namespace lacks"
+    )
     message = (
-        f"the Ray cluster of attempt {current.attempt} did not start within {obs.start_deadline_seconds:.0f} s "
-        f"(RayJob {current.ray_job}: {where}); `kubectl get events -n {obs.run.namespace}` tells why: pods "
-        "refused by admission (Pod Security, a quota), an image that cannot be pulled, a Secret or key that "
-        "spec.secretEnv names and the namespace lacks, or no node with capacity"
+        f"the Ray cluster of attempt {current.attempt} did not start within {obs.start_deadline_seconds:.0f} s"
+        f"{after} (RayJob {current.ray_job}: {where}); {why}"
     )
     decided = end_attempt(obs.state, obs.run, AttemptEnd(OUTCOME_FAILED, REASON_START_DEADLINE_EXCEEDED, message), now)
     return replace(decided, delete_rayjob=current.ray_job)

@@ -19,6 +19,8 @@ REASON_NODE_LOST = "NodeLost"
 REASON_TRAINING_FAILED = "TrainingFailed"
 REASON_BAD_INPUT = "BadInput"  # also the Failed condition's: the run fails at once
 REASON_START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
+# Outcome Interrupted: the pods waited for capacity longer than spec.retry.maxWaitSeconds; the run fails.
+REASON_CAPACITY_WAIT_EXCEEDED = "CapacityWaitExceeded"
 REASON_SUSPENDED = "Suspended"
 REASON_INTERRUPTED = (
     "Interrupted"  # local mode (spotray/local/local_run.py): the command running the attempt was stopped
@@ -36,6 +38,7 @@ REASON_ATTEMPT_STARTED = "AttemptStarted"
 REASON_SUCCEEDED = "Succeeded"
 REASON_RAYJOB_NOT_OURS = "RayJobNotOurs"
 REASON_WAITING_FOR_STORAGE = "WaitingForStorage"
+REASON_WAITING_FOR_CAPACITY = "WaitingForCapacity"  # also the WaitingForCapacity condition's
 REASON_STORAGE_UNREACHABLE = "StorageUnreachable"  # also the StorageUnreachable condition's
 REASON_STATUS_UNREADABLE = "StatusUnreadable"  # a status field did not match its declaration: rebuilt
 REASON_RETRY_BUDGET_SPENT = "RetryBudgetSpent"  # an ended run's status did not say Failed: nothing starts
@@ -52,6 +55,7 @@ CONDITION_SUCCEEDED = "Succeeded"
 CONDITION_FAILED = "Failed"
 CONDITION_SUSPENDED = "Suspended"
 CONDITION_STORAGE_UNREACHABLE = "StorageUnreachable"
+CONDITION_WAITING_FOR_CAPACITY = "WaitingForCapacity"
 
 
 def bounded(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
