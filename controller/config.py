@@ -100,6 +100,13 @@ class ControllerConfig:
     spot_tolerations: list[dict[str, Any]] = field(
         default_factory=lambda: [{"key": SPOT_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     )
+    # The chart's defaults for every run's Ray pods, under a run's own spec.head/spec.workers
+    # (controller/rayjob.py): the GPU's extended resource, a ServiceAccount (a cloud identity), a
+    # PriorityClass, a /dev/shm size; None: Kubernetes' own.
+    gpu_resource: str = "nvidia.com/gpu"
+    ray_service_account: str | None = None
+    ray_priority_class: str | None = None
+    ray_shm_size: str | None = None
     s3_secret: str | None = None  # default Secret with AWS_* keys when a run names none
     s3_endpoint: str | None = None  # given to pods, and used here to read checkpoints
     # Secrets runs may use without the opt-in label, and endpoints the controller may connect to
@@ -208,6 +215,10 @@ class ControllerConfig:
             head_tolerations=_json_env(env, "SPOTRAY_HEAD_TOLERATIONS", defaults.head_tolerations, list),
             spot_node_selector=_json_env(env, "SPOTRAY_SPOT_NODE_SELECTOR", defaults.spot_node_selector, dict),
             spot_tolerations=_json_env(env, "SPOTRAY_SPOT_TOLERATIONS", defaults.spot_tolerations, list),
+            gpu_resource=env.get("SPOTRAY_GPU_RESOURCE") or defaults.gpu_resource,
+            ray_service_account=env.get("SPOTRAY_RAY_SERVICE_ACCOUNT") or None,
+            ray_priority_class=env.get("SPOTRAY_RAY_PRIORITY_CLASS") or None,
+            ray_shm_size=env.get("SPOTRAY_RAY_SHM_SIZE") or None,
             s3_secret=env.get("SPOTRAY_S3_SECRET") or None,
             s3_endpoint=env.get("SPOTRAY_S3_ENDPOINT") or None,
             allowed_s3_secrets=_list_env(env, "SPOTRAY_ALLOWED_S3_SECRETS"),

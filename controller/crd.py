@@ -28,8 +28,20 @@ from typing import Any
 
 import yaml
 
+from spotray.contract.kube_values import (
+    DNS_SUBDOMAIN_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MAX_ANNOTATION_VALUE_LENGTH,
+    MAX_DNS_SUBDOMAIN_LENGTH,
+    QUALIFIED_NAME_PATTERN,
+    QUALIFIED_NAME_RULE,
+    RESERVED_LABEL_PREFIXES,
+    TOLERATION_EFFECTS,
+    TOLERATION_OPERATORS,
+)
 from spotray.contract.names import API_VERSION, CRD_NAME, GROUP, KIND, PLURAL, SWEEP_KIND, VERSION
 from spotray.contract.spec import (
+    ANNOTATIONS,
     AUTO,
     CPU,
     CPU_PATTERN,
@@ -41,17 +53,22 @@ from spotray.contract.spec import (
     MAX_SECRET_REF_LENGTH,
     MEMORY,
     MEMORY_PATTERN,
+    NAME,
     NAME_LENGTH_RULE,
     NAME_PATTERN,
     NAME_PATTERN_RULE,
+    NODE_LABELS,
+    POD_LABELS,
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RESERVED_ENV_RULE,
+    RESOURCE_NAME,
     SECRET_REF_LENGTH_PATTERN,
     SECRET_REF_PATTERN,
     SECRET_REF_RULE,
     STEPS_OR_AUTO,
     TEXT,
+    TOLERATIONS,
     URI,
     CheckpointSpec,
     RunSpec,
@@ -85,6 +102,7 @@ _HEADER = (
 _MAX_URI_LENGTH = 4096
 _MAX_TEXT_LENGTH = 32768
 _MAX_QUANTITY_LENGTH = 64
+_MAX_QUALIFIED_NAME_LENGTH = 253 + 1 + 63  # a DNS subdomain prefix, '/', a name
 
 _NOT_BLANK = {"rule": "self.trim() != ''", "message": "must not be empty"}
 
@@ -187,6 +205,64 @@ def _secret_env(declared: SpecField) -> dict[str, Any]:
     }
 
 
+def _string_map(declared: SpecField) -> dict[str, Any]:
+    """A node selector's, labels' or annotations' map (spotray/contract/kube_values.py): the values by
+    schema; the keys, which a structural schema cannot describe, by CEL, as the parser checks them."""
+    labels = declared.kind in (NODE_LABELS, POD_LABELS)
+    values: dict[str, Any] = {"type": "string", "maxLength": MAX_ANNOTATION_VALUE_LENGTH}
+    if labels:
+        values = {"type": "string", "maxLength": 63, "pattern": LABEL_VALUE_PATTERN}
+    rules = [
+        {
+            "rule": f"self.all(key, size(key) <= {_MAX_QUALIFIED_NAME_LENGTH} && "
+            f"key.matches({_cel_string(QUALIFIED_NAME_PATTERN)}))",
+            "message": f"each key must {QUALIFIED_NAME_RULE}",
+        }
+    ]
+    if declared.kind == POD_LABELS:
+        prefixes = "|".join(RESERVED_LABEL_PREFIXES)
+        rules.append(
+            {
+                "rule": f"self.all(key, !key.matches({_cel_string(f'^({prefixes})')}))",
+                "message": f"no key may start with {' or '.join(RESERVED_LABEL_PREFIXES)}: spotray and KubeRay "
+                "set those",
+            }
+        )
+    return {"maxProperties": declared.max_items, "additionalProperties": values, "x-kubernetes-validations": rules}
+
+
+def _tolerations(declared: SpecField) -> dict[str, Any]:
+    """A list of core/v1 Tolerations, each field as Kubernetes declares it."""
+    toleration = {
+        "type": "object",
+        "description": "A core/v1 Toleration.",
+        "properties": {
+            "key": {
+                "type": "string",
+                "maxLength": _MAX_QUALIFIED_NAME_LENGTH,
+                "description": "The taint key tolerated; empty with operator Exists: every taint.",
+            },
+            "operator": {
+                "type": "string",
+                "enum": list(TOLERATION_OPERATORS),
+                "description": "Exists (any value) or Equal (value). Default: Equal.",
+            },
+            "value": {"type": "string", "maxLength": 63, "description": "The taint value, with operator Equal."},
+            "effect": {
+                "type": "string",
+                "enum": list(TOLERATION_EFFECTS),
+                "description": "The taint effect tolerated; empty: every effect.",
+            },
+            "tolerationSeconds": {
+                "type": "integer",
+                "format": "int64",
+                "description": "With effect NoExecute: how long the pod stays bound to a tainted node.",
+            },
+        },
+    }
+    return {"maxItems": declared.max_items, "items": toleration}
+
+
 # Rules across the fields of one section; the parser checks the same in the section's ``problems``.
 _SECTION_RULES: dict[type[Any], list[dict[str, str]]] = {
     CheckpointSpec: [
@@ -206,7 +282,7 @@ _SECTION_RULES: dict[type[Any], list[dict[str, str]]] = {
 }
 
 
-def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:
+def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:  # noqa: PLR0911 - a kind each
     """The OpenAPI keywords and CEL rules that say what a field's declaration says."""
     if declared.kind == CPU:
         return _cpu()
@@ -214,6 +290,14 @@ def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:
         return _memory()
     if declared.kind == ENV_FROM_SECRETS:
         return _secret_env(declared)
+    if declared.kind in (NODE_LABELS, POD_LABELS, ANNOTATIONS):
+        return _string_map(declared)
+    if declared.kind == TOLERATIONS:
+        return _tolerations(declared)
+    if declared.kind == NAME:
+        return {"maxLength": MAX_DNS_SUBDOMAIN_LENGTH, "pattern": DNS_SUBDOMAIN_PATTERN}
+    if declared.kind == RESOURCE_NAME:
+        return {"maxLength": _MAX_QUALIFIED_NAME_LENGTH, "pattern": QUALIFIED_NAME_PATTERN}
     if declared.kind == STEPS_OR_AUTO:
         return {
             "x-kubernetes-int-or-string": True,
@@ -250,13 +334,15 @@ def _spec_schema(cls: type[Any], prefix: str) -> dict[str, Any]:
         schema: dict[str, Any] = {"description": declared.description}
         if isinstance(python_type, type) and dataclasses.is_dataclass(python_type):
             schema.update(_spec_schema(python_type, f"{path}."))
+        elif typing.get_origin(python_type) is tuple:
+            schema["type"] = "array"
         elif typing.get_origin(python_type) is dict:
             schema["type"] = "object"
             if declared.kind is None:  # free-form (runtimeEnv); a declared kind says what its entries are
                 schema["x-kubernetes-preserve-unknown-fields"] = True
         elif declared.kind not in (CPU, MEMORY, STEPS_OR_AUTO):  # those are int-or-string
             schema["type"] = {bool: "boolean", int: "integer", str: "string"}[python_type]
-        if spec_field.default is not dataclasses.MISSING and spec_field.default is not None:
+        if spec_field.default is not dataclasses.MISSING and spec_field.default not in (None, ()):
             schema["default"] = spec_field.default
             schema["description"] += f" Default: {json.dumps(spec_field.default)}."
         elif spec_field.default_factory is not dataclasses.MISSING:

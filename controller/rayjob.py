@@ -64,13 +64,14 @@ from spotray.contract.names import (
     RUN_LABEL,
     rayjob_name,
 )
-from spotray.contract.spec import RunContext, TrainingRun, split_secret_ref
+from spotray.contract.spec import PodPlacement, RunContext, TrainingRun, split_secret_ref
 from spotray.controller.config import ControllerConfig, ray_release
 from spotray.decisions.vocabulary import RayJobRefusal
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "spotray"}
 WORKER_GROUP = "workers"
 SHARED_VOLUME = "shared"
+SHM_VOLUME = "dshm"
 KUBERAY_NODE_TYPE_LABEL = "ray.io/node-type"  # KubeRay labels each pod "head" or "worker"
 HOSTNAME_TOPOLOGY_KEY = "kubernetes.io/hostname"  # one node: the kubelet sets it on every Node
 # The uid of spotray's image and of the official Ray images; set explicitly because the kubelet
@@ -170,6 +171,7 @@ def _pod_template(
     run: TrainingRun,
     attempt: int | None,
     config: ControllerConfig,
+    placement: PodPlacement,
     *,
     container: dict[str, Any],
     node_selector: dict[str, str],
@@ -177,24 +179,56 @@ def _pod_template(
     grace_seconds: int | None = None,
     spread: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """A Ray group's pod: the chart's placement for the group (``node_selector``, ``tolerations``)
+    with the run's own (``placement``: spec.head or spec.workers) over it."""
     spec: dict[str, Any] = {
         "containers": [container],
         "securityContext": copy.deepcopy(POD_SECURITY_CONTEXT),
         "automountServiceAccountToken": False,
     }
-    if node_selector:
-        spec["nodeSelector"] = dict(node_selector)
-    if tolerations:
-        spec["tolerations"] = [dict(t) for t in tolerations]
+    selector = {**node_selector, **placement.node_selector}
+    if selector:
+        spec["nodeSelector"] = selector
+    tolerated = [dict(t) for t in (*tolerations, *placement.tolerations)]
+    if tolerated:
+        spec["tolerations"] = tolerated
     if grace_seconds is not None:
         spec["terminationGracePeriodSeconds"] = grace_seconds
-    if spread is not None:
-        spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [spread]}}
+    affinity = _affinity(placement.affinity, spread)
+    if affinity:
+        spec["affinity"] = affinity
+    service_account = placement.service_account_name or config.ray_service_account
+    if service_account:
+        spec["serviceAccountName"] = service_account
+    priority_class = placement.priority_class_name or config.ray_priority_class
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    volumes, mounts = [], []
     if config.shared_pvc:
         spec["securityContext"]["fsGroup"] = config.fs_group
-        spec["volumes"] = [{"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": config.shared_pvc}}]
-        container["volumeMounts"] = [{"name": SHARED_VOLUME, "mountPath": config.shared_mount_path}]
-    return {"metadata": {"labels": _labels(run, attempt)}, "spec": spec}
+        volumes.append({"name": SHARED_VOLUME, "persistentVolumeClaim": {"claimName": config.shared_pvc}})
+        mounts.append({"name": SHARED_VOLUME, "mountPath": config.shared_mount_path})
+    shm_size = placement.shm_size or config.ray_shm_size
+    if shm_size:
+        # A memory-backed emptyDir over /dev/shm: the container runtime's own is 64 MB.
+        volumes.append({"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}})
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})  # noqa: S108 - the pod's own shm, not a temp file
+    if volumes:
+        spec["volumes"] = volumes
+        container["volumeMounts"] = mounts
+    metadata: dict[str, Any] = {"labels": {**placement.labels, **_labels(run, attempt)}}
+    if placement.annotations:
+        metadata["annotations"] = dict(placement.annotations)
+    return {"metadata": metadata, "spec": spec}
+
+
+def _affinity(declared: dict[str, Any], spread: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's affinity with the workers' spread (a preferred anti-affinity term) added to it."""
+    affinity = copy.deepcopy(declared)
+    if spread is not None:
+        anti = affinity.setdefault("podAntiAffinity", {})
+        anti.setdefault("preferredDuringSchedulingIgnoredDuringExecution", []).append(spread)
+    return affinity
 
 
 def _spread_workers(run: TrainingRun) -> dict[str, Any] | None:
@@ -261,7 +295,7 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
     workers = run.spec.workers
     worker = _container("ray-worker", image, cpu=workers.cpu, memory=workers.memory, env=env, env_from=env_from)
     if workers.gpu:
-        worker["resources"]["limits"]["nvidia.com/gpu"] = workers.gpu
+        worker["resources"]["limits"][workers.gpu_resource or config.gpu_resource] = workers.gpu
     for container, is_head in ((head, True), (worker, False)):
         probe = readiness_probe(config, head=is_head)
         if probe is not None:
@@ -282,6 +316,7 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
                 run,
                 attempt,
                 config,
+                run.spec.head,
                 container=head,
                 node_selector=config.head_node_selector,
                 tolerations=config.head_tolerations,
@@ -302,6 +337,7 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
                     run,
                     attempt,
                     config,
+                    workers,
                     container=worker,
                     node_selector=worker_selector,
                     tolerations=worker_tolerations,

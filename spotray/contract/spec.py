@@ -36,6 +36,12 @@ import yaml
 
 from spotray.contract.attempts import AttemptId, check_run_id
 from spotray.contract.errors import SpotrayError
+from spotray.contract.kube_values import (
+    dns_subdomain_problem,
+    qualified_name_problem,
+    string_map_problems,
+    toleration_problems,
+)
 from spotray.contract.names import (
     API_VERSION,
     DEFAULT_CHECKPOINT_KEY_SECRET,
@@ -73,6 +79,14 @@ AUTO = "auto"
 # What kind of value a field holds: how this parser checks it, and which rules the CRD adds.
 CPU, MEMORY, URI, TEXT, STEPS_OR_AUTO = "cpu", "memory", "uri", "text", "steps-or-auto"
 ENV_FROM_SECRETS = "env-from-secrets"  # a map of environment variable -> SECRET/KEY
+# Values handed to the pods as they are, under Kubernetes' own rules (spotray/contract/kube_values.py):
+NODE_LABELS = "node-labels"  # a node selector: label keys and values
+POD_LABELS = "pod-labels"  # labels on the run's pods: not under spotray's or KubeRay's prefixes
+ANNOTATIONS = "annotations"
+TOLERATIONS = "tolerations"  # a list of core/v1 Tolerations
+NAME = "name"  # a DNS subdomain: a ServiceAccount's or a PriorityClass's name
+RESOURCE_NAME = "resource-name"  # an extended resource, e.g. nvidia.com/gpu
+MAX_PLACEMENT_ITEMS = 64
 
 # spec.secretEnv: each variable of the job's environment that a Secret's key supplies. The CRD
 # (controller/crd.py) turns these patterns and limits into its rules, so the API server refuses
@@ -206,7 +220,67 @@ def parse_cpu(text: str) -> float:
 
 
 @dataclass(frozen=True)
-class WorkerSpec:
+class PodPlacement:
+    """Where a group's pods go and what they carry, declared once for the head and the workers; each
+    adds to (or, where it says so, replaces) what the chart sets for every run (controller/rayjob.py)."""
+
+    node_selector: dict[str, str] = spec_field(
+        "Node labels the pods must have, added to the chart's for the group (ray.head.nodeSelector, or "
+        "ray.workers.nodeSelector for spot workers: the capacity's labels); a key the chart sets too takes "
+        "this value. E.g. {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}.",
+        default={},
+        kind=NODE_LABELS,
+        max_items=MAX_PLACEMENT_ITEMS,
+    )
+    tolerations: tuple[dict[str, Any], ...] = spec_field(
+        "Taints the pods tolerate, besides the chart's for the group (core/v1 Tolerations: key, operator, "
+        "value, effect, tolerationSeconds).",
+        default=(),
+        kind=TOLERATIONS,
+        max_items=MAX_PLACEMENT_ITEMS,
+    )
+    affinity: dict[str, Any] = spec_field(
+        "A Kubernetes affinity for the pods (nodeAffinity, podAffinity, podAntiAffinity), as in a pod spec; "
+        "the API server checks it when the RayJob is made. The workers' spread over nodes (with spareReplicas) "
+        "is added to its podAntiAffinity.",
+        default={},
+    )
+    service_account_name: str | None = spec_field(
+        "The ServiceAccount the pods run as, for a cloud identity (IRSA or EKS Pod Identity, GKE and AKS "
+        "Workload Identity). Its API token is not mounted: the pods never call the API server. Unset: the "
+        "chart's ray.serviceAccountName, else the namespace's default.",
+        default=None,
+        kind=NAME,
+    )
+    priority_class_name: str | None = spec_field(
+        "The pods' PriorityClass (which pods the scheduler preempts for which). Unset: the chart's "
+        "ray.priorityClassName, else the cluster's default.",
+        default=None,
+        kind=NAME,
+    )
+    labels: dict[str, str] = spec_field(
+        "Labels on the pods, beside spotray's and KubeRay's (keys under spotray.dev/ and ray.io/ are theirs).",
+        default={},
+        kind=POD_LABELS,
+        max_items=MAX_PLACEMENT_ITEMS,
+    )
+    annotations: dict[str, str] = spec_field(
+        "Annotations on the pods (e.g. karpenter.sh/do-not-disrupt, a cloud's network or identity settings).",
+        default={},
+        kind=ANNOTATIONS,
+        max_items=MAX_PLACEMENT_ITEMS,
+    )
+    shm_size: str | None = spec_field(
+        "Size of the pods' /dev/shm, a memory-backed volume NCCL and DataLoader workers need more of than a "
+        "container's 64 MB, e.g. \"16Gi\"; it counts against the pod's memory limit. Unset: the chart's "
+        "ray.shmSize, else the container runtime's.",
+        default=None,
+        kind=MEMORY,
+    )
+
+
+@dataclass(frozen=True)
+class WorkerSpec(PodPlacement):
     """The Ray worker group: ``replicas`` pods, each running one training worker per GPU (or one on CPU).
 
     With ``min_replicas`` below ``replicas`` the run is elastic: it goes on with as few as
@@ -222,7 +296,13 @@ class WorkerSpec:
     memory: str = spec_field(
         'Memory request per worker pod, a Kubernetes quantity: "4Gi" or "512Mi".', default="4Gi", kind=MEMORY
     )
-    gpu: int = spec_field("GPUs (nvidia.com/gpu) per worker pod; 0 trains on CPU.", default=0, minimum=0)
+    gpu: int = spec_field("GPUs per worker pod (of gpuResource); 0 trains on CPU.", default=0, minimum=0)
+    gpu_resource: str | None = spec_field(
+        "The extended resource a GPU is, e.g. amd.com/gpu, or a MIG slice such as nvidia.com/mig-1g.10gb. "
+        "Unset: the chart's ray.gpuResource (nvidia.com/gpu).",
+        default=None,
+        kind=RESOURCE_NAME,
+    )
     spot: bool = spec_field(
         "Schedule workers on spot (preemptible) nodes. Preemptions are retried up to "
         "retry.maxPreemptions times, resuming from the latest checkpoint.",
@@ -288,7 +368,7 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
-class HeadSpec:
+class HeadSpec(PodPlacement):
     cpu: str = spec_field(
         'CPU request of the head pod, a Kubernetes quantity: "2", "0.5" or "500m".', default="1", kind=CPU
     )
@@ -595,6 +675,9 @@ def _is_section(python_type: Any) -> bool:
     return isinstance(python_type, type) and dataclasses.is_dataclass(python_type)
 
 
+_NAME_CHECKS = {NAME: dns_subdomain_problem, RESOURCE_NAME: qualified_name_problem}
+
+
 class _Reader:
     """Reads one section's declared fields out of a mapping, collecting every problem with its path."""
 
@@ -633,12 +716,20 @@ class _Reader:
         self.problems.extend(section.problems(path) if hasattr(section, "problems") else [])
         return section
 
-    def value(self, python_type: Any, info: SpecField, value: Any, path: str, spec_f: dataclasses.Field[Any]) -> Any:
+    def value(  # noqa: PLR0911 - one reader per kind of value
+        self, python_type: Any, info: SpecField, value: Any, path: str, spec_f: dataclasses.Field[Any]
+    ) -> Any:
         fallback = spec_f.default if spec_f.default is not dataclasses.MISSING else None
         if _is_section(python_type):
             return self.section(python_type, value, path)
         if typing.get_origin(python_type) is dict:
-            return self.secret_env(value, info, path) if info.kind == ENV_FROM_SECRETS else self.mapping(value, path)
+            if info.kind == ENV_FROM_SECRETS:
+                return self.secret_env(value, info, path)
+            if info.kind in (NODE_LABELS, POD_LABELS, ANNOTATIONS):
+                return self.string_map(value, info, path)
+            return self.mapping(value, path)
+        if typing.get_origin(python_type) is tuple:
+            return self.tolerations(value, info, path)
         if python_type is bool:
             return self.boolean(value, path, fallback)
         if info.kind == STEPS_OR_AUTO:
@@ -673,6 +764,26 @@ class _Reader:
             if musts:
                 self.problems.append(f"{path}.{name}: {'; and '.join(musts)}")
         return mapping
+
+    def string_map(self, value: Any, info: SpecField, path: str) -> dict[str, str]:
+        mapping = self.mapping(value, path)
+        if info.max_items is not None and len(mapping) > info.max_items:
+            self.problems.append(f"{path}: at most {info.max_items} entries, got {len(mapping)}")
+        labels = info.kind in (NODE_LABELS, POD_LABELS)
+        self.problems.extend(string_map_problems(mapping, path, label_values=labels, reserved=info.kind == POD_LABELS))
+        return mapping
+
+    def tolerations(self, value: Any, info: SpecField, path: str) -> tuple[dict[str, Any], ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            self.problems.append(f"{path}: must be a list of tolerations, got {value!r}")
+            return ()
+        if info.max_items is not None and len(value) > info.max_items:
+            self.problems.append(f"{path}: at most {info.max_items} entries, got {len(value)}")
+        for index, item in enumerate(value):
+            self.problems.extend(toleration_problems(item, f"{path}[{index}]"))
+        return tuple(value)
 
     def boolean(self, value: Any, path: str, fallback: Any) -> Any:
         if not isinstance(value, bool):
@@ -717,6 +828,10 @@ class _Reader:
                     self.problems.append(f"{path}: must be more than 0, got {value!r}")
             except ValueError as error:
                 self.problems.append(f"{path}: {error}")
+        elif info.kind in _NAME_CHECKS:
+            problem = _NAME_CHECKS[info.kind](value)
+            if problem is not None:
+                self.problems.append(f"{path}: {problem}")
         elif info.kind == MEMORY and not MEMORY_PATTERN.match(value):
             self.problems.append(f'{path}: {value!r} is not a memory quantity (write e.g. "4Gi" or "512Mi")')
 
@@ -741,8 +856,10 @@ def encode_spec(section: Any) -> dict[str, Any]:
     encoded: dict[str, Any] = {}
     for spec_f in dataclasses.fields(section):
         value = getattr(section, spec_f.name)
-        if value is None or value == {}:
+        if value is None or value in ({}, ()):
             continue
+        if isinstance(value, tuple):
+            value = list(value)
         encoded[camel(spec_f.name)] = encode_spec(value) if dataclasses.is_dataclass(value) else value
     return encoded
 

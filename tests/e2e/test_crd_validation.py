@@ -120,6 +120,7 @@ def wrong_type_values(schema: dict[str, Any]) -> list[Any]:
         "string": [True, ["x"], {"x": "y"}],
         "boolean": ["yes", 1, "true"],
         "object": ["x", 5, [1]],
+        "array": ["x", 5, {"x": "y"}],
     }[schema["type"]]
 
 
@@ -205,7 +206,44 @@ def malformed_cases() -> list[Case]:
     too_long = ["a" * (MAX_NAME_LENGTH + 1), issue, "b" * 63]
     for name in [*too_long, "run.with.dots", "Upper", "-leading", "trailing-", "0-numeric-start", "7b"]:
         cases.append(Case(f"name:{name}", base_manifest(name), "metadata.name"))
-    return cases + secret_env_cases()
+    return cases + secret_env_cases() + placement_cases()
+
+
+def placement_cases() -> list[Case]:
+    """spec.head/spec.workers placement (spotray/contract/kube_values.py): a map's keys are CEL over
+    the map, so the API server names the map and the parser the entry; a toleration's fields by schema."""
+    cases: list[Case] = []
+    for section in ("workers", "head"):
+        at = f"spec.{section}"
+        maps: list[tuple[str, dict[str, Any], str, str]] = [
+            ("labels", {"spotray.dev/run": "x"}, "spotray.dev/run", "no key may start with spotray.dev/"),
+            ("labels", {"ray.io/node-type": "x"}, "ray.io/node-type", "no key may start with"),
+            ("labels", {"team": "a b"}, "team", "should match"),
+            ("labels", {"bad key": "a"}, "bad key", "each key must be a qualified name"),
+            ("nodeSelector", {"-x": "a"}, "-x", "each key must be a qualified name"),
+            ("nodeSelector", {"gpu": "x" * 64}, "gpu", "may not be longer than 63"),
+            ("annotations", {"a/b/c": "x"}, "a/b/c", "each key must be a qualified name"),
+        ]
+        for name, value, key, says in maps:
+            field = f"{at}.{name}" if "key" in says or "start with" in says else f"{at}.{name}.{key}"
+            cases.append(Case(f"placement:{at}.{name}={json.dumps(value)[:30]}", with_field(f"{at}.{name}", value),
+                              field, f"{at}.{name}.{key}", says))  # fmt: skip
+        for toleration, where in [
+            ({"key": "k", "operator": "Bad"}, "operator"),
+            ({"key": "k", "operator": "Exists", "effect": "Never"}, "effect"),
+            ({"key": "k", "seconds": 5}, "seconds"),
+        ]:
+            path = f"{at}.tolerations[0].{where}"
+            cases.append(Case(f"placement:{path}", with_field(f"{at}.tolerations", [toleration]), path))
+        for name, value in [("serviceAccountName", "Bad_Name"), ("priorityClassName", "-x"), ("shmSize", "lots")]:
+            cases.append(Case(f"placement:{at}.{name}={value}", with_field(f"{at}.{name}", value), f"{at}.{name}"))
+    cases.append(
+        Case("placement:gpuResource", with_field("spec.workers.gpuResource", "a gpu"), "spec.workers.gpuResource")
+    )
+    cases.append(
+        Case("retry:maxWaitSeconds=0", with_field("spec.retry.maxWaitSeconds", 0), "spec.retry.maxWaitSeconds")
+    )
+    return cases
 
 
 MALFORMED = malformed_cases()
@@ -241,6 +279,27 @@ ACCEPTED: list[tuple[str, Any]] = [
     ("spec.secretEnv", {"LONG": "a" * 253 + "/" + "k" * 253, "N" * 128: "s/k"}),
     ("spec.secretEnv", {f"V{i}": "s/k" for i in range(32)}),
     ("spec.suspend", True),
+    ("spec.retry.maxWaitSeconds", 3600),
+    ("spec.workers.nodeSelector", {"karpenter.sh/capacity-type": "spot", "nvidia.com/gpu.product": "H100-80GB"}),
+    (
+        "spec.workers.tolerations",
+        [
+            {
+                "key": "kubernetes.azure.com/scalesetpriority",
+                "operator": "Equal",
+                "value": "spot",
+                "effect": "NoSchedule",
+            },
+            {"operator": "Exists"},
+        ],
+    ),
+    ("spec.workers.affinity", {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}),
+    ("spec.workers.labels", {"kueue.x-k8s.io/queue-name": "team-a", "team": "a", "empty": ""}),
+    ("spec.head.annotations", {"iam.gke.io/gcp-service-account": "trainer@project.iam.gserviceaccount.com"}),
+    ("spec.head.serviceAccountName", "trainer.identity"),
+    ("spec.workers.priorityClassName", "training-high"),
+    ("spec.workers.shmSize", "64Gi"),
+    ("spec.workers.gpuResource", "nvidia.com/mig-1g.10gb"),
     ("spec.checkpoint.everySteps", "auto"),
     ("spec.checkpoint.maxEverySteps", 10),
     ("metadata.name", "a" * MAX_NAME_LENGTH),
