@@ -19,7 +19,8 @@ import yaml
 
 import testbed.cluster as tb
 from spotray.controller.config import ControllerConfig
-from spotray.controller.rayjob import readiness_probe
+from spotray.controller.rayjob import build_rayjob, readiness_probe
+from tests.lifecycle_runs import run as training_run
 from tests.pod_security import restricted_violations
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -265,6 +266,10 @@ def test_controller_env_with_defaults(helm: Path) -> None:
         "SPOTRAY_HEAD_TOLERATIONS": "[]",
         "SPOTRAY_SPOT_NODE_SELECTOR": '{"spotray.dev/capacity":"spot"}',
         "SPOTRAY_SPOT_TOLERATIONS": '[{"effect":"NoSchedule","key":"spotray.dev/spot","operator":"Exists"}]',
+        "SPOTRAY_GPU_RESOURCE": "nvidia.com/gpu",
+        "SPOTRAY_RAY_SERVICE_ACCOUNT": "",
+        "SPOTRAY_RAY_PRIORITY_CLASS": "",
+        "SPOTRAY_RAY_SHM_SIZE": "",
         "SPOTRAY_WORKER_GRACE_SECONDS": "120",
         "SPOTRAY_RAY_READINESS_PERIOD_SECONDS": "2",
         "SPOTRAY_FS_GROUP": "1000",
@@ -968,3 +973,93 @@ def test_long_lived_ray_cluster_gets_the_controllers_readiness_probe(helm: Path,
     assert worker.get("readinessProbe") == readiness_probe(config, head=False)
     old_ray = only(render("raycluster.yaml", "ray.version=2.52.0"), "RayCluster")["spec"]
     assert "readinessProbe" not in old_ray["headGroupSpec"]["template"]["spec"]["containers"][0]
+
+
+# Each capacity preset (charts/spotray/templates/_helpers.tpl): the provider's labels and taints for
+# on-demand nodes (heads, MinIO, on-demand workers) and spot nodes (spot workers).
+SPOT_TAINT = [{"effect": "NoSchedule", "key": "spotray.dev/spot", "operator": "Exists"}]
+GKE_TAINT = [{"effect": "NoSchedule", "key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true"}]
+AKS_TAINT = [
+    {"effect": "NoSchedule", "key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot"}
+]
+PRESETS: dict[str, tuple[dict[str, str], dict[str, str], list[dict[str, str]]]] = {
+    "spotray": ({"spotray.dev/capacity": "on-demand"}, {"spotray.dev/capacity": "spot"}, SPOT_TAINT),
+    "karpenter": ({"karpenter.sh/capacity-type": "on-demand"}, {"karpenter.sh/capacity-type": "spot"}, []),
+    "gke": ({}, {"cloud.google.com/gke-spot": "true"}, GKE_TAINT),
+    "eks": ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, {"eks.amazonaws.com/capacityType": "SPOT"}, []),
+    "aks": ({}, {"kubernetes.azure.com/scalesetpriority": "spot"}, AKS_TAINT),
+    "custom": ({}, {}, []),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_each_capacity_preset_puts_heads_minio_and_spot_workers_on_its_providers_nodes(helm: Path, preset: str) -> None:
+    on_demand, spot, spot_tolerations = PRESETS[preset]
+    objects = render(None, f"capacity.preset={preset}", "minio.enabled=true", "s3.existingSecret=s3")
+    env = controller_env(objects)
+    assert json.loads(env["SPOTRAY_HEAD_NODE_SELECTOR"]) == on_demand
+    assert json.loads(env["SPOTRAY_HEAD_TOLERATIONS"]) == []
+    assert json.loads(env["SPOTRAY_SPOT_NODE_SELECTOR"]) == spot
+    assert json.loads(env["SPOTRAY_SPOT_TOLERATIONS"]) == spot_tolerations
+    minio = only(objects, "StatefulSet")["spec"]["template"]["spec"]
+    assert minio.get("nodeSelector", {}) == on_demand
+    # Through the controller's own reading of its environment, into a run's pods.
+    rayjob = build_rayjob(training_run(), 1, "uid", ControllerConfig.from_env(env))
+    cluster = rayjob["spec"]["rayClusterSpec"]
+    assert cluster["headGroupSpec"]["template"]["spec"].get("nodeSelector", {}) == on_demand
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    assert worker.get("nodeSelector", {}) == spot
+    assert worker.get("tolerations", []) == spot_tolerations
+
+
+def test_a_components_own_placement_goes_over_the_presets(helm: Path) -> None:
+    objects = render(
+        None,
+        "capacity.preset=karpenter",
+        "ray.workers.nodeSelector.karpenter\\.sh/capacity-type=spot-gpu",
+        "ray.workers.nodeSelector.pool=gpu",
+        "ray.workers.tolerations[0].key=gpu",
+        "ray.workers.tolerations[0].operator=Exists",
+        "ray.head.nodeSelector.pool=system",
+    )
+    env = controller_env(objects)
+    assert json.loads(env["SPOTRAY_SPOT_NODE_SELECTOR"]) == {"karpenter.sh/capacity-type": "spot-gpu", "pool": "gpu"}
+    assert json.loads(env["SPOTRAY_SPOT_TOLERATIONS"]) == [{"key": "gpu", "operator": "Exists"}]
+    assert json.loads(env["SPOTRAY_HEAD_NODE_SELECTOR"]) == {
+        "karpenter.sh/capacity-type": "on-demand",
+        "pool": "system",
+    }
+
+
+def test_an_unknown_preset_is_refused(helm: Path) -> None:
+    assert "capacity.preset" in refused("capacity.preset=gcp") or "preset" in refused("capacity.preset=gcp")
+
+
+def test_the_long_lived_ray_cluster_follows_the_preset(helm: Path) -> None:
+    objects = render("raycluster.yaml", "capacity.preset=eks")
+    spec = only(objects, "RayCluster")["spec"]
+    assert spec["headGroupSpec"]["template"]["spec"]["nodeSelector"] == PRESETS["eks"][0]
+    assert spec["workerGroupSpecs"][0]["template"]["spec"]["nodeSelector"] == PRESETS["eks"][1]
+
+
+EXAMPLES = ROOT / "charts" / "spotray" / "examples"
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_each_clouds_example_values_render_with_the_readmes_cluster_quickstart(helm: Path, example: str) -> None:
+    """The README's `helm install` line (its --set values) with each cloud's example values file in
+    place of the one it names."""
+    readme = (ROOT / "README.md").read_text()
+    quickstart = readme[readme.index("helm install spotray charts/spotray") :].split("\n```")[0]
+    sets = re.findall(r"--set (\S+)", quickstart)
+    assert sets, quickstart
+    assert "-f charts/spotray/examples/" in quickstart
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--values", str(EXAMPLES / example)]
+    for item in sets:
+        args += ["--set", item.replace("REGISTRY", "registry.example.com")]
+    result = run_helm(*args)
+    assert result.returncode == 0, result.stderr
+    preset = yaml.safe_load((EXAMPLES / example).read_text())["capacity"]["preset"]
+    assert preset == example.removesuffix(".yaml")
+    env = controller_env([doc for doc in yaml.safe_load_all(result.stdout) if doc])
+    assert json.loads(env["SPOTRAY_SPOT_NODE_SELECTOR"]) == PRESETS[preset][1]

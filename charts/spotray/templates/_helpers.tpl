@@ -247,3 +247,51 @@ submitters of runs that use it post their jobs there). */}}
 {{- end }}
 {{- $rules | toJson }}
 {{- end }}
+
+{{- /* The capacity presets (capacity.preset): the labels and taints each provider gives its on-demand
+  and spot nodes. docs/deploy.md says per cloud what else must be installed for a spot notice to reach
+  the pods. GKE does not taint Spot VMs itself: taint spot node pools cloud.google.com/gke-spot=true:
+  NoSchedule (GKE's advice) so that heads stay off them; AKS taints spot pools itself. */}}
+{{- define "spotray.capacityPresets" -}}
+spotray:
+  onDemand:
+    nodeSelector: {spotray.dev/capacity: on-demand}
+  spot:
+    nodeSelector: {spotray.dev/capacity: spot}
+    tolerations: [{key: spotray.dev/spot, operator: Exists, effect: NoSchedule}]
+karpenter:
+  onDemand:
+    nodeSelector: {karpenter.sh/capacity-type: on-demand}
+  spot:
+    nodeSelector: {karpenter.sh/capacity-type: spot}
+gke:
+  onDemand: {}
+  spot:
+    nodeSelector: {cloud.google.com/gke-spot: "true"}
+    tolerations: [{key: cloud.google.com/gke-spot, operator: Equal, value: "true", effect: NoSchedule}]
+eks:
+  onDemand:
+    nodeSelector: {eks.amazonaws.com/capacityType: ON_DEMAND}
+  spot:
+    nodeSelector: {eks.amazonaws.com/capacityType: SPOT}
+aks:
+  onDemand: {}
+  spot:
+    nodeSelector: {kubernetes.azure.com/scalesetpriority: spot}
+    tolerations: [{key: kubernetes.azure.com/scalesetpriority, operator: Equal, value: spot, effect: NoSchedule}]
+custom: {}
+{{- end -}}
+
+{{- /* Where a component's pods go: the preset's placement for a pool ("onDemand" or "spot") with the
+  component's own nodeSelector (its keys win) and tolerations (added) over it, as JSON:
+  {"nodeSelector": {...}, "tolerations": [...]}. Called with (list . POOL .Values.COMPONENT). */}}
+{{- define "spotray.placement" -}}
+{{- $root := index . 0 -}}
+{{- $presets := include "spotray.capacityPresets" $root | fromYaml -}}
+{{- $preset := index $presets $root.Values.capacity.preset | default dict -}}
+{{- $pool := index $preset (index . 1) | default dict -}}
+{{- $own := index . 2 -}}
+{{- $selector := merge (deepCopy ($own.nodeSelector | default dict)) (deepCopy ($pool.nodeSelector | default dict)) -}}
+{{- $tolerations := concat ($pool.tolerations | default list) ($own.tolerations | default list) -}}
+{{- dict "nodeSelector" $selector "tolerations" $tolerations | toJson -}}
+{{- end -}}
