@@ -277,7 +277,12 @@ _SECTION_RULES: dict[type[Any], list[dict[str, str]]] = {
             "rule": "!has(self.minReplicas) || self.minReplicas <= self.replicas",
             "message": "minReplicas must be <= replicas",
             "fieldPath": ".minReplicas",
-        }
+        },
+        {
+            "rule": "!has(self.capacity) || !has(self.spot) || self.spot || self.capacity == 'on-demand'",
+            "message": "capacity with spot: false; spot is the older way to say capacity: remove it and keep capacity",
+            "fieldPath": ".capacity",
+        },
     ],
 }
 
@@ -314,6 +319,8 @@ def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:  # noqa: 
             "x-kubernetes-validations": [_NOT_BLANK, *_uri_rules(path, declared.immutable)],
         }
     rules: dict[str, Any] = {}
+    if declared.choices is not None:
+        rules["enum"] = list(declared.choices)
     if declared.kind == TEXT:
         rules = {"maxLength": declared.max_length or _MAX_TEXT_LENGTH, "x-kubernetes-validations": [_NOT_BLANK]}
     if declared.minimum is not None:

@@ -285,7 +285,9 @@ def _container(name: str, image: str, *, cpu: str, memory: str, env: list[Any], 
     return container
 
 
-def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfig) -> dict[str, Any]:
+def _cluster_spec(
+    run: TrainingRun, attempt: int | None, config: ControllerConfig, capacity: str | None = None
+) -> dict[str, Any]:
     image = run.spec.image or config.default_image
     env, env_from = _s3_env(run, config)
     env += _secret_env(run)
@@ -306,8 +308,9 @@ def _cluster_spec(run: TrainingRun, attempt: int | None, config: ControllerConfi
     drain = ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", str(grace)]
     worker["lifecycle"] = {"preStop": {"exec": {"command": drain}}}
     head["lifecycle"] = {"preStop": {"exec": {"command": [*drain, "--whole-cluster"]}}}
-    worker_selector = config.spot_node_selector if workers.spot else config.head_node_selector
-    worker_tolerations = config.spot_tolerations if workers.spot else config.head_tolerations
+    on_spot = workers.on_spot(capacity)
+    worker_selector = config.spot_node_selector if on_spot else config.head_node_selector
+    worker_tolerations = config.spot_tolerations if on_spot else config.head_tolerations
     spec: dict[str, Any] = {
         "rayVersion": config.ray_version,
         "headGroupSpec": {
@@ -395,10 +398,12 @@ def _submitter_template(run: TrainingRun, attempt: int, image: str, runtime_env:
     }
 
 
-def build_ray_cluster(run: TrainingRun, name: str, run_uid: str, config: ControllerConfig) -> dict[str, Any]:
+def build_ray_cluster(
+    run: TrainingRun, name: str, run_uid: str, config: ControllerConfig, capacity: str | None = None
+) -> dict[str, Any]:
     """The run's RayCluster ``name`` (``<run>-c<G>``), kept across its attempts, owned by the TrainingRun,
-    annotated with its shape (``ray_cluster_shape``)."""
-    spec = _cluster_spec(run, None, config)
+    annotated with its shape (``ray_cluster_shape``); its workers on ``capacity``'s nodes."""
+    spec = _cluster_spec(run, None, config, capacity)
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAYCLUSTER_KIND,
@@ -413,11 +418,12 @@ def build_ray_cluster(run: TrainingRun, name: str, run_uid: str, config: Control
     }
 
 
-def ray_cluster_shape(run: TrainingRun, config: ControllerConfig) -> str:
-    """A hash of the RayCluster spec the run's spec makes now: the image, resources, replicas, secretEnv,
-    everything. A kept cluster annotated with another was made from an older spec (spotray/decisions/run_plan.py
-    ``next_ray_cluster`` replaces it)."""
-    return _shape(_cluster_spec(run, None, config))
+def ray_cluster_shape(run: TrainingRun, config: ControllerConfig, capacity: str | None = None) -> str:
+    """A hash of the RayCluster spec the run's spec makes now, its workers on ``capacity``'s nodes: the
+    image, resources, replicas, secretEnv, placement, everything. A kept cluster annotated with another was
+    made from an older spec, or for the other capacity (spotray/decisions/ray_cluster.py ``next_ray_cluster``
+    replaces it)."""
+    return _shape(_cluster_spec(run, None, config, capacity))
 
 
 def _shape(spec: dict[str, Any]) -> str:
@@ -425,12 +431,19 @@ def _shape(spec: dict[str, Any]) -> str:
 
 
 def build_rayjob(
-    run: TrainingRun, attempt: int, run_uid: str, config: ControllerConfig, ray_cluster: str | None = None
+    run: TrainingRun,
+    attempt: int,
+    run_uid: str,
+    config: ControllerConfig,
+    ray_cluster: str | None = None,
+    *,
+    capacity: str | None = None,
 ) -> dict[str, Any]:
     """The RayJob for ``attempt`` of ``run``, owned by the TrainingRun (deleting the run deletes it).
 
     ``ray_cluster``: the run's RayCluster that the attempt runs on (``build_ray_cluster``); None: a
     cluster of the RayJob's own, or the chart's long-lived one (``config.ray_cluster_selector``).
+    ``capacity``: spot or on-demand, where the attempt's workers run (None: the run's policy's first).
     """
     # A cluster that is not the RayJob's own outlives the attempt: stopping the job must leave it usable.
     outlives = ray_cluster is not None or bool(config.ray_cluster_selector)
@@ -453,7 +466,7 @@ def build_rayjob(
     else:
         spec["shutdownAfterJobFinishes"] = True
         spec["ttlSecondsAfterFinished"] = config.rayjob_ttl_seconds
-        spec["rayClusterSpec"] = _cluster_spec(run, attempt, config)
+        spec["rayClusterSpec"] = _cluster_spec(run, attempt, config, capacity)
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAYJOB_KIND,

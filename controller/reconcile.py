@@ -46,7 +46,7 @@ from spotray.contract.names import (
     TERMINAL_PHASES,
     rayjob_name,
 )
-from spotray.contract.spec import InvalidSpecError, TrainingRun, parse_training_run
+from spotray.contract.spec import ON_DEMAND, SPOT, InvalidSpecError, TrainingRun, parse_training_run
 from spotray.contract.status import (
     AttemptStartup,
     AttemptStatus,
@@ -457,7 +457,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         storage_patience_seconds=config.storage_patience_seconds,
         ray_cluster_per_run=config.ray_cluster_per_run,
         ray_cluster=ray_cluster,
-        ray_cluster_shape=ray_cluster_shape(run, config) if ray_cluster is not None else None,
+        ray_cluster_shapes={c: ray_cluster_shape(run, config, c) for c in (SPOT, ON_DEMAND)} if ray_cluster else {},
         suspend_checkpoint_seconds=config.worker_grace_seconds + SUSPEND_CHECKPOINT_MARGIN_S,
     )
 
@@ -624,10 +624,10 @@ def _create_attempt(  # noqa: PLR0917
         del MEMORY.created_awaiting_status[uid]
         return decided
     assert decided.state.current is not None
-    ray_cluster = decided.state.current.ray_cluster
-    body = build_rayjob(run, attempt, uid, config, ray_cluster=ray_cluster)
+    ray_cluster, capacity = decided.state.current.ray_cluster, decided.state.current.capacity
+    body = build_rayjob(run, attempt, uid, config, ray_cluster=ray_cluster, capacity=capacity)
     try:
-        existing = _create(cluster, run, uid, config, body, attempt=attempt, ray_cluster=ray_cluster)
+        existing = _create(cluster, run, uid, config, body, attempt=attempt, ray_cluster=ray_cluster, capacity=capacity)
     except RayJobRefusedError as error:
         log.warning("%s/%s: RayJob %s not created: %s", run.namespace, run.name, body["metadata"]["name"], error)
         return rayjob_refused(decided, run, error.refusal, now, config.start_deadline_seconds)
@@ -658,6 +658,7 @@ def _create(
     *,
     attempt: int,
     ray_cluster: str | None = None,
+    capacity: str | None = None,
 ) -> dict[str, Any] | None:
     """``cluster.create_rayjob``, after the controller's own checks (a run this controller's Ray clusters
     cannot serve, and the size check that the API server's store would make anyway) and, when they are
@@ -675,7 +676,7 @@ def _create(
     if ray_cluster is not None:
         # The run's cluster before its RayJob (which waits for it, Initializing, until it is Ready);
         # an attempt on a kept one finds it there (409, its owner ours).
-        made = build_ray_cluster(run, ray_cluster, uid, config)
+        made = build_ray_cluster(run, ray_cluster, uid, config, capacity)
         if (refused := size_refusal(made)) is not None:
             raise RayJobRefusedError(refused)
         existing = cluster.create_ray_cluster(made)
@@ -740,7 +741,8 @@ def _status(
             interval_losses=merged_interval_losses(previous.interval_losses, found.interval_losses, found.resumed_from),
         )
         if prices is not None and found.goodput is not None:
-            status = replace(status, cost=run_cost(found.goodput, run.spec.workers, prices))
+            cost = run_cost(found.goodput, run.spec.workers, prices, state.attempts, now)
+            status = replace(status, cost=cost)
         if status.attempts:
             *earlier, current = status.attempts
             if found.resumed_from is not None:

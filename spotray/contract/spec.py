@@ -169,6 +169,7 @@ class SpecField:
     immutable: str | None = None  # why the value cannot change once set
     when_missing: str | None = None  # a required field: what to write
     max_items: int | None = None  # the most entries of a mapping
+    choices: tuple[str, ...] | None = None  # the only values a string may take
 
 
 def spec_field(description: str, *, default: Any = dataclasses.MISSING, **declared: Any) -> Any:
@@ -279,6 +280,31 @@ class PodPlacement:
     )
 
 
+# spec.workers.capacity: where the workers run.
+SPOT, ON_DEMAND, SPOT_THEN_ON_DEMAND = "spot", "on-demand", "spot-then-on-demand"
+CAPACITY_POLICIES = (SPOT, ON_DEMAND, SPOT_THEN_ON_DEMAND)
+
+
+@dataclass(frozen=True)
+class CapacityFallback:
+    """With ``capacity: spot-then-on-demand``: when the workers move to on-demand nodes, and back
+    (spotray/decisions/capacity_policy.py)."""
+
+    after_wait_seconds: int = spec_field(
+        "An attempt whose spot workers wait this long for capacity (unschedulable) ends, spending no budget, "
+        "and the next attempt runs its workers on on-demand nodes.",
+        default=600,
+        minimum=1,
+    )
+    after_preemptions: int | None = spec_field(
+        "This many preemptions within withinSeconds: the next attempt runs on on-demand nodes. Unset: "
+        "preemptions alone never move the run.",
+        default=None,
+        minimum=1,
+    )
+    within_seconds: int = spec_field("The window afterPreemptions counts in.", default=3600, minimum=1)
+
+
 @dataclass(frozen=True)
 class WorkerSpec(PodPlacement):
     """The Ray worker group: ``replicas`` pods, each running one training worker per GPU (or one on CPU).
@@ -308,6 +334,17 @@ class WorkerSpec(PodPlacement):
         "retry.maxPreemptions times, resuming from the latest checkpoint.",
         default=True,
     )
+    capacity: str | None = spec_field(
+        "Where the workers run: spot, on-demand, or spot-then-on-demand (on spot nodes, on on-demand ones "
+        "while spot is short, as fallback says; back on spot at the next attempt once a spot node can take "
+        "them). Status.attempts[].capacity says where each attempt ran, status.cost what it cost. Unset: "
+        "spot when spot is true (the default), else on-demand.",
+        default=None,
+        choices=CAPACITY_POLICIES,
+    )
+    fallback: CapacityFallback = spec_field(
+        "With capacity spot-then-on-demand: when the workers move to on-demand nodes.", default=CapacityFallback
+    )
     min_replicas: int | None = spec_field(
         "The fewest worker pods the run goes on with. Below replicas the run is elastic: when "
         "spot nodes are lost it continues on the pods that are left, and grows back as nodes return, each "
@@ -327,12 +364,28 @@ class WorkerSpec(PodPlacement):
     )
 
     def problems(self, path: str) -> list[str]:
+        problems = []
         if self.min_replicas is not None and self.min_replicas > self.replicas:
-            return [
+            problems.append(
                 f"{path}.minReplicas: must be <= replicas ({self.replicas}), got {self.min_replicas}; "
                 "replicas is the most pods the run uses, minReplicas the fewest it goes on with"
-            ]
-        return []
+            )
+        if self.capacity is not None and not self.spot and self.capacity != ON_DEMAND:
+            problems.append(
+                f"{path}.capacity: {self.capacity} with spot: false; spot is the older way to say "
+                "capacity: remove it and keep capacity"
+            )
+        return problems
+
+    @property
+    def capacity_policy(self) -> str:
+        """spot, on-demand or spot-then-on-demand: ``capacity``, or what ``spot`` says."""
+        return self.capacity or (SPOT if self.spot else ON_DEMAND)
+
+    def on_spot(self, capacity: str | None) -> bool:
+        """Whether an attempt on ``capacity`` (spot or on-demand; None: not recorded, the policy's
+        first) runs its workers on spot nodes."""
+        return capacity == SPOT if capacity is not None else self.capacity_policy != ON_DEMAND
 
     @property
     def workers_per_replica(self) -> int:
@@ -813,6 +866,9 @@ class _Reader:
         if not isinstance(value, str) or not value.strip():
             self.problems.append(f"{path}: must be a non-empty string, got {value!r}")
             return fallback if fallback is not None else ""
+        if info.choices is not None and value not in info.choices:
+            self.problems.append(f"{path}: must be one of {', '.join(info.choices)}, got {value!r}")
+            return fallback
         self.check_kind(value, info, path)
         return value
 
@@ -849,19 +905,30 @@ def parse_spec(spec: Any, where: str = "TrainingRun") -> RunSpec:
 
 def encode_spec(section: Any) -> dict[str, Any]:
     """The manifest form of a spec (or one of its sections): camelCase keys, unset fields (None, an empty
-    mapping) left out, so a job whose spotray predates a field reads a spec that does not use it.
+    mapping or list, a section left at its defaults) left out, so a job whose spotray predates a field
+    reads a spec that does not use it.
 
     ``parse_spec(encode_spec(spec)) == spec`` for every spec ``parse_spec`` returns.
     """
     encoded: dict[str, Any] = {}
     for spec_f in dataclasses.fields(section):
         value = getattr(section, spec_f.name)
-        if value is None or value in ({}, ()):
+        if value is None or value in ({}, ()) or _default_section(value):
             continue
         if isinstance(value, tuple):
             value = list(value)
         encoded[camel(spec_f.name)] = encode_spec(value) if dataclasses.is_dataclass(value) else value
     return encoded
+
+
+def _default_section(value: Any) -> bool:
+    """A section whose every field has a default and holds it (parse_spec fills it in again)."""
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return False
+    try:
+        return bool(value == type(value)())
+    except TypeError:  # a section with a required field
+        return False
 
 
 def name_problem(name: object) -> str | None:

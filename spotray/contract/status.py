@@ -373,6 +373,11 @@ class Cost(StatusObject):
     run: float | None = status_field("The wall time so far at the head's and every worker node's price (spot or not).")
     on_demand_same_steps: float | None = status_field("The surviving step time plus one start-up, on on-demand nodes.")
     saved_ratio: float | None = status_field("1 - run / onDemandSameSteps: what spot saved (negative: it cost more).")
+    on_demand_seconds: int | None = status_field(
+        "Of the wall time, the seconds the workers were on on-demand nodes (spot-then-on-demand's fallback), "
+        "priced at onDemandPerHour in run.",
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)
@@ -445,6 +450,10 @@ class AttemptStatus(StatusObject):
     )
     startup: AttemptStartup | None = status_field(
         "Where the attempt's start-up went, in seconds from its RayJob's creation (controller/startup.py)."
+    )
+    capacity: str | None = status_field(
+        "Where the attempt's workers asked to run: spot or on-demand (spec.workers.capacity).",
+        enum=["spot", "on-demand"],
     )
     capacity_wait_since: str | None = status_field(
         "Since when the attempt's pods wait for capacity: the scheduler cannot place them (no node with room, "

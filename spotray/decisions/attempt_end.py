@@ -57,6 +57,7 @@ from spotray.decisions.run_state import MAX_ATTEMPTS_KEPT, Plan, RunState
 from spotray.decisions.vocabulary import (
     REASON_ATTEMPT_STARTED,
     REASON_BAD_INPUT,
+    REASON_CAPACITY_FALLBACK,
     REASON_CAPACITY_WAIT_EXCEEDED,
     REASON_FAILURE_BUDGET_EXHAUSTED,
     REASON_INFRASTRUCTURE_FAULT,
@@ -130,10 +131,19 @@ def log_summary(message: str) -> str:
     return f"{head}\n[... {len(message) - len(head) - len(tail)} characters of the log cut ...]\n{tail}"
 
 
-def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str, ray_cluster: str | None = None) -> Plan:
+def start_attempt(
+    state: RunState,
+    run: TrainingRun,
+    now: datetime,
+    why: str,
+    ray_cluster: str | None = None,
+    *,
+    capacity: str | None = None,
+) -> Plan:
     """Record the next attempt (number: the last one + 1) and ask for it to be created.
 
     ``ray_cluster``: the run's RayCluster it runs on, when the controller keeps one per run.
+    ``capacity``: spot or on-demand, where its workers run (spotray/decisions/capacity_policy.py).
     """
     number = (state.current.attempt if state.current else 0) + 1
     entry = AttemptStatus(
@@ -142,6 +152,7 @@ def start_attempt(state: RunState, run: TrainingRun, now: datetime, why: str, ra
         outcome=OUTCOME_RUNNING,
         start_time=format_date_time(now),
         ray_cluster=ray_cluster,
+        capacity=capacity,
     )
     new = replace(
         state,
@@ -213,6 +224,10 @@ def end_attempt(  # noqa: PLR0911 - one answer per kind of end
         )
         new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_CAPACITY_WAIT_EXCEEDED)
         return Plan(new, events=(Event("Warning", REASON_CAPACITY_WAIT_EXCEEDED, bounded(message)),))
+    if end.reason == REASON_CAPACITY_FALLBACK:
+        message = f"{what}; attempt {current.attempt + 1} starts now"
+        new = replace(ended, phase=RESUMING, message=message, next_attempt_time=None)
+        return Plan(new, events=(Event("Normal", REASON_CAPACITY_FALLBACK, bounded(message)),), requeue_after_s=0.0)
     if end.outcome == OUTCOME_INTERRUPTED:
         return _interrupted(ended, run, what, now)
     if counted and ended.preemptions > retry.max_preemptions:

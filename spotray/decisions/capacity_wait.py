@@ -18,9 +18,16 @@ from spotray.contract.attempts import OUTCOME_INTERRUPTED
 from spotray.contract.names import PENDING
 from spotray.contract.status import AttemptStatus, format_date_time, parse_timestamp
 from spotray.decisions.attempt_end import AttemptEnd, end_attempt
+from spotray.decisions.capacity_policy import falls_back
 from spotray.decisions.observation import Observation, PodsWaiting
 from spotray.decisions.run_state import Plan, RunState
-from spotray.decisions.vocabulary import REASON_CAPACITY_WAIT_EXCEEDED, REASON_WAITING_FOR_CAPACITY, Event, bounded
+from spotray.decisions.vocabulary import (
+    REASON_CAPACITY_FALLBACK,
+    REASON_CAPACITY_WAIT_EXCEEDED,
+    REASON_WAITING_FOR_CAPACITY,
+    Event,
+    bounded,
+)
 
 # How often a waiting attempt's pods are looked at again: nothing else wakes the reconcile when a
 # node comes (the pods are KubeRay's; the controller watches only their disruptions).
@@ -58,6 +65,15 @@ def plan_capacity_wait(obs: Observation, current: AttemptStatus, capacity: str, 
     nothing, look again soon; past ``spec.retry.maxWaitSeconds`` the run fails."""
     state, bound = obs.state, obs.run.spec.retry.max_wait_seconds
     waited = waited_seconds(current, now)
+    fallback_after = obs.run.spec.workers.fallback.after_wait_seconds
+    if falls_back(obs.run, current.capacity) and waited > fallback_after:
+        message = (
+            f"the spot workers of attempt {current.attempt} waited {waited} s for capacity, more than "
+            f"spec.workers.fallback.afterWaitSeconds={fallback_after}: the next attempt runs on on-demand nodes "
+            f"(last: {capacity})"
+        )
+        end = AttemptEnd(OUTCOME_INTERRUPTED, REASON_CAPACITY_FALLBACK, message)
+        return replace(end_attempt(state, obs.run, end, now), delete_rayjob=current.ray_job)
     if bound is not None and waited > bound:
         message = (
             f"the pods of attempt {current.attempt} waited {waited} s for capacity, more than "
@@ -71,7 +87,10 @@ def plan_capacity_wait(obs: Observation, current: AttemptStatus, capacity: str, 
     # One Event when a wait begins: the message of the last reconcile of the same wait begins alike.
     began = not state.message.startswith(words)
     events = (Event("Normal", REASON_WAITING_FOR_CAPACITY, bounded(message)),) if began else ()
-    recheck = CAPACITY_RECHECK_S if bound is None else min(CAPACITY_RECHECK_S, bound - waited + 1.0)
+    limits = [bound] if bound is not None else []
+    if falls_back(obs.run, current.capacity):
+        limits.append(fallback_after)
+    recheck = min([CAPACITY_RECHECK_S, *(limit - waited + 1.0 for limit in limits)])
     return Plan(replace(state, phase=PENDING, message=bounded(message)), events=events, requeue_after_s=recheck)
 
 

@@ -8,7 +8,9 @@ hour in each of the chart's pools, one worker pod per node::
 From the goodput ledger (status.goodput, train/records/goodput.py), ``status.cost`` is then:
 
 - ``run``: the wall time so far, times the head node and ``replicas + spareReplicas`` worker nodes
-  at their pool's price (``spotPerHour`` for ``workers.spot``, else ``onDemandPerHour``). The wall time includes
+  at their pool's price: ``onDemandPerHour`` for the time of attempts whose workers ran on on-demand
+  nodes (``onDemandSeconds``: spot-then-on-demand's fallback, or capacity on-demand), ``spotPerHour``
+  for the rest. The wall time includes
   every wait, restart and redone step: that is what spot costs. It counts every worker for all of
   it, so an elastic run that went on smaller, or a run waiting for capacity, is counted high;
 - ``onDemandSameSteps``: what an uninterrupted run of the same surviving steps would cost on
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import WorkerSpec
-from spotray.contract.status import Cost, Goodput
+from spotray.contract.spec import ON_DEMAND, SPOT, WorkerSpec
+from spotray.contract.status import AttemptStatus, Cost, Goodput, parse_timestamp
 
 PRICES_ENV = "SPOTRAY_PRICES"
 _FIELDS = {"spotPerHour": "spot_per_hour", "onDemandPerHour": "on_demand_per_hour", "headPerHour": "head_per_hour"}
@@ -72,17 +76,34 @@ class Prices:
         return cls(currency=currency, **numbers)
 
 
-def run_cost(goodput: Goodput, workers: WorkerSpec, prices: Prices) -> Cost:
-    """status.cost from status.goodput (whole seconds) and the run's workers (see the module docstring)."""
-    wall_h = float(goodput.wall_seconds or 0) / 3600
+def run_cost(
+    goodput: Goodput, workers: WorkerSpec, prices: Prices, attempts: Sequence[AttemptStatus], now: datetime
+) -> Cost:
+    """status.cost from status.goodput (whole seconds), the run's workers and where its attempts ran
+    (see the module docstring)."""
+    wall_s = float(goodput.wall_seconds or 0)
     start_up = goodput.lost_seconds.start_up if goodput.lost_seconds else None
     same_steps_h = (float(goodput.surviving_step_seconds or 0) + float(start_up or 0)) / 3600
-    worker_price = prices.spot_per_hour if workers.spot else prices.on_demand_per_hour
-    run = wall_h * (workers.pods * worker_price + prices.head_per_hour)  # spares cost what they hold
+    on_demand_s = wall_s if workers.capacity_policy == ON_DEMAND else min(on_demand_seconds(attempts, now), wall_s)
+    worker_hours = (on_demand_s * prices.on_demand_per_hour + (wall_s - on_demand_s) * prices.spot_per_hour) / 3600
+    run = workers.pods * worker_hours + wall_s / 3600 * prices.head_per_hour  # spares cost what they hold
     on_demand = same_steps_h * (workers.replicas * prices.on_demand_per_hour + prices.head_per_hour)
     return Cost(
         currency=prices.currency,
         run=round(run, 2),
         on_demand_same_steps=round(on_demand, 2),
         saved_ratio=round(1 - run / on_demand, 3) if on_demand > 0 else None,  # no steps yet: no ratio
+        on_demand_seconds=round(on_demand_s) if workers.capacity_policy != SPOT else None,
     )
+
+
+def on_demand_seconds(attempts: Sequence[AttemptStatus], now: datetime) -> float:
+    """The time of the attempts (kept in status) whose workers ran on on-demand nodes."""
+    total = 0.0
+    for attempt in attempts:
+        start = parse_timestamp(attempt.start_time)
+        if start is None or attempt.capacity != ON_DEMAND:
+            continue
+        end = parse_timestamp(attempt.end_time) or now
+        total += max((end - start).total_seconds(), 0.0)
+    return total

@@ -5,6 +5,7 @@ as read, and what the job wrote (``Observation``), gathered by controller/reconc
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -146,8 +147,9 @@ class Observation:
     # the one the last attempt ran on as read (None: it does not exist, or there is none yet).
     ray_cluster_per_run: bool = False
     ray_cluster: RayClusterView | None = None
-    # The shape of the RayCluster the run's spec makes now; a kept cluster of another is replaced.
-    ray_cluster_shape: str | None = None
+    # The shape of the RayCluster the run's spec makes now, for workers on spot and on on-demand nodes;
+    # a kept cluster of another shape than the next attempt's is replaced.
+    ray_cluster_shapes: Mapping[str, str] = field(default_factory=dict)
     # How long a suspended attempt's RayJob outlives its kept cluster's deletion (``_plan``): the workers'
     # grace period, in which the nodes' preStop drains give the emergency checkpoint, and a margin.
     suspend_checkpoint_seconds: float = 0.0

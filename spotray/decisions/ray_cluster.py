@@ -17,12 +17,13 @@ from spotray.decisions.run_state import RunState
 KEPT_CLUSTER_INTERRUPTIONS = 2
 
 
-def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
+def next_ray_cluster(obs: Observation, capacity: str) -> tuple[str | None, str | None]:
     """(the RayCluster the next attempt runs on, the run's old one to delete), with a cluster per run.
 
     The last attempt's cluster is kept while it exists, is the run's, its head was never lost, its
-    shape is what the spec makes now (an edited image, resources, replicas or secretEnv would otherwise
-    be silently ignored, or leave the next driver waiting for workers the pods cannot hold), and it did
+    shape is what the spec makes now for the attempt's ``capacity`` (an edited image, resources,
+    replicas or secretEnv, or workers moving between spot and on-demand nodes, would otherwise be
+    silently ignored, or leave the next driver waiting for workers the pods cannot hold), and it did
     not end the last ``KEPT_CLUSTER_INTERRUPTIONS`` attempts in a row by infrastructure faults;
     otherwise the next generation, and the old one deleted (a re-created head would start a
     new Ray cluster anyway, and its pods would hold capacity the new one waits for). A namesake's
@@ -36,17 +37,18 @@ def next_ray_cluster(obs: Observation) -> tuple[str | None, str | None]:
         return ray_cluster_name(obs.run.name, 1), None
     seen = obs.ray_cluster if obs.ray_cluster is not None and obs.ray_cluster.name == last else None
     ours = seen is not None and (obs.run_uid is None or seen.owner_uid == obs.run_uid)
-    usable = seen is not None and ours and seen.head_lost is None and not _reshaped(obs, seen)
+    usable = seen is not None and ours and seen.head_lost is None and not _reshaped(obs, seen, capacity)
     if usable and not _interrupted_on(obs.state, last):
         return last, None
     following = ray_cluster_name(obs.run.name, ray_cluster_generation(last, obs.run.name) + 1)
     return following, (last if ours else None)
 
 
-def _reshaped(obs: Observation, seen: RayClusterView) -> bool:
-    """Whether the spec now makes a cluster of another shape than ``seen`` (one made before clusters carried
-    their shape is taken as it is)."""
-    return seen.shape is not None and obs.ray_cluster_shape is not None and seen.shape != obs.ray_cluster_shape
+def _reshaped(obs: Observation, seen: RayClusterView, capacity: str) -> bool:
+    """Whether the spec now makes a cluster of another shape than ``seen`` for ``capacity`` (one made
+    before clusters carried their shape is taken as it is)."""
+    shape = obs.ray_cluster_shapes.get(capacity)
+    return seen.shape is not None and shape is not None and seen.shape != shape
 
 
 def _interrupted_on(state: RunState, ray_cluster: str) -> bool:
@@ -63,14 +65,17 @@ def _interrupted_on(state: RunState, ray_cluster: str) -> bool:
     )
 
 
-def why_not_kept(obs: Observation, old: str) -> str:
+def why_not_kept(obs: Observation, old: str, capacity: str) -> str:
     seen = obs.ray_cluster
     if seen is None or seen.name != old:
         return "gone"
     if seen.head_lost:
         return f"its head was lost: {seen.head_lost}"
-    if _reshaped(obs, seen):
-        return "the run's spec now makes another (its image, resources, replicas or secretEnv changed)"
+    if _reshaped(obs, seen, capacity):
+        return (
+            "the run's spec now makes another (its image, resources, replicas, secretEnv or placement changed, "
+            "or its workers move between spot and on-demand nodes)"
+        )
     if obs.run_uid is not None and seen.owner_uid != obs.run_uid:
         return "another TrainingRun's"
     return f"the last {KEPT_CLUSTER_INTERRUPTIONS} attempts on it ended by infrastructure faults"

@@ -48,6 +48,7 @@ from spotray.contract.status import (
     parse_timestamp,
 )
 from spotray.decisions.attempt_end import AttemptEnd, classify_end, end_attempt, record_end, start_attempt
+from spotray.decisions.capacity_policy import next_capacity
 from spotray.decisions.observation import Observation
 from spotray.decisions.ray_cluster import next_ray_cluster, why_not_kept
 from spotray.decisions.run_state import OUTCOME_UNKNOWN, Plan, RunState
@@ -263,18 +264,21 @@ def _plan_next_attempt(obs: Observation, now: datetime) -> Plan:
 
 
 def _start_attempt(obs: Observation, now: datetime, why: str) -> Plan:
-    ray_cluster, old = next_ray_cluster(obs)
+    capacity, where = next_capacity(obs.state, obs.run, now)
+    if where:
+        why += f", {where}"
+    ray_cluster, old = next_ray_cluster(obs, capacity)
     if ray_cluster is not None and old is None and obs.state.current is not None:
         why += f", on the run's Ray cluster {ray_cluster} that survived it"
     elif ray_cluster is not None and old is not None:
-        why += f", on a new Ray cluster {ray_cluster} ({old}: {why_not_kept(obs, old)})"
+        why += f", on a new Ray cluster {ray_cluster} ({old}: {why_not_kept(obs, old, capacity)})"
     # A suspended attempt's RayJob still there (its emergency checkpoint was waited for on a kept cluster,
     # ``_suspend_checkpoint_left``) must not outlive the attempt that replaces it. Any other ended
     # attempt's RayJob stays for its TTL: its driver's logs are read from it (`spotray logs`).
     current = obs.state.current
     ours = obs.job is not None and (obs.run_uid is None or obs.job.owner_uid == obs.run_uid)
     leftover = current.ray_job if current is not None and ours and current.outcome == OUTCOME_SUSPENDED else None
-    started = start_attempt(obs.state, obs.run, now, why, ray_cluster)
+    started = start_attempt(obs.state, obs.run, now, why, ray_cluster, capacity=capacity)
     return replace(started, delete_ray_cluster=old, delete_rayjob=leftover)
 
 

@@ -21,6 +21,9 @@ REASON_BAD_INPUT = "BadInput"  # also the Failed condition's: the run fails at o
 REASON_START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
 # Outcome Interrupted: the pods waited for capacity longer than spec.retry.maxWaitSeconds; the run fails.
 REASON_CAPACITY_WAIT_EXCEEDED = "CapacityWaitExceeded"
+# Outcome Interrupted: spot workers waited past spec.workers.fallback.afterWaitSeconds; the next attempt
+# runs on on-demand nodes, at once (spotray/decisions/capacity_policy.py).
+REASON_CAPACITY_FALLBACK = "CapacityFallback"
 REASON_SUSPENDED = "Suspended"
 REASON_INTERRUPTED = (
     "Interrupted"  # local mode (spotray/local/local_run.py): the command running the attempt was stopped

@@ -160,14 +160,20 @@ def test_every_default_is_valid_for_the_parser() -> None:
 )
 def test_schema_minimums_are_the_parser_minimums(path: str) -> None:
     minimum = dict(properties(spec_schema()))[path]["minimum"]
-    section, name = path.split(".")
+    *sections, name = path.split(".")
     # The one rule across fields: minEverySteps <= maxEverySteps; at the minimum, both are 1.
     others = {"minEverySteps": 1} if name == "maxEverySteps" else {}
-    ok = copy.deepcopy(MINIMAL_SPEC)
-    ok.setdefault(section, {}).update({**others, name: minimum})
-    parse_spec(ok)
-    too_small = copy.deepcopy(MINIMAL_SPEC)
-    too_small.setdefault(section, {}).update({**others, name: minimum - 1})
+
+    def spec_with(value: int) -> dict[str, Any]:
+        spec = copy.deepcopy(MINIMAL_SPEC)
+        section = spec
+        for part in sections:
+            section = section.setdefault(part, {})
+        section.update({**others, name: value})
+        return spec
+
+    parse_spec(spec_with(minimum))
+    too_small = spec_with(minimum - 1)
     with pytest.raises(InvalidSpecError) as caught:
         parse_spec(too_small)
     assert caught.value.problems == [f"spec.{path}: must be >= {minimum}, got {minimum - 1}"]

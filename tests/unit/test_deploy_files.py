@@ -264,10 +264,12 @@ def test_the_charts_defaults_are_the_controllers_own() -> None:
     assert controller["metricsPort"] == defaults.metrics_port
     assert controller["healthPort"] == defaults.health_port
     assert ray["version"] == defaults.ray_version
-    assert ray["head"]["nodeSelector"] == defaults.head_node_selector
-    assert ray["head"]["tolerations"] == defaults.head_tolerations
-    assert ray["workers"]["nodeSelector"] == defaults.spot_node_selector
-    assert ray["workers"]["tolerations"] == defaults.spot_tolerations
+    # The placement comes from the "spotray" capacity preset, whose labels are the controller's defaults
+    # (tests/unit/test_chart.py renders them: test_controller_env_with_defaults).
+    assert values["capacity"]["preset"] == "spotray"
+    assert ray["head"] == {"nodeSelector": {}, "tolerations": []}
+    assert {k: ray["workers"][k] for k in ("nodeSelector", "tolerations")} == {"nodeSelector": {}, "tolerations": []}
+    assert ray["gpuResource"] == defaults.gpu_resource
     assert ray["workers"]["gracePeriodSeconds"] == defaults.worker_grace_seconds
     assert ray["fsGroup"] == defaults.fs_group
     assert values["sharedStorage"]["mountPath"] == defaults.shared_mount_path

@@ -106,7 +106,7 @@ def test_placement_round_trips_through_the_jobs_encoded_spec() -> None:
         head={"priorityClassName": "high"},
     ).spec
     assert parse_spec(encode_spec(placed)) == placed
-    assert "tolerations" not in encode_spec(run().spec)["workers"], "unset fields stay out, for older jobs"
+    assert "workers" not in encode_spec(run().spec), "unset fields and default sections stay out, for older jobs"
     assert encode_spec(placed)["workers"]["tolerations"] == [{"operator": "Exists"}]
 
 

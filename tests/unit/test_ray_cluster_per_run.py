@@ -65,15 +65,18 @@ def observation(last: str | None, seen: RayClusterView | None) -> Observation:
 
 
 def test_the_next_attempt_keeps_the_cluster_unless_its_head_was_lost_or_it_is_gone() -> None:
-    assert next_ray_cluster(observation(None, None)) == ("burst-c1", None)
-    assert next_ray_cluster(observation("burst-c1", RayClusterView("burst-c1", owner_uid=UID))) == ("burst-c1", None)
+    assert next_ray_cluster(observation(None, None), "spot") == ("burst-c1", None)
+    assert next_ray_cluster(observation("burst-c1", RayClusterView("burst-c1", owner_uid=UID)), "spot") == (
+        "burst-c1",
+        None,
+    )
     lost = RayClusterView("burst-c1", head_lost="pod burst-c1-head on node n1: DeletionByTaintManager", owner_uid=UID)
-    assert next_ray_cluster(observation("burst-c1", lost)) == ("burst-c2", "burst-c1")
-    assert next_ray_cluster(observation("burst-c7", None)) == ("burst-c8", None), "gone: nothing to delete"
+    assert next_ray_cluster(observation("burst-c1", lost), "spot") == ("burst-c2", "burst-c1")
+    assert next_ray_cluster(observation("burst-c7", None), "spot") == ("burst-c8", None), "gone: nothing to delete"
     namesake = RayClusterView("burst-c1", owner_uid="another-run")
-    assert next_ray_cluster(observation("burst-c1", namesake)) == ("burst-c2", None), "never delete another's"
+    assert next_ray_cluster(observation("burst-c1", namesake), "spot") == ("burst-c2", None), "never delete another's"
     off = Observation(parse_training_run(new_run(UID)), RunState(), None, run_uid=UID)
-    assert next_ray_cluster(off) == (None, None)
+    assert next_ray_cluster(off, "spot") == (None, None)
 
 
 class KeptClusterFake(FakeCluster):
@@ -245,7 +248,9 @@ def test_a_cluster_that_ended_two_attempts_in_a_row_by_infrastructure_faults_is_
             for n, (outcome, cluster) in enumerate(ended, start=1)
         ]
         state = RunState.from_status({"attempts": attempts}, "burst")
-        return next_ray_cluster(Observation(run, state, None, run_uid=UID, ray_cluster_per_run=True, ray_cluster=seen))
+        return next_ray_cluster(
+            Observation(run, state, None, run_uid=UID, ray_cluster_per_run=True, ray_cluster=seen), "spot"
+        )
 
     assert after(("Interrupted", "burst-c1")) == ("burst-c1", None), "one fault (an S3 blip) keeps it"
     assert after(("Interrupted", "burst-c1"), ("Interrupted", "burst-c1")) == ("burst-c2", "burst-c1")
@@ -295,10 +300,10 @@ def test_a_kept_cluster_whose_shape_the_spec_no_longer_makes_is_replaced_at_the_
 
 def test_a_kept_cluster_made_before_clusters_carried_their_shape_is_kept() -> None:
     old = RayClusterView("burst-c1", owner_uid=UID)
-    obs = replace(observation("burst-c1", old), ray_cluster_shape="0123456789abcdef")
-    assert next_ray_cluster(obs) == ("burst-c1", None)
+    obs = replace(observation("burst-c1", old), ray_cluster_shapes={"spot": "0123456789abcdef"})
+    assert next_ray_cluster(obs, "spot") == ("burst-c1", None)
     other = RayClusterView("burst-c1", owner_uid=UID, shape="fedcba9876543210")
-    assert next_ray_cluster(replace(obs, ray_cluster=other)) == ("burst-c2", "burst-c1")
+    assert next_ray_cluster(replace(obs, ray_cluster=other), "spot") == ("burst-c2", "burst-c1")
 
 
 def test_a_suspended_attempts_rayjob_on_a_kept_cluster_goes_after_the_grace_period_at_most(tmp_path: Path) -> None:
