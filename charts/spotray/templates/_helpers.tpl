@@ -293,5 +293,5 @@ custom: {}
 {{- $own := index . 2 -}}
 {{- $selector := merge (deepCopy ($own.nodeSelector | default dict)) (deepCopy ($pool.nodeSelector | default dict)) -}}
 {{- $tolerations := concat ($pool.tolerations | default list) ($own.tolerations | default list) -}}
-{{- dict "nodeSelector" $selector "tolerations" $tolerations | toJson -}}
+{{- dict "nodeSelector" $selector "tolerations" ($tolerations | default list) | toJson -}}
 {{- end -}}
