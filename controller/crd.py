@@ -48,6 +48,7 @@ from spotray.contract.spec import (
     ENV_FROM_SECRETS,
     ENV_NAME_PATTERN,
     ENV_NAME_RULE,
+    LABEL_VALUE,
     MAX_ENV_NAME_LENGTH,
     MAX_NAME_LENGTH,
     MAX_SECRET_REF_LENGTH,
@@ -205,6 +206,14 @@ def _secret_env(declared: SpecField) -> dict[str, Any]:
     }
 
 
+# A name of Kubernetes' (spotray/contract/kube_values.py) in one pattern.
+_NAME_RULES: dict[str | None, dict[str, Any]] = {
+    NAME: {"maxLength": MAX_DNS_SUBDOMAIN_LENGTH, "pattern": DNS_SUBDOMAIN_PATTERN},
+    LABEL_VALUE: {"maxLength": 63, "pattern": LABEL_VALUE_PATTERN},
+    RESOURCE_NAME: {"maxLength": _MAX_QUALIFIED_NAME_LENGTH, "pattern": QUALIFIED_NAME_PATTERN},
+}
+
+
 def _string_map(declared: SpecField) -> dict[str, Any]:
     """A node selector's, labels' or annotations' map (spotray/contract/kube_values.py): the values by
     schema; the keys, which a structural schema cannot describe, by CEL, as the parser checks them."""
@@ -299,10 +308,8 @@ def _declared_rules(declared: SpecField, path: str) -> dict[str, Any]:  # noqa: 
         return _string_map(declared)
     if declared.kind == TOLERATIONS:
         return _tolerations(declared)
-    if declared.kind == NAME:
-        return {"maxLength": MAX_DNS_SUBDOMAIN_LENGTH, "pattern": DNS_SUBDOMAIN_PATTERN}
-    if declared.kind == RESOURCE_NAME:
-        return {"maxLength": _MAX_QUALIFIED_NAME_LENGTH, "pattern": QUALIFIED_NAME_PATTERN}
+    if declared.kind in _NAME_RULES:
+        return dict(_NAME_RULES[declared.kind])
     if declared.kind == STEPS_OR_AUTO:
         return {
             "x-kubernetes-int-or-string": True,

@@ -57,6 +57,8 @@ from spotray.contract.names import (
     CHECKPOINT_KEY_SECRET_DATA_KEY,
     CLUSTER_SHAPE_ANNOTATION,
     KIND,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
     RAY_API_VERSION,
     RAY_CLUSTER_LABEL,
     RAYCLUSTER_KIND,
@@ -467,17 +469,30 @@ def build_rayjob(
         spec["shutdownAfterJobFinishes"] = True
         spec["ttlSecondsAfterFinished"] = config.rayjob_ttl_seconds
         spec["rayClusterSpec"] = _cluster_spec(run, attempt, config, capacity)
+    if run.spec.queue.name is not None:
+        # Made suspended: Kueue unsuspends it once its ClusterQueue admits it (queue_refusal: with a
+        # cluster of its own only), and suspends it again to evict it.
+        spec["suspend"] = True
     return {
         "apiVersion": RAY_API_VERSION,
         "kind": RAYJOB_KIND,
         "metadata": {
             "name": rayjob_name(run.name, attempt),
             "namespace": run.namespace,
-            "labels": _labels(run, attempt),
+            "labels": {**_labels(run, attempt), **_queue_labels(run)},
             "ownerReferences": [owner_reference(run.name, run_uid)],
         },
         "spec": spec,
     }
+
+
+def _queue_labels(run: TrainingRun) -> dict[str, str]:
+    """Kueue's labels on the RayJob: the LocalQueue that admits it, and its WorkloadPriorityClass."""
+    queue = run.spec.queue
+    labels = {KUEUE_QUEUE_LABEL: queue.name} if queue.name else {}
+    if queue.name and queue.priority_class:
+        labels[KUEUE_PRIORITY_LABEL] = queue.priority_class
+    return labels
 
 
 def secret_env_refusal(run: TrainingRun, config: ControllerConfig) -> RayJobRefusal | None:
@@ -493,6 +508,24 @@ def secret_env_refusal(run: TrainingRun, config: ControllerConfig) -> RayJobRefu
             "the run's own, and this controller sends every job to the chart's long-lived RayCluster "
             f"({json.dumps(config.ray_cluster_selector, sort_keys=True)}), whose pods started without them: remove "
             "spec.secretEnv, or run the controller without rayCluster.enabled"
+        ),
+    )
+
+
+def queue_refusal(run: TrainingRun, config: ControllerConfig) -> RayJobRefusal | None:
+    """A refusal when the run names a Kueue queue but its jobs would run on an existing Ray cluster
+    (a kept one per run, or the chart's long-lived one): Kueue admits a RayJob only with a cluster of
+    its own, whose pods it can count."""
+    if run.spec.queue.name is None or not (config.ray_cluster_per_run or config.ray_cluster_selector):
+        return None
+    setting = "rayJob.clusterPerRun" if config.ray_cluster_per_run else "rayCluster.enabled"
+    return RayJobRefusal(
+        code=None,
+        reason="QueueNeedsOwnCluster",
+        message=(
+            f"spec.queue.name ({run.spec.queue.name}): Kueue admits a RayJob only with a Ray cluster of its own, "
+            f"and this controller runs jobs on an existing one ({setting}): remove spec.queue, or run the "
+            f"controller without {setting}"
         ),
     )
 

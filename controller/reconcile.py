@@ -70,6 +70,7 @@ from spotray.controller.rayjob import (
     WORKER_GROUP,
     build_ray_cluster,
     build_rayjob,
+    queue_refusal,
     ray_cluster_shape,
     secret_env_refusal,
     size_refusal,
@@ -165,6 +166,7 @@ def rayjob_view(job: dict[str, Any] | None) -> RayJobView | None:
         disruption=annotations.get(DISRUPTION_ANNOTATION),
         disrupted_at=unchecked_timestamp(annotations.get(DISRUPTED_AT_ANNOTATION)),
         owner_uid=controller_owner_uid(job),
+        suspended=(job.get("spec") or {}).get("suspend") is True,
     )
 
 
@@ -665,7 +667,7 @@ def _create(
     on, the run's NetworkPolicy (its pods never start unprotected: controller/network_policy.py),
     for its first attempt, its checkpoint key (controller/checkpoint_key_secret.py) and, with a cluster per
     run, the run's RayCluster ``ray_cluster`` that the RayJob names."""
-    refused = secret_env_refusal(run, config) or size_refusal(body)
+    refused = secret_env_refusal(run, config) or queue_refusal(run, config) or size_refusal(body)
     if refused is not None:
         raise RayJobRefusedError(refused)
     if config.run_network_policy:

@@ -43,6 +43,12 @@ def qualified_name_problem(key: object) -> str | None:
     return f"must {QUALIFIED_NAME_RULE}; got {key!r}"
 
 
+def label_value_problem(value: object) -> str | None:
+    if isinstance(value, str) and value and re.match(LABEL_VALUE_PATTERN, value):
+        return None
+    return f"must {LABEL_VALUE_RULE}; got {value!r}"
+
+
 def dns_subdomain_problem(name: object) -> str | None:
     if isinstance(name, str) and len(name) <= MAX_DNS_SUBDOMAIN_LENGTH and re.match(DNS_SUBDOMAIN_PATTERN, name):
         return None

@@ -41,6 +41,12 @@ DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED = "Complete", "Failed"
 DEPLOYMENT_ENDED = (DEPLOYMENT_COMPLETE, DEPLOYMENT_FAILED)
 # KubeRay's verdict on a RayJob whose spec it refuses (a name too long, an inconsistent spec): it never runs.
 DEPLOYMENT_VALIDATION_FAILED = "ValidationFailed"
+# A suspended RayJob (spec.suspend: created so for a queue, or suspended by Kueue to evict it): KubeRay
+# deletes its cluster, Suspending, then Suspended, and starts it anew once it is unsuspended.
+DEPLOYMENT_SUSPENDED = ("Suspending", "Suspended")
+# Kueue's labels on a job (kueue.x-k8s.io/v1beta1): the LocalQueue that admits it, its WorkloadPriorityClass.
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 
 # On every RayJob and pod of an attempt: which run and attempt they belong to.
 RUN_LABEL = f"{GROUP}/run"

@@ -38,6 +38,7 @@ from spotray.contract.attempts import AttemptId, check_run_id
 from spotray.contract.errors import SpotrayError
 from spotray.contract.kube_values import (
     dns_subdomain_problem,
+    label_value_problem,
     qualified_name_problem,
     string_map_problems,
     toleration_problems,
@@ -86,6 +87,7 @@ ANNOTATIONS = "annotations"
 TOLERATIONS = "tolerations"  # a list of core/v1 Tolerations
 NAME = "name"  # a DNS subdomain: a ServiceAccount's or a PriorityClass's name
 RESOURCE_NAME = "resource-name"  # an extended resource, e.g. nvidia.com/gpu
+LABEL_VALUE = "label-value"  # a label's value: a Kueue queue's name
 MAX_PLACEMENT_ITEMS = 64
 
 # spec.secretEnv: each variable of the job's environment that a Secret's key supplies. The CRD
@@ -558,6 +560,26 @@ class RetrySpec:
 
 
 @dataclass(frozen=True)
+class QueueSpec:
+    """A Kueue queue that admits the run's attempts (docs/deploy.md, "Queues")."""
+
+    name: str | None = spec_field(
+        "The LocalQueue of the run's namespace that admits each attempt: its RayJob carries "
+        "kueue.x-k8s.io/queue-name and is made suspended, and Kueue starts it when the ClusterQueue has "
+        "quota. The run says queued meanwhile and spends no budget; an attempt Kueue evicts for a "
+        "higher-priority workload counts as a preemption and the next resumes from its checkpoint. Not with "
+        "the chart's rayClusterPerRun or rayCluster (Kueue admits no job on an existing Ray cluster).",
+        default=None,
+        kind=LABEL_VALUE,
+    )
+    priority_class: str | None = spec_field(
+        "A Kueue WorkloadPriorityClass for the attempts (kueue.x-k8s.io/priority-class).",
+        default=None,
+        kind=LABEL_VALUE,
+    )
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """What to train and how: the entrypoint, the Ray worker and head pods, where checkpoints go,
     and how often a preempted or failed run is started again."""
@@ -587,6 +609,7 @@ class RunSpec:
         "The training data, read by the job (e.g. a MosaicML streaming dataset).", default=DataSpec
     )
     retry: RetrySpec = spec_field("How often a run is started again before it is marked Failed.", default=RetrySpec)
+    queue: QueueSpec = spec_field("A Kueue queue that admits the run's attempts; unset: none.", default=QueueSpec)
     image: str | None = spec_field(
         "Container image for the head and worker pods. Unset: the image the spotray chart configures.",
         default=None,
@@ -728,7 +751,7 @@ def _is_section(python_type: Any) -> bool:
     return isinstance(python_type, type) and dataclasses.is_dataclass(python_type)
 
 
-_NAME_CHECKS = {NAME: dns_subdomain_problem, RESOURCE_NAME: qualified_name_problem}
+_NAME_CHECKS = {NAME: dns_subdomain_problem, RESOURCE_NAME: qualified_name_problem, LABEL_VALUE: label_value_problem}
 
 
 class _Reader:

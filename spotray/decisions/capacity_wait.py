@@ -60,13 +60,18 @@ def waited_seconds(current: AttemptStatus, now: datetime) -> int:
     return (current.capacity_waited_seconds or 0) + int(ongoing)
 
 
-def plan_capacity_wait(obs: Observation, current: AttemptStatus, capacity: str, now: datetime) -> Plan:
-    """The attempt waits for ``capacity`` (the scheduler's words): say for what and since when, spend
-    nothing, look again soon; past ``spec.retry.maxWaitSeconds`` the run fails."""
+def plan_capacity_wait(
+    obs: Observation, current: AttemptStatus, capacity: str, now: datetime, *, spot_short: bool = True
+) -> Plan:
+    """The attempt waits for ``capacity`` (the scheduler's words, or a queue's): say for what and since
+    when, spend nothing, look again soon; past ``spec.retry.maxWaitSeconds`` the run fails. Pods the
+    scheduler cannot place (``spot_short``) of a spot-then-on-demand run move to on-demand nodes first;
+    a queue's wait does not (the queue's quota is not spot's)."""
     state, bound = obs.state, obs.run.spec.retry.max_wait_seconds
     waited = waited_seconds(current, now)
     fallback_after = obs.run.spec.workers.fallback.after_wait_seconds
-    if falls_back(obs.run, current.capacity) and waited > fallback_after:
+    fallback = spot_short and falls_back(obs.run, current.capacity)
+    if fallback and waited > fallback_after:
         message = (
             f"the spot workers of attempt {current.attempt} waited {waited} s for capacity, more than "
             f"spec.workers.fallback.afterWaitSeconds={fallback_after}: the next attempt runs on on-demand nodes "
@@ -88,7 +93,7 @@ def plan_capacity_wait(obs: Observation, current: AttemptStatus, capacity: str, 
     began = not state.message.startswith(words)
     events = (Event("Normal", REASON_WAITING_FOR_CAPACITY, bounded(message)),) if began else ()
     limits = [bound] if bound is not None else []
-    if falls_back(obs.run, current.capacity):
+    if fallback:
         limits.append(fallback_after)
     recheck = min([CAPACITY_RECHECK_S, *(limit - waited + 1.0 for limit in limits)])
     return Plan(replace(state, phase=PENDING, message=bounded(message)), events=events, requeue_after_s=recheck)

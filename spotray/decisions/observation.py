@@ -14,6 +14,7 @@ from spotray.contract.attempts import (
 )
 from spotray.contract.names import (
     DEPLOYMENT_ENDED,
+    DEPLOYMENT_SUSPENDED,
     JOB_ENDED,
     JOB_PENDING,
 )
@@ -56,6 +57,7 @@ class RayJobView:
     disrupted_at: datetime | None = None  # when that pod was disrupted, where the watcher knew
     owner_uid: str | None = None  # the TrainingRun that owns it (its controller owner reference)
     exit_code: int | None = None  # the driver's, where known first-hand (local mode)
+    suspended: bool = False  # spec.suspend: made so for a Kueue queue, or suspended by Kueue to evict it
 
     @property
     def driver_exit_code(self) -> int | None:
@@ -85,6 +87,13 @@ class RayJobView:
     @property
     def finished(self) -> bool:
         return self.deployment_status in DEPLOYMENT_ENDED or self.job_status in JOB_ENDED
+
+    @property
+    def queued(self) -> bool:
+        """Suspended and not finished: waiting for a queue to admit it (or evicted by it)."""
+        suspending = self.deployment_status in DEPLOYMENT_SUSPENDED
+        # KubeRay's JobStatusNew is "": the job not submitted (again) since the cluster went.
+        return not self.finished and (suspending or (self.suspended and not self.job_status))
 
     @property
     def submitted(self) -> bool:

@@ -53,6 +53,7 @@ from spotray.decisions.run_state import Plan, RunState
 from spotray.decisions.vocabulary import (
     REASON_BAD_INPUT,
     REASON_NODE_LOST,
+    REASON_QUEUE_EVICTED,
     REASON_RAYJOB_GONE,
     REASON_RAYJOB_NOT_OURS,
     REASON_RAYJOB_REFUSED,
@@ -107,8 +108,9 @@ def plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetime
     return released(end_attempt(state, obs.run, end, now), end, current)
 
 
-def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:
-    """The attempt's RayJob has not finished: it starts, runs, or its cluster's head was lost."""
+def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, now: datetime) -> Plan:  # noqa: PLR0911
+    """The attempt's RayJob has not finished: it starts, runs, waits for capacity or a queue, was evicted
+    from its queue, or its cluster's head was lost (one answer each)."""
     head_lost = _head_lost(obs, current)
     if head_lost is not None:
         # KubeRay would mark the RayJob Failed only after RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (300 s),
@@ -118,12 +120,14 @@ def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, 
     recorded_end = _recorded_end(obs, current, now)
     if recorded_end is not None:
         return recorded_end
+    if job.queued and obs.state.phase == RUNNING:
+        return _evicted(obs, current, now)
     running = job.job_status == JOB_RUNNING
-    capacity = "" if running else wanted_capacity(obs.pods_waiting)
+    capacity = _queued_words(obs, current) if job.queued else "" if running else wanted_capacity(obs.pods_waiting)
     state = with_wait_accounted(obs.state, current, bool(capacity), now)
     obs, current = replace(obs, state=state), state.attempts[-1]
     if capacity:
-        return plan_capacity_wait(obs, current, capacity, now)
+        return plan_capacity_wait(obs, current, capacity, now, spot_short=not job.queued)
     if not running and _past_start_deadline(obs, current, now):
         unreadable = obs.pods_waiting.unreadable if obs.pods_waiting is not None else ""
         if unreadable:
@@ -131,6 +135,23 @@ def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, 
         return _start_deadline_exceeded(obs, current, job, now)
     message = f"attempt {current.attempt} {'running' if running else 'starting'}"
     return Plan(replace(state, phase=RUNNING if running else PENDING, message=message))
+
+
+def _queued_words(obs: Observation, current: AttemptStatus) -> str:
+    queue = obs.run.spec.queue.name or "its queue"
+    return f"queued: RayJob {current.ray_job} waits for Kueue's LocalQueue {queue} to admit it"
+
+
+def _evicted(obs: Observation, current: AttemptStatus, now: datetime) -> Plan:
+    """Kueue suspended the running attempt's RayJob (its workload preempted for a higher-priority one,
+    or its quota reclaimed): KubeRay deletes the cluster, whose pods' preStop drains take the emergency
+    checkpoint. A preemption: the RayJob goes, and the next attempt queues again and resumes."""
+    message = (
+        f"Kueue evicted RayJob {current.ray_job} (a higher-priority workload took its quota, or the quota was "
+        "reclaimed): the next attempt queues again and resumes from the newest complete checkpoint"
+    )
+    end = AttemptEnd(OUTCOME_PREEMPTED, REASON_QUEUE_EVICTED, message)
+    return released(end_attempt(obs.state, obs.run, end, now), end, current)
 
 
 def _hold_unread_pods(obs: Observation, current: AttemptStatus, unreadable: str) -> Plan:

@@ -16,6 +16,7 @@ MAX_MESSAGE_CHARS = 4096
 REASON_TRAINING_FINISHED = "TrainingFinished"  # also the Succeeded condition's
 REASON_SPOT_NOTICE = "SpotNotice"
 REASON_NODE_LOST = "NodeLost"
+REASON_QUEUE_EVICTED = "QueueEvicted"  # Kueue suspended a running attempt's RayJob: a preemption
 REASON_TRAINING_FAILED = "TrainingFailed"
 REASON_BAD_INPUT = "BadInput"  # also the Failed condition's: the run fails at once
 REASON_START_DEADLINE_EXCEEDED = "StartDeadlineExceeded"
