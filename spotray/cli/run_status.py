@@ -140,6 +140,7 @@ def cost_line(cost: Cost) -> str:
         f"{cost.on_demand_same_steps or 0:.2f}{currency}"
         + (f" (spot saved {saved:.0%})" if saved is not None and saved >= 0 else "")
         + (f" (spot cost {-saved:.0%} more)" if saved is not None and saved < 0 else "")
+        + (f"; {cost.on_demand_seconds} s of it on on-demand nodes" if cost.on_demand_seconds else "")
     )
 
 
@@ -212,6 +213,7 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
                 a.ray_job or "-",
                 a.outcome or "-",
                 a.reason or "-",
+                a.capacity or "-",
                 _dash(a.resumed_from),
                 _startup(a.startup),
                 _ago(a.start_time, now),
@@ -220,7 +222,10 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
             )
             for a in status.attempts
         ]
-        headers = ("attempt", "rayjob", "outcome", "reason", "resumed from", "start-up", "started", "ended", "message")
+        headers = (
+            "attempt", "rayjob", "outcome", "reason", "capacity", "resumed from", "start-up", "started", "ended",
+            "message",
+        )  # fmt: skip
         lines += ["Attempts:", _indent(render_table(headers, rows))]
         # Checkpoints an attempt did not resume from although they were newer (issue #69): said, with why.
         lines += [

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from spotray.contract.errors import SpotrayError
-from spotray.contract.spec import ON_DEMAND, SPOT, WorkerSpec
+from spotray.contract.spec import ON_DEMAND, SPOT_THEN_ON_DEMAND, WorkerSpec
 from spotray.contract.status import AttemptStatus, Cost, Goodput, parse_timestamp
 
 PRICES_ENV = "SPOTRAY_PRICES"
@@ -93,7 +93,7 @@ def run_cost(
         run=round(run, 2),
         on_demand_same_steps=round(on_demand, 2),
         saved_ratio=round(1 - run / on_demand, 3) if on_demand > 0 else None,  # no steps yet: no ratio
-        on_demand_seconds=round(on_demand_s) if workers.capacity_policy != SPOT else None,
+        on_demand_seconds=round(on_demand_s) if workers.capacity_policy == SPOT_THEN_ON_DEMAND else None,
     )
 
 

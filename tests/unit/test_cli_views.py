@@ -158,8 +158,8 @@ def test_detail_view_shows_attempts_checkpoint_and_conditions() -> None:
     ) in text
     assert "Checkpoints:     every 120 steps (auto: sqrt(2 x 0.05 s per checkpoint x 2121 s between" in text
     attempts = text.split("Attempts:")[1].split("Conditions:")[0].splitlines()
-    assert attempts[2].split()[:5] == ["1", "gpt2-a1", "Preempted", "NodeLost", "-"]
-    assert attempts[3].split()[:5] == ["2", "gpt2-a2", "Running", "-", "60"]
+    assert attempts[2].split()[:6] == ["1", "gpt2-a1", "Preempted", "NodeLost", "-", "-"]
+    assert attempts[3].split()[:6] == ["2", "gpt2-a2", "Running", "-", "-", "60"]  # no capacity recorded
     assert "AttemptRunning" in text
 
 
