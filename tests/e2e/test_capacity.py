@@ -105,3 +105,55 @@ def test_a_run_short_of_spot_capacity_waits_spending_nothing_then_falls_back_to_
     assert node not in spot_pool_short, node
     labels = json.loads(testbed.kubectl("get", "node", node, "-o", "json").stdout)["metadata"]["labels"]
     assert labels["spotray.dev/capacity"] == "on-demand"
+
+
+# Four minutes (two trainings on the local Ray head): the decisions are in make test as unit tests
+# (tests/unit/test_capacity_policy.py), and the fall back itself by the test above.
+@pytest.mark.campaign
+def test_a_run_that_fell_back_to_on_demand_returns_to_spot_at_its_next_attempt_and_succeeds(
+    testbed: tb.Testbed,
+    ray_head: tb.RayHead,
+    namespace: str,
+    s3_secret: str,  # noqa: F811 - the fixture
+    start_controller: Callable[..., ControllerProcess],  # noqa: F811 - the fixture
+    spot_pool_short: list[str],
+    tmp_path: Path,
+) -> None:
+    prices = '{"currency": "USD", "spotPerHour": 1.0, "onDemandPerHour": 3.0}'
+    start_controller(SPOTRAY_START_DEADLINE_SECONDS=str(START_DEADLINE_S), SPOTRAY_PRICES=prices)
+    document = training_run("back", tmp_path, max_steps=120)
+    document["spec"]["workers"]["capacity"] = "spot-then-on-demand"
+    document["spec"]["workers"]["fallback"] = {"afterWaitSeconds": FALLBACK_AFTER_S}
+    testbed.apply(document, namespace=namespace)
+    wait_status(testbed, namespace, "back", "attempt 2 past a checkpoint", lambda s: s.get("attempt") == 2
+                and "lastCheckpoint" in s, 600)  # fmt: skip
+    pods = worker_pods(testbed, namespace, 2)
+    on_demand_node = next(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
+    job = get(testbed, "rayjob", "back-a2", namespace)
+
+    # Spot capacity is back; the on-demand node is lost (an attempt boundary), and the next attempt
+    # goes back to spot nodes.
+    for node in spot_pool_short:
+        testbed.kubectl("uncordon", node)
+    testbed.preempt_node(on_demand_node)
+    try:
+        assert ray_head.kill_job(job["status"]["jobId"])
+        status = wait_status(testbed, namespace, "back", "attempt 3", lambda s: s.get("attempt") == 3, 120)
+    finally:
+        testbed.restore_node(on_demand_node)
+    assert status["attempts"][2]["capacity"] == "spot", status["attempts"]
+
+    def placed() -> str | None:
+        return next(
+            (p["spec"]["nodeName"] for p in worker_pods(testbed, namespace, 3) if p["spec"].get("nodeName")), None
+        )
+
+    assert tb.wait_until("attempt 3's worker placed", placed, timeout=60, interval=1) in spot_pool_short
+    status = wait_status(
+        testbed, namespace, "back", "Succeeded", lambda s: s.get("phase") in ("Succeeded", "Failed"), 600
+    )
+    assert status["phase"] == "Succeeded", status
+    assert [a["capacity"] for a in status["attempts"]] == ["spot", "on-demand", "spot"]
+    assert [a["reason"] for a in status["attempts"][:2]] == ["CapacityFallback", "NodeLost"]
+    assert status.get("failures", 0) == 0
+    assert status["cost"]["onDemandSeconds"] > 0, status["cost"]
