@@ -221,7 +221,7 @@ def placement_cases() -> list[Case]:
             ("labels", {"team": "a b"}, "team", "should match"),
             ("labels", {"bad key": "a"}, "bad key", "each key must be a qualified name"),
             ("nodeSelector", {"-x": "a"}, "-x", "each key must be a qualified name"),
-            ("nodeSelector", {"gpu": "x" * 64}, "gpu", "may not be longer than 63"),
+            ("nodeSelector", {"gpu": "x" * 64}, "gpu", "may not be more than 63"),
             ("annotations", {"a/b/c": "x"}, "a/b/c", "each key must be a qualified name"),
         ]
         for name, value, key, says in maps:
