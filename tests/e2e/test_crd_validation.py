@@ -391,7 +391,8 @@ def test_api_server_fills_in_the_dataclass_defaults(testbed: tb.Testbed, crd: di
 
     def camel_tree(value: Any) -> Any:
         if isinstance(value, dict):
-            return {_camel(k): camel_tree(v) for k, v in value.items() if v is not None}
+            # An empty list is unset (the dataclass's () default; the API server defaults no list).
+            return {_camel(k): camel_tree(v) for k, v in value.items() if v is not None and v != ()}
         return value
 
     expected = camel_tree(dataclasses.asdict(parse_training_run(minimal).spec))
