@@ -77,15 +77,13 @@ def plan_capacity_wait(
             f"spec.workers.fallback.afterWaitSeconds={fallback_after}: the next attempt runs on on-demand nodes "
             f"(last: {capacity})"
         )
-        end = AttemptEnd(OUTCOME_INTERRUPTED, REASON_CAPACITY_FALLBACK, message)
-        return replace(end_attempt(state, obs.run, end, now), delete_rayjob=current.ray_job)
+        return _wait_ended(obs, current, AttemptEnd(OUTCOME_INTERRUPTED, REASON_CAPACITY_FALLBACK, message), now)
     if bound is not None and waited > bound:
         message = (
             f"the pods of attempt {current.attempt} waited {waited} s for capacity, more than "
             f"spec.retry.maxWaitSeconds={bound} (last: {capacity})"
         )
-        end = AttemptEnd(OUTCOME_INTERRUPTED, REASON_CAPACITY_WAIT_EXCEEDED, message)
-        return replace(end_attempt(state, obs.run, end, now), delete_rayjob=current.ray_job)
+        return _wait_ended(obs, current, AttemptEnd(OUTCOME_INTERRUPTED, REASON_CAPACITY_WAIT_EXCEEDED, message), now)
     limit = f"at most spec.retry.maxWaitSeconds={bound}" if bound is not None else "unbounded: no maxWaitSeconds"
     words = f"attempt {current.attempt} waiting for capacity since {current.capacity_wait_since}"
     message = f"{words} (no budget is spent; {limit}): {capacity}"
@@ -97,6 +95,12 @@ def plan_capacity_wait(
         limits.append(fallback_after)
     recheck = min([CAPACITY_RECHECK_S, *(limit - waited + 1.0 for limit in limits)])
     return Plan(replace(state, phase=PENDING, message=bounded(message)), events=events, requeue_after_s=recheck)
+
+
+def _wait_ended(obs: Observation, current: AttemptStatus, end: AttemptEnd, now: datetime) -> Plan:
+    """The wait ends the attempt (nothing spent: Interrupted), and its RayJob goes: its pending pods
+    give their place in the scheduler's (or the queue's) line back."""
+    return replace(end_attempt(obs.state, obs.run, end, now), delete_rayjob=current.ray_job)
 
 
 def waiting_for_capacity(state: RunState) -> bool:
