@@ -709,10 +709,10 @@ def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
 ) -> None:
     """Issue #17: with runs active and nothing changing, the controller only reads, at its refresh rate.
 
-    16 runs whose Ray clusters never start (their workers ask for more CPU than any node has), an
-    interval of 1 s but 4 refreshes a second: each run is looked at every 4 s, not every second, and
-    no status patch, Event or Secret read is made while nothing changes. Counted in the API server's
-    audit log: the controller runs as its own ServiceAccount.
+    16 runs whose Ray clusters never start (their workers ask for more CPU than any node has: each
+    waits for capacity, issue 71), an interval of 1 s but 4 refreshes a second: each run is looked at
+    every 4 s, not every second, and no status patch, Event or Secret read is made while nothing
+    changes. Counted in the API server's audit log: the controller runs as its own ServiceAccount.
     """
     kubeconfig, account = testbed.namespace_admin_kubeconfig(namespace, "controller", tmp_path / "sa.kubeconfig")
     start_controller(kubeconfig, SPOTRAY_REFRESHES_PER_SECOND="4")
@@ -728,7 +728,7 @@ def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
     def all_refreshed() -> bool:
         found = json.loads(testbed.kubectl("get", "trainingruns", "-n", namespace, "-o", "json").stdout)["items"]
         return len(found) == len(names) and all(
-            (item.get("status") or {}).get("message") == "attempt 1 starting" for item in found
+            "waiting for capacity" in (item.get("status") or {}).get("message", "") for item in found
         )
 
     tb.wait_until("every run's first refresh", all_refreshed, timeout=90, interval=1)
@@ -746,11 +746,12 @@ def test_idle_active_runs_are_refreshed_at_the_set_rate_and_cost_no_writes(
     # One GET of the run per refresh: 16 runs every 4 s is 48 in 12 s (at most 4 a second, plus a
     # burst of 4); with the plain 1 s interval it would be 192.
     assert 30 <= kinds["get trainingruns"] <= 4 * 12 + 4
-    # From the start: one RayJob create and one status write per run, whether the burst made the
-    # controller defer the status writes or not (a deferred write must not create the RayJob again).
+    # From the start: one RayJob create per run, whether the burst made the controller defer the status
+    # writes or not (a deferred write must not create the RayJob again); one status write when the
+    # attempt starts and one when its wait for capacity begins, unless the first already said so.
     whole = testbed.request_counts(account, test_started, time.time())
     assert whole["create rayjobs"] == len(names)
-    assert whole["patch trainingruns/status"] == len(names)
+    assert len(names) <= whole["patch trainingruns/status"] <= 2 * len(names)
 
 
 ELASTIC_RUN_STEPS = 600
