@@ -46,7 +46,14 @@ from spotray.contract.names import (
     TERMINAL_PHASES,
     rayjob_name,
 )
-from spotray.contract.spec import ON_DEMAND, SPOT, InvalidSpecError, TrainingRun, parse_training_run
+from spotray.contract.spec import (
+    ON_DEMAND,
+    SPOT,
+    SPOT_THEN_ON_DEMAND,
+    InvalidSpecError,
+    TrainingRun,
+    parse_training_run,
+)
 from spotray.contract.status import (
     AttemptStartup,
     AttemptStatus,
@@ -459,9 +466,16 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         storage_patience_seconds=config.storage_patience_seconds,
         ray_cluster_per_run=config.ray_cluster_per_run,
         ray_cluster=ray_cluster,
-        ray_cluster_shapes={c: ray_cluster_shape(run, config, c) for c in (SPOT, ON_DEMAND)} if ray_cluster else {},
+        ray_cluster_shapes={c: ray_cluster_shape(run, config, c) for c in _capacities(run)} if ray_cluster else {},
         suspend_checkpoint_seconds=config.worker_grace_seconds + SUSPEND_CHECKPOINT_MARGIN_S,
     )
+
+
+def _capacities(run: TrainingRun) -> tuple[str, ...]:
+    """Where the run's next attempt may run its workers: both pools only for spot-then-on-demand (each
+    shape is a cluster spec built and hashed on every reconcile of a kept cluster)."""
+    policy = run.spec.workers.capacity_policy
+    return (SPOT, ON_DEMAND) if policy == SPOT_THEN_ON_DEMAND else (policy,)
 
 
 def _pods_waiting(cluster: Cluster, run: TrainingRun, attempt: AttemptStatus) -> PodsWaiting:

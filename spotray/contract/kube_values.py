@@ -94,8 +94,8 @@ def toleration_problems(item: object, path: str) -> list[str]:
     if effect is not None and effect not in TOLERATION_EFFECTS:
         problems.append(f"{path}.effect: must be one of {', '.join(TOLERATION_EFFECTS)}, got {effect!r}")
     key = item.get("key")
-    if key is not None and qualified_name_problem(key) is not None:
-        problems.append(f"{path}.key: {qualified_name_problem(key)}")
+    if key is not None and (key_problem := qualified_name_problem(key)) is not None:
+        problems.append(f"{path}.key: {key_problem}")
     if key is None and operator != "Exists":
         problems.append(f"{path}.key: missing; a toleration without a key must have operator Exists")
     value = item.get("value")

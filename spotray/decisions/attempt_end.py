@@ -214,16 +214,14 @@ def end_attempt(  # noqa: PLR0911 - one answer per kind of end
     if not counted:
         what += " (not counted against the budgets: the status did not say readably how it ended, so it may be already)"
     if end.reason == REASON_BAD_INPUT:
-        message = f"{what}. Fix what it names, then create the run again (a retry would be refused the same way)."
-        new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_BAD_INPUT)
-        return Plan(new, events=(Event("Warning", REASON_BAD_INPUT, bounded(message)),))
+        fix = "Fix what it names, then create the run again (a retry would be refused the same way)."
+        return _run_failed(ended, f"{what}. {fix}", REASON_BAD_INPUT)
     if end.reason == REASON_CAPACITY_WAIT_EXCEEDED:
-        message = (
-            f"{what}. Create the run again once capacity is back (it resumes from its checkpoints), "
+        fix = (
+            "Create the run again once capacity is back (it resumes from its checkpoints), "
             "or raise or unset spec.retry.maxWaitSeconds."
         )
-        new = replace(ended, phase=FAILED, message=message, failure_reason=REASON_CAPACITY_WAIT_EXCEEDED)
-        return Plan(new, events=(Event("Warning", REASON_CAPACITY_WAIT_EXCEEDED, bounded(message)),))
+        return _run_failed(ended, f"{what}. {fix}", REASON_CAPACITY_WAIT_EXCEEDED)
     if end.reason == REASON_CAPACITY_FALLBACK:
         message = f"{what}; attempt {current.attempt + 1} starts now"
         new = replace(ended, phase=RESUMING, message=message, next_attempt_time=None)
@@ -232,18 +230,13 @@ def end_attempt(  # noqa: PLR0911 - one answer per kind of end
         return _interrupted(ended, run, what, now)
     if counted and ended.preemptions > retry.max_preemptions:
         message = f"{what}; {ended.preemptions} preemptions exceed spec.retry.maxPreemptions={retry.max_preemptions}"
-        new = replace(
-            ended,
-            phase=FAILED,
-            message=message + ". Raise the budget or use on-demand workers.",
-            failure_reason=REASON_PREEMPTION_BUDGET_EXHAUSTED,
+        return _run_failed(
+            ended, message + ". Raise the budget or use on-demand workers.", REASON_PREEMPTION_BUDGET_EXHAUSTED
         )
-        return Plan(new, events=(Event("Warning", REASON_PREEMPTION_BUDGET_EXHAUSTED, bounded(new.message)),))
     if counted and ended.failures > retry.max_failures:
         message = f"{what}; {ended.failures} failures exceed spec.retry.maxFailures={retry.max_failures}"
         hint = " Read the job's logs (`spotray logs RUN`), fix the code or input, and create the run again."
-        new = replace(ended, phase=FAILED, message=message + "." + hint, failure_reason=REASON_FAILURE_BUDGET_EXHAUSTED)
-        return Plan(new, events=(Event("Warning", REASON_FAILURE_BUDGET_EXHAUSTED, bounded(new.message)),))
+        return _run_failed(ended, message + "." + hint, REASON_FAILURE_BUDGET_EXHAUSTED)
     delay = retry.backoff_seconds
     if end.outcome == OUTCOME_FAILED:
         delay = min(retry.backoff_seconds * 2 ** max(ended.failures - 1, 0), MAX_FAILURE_BACKOFF_S)
@@ -255,6 +248,12 @@ def end_attempt(  # noqa: PLR0911 - one answer per kind of end
     )
     kind = "Warning" if end.outcome == OUTCOME_FAILED else "Normal"
     return Plan(new, events=(Event(kind, end.reason, bounded(what)),), requeue_after_s=delay)
+
+
+def _run_failed(ended: RunState, message: str, reason: str) -> Plan:
+    """The run Failed for ``reason`` (its Failed condition's and its Event's), ``message`` saying the fix."""
+    new = replace(ended, phase=FAILED, message=message, failure_reason=reason)
+    return Plan(new, events=(Event("Warning", reason, bounded(message)),))
 
 
 def rayjob_refused(

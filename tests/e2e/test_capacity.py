@@ -55,6 +55,17 @@ def worker_pods(testbed: tb.Testbed, namespace: str, attempt: int) -> list[dict[
     return pods
 
 
+def worker_node(testbed: tb.Testbed, namespace: str, attempt: int) -> str:
+    """The node the attempt's worker pod is placed on, once the scheduler placed it."""
+
+    def placed() -> str | None:
+        pods = worker_pods(testbed, namespace, attempt)
+        return next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
+
+    node: str = tb.wait_until(f"attempt {attempt}'s worker placed", placed, timeout=60, interval=1)
+    return node
+
+
 def test_a_run_short_of_spot_capacity_waits_spending_nothing_then_falls_back_to_on_demand_nodes(
     testbed: tb.Testbed,
     namespace: str,
@@ -97,11 +108,7 @@ def test_a_run_short_of_spot_capacity_waits_spending_nothing_then_falls_back_to_
     assert status.get("failures", 0) == 0
     assert rayjobs(testbed, namespace, "short") == ["short-a2"], "the spot attempt's RayJob gave its place up"
 
-    def placed() -> str | None:
-        pods = worker_pods(testbed, namespace, 2)
-        return next((p["spec"].get("nodeName") for p in pods if p["spec"].get("nodeName")), None)
-
-    node = tb.wait_until("attempt 2's worker placed", placed, timeout=60, interval=1)
+    node = worker_node(testbed, namespace, 2)
     assert node not in spot_pool_short, node
     labels = json.loads(testbed.kubectl("get", "node", node, "-o", "json").stdout)["metadata"]["labels"]
     assert labels["spotray.dev/capacity"] == "on-demand"
@@ -127,8 +134,7 @@ def test_a_run_that_fell_back_to_on_demand_returns_to_spot_at_its_next_attempt_a
     testbed.apply(document, namespace=namespace)
     wait_status(testbed, namespace, "back", "attempt 2 past a checkpoint", lambda s: s.get("attempt") == 2
                 and "lastCheckpoint" in s, 600)  # fmt: skip
-    pods = worker_pods(testbed, namespace, 2)
-    on_demand_node = next(p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName"))
+    on_demand_node = worker_node(testbed, namespace, 2)
     job = get(testbed, "rayjob", "back-a2", namespace)
 
     # Spot capacity is back; the on-demand node is lost (an attempt boundary), and the next attempt
@@ -143,12 +149,7 @@ def test_a_run_that_fell_back_to_on_demand_returns_to_spot_at_its_next_attempt_a
         testbed.restore_node(on_demand_node)
     assert status["attempts"][2]["capacity"] == "spot", status["attempts"]
 
-    def placed() -> str | None:
-        return next(
-            (p["spec"]["nodeName"] for p in worker_pods(testbed, namespace, 3) if p["spec"].get("nodeName")), None
-        )
-
-    assert tb.wait_until("attempt 3's worker placed", placed, timeout=60, interval=1) in spot_pool_short
+    assert worker_node(testbed, namespace, 3) in spot_pool_short
     status = wait_status(
         testbed, namespace, "back", "Succeeded", lambda s: s.get("phase") in ("Succeeded", "Failed"), 600
     )
