@@ -52,8 +52,9 @@ demo: setup ## GPT-2 on a local Ray cluster + S3; a worker killed, the head lost
 	$(VENV)/bin/spotray run jobs/gpt2/trainingrun.yaml --local --workdir demo-output $(DEMO_FAULTS)
 
 # make test = the unit tests (two processes); the e2e tests alone; then the integration tests with
-# one compat entry beside them (its output is printed when it ends): the lowest bounds, the end that
-# breaks when code uses something newer than pyproject.toml allows. The newest releases and the
+# two compat entries beside them, one after the other (their output is printed when they end): the
+# lowest bounds, the end that breaks when code uses something newer than pyproject.toml allows, and
+# the light install (`pip install spotray`, no torch; about a minute). The newest releases and the
 # transformers 5.0 entry are in make test-compat: with the newest end beside them too, the integration
 # tests took 18:49 and make test 45 minutes on stop 53's CI (the newest row alone 405 s), over its
 # 35-minute budget. The e2e tests run alone because they are the ones with real deadlines (a
@@ -63,7 +64,7 @@ demo: setup ## GPT-2 on a local Ray cluster + S3; a worker killed, the head lost
 # third of the time, which compat takes. At the end, the machine's load while it all ran
 # (hack/machine_load.py). Measured warm on 2 cores: see "Tests" in the README.
 COMPAT_LOG := build/compat-beside.log
-COMPAT_IN_MAKE_TEST := py3.11-lowest
+COMPAT_IN_MAKE_TEST := py3.11-lowest py3.11-light
 test: setup testbed ## every suite: unit, e2e, then integration with the compat matrix's lowest-bounds entry (test-compat) beside it
 	@mkdir -p build
 	@$(PY) hack/machine_load.py build/machine-load.log & load=$$!; \

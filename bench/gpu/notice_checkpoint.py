@@ -31,7 +31,7 @@ from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
 from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.hf.callback import S3CheckpointCallback
-from spotray.train.hf.worker import PreemptionNoticeCallback
+from spotray.train.hf.notice import PreemptionNoticeCallback
 from spotray.train.records.event_log import EventLog, read_events
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import S3ObjectStore

@@ -7,7 +7,7 @@ Each round runs it twice, back to back, in alternating order:
 - A, ``--worker-notice-s 30``: the node gets a spot notice, as a pod's preStop hook gives it (the
   node drained as a preemption); every rank takes an emergency checkpoint and trains on; once it is
   safe the node goes (SIGTERM), and Ray Train restarts the group on the worker left, from that
-  checkpoint (train/hf/worker.py, train/processes/drain_handshake.py);
+  checkpoint (train/hf/notice.py, train/processes/drain_handshake.py);
 - B, no notice: the node vanishes (SIGKILL); Ray notices the dead node after its heartbeats are
   missed, and the group restarts from the latest periodic checkpoint.
 

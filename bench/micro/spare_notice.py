@@ -7,7 +7,7 @@ Each round runs it twice, back to back, in alternating order:
 - A, ``spareReplicas: 1``: local mode starts a spare node once the group trains. At the notice rank
   0 reads Ray's free room outside the draining node (the spare), so every rank takes an emergency
   checkpoint and trains on; once it is safe the node goes, and Ray Train restarts the group at two
-  workers, on the head and the spare, in the same attempt (train/hf/worker.py);
+  workers, on the head and the spare, in the same attempt (train/hf/notice.py);
 - B, no spare: the notice stops the group on its emergency checkpoint, the attempt ends as a
   preemption, and local mode's next attempt starts a driver and a worker group of two, which needs
   the node back: it returns 5 s after it is gone (as a new spot node joined 5 s after a reclaim on

@@ -300,7 +300,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                 bytes=size_bytes,
                 upload_seconds=round(time.monotonic() - started, 3),
             )
-    # Once, at the end: each report is a 2 s barrier across ranks (see train/hf/worker.py); live
+    # Once, at the end: each report is a 2 s barrier across ranks (see train/hf/progress.py); live
     # progress is in the event log. Every rank reports, as Ray Train requires.
     ray.train.report({**metrics, "last_checkpoint_step": step})
     if rank == 0:

@@ -36,7 +36,8 @@ from spotray.train.hf.data import (
 )
 from spotray.train.hf.learning_rate import LearningRateAfterResume
 from spotray.train.hf.loadable import trainer_checkpoint_check
-from spotray.train.hf.worker import PreemptionNoticeCallback, ProgressCallback, in_ray_train
+from spotray.train.hf.notice import PreemptionNoticeCallback, in_ray_train
+from spotray.train.hf.progress import ProgressCallback
 from spotray.train.launch.batching import plan_batch
 from spotray.train.launch.ray_capacity import run_worker_hosts, spare_room
 from spotray.train.processes.ranks import broadcast_from_rank0, world_rank, world_size
@@ -219,7 +220,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         )
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     # An elastic group goes on without the ranks a spot notice takes, if enough are left, and any group
-    # whose spares Ray has room for right then (train/hf/worker.py). With spares, rank 0 also records
+    # whose spares Ray has room for right then (train/hf/notice.py). With spares, rank 0 also records
     # which worker pods are idle, so that the controller can move a spare off its worker's node.
     min_workers = spec.workers.min_workers if spec.workers.elastic else None
     room = partial(spare_room, spec.workers) if spec.workers.spare_replicas else None

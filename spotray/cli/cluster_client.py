@@ -13,11 +13,13 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
 
 from spotray.cli.cluster_options import KubeOptions
 from spotray.cli.exit_codes import CommandFailedError, NotFoundError
 from spotray.contract.errors import SpotrayError
-from spotray.contract.extras import extra_required
 from spotray.contract.names import (
     GROUP,
     KIND,
@@ -30,11 +32,6 @@ from spotray.contract.names import (
     VERSION,
 )
 from spotray.contract.sweep import SWEEP_PLURAL
-
-with extra_required("controller"):
-    from kubernetes import client, config
-    from kubernetes.client.exceptions import ApiException
-    from kubernetes.config.config_exception import ConfigException
 
 FIELD_MANAGER = "spotray-cli"
 _PLURALS = {KIND: PLURAL, SWEEP_KIND: SWEEP_PLURAL}

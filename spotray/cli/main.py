@@ -12,11 +12,13 @@ import sys
 from pathlib import Path
 from types import FrameType
 
+import spotray
 from spotray.cli.cluster_options import KubeOptions, add_cluster_flags
 from spotray.cli.exit_codes import NotFoundError, exit_code_for
 from spotray.cli.output import FORMATS
 from spotray.contract.attempts import EXIT_INTERRUPTED
 from spotray.contract.errors import SpotrayError
+from spotray.contract.extras import extra_required
 
 RUN_HELP = (
     "a TrainingRun manifest (its spec.checkpoint.uri is used), a checkpoint URI (s3://BUCKET/PREFIX, "
@@ -50,7 +52,7 @@ RUN_EXAMPLES = """examples:
   spotray run jobs/gpt2/trainingrun.yaml --local --preempt-at 80         # spot notice: emergency checkpoint
   spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s
                                        # a worker's node vanishes, and returns 90 s later
-  spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s \
+  spotray run jobs/gpt2/trainingrun.yaml --local --lose-worker-at 60 --add-worker-at 90s \\
       --worker-notice-s 30             # the same, with a 30 s spot notice first
   spotray run jobs/gpt2/trainingrun.yaml                                 # on the cluster: same as submit
   spotray run jobs/gpt2/sweep.yaml --local     # a TrainingSweep: its trials as local runs (docs/sweeps.md)
@@ -163,9 +165,11 @@ def run_command(args: argparse.Namespace) -> int:
             )
         return submit_command(args)
     from spotray.contract.spec import load_training_run  # noqa: PLC0415
-    from spotray.local.local_run import Faults, LocalRun  # noqa: PLC0415
-    from spotray.local.node_faults import NodeSchedule  # noqa: PLC0415
-    from spotray.local.progress import ProgressView  # noqa: PLC0415
+
+    with extra_required("ray"):  # local mode runs Ray Train here: torch, transformers and Ray
+        from spotray.local.local_run import Faults, LocalRun  # noqa: PLC0415
+        from spotray.local.node_faults import NodeSchedule  # noqa: PLC0415
+        from spotray.local.progress import ProgressView  # noqa: PLC0415
 
     training_run = load_training_run(args.file)
     workdir = args.workdir or Path("spotray-local") / training_run.name
@@ -206,8 +210,9 @@ def run_sweep(args: argparse.Namespace, document: dict[str, object]) -> int:
         )
     if not args.local:
         return submit_command(args)  # the controller runs its trials (controller/sweep_reconcile.py)
-    from spotray.local.local_sweep import LocalSweep  # noqa: PLC0415
-    from spotray.local.progress import ProgressView  # noqa: PLC0415
+    with extra_required("ray"):
+        from spotray.local.local_sweep import LocalSweep  # noqa: PLC0415
+        from spotray.local.progress import ProgressView  # noqa: PLC0415
 
     workdir = args.workdir or Path("spotray-local") / sweep.name
     progress = ProgressView()
@@ -324,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=MAIN_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"spotray {spotray.__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, summary: str, description: str, epilog: str) -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ Layout under the run's checkpoint URI (checkpoints themselves: train/checkpoints
 
     _spotray/<run id>/attempt-<N>.json            how attempt N ended (the driver, train/launch/launcher.py)
     _spotray/<run id>/attempt-<N>.preempted.json  rank 0 stopped on a preemption notice, its
-                                                  emergency checkpoint complete (train/hf/worker.py)
+                                                  emergency checkpoint complete (train/hf/notice.py)
     _spotray/<run id>/attempt-<N>.progress.json   training progress (rank 0, train/records/progress_log.py)
     _spotray/fence.json                           the newest attempt to start; older ones stop writing
 

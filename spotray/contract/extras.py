@@ -1,7 +1,8 @@
 """Optional dependencies: which extra provides what, and the error that says which one to install.
 
-``pip install spotray`` is the core (S3 store, checkpoints, the Hugging Face callback, resume). Ray,
-MosaicML streaming, the controller's Kubernetes clients and matplotlib come with extras, so a module
+``pip install spotray`` is the light core (the CLI, the TrainingRun contract, the S3 store, the
+Kubernetes client of the cluster commands). torch and transformers (the Hugging Face callback,
+resume), Ray, MosaicML streaming, the controller and matplotlib come with extras, so a module
 that needs one imports it inside ``with extra_required(...)``: a missing package then raises an
 error naming the extra, instead of a bare ``ModuleNotFoundError`` deep in a traceback.
 """
@@ -15,9 +16,10 @@ from spotray.contract.errors import SpotrayError
 
 # extra -> what it is for, as the error message says it
 EXTRAS = {
+    "train": "the Hugging Face Trainer side (torch, transformers: the checkpoint callback, resume, notices)",
     "ray": "Ray Train (the launcher, local mode and the example jobs)",
     "streaming": "MosaicML streaming datasets",
-    "controller": "the Kubernetes clients of the controller and the CLI's cluster commands",
+    "controller": "the TrainingRun controller (kopf, the Prometheus client)",
     "plot": "matplotlib for plots",
     "sweep": "Optuna's samplers and pruners for sweeps (TrainingSweep)",
 }

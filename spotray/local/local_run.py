@@ -551,7 +551,7 @@ class LocalRun:
 
         Not before: Ray places a group on any node with room, and the group must hold the worker on
         the node the faults hit, as a cluster's group holds its spot workers. A spot notice to that
-        node then finds a spare free, and a fixed-size run goes on there (train/hf/worker.py).
+        node then finds a spare free, and a fixed-size run goes on there (train/hf/notice.py).
         """
         spares = self.run_spec.spec.workers.spare_replicas
         if not self.node_layout.node_cpus or len(self.spares) >= spares:

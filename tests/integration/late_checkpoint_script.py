@@ -3,7 +3,7 @@
 What nemesis trial 39 hit (seed 1): a spot notice whose checkpoint took 13.3 s against a 12.4 s
 deadline. Its one worker waits for Ray Train's preemption notice, then "checkpoints" for
 ``checkpoint_s`` seconds (past the deadline) and records the preemption, as spotray's callback does
-(train/hf/worker.py). Usage: python late_checkpoint_script.py READY CHECKPOINT_S GRACE_S MARGIN_S
+(train/hf/notice.py). Usage: python late_checkpoint_script.py READY CHECKPOINT_S GRACE_S MARGIN_S
 """
 
 import sys

@@ -44,7 +44,10 @@ def test_the_sdist_holds_each_file_once_and_no_tests_or_benchmarks(dist: Path) -
     with tarfile.open(sdist) as archive:
         members = archive.getmembers()
     top = {Path(m.name).parts[1] for m in members if len(Path(m.name).parts) > 1}
-    assert top <= {"spotray", "spotray.egg-info", "pyproject.toml", "README.md", "MANIFEST.in", "PKG-INFO", "setup.cfg"}
+    assert top <= {
+        "spotray", "spotray.egg-info", "pyproject.toml", "README.md", "LICENSE", "MANIFEST.in", "PKG-INFO", "setup.cfg"
+    }  # fmt: skip
+    assert "LICENSE" in top
     assert not [m.name for m in members if m.issym()], "the symlinked folders are stored as real files"
 
 
@@ -54,10 +57,16 @@ def test_metadata_names_the_pythons_the_ranges_and_the_extras(dist: Path) -> Non
         metadata_name = next(n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
         metadata = Parser().parsestr(archive.read(metadata_name).decode())
     assert metadata["Requires-Python"] == ">=3.11"
-    assert {"ray", "streaming", "controller", "plot", "all"} <= set(metadata.get_all("Provides-Extra"))
-    core = [r for r in metadata.get_all("Requires-Dist") if "extra ==" not in r]
+    assert {"train", "ray", "streaming", "controller", "plot", "all"} <= set(metadata.get_all("Provides-Extra"))
+    requires = metadata.get_all("Requires-Dist")
+    core = [r for r in requires if "extra ==" not in r]
     assert not [r for r in core if "==" in r], f"the core dependencies are ranges, not pins: {core}"
-    assert {r.split(">")[0].split("<")[0] for r in core} == {"boto3", "pyyaml", "torch", "transformers", "accelerate"}
+    # Light: `pip install spotray` is the CLI and the contract, no torch (issue 72).
+    assert {r.split(">")[0].split("<")[0] for r in core} == {"boto3", "pyyaml", "kubernetes"}
+    train = {r.split(">")[0] for r in requires if 'extra == "train"' in r}
+    assert train == {"torch", "transformers", "accelerate"}, train
+    assert metadata["License-Expression"] == "Apache-2.0"
+    assert "Source" in " ".join(metadata.get_all("Project-URL"))
 
 
 def test_twine_accepts_both(dist: Path) -> None:

@@ -1,4 +1,4 @@
-"""An elastic group goes on without the ranks a spot notice takes (train/hf/worker.py, drain_handshake.py)."""
+"""An elastic group goes on without the ranks a spot notice takes (train/hf/notice.py, drain_handshake.py)."""
 
 import subprocess
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from spotray.train.hf.worker import PreemptionNoticeCallback, goes_on_without, notice_ranks
+from spotray.train.hf.notice import PreemptionNoticeCallback, goes_on_without, notice_ranks
 from spotray.train.launch.drain import raylet_pids
 from spotray.train.processes.drain_handshake import checkpointed, checkpointed_marker, mark_checkpointed
 from spotray.train.records.event_log import EventLog, read_events
@@ -76,8 +76,8 @@ def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr("spotray.train.hf.worker.world_size", lambda: 2)
-    monkeypatch.setattr("spotray.train.hf.worker.world_rank", lambda: 1)  # this rank is on the leaving node
+    monkeypatch.setattr("spotray.train.hf.notice.world_size", lambda: 2)
+    monkeypatch.setattr("spotray.train.hf.notice.world_rank", lambda: 1)  # this rank is on the leaving node
     notices: list[RayNotice | None] = [None, RayNotice([1]), RayNotice([1]), RayNotice([0, 1])]
     events = EventLog(tmp_path / "events.jsonl")
     sync = FakeSync()
@@ -123,8 +123,8 @@ def test_a_fixed_size_group_with_spares_goes_on_only_when_rank_0_reads_room_for_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: int, goes_on: bool
 ) -> None:
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
-    monkeypatch.setattr("spotray.train.hf.worker.world_size", lambda: 2)
-    monkeypatch.setattr("spotray.train.hf.worker.world_rank", lambda: 0)
+    monkeypatch.setattr("spotray.train.hf.notice.world_size", lambda: 2)
+    monkeypatch.setattr("spotray.train.hf.notice.world_rank", lambda: 0)
     readings: list[int] = []
 
     def spare_room() -> int:

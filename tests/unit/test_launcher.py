@@ -15,7 +15,7 @@ from spotray.contract.spec import RunContext, TrainingRun, parse_training_run
 from spotray.local.local_run import EventCursor, needs_embedded_s3, ray_cpus_for
 from spotray.local.progress import ProgressView, format_duration
 from spotray.train.hf.data import DataPosition, EpochLoader
-from spotray.train.hf.worker import PreemptionNoticeCallback
+from spotray.train.hf.notice import PreemptionNoticeCallback
 from spotray.train.launch.launcher import (
     build_run_config,
     build_scaling_config,

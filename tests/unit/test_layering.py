@@ -77,8 +77,11 @@ CONTROLLER_MAY_IMPORT = (
 CLI = "spotray.cli"
 # Local mode: it runs a TrainingRun on one machine with the decisions the controller makes.
 LOCAL_MODE = "spotray.local"
-# Package roots: imported whenever anything under them is, so they must import no spotray module.
+# Package roots: imported whenever anything under them is, so they must import no spotray module,
+# but the top one may import the contract (the bottom layer: nothing of spotray's under it, so no
+# cycle) to name the extra a public name needs; those names themselves load lazily (spotray/__init__.py).
 ROOTS = ("spotray", "spotray.train")
+ROOT_MAY_IMPORT = {"spotray": "spotray.contract"}
 
 # Third-party packages, by the layer that must not import them (standard library aside).
 CONTRACT_MAY_IMPORT = ("yaml",)  # and the standard library, and itself
@@ -188,8 +191,10 @@ def layering_violations(root: Path = ROOT) -> list[str]:
         where = f"{imp.file}:{imp.line} ({imp.importer}) imports {imp.target}"
         if importer.startswith("unlayered") or imported.startswith("unlayered"):
             problems.append(f"{where}: {importer if importer.startswith('unlayered') else imported} is in no layer")
-        elif importer in ROOTS:
+        elif importer in ROOTS and imported != ROOT_MAY_IMPORT.get(importer):
             problems.append(f"{where}: {importer} is imported with everything under it, so it imports nothing")
+        elif importer in ROOTS:
+            continue
         elif importer == imported or imported in ROOTS:
             continue
         elif imported == CLI:
@@ -343,7 +348,7 @@ def test_every_module_is_found_through_the_symlinks() -> None:
         "spotray.contract.spec",
         "spotray.train.processes.ranks",
         "spotray.train.launch.launcher",
-        "spotray.train.hf.worker",
+        "spotray.train.hf.notice",
         "spotray.decisions.run_plan",
         "spotray.jobs.gpt2.train",
     ):

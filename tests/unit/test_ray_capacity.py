@@ -6,7 +6,7 @@ import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
 from spotray.contract.spec import WorkerSpec
-from spotray.train.hf.worker import WORKER_HOSTS_EVERY_S, ProgressCallback
+from spotray.train.hf.progress import WORKER_HOSTS_EVERY_S, ProgressCallback
 from spotray.train.launch.ray_capacity import free_worker_slots, slots_on, worker_hosts, worker_resources
 from spotray.train.records.event_log import EventLog
 from spotray.train.records.progress_log import AttemptProgress, ProgressWriter, WorkerHosts
@@ -77,7 +77,7 @@ def test_rank_0_records_worker_hosts_at_most_every_interval_and_a_failed_read_co
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = [100.0]
-    monkeypatch.setattr("spotray.train.hf.worker.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("spotray.train.hf.progress.time.monotonic", lambda: clock[0])
     reads: list[WorkerHosts | Exception] = [WorkerHosts(idle=("b",), busy=("a",)), RuntimeError("GCS away")]
 
     def read() -> WorkerHosts:

@@ -1,1 +1,1 @@
-"""The Hugging Face side: the on_save callback, the worker around the Trainer, streaming data, the auto interval."""
+"""The Hugging Face side: the on_save callback, the spot notice, progress, streaming data, the auto interval."""

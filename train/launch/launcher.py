@@ -2,7 +2,7 @@
 
 The one place that builds a Ray Train run, not the only module that imports Ray: the crash ledger
 (an actor, train/launch/crash_loop.py), the preStop drain (train/launch/drain.py), the workers'
-``ray.train`` calls (train/hf/worker.py) and the CNN job's Ray Data (jobs/cnn/train.py) do too.
+``ray.train`` calls (train/hf/progress.py, notice.py) and the CNN job's Ray Data (jobs/cnn/train.py) do too.
 Local mode starts its cluster with the ``ray`` command (spotray/local/local_ray.py) and imports no Ray.
 Nothing below train/launch and train/hf imports Ray (tests/unit/test_layering.py).
 

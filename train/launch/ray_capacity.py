@@ -2,7 +2,7 @@
 and which worker pods are idle spares right now.
 
 A fixed-size run with spare worker pods (``spec.workers.spareReplicas``) goes on after a spot
-notice only when the workers the notice takes can start again elsewhere (train/hf/worker.py
+notice only when the workers the notice takes can start again elsewhere (train/hf/notice.py
 ``goes_on_without``). That is a fact read from Ray at the notice, not a hope: a spare that a
 notice took a moment before, or one that has not joined yet, is not room, and the run stops on
 its emergency checkpoint as a run without spares does.

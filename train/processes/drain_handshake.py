@@ -1,6 +1,6 @@
 """The handshake between a draining node's preStop hook and the training workers on that node.
 
-An elastic run goes on without a node that gets a spot notice (train/hf/worker.py): every rank takes
+An elastic run goes on without a node that gets a spot notice (train/hf/notice.py): every rank takes
 an emergency checkpoint and the group keeps training until the node is gone; Ray Train then
 restarts it smaller, from that checkpoint. The node must go as soon as the checkpoint is safe, not
 at the end of the grace period, so the workers on it tell the hook (train/launch/drain.py) with a

@@ -1,64 +1,65 @@
-"""What every training worker does around the Hugging Face Trainer, under Ray Train or under torchrun.
+"""The spot notice in a Hugging Face Trainer: save at once, wait until the checkpoint is safe, stop.
 
-- ``ProgressCallback``: every logged step goes to the JSON-lines event log and to the attempt's
-  progress object in the store (rank 0, see train/records/progress_log.py); under Ray Train
-  the end of training also goes to ``ray.train.report`` (step, loss, the last complete checkpoint).
-  Only the end: each report is a barrier across ranks through a Ray actor that measured 2.0 s per
-  call on this machine; see docs/benchmarks.md (ray_vs_torchrun) for what reporting at every
-  checkpoint cost. Live progress is in the event log and in the checkpoints themselves.
-- ``PreemptionNoticeCallback``: all ranks ask whether a preemption is coming. Under Ray Train that
-  is ``ray.train.get_preemption_info`` (a node being drained as a preemption: a worker pod's
-  preStop hook runs ``python -m spotray.train.launch.drain``, or the driver got SIGTERM and drained
-  every node); under torchrun, a SIGTERM to any rank, shared with an all-reduce. Either way the
-  question is a collective (8 ms measured on 2 loaded CPU cores), so it is asked about once a
-  second, not every step: rank 0 times the first steps and every rank gets the same interval. On
-  a notice the Trainer saves at once, the callback waits until that checkpoint is complete in the
-  store, leaves a marker there, and training stops. An elastic group that can do without the ranks
-  the notice names (``goes_on_without``) keeps training instead: once the emergency checkpoint is
-  safe, the ranks on the draining node tell its preStop hook (train/processes/drain_handshake.py), the
-  node goes, and Ray Train restarts the group smaller from that checkpoint, in the same attempt. A
-  fixed-size group with spare pods does the same when Ray has room for the ranks the notice takes
-  (read on rank 0 at the notice): Ray Train restarts it at full size, on a spare.
+``PreemptionNoticeCallback``: all ranks ask whether a preemption is coming. Under Ray Train that is
+``ray.train.get_preemption_info`` (a node being drained as a preemption: a worker pod's preStop hook
+runs ``python -m spotray.train.launch.drain``, or the driver got SIGTERM and drained every node);
+anywhere else (torchrun, plain python) a SIGTERM to any rank, shared with an all-reduce when there
+is a process group. Either way the question is a collective (8 ms measured on 2 loaded CPU cores),
+so it is asked about once a second, not every step: rank 0 times the first steps and every rank
+gets the same interval. On a notice the Trainer saves at once, the callback waits until that
+checkpoint is complete in the store, leaves a marker there (for spotray's controller, when the
+checkpoint callback knows its attempt), and training stops.
 
-Only ``ray.train`` calls need a Ray cluster; ranks come from ``torch.distributed``, which both launchers
-set up. The module still imports ``ray.train``, so it needs the ``[ray]`` extra even under torchrun.
+An elastic group that can do without the ranks the notice names (``goes_on_without``) keeps
+training instead: once the emergency checkpoint is safe, the ranks on the draining node tell its
+preStop hook (train/processes/drain_handshake.py), the node goes, and Ray Train restarts the group
+smaller from that checkpoint, in the same attempt. A fixed-size group with spare pods does the same
+when Ray has room for the ranks the notice takes (read on rank 0 at the notice): Ray Train restarts
+it at full size, on a spare.
+
+Ray is never imported here: under Ray Train it is already loaded (``in_ray_train``), so a script
+outside Ray needs only ``spotray[train]``.
+
+    from spotray import PreemptionNoticeCallback, S3CheckpointCallback
+    sync = S3CheckpointCallback("s3://bucket/run")
+    trainer = Trainer(..., callbacks=[sync, PreemptionNoticeCallback(sync)])
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from spotray.contract.attempts import AttemptId
-from spotray.contract.extras import extra_required
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.processes.drain_handshake import mark_checkpointed
 from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank, world_size
 from spotray.train.records.attempt_records import write_preemption
-from spotray.train.records.event_log import EventLog
-from spotray.train.records.progress_log import ProgressWriter
-
-if TYPE_CHECKING:
-    from spotray.train.records.progress_log import WorkerHosts
-
-with extra_required("ray"):
-    import ray.train
+from spotray.train.records.event_log import EventLog, event_log_from_env
 
 log = logging.getLogger(__name__)
 
 
 def in_ray_train() -> bool:
-    """True inside a function that Ray Train's ``fit()`` launched."""
+    """True inside a function that Ray Train's ``fit()`` launched.
+
+    Ray Train's worker has imported ``ray.train`` before it runs the function; a script that never
+    did is not under Ray Train, and is not made to import Ray (seconds, and an extra) to learn it.
+    """
+    ray_train = sys.modules.get("ray.train")
+    if ray_train is None:
+        return False
     try:
-        ray.train.get_context()
+        ray_train.get_context()
     except RuntimeError:
         return False
     return True
@@ -77,17 +78,24 @@ class SigtermNotice:
     def __call__(self) -> object | None:
         flag = torch.tensor([1 if self.received else 0])
         if dist.is_available() and dist.is_initialized():
+            if dist.get_backend() == "nccl":  # NCCL reduces GPU tensors only
+                flag = flag.to(torch.device("cuda", torch.cuda.current_device()))
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return "sigterm" if int(flag.item()) else None
 
 
 def default_notice() -> Callable[[], object | None]:
-    return ray.train.get_preemption_info if in_ray_train() else SigtermNotice()
+    """Ray Train's drain notice under Ray Train; elsewhere (torchrun, plain python) a SIGTERM."""
+    if in_ray_train():
+        return cast("Callable[[], object | None]", sys.modules["ray.train"].get_preemption_info)
+    return SigtermNotice()
 
 
 def ray_node_id() -> str | None:
     """This worker's Ray node, None outside Ray."""
-    return ray.get_runtime_context().get_node_id() if in_ray_train() else None
+    if not in_ray_train():
+        return None
+    return str(sys.modules["ray"].get_runtime_context().get_node_id())
 
 
 def notice_ranks(info: object) -> frozenset[int]:
@@ -110,96 +118,15 @@ def goes_on_without(ranks: frozenset[int], size: int, min_workers: int | None, r
     return size - lost + min(room, lost) >= needed
 
 
-# How often rank 0 of a run with spares reads which worker pods are idle (one GCS read): the
-# controller moves an idle spare off its worker's node within about this long after it lands there.
-WORKER_HOSTS_EVERY_S = 10.0
-
-
-class ProgressCallback(TrainerCallback):
-    """Each logged step to the event log; under Ray Train, the final state to ``ray.train.report``.
-
-    ``worker_hosts`` (a run with spares, rank 0): reads which worker pods are idle and which train
-    (train/launch/ray_capacity.py ``run_worker_hosts``), recorded in the progress every
-    ``WORKER_HOSTS_EVERY_S``; a failed read is logged and skipped (it is advice to the controller).
-    """
-
-    def __init__(
-        self,
-        sync: S3CheckpointCallback,
-        events: EventLog,
-        progress: ProgressWriter | None = None,
-        worker_hosts: Callable[[], WorkerHosts] | None = None,
-    ) -> None:
-        self.sync = sync
-        self.events = events
-        self.progress = progress  # rank 0 only: the attempt's progress object in the store
-        self.worker_hosts = worker_hosts
-        self.hosts_read_at = float("-inf")
-        self.report_to_ray = in_ray_train()
-        self.last_loss: float | None = None
-
-    def _record_worker_hosts(self) -> None:
-        if self.progress is None or self.worker_hosts is None:
-            return
-        now = time.monotonic()
-        if now - self.hosts_read_at < WORKER_HOSTS_EVERY_S:
-            return
-        self.hosts_read_at = now
-        try:
-            hosts = self.worker_hosts()
-        except Exception as error:  # noqa: BLE001 - advice for the controller; training goes on without it
-            log.warning("could not read which worker pods are idle: %s", error)
-            return
-        self.progress.record_worker_hosts(hosts)
-
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, float] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if not logs or "loss" not in logs:
-            return
-        self.last_loss = logs["loss"]
-        if state.is_world_process_zero:
-            rate = logs.get("learning_rate")  # the rate this step used: a sweep's exploit changes it
-            self.events.emit("step", step=state.global_step, loss=logs["loss"], max_steps=state.max_steps, lr=rate)
-            if self.progress is not None:
-                self.progress.record(state.global_step, logs["loss"])
-            self._record_worker_hosts()
-
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
-        # After the S3 callback's on_save (it comes first in the list), which measured the stall.
-        stall = self.sync.stall_at(state.global_step)
-        if self.progress is not None and stall is not None:
-            self.progress.record_checkpoint_stall(state.global_step, stall)
-
-    def on_train_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
-        if self.progress is not None and not self.progress.close():
-            log.warning("the last training progress did not reach the store in time (it is best effort)")
-        if not self.report_to_ray:
-            return
-        # Runs after the S3 callback's on_train_end (it comes first in the list), so the final
-        # checkpoint's upload is done and last_complete_step is current.
-        metrics: dict[str, Any] = {"step": state.global_step, "max_steps": state.max_steps, "loss": self.last_loss}
-        if self.sync.last_complete_step is not None:
-            metrics["last_checkpoint_step"] = self.sync.last_complete_step
-        ray.train.report(metrics)
-
-
 class PreemptionNoticeCallback(TrainerCallback):
     """On a drain notice: save now, wait for the upload to complete, stop (see the module docstring)."""
 
     def __init__(
         self,
         sync: S3CheckpointCallback,
-        events: EventLog,
+        events: EventLog | None = None,
         *,
-        attempt: AttemptId,
+        attempt: AttemptId | None = None,
         target_interval_s: float = 1.0,
         calibration_steps: int = 5,
         notice: Callable[[], object | None] | None = None,
@@ -208,8 +135,9 @@ class PreemptionNoticeCallback(TrainerCallback):
         node_id: Callable[[], str | None] = ray_node_id,
     ) -> None:
         self.sync = sync
-        self.events = events
-        self.attempt = attempt
+        self.events = events if events is not None else event_log_from_env()
+        # The attempt whose preemption marker the controller reads; outside spotray's own jobs, none.
+        self.attempt = attempt if attempt is not None else sync.attempt
         self.target_interval_s = target_interval_s
         self.calibration_steps = calibration_steps
         self.notice = notice or default_notice()
@@ -291,7 +219,8 @@ class PreemptionNoticeCallback(TrainerCallback):
         self.stopped_at_step = state.global_step
         if state.is_world_process_zero:
             seconds = time.monotonic() - self.noticed_at
-            write_preemption(self.sync.store, self.attempt, state.global_step, seconds)
+            if self.attempt is not None:
+                write_preemption(self.sync.store, self.attempt, state.global_step, seconds)
             self.events.emit("emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3))
             log.warning("emergency checkpoint-%d complete %.1f s after the notice", state.global_step, seconds)
 
