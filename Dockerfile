@@ -74,7 +74,7 @@ RUN --mount=type=secret,id=build_ca \
 FROM deps AS build
 # ARGs do not carry over from deps: pip's build isolation fetches setuptools from here.
 ARG PIP_INDEX_URL=https://pypi.org/simple
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml README.md LICENSE /src/
 COPY spotray/ /src/spotray/
 COPY train/ /src/train/
 COPY controller/ /src/controller/

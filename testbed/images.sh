@@ -123,7 +123,7 @@ inputs() {
         (
           cd "$ROOT"
           {
-            printf '%s\n' Dockerfile .dockerignore pyproject.toml README.md docker/*.lock
+            printf '%s\n' Dockerfile .dockerignore pyproject.toml README.md LICENSE docker/*.lock
             find spotray train controller jobs -type f ! -name '*.pyc' ! -path '*/__pycache__/*'
           } | LC_ALL=C sort | xargs -d '\n' sha256sum
         )
