@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput release test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -202,6 +202,11 @@ bench-spare-move-real-pods: setup testbed ## real pods, A vs B: a run with a spa
 
 bench-fresh-start-real-pods: setup testbed ## real pods, A vs B: a fresh run's RayJob -> first step with spotray's readiness probe vs KubeRay's (~10 min)
 	$(PY) -m bench.on_testbed.fresh_start_real_pods --pairs 3 --steps 30
+
+release: setup ## build and check a release's files in dist/<version> (wheel, sdist, chart); REGISTRY=ghcr.io/ORG also builds and pushes the images and the chart (docs/releasing.md)
+	@helm="$$(command -v helm || $(PY) -c 'import testbed.cluster as t; print(t.binary("helm"))' 2>/dev/null)"; \
+	if [ ! -x "$$helm" ]; then $(MAKE) testbed; helm="$$($(PY) -c 'import testbed.cluster as t; print(t.binary("helm"))')"; fi; \
+	UV=$(UV) HELM="$$helm" $(PY) hack/release.py $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(IMAGES),--images) $(if $(SNAPSHOT),--snapshot)
 
 clean: ## remove the venv and local outputs (caches under ~/.cache stay)
 	rm -rf $(VENV) demo-output bench/work build .pytest_cache .mypy_cache .ruff_cache

@@ -193,9 +193,7 @@ def layering_violations(root: Path = ROOT) -> list[str]:
             problems.append(f"{where}: {importer if importer.startswith('unlayered') else imported} is in no layer")
         elif importer in ROOTS and imported != ROOT_MAY_IMPORT.get(importer):
             problems.append(f"{where}: {importer} is imported with everything under it, so it imports nothing")
-        elif importer in ROOTS:
-            continue
-        elif importer == imported or imported in ROOTS:
+        elif importer in ROOTS or importer == imported or imported in ROOTS:
             continue
         elif imported == CLI:
             problems.append(f"{where}: nothing imports the command line (spotray.cli)")
