@@ -3,15 +3,17 @@
 The script runs from a directory that also holds the user's own `jobs.py`, `controller.py` and
 `data.py`; each exits loudly if anything imports it, so a library module that still resolves a
 generic top-level name fails this test. The script is SIGKILLed once a complete checkpoint is in
-S3, then started again: it must resume from that checkpoint and finish.
+S3, then started again: it must resume from that checkpoint and finish. Given SIGTERM instead (a
+spot notice, no Ray anywhere), it must save at once and stop on that checkpoint.
 
-Needs only the core install (marker `core`): `make test-compat` runs it in every supported Python
-and transformers, with spotray installed from the wheel.
+Needs only `spotray[train]` (marker `core`): `make test-compat` runs it in every supported Python
+and transformers, with spotray installed from the wheel and no Ray.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -30,8 +32,8 @@ SHADOWS = ("jobs", "controller", "data", "bench")
 
 
 def readme_own_script() -> str:
-    """The first Python block of the README's 'Using it in your own training script' section."""
-    section = README.read_text().split("## Using it in your own training script", 1)[1]
+    """The first Python block of the README's own-script quick path."""
+    section = README.read_text().split("## 2. Make your own Hugging Face script spot-safe", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.DOTALL)
     assert match, "README: the own-script section lost its python block"
     return match.group(1)
@@ -97,3 +99,38 @@ def test_readme_script_resumes_after_a_kill_beside_the_users_own_modules(
     finished = latest_complete_checkpoint(s3_store)
     assert finished is not None
     assert finished.step == final_step, output
+
+
+def test_readme_script_takes_an_emergency_checkpoint_on_sigterm_without_ray(
+    s3_env: dict[str, str], s3_uri: str, s3_store: ObjectStore, tmp_path: Path
+) -> None:
+    """A spot notice under plain python: no periodic save would come (save-steps 100000), so the
+    checkpoint after the SIGTERM is the notice's, and the script ends on it, exit 0."""
+    work = user_directory(tmp_path / "project")
+    command = [sys.executable, "train.py", "--checkpoint-uri", s3_uri, "--save-steps", "100000"]
+    process = subprocess.Popen(
+        [*command, "--max-steps", "100000"],
+        cwd=work,
+        env=s3_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        lines = []
+        for line in process.stdout:  # training has begun once the first loss is logged
+            lines.append(line)
+            if "'loss'" in line:
+                break
+        assert process.poll() is None, "".join(lines)
+        process.send_signal(signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    output = "".join(lines) + rest
+    assert process.returncode == 0, output
+    assert "preemption notice at step" in output, output
+    emergency = latest_complete_checkpoint(s3_store)
+    assert emergency is not None, output
+    assert 10 <= emergency.step < 100000, output
