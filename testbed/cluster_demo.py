@@ -406,7 +406,7 @@ def demo(workdir: Path, keep: bool) -> int:
         env = cluster.s3_env
         if spotray("pull", str(manifest), str(workdir / "model"), env=env) != 0:
             return 1
-        if spotray("plot", str(manifest), "-o", str(workdir / "loss.png"), env=env) != 0:
+        if spotray("plot", str(manifest), "--output", str(workdir / "loss.png"), env=env) != 0:
             return 1
         if keep:
             say(f"kept up: export KUBECONFIG={kubeconfig}; `make cluster-down` (or Ctrl-C) stops it all")

@@ -118,16 +118,52 @@ class ClusterConnection:
             )
         return cast("dict[str, Any]", run)
 
-    def list_runs(self, namespace: str | None = None, labels: dict[str, str] | None = None) -> list[dict[str, Any]]:
-        """The TrainingRuns of the namespace (those that carry all of ``labels``), by name."""
+    def list_runs(
+        self, namespace: str | None = None, labels: dict[str, str] | None = None, *, all_namespaces: bool = False
+    ) -> list[dict[str, Any]]:
+        """The TrainingRuns of the namespace, or of every namespace (those that carry all of ``labels``),
+        by namespace and name."""
         namespace = namespace or self.namespace
         selector = ",".join(f"{key}={value}" for key, value in (labels or {}).items())
-        with self._call("list TrainingRuns", namespace):
-            listing = self.custom.list_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, label_selector=selector, _request_timeout=self.request_timeout
-            )
+        with self._call("list TrainingRuns", "every namespace" if all_namespaces else namespace):
+            if all_namespaces:
+                listing = self.custom.list_cluster_custom_object(
+                    GROUP, VERSION, PLURAL, label_selector=selector, _request_timeout=self.request_timeout
+                )
+            else:
+                listing = self.custom.list_namespaced_custom_object(
+                    GROUP, VERSION, namespace, PLURAL, label_selector=selector, _request_timeout=self.request_timeout
+                )
         items: list[dict[str, Any]] = cast("dict[str, Any]", listing).get("items", [])
-        return sorted(items, key=lambda item: item["metadata"]["name"])
+        return sorted(items, key=lambda item: (item["metadata"].get("namespace", ""), item["metadata"]["name"]))
+
+    def delete_run(self, name: str, namespace: str | None = None, *, kind: str = KIND) -> None:
+        """Delete a TrainingRun (or a TrainingSweep); its checkpoints stay in the store."""
+        namespace = namespace or self.namespace
+        with self._call(f"delete {kind} {name}", namespace, kind):
+            self.custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, _PLURALS[kind], name, _request_timeout=self.request_timeout
+            )
+
+    def set_suspended(self, name: str, suspended: bool, namespace: str | None = None, *, kind: str = KIND) -> bool:
+        """Set ``spec.suspend``; returns whether it changed (a merge patch, as ``kubectl patch --type merge``)."""
+        namespace = namespace or self.namespace
+        before = self.get_run(name, namespace, kind=kind)
+        if bool(before.get("spec", {}).get("suspend", False)) == suspended:
+            return False
+        with self._call(f"{'suspend' if suspended else 'resume'} {kind} {name}", namespace, kind):
+            self.custom.patch_namespaced_custom_object(
+                GROUP,
+                VERSION,
+                namespace,
+                _PLURALS[kind],
+                name,
+                {"spec": {"suspend": suspended}},
+                field_manager=FIELD_MANAGER,
+                _content_type="application/merge-patch+json",
+                _request_timeout=self.request_timeout,
+            )
+        return True
 
     def apply_run(self, document: dict[str, Any], namespace: str) -> tuple[dict[str, Any], str]:
         """Server-side apply of a TrainingRun or a TrainingSweep (its ``kind``), like ``kubectl apply

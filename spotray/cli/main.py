@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -27,7 +28,8 @@ RUN_HELP = (
 
 MAIN_EPILOG = """commands by where they run:
   on this machine   run FILE --local
-  on a cluster      submit (= run without --local), status, watch, logs
+  anywhere          validate FILE...
+  on a cluster      submit (= run without --local), status, watch, logs, suspend, resume, delete
   on S3             checkpoints, pull, plot  (RUN: manifest, checkpoint URI, or TrainingRun name)
 
 environment:
@@ -78,11 +80,25 @@ The manifest is validated here first: a bad one is refused with every problem li
 is sent. With --watch the exit code is the run's (0 succeeded, 1 failed).
 """
 
+VALIDATE_EXAMPLES = """examples:
+  spotray validate jobs/gpt2/trainingrun.yaml
+  spotray validate runs/*.yaml          # every file; exit 2 if any is not valid
+
+The same checks the API server makes through the CRD, plus what only spotray knows (a bucket name,
+a Secret reference); `run` and `submit` make them too before they send anything.
+"""
+
+ACTION_EXAMPLES = """examples:
+  spotray {verb} gpt2
+  spotray {verb} gpt2 -n team-a --context prod
+"""
+
 STATUS_EXAMPLES = """examples:
   spotray status                       # every TrainingRun in the namespace, like kubectl get
   spotray status gpt2                  # one run: attempts, last checkpoint, conditions, message
   spotray status -o json | jq '.[] | select(.phase == "Running") | .name'
   spotray status gpt2 -o yaml          # the whole TrainingRun object
+  spotray status -A                    # the runs of every namespace
 """
 
 WATCH_EXAMPLES = """examples:
@@ -130,7 +146,7 @@ S3 endpoint and credentials come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID and AW
 
 PLOT_EXAMPLES = """examples:
   spotray plot gpt2                                      # writes gpt2-loss.png
-  spotray plot s3://my-bucket/runs/gpt2 -o loss.png
+  spotray plot s3://my-bucket/runs/gpt2 --output loss.png
   spotray plot gpt2-lr                                   # a TrainingSweep: every trial, gpt2-lr-sweep.png
 
 Joins the (step, loss) points every attempt kept in _spotray/attempt-N.progress.json next to the
@@ -163,6 +179,12 @@ def run_command(args: argparse.Namespace) -> int:
                 "--fresh-ray-cluster chooses local mode's Ray cluster, and this run goes to the cluster",
                 "add --local, or drop --fresh-ray-cluster",
             )
+        # Said before anything is sent: `run FILE` alone goes to whatever cluster the kube config names.
+        print(
+            "spotray: no --local, so this goes to the cluster of your kube context (as `spotray submit`); "
+            "add --local to run it on this machine",
+            file=sys.stderr,
+        )
         return submit_command(args)
     from spotray.contract.spec import load_training_run  # noqa: PLC0415
 
@@ -242,7 +264,30 @@ def status_command(args: argparse.Namespace) -> int:
     from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
     from spotray.cli.run_status import status_command as status  # noqa: PLC0415
 
-    return status(ClusterConnection(KubeOptions.from_args(args)), args.run, args.output)
+    if args.all_namespaces and args.run is not None:
+        raise SpotrayError("-A lists the runs of every namespace, and RUN names one", "drop -A, or RUN")
+    cluster = ClusterConnection(KubeOptions.from_args(args))
+    return status(cluster, args.run, args.output, all_namespaces=args.all_namespaces)
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    from spotray.cli.run_actions import validate_command as validate  # noqa: PLC0415
+
+    return validate(args.files)
+
+
+def delete_command(args: argparse.Namespace) -> int:
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
+    from spotray.cli.run_actions import delete_command as delete  # noqa: PLC0415
+
+    return delete(ClusterConnection(KubeOptions.from_args(args)), args.run)
+
+
+def suspend_command(args: argparse.Namespace) -> int:
+    from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
+    from spotray.cli.run_actions import suspend_command as suspend  # noqa: PLC0415
+
+    return suspend(ClusterConnection(KubeOptions.from_args(args)), args.run, args.command == "suspend")
 
 
 def watch_command(args: argparse.Namespace) -> int:
@@ -322,6 +367,84 @@ def add_fault_flags(run: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_store_commands(command: Callable[[str, str, str, str], argparse.ArgumentParser]) -> None:
+    """``checkpoints``, ``pull`` and ``plot``: what reads a run's checkpoints and events in the store."""
+    checkpoints = command(
+        "checkpoints",
+        "list a run's checkpoints, complete or not",
+        "A run's checkpoints, newest first, with size, file count and whether each is complete (and why not).",
+        CHECKPOINTS_EXAMPLES,
+    )
+    checkpoints.add_argument("run", metavar="RUN", help=RUN_HELP)
+    _add_output_flag(checkpoints)
+    add_cluster_flags(checkpoints)
+    checkpoints.set_defaults(handler=checkpoints_command)
+
+    pull = command(
+        "pull",
+        "download a complete checkpoint, verified",
+        "Download a complete checkpoint (the newest by default) into DIR, verified against its manifest.",
+        PULL_EXAMPLES,
+    )
+    pull.add_argument("run", metavar="RUN", help=RUN_HELP)
+    pull.add_argument("dir", type=Path, metavar="DIR", help="where the checkpoint's files go (must not exist yet)")
+    pull.add_argument("--step", type=int, metavar="N", help="checkpoint-N instead of the newest complete one")
+    add_cluster_flags(pull)
+    pull.set_defaults(handler=pull_command)
+
+    plot = command(
+        "plot",
+        "draw loss vs step across attempts (PNG)",
+        "A PNG of training loss vs step across every attempt, with each resume marked (or of a sweep's trials).",
+        PLOT_EXAMPLES,
+    )
+    plot.add_argument("run", metavar="RUN", help=RUN_HELP)
+    # --output, not -o: -o is an output format everywhere else (status, checkpoints), as in kubectl.
+    plot.add_argument("--output", type=Path, metavar="FILE.png", help="where to write it (default: RUN-loss.png)")
+    add_cluster_flags(plot)
+    plot.set_defaults(handler=plot_command)
+
+
+def _add_validate(command: Callable[[str, str, str, str], argparse.ArgumentParser]) -> None:
+    validate = command(
+        "validate",
+        "check manifests without a cluster: every problem at once",
+        "Check TrainingRun and TrainingSweep manifests as run and submit do before they send anything: "
+        "every problem of every file at once, with 'did you mean' for a misspelt field. No cluster needed.",
+        VALIDATE_EXAMPLES,
+    )
+    validate.add_argument("files", type=Path, nargs="+", metavar="FILE", help="manifests (YAML)")
+    validate.set_defaults(handler=validate_command)
+
+
+def _add_run_actions(command: Callable[[str, str, str, str], argparse.ArgumentParser]) -> None:
+    """``delete``, ``suspend`` and ``resume``: one RUN and the cluster flags each."""
+    for name, summary, description in (
+        (
+            "delete",
+            "delete a TrainingRun or TrainingSweep (its checkpoints stay)",
+            "Delete a TrainingRun, or a TrainingSweep and its trials. Checkpoints stay in the store: applying "
+            "the same manifest again resumes from the newest.",
+        ),
+        (
+            "suspend",
+            "stop a run after a checkpoint (spec.suspend: true)",
+            "Set spec.suspend: the controller stops the current attempt after a checkpoint; nothing is spent.",
+        ),
+        (
+            "resume",
+            "start a suspended run again (spec.suspend: false)",
+            "Clear spec.suspend: the next attempt resumes from the newest complete checkpoint.",
+        ),
+    ):
+        verb = command(name, summary, description, ACTION_EXAMPLES.format(verb=name))
+        verb.add_argument(
+            "run", metavar="RUN", help="a TrainingRun's name" + (" or a sweep's" if name == "delete" else "")
+        )
+        add_cluster_flags(verb)
+        verb.set_defaults(handler=delete_command if name == "delete" else suspend_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="spotray",
@@ -376,6 +499,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_flags(submit)
     submit.set_defaults(handler=submit_command)
 
+    _add_validate(command)
+
     status = command(
         "status",
         "list TrainingRuns, or show one in detail",
@@ -383,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
         STATUS_EXAMPLES,
     )
     status.add_argument("run", nargs="?", metavar="RUN", help="a TrainingRun's name (default: list them all)")
+    status.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="list the runs of every namespace (a NAMESPACE column)"
+    )
     _add_output_flag(status)
     add_cluster_flags(status)
     status.set_defaults(handler=status_command)
@@ -397,6 +525,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_flags(watch)
     watch.set_defaults(handler=watch_command)
 
+    _add_run_actions(command)
+
     logs = command("logs", "print an attempt's job logs", "The driver log of one attempt's Ray job.", LOGS_EXAMPLES)
     logs.add_argument("run", metavar="RUN", help="a TrainingRun's name")
     logs.add_argument("--attempt", type=int, metavar="N", help="which attempt (default: the current one)")
@@ -404,39 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cluster_flags(logs)
     logs.set_defaults(handler=logs_command)
 
-    checkpoints = command(
-        "checkpoints",
-        "list a run's checkpoints, complete or not",
-        "A run's checkpoints, newest first, with size, file count and whether each is complete (and why not).",
-        CHECKPOINTS_EXAMPLES,
-    )
-    checkpoints.add_argument("run", metavar="RUN", help=RUN_HELP)
-    _add_output_flag(checkpoints)
-    add_cluster_flags(checkpoints)
-    checkpoints.set_defaults(handler=checkpoints_command)
-
-    pull = command(
-        "pull",
-        "download a complete checkpoint, verified",
-        "Download a complete checkpoint (the newest by default) into DIR, verified against its manifest.",
-        PULL_EXAMPLES,
-    )
-    pull.add_argument("run", metavar="RUN", help=RUN_HELP)
-    pull.add_argument("dir", type=Path, metavar="DIR", help="where the checkpoint's files go (must not exist yet)")
-    pull.add_argument("--step", type=int, metavar="N", help="checkpoint-N instead of the newest complete one")
-    add_cluster_flags(pull)
-    pull.set_defaults(handler=pull_command)
-
-    plot = command(
-        "plot",
-        "draw loss vs step across attempts (PNG)",
-        "A PNG of training loss vs step across every attempt, with each resume marked (or of a sweep's trials).",
-        PLOT_EXAMPLES,
-    )
-    plot.add_argument("run", metavar="RUN", help=RUN_HELP)
-    plot.add_argument("-o", "--output", type=Path, metavar="FILE.png", help="where to write it (default: RUN-loss.png)")
-    add_cluster_flags(plot)
-    plot.set_defaults(handler=plot_command)
+    _add_store_commands(command)
     return parser
 
 

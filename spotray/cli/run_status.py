@@ -96,12 +96,14 @@ def _loss(loss: float | None) -> str:
     return "-" if loss is None else f"{loss:.4g}"
 
 
-def status_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str:
+def status_table(runs: list[dict[str, Any]], now: datetime | None = None, *, with_namespace: bool = False) -> str:
+    """``kubectl get``'s table; with ``with_namespace`` (``-A``) a NAMESPACE column first, as kubectl adds."""
     rows = []
     for run in runs:
         row = run_summary(run)
         rows.append(
             (
+                *((row["namespace"],) if with_namespace else ()),
                 row["name"],
                 row["phase"] or "-",
                 _dash(row["attempt"]),
@@ -114,7 +116,7 @@ def status_table(runs: list[dict[str, Any]], now: datetime | None = None) -> str
                 age_since(row["created"], now),
             )
         )
-    return render_table(COLUMNS, rows)
+    return render_table((("namespace",) if with_namespace else ()) + COLUMNS, rows)
 
 
 def goodput_line(goodput: Goodput) -> str:
@@ -324,7 +326,7 @@ def describe_sweep(sweep: dict[str, Any], trials: list[dict[str, Any]], now: dat
     return "\n".join(lines)
 
 
-def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> int:
+def status_command(cluster: ClusterConnection, name: str | None, fmt: str, *, all_namespaces: bool = False) -> int:
     if name is not None:
         try:
             run = cluster.get_run(name)
@@ -332,11 +334,12 @@ def status_command(cluster: ClusterConnection, name: str | None, fmt: str) -> in
             return _sweep_status(cluster, name, fmt, no_run)
         emit(describe_run(run) if fmt == "table" else render_data(run, fmt))
         return EXIT_OK
-    runs = cluster.list_runs()
+    runs = cluster.list_runs(all_namespaces=all_namespaces)
     if fmt != "table":
         emit(render_data([run_summary(run) for run in runs], fmt))
     elif runs:
-        emit(status_table(runs))
+        emit(status_table(runs, with_namespace=all_namespaces))
     else:
-        emit(f"no TrainingRuns in namespace {cluster.namespace} (context {cluster.context_name})")
+        where = "any namespace" if all_namespaces else f"namespace {cluster.namespace}"
+        emit(f"no TrainingRuns in {where} (context {cluster.context_name})")
     return EXIT_OK

@@ -11,15 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from spotray.cli.cluster_options import KubeOptions
 from spotray.cli.output import emit
 from spotray.cli.watch import watch_run
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.errors import SpotrayError
 from spotray.contract.names import GROUP, SWEEP_KIND, SWEEP_LABEL
-from spotray.contract.spec import load_training_run
+from spotray.contract.spec import load_training_run, read_manifest
 from spotray.contract.sweep import parse_sweep
 
 
@@ -56,7 +54,7 @@ def sweep_next_steps(name: str, namespace: str) -> str:
 
 
 def submit_command(path: Path, kube: KubeOptions, *, watch: bool) -> int:
-    document: dict[str, Any] = yaml.safe_load(path.read_text())
+    document = read_manifest(path)
     is_sweep = isinstance(document, dict) and document.get("kind") == SWEEP_KIND
     if is_sweep:
         # Refuses a bad sweep here, listing every problem; its template is checked as a TrainingRun's spec.

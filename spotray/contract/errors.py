@@ -24,6 +24,8 @@ classification shared by the job's driver (its exit code, spotray/contract/attem
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from enum import StrEnum
 
 
@@ -155,3 +157,11 @@ def cause_of(error: BaseException) -> Cause:
     if isinstance(error, ConnectionError | TimeoutError):
         return Cause.INFRASTRUCTURE
     return Cause.TRAINING
+
+
+def unknown_field(path: str, key: object, known: Iterable[str]) -> str:
+    """The problem an unknown key makes, with the closest known name when one is near (a typo)."""
+    names = sorted(known)
+    close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.75)
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"{path}: unknown field; {hint}(known: {', '.join(names)})"

@@ -10,6 +10,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from spotray.contract.errors import unknown_field
+
 # A qualified name: an optional DNS-1123 subdomain prefix and '/', then a name of at most 63
 # characters (letters, digits, '-', '_', '.'; a letter or digit at each end). Label and annotation
 # keys, and extended resource names (nvidia.com/gpu), are these.
@@ -82,11 +84,7 @@ def toleration_problems(item: object, path: str) -> list[str]:
     """What Kubernetes would refuse in one toleration (core/v1 Toleration)."""
     if not isinstance(item, dict):
         return [f"{path}: must be a toleration mapping (key, operator, value, effect), got {item!r}"]
-    problems = [
-        f"{path}.{key}: unknown field (known: {', '.join(TOLERATION_KEYS)})"
-        for key in item
-        if key not in TOLERATION_KEYS
-    ]
+    problems = [unknown_field(f"{path}.{key}", key, TOLERATION_KEYS) for key in item if key not in TOLERATION_KEYS]
     operator = item.get("operator", "Equal")
     if operator not in TOLERATION_OPERATORS:
         problems.append(f"{path}.operator: must be one of {', '.join(TOLERATION_OPERATORS)}, got {operator!r}")

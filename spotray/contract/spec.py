@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from spotray.contract.attempts import AttemptId, check_run_id
-from spotray.contract.errors import SpotrayError
+from spotray.contract.errors import SpotrayError, unknown_field
 from spotray.contract.kube_values import (
     dns_subdomain_problem,
     label_value_problem,
@@ -85,7 +85,7 @@ NODE_LABELS = "node-labels"  # a node selector: label keys and values
 POD_LABELS = "pod-labels"  # labels on the run's pods: not under spotray's or KubeRay's prefixes
 ANNOTATIONS = "annotations"
 TOLERATIONS = "tolerations"  # a list of core/v1 Tolerations
-NAME = "name"  # a DNS subdomain: a ServiceAccount's or a PriorityClass's name
+NAME = "name"  # a DNS subdomain: a Secret's, a ServiceAccount's or a PriorityClass's name
 RESOURCE_NAME = "resource-name"  # an extended resource, e.g. nvidia.com/gpu
 LABEL_VALUE = "label-value"  # a label's value: a Kueue queue's name
 MAX_PLACEMENT_ITEMS = 64
@@ -480,8 +480,7 @@ class CheckpointSpec:
         "Name of a Secret in the run's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
         "(and optionally AWS_ENDPOINT_URL, AWS_REGION) for the S3 store. Unset: the pods' own credentials.",
         default=None,
-        kind=TEXT,
-        max_length=253,
+        kind=NAME,
     )
 
     key_secret: str | None = spec_field(
@@ -493,8 +492,7 @@ class CheckpointSpec:
         "the Secret yourself: `kubectl create secret generic NAME --from-literal=key=$(openssl rand -hex 32)`), "
         "or to keep the key of a run begun when each run had its own (<run>-checkpoint-key).",
         default=None,
-        kind=TEXT,
-        max_length=253,
+        kind=NAME,
     )
     start_from: str | None = spec_field(
         "Start from another run's checkpoint: the URI of its checkpoint-<step> directory, e.g. "
@@ -769,8 +767,8 @@ class _Reader:
         declared = dataclasses.fields(cls)
         hints = typing.get_type_hints(cls)
         known = {camel(f.name) for f in declared}
-        for key in sorted(set(data) - known):
-            self.problems.append(f"{path}.{key}: unknown field (known: {', '.join(sorted(known))})")
+        for key in sorted(set(data) - known, key=str):
+            self.problems.append(unknown_field(f"{path}.{key}", key, known))
         values: dict[str, Any] = {}
         for spec_f in declared:
             key, info = camel(spec_f.name), spec_f.metadata["spec"]
@@ -884,8 +882,8 @@ class _Reader:
     def string(self, value: Any, info: SpecField, path: str, fallback: Any) -> Any:
         if value is None:
             return fallback
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            value = str(value)  # `cpu: 2` in YAML is a number; Kubernetes accepts it too
+        if isinstance(value, int | float) and not isinstance(value, bool) and info.kind in (CPU, MEMORY):
+            value = str(value)  # `cpu: 2` in YAML is a number; Kubernetes accepts a quantity as one too
         if not isinstance(value, str) or not value.strip():
             self.problems.append(f"{path}: must be a non-empty string, got {value!r}")
             return fallback if fallback is not None else ""
@@ -995,9 +993,14 @@ def parse_training_run(document: Any, where: str = "TrainingRun") -> TrainingRun
 def read_manifest(path: Path) -> Any:
     """A manifest file's document, unchecked (``kind`` says what to parse it as)."""
     try:
-        return yaml.safe_load(path.read_text())
+        with path.open() as stream:  # read from the file, so that a YAML error names it
+            return yaml.safe_load(stream)
     except FileNotFoundError:
         raise SpotrayError(f"{path} does not exist", "pass the path of a TrainingRun manifest") from None
+    except IsADirectoryError:
+        raise SpotrayError(f"{path} is a directory", "pass the path of a TrainingRun manifest") from None
+    except UnicodeDecodeError as error:
+        raise SpotrayError(f"{path} is not text ({error.reason})", "pass the path of a YAML manifest") from None
     except yaml.YAMLError as error:
         raise SpotrayError(f"{path} is not valid YAML: {error}", "fix the YAML syntax at the place shown") from None
 

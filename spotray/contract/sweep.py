@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from spotray.contract.errors import unknown_field
 from spotray.contract.names import API_VERSION, KIND, SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.spec import (
     MAX_NAME_LENGTH,
@@ -414,8 +415,8 @@ class _Problems:
         return value
 
     def known(self, data: dict[str, Any], path: str, keys: tuple[str, ...]) -> None:
-        for key in sorted(set(data) - set(keys)):
-            self.items.append(f"{path}.{key}: unknown field (known: {', '.join(keys)})")
+        for key in sorted(set(data) - set(keys), key=str):
+            self.items.append(unknown_field(f"{path}.{key}", key, keys))
 
     def choice(self, data: dict[str, Any], key: str, path: str, default: str, allowed: tuple[str, ...]) -> str:
         value = data.get(key, default)

@@ -1,6 +1,7 @@
 """The cluster side of the ``spotray`` command, through the real entry point on the test bed:
-submit creates and updates a TrainingRun, status lists it, a RUN name resolves through the
-cluster, and (with the real controller) watch follows a run to the end."""
+submit creates and updates a TrainingRun, status lists it (in one namespace or all), suspend,
+resume and delete act on it, a RUN name resolves through the cluster, and (with the real
+controller) watch follows a run to the end."""
 
 from __future__ import annotations
 
@@ -113,6 +114,42 @@ def test_submit_creates_then_updates_and_status_lists_it(
     assert "not found" in missing.stderr
 
 
+def test_suspend_resume_delete_and_every_namespace_through_the_api_server(
+    testbed: tb.Testbed, trainingrun_crd: None, namespace: str, tmp_path: Path
+) -> None:
+    spotray = cli(testbed)
+    manifest = write_manifest(tmp_path / "run.yaml", "verbs", f"s3://{TEST_BUCKET}/{namespace}/verbs")
+    assert spotray("submit", str(manifest), "-n", namespace).returncode == 0
+
+    def suspended() -> object:
+        run = json.loads(testbed.kubectl("get", "trainingrun", "verbs", "-n", namespace, "-o", "json").stdout)
+        return run["spec"].get("suspend")
+
+    paused = spotray("suspend", "verbs", "-n", namespace)
+    assert paused.returncode == 0, paused.stderr
+    assert paused.stdout.startswith("trainingrun.spotray.dev/verbs suspended")
+    assert suspended() is True
+    assert "unchanged (already suspended)" in spotray("suspend", "verbs", "-n", namespace).stdout
+    resumed = spotray("resume", "verbs", "-n", namespace)
+    assert resumed.returncode == 0, resumed.stderr
+    assert suspended() is False
+
+    every = spotray("status", "-A")
+    assert every.returncode == 0, every.stderr
+    header, *rows = every.stdout.splitlines()
+    assert header.split()[:2] == ["NAMESPACE", "NAME"]
+    assert [namespace, "verbs"] in [row.split()[:2] for row in rows]
+
+    deleted = spotray("delete", "verbs", "-n", namespace)
+    assert deleted.returncode == 0, deleted.stderr
+    assert "its checkpoints stay in the store" in deleted.stdout
+    gone = testbed.kubectl("get", "trainingrun", "verbs", "-n", namespace, check=False)
+    assert gone.returncode != 0
+    missing = spotray("delete", "verbs", "-n", namespace)
+    assert missing.returncode == 3, missing.stdout
+    assert "not found" in missing.stderr
+
+
 def test_a_run_name_resolves_to_its_checkpoint_uri_through_the_cluster(
     testbed: tb.Testbed, trainingrun_crd: None, namespace: str, s3_server: LocalS3Server, tmp_path: Path
 ) -> None:
@@ -180,7 +217,7 @@ def test_watch_follows_a_run_to_success_with_the_real_controller(
         pulled = spotray("pull", "gpt2", "-n", namespace, str(tmp_path / "final"))
         assert pulled.returncode == 0, pulled.stderr
         assert "pulled checkpoint-20" in pulled.stdout
-        assert spotray("plot", "gpt2", "-n", namespace, "-o", str(tmp_path / "loss.png")).returncode == 0
+        assert spotray("plot", "gpt2", "-n", namespace, "--output", str(tmp_path / "loss.png")).returncode == 0
         with Image.open(tmp_path / "loss.png") as image:
             assert image.size == (1320, 550)  # the legend sits beside the axes
     finally:

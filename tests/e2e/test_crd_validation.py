@@ -117,7 +117,8 @@ def wrong_type_values(schema: dict[str, Any]) -> list[Any]:
         return [True, ["1"], {"value": "1"}]
     return {
         "integer": ["two", 1.5, True, [1]],
-        "string": [True, ["x"], {"x": "y"}],
+        # 123: YAML's `image: 123` (only quantities, which are int-or-string, may be a number; issue 72)
+        "string": [True, 123, ["x"], {"x": "y"}],
         "boolean": ["yes", 1, "true"],
         "object": ["x", 5, [1]],
         "array": ["x", 5, {"x": "y"}],
@@ -189,6 +190,10 @@ def malformed_cases() -> list[Case]:
     for path in ("entrypoint", "image", "checkpoint.secretRef"):
         add("blank", f"spec.{path}", "")
         add("blank", f"spec.{path}", "  ")
+    # A Secret's name is a DNS subdomain (issue 72: `secretRef: "Bad Name"` passed the parser).
+    for path in ("spec.checkpoint.secretRef", "spec.checkpoint.keySecret"):
+        add("name", path, "Bad Name")
+        add("name", path, "under_score")
 
     for path in (
         "spec.foo",

@@ -351,7 +351,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     assert wrong.returncode == 1, wrong.stdout + wrong.stderr
     assert "does not match the run's key" in wrong.stderr, wrong.stderr
     check_logs_need_the_token(bed, spotray, attempt=2)
-    plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "-o", str(tmp_path / "loss.png"))
+    plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "--output", str(tmp_path / "loss.png"))
     assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert step >= RECLAIM_AT_STEP
 

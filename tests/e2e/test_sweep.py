@@ -295,7 +295,7 @@ def test_a_sweep_stops_the_trials_below_the_cut_at_its_rung_and_survives_a_contr
 
     # spotray plot SWEEP: every trial's curve from its own prefix in S3, the decisions marked.
     png = tmp_path / "lr.png"
-    plotted = cli(testbed, s3_server.env())("plot", "lr", "-n", namespace, "-o", str(png))
+    plotted = cli(testbed, s3_server.env())("plot", "lr", "-n", namespace, "--output", str(png))
     assert plotted.returncode == 0, plotted.stderr
     assert "3 of 3 trial(s) with progress" in plotted.stdout, plotted.stdout
     assert png.read_bytes().startswith(b"\x89PNG")

@@ -171,7 +171,7 @@ def test_plot_joins_every_attempt_and_marks_the_resumes(
     write_progress(s3_store, 2, 40, range(41, 81))  # preempted at 80, last checkpoint 80
     write_progress(s3_store, 3, 80, range(81, 101))
     png = tmp_path / "plots" / "loss.png"
-    result = spotray("plot", s3_uri, "-o", str(png), env=s3_env)
+    result = spotray("plot", s3_uri, "--output", str(png), env=s3_env)
     assert result.returncode == 0, result.stderr
     assert f"wrote {png}: 3 attempt(s), steps 1-100" in result.stdout
     assert "attempt 2 from step 40, attempt 3 from step 80" in result.stdout
@@ -183,7 +183,7 @@ def test_plot_joins_every_attempt_and_marks_the_resumes(
 
 
 def test_plot_without_progress_is_not_found(s3_uri: str, s3_env: dict[str, str], tmp_path: Path) -> None:
-    result = spotray("plot", s3_uri, "-o", str(tmp_path / "loss.png"), env=s3_env)
+    result = spotray("plot", s3_uri, "--output", str(tmp_path / "loss.png"), env=s3_env)
     assert result.returncode == 3
     assert "no training progress under" in result.stderr
     assert not (tmp_path / "loss.png").exists()

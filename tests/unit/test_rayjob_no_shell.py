@@ -41,7 +41,8 @@ def hostile_run(text: str) -> dict[str, Any]:
             "entrypoint": f"python -m spotray.jobs.cnn --note {text}",
             "image": f"registry.example.com/spotray:{text}",
             "runtimeEnv": {"env_vars": {"NOTE": text, text: "key"}, "pip": [text]},
-            "checkpoint": {"uri": f"s3://bucket/runs/{text}", "secretRef": text},
+            # secretRef is not here: a Secret's name is a DNS subdomain, so the parser refuses such text.
+            "checkpoint": {"uri": f"s3://bucket/runs/{text}"},
             "data": {"uri": f"s3://bucket/data/{text}"},
         },
     }
