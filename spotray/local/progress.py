@@ -42,6 +42,7 @@ class ProgressView:
     resumed_from: list[int] = field(default_factory=list)
     load_hint: str | None = None
     started: float = field(default_factory=time.monotonic)
+    stalled_since: str | None = None  # checkpoint uploads stalled on a store fault since then (HH:MM:SS)
     _rate: list[tuple[float, int]] = field(default_factory=list)
     _last_decile: int = -1
     _line_open: bool = False
@@ -85,6 +86,8 @@ class ProgressView:
                 self.note(f"  checkpoint-{self.last_checkpoint} complete in {event.get('uri')}")
         elif kind == "end":
             self.load_hint = event.get("load")
+        elif kind in ("upload_stalled", "upload_flowing"):
+            self._on_upload_stall(event)
         elif kind == "preemption_notice":
             self.note(f"  preemption notice at step {event['step']}: taking an emergency checkpoint")
         elif kind == "emergency_checkpoint":
@@ -92,6 +95,17 @@ class ProgressView:
             then = f"; going on without ranks {without}" if without else ""
             step, seconds = event["step"], event["seconds"]
             self.note(f"  emergency checkpoint-{step} complete {seconds:.1f} s after the notice{then}")
+
+    def _on_upload_stall(self, event: dict[str, Any]) -> None:
+        """Uploads stalled on a store fault (its answer, since when), or flowing again."""
+        if event["event"] == "upload_stalled":
+            self.stalled_since = time.strftime("%H:%M:%S", time.localtime(float(event["since"])))
+            self.note(
+                f"  uploads stalled since {self.stalled_since}: the store answers {event.get('fault')} (retrying)"
+            )
+        elif self.stalled_since is not None:
+            self.note(f"  uploads flow again (stalled since {self.stalled_since})")
+            self.stalled_since = None
 
     def steps_per_second(self) -> float | None:
         if len(self._rate) < 2:
@@ -112,6 +126,8 @@ class ProgressView:
             f"ETA {eta}",
             f"checkpoint {self.last_checkpoint}" if self.last_checkpoint is not None else "no checkpoint yet",
         ]
+        if self.stalled_since is not None:
+            parts.append(f"uploads stalled since {self.stalled_since}")
         return " | ".join(parts)
 
     def _draw(self) -> None:

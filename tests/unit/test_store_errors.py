@@ -10,7 +10,7 @@ from spotray.contract.errors import (
     StoreUnreachableError,
 )
 from spotray.contract.uris import parse_uri
-from spotray.train.storage.store import StoreConfig, describe_failure, is_transient
+from spotray.train.storage.store import StoreConfig, describe_failure, is_transient, transient_fault_summary
 
 pytestmark = [pytest.mark.unit, pytest.mark.core]
 
@@ -49,6 +49,16 @@ def test_transient(error: Exception) -> None:
 )
 def test_not_transient(error: Exception) -> None:
     assert not is_transient(error)
+
+
+def test_a_transient_fault_is_named_as_the_store_answered() -> None:
+    assert transient_fault_summary(client_error("SlowDown", 503)) == "503 SlowDown"
+    unread = ClientError(
+        {"Error": {"Code": "500", "Message": "Internal Server Error"}, "ResponseMetadata": {"HTTPStatusCode": 500}},
+        "Op",
+    )
+    assert transient_fault_summary(unread) == "500 Internal Server Error"
+    assert "Could not connect" in transient_fault_summary(EndpointConnectionError(endpoint_url="http://x"))
 
 
 def test_missing_bucket_says_how_to_create_it() -> None:

@@ -16,8 +16,10 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -28,7 +30,7 @@ from spotray.contract.errors import CheckpointUploadError
 from spotray.train.checkpoints.checkpoint import Manifest, prune_checkpoints, upload_checkpoint
 from spotray.train.checkpoints.node_parts import NodeSave, upload_node_part, upload_shared_checkpoint
 from spotray.train.processes.subprocesses import die_with_parent
-from spotray.train.storage.store import ObjectStore
+from spotray.train.storage.store import ObjectStore, S3ObjectStore
 
 # The upload process runs at normal priority on purpose. At niceness 10 a CPU-bound training run
 # starved it: in a test, checkpoint-20 was still not in S3 thirteen steps later, so a kill lost two
@@ -43,6 +45,15 @@ _SPOTRAY_PARENT = Path(__file__).parents[4]  # spotray/train/checkpoints/upload_
 UPLOAD_PROCESS_TRIES = 2
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UploadStall:
+    """The upload process is retrying a transient fault: which request, the fault, and when (epoch s)."""
+
+    action: str
+    fault: str
+    at: float
 
 
 @dataclass(frozen=True)
@@ -86,7 +97,8 @@ def upload_and_prune(store: ObjectStore, job: UploadJob, keep: int) -> tuple[Man
 class UploadWorker:
     """The training process's handle on the upload process; one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stall: Callable[[UploadStall], None] | None = None) -> None:
+        self.on_stall = on_stall  # called in the requesting thread for each fault the child retries
         self._process: subprocess.Popen[bytes] | None = None
         self._requests: Connection | None = None
         self._replies: Connection | None = None
@@ -137,6 +149,11 @@ class UploadWorker:
         try:
             self._requests.send((store, job, keep))
             reply: tuple[str, Any, str] = self._replies.recv()
+            while reply[0] == "stall":  # the child retries a transient fault; the answer comes later
+                if self.on_stall is not None:
+                    action, fault, at = reply[1]
+                    self.on_stall(UploadStall(str(action), str(fault), float(at)))
+                reply = self._replies.recv()
         except (EOFError, OSError) as error:
             code = self._exit_code()
             self.close()
@@ -177,19 +194,31 @@ def _serve() -> None:
     requests = Connection(os.dup(0), writable=False)
     replies = Connection(os.dup(1), readable=False)
     os.dup2(2, 1)  # a stray print must not corrupt the reply stream
+    sending = threading.Lock()  # the store retries on s3transfer's threads too: one message at a time
+
+    def report(action: str, fault: str) -> None:
+        with sending:
+            # Plain values: this module runs as __main__ here, so its classes would not unpickle there.
+            replies.send(("stall", (action, fault, time.time()), ""))
+
     while True:
         try:
             store, job, keep = requests.recv()
         except EOFError:
             return
+        if isinstance(store, S3ObjectStore):
+            store.on_transient_fault = report
         try:
-            replies.send(("ok", upload_and_prune(store, job, keep), ""))
+            result = upload_and_prune(store, job, keep)
+            with sending:
+                replies.send(("ok", result, ""))
         except Exception as error:  # noqa: BLE001 - every failure goes back to the training process
             trace = traceback.format_exc()
-            try:
-                replies.send(("error", error, trace))
-            except Exception:  # noqa: BLE001 - an exception that cannot be pickled is sent as text
-                replies.send(("error", RuntimeError(f"{type(error).__name__}: {error}"), trace))
+            with sending:
+                try:
+                    replies.send(("error", error, trace))
+                except Exception:  # noqa: BLE001 - an exception that cannot be pickled is sent as text
+                    replies.send(("error", RuntimeError(f"{type(error).__name__}: {error}"), trace))
 
 
 if __name__ == "__main__":

@@ -27,10 +27,14 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import CheckpointAbandonedError, CheckpointUploadError
 from spotray.train.checkpoints.checkpoint import Manifest
 from spotray.train.checkpoints.node_parts import NodeSave
-from spotray.train.checkpoints.upload_worker import UploadJob, UploadWorker
+from spotray.train.checkpoints.upload_worker import UploadJob, UploadStall, UploadWorker
 from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
+
+
+def _clock(epoch_s: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch_s))
 
 
 def stage_checkpoint(source: Path, staging: Path, names: Sequence[str] | None = None) -> Path:
@@ -84,6 +88,8 @@ class CheckpointUploader:
         on_uploaded: Callable[[Manifest, float], None] | None = None,
         attempt: AttemptId | None = None,
         on_abandoned: Callable[[int], None] | None = None,
+        *,
+        on_stall: Callable[[UploadStall | None], None] | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
@@ -97,7 +103,11 @@ class CheckpointUploader:
         self._failed_step: int | None = None
         self.last_uploaded_step: int | None = None
         self.dropped = 0  # checkpoints dropped unuploaded because a newer one came (see submit)
-        self._worker = UploadWorker()
+        # Since when uploads stall on a fault the store keeps answering (the first of them), and its
+        # latest words; None while uploads flow. ``on_stall`` hears when one begins and when it ends (None).
+        self.stall: UploadStall | None = None
+        self._on_stall = on_stall
+        self._worker = UploadWorker(on_stall=self._stalled)
         self._worker.start()
         self._thread = threading.Thread(target=self._run, name="spotray-checkpoint-upload", daemon=True)
         self._thread.start()
@@ -127,12 +137,20 @@ class CheckpointUploader:
         dropped = self._drop_waiting()
         if dropped:
             self.dropped += len(dropped)
-            log.warning(
-                "checkpoint uploads are falling behind: dropped checkpoint-%s (not uploaded) for checkpoint-%d; "
-                "checkpoint less often or use faster storage",
-                ", checkpoint-".join(map(str, dropped)),
-                step,
-            )
+            steps = ", checkpoint-".join(map(str, dropped))
+            stall = self.stall
+            if stall is not None:
+                log.warning(
+                    "checkpoint uploads stalled since %s: the store answers %s (retried); dropped checkpoint-%s "
+                    "(not uploaded) for checkpoint-%d; the last complete checkpoint is still safe",
+                    _clock(stall.at), stall.fault, steps, step,
+                )  # fmt: skip
+            else:
+                log.warning(
+                    "checkpoint uploads are falling behind: dropped checkpoint-%s (not uploaded) for checkpoint-%d; "
+                    "the store takes longer than the interval (no fault): checkpoint less often or use faster storage",
+                    steps, step,
+                )  # fmt: skip
         self._jobs.put(UploadJob(staged_dir, step, world_size, resume or {}, self.attempt, share))
         return dropped
 
@@ -201,8 +219,33 @@ class CheckpointUploader:
                     shutil.rmtree(job.staged_dir, ignore_errors=True)
                 self._jobs.task_done()
 
+    def _stalled(self, fault: UploadStall) -> None:
+        """The upload process retries a transient fault: the first one starts a stall, the rest update it."""
+        if self.stall is not None:
+            self.stall = UploadStall(fault.action, fault.fault, self.stall.at)  # since the first
+            return
+        self.stall = fault
+        deadline = getattr(getattr(self.store, "retry", None), "deadline_s", 0.0)
+        log.warning(
+            "checkpoint uploads stalled: the store answers %s to %s; retrying for up to %.0f s",
+            fault.fault, fault.action, deadline,
+        )  # fmt: skip
+        if self._on_stall is not None:
+            self._on_stall(fault)
+
+    def _flowing(self) -> None:
+        if self.stall is None:
+            return
+        log.warning(
+            "checkpoint uploads flow again after %.0f s stalled on %s", time.time() - self.stall.at, self.stall.fault
+        )
+        self.stall = None
+        if self._on_stall is not None:
+            self._on_stall(None)
+
     def _upload(self, job: UploadJob) -> None:
         manifest, seconds = self._worker.run(self.store, job, self.keep)
+        self._flowing()
         if not job.commits:
             log.info("checkpoint-%d: this node's part is in %s (%.2fs)", job.step, self.store.uri, seconds)
             return

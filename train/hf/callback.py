@@ -35,6 +35,7 @@ from spotray.contract.spec import CheckpointSpec, default_of
 from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
 from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
+from spotray.train.checkpoints.upload_worker import UploadStall
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
 from spotray.train.records.event_log import EventLog
 from spotray.train.storage.store import ObjectStore, open_store
@@ -98,8 +99,16 @@ class S3CheckpointCallback(TrainerCallback):
                 on_uploaded=self._report_uploaded,
                 attempt=self.attempt,
                 on_abandoned=self._report_abandoned,
+                on_stall=self._report_stall,
             )
         return self._uploader
+
+    def _report_stall(self, stall: UploadStall | None) -> None:
+        """A stall's start (the store's answer, since when) and its end, for the event log's readers."""
+        if stall is None:
+            self.events.emit("upload_flowing")
+        else:
+            self.events.emit("upload_stalled", since=stall.at, fault=stall.fault, action=stall.action)
 
     def _report_uploaded(self, manifest: Manifest, seconds: float) -> None:
         self.last_complete_step = manifest.step

@@ -180,6 +180,19 @@ def _client_error_code(error: ClientError) -> tuple[str, int]:
     return code, status
 
 
+def transient_fault_summary(error: BaseException) -> str:
+    """A transient fault in a few words, as the store gave it: "503 SlowDown", "500 InternalError",
+    or the connection fault's own message; for a warning that names the cause (issue 72)."""
+    if isinstance(error, ClientError):
+        code, status = _client_error_code(error)
+        if code and code != str(status):
+            return f"{status} {code}" if status else code
+        message = str(error.response.get("Error", {}).get("Message", "")) or "(no message)"
+        return f"{status} {message}"  # a body botocore could not read: the status line's words
+    text = str(error) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
 def is_transient(error: BaseException) -> bool:
     """True for faults that may go away by themselves: network trouble, 5xx, throttling."""
     if isinstance(
@@ -423,6 +436,9 @@ class S3ObjectStore:
     # one Secret's credentials, and making a client costs tens of milliseconds of CPU. None: make one.
     client: S3Client | None = field(default=None, repr=False, compare=False)
     checkpoint_key: CheckpointKey | None = field(default=None, kw_only=True)
+    # Told of each transient fault it retries (the action, the fault in a few words): the upload
+    # process reports them, so that the training process can say why uploads stall. Not pickled.
+    on_transient_fault: Callable[[str, str], None] | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     def __post_init__(self) -> None:
         self._client: S3Client = self.client or make_s3_client(self.config)
@@ -436,7 +452,7 @@ class S3ObjectStore:
     def __getstate__(self) -> dict[str, object]:
         # A boto3 client cannot be pickled; the upload process builds its own from the config. Every
         # other field goes as it is: a list of them kept by hand once dropped the checkpoint key.
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "client": None}
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "client": None, "on_transient_fault": None}
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.__dict__.update(state)
@@ -455,6 +471,8 @@ class S3ObjectStore:
                 if not is_transient(error) or time.monotonic() + delay > deadline:
                     raise describe_failure(error, self.config, self.uri, action) from error
                 log.warning("transient S3 fault while trying to %s (%s); retrying in %.1fs", action, error, delay)
+                if self.on_transient_fault is not None:
+                    self.on_transient_fault(action, transient_fault_summary(error))
                 time.sleep(delay)
         raise AssertionError("unreachable: delays() never ends")
 
