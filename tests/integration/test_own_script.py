@@ -47,6 +47,18 @@ def user_directory(root: Path) -> Path:
     return root
 
 
+def start_for_ever(command: list[str], work: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """The script with far more steps than it will get before the test stops it; its output piped."""
+    return subprocess.Popen(
+        [*command, "--max-steps", "100000"],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
 def wait_for_checkpoint(store: ObjectStore, process: subprocess.Popen[str], at_least: int) -> int:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
@@ -64,15 +76,7 @@ def test_readme_script_resumes_after_a_kill_beside_the_users_own_modules(
     work = user_directory(tmp_path / "project")
     command = [sys.executable, "train.py", "--checkpoint-uri", s3_uri, "--save-steps", "10"]
 
-    # far more steps than it will get: the kill comes first
-    first = subprocess.Popen(
-        [*command, "--max-steps", "100000"],
-        cwd=work,
-        env=s3_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = start_for_ever(command, work, s3_env)  # the kill comes first
     try:
         killed_after = wait_for_checkpoint(s3_store, first, at_least=20)
     finally:
@@ -108,14 +112,7 @@ def test_readme_script_takes_an_emergency_checkpoint_on_sigterm_without_ray(
     checkpoint after the SIGTERM is the notice's, and the script ends on it, exit 0."""
     work = user_directory(tmp_path / "project")
     command = [sys.executable, "train.py", "--checkpoint-uri", s3_uri, "--save-steps", "100000"]
-    process = subprocess.Popen(
-        [*command, "--max-steps", "100000"],
-        cwd=work,
-        env=s3_env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    process = start_for_ever(command, work, s3_env)
     assert process.stdout is not None
     try:
         lines = []
