@@ -349,7 +349,9 @@ def _reconcile_locked(  # noqa: PLR0917
     # Never raises: what the status holds unreadably is unknown, and the plan reports and rebuilds it.
     state = RunState.from_status(_stored_status(body), run.name)
     if settled(state) and not state.unreadable:
-        metrics.set_phase(namespace, name, state.phase)
+        metrics.observe_run(
+            namespace, name, metrics.RunFigures.of(RunStatus.from_status(_stored_status(body)), state.phase)
+        )
         return None  # finished runs keep their last status; nothing to read or write
     if state.history_lost:
         # status.attempts lost entries: the run's own RayJobs say which attempt is the latest, so
@@ -601,7 +603,8 @@ def _act(  # noqa: PLR0917
     for attempt in decided.state.attempts:
         if attempt not in state.attempts and attempt.end_time:
             metrics.ATTEMPT_OUTCOMES.labels(outcome=attempt.outcome).inc()
-    metrics.set_phase(namespace, name, decided.state.phase)
+    written = {key: value for key, value in {**status, **new_status}.items() if value is not None}
+    metrics.observe_run(namespace, name, metrics.RunFigures.of(RunStatus.from_status(written), decided.state.phase))
     if decided.state.phase in TERMINAL_PHASES and new_status.get("storageUnreachableSince"):
         return config.reconcile_interval_seconds  # its last report is owed (_status): read again
     return decided.requeue_after_s

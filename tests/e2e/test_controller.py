@@ -243,6 +243,11 @@ def test_training_failures_spend_the_failure_budget_and_end_in_failed(
     assert 'spotray_attempt_outcomes_total{outcome="Failed"} 2.0' in metrics
     assert 'spotray_trainingruns{phase="Failed"} 1.0' in metrics
     assert "spotray_reconcile_seconds_count" in metrics
+    # Per run, from the status the controller wrote (issue 72).
+    run_labels = f'namespace="{namespace}",run="broken"'
+    assert f"spotray_run_failures{{{run_labels}}} 2.0" in metrics
+    assert f"spotray_run_attempt{{{run_labels}}} 2.0" in metrics
+    assert f'spotray_run_phase{{namespace="{namespace}",phase="Failed",run="broken"}} 1.0' in metrics
 
     # Deleting the run deletes its RayJobs (owner references; the garbage collector does it).
     testbed.kubectl("delete", "trainingrun", "broken", "-n", namespace)
