@@ -44,6 +44,16 @@ EXPECTED_KINDS = {
         "Deployment": 1,
         "Service": 1,
     },
+    "monitoring.yaml": {
+        "ServiceAccount": 1,
+        "ClusterRole": 3,  # the controller's, and people's edit and view
+        "ClusterRoleBinding": 1,
+        "Deployment": 1,
+        "Service": 1,
+        "ServiceMonitor": 1,
+        "PodMonitor": 1,
+        "ConfigMap": 1,  # the Grafana dashboard
+    },
     "existing-s3-secret.yaml": {
         "ServiceAccount": 1,
         "ClusterRole": 3,  # the controller's, and people's edit and view
