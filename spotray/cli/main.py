@@ -15,9 +15,10 @@ from types import FrameType
 
 import spotray
 from spotray.cli.cluster_options import KubeOptions, add_cluster_flags
+from spotray.cli.completion import SHELLS, completion_script
 from spotray.cli.exit_codes import NotFoundError, exit_code_for
 from spotray.cli.output import FORMATS
-from spotray.contract.attempts import EXIT_INTERRUPTED
+from spotray.contract.attempts import EXIT_INTERRUPTED, EXIT_OK
 from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 
@@ -78,6 +79,12 @@ SUBMIT_EXAMPLES = """examples:
 
 The manifest is validated here first: a bad one is refused with every problem listed, and nothing
 is sent. With --watch the exit code is the run's (0 succeeded, 1 failed).
+"""
+
+COMPLETION_EXAMPLES = """examples:
+  source <(spotray completion bash)      # in this shell; put it in ~/.bashrc to keep it
+  spotray completion bash > ~/.local/share/bash-completion/completions/spotray
+  source <(spotray completion zsh)
 """
 
 VALIDATE_EXAMPLES = """examples:
@@ -268,6 +275,11 @@ def status_command(args: argparse.Namespace) -> int:
         raise SpotrayError("-A lists the runs of every namespace, and RUN names one", "drop -A, or RUN")
     cluster = ClusterConnection(KubeOptions.from_args(args))
     return status(cluster, args.run, args.output, all_namespaces=args.all_namespaces)
+
+
+def _print_completion(parser: argparse.ArgumentParser, shell: str) -> int:
+    print(completion_script(parser, shell), end="")
+    return EXIT_OK
 
 
 def validate_command(args: argparse.Namespace) -> int:
@@ -535,6 +547,15 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(handler=logs_command)
 
     _add_store_commands(command)
+    completion = command(
+        "completion",
+        "print a shell completion script (bash, zsh)",
+        "A completion script for bash or zsh, written from this parser: commands, flags, choices, and "
+        "TrainingRun names from kubectl where a command takes one.",
+        COMPLETION_EXAMPLES,
+    )
+    completion.add_argument("shell", choices=SHELLS, help="the shell to complete in")
+    completion.set_defaults(handler=lambda args: _print_completion(parser, args.shell))
     return parser
 
 
