@@ -26,6 +26,7 @@ from spotray.train.storage.local_s3 import LocalS3Server
 from tests.e2e.conftest import create_restricted_namespace, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, create_s3_secret, training_run
 from tests.minio import ROOT_PASSWORD, ROOT_USER, Minio, minio_server, run_tenants_script
+from tests.unit.test_chart import IMAGE
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
@@ -92,6 +93,8 @@ class Release:
 
     def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
         helm = [str(tb.binary("helm")), "--kubeconfig", str(self.testbed.kubeconfig), "--namespace", self.namespace]
+        if args[0] in ("install", "upgrade"):
+            args = (*args, *IMAGE)  # the chart refuses to install without an image (kwok pulls none)
         result = subprocess.run([*helm, *args], capture_output=True, text=True, check=False, timeout=300)
         assert result.returncode == 0, f"helm {' '.join(args)}: {result.stdout}\n{result.stderr}"
         return result
@@ -460,7 +463,10 @@ def test_minio_tenants_hold_their_own_user_kept_across_upgrades_and_a_secret_not
             )  # fmt: skip
             helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig), "-n", namespace]
             refused = subprocess.run(
-                [*helm, "install", release.name, str(CHART), *values], capture_output=True, text=True, check=False
+                [*helm, "install", release.name, str(CHART), *values, *IMAGE],
+                capture_output=True,
+                text=True,
+                check=False,
             )
             assert refused.returncode != 0
             assert "exists and cannot be imported into the current release" in refused.stderr, refused.stderr

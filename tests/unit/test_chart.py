@@ -170,13 +170,18 @@ def helm_binary() -> Path:
         pytest.fail(f"{error}. Build it with `make testbed` (helm alone: about 2 minutes cold, cached after).")
 
 
+# Where the operator pushed the image built from the Dockerfile: the chart refuses to render without
+# it (no image is published yet), so every render here names one, as an install must.
+IMAGE = ("--set", "image.repository=spotray/spotray")
+
+
 @functools.cache
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(helm_binary()), *args], capture_output=True, text=True, check=False, timeout=120)
 
 
 def render(values_file: str | None = None, *sets: str) -> list[dict[str, Any]]:
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *IMAGE]
     if values_file:
         args += ["--values", str(VALUES_DIR / values_file)]
     for item in sets:
@@ -187,7 +192,7 @@ def render(values_file: str | None = None, *sets: str) -> list[dict[str, Any]]:
 
 
 def refused(*sets: str) -> str:
-    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    args = ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, *IMAGE]
     for item in sets:
         args += ["--set", item]
     result = run_helm(*args)
@@ -221,6 +226,15 @@ def permissions(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
     return granted
 
 
+def test_no_image_named_is_refused_with_the_fix(helm: Path) -> None:
+    """Nothing is published: installing without image.repository would pull an image nobody built."""
+    result = run_helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE)
+    assert result.returncode != 0
+    assert "image.repository is not set, and no spotray image is published yet" in result.stderr
+    assert "docker build -t REGISTRY/spotray:" in result.stderr
+    assert "--set image.repository=REGISTRY/spotray" in result.stderr
+
+
 def test_every_values_file_has_expectations() -> None:
     assert set(VALUES_FILES) == set(EXPECTED_KINDS)
 
@@ -228,7 +242,7 @@ def test_every_values_file_has_expectations() -> None:
 @pytest.mark.parametrize("values_file", VALUES_FILES)
 def test_helm_lint_passes(helm: Path, values_file: str) -> None:
     values = str(VALUES_DIR / values_file)
-    result = run_helm("lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--values", values)
+    result = run_helm("lint", str(CHART), "--strict", "--namespace", NAMESPACE, "--values", values, *IMAGE)
     assert result.returncode == 0, result.stdout + result.stderr
 
 

@@ -240,11 +240,14 @@ def test_up_script_says_plainly_that_docker_is_missing(tmp_path: Path) -> None:
     assert result.stdout == ""
 
 
-def test_kind_image_tag_matches_the_charts_default() -> None:
+def test_kind_image_tag_matches_the_charts_app_version_and_is_passed_to_the_chart() -> None:
+    """kind builds and loads the image itself, so it names it: the chart has no default repository
+    (nothing is published) and the tag defaults to the appVersion."""
     values = yaml.safe_load(VALUES.read_text())
     chart = yaml.safe_load((ROOT / "charts" / "spotray" / "Chart.yaml").read_text())
-    assert 'IMAGE="${IMAGE:-spotray/spotray:0.1.0}"' in UP.read_text()
-    assert f"{values['image']['repository']}:{chart['appVersion']}" == "spotray/spotray:0.1.0"
+    assert values["image"]["repository"] == ""
+    assert f'IMAGE="${{IMAGE:-spotray/spotray:{chart["appVersion"]}}}"' in UP.read_text()
+    assert '--set image.repository="${IMAGE%:*}"' in UP.read_text()
 
 
 def test_the_charts_defaults_are_the_controllers_own() -> None:

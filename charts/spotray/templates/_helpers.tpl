@@ -55,6 +55,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{- define "spotray.image" -}}
+{{- if not .Values.image.repository }}
+{{- fail (printf "image.repository is not set, and no spotray image is published yet: build one from the repository's Dockerfile (docker build -t REGISTRY/spotray:%s .), push it where your nodes pull from, and install with --set image.repository=REGISTRY/spotray (docs/deploy.md)" .Chart.AppVersion) }}
+{{- end }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
