@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tarfile
+import tomllib
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -77,3 +78,27 @@ def test_twine_accepts_both(dist: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_make_release_builds_checked_artifacts_and_refuses_an_unnamed_version(tmp_path: Path) -> None:
+    """hack/release.py (make release) between releases: the wheel, the sdist and the chart, each checked."""
+    import os  # noqa: PLC0415
+
+    from testbed.cluster import binary  # noqa: PLC0415
+
+    uv = Path.home() / ".cache/spotray/tools/uv-0.13.9/bin/uv"
+    env = {**os.environ, "UV": str(uv), "HELM": str(binary("helm"))}
+    command = [sys.executable, str(ROOT / "hack" / "release.py"), "--out", str(tmp_path / "out")]
+    snapshot = subprocess.run([*command, "--snapshot"], env=env, capture_output=True, text=True, check=False)
+    assert snapshot.returncode == 0, snapshot.stdout + snapshot.stderr
+    built = sorted(p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("spotray-*"))
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert built == [
+        f"chart/spotray-{version}.tgz",
+        f"python/spotray-{version}-py3-none-any.whl",
+        f"python/spotray-{version}.tar.gz",
+    ]
+    released = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    if f"## {version}" not in (ROOT / "CHANGELOG.md").read_text():
+        assert released.returncode == 1
+        assert f"CHANGELOG.md has no section for {version}" in released.stderr
