@@ -163,5 +163,5 @@ def unknown_field(path: str, key: object, known: Iterable[str]) -> str:
     """The problem an unknown key makes, with the closest known name when one is near (a typo)."""
     names = sorted(known)
     close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.75)
-    hint = f"did you mean {close[0]}? " if close else ""
-    return f"{path}: unknown field; {hint}(known: {', '.join(names)})"
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return f"{path}: unknown field{hint} (known: {', '.join(names)})"
