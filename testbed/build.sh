@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the Docker-free Kubernetes test bed from the Go module proxy:
 #   etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok,
-#   the KubeRay operator (plus its CRDs), helm, and MinIO with its client mc;
+#   the KubeRay operator (plus its CRDs), the Kueue manager (plus its CRDs), helm, and MinIO with its client mc;
 #   for real nodes: kubelet, kube-proxy, containerd (with its runc shim and ctr), CoreDNS, and a
 #   pause binary from Kubernetes' own pause.c, and kube-network-policies (the NetworkPolicy agent).
 #   Images (base, pause, spotray) come from images.sh.
@@ -56,6 +56,7 @@ check_all() {
     bin/kube-scheduler bin/kubectl && MISSING+=(kubernetes)
   need kwok "$KWOK_VERSION" bin/kwok && MISSING+=(kwok)
   need kuberay "$KUBERAY_VERSION" bin/ray-operator crds/ray.io_rayclusters.yaml && MISSING+=(kuberay)
+  need kueue "$KUEUE_VERSION" bin/kueue crds/kueue.x-k8s.io_workloads.yaml && MISSING+=(kueue)
   need helm "$HELM_VERSION" bin/helm && MISSING+=(helm)
   need minio "$MINIO_VERSION" bin/minio && MISSING+=(minio)
   need mc "$MC_VERSION" bin/mc && MISSING+=(mc)
@@ -187,6 +188,25 @@ build_kuberay() {
   cp "$mod"/config/crd/bases/*.yaml "$out/crds/"
   chmod u+w "$out"/crds/*.yaml
   publish kuberay "$KUBERAY_VERSION"
+}
+
+# Kueue's manager, built like KubeRay's operator (in place, from its own go.mod and go.sum; it
+# has no replace directives), right after it so the Go cache it warmed (client-go,
+# controller-runtime, KubeRay's API) is reused. The CRDs are the module's bases; testbed/kueue.py
+# adds the conversion stanza a real install's kustomize patches add.
+build_kueue() {
+  local out mod
+  out="$(staging_dir kueue "$KUEUE_VERSION")"
+  mod="$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -n "$mod" && -f "$mod/go.mod" ]] || { log "go mod download gave no kueue source"; return 1; }
+  (cd "$mod" && "${NICE[@]}" go build -mod=readonly -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    -o "$out/bin/kueue" ./cmd/kueue)
+  mkdir -p "$out/crds"
+  cp "$mod"/config/components/crd/bases/*.yaml "$out/crds/"
+  chmod u+w "$out"/crds/*.yaml
+  publish kueue "$KUEUE_VERSION"
 }
 
 build_helm() {

@@ -36,6 +36,7 @@ from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
 from spotray.contract.status import parse_timestamp
 from spotray.train.storage.local_s3 import free_port
 from testbed import cluster_demo
+from testbed.kueue import Kueue
 from tests.e2e.conftest import ROOT, tb
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
@@ -544,3 +545,203 @@ def test_a_run_deleted_and_created_again_resumes_from_its_checkpoints(
     assert (first.get("resumedFrom") or 0) >= 2 * EVERY, first
     print(f"created again: attempt 1 resumed from step {first['resumedFrom']}", flush=True)
     bed.kubectl("delete", "trainingrun", RECREATED_RUN, "-n", cluster_demo.NAMESPACE)
+
+
+QUEUED_RUN, WAITING_RUN = "gpt2-queued", "gpt2-waiting"
+# Memory is what the queue counts here: one demo run asks about 7 GiB (a 4 GiB head, a 3 GiB worker),
+# so 10 GiB hold one run and not two, and the competing Job asks all of it.
+QUEUE_MEMORY = "10Gi"
+
+
+def competing_job(namespace: str, queue: str, priority_class: str) -> dict[str, Any]:
+    """A batch Job in the run's queue with a higher WorkloadPriorityClass, asking the whole quota."""
+    container = {**intruder_pod(namespace)["spec"]["containers"][0], "command": ["sleep", "300"]}
+    container["resources"] = {"requests": {"cpu": "100m", "memory": QUEUE_MEMORY}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": "urgent",
+            "namespace": namespace,
+            "labels": {"kueue.x-k8s.io/queue-name": "team", "kueue.x-k8s.io/priority-class": priority_class},
+        },
+        "spec": {
+            "suspend": True,  # what Kueue's webhook would set; Kueue unsuspends it on admission
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": 0,
+                }
+            },
+        },
+    }
+
+
+# In make test-campaign: two runs through one queue, one evicted and resumed (about 6 minutes). The kwok
+# smoke (tests/e2e/test_kueue.py) holds the queued wait in make test.
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S + 600)
+def test_kueue_queues_a_second_run_and_an_eviction_is_a_preemption_that_resumes(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path
+) -> None:
+    """Issue #71, item 5, on real pods with the real Kueue manager: a ClusterQueue that holds one run. The
+    second run waits "queued" spending no budget; a higher-priority Job makes Kueue evict the running one,
+    which counts a preemption (QueueEvicted) and resumes from its checkpoint once the Job is gone; the
+    second run is admitted when the first ends."""
+    bed = cluster.testbed
+    namespace = cluster_demo.NAMESPACE
+    cluster_demo.set_ray_cluster_per_run(bed, on=False)
+    kueue = Kueue(bed).start()
+    kueue.priority_class("e2e-low", 100)
+    kueue.priority_class("e2e-high", 1000)
+    kueue.cluster_queue("e2e-real-pods", cpu="16", memory=QUEUE_MEMORY)
+    kueue.local_queue(namespace, "team", "e2e-real-pods")
+
+    def apply_run(name: str, priority_class: str | None) -> None:
+        document = cluster_demo.demo_training_run(name=name, steps=MAX_STEPS, every=EVERY, min_step_seconds=STEP_S)
+        document["spec"]["queue"] = {"name": "team", **({"priorityClass": priority_class} if priority_class else {})}
+        manifest = tmp_path / f"{name}.yaml"
+        manifest.write_text(yaml.safe_dump(document))
+        bed.kubectl("apply", "-f", str(manifest))
+
+    def status_of(name: str) -> dict[str, Any]:
+        return cluster_demo.run_status(bed, name)
+
+    try:
+        apply_run(QUEUED_RUN, "e2e-low")
+        tb.wait_until(f"{QUEUED_RUN} running", lambda: status_of(QUEUED_RUN).get("phase") == "Running", timeout=600)
+        apply_run(WAITING_RUN, None)  # priority 0: behind the first run's next attempt too
+        tb.wait_until(
+            f"{WAITING_RUN} queued", lambda: "queued" in status_of(WAITING_RUN).get("message", ""), timeout=120
+        )
+
+        deadline = time.monotonic() + TIMEOUT_S
+        while ((status := status_of(QUEUED_RUN)).get("lastCheckpoint") or {}).get("step", 0) < EVERY:
+            assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
+            assert time.monotonic() < deadline, f"no checkpoint in time: {status}"
+            time.sleep(1)
+        bed.apply(competing_job(namespace, "team", "e2e-high"))
+        tb.wait_until(f"{QUEUED_RUN}'s attempt 2", lambda: status_of(QUEUED_RUN).get("attempt") == 2, timeout=300)
+        evicted = status_of(QUEUED_RUN)
+        first = evicted["attempts"][0]
+        assert (first["outcome"], first["reason"]) == ("Preempted", "QueueEvicted"), first
+        assert (evicted.get("preemptions"), evicted.get("failures", 0)) == (1, 0), evicted
+        waiting = status_of(WAITING_RUN)
+        assert "queued" in waiting["message"], waiting
+        assert waiting.get("failures", 0) == 0, waiting
+
+        bed.kubectl("delete", "job", "urgent", "-n", namespace, "--cascade=foreground", "--timeout=120s")
+        final = tb.wait_until(
+            f"{QUEUED_RUN} ended",
+            lambda: (s := status_of(QUEUED_RUN)).get("phase") in TERMINAL_PHASES and s,
+            timeout=TIMEOUT_S,
+            interval=2,
+        )
+        assert final["phase"] == SUCCEEDED, json.dumps(final, indent=2)
+        second = final["attempts"][1]
+        assert (second.get("resumedFrom") or 0) >= EVERY, second
+        assert (final.get("preemptions"), final.get("failures", 0)) == (1, 0), final
+        print(f"evicted at checkpoint {first.get('checkpoint')}: attempt 2 resumed from {second['resumedFrom']}")
+
+        tb.wait_until(
+            f"{WAITING_RUN} admitted once the first ended",
+            lambda: (s := status_of(WAITING_RUN)).get("phase") == "Running" or s.get("progress"),
+            timeout=600,
+        )
+        waited = status_of(WAITING_RUN)
+        assert (waited.get("failures", 0), waited.get("preemptions", 0), waited["attempt"]) == (0, 0, 1), waited
+    finally:
+        for name in (QUEUED_RUN, WAITING_RUN):
+            bed.kubectl("delete", "trainingrun", name, "-n", namespace, "--wait=true", check=False)
+        bed.kubectl("delete", "job", "urgent", "-n", namespace, check=False)
+        bed.kubectl("delete", "localqueue", "team", "-n", namespace, check=False)
+        bed.kubectl("delete", "clusterqueue", "e2e-real-pods", check=False)
+
+
+FALLBACK_RUN = "gpt2-fallback"
+FALLBACK_AFTER_S = 30
+
+
+def evict(bed: tb.Testbed, namespace: str, pod: str) -> None:
+    """Evict ``pod`` through the Eviction API, as a node drain for maintenance does (DisruptionTarget set,
+    its grace period and preStop hook honoured)."""
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": namespace}}
+    bed.kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/pods/{pod}/eviction", "-f", "-",
+                stdin=json.dumps(eviction))  # fmt: skip
+
+
+# In make test-campaign: three attempts of real training (about 6 minutes). On kwok, tests/e2e/test_capacity.py
+# holds the fall back in make test.
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S + 600)
+def test_a_run_without_spot_nodes_falls_back_to_on_demand_and_returns_to_spot_at_its_next_attempt(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path
+) -> None:
+    """Issue #71, item 6, on real pods: the spot node is taken away; a spot-then-on-demand run waits
+    spending nothing, falls back to the on-demand node after fallback.afterWaitSeconds and trains there. A
+    spot node comes back; the on-demand worker is evicted (a drain for maintenance): the next attempt
+    resumes on spot. No failure is spent, and status.cost shows both phases."""
+    bed = cluster.testbed
+    namespace = cluster_demo.NAMESPACE
+    spot = cluster_demo.SPOT_NODE
+    cluster_demo.set_ray_cluster_per_run(bed, on=False)
+    cluster_demo.set_chart_values(
+        bed, "controller.prices.currency=USD", "controller.prices.spotPerHour=1", "controller.prices.onDemandPerHour=3"
+    )
+    bed.reclaim_real_node(spot.name)
+    document = cluster_demo.demo_training_run(name=FALLBACK_RUN, steps=MAX_STEPS, every=EVERY, min_step_seconds=STEP_S)
+    document["spec"]["workers"]["capacity"] = "spot-then-on-demand"
+    document["spec"]["workers"]["fallback"] = {"afterWaitSeconds": FALLBACK_AFTER_S}
+    manifest = tmp_path / "fallback.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+
+    def status() -> dict[str, Any]:
+        return cluster_demo.run_status(bed, FALLBACK_RUN)
+
+    def worker_nodes(attempt: int) -> set[str]:
+        selector = f"{RUN_LABEL}={FALLBACK_RUN},spotray.dev/attempt={attempt},ray.io/node-type=worker"
+        return {p["spec"].get("nodeName") for p in cluster_demo.pods(bed, namespace, selector)} - {None}
+
+    try:
+        bed.kubectl("apply", "-f", str(manifest))
+        waiting = tb.wait_until(
+            "attempt 1 waiting for capacity",
+            lambda: s if "waiting for capacity" in (s := status()).get("message", "") else None,
+            timeout=300,
+        )
+        assert waiting["attempts"][0]["capacity"] == "spot", waiting
+        tb.wait_until(f"{FALLBACK_RUN}'s attempt 2", lambda: status().get("attempt") == 2, timeout=300)
+        deadline = time.monotonic() + TIMEOUT_S
+        while ((now := status()).get("lastCheckpoint") or {}).get("step", 0) < EVERY or now.get("attempt") != 2:
+            assert now.get("phase") not in TERMINAL_PHASES, json.dumps(now, indent=2)
+            assert time.monotonic() < deadline, f"attempt 2 made no checkpoint in time: {now}"
+            time.sleep(1)
+        assert worker_nodes(2) == {cluster_demo.ON_DEMAND_NODE.name}, worker_nodes(2)
+
+        bed.start_real_node(spot)  # spot capacity is back
+        bed.wait_real_nodes_ready([spot.name])
+        worker = cluster_demo.pods(
+            bed, namespace, f"{RUN_LABEL}={FALLBACK_RUN},spotray.dev/attempt=2,ray.io/node-type=worker"
+        )
+        evict(bed, namespace, worker[0]["metadata"]["name"])
+        tb.wait_until(f"{FALLBACK_RUN}'s attempt 3", lambda: status().get("attempt") == 3, timeout=300)
+        final = tb.wait_until(
+            f"{FALLBACK_RUN} ended", lambda: (s := status()).get("phase") in TERMINAL_PHASES and s, timeout=TIMEOUT_S,
+            interval=2,
+        )  # fmt: skip
+        assert final["phase"] == SUCCEEDED, json.dumps(final, indent=2)
+        assert [a.get("capacity") for a in final["attempts"]] == ["spot", "on-demand", "spot"], final["attempts"]
+        assert final["attempts"][0]["reason"] == "CapacityFallback", final["attempts"][0]
+        assert worker_nodes(3) <= {spot.name}, worker_nodes(3)
+        assert (final["attempts"][2].get("resumedFrom") or 0) >= EVERY, final["attempts"][2]
+        assert final.get("failures", 0) == 0, final
+        assert final["cost"]["onDemandSeconds"] > 0, final["cost"]
+        print(f"attempts: {[(a.get('capacity'), a.get('reason')) for a in final['attempts']]}; cost {final['cost']}")
+    finally:
+        bed.kubectl("delete", "trainingrun", FALLBACK_RUN, "-n", namespace, "--wait=true", check=False)
+        if f"node-{spot.name}" not in bed.procs:
+            bed.start_real_node(spot)
+            bed.wait_real_nodes_ready([spot.name])

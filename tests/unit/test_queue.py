@@ -1,7 +1,7 @@
 """Kueue (issue 71): a TrainingRun with spec.queue.name becomes RayJobs that Kueue admits, made
 suspended with the queue's label; the run says queued while it waits, spending nothing past its start
-deadline, and an attempt Kueue evicts is a preemption whose next attempt queues again. Kueue on the
-test bed and its e2e are the next step (docs/deploy.md, "Queues")."""
+deadline, and an attempt Kueue evicts is a preemption whose next attempt queues again. The real Kueue
+admits them on the test bed: tests/e2e/test_kueue.py (kwok) and test_real_pods.py (real pods)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,23 @@ def test_a_queued_runs_rayjob_carries_the_queue_and_is_made_suspended() -> None:
     plain = build_rayjob(run(), 1, "uid", ControllerConfig())
     assert "suspend" not in plain["spec"]
     assert not any(key.startswith("kueue.x-k8s.io/") for key in plain["metadata"]["labels"])
+
+
+@pytest.mark.parametrize("spares", [0, 1])
+def test_a_queued_rayjob_passes_what_kueues_rayjob_webhook_checks(spares: int) -> None:
+    """The test bed registers no Kueue webhook (testbed/kueue.py), so the rules of its RayJob validation
+    (pkg/controller/jobs/rayjob/rayjob_webhook.go, raycluster/common.go at v0.17.0) are held here: a
+    cluster of the job's own, deleted when the job ends, no autoscaler, at most 7 worker groups, none
+    named "head"."""
+    spec = build_rayjob(run(queue=QUEUE, workers={"spareReplicas": spares}), 1, "uid", ControllerConfig())["spec"]
+    assert "clusterSelector" not in spec
+    assert spec["rayClusterSpec"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    cluster = spec["rayClusterSpec"]
+    assert not cluster.get("enableInTreeAutoscaling")
+    groups = [group["groupName"] for group in cluster["workerGroupSpecs"]]
+    assert len(groups) <= 7, groups
+    assert "head" not in groups, groups
 
 
 def test_a_queue_on_an_existing_ray_cluster_is_refused_as_bad_input() -> None:
