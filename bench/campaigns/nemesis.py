@@ -84,7 +84,7 @@ import testbed.cluster as tb
 from bench.campaigns.chaos_runs import restarts
 from bench.campaigns.fault_proxy import FaultProxy, fault
 from bench.common import RESULTS_DIR, ROOT, current_commit, machine_details, write_result
-from spotray.contract.attempts import EXIT_NOT_FOUND
+from spotray.contract.attempts import EXIT_FAILED, EXIT_NOT_FOUND
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
 from spotray.contract.names import (
     ATTEMPT_LABEL,
@@ -547,9 +547,14 @@ def complete_steps(keys: list[str]) -> set[int]:
 
 def pull_found_nothing(exit_code: int, said: str, before: set[int] | None) -> bool:
     """Whether a pull that failed kept its promise anyway: the run had no complete checkpoint when it
-    began (``before``, listed just before it) and it said so, with exit 3 (not found). A listing S3 did
-    not answer (None) proves nothing."""
-    return exit_code == EXIT_NOT_FOUND and before == set() and "no checkpoints" in said
+    began (``before``, listed just before it) and it said so, as docs/cli.md promises: "no checkpoints"
+    with exit 3 (not found), or, with only incomplete ones there (the first being uploaded), "no complete
+    checkpoint" with exit 1 (refused). A listing S3 did not answer (None) proves nothing."""
+    if before != set():
+        return False
+    none_at_all = exit_code == EXIT_NOT_FOUND and "no checkpoints" in said
+    none_complete = exit_code == EXIT_FAILED and "there is no complete checkpoint" in said
+    return none_at_all or none_complete
 
 
 def commit_window(keys: list[str], saved: list[int]) -> str:

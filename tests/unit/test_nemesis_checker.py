@@ -344,3 +344,18 @@ def test_a_pull_before_the_first_checkpoint_keeps_its_promise_by_saying_so() -> 
     assert not pull_found_nothing(3, said, {10})  # one was there: the pull must have found it
     assert not pull_found_nothing(3, said, None)  # the listing did not answer: nothing is proved
     assert not pull_found_nothing(1, said, set())  # another failure is a failure
+
+
+def test_a_pull_while_the_first_checkpoint_uploads_keeps_its_promise_by_saying_it_is_incomplete() -> None:
+    """Trial 89 pulled at step 9, as checkpoint-10 (the run's first) was being uploaded: `spotray pull`
+    refused with exit 1, "there is no complete checkpoint ... the newest, checkpoint-10, is incomplete",
+    as docs/cli.md promises for an incomplete checkpoint. Only with no complete one there."""
+    said = (
+        "error: there is no complete checkpoint under s3://nemesis/nemesis/runs/t89: the newest, checkpoint-10, "
+        "is incomplete (no manifest (upload unfinished or interrupted)) |   fix: wait for its upload to finish"
+    )
+    assert pull_found_nothing(1, said, set())
+    assert not pull_found_nothing(1, said, {10})  # a complete one was there: the pull must have taken it
+    assert not pull_found_nothing(1, said, None)
+    assert not pull_found_nothing(3, said, set())  # that answer is a refusal (1), not a "not found"
+    assert not pull_found_nothing(1, "error: s3://x/checkpoint-20 is corrupt", set())
