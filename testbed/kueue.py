@@ -2,7 +2,7 @@
 as a host process against a Testbed's API server, like the KubeRay operator (docs/testbed.md, "Kueue").
 
 A real install runs it as a Deployment behind a Service, with webhooks the API server calls. Here
-the API server cannot dial a Service by name, so two things differ, both on purpose:
+the API server cannot dial a Service by name, so three things differ, all on purpose:
 
 - Kueue's own admission webhooks are not registered. They would make a RayJob that carries
   kueue.x-k8s.io/queue-name suspended on creation; spotray's controller already creates such a
@@ -11,6 +11,8 @@ the API server cannot dial a Service by name, so two things differ, both on purp
 - Its CRDs get the conversion stanza a real install's kustomize patches add (Kueue's cert
   rotator waits for it), but every object here is written at the storage version, v1beta2, so
   the API server never has to call the conversion webhook.
+- The webhook certificate the rotator writes into its Secret is copied into the cert dir here,
+  as a kubelet does for the Secret volume of a real install's pod.
 
 Started on demand (``Kueue(testbed).start()``), by tests that queue runs: a Testbed without it is as
 before. It manages only jobs that name a queue (``manageJobsWithoutQueueName`` is off), so the other
@@ -19,6 +21,7 @@ tests' RayJobs on the same test bed are untouched.
 
 from __future__ import annotations
 
+import base64
 import json
 import urllib.error
 import urllib.request
@@ -113,8 +116,24 @@ class Kueue:
             ],
             env={"KUBECONFIG": str(bed.kubeconfig)},
         )
+        # What the kubelet does for the Secret volume a real install mounts at the cert dir: the rotator
+        # waits for the certificate it wrote into the Secret to appear there as files.
+        certs = wait_until("Kueue's webhook certificate in its Secret", self.certificate, timeout=timeout)
+        cert_dir = self.workdir / "certs"
+        cert_dir.mkdir(mode=0o700, exist_ok=True)
+        for name, value in certs.items():
+            path = cert_dir / name
+            path.touch(mode=0o600)
+            path.write_bytes(base64.b64decode(value))
         wait_until("Kueue's manager ready (certificates made, controllers started)", self.ready, timeout=timeout)
         return self
+
+    def certificate(self) -> dict[str, str] | None:
+        """The webhook Secret's data (base64) once the rotator has written the server certificate."""
+        self.testbed._check_alive()
+        found = self.testbed.kubectl("get", "secret", WEBHOOK_SECRET, "-n", NAMESPACE, "-o", "json", check=False)
+        data: dict[str, str] = json.loads(found.stdout).get("data") or {} if found.returncode == 0 else {}
+        return data if "tls.crt" in data and "tls.key" in data else None
 
     def ready(self) -> bool:
         self.testbed._check_alive()  # says why, with the log's tail, if it exited

@@ -32,7 +32,14 @@ import pytest
 import yaml
 
 from spotray.contract.checkpoint_key import CHECKPOINT_KEY_ENV
-from spotray.contract.names import RUN_LABEL, SUCCEEDED, TERMINAL_PHASES
+from spotray.contract.names import (
+    RUN_LABEL,
+    SPOT_LABEL,
+    SPOT_LABEL_ON_DEMAND,
+    SPOT_LABEL_SPOT,
+    SUCCEEDED,
+    TERMINAL_PHASES,
+)
 from spotray.contract.status import parse_timestamp
 from spotray.train.storage.local_s3 import free_port
 from testbed import cluster_demo
@@ -745,3 +752,92 @@ def test_a_run_without_spot_nodes_falls_back_to_on_demand_and_returns_to_spot_at
         if f"node-{spot.name}" not in bed.procs:
             bed.start_real_node(spot)
             bed.wait_real_nodes_ready([spot.name])
+
+
+# What each cloud puts on its nodes (charts/spotray/templates/_helpers.tpl, spotray.capacityPresets; and
+# docs/deploy.md, section 7): the on-demand node's labels, the spot node's labels, and the spot node's taint.
+PROVIDER_NODES: dict[str, tuple[dict[str, str], dict[str, str], str | None]] = {
+    "karpenter": ({"karpenter.sh/capacity-type": "on-demand"}, {"karpenter.sh/capacity-type": "spot"}, None),
+    "gke": ({}, {"cloud.google.com/gke-spot": "true"}, "cloud.google.com/gke-spot=true:NoSchedule"),
+    "eks": ({"eks.amazonaws.com/capacityType": "ON_DEMAND"}, {"eks.amazonaws.com/capacityType": "SPOT"}, None),
+    "aks": (
+        {},
+        {"kubernetes.azure.com/scalesetpriority": "spot"},
+        "kubernetes.azure.com/scalesetpriority=spot:NoSchedule",
+    ),
+}
+SPOTRAY_TAINT = f"{tb.SPOT_TAINT['key']}={tb.SPOT_TAINT['value']}:{tb.SPOT_TAINT['effect']}"
+
+
+def relabel(
+    bed: tb.Testbed,
+    node: str,
+    add: dict[str, str],
+    remove: list[str],
+    *,
+    taint: str | None = None,
+    untaint: str | None = None,
+) -> None:
+    """Give ``node`` the labels ``add``, take ``remove`` off, and swap its taint ``untaint`` for ``taint``."""
+    bed.kubectl("label", "node", node, "--overwrite", *(f"{k}={v}" for k, v in add.items()), *(f"{k}-" for k in remove))
+    if untaint:
+        bed.kubectl("taint", "node", node, f"{untaint}-", check=False)
+    if taint:
+        bed.kubectl("taint", "node", node, taint, "--overwrite")
+
+
+# In make test-campaign: one short training per provider (about 3 minutes each). The presets' rendering is
+# in make test (tests/integration/test_chart.py).
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S)
+@pytest.mark.parametrize("provider", sorted(PROVIDER_NODES))
+def test_a_cloud_presets_values_file_places_a_run_on_nodes_labelled_as_that_cloud_does(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path, provider: str
+) -> None:
+    """Issue #71, item 4, on real pods: the nodes carry only the labels and taints ``provider`` gives its
+    on-demand and spot nodes (none of the project's own), the chart is upgraded with
+    charts/spotray/examples/<provider>.yaml as a user would install it (its ServiceAccount made, as the file
+    says), and a run trains to Succeeded with its head on the on-demand node and its worker on the spot one."""
+    bed = cluster.testbed
+    namespace = cluster_demo.NAMESPACE
+    on_demand, spot = cluster_demo.ON_DEMAND_NODE.name, cluster_demo.SPOT_NODE.name
+    on_demand_labels, spot_labels, spot_taint = PROVIDER_NODES[provider]
+    values = ROOT / "charts" / "spotray" / "examples" / f"{provider}.yaml"
+    account = yaml.safe_load(values.read_text())["ray"]["serviceAccountName"]
+    name = f"gpt2-{provider}"
+    helm = [str(tb.binary("helm")), "--kubeconfig", str(bed.kubeconfig)]
+    release = [cluster_demo.RELEASE, str(cluster_demo.CHART), "-n", cluster_demo.SYSTEM_NAMESPACE]
+    before = tmp_path / "values-before.yaml"  # the user-supplied values, put back afterwards
+    before.write_text(subprocess.run([*helm, "get", "values", *release[:1], *release[2:], "-o", "yaml"],
+                                     check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    relabel(bed, on_demand, on_demand_labels, [SPOT_LABEL])
+    relabel(bed, spot, spot_labels, [SPOT_LABEL], taint=spot_taint, untaint=SPOTRAY_TAINT)
+    try:
+        bed.kubectl("create", "serviceaccount", account, "-n", namespace)
+        subprocess.run([*helm, "upgrade", *release, "--reuse-values", "-f", str(values), "--wait", "--timeout", "5m"],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        document = cluster_demo.demo_training_run(name=name, steps=EVERY, every=EVERY)
+        manifest = tmp_path / f"{name}.yaml"
+        manifest.write_text(yaml.safe_dump(document))
+        bed.kubectl("apply", "-f", str(manifest))
+        placed: dict[str, dict[str, Any]] = {}  # node type -> pod spec, seen while the run's pods are there
+        deadline = time.monotonic() + TIMEOUT_S - 120
+        while (final := cluster_demo.run_status(bed, name)).get("phase") not in TERMINAL_PHASES:
+            assert time.monotonic() < deadline, cluster_demo.diagnose(bed) + json.dumps(final, indent=2)
+            for pod in cluster_demo.pods(bed, namespace, f"{RUN_LABEL}={name}"):
+                node_type = pod["metadata"]["labels"].get("ray.io/node-type")
+                if node_type and pod["spec"].get("nodeName"):
+                    placed[node_type] = pod["spec"]
+            time.sleep(2)
+        assert final["phase"] == SUCCEEDED, json.dumps(final, indent=2)
+        assert placed["head"]["nodeName"] == on_demand, placed["head"]
+        assert placed["worker"]["nodeName"] == spot, placed["worker"]
+        assert placed["worker"]["serviceAccountName"] == account, placed["worker"]
+        print(f"{provider}: head on {on_demand}, worker on {spot}, Succeeded at step {final['progress']['step']}")
+    finally:
+        bed.kubectl("delete", "trainingrun", name, "-n", namespace, "--wait=true", check=False)
+        bed.kubectl("delete", "serviceaccount", account, "-n", namespace, check=False)
+        relabel(bed, on_demand, {SPOT_LABEL: SPOT_LABEL_ON_DEMAND}, list(on_demand_labels))
+        relabel(bed, spot, {SPOT_LABEL: SPOT_LABEL_SPOT}, list(spot_labels), taint=SPOTRAY_TAINT, untaint=spot_taint)
+        subprocess.run([*helm, "upgrade", *release, "--reset-values", "-f", str(before), "--wait", "--timeout", "5m"],
+                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
