@@ -651,7 +651,7 @@ def test_kueue_queues_a_second_run_and_an_eviction_is_a_preemption_that_resumes(
         second = final["attempts"][1]
         assert (second.get("resumedFrom") or 0) >= EVERY, second
         assert (final.get("preemptions"), final.get("failures", 0)) == (1, 0), final
-        print(f"evicted at checkpoint {first.get('checkpoint')}: attempt 2 resumed from {second['resumedFrom']}")
+        print(f"attempt 1 evicted by Kueue ({first['reason']}): attempt 2 resumed from step {second['resumedFrom']}")
 
         tb.wait_until(
             f"{WAITING_RUN} admitted once the first ended",
