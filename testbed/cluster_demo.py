@@ -344,13 +344,27 @@ def install_chart(testbed: tb.Testbed, *extra: str) -> dict[str, str]:
     return {"AWS_ENDPOINT_URL": f"http://{minio['status']['podIP']}:9000", "AWS_REGION": "us-east-1", **keys}
 
 
+def helm(testbed: tb.Testbed) -> list[str]:
+    return [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig)]
+
+
+def chart_values(testbed: tb.Testbed) -> str:
+    """The release's user-supplied values (YAML), to put back with ``upgrade_chart("--reset-values", "-f", ...)``."""
+    found = subprocess.run([*helm(testbed), "get", "values", RELEASE, "-n", SYSTEM_NAMESPACE, "-o", "yaml"],
+                           check=True, capture_output=True, text=True)  # fmt: skip
+    return found.stdout
+
+
+def upgrade_chart(testbed: tb.Testbed, *args: str, timeout: str = "5m") -> None:
+    """`helm upgrade` of the release with ``args`` (values flags); returns once it rolled out."""
+    subprocess.run([*helm(testbed), "upgrade", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, *args,
+                    "--wait", "--timeout", timeout], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+
+
 def set_chart_values(testbed: tb.Testbed, *values: str) -> None:
     """`helm upgrade --reuse-values` with each ``key=value`` of ``values``; returns once the controller's
     Deployment rolled out (runs created after it get the settings)."""
-    helm = [str(tb.binary("helm")), "--kubeconfig", str(testbed.kubeconfig)]
-    sets = [arg for value in values for arg in ("--set", value)]
-    subprocess.run([*helm, "upgrade", RELEASE, str(CHART), "-n", SYSTEM_NAMESPACE, "--reuse-values", *sets,
-                    "--wait", "--timeout", "5m"], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    upgrade_chart(testbed, "--reuse-values", *(arg for value in values for arg in ("--set", value)))
 
 
 def set_ray_cluster_per_run(testbed: tb.Testbed, on: bool) -> None:

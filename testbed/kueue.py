@@ -145,9 +145,10 @@ class Kueue:
 
     # -- the objects a test queues runs with ----------------------------------------------------
 
-    def cluster_queue(self, name: str, cpu: str, memory: str, preempt_lower_priority: bool = True) -> None:
-        """A ClusterQueue with one default ResourceFlavor and this much quota, for every namespace."""
-        preemption = {"withinClusterQueue": "LowerPriority" if preempt_lower_priority else "Never"}
+    def cluster_queue(self, name: str, cpu: str, memory: str) -> None:
+        """A ClusterQueue with one default ResourceFlavor and this much quota, for every namespace; a
+        higher-priority workload may preempt a lower one in it."""
+        preemption = {"withinClusterQueue": "LowerPriority"}
         self.testbed.apply(
             {"apiVersion": API_VERSION, "kind": "ResourceFlavor", "metadata": {"name": f"{name}-flavor"}},
             {

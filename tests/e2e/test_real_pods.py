@@ -499,6 +499,31 @@ def test_a_suspend_takes_an_emergency_checkpoint_and_the_resume_goes_on_from_it(
 RECREATED_RUN = "gpt2-recreated"
 
 
+def wait_for_checkpoint(bed: tb.Testbed, name: str, step: int, attempt: int | None = None) -> dict[str, Any]:
+    """The run's status once its last complete checkpoint is at ``step`` or later (made by ``attempt``, when
+    given); fails if the run ends first or after TIMEOUT_S."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        status = cluster_demo.run_status(bed, name)
+        made = ((status.get("lastCheckpoint") or {}).get("step") or 0) >= step
+        if made and attempt in (None, status.get("attempt")):
+            return status
+        assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
+        assert time.monotonic() < deadline, f"no checkpoint-{step} in time: {status}"
+        time.sleep(1)
+
+
+def wait_until_ended(bed: tb.Testbed, name: str) -> dict[str, Any]:
+    """The run's status once its phase is terminal (at most TIMEOUT_S)."""
+    status: dict[str, Any] = tb.wait_until(
+        f"{name} ended",
+        lambda: (s := cluster_demo.run_status(bed, name)).get("phase") in TERMINAL_PHASES and s,
+        timeout=TIMEOUT_S,
+        interval=2,
+    )
+    return status
+
+
 # In make test-campaign: one run to step 60, deleted, and created again until it resumes (about 3 minutes).
 @pytest.mark.campaign
 @pytest.mark.timeout(TIMEOUT_S + 300)
@@ -519,13 +544,7 @@ def test_a_run_deleted_and_created_again_resumes_from_its_checkpoints(
     def get(kind: str, name: str) -> dict[str, Any]:
         return json.loads(bed.kubectl("get", kind, name, "-n", cluster_demo.NAMESPACE, "-o", "json").stdout)  # type: ignore[no-any-return]
 
-    deadline = time.monotonic() + TIMEOUT_S
-    while (
-        ((status := cluster_demo.run_status(bed, RECREATED_RUN)).get("lastCheckpoint") or {}).get("step") or 0
-    ) < 2 * EVERY:
-        assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
-        assert time.monotonic() < deadline, f"no checkpoint-{2 * EVERY} in time: {status}"
-        time.sleep(1)
+    wait_for_checkpoint(bed, RECREATED_RUN, 2 * EVERY)
     first_uid = get("trainingrun", RECREATED_RUN)["metadata"]["uid"]
     key_uid = get("secret", "spotray-checkpoint-key")["metadata"]["uid"]
     bed.kubectl("delete", "trainingrun", RECREATED_RUN, "-n", cluster_demo.NAMESPACE, "--wait=true")
@@ -625,11 +644,7 @@ def test_kueue_queues_a_second_run_and_an_eviction_is_a_preemption_that_resumes(
             f"{WAITING_RUN} queued", lambda: "queued" in status_of(WAITING_RUN).get("message", ""), timeout=120
         )
 
-        deadline = time.monotonic() + TIMEOUT_S
-        while ((status := status_of(QUEUED_RUN)).get("lastCheckpoint") or {}).get("step", 0) < EVERY:
-            assert status.get("phase") not in TERMINAL_PHASES, json.dumps(status, indent=2)
-            assert time.monotonic() < deadline, f"no checkpoint in time: {status}"
-            time.sleep(1)
+        wait_for_checkpoint(bed, QUEUED_RUN, EVERY)
         bed.apply(competing_job(namespace, "team", "e2e-high"))
         tb.wait_until(f"{QUEUED_RUN}'s attempt 2", lambda: status_of(QUEUED_RUN).get("attempt") == 2, timeout=300)
         evicted = status_of(QUEUED_RUN)
@@ -641,12 +656,7 @@ def test_kueue_queues_a_second_run_and_an_eviction_is_a_preemption_that_resumes(
         assert waiting.get("failures", 0) == 0, waiting
 
         bed.kubectl("delete", "job", "urgent", "-n", namespace, "--cascade=foreground", "--timeout=120s")
-        final = tb.wait_until(
-            f"{QUEUED_RUN} ended",
-            lambda: (s := status_of(QUEUED_RUN)).get("phase") in TERMINAL_PHASES and s,
-            timeout=TIMEOUT_S,
-            interval=2,
-        )
+        final = wait_until_ended(bed, QUEUED_RUN)
         assert final["phase"] == SUCCEEDED, json.dumps(final, indent=2)
         second = final["attempts"][1]
         assert (second.get("resumedFrom") or 0) >= EVERY, second
@@ -708,9 +718,12 @@ def test_a_run_without_spot_nodes_falls_back_to_on_demand_and_returns_to_spot_at
     def status() -> dict[str, Any]:
         return cluster_demo.run_status(bed, FALLBACK_RUN)
 
-    def worker_nodes(attempt: int) -> set[str]:
+    def workers(attempt: int) -> list[dict[str, Any]]:
         selector = f"{RUN_LABEL}={FALLBACK_RUN},spotray.dev/attempt={attempt},ray.io/node-type=worker"
-        return {p["spec"].get("nodeName") for p in cluster_demo.pods(bed, namespace, selector)} - {None}
+        return cluster_demo.pods(bed, namespace, selector)
+
+    def worker_nodes(attempt: int) -> set[str]:
+        return {p["spec"].get("nodeName") for p in workers(attempt)} - {None}
 
     try:
         bed.kubectl("apply", "-f", str(manifest))
@@ -721,24 +734,14 @@ def test_a_run_without_spot_nodes_falls_back_to_on_demand_and_returns_to_spot_at
         )
         assert waiting["attempts"][0]["capacity"] == "spot", waiting
         tb.wait_until(f"{FALLBACK_RUN}'s attempt 2", lambda: status().get("attempt") == 2, timeout=300)
-        deadline = time.monotonic() + TIMEOUT_S
-        while ((now := status()).get("lastCheckpoint") or {}).get("step", 0) < EVERY or now.get("attempt") != 2:
-            assert now.get("phase") not in TERMINAL_PHASES, json.dumps(now, indent=2)
-            assert time.monotonic() < deadline, f"attempt 2 made no checkpoint in time: {now}"
-            time.sleep(1)
+        wait_for_checkpoint(bed, FALLBACK_RUN, EVERY, attempt=2)
         assert worker_nodes(2) == {cluster_demo.ON_DEMAND_NODE.name}, worker_nodes(2)
 
         bed.start_real_node(spot)  # spot capacity is back
         bed.wait_real_nodes_ready([spot.name])
-        worker = cluster_demo.pods(
-            bed, namespace, f"{RUN_LABEL}={FALLBACK_RUN},spotray.dev/attempt=2,ray.io/node-type=worker"
-        )
-        evict(bed, namespace, worker[0]["metadata"]["name"])
+        evict(bed, namespace, workers(2)[0]["metadata"]["name"])
         tb.wait_until(f"{FALLBACK_RUN}'s attempt 3", lambda: status().get("attempt") == 3, timeout=300)
-        final = tb.wait_until(
-            f"{FALLBACK_RUN} ended", lambda: (s := status()).get("phase") in TERMINAL_PHASES and s, timeout=TIMEOUT_S,
-            interval=2,
-        )  # fmt: skip
+        final = wait_until_ended(bed, FALLBACK_RUN)
         assert final["phase"] == SUCCEEDED, json.dumps(final, indent=2)
         assert [a.get("capacity") for a in final["attempts"]] == ["spot", "on-demand", "spot"], final["attempts"]
         assert final["attempts"][0]["reason"] == "CapacityFallback", final["attempts"][0]
@@ -805,17 +808,13 @@ def test_a_cloud_presets_values_file_places_a_run_on_nodes_labelled_as_that_clou
     values = ROOT / "charts" / "spotray" / "examples" / f"{provider}.yaml"
     account = yaml.safe_load(values.read_text())["ray"]["serviceAccountName"]
     name = f"gpt2-{provider}"
-    helm = [str(tb.binary("helm")), "--kubeconfig", str(bed.kubeconfig)]
-    release = [cluster_demo.RELEASE, str(cluster_demo.CHART), "-n", cluster_demo.SYSTEM_NAMESPACE]
     before = tmp_path / "values-before.yaml"  # the user-supplied values, put back afterwards
-    before.write_text(subprocess.run([*helm, "get", "values", *release[:1], *release[2:], "-o", "yaml"],
-                                     check=True, capture_output=True, text=True).stdout)  # fmt: skip
+    before.write_text(cluster_demo.chart_values(bed))
     relabel(bed, on_demand, on_demand_labels, [SPOT_LABEL])
     relabel(bed, spot, spot_labels, [SPOT_LABEL], taint=spot_taint, untaint=SPOTRAY_TAINT)
     try:
         bed.kubectl("create", "serviceaccount", account, "-n", namespace)
-        subprocess.run([*helm, "upgrade", *release, "--reuse-values", "-f", str(values), "--wait", "--timeout", "5m"],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        cluster_demo.upgrade_chart(bed, "--reuse-values", "-f", str(values))
         document = cluster_demo.demo_training_run(name=name, steps=EVERY, every=EVERY)
         manifest = tmp_path / f"{name}.yaml"
         manifest.write_text(yaml.safe_dump(document))
@@ -839,5 +838,4 @@ def test_a_cloud_presets_values_file_places_a_run_on_nodes_labelled_as_that_clou
         bed.kubectl("delete", "serviceaccount", account, "-n", namespace, check=False)
         relabel(bed, on_demand, {SPOT_LABEL: SPOT_LABEL_ON_DEMAND}, list(on_demand_labels))
         relabel(bed, spot, {SPOT_LABEL: SPOT_LABEL_SPOT}, list(spot_labels), taint=SPOTRAY_TAINT, untaint=spot_taint)
-        subprocess.run([*helm, "upgrade", *release, "--reset-values", "-f", str(before), "--wait", "--timeout", "5m"],
-                       check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        cluster_demo.upgrade_chart(bed, "--reset-values", "-f", str(before))
