@@ -5,11 +5,13 @@ wherever it goes (stuck: the start deadline ends the attempt in its words).
 Every Unschedulable pod counts as waiting for capacity, whatever the scheduler's reason: on a cloud
 cluster a node selector or a taint no node matches today is a node pool scaled to zero, which its
 autoscaler (Karpenter, the cluster autoscaler) grows while the pod waits. The scheduler's message
-says which, and the run's status quotes it.
+says which, and the run's status quotes it. The one exception is a volume claim that is missing or
+being deleted: no node will ever come for it, so the pod is stuck.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +32,9 @@ STUCK_REASONS = frozenset(
 # PodScheduled=False reasons that mean "not placed yet": the scheduler found no node, or a scheduling
 # gate (a queue's, such as Kueue's for plain pods) holds it back.
 UNPLACED_REASONS = frozenset({"Unschedulable", "SchedulingGated"})
+# kube-scheduler's volumebinding plugin, in its words: the pod names a claim its namespace lacks (the
+# chart's shared volume is made in the release namespace and the namespaces it is told of).
+MISSING_CLAIM = re.compile(r'persistentvolumeclaim "[^"]*" (not found|is being deleted)')
 
 
 def pods_waiting(pods: Sequence[dict[str, Any]]) -> PodsWaiting:
@@ -44,7 +49,8 @@ def pods_waiting(pods: Sequence[dict[str, Any]]) -> PodsWaiting:
         for condition in status.get("conditions") or []:
             unplaced = condition.get("type") == "PodScheduled" and condition.get("status") == "False"
             if unplaced and condition.get("reason") in UNPLACED_REASONS:
-                capacity.append(f"pod {name}: {condition.get('message') or condition.get('reason')}")
+                said = f"pod {name}: {condition.get('message') or condition.get('reason')}"
+                (stuck if MISSING_CLAIM.search(said) else capacity).append(said)
         for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
             waiting = (container.get("state") or {}).get("waiting") or {}
             if waiting.get("reason") in STUCK_REASONS:

@@ -191,6 +191,22 @@ def test_a_pod_that_cannot_start_wherever_it_goes_is_stuck(reason: str, message:
     assert pods_waiting([stuck]) == PodsWaiting(stuck=f"pod r-a1-head-a: container ray-head: {reason}: {message}")
 
 
+@pytest.mark.parametrize(
+    "missing",
+    [
+        'persistentvolumeclaim "spotray-shared" not found',
+        'persistentvolumeclaim "spotray-shared" is being deleted',
+    ],
+)
+def test_a_pod_whose_volume_claim_is_missing_is_stuck_not_waiting_for_capacity(missing: str) -> None:
+    # The scheduler says Unschedulable, but no node will ever come for it: the shared volume's claim
+    # is not in the run's namespace (the chart makes it in the release namespace). Waiting for capacity
+    # would wait forever, spending nothing and saying nothing true (kube-scheduler's volumebinding plugin).
+    said = f"0/3 nodes are available: {missing}. preemption: 0/3 nodes are available: 3 Preemption is not helpful."
+    unplaced = pod("r-a1-head-a", conditions=[{**UNSCHEDULABLE_CONDITION, "message": said}])
+    assert pods_waiting([unplaced]) == PodsWaiting(stuck=f"pod r-a1-head-a: {said}")
+
+
 def test_a_running_or_slow_pod_waits_for_nothing() -> None:
     pulling = pod("p", containerStatuses=[{"name": "c", "state": {"waiting": {"reason": "ContainerCreating"}}}])
     running = {"metadata": {"name": "q"}, "status": {"phase": "Running", "conditions": [UNSCHEDULABLE_CONDITION]}}

@@ -618,6 +618,28 @@ def test_nfs_volume_is_mounted_with_permissions_set_by_the_chart(helm: Path) -> 
     assert pod["volumes"] == [{"name": "shared", "persistentVolumeClaim": {"claimName": f"{FULLNAME}-shared"}}]
 
 
+def test_an_nfs_export_gets_a_claim_of_the_same_name_in_every_namespace_the_controller_serves(helm: Path) -> None:
+    # A pod can mount only a claim of its own namespace, and the controller names one claim for every
+    # run: without these, a run in team-a would wait for a claim that is not there.
+    objects = render("nfs.yaml", "controller.watchNamespaces={team-a,team-b}")
+    claims = {c["metadata"]["namespace"]: c for c in objects if c["kind"] == "PersistentVolumeClaim"}
+    volumes = {v["spec"]["claimRef"]["namespace"]: v for v in objects if v["kind"] == "PersistentVolume"}
+    assert set(claims) == set(volumes) == {NAMESPACE, "team-a", "team-b"}
+    for namespace, claim in claims.items():
+        assert claim["metadata"]["name"] == controller_env(objects)["SPOTRAY_SHARED_PVC"]
+        volume = volumes[namespace]
+        assert claim["spec"]["volumeName"] == volume["metadata"]["name"]
+        assert volume["spec"]["nfs"] == {"server": "nfs.storage.svc.cluster.local", "path": "/exports/spotray"}
+        assert volume["spec"]["persistentVolumeReclaimPolicy"] == "Retain"
+    assert len({v["metadata"]["name"] for v in volumes.values()}) == 3
+    # One export, so one hook sets its owner: the release namespace's.
+    assert only(objects, "Job")["metadata"]["namespace"] == NAMESPACE
+    # A storage class would give each namespace a volume of its own, which the controller cannot read:
+    # that stays the release namespace's alone, as before.
+    classed = render("storage-class.yaml", "controller.watchNamespaces={team-a}")
+    assert [c["metadata"]["namespace"] for c in classed if c["kind"] == "PersistentVolumeClaim"] == [NAMESPACE]
+
+
 def test_file_roots_reach_the_controller_which_mounts_the_shared_volume_read_only_only_to_read_them(
     helm: Path,
 ) -> None:
