@@ -37,7 +37,11 @@ FIELD_MANAGER = "spotray-cli"
 _PLURALS = {KIND: PLURAL, SWEEP_KIND: SWEEP_PLURAL}
 # (connect, read) seconds for every call: an API server that accepts the connection and never
 # answers (a half-open link, a hung proxy) fails the command with the fix instead of hanging it.
-REQUEST_TIMEOUT = (10.0, 30.0)
+REQUEST_TIMEOUT: tuple[float, float] = (10.0, 30.0)
+# The label the batch Job controller puts on its pods; KubeRay's K8sJobMode submitter Job is named
+# after the RayJob.
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+CHUNK_BYTES = 4096
 _CONTEXT_FIX = (
     "check that the cluster is up and that `kubectl get nodes` works; pick another cluster with "
     "--context NAME or --kubeconfig FILE (`kubectl config get-contexts` lists them)"
@@ -99,9 +103,10 @@ class ClusterConnection:
                 "`spotray status -n NAMESPACE` lists the runs in a namespace; pass -n/--namespace or --context",
             )
         if error.status in (401, 403):
+            resource = "pods/log" if kind == "Pod" else f"{PLURAL}.{GROUP}"
             return CommandFailedError(
                 f"the cluster refused to let you {what}: {message}",
-                f"check your credentials and RBAC: `kubectl auth can-i get {PLURAL}.{GROUP} -n {namespace}`",
+                f"check your credentials and RBAC: `kubectl auth can-i get {resource} -n {namespace}`",
             )
         if error.status in (400, 422):
             return SpotrayError(f"the cluster refused to {what}: {message}", "fix the manifest as the message says")
@@ -201,3 +206,40 @@ class ClusterConnection:
                 RAY_GROUP, RAY_VERSION, namespace, RAYJOB_PLURAL, name, _request_timeout=self.request_timeout
             )
         return cast("dict[str, Any]", job)
+
+    # -- Pods -------------------------------------------------------------------------------
+
+    def submitter_pod(self, ray_job: str, namespace: str | None = None) -> dict[str, Any] | None:
+        """The newest pod of the RayJob's K8sJobMode submitter (the batch Job KubeRay names after the
+        RayJob), or None: none yet, or the RayJob submits over HTTP."""
+        namespace = namespace or self.namespace
+        core = client.CoreV1Api(self.api)
+        with self._call(f"list the submitter pods of RayJob {ray_job}", namespace, kind="Pod"):
+            listing = core.list_namespaced_pod(
+                namespace, label_selector=f"{JOB_NAME_LABEL}={ray_job}", _request_timeout=self.request_timeout
+            )
+        pods = [cast("dict[str, Any]", self.api.sanitize_for_serialization(p)) for p in listing.items]
+        return max(pods, key=lambda p: str(p["metadata"].get("creationTimestamp") or ""), default=None)
+
+    def pod_log(self, pod: str, container: str, *, follow: bool, namespace: str | None = None) -> Iterator[str]:
+        """The container's log through the API server (``kubectl logs``), chunk by chunk; with ``follow``,
+        until the container ends. A container that has not started is a NotFoundError that says so."""
+        namespace = namespace or self.namespace
+        core = client.CoreV1Api(self.api)
+        # A followed log may be quiet for long: no read timeout then, only the connect one.
+        timeout: Any = (self.request_timeout[0], None) if follow else self.request_timeout
+        try:
+            with self._call(f"read the log of pod {pod}", namespace, kind="Pod"):
+                response = cast(  # _preload_content=False: the raw response, read as it comes
+                    "urllib3.HTTPResponse",
+                    core.read_namespaced_pod_log(
+                        pod, namespace, container=container, follow=follow, _preload_content=False,
+                        _request_timeout=timeout,
+                    ),
+                )  # fmt: skip
+                for chunk in response.stream(CHUNK_BYTES):
+                    yield chunk.decode(errors="replace")
+        except SpotrayError as error:
+            if "is waiting to start" in str(error) or "ContainerCreating" in str(error):
+                raise NotFoundError(f"pod {namespace}/{pod} has not started yet: {error}", "follow it: -f") from None
+            raise

@@ -1,24 +1,30 @@
-"""``spotray logs RUN``: an attempt's job logs, from Ray's jobs API on the attempt's Ray head.
+"""``spotray logs RUN``: an attempt's job logs, through the API server or from Ray's jobs API.
 
-The controller runs attempt N as the RayJob ``<run>-a<N>``; KubeRay records the job's ID and the
-head's dashboard address in the RayJob's status. The dashboard is a cluster-internal service, so
-from a laptop it needs a port-forward; the error says exactly which. With Ray's token auth on (the
-chart's default) it also needs the cluster's token in RAY_AUTH_TOKEN; the CLI never reads a Secret
-itself, and the error says which one holds the token and how to read it.
-"""
+The controller runs attempt N as the RayJob ``<run>-a<N>``. In K8sJobMode (the chart's default)
+KubeRay runs a submitter pod that submits the job and prints the driver's log until it ends: its log,
+read through the API server as ``kubectl logs`` does, needs no port-forward and no token, and
+``-f`` follows it from attempt to attempt. Otherwise (``--dashboard``, or HTTPMode with no submitter
+pod) the log comes from Ray's jobs API on the head, whose address KubeRay records in the RayJob's
+status: a cluster-internal service, so from a laptop it needs a port-forward, and the error says
+exactly which. With Ray's token auth on (the chart's default) the dashboard also needs the
+cluster's token in RAY_AUTH_TOKEN; the CLI never reads a Secret itself, and the error says which
+one holds the token and how to read it."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from spotray.cli.exit_codes import CommandFailedError, NotFoundError
 from spotray.contract.attempts import EXIT_OK, OUTCOME_INTERRUPTED, OUTCOME_PREEMPTED
-from spotray.contract.names import rayjob_name
+from spotray.contract.errors import SpotrayError
+from spotray.contract.names import TERMINAL_PHASES, rayjob_name
 from spotray.contract.status import RunStatus
 
 if TYPE_CHECKING:
@@ -28,6 +34,10 @@ DASHBOARD_PORT = 8265
 # What Ray's own clients read the token from (KubeRay sets it in the cluster's containers).
 RAY_TOKEN_ENV = "RAY_AUTH_TOKEN"  # noqa: S105 - the variable's name, not a token
 TIMEOUT_SECONDS = 10.0
+# The container of the K8sJobMode submitter pod (controller/rayjob.py): it submits the job and prints
+# the driver's log until the job ends (spotray/train/launch/submitter.py).
+SUBMITTER_CONTAINER = "ray-job-submitter"
+FOLLOW_POLL_SECONDS = 2.0
 
 
 def head_service(ray_job: dict[str, Any]) -> str:
@@ -80,14 +90,32 @@ def token_refusal(
     )
 
 
-def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dashboard: str | None) -> int:
+def logs_command(
+    cluster: ClusterConnection,
+    run: str,
+    attempt: int | None,
+    dashboard: str | None,
+    *,
+    follow: bool = False,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Print an attempt's driver log: its submitter pod's log through the API server (no port-forward,
+    no token), or, given ``dashboard`` or without a submitter pod (HTTPMode), Ray's jobs API on the head.
+    ``follow``: until the attempt ends, or, without ``attempt``, from attempt to attempt until the run ends."""
+    if follow:
+        if dashboard:
+            raise SpotrayError(
+                "--follow reads the submitter pod's log through the Kubernetes API, not the Ray dashboard",
+                "drop --dashboard (or --follow)",
+            )
+        return follow_logs(cluster, run, attempt, sleep)
     namespace = cluster.namespace
     if attempt is None:
         attempt = RunStatus.of(cluster.get_run(run)).attempt or 0
         if not attempt:
             raise NotFoundError(
                 f"TrainingRun {namespace}/{run} has not started an attempt yet",
-                f"wait for it to start: spotray watch {run} -n {namespace}",
+                f"wait for it to start: spotray logs {run} -n {namespace} -f",
             )
     job_name = rayjob_name(run, attempt)
     try:
@@ -102,6 +130,57 @@ def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dash
             f"`spotray status {run} -n {namespace}` says how it ended; a failed attempt's cluster (and logs) "
             "stays for the chart's controller.rayJobTTLSeconds",
         ) from None
+    submitter = None if dashboard else cluster.submitter_pod(job_name)
+    if submitter is not None:
+        for chunk in cluster.pod_log(submitter["metadata"]["name"], SUBMITTER_CONTAINER, follow=False):
+            sys.stdout.write(chunk)
+        sys.stdout.flush()
+        return EXIT_OK
+    return dashboard_logs(job, (run, namespace, attempt, dashboard))
+
+
+def follow_logs(cluster: ClusterConnection, run: str, pinned: int | None, sleep: Callable[[float], None]) -> int:
+    """``spotray logs -f``: each attempt's submitter pod's log as it comes, through the API server. A pod
+    that has not started is waited for; when the run moves to a new attempt (unless ``pinned``), its log
+    follows, after a line on stderr that says how the last one ended. Returns when the followed attempt
+    (``pinned``) or the run has ended and its log was printed to its end."""
+    namespace = cluster.namespace
+    attempt, printed = pinned or 0, set()  # printed: the pods whose log was read to the container's end
+    while True:
+        status = RunStatus.of(cluster.get_run(run))
+        if pinned is None and (status.attempt or 0) > attempt:
+            if attempt:
+                ended = status.attempt_entry(attempt)
+                note(f"attempt {attempt} ended {ended.outcome or '?'} ({ended.reason or 'no reason yet'})")
+            attempt = status.attempt or 0
+            note(f"following attempt {attempt} of {namespace}/{run}")
+        pod = cluster.submitter_pod(rayjob_name(run, attempt)) if attempt else None
+        name = str(pod["metadata"]["name"]) if pod else ""
+        if pod is not None and name not in printed:
+            try:
+                for chunk in cluster.pod_log(name, SUBMITTER_CONTAINER, follow=True):
+                    sys.stdout.write(chunk)
+                    sys.stdout.flush()
+                printed.add(name)
+            except NotFoundError:
+                pass  # not started yet, or deleted since it was listed: the next round says which
+        if (pod is None or name in printed) and (
+            status.phase in TERMINAL_PHASES or (pinned is not None and status.attempt_entry(pinned).end_time)
+        ):
+            return EXIT_OK
+        sleep(FOLLOW_POLL_SECONDS)
+
+
+def note(text: str) -> None:
+    sys.stderr.write(f"spotray: {text}\n")
+    sys.stderr.flush()
+
+
+def dashboard_logs(job: dict[str, Any], command: tuple[str, str, int, str | None]) -> int:
+    """The driver's log from Ray's jobs API on the attempt's head (``command``: run, namespace, attempt, and
+    the dashboard to ask, default the RayJob's)."""
+    run, namespace, attempt, dashboard = command
+    job_name = rayjob_name(run, attempt)
     job_id = (job.get("status") or {}).get("jobId")
     if not job_id:
         raise NotFoundError(
@@ -114,9 +193,7 @@ def logs_command(cluster: ClusterConnection, run: str, attempt: int | None, dash
         sys.stdout.write(fetch_job_logs(base, job_id, token))
     except urllib.error.HTTPError as error:
         if error.code in (401, 403):
-            raise token_refusal(
-                error.code, base, job, token_sent=bool(token), command=(run, namespace, attempt, dashboard)
-            ) from None
+            raise token_refusal(error.code, base, job, token_sent=bool(token), command=command) from None
         if error.code == 404:
             raise NotFoundError(
                 f"the Ray dashboard at {base} does not know job {job_id} of {job_name}",

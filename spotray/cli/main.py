@@ -118,16 +118,18 @@ the watching.
 
 LOGS_EXAMPLES = """examples:
   spotray logs gpt2                    # the current attempt's driver log
-  spotray logs gpt2 --attempt 1        # an earlier attempt's, while its Ray cluster still exists
-  kubectl port-forward -n team-a svc/gpt2-a2-raycluster-xxxxx-head-svc 8265:8265 &
-  export RAY_AUTH_TOKEN=$(kubectl get secret gpt2-a2-raycluster-xxxxx -n team-a \
-      -o jsonpath='{.data.auth_token}' | base64 -d)
-  spotray logs gpt2 -n team-a --dashboard http://localhost:8265
+  spotray logs gpt2 -f                 # as it comes, attempt after attempt, until the run ends
+  spotray logs gpt2 --attempt 1        # an earlier attempt's, while its RayJob still exists
+  spotray logs gpt2 -n team-a --dashboard http://localhost:8265   # from Ray's jobs API instead
 
-The logs come from Ray's jobs API on the attempt's Ray head (RayJob RUN-aN). The dashboard is
-reachable only inside the cluster unless you port-forward it; the error says which service. With
-Ray's token auth on (the chart's rayTokenAuth.enabled) the dashboard also wants the cluster's token,
-from RAY_AUTH_TOKEN; KubeRay keeps it in a Secret named after the RayCluster.
+The log is the attempt's submitter pod's (KubeRay's K8sJobMode, the chart's default: it submits the
+job and prints the driver's log), read through the Kubernetes API as `kubectl logs` does: no
+port-forward, no token, only the right to read pods/log in the run's namespace. With --dashboard (or
+a controller in HTTPMode, which has no submitter pod) it comes from Ray's jobs API on the attempt's
+Ray head instead: reachable only inside the cluster unless you port-forward it (the error says
+which service), and with Ray's token auth on (the chart's rayTokenAuth.enabled) it wants the
+cluster's token in RAY_AUTH_TOKEN, kept by KubeRay in a Secret named after the RayCluster.
+A preempted attempt's logs go with its RayJob.
 """
 
 CHECKPOINTS_EXAMPLES = """examples:
@@ -313,7 +315,8 @@ def logs_command(args: argparse.Namespace) -> int:
     from spotray.cli.cluster_client import ClusterConnection  # noqa: PLC0415
     from spotray.cli.logs import logs_command as logs  # noqa: PLC0415
 
-    return logs(ClusterConnection(KubeOptions.from_args(args)), args.run, args.attempt, args.dashboard)
+    cluster = ClusterConnection(KubeOptions.from_args(args))
+    return logs(cluster, args.run, args.attempt, args.dashboard, follow=args.follow)
 
 
 def checkpoints_command(args: argparse.Namespace) -> int:
@@ -542,7 +545,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs = command("logs", "print an attempt's job logs", "The driver log of one attempt's Ray job.", LOGS_EXAMPLES)
     logs.add_argument("run", metavar="RUN", help="a TrainingRun's name")
     logs.add_argument("--attempt", type=int, metavar="N", help="which attempt (default: the current one)")
-    logs.add_argument("--dashboard", metavar="URL", help="the Ray dashboard to ask, e.g. a port-forward's")
+    logs.add_argument("--dashboard", metavar="URL", help="ask this Ray dashboard instead, e.g. a port-forward's")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="print the log as it comes until the attempt (or the run) ends"
+    )
     add_cluster_flags(logs)
     logs.set_defaults(handler=logs_command)
 

@@ -1,0 +1,102 @@
+"""`spotray logs` through the API server (issue #72, item 4): the attempt's submitter pod's log, no
+port-forward and no token; `-f` follows it as it comes, attempt after attempt, until the run ends.
+
+The fake stands for ClusterConnection's calls; the real ones (pods/log of a real submitter pod through
+a real API server and kubelet) are tests/e2e/test_real_pods.py's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from spotray.cli.exit_codes import CommandFailedError, NotFoundError
+from spotray.cli.logs import SUBMITTER_CONTAINER, logs_command
+from spotray.contract.errors import SpotrayError
+
+pytestmark = pytest.mark.unit
+
+
+def run(attempt: int, phase: str = "Running", ended: tuple[int, ...] = ()) -> dict[str, Any]:
+    attempts = [
+        {"attempt": n, "rayJob": f"r-a{n}", "outcome": "Preempted" if n in ended else "Running"}
+        | ({"reason": "SpotNotice", "endTime": "2026-12-03T10:00:00Z"} if n in ended else {})
+        for n in range(1, attempt + 1)
+    ]
+    return {"metadata": {"name": "r"}, "status": {"phase": phase, "attempt": attempt, "attempts": attempts}}
+
+
+class Cluster:
+    """A run whose status moves on at each read (``runs``, the last one repeated); submitter pods by RayJob,
+    each with its log chunks, and how many reads of it say its container has not started yet."""
+
+    namespace = "team"
+
+    def __init__(self, runs: list[dict[str, Any]], logs: dict[str, list[str]], waiting: int = 0) -> None:
+        self.runs, self.logs, self.waiting = runs, logs, waiting
+        self.reads: list[tuple[str, bool]] = []
+
+    def get_run(self, name: str) -> dict[str, Any]:
+        return self.runs.pop(0) if len(self.runs) > 1 else self.runs[0]
+
+    def get_ray_job(self, name: str) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "status": {"jobId": "raysubmit_1", "dashboardURL": "127.0.0.1:1"}}
+
+    def submitter_pod(self, ray_job: str) -> dict[str, Any] | None:
+        return {"metadata": {"name": f"{ray_job}-sub"}} if ray_job in self.logs else None
+
+    def pod_log(self, pod: str, container: str, *, follow: bool) -> Iterator[str]:
+        assert container == SUBMITTER_CONTAINER
+        self.reads.append((pod, follow))
+        if self.waiting:
+            self.waiting -= 1
+            raise NotFoundError(f"pod team/{pod} has not started yet", "follow it: -f")
+        yield from self.logs[pod.removesuffix("-sub")]
+
+
+def test_logs_come_from_the_submitter_pod_through_the_api_server(capsys: Any) -> None:
+    cluster = Cluster([run(2)], {"r-a2": ["submitted\n", "step 1\n"]})
+    assert logs_command(cluster, "r", None, None) == 0  # type: ignore[arg-type]
+    assert capsys.readouterr().out == "submitted\nstep 1\n"
+    assert cluster.reads == [("r-a2-sub", False)]
+
+
+def test_without_a_submitter_pod_the_dashboard_is_asked_and_its_error_says_how_to_reach_it() -> None:
+    # HTTPMode: KubeRay's operator submits, no pod holds the log; the head's dashboard is in the cluster.
+    with pytest.raises(CommandFailedError) as caught:
+        logs_command(Cluster([run(1)], {}), "r", None, None)  # type: ignore[arg-type]
+    assert "kubectl port-forward -n team svc/" in str(caught.value)
+
+
+def test_follow_goes_from_attempt_to_attempt_until_the_run_ends(capsys: Any) -> None:
+    runs = [run(1), run(1), run(2, ended=(1,)), run(2, ended=(1,)), run(2, "Succeeded", ended=(1,))]
+    cluster = Cluster(runs, {"r-a1": ["one\n"], "r-a2": ["two\n", "done\n"]}, waiting=1)
+    naps: list[float] = []
+    assert logs_command(cluster, "r", None, None, follow=True, sleep=naps.append) == 0  # type: ignore[arg-type]
+    out, err = capsys.readouterr()
+    assert out == "one\ntwo\ndone\n"
+    assert "attempt 1 ended Preempted (SpotNotice)" in err
+    assert "following attempt 2 of team/r" in err
+    # attempt 1's pod had not started at the first read: waited for, then followed to its end, once.
+    assert cluster.reads == [("r-a1-sub", True), ("r-a1-sub", True), ("r-a2-sub", True)]
+    assert naps, "it waited between reads"
+
+
+def test_follow_of_one_attempt_returns_when_that_attempt_ended(capsys: Any) -> None:
+    cluster = Cluster([run(1), run(2, ended=(1,))], {"r-a1": ["one\n"], "r-a2": ["two\n"]})
+    assert logs_command(cluster, "r", 1, None, follow=True, sleep=lambda _s: None) == 0  # type: ignore[arg-type]
+    assert capsys.readouterr().out == "one\n"
+    assert [pod for pod, _ in cluster.reads] == ["r-a1-sub"]
+
+
+def test_follow_waits_for_a_run_that_has_not_started_an_attempt(capsys: Any) -> None:
+    cluster = Cluster([run(0), run(0), run(1, "Succeeded")], {"r-a1": ["one\n"]})
+    assert logs_command(cluster, "r", None, None, follow=True, sleep=lambda _s: None) == 0  # type: ignore[arg-type]
+    assert capsys.readouterr().out == "one\n"
+
+
+def test_follow_asks_no_dashboard() -> None:
+    with pytest.raises(SpotrayError, match="drop --dashboard"):
+        logs_command(Cluster([run(1)], {}), "r", None, "http://localhost:8265", follow=True)  # type: ignore[arg-type]
