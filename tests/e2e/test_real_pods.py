@@ -217,9 +217,10 @@ def check_network_policies_hold(bed: tb.Testbed) -> None:
     bed.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
-def check_logs_need_the_token(bed: tb.Testbed, spotray: Any, attempt: int) -> None:
-    """`spotray logs` through a port-forward to the attempt's head: refused without the token (the error
-    names the Secret that holds it), the driver's log with the token read from that Secret."""
+def check_logs_need_the_token(bed: tb.Testbed, spotray: Any, attempt: int) -> str:
+    """`spotray logs --dashboard` through a port-forward to the attempt's head: refused without the token
+    (the error names the Secret that holds it), the driver's log with the token read from that Secret,
+    which it returns."""
     rayjob = json.loads(
         bed.kubectl("get", "rayjob", f"{RUN}-a{attempt}", "-n", cluster_demo.NAMESPACE, "-o", "json").stdout
     )
@@ -266,9 +267,21 @@ def check_logs_need_the_token(bed: tb.Testbed, spotray: Any, attempt: int) -> No
         logged = spotray(*dashboard, env={"RAY_AUTH_TOKEN": token})
         assert logged.returncode == 0, logged.stdout + logged.stderr
         assert logged.stdout.strip(), "the driver's log came back empty"
+        return str(logged.stdout)
     finally:
         forward.terminate()
         forward.wait(timeout=10)
+
+
+def check_logs_through_the_api_server(spotray: Any, driver_log: str) -> None:
+    """`spotray logs` and `logs -f` with no port-forward and no token: the attempt's submitter pod's log,
+    read through the API server and its kubelet, holds the driver's log as Ray's jobs API gave it."""
+    last_line = driver_log.strip().splitlines()[-1]
+    for follow in ([], ["-f"]):  # the run has ended: -f prints the log to its end and returns
+        logged = spotray("logs", RUN, "-n", cluster_demo.NAMESPACE, *follow, env={"RAY_AUTH_TOKEN": ""})
+        assert logged.returncode == 0, logged.stdout + logged.stderr
+        assert last_line in logged.stdout, f"{last_line!r} not in:\n{logged.stdout[-3000:]}"
+        assert "spotray.submitter: job" in logged.stdout, logged.stdout[:2000]  # the submitter pod's own lines
 
 
 @pytest.mark.timeout(TIMEOUT_S + 300)
@@ -358,7 +371,7 @@ def test_a_training_run_on_real_pods_survives_a_spot_reclaim(cluster: cluster_de
     wrong = spotray("pull", str(manifest), str(tmp_path / "wrong"), env={CHECKPOINT_KEY_ENV: "w" * 64})
     assert wrong.returncode == 1, wrong.stdout + wrong.stderr
     assert "does not match the run's key" in wrong.stderr, wrong.stderr
-    check_logs_need_the_token(bed, spotray, attempt=2)
+    check_logs_through_the_api_server(spotray, check_logs_need_the_token(bed, spotray, attempt=2))
     plotted = spotray("plot", RUN, "-n", cluster_demo.NAMESPACE, "--output", str(tmp_path / "loss.png"))
     assert plotted.returncode == 0, plotted.stdout + plotted.stderr
     assert step >= RECLAIM_AT_STEP
@@ -839,3 +852,127 @@ def test_a_cloud_presets_values_file_places_a_run_on_nodes_labelled_as_that_clou
         relabel(bed, on_demand, {SPOT_LABEL: SPOT_LABEL_ON_DEMAND}, list(on_demand_labels))
         relabel(bed, spot, {SPOT_LABEL: SPOT_LABEL_SPOT}, list(spot_labels), taint=SPOTRAY_TAINT, untaint=spot_taint)
         cluster_demo.upgrade_chart(bed, "--reset-values", "-f", str(before))
+
+
+SHARED_CLAIM = "team-share"
+
+
+def shared_volume_objects(export: Path, namespace: str) -> list[dict[str, Any]]:
+    """A claim named SHARED_CLAIM in ``namespace``, bound to a hostPath PV of ``export``: the test bed's
+    stand-in for an NFS export (this kernel has no NFS client; the nodes share the machine's disk), made
+    as a user makes the claim that ``sharedStorage.existingClaim`` names."""
+    volume = f"testbed-share-{namespace}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": volume},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "hostPath": {"path": str(export), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": SHARED_CLAIM},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": SHARED_CLAIM, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": volume,
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+    ]
+
+
+def attempt_said(bed: tb.Testbed, name: str, words: str) -> dict[str, Any]:
+    """The run's status once its first attempt ended with ``words`` in its message (at most TIMEOUT_S)."""
+
+    def ended() -> dict[str, Any] | None:
+        status = cluster_demo.run_status(bed, name)
+        first = (status.get("attempts") or [{}])[0]
+        return status if first.get("endTime") and words in json.dumps(status) else None
+
+    found: dict[str, Any] = tb.wait_until(f"{name}'s attempt 1 ended saying {words!r}", ended, timeout=TIMEOUT_S)
+    return found
+
+
+# In make test-campaign: one hook refused, one run without the claim, one run to step 25 (about 6 minutes).
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S + 300)
+def test_the_shared_volumes_hook_makes_a_root_owned_export_writable_by_the_ray_user(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path
+) -> None:
+    """Issue #71, item 3, on real pods: the chart's shared volume (``sharedStorage.existingClaim``) is a
+    root-owned directory, as an NFS export is before anyone touches it, which fsGroup does not change.
+
+    - In the release namespace as the test bed makes it (Pod Security ``restricted``), the permission
+      hook's root pod is refused and the upgrade fails; the Job's events say why (docs/security.md).
+    - With the namespace at ``baseline``, the hook owns the export to uid/gid 1000, mode 2775.
+    - A run in a namespace without the claim ends its attempt at the start deadline in the scheduler's
+      words, not waiting for capacity (controller/pod_waits.py).
+    - With the claim there, a run checkpoints to ``file:///mnt/shared/...`` as the Ray user and the
+      controller reads its checkpoints through its read-only mount (``controller.fileRoots``)."""
+    bed = cluster.testbed
+    system, namespace = cluster_demo.SYSTEM_NAMESPACE, cluster_demo.NAMESPACE
+    export = bed.workdir / "shared-export"
+    export.mkdir(mode=0o755)
+    assert (export.stat().st_uid, export.stat().st_mode & 0o7777) == (0, 0o755), "root's, as an export starts"
+    before = tmp_path / "values-before.yaml"
+    before.write_text(cluster_demo.chart_values(bed))
+    shared = ["--reuse-values", "--set", "sharedStorage.enabled=true",
+              "--set", f"sharedStorage.existingClaim={SHARED_CLAIM}", "--set", "controller.fileRoots={/mnt/shared}",
+              "--set", "controller.startDeadlineSeconds=120"]  # fmt: skip
+    missing, written = "gpt2-no-claim", "gpt2-shared"
+    bed.apply(*shared_volume_objects(export, system))
+    try:
+        refused = subprocess.run([*cluster_demo.helm(bed), "upgrade", cluster_demo.RELEASE, str(cluster_demo.CHART),
+                                  "-n", system, *shared, "--wait", "--timeout", "60s"],
+                                 capture_output=True, text=True, check=False)  # fmt: skip
+        assert refused.returncode != 0, "a root pod in a restricted namespace"
+        events = bed.kubectl("get", "events", "-n", system, "--field-selector", "involvedObject.kind=Job").stdout
+        assert "violates PodSecurity" in events, events
+        assert export.stat().st_uid == 0, "nothing changed the export"
+
+        bed.kubectl("label", "namespace", system, "pod-security.kubernetes.io/enforce=baseline", "--overwrite")
+        cluster_demo.upgrade_chart(bed, *shared)
+        mode = export.stat()
+        assert (mode.st_uid, mode.st_gid, mode.st_mode & 0o7777) == (1000, 1000, 0o2775), oct(mode.st_mode)
+
+        def shared_run(name: str) -> Path:
+            document = cluster_demo.demo_training_run(name=name, steps=EVERY, every=EVERY)
+            document["spec"]["checkpoint"]["uri"] = f"file:///mnt/shared/runs/{name}"
+            manifest = tmp_path / f"{name}.yaml"
+            manifest.write_text(yaml.safe_dump(document))
+            bed.kubectl("apply", "-f", str(manifest))
+            return export / "runs" / name
+
+        # The run's namespace has no claim of that name yet: stuck, in the scheduler's words.
+        shared_run(missing)
+        status = attempt_said(bed, missing, f'persistentvolumeclaim \\"{SHARED_CLAIM}\\" not found')
+        assert status["attempts"][0]["reason"] == "StartDeadlineExceeded", json.dumps(status, indent=2)
+        assert not status["attempts"][0].get("capacityWaitSince"), "no capacity wait"
+        bed.kubectl("delete", "trainingrun", missing, "-n", namespace, "--wait=true")
+
+        bed.apply(*shared_volume_objects(export, namespace))
+        checkpoints = shared_run(written)
+        final = wait_until_ended(bed, written)
+        assert final["phase"] == SUCCEEDED, cluster_demo.diagnose(bed) + json.dumps(final, indent=2)
+        assert final["lastCheckpoint"]["step"] == EVERY, "read by the controller through its read-only mount"
+        files = [p for p in checkpoints.rglob("*") if p.is_file()]
+        assert files, f"nothing written under {checkpoints}"
+        assert {p.stat().st_uid for p in files} == {1000}, "written by the Ray user"
+        print(f"shared volume: {len(files)} files of {written} written by uid 1000; checkpoint {EVERY} read")
+    finally:
+        for name in (missing, written):
+            bed.kubectl("delete", "trainingrun", name, "-n", namespace, "--wait=true", check=False)
+        bed.kubectl("label", "namespace", system, "pod-security.kubernetes.io/enforce=restricted", "--overwrite")
+        cluster_demo.upgrade_chart(bed, "--reset-values", "-f", str(before))
+        for ns in (system, namespace):
+            bed.kubectl("delete", "pvc", SHARED_CLAIM, "-n", ns, "--wait=true", check=False)
+            bed.kubectl("delete", "pv", f"testbed-share-{ns}", "--wait=true", check=False)
