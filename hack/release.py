@@ -44,13 +44,14 @@ class ReleaseError(Exception):
 class Image:
     """One image a release publishes: its name suffix and the build arguments that make it."""
 
-    suffix: str  # appended to the version tag: "" (CPU), "-cuda"
+    suffix: str  # appended to the version tag: "" (CPU), "-cuda", "-controller"
     build_args: tuple[str, ...]
     why: str
+    target: str = ""  # a Dockerfile stage; "": the last one
 
 
 IMAGES = (
-    Image("", (), "CPU PyTorch: the controller, CPU nodes, kind"),
+    Image("", (), "CPU PyTorch: CPU nodes, kind"),
     Image(
         "-cuda",
         (
@@ -59,6 +60,7 @@ IMAGES = (
         ),
         "CUDA PyTorch from PyPI, for GPU nodes",
     ),
+    Image("-controller", (), "the controller alone: no torch, no Ray (the chart's controller.image)", "controller"),
 )
 
 
@@ -139,6 +141,8 @@ def build_images(version: str, repository: str) -> list[str]:
     for image in IMAGES:
         tag = f"{repository}:{version}{image.suffix}"
         args = [a for build_arg in image.build_args for a in ("--build-arg", build_arg)]
+        if image.target:
+            args += ["--target", image.target]
         run(builder, "build", *args, "-t", tag, str(ROOT))
         tags.append(tag)
     return tags

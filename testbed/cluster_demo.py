@@ -313,6 +313,8 @@ def image_values() -> list[str]:
     refs = {name: image["ref"].rsplit(":", 1) for name, image in tb.real.images_manifest().items()}
     return [
         "--set", f"image.repository={refs['spotray'][0]}", "--set", f"image.tag={refs['spotray'][1]}",
+        "--set", f"controller.image.repository={refs['controller'][0]}",
+        "--set", f"controller.image.tag={refs['controller'][1]}",
         "--set", "image.pullPolicy=Never",
         "--set", f"minio.image.repository={refs['minio'][0]}", "--set", f"minio.image.tag={refs['minio'][1]}",
         "--set", f"minio.mcImage.repository={refs['mc'][0]}", "--set", f"minio.mcImage.tag={refs['mc'][1]}",

@@ -6,14 +6,16 @@
 #   localhost/spotray/pause:3.10       FROM scratch: the static pause binary build.sh makes
 #   localhost/spotray/spotray:testbed  the repository's Dockerfile on that base, PyPI's CUDA torch
 #                                      with its CUDA wheels (docker/requirements-torch-pypi.lock)
+#   localhost/spotray/controller:testbed  the Dockerfile's controller target on that base (no
+#                                      torch, no Ray): the chart's controller.image
 #   localhost/spotray/minio:testbed    the base with build.sh's minio and mc, as the chart's
 #   localhost/spotray/mc:testbed       minio.image and minio.mcImage containers run them
 # Every bit of podman/buildah state (configuration, storage, temporary files) lives under
 # $TESTBED_CACHE/images (the runroot under /run); nothing global is read for storage or changed.
 # Output: $TESTBED_CACHE/images/<name>.oci.tar and images.json, {"<name>": {"ref", "archive",
-# "id"}} for pause, spotray, minio and mc.
+# "id"}} for pause, spotray, controller, minio and mc.
 #
-# An image is rebuilt when its inputs change (for spotray: Dockerfile, .dockerignore,
+# An image is rebuilt when its inputs change (for spotray and controller: Dockerfile, .dockerignore,
 # docker/*.lock, pyproject.toml, README.md, spotray/ train/ controller/ jobs/; for the others
 # their binary and the base), and saved again only when the rebuilt image's id changed. podman's
 # layer cache keeps the dependency venv (about 7 GB, the Dockerfile's deps stage) when only
@@ -47,10 +49,11 @@ BASE_REF=localhost/spotray/base:bookworm
 declare -A REF=(
   [pause]=localhost/spotray/pause:3.10
   [spotray]=localhost/spotray/spotray:testbed
+  [controller]=localhost/spotray/controller:testbed
   [minio]=localhost/spotray/minio:testbed
   [mc]=localhost/spotray/mc:testbed
 )
-NAMES=(pause spotray minio mc)
+NAMES=(pause spotray controller minio mc)
 PAUSE_BIN="$TESTBED_CACHE/kubenode-$KUBERNETES_VERSION/bin/pause"
 MINIO_BIN="$TESTBED_CACHE/minio-$MINIO_VERSION/bin/minio"
 MC_BIN="$TESTBED_CACHE/mc-$MC_VERSION/bin/mc"
@@ -117,9 +120,9 @@ inputs() {
         if [[ "$1" == minio ]]; then fingerprint "$MINIO_BIN"; else fingerprint "$MC_BIN"; fi
         containerfile "$1"
         ;;
-      spotray)
+      spotray | controller)
         base_id
-        printf '%s\n' "${SPOTRAY_BUILD_ARGS[@]}"
+        [[ "$1" == spotray ]] && printf '%s\n' "${SPOTRAY_BUILD_ARGS[@]}"
         (
           cd "$ROOT"
           {
@@ -291,11 +294,13 @@ build_small() {  # pause, minio, mc: a context of one binary and a generated Con
   rm -rf "$ctx"
 }
 
-build_spotray() {
+build_from_dockerfile() {  # spotray (the last stage) or controller (its target)
+  local name="$1" args=(--build-arg "BASE_IMAGE=$BASE_REF")
+  if [[ "$name" == spotray ]]; then args=("${SPOTRAY_BUILD_ARGS[@]}"); else args+=(--target controller); fi
   "${NICE[@]}" podman build --network=host --layers --pull=never --format oci \
-    --secret "id=build_ca,src=$HOST_CA" "${SPOTRAY_BUILD_ARGS[@]}" \
-    -f "$ROOT/Dockerfile" -t "${REF[spotray]}" "$ROOT" >"$IMAGES/spotray-build.log" 2>&1 ||
-    { tail -n 30 "$IMAGES/spotray-build.log"; log "spotray build failed: see $IMAGES/spotray-build.log"; exit 1; }
+    --secret "id=build_ca,src=$HOST_CA" "${args[@]}" \
+    -f "$ROOT/Dockerfile" -t "${REF[$name]}" "$ROOT" >"$IMAGES/$name-build.log" 2>&1 ||
+    { tail -n 30 "$IMAGES/$name-build.log"; log "$name build failed: see $IMAGES/$name-build.log"; exit 1; }
 }
 
 ensure_base
@@ -307,7 +312,10 @@ for name in "${STALE[@]}"; do
   inputs_now="$(inputs "$name")"
   old_id="$(stamp_field "$name" 2)"
   log "building $name (${REF[$name]}) ..."
-  if [[ "$name" == spotray ]]; then build_spotray; else build_small "$name"; fi
+  case "$name" in
+    spotray | controller) build_from_dockerfile "$name" ;;
+    *) build_small "$name" ;;
+  esac
   id="$(image_id "${REF[$name]}")"
   size="$(podman image inspect --format '{{.Size}}' "${REF[$name]}")"
   log "built $name: ${id:0:12}, $(( size / 1000000 )) MB ($(( SECONDS - START ))s)"

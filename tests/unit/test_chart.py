@@ -235,6 +235,37 @@ def test_no_image_named_is_refused_with_the_fix(helm: Path) -> None:
     assert "--set image.repository=REGISTRY/spotray" in result.stderr
 
 
+def test_the_controller_runs_its_own_small_image_when_given_one(helm: Path) -> None:
+    """controller.image: the Dockerfile's controller target (no torch, no Ray). The shared volume's hook
+    needs only a shell, so it runs there too; Ray pods keep the training image."""
+
+    def images(objects: list[dict[str, Any]]) -> dict[str, str]:
+        hook = only(objects, "Job")["spec"]["template"]["spec"]
+        return {
+            "controller": controller_container(objects)["image"],
+            "hook": hook["initContainers"][0]["image"],
+            "check": hook["containers"][0]["image"],
+            "ray": controller_env(objects)["SPOTRAY_DEFAULT_IMAGE"],
+        }
+
+    assert set(images(render("nfs.yaml")).values()) == {"spotray/spotray:0.1.0"}, "one image unless told"
+    small = images(render("nfs.yaml", "controller.image.repository=reg/spotray-controller"))
+    assert small == {
+        "controller": "reg/spotray-controller:0.1.0",
+        "hook": "reg/spotray-controller:0.1.0",
+        "check": "reg/spotray-controller:0.1.0",
+        "ray": "spotray/spotray:0.1.0",
+    }
+    tagged = images(
+        render("nfs.yaml", "image.tag=v1.2", "controller.image.repository=reg/c", "controller.image.tag=v7")
+    )
+    assert (tagged["controller"], tagged["ray"]) == ("reg/c:v7", "spotray/spotray:v1.2")
+    assert (
+        images(render("nfs.yaml", "image.tag=v1.2", "controller.image.repository=reg/c"))["controller"] == "reg/c:v1.2"
+    )
+    assert "additional properties 'registry' not allowed" in refused("controller.image.registry=x")
+
+
 def test_every_values_file_has_expectations() -> None:
     assert set(VALUES_FILES) == set(EXPECTED_KINDS)
 

@@ -77,7 +77,7 @@ def test_dockerfile_is_multi_stage_pinned_and_runs_as_non_root() -> None:
     base = re.search(r"^ARG BASE_IMAGE=(\S+)$", text, re.MULTILINE)
     assert base, "the base image is an ARG with a default"
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", base.group(1)), "pinned to a patch release, slim"
-    deps, build, final = stages()
+    deps, build, _controller, final = stages()
     assert deps[0] == "FROM ${BASE_IMAGE} AS deps"
     assert build[0] == "FROM deps AS build"
     assert final[0] == "FROM deps"
@@ -110,10 +110,34 @@ def test_dockerfile_is_multi_stage_pinned_and_runs_as_non_root() -> None:
     assert final[-2] == "USER 1000:1000"
     assert "WORKDIR /app" in final
     apt = re.findall(r"apt-get install[^&;]*", text)
-    assert len(apt) == 2
+    assert len(apt) == 3
     assert all(re.search(r"\S+=\S+", line) for line in apt), "apt packages are pinned"
     # KubeRay runs Ray under `bash -lc`, whose /etc/profile resets PATH.
     assert "/etc/profile.d/spotray-venv.sh" in final_text
+
+
+def test_the_controller_target_is_small_and_runs_the_controller() -> None:
+    """`docker build --target controller`: the core and the controller and sweep extras from a hashed lock
+    of uv.lock's versions (no torch, no Ray), the wheel a user would install, uid 1000, nothing of deps."""
+    controller = stages()[2]
+    text = "\n".join(controller)
+    assert controller[0] == "FROM ${BASE_IMAGE} AS controller"
+    assert "--no-deps --require-hashes -r /opt/spotray/docker/requirements-controller.lock" in text
+    assert "--from=" not in text, "it builds nothing of the deps stage (torch)"
+    assert "pip install --no-cache-dir --no-index --no-deps /tmp/wheels/spotray-*.whl" in text
+    assert "pip check" in text
+    assert controller[-2:] == ["USER 1000:1000", 'CMD ["python", "-m", "spotray.controller"]']
+    lock = dict(
+        pinned(line.split()[0])
+        for line in (ROOT / "docker" / "requirements-controller.lock").read_text().splitlines()
+        if re.match(r"^[A-Za-z0-9]", line)
+    )
+    assert {"kopf", "kubernetes", "boto3", "prometheus-client", "optuna", "pyyaml"} <= set(lock)
+    assert not {"torch", "ray", "transformers", "accelerate"} & set(lock)
+    locked = uv_lock_versions()
+    for name, version in lock.items():
+        assert locked[name] == version, f"{name}: image {version}, uv.lock {locked[name]} (run make lock)"
+    assert "!docker/requirements-controller.lock" in (ROOT / ".dockerignore").read_text()
 
 
 def test_dockerfile_installs_the_lock_with_hashes_and_uv_locks_torch() -> None:
@@ -131,7 +155,7 @@ def test_dockerfile_installs_the_lock_with_hashes_and_uv_locks_torch() -> None:
     # install) as a build secret, never as a file of the image.
     instructions = [line for stage in stages() for line in stage]
     downloads = [line for line in instructions if re.search(r"pip (install|wheel)", line) and "--no-index" not in line]
-    assert len(downloads) == 4
+    assert len(downloads) == 5
     assert all(line.startswith("RUN --mount=type=secret,id=build_ca ") for line in downloads)
     assert "ca-certificates.crt" not in "\n".join(instructions)
 

@@ -61,6 +61,15 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The controller's image: controller.image when given (the Dockerfile's controller target), else image. */}}
+{{- define "spotray.controllerImage" -}}
+{{- with .Values.controller.image.repository }}
+{{- printf "%s:%s" . (default (default $.Chart.AppVersion $.Values.image.tag) $.Values.controller.image.tag) }}
+{{- else }}
+{{- include "spotray.image" . }}
+{{- end }}
+{{- end }}
+
 {{- define "spotray.rayImage" -}}
 {{- default (include "spotray.image" .) .Values.ray.image }}
 {{- end }}
