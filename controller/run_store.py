@@ -377,12 +377,15 @@ def progress_status(progress: AttemptProgress | None) -> tuple[Progress | None, 
         )
         return at_resume, progress.resumed_from
     speed = progress.steps_per_second()
+    stall = progress.upload_stall
     status = Progress(
         step=progress.last_step,
         total_steps=progress.max_steps,
         loss=_finite(progress.last_loss),
         steps_per_second=round(speed, 3) if speed is not None else None,
         update_time=format_date_time(datetime.fromtimestamp(progress.updated, UTC)),
+        upload_stalled_since=format_date_time(datetime.fromtimestamp(stall.since, UTC)) if stall else None,
+        upload_stall_fault=stall.fault if stall else None,
     )
     return status, progress.resumed_from
 

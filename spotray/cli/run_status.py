@@ -192,6 +192,15 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
                 + f" (updated {_ago(progress.update_time, now)})",
             )
         )
+    if progress.upload_stalled_since:
+        fields.append(
+            (
+                "Uploads",
+                f"stalled since {progress.upload_stalled_since} ({_ago(progress.upload_stalled_since, now)}): the "
+                f"store answers {progress.upload_stall_fault or 'with a fault'}; checkpoints wait or are dropped "
+                "until it answers",
+            )
+        )
     if checkpoint.step is not None:
         fields.append(
             ("Last checkpoint", f"step {checkpoint.step} at {_dash(checkpoint.uri)} ({_ago(checkpoint.time, now)})")

@@ -308,6 +308,10 @@ class Progress(StatusObject):
     loss: float | None = status_field("The training loss at step.")
     steps_per_second: float | None = status_field("Recent training speed.")
     update_time: str | None = status_field("When step was reached.", format=DATE_TIME)
+    upload_stalled_since: str | None = status_field(
+        "Checkpoint uploads have retried a store fault since then (unset while they flow).", format=DATE_TIME
+    )
+    upload_stall_fault: str | None = status_field("The store's answer the stalled uploads retry, e.g. 503 SlowDown.")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Spare room for a spot notice; which worker pods are idle or busy, as rank 0 records it (ray_capacity.py)."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from transformers import TrainerControl, TrainerState, TrainingArguments
@@ -87,7 +88,8 @@ def test_rank_0_records_worker_hosts_at_most_every_interval_and_a_failed_read_co
         return found
 
     writer = ProgressWriter(open_store(str(tmp_path / "ckpt")), AttemptProgress(attempt=1, run_id="r1"), 3600)
-    callback = ProgressCallback(None, EventLog(tmp_path / "events.jsonl"), writer, worker_hosts=read)  # type: ignore[arg-type]
+    no_stall = SimpleNamespace(upload_stall=None)  # the S3 callback's part here: no stall
+    callback = ProgressCallback(no_stall, EventLog(tmp_path / "events.jsonl"), writer, worker_hosts=read)  # type: ignore[arg-type]
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[])
     state = TrainerState(global_step=1)
     callback.on_log(args, state, TrainerControl(), logs={"loss": 1.0})

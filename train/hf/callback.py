@@ -86,6 +86,9 @@ class S3CheckpointCallback(TrainerCallback):
         self._step_ended_at = time.monotonic()
         self._last_stall: tuple[int, float] | None = None  # (step, seconds the loop waited for its save)
         self._skips_reported = 0
+        # Set by the upload process's reports while uploads retry a store fault; rank 0's progress
+        # callback writes it into the attempt's progress (train/hf/progress.py).
+        self.upload_stall: UploadStall | None = None
 
     def stall_at(self, step: int) -> float | None:
         """Seconds the training loop waited for the save of ``step``; None if this rank did not stage it."""
@@ -105,6 +108,7 @@ class S3CheckpointCallback(TrainerCallback):
 
     def _report_stall(self, stall: UploadStall | None) -> None:
         """A stall's start (the store's answer, since when) and its end, for the event log's readers."""
+        self.upload_stall = stall
         if stall is None:
             self.events.emit("upload_flowing")
         else:

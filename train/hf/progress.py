@@ -1,7 +1,8 @@
 """A training run's progress from the Hugging Face Trainer, under Ray Train, torchrun or plain python.
 
 ``ProgressCallback``: every logged step goes to the JSON-lines event log and to the attempt's
-progress object in the store (rank 0, see train/records/progress_log.py); under Ray Train the end
+progress object in the store (rank 0, see train/records/progress_log.py), and so does a stall of
+the checkpoint uploads on a store fault while it lasts; under Ray Train the end
 of training also goes to ``ray.train.report`` (step, loss, the last complete checkpoint). Only the
 end: each report is a barrier across ranks through a Ray actor that measured 2.0 s per call on this
 machine; see docs/benchmarks.md (ray_vs_torchrun) for what reporting at every checkpoint cost. Live
@@ -22,7 +23,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.hf.notice import in_ray_train
 from spotray.train.records.event_log import EventLog
-from spotray.train.records.progress_log import ProgressWriter
+from spotray.train.records.progress_log import ProgressWriter, UploadStallNote
 
 if TYPE_CHECKING:
     from spotray.train.records.progress_log import WorkerHosts
@@ -57,6 +58,7 @@ class ProgressCallback(TrainerCallback):
         self.hosts_read_at = float("-inf")
         self.report_to_ray = in_ray_train()
         self.last_loss: float | None = None
+        self.stall_recorded: UploadStallNote | None = None
 
     def _record_worker_hosts(self) -> None:
         if self.progress is None or self.worker_hosts is None:
@@ -71,6 +73,16 @@ class ProgressCallback(TrainerCallback):
             log.warning("could not read which worker pods are idle: %s", error)
             return
         self.progress.record_worker_hosts(hosts)
+
+    def _record_upload_stall(self) -> None:
+        """The uploads' stall as the S3 callback last heard of it, written when it starts or ends."""
+        if self.progress is None:
+            return
+        stall = self.sync.upload_stall
+        note = UploadStallNote(stall.at, stall.fault) if stall is not None else None
+        if note != self.stall_recorded:
+            self.progress.record_upload_stall(note)
+            self.stall_recorded = note
 
     def on_log(
         self,
@@ -89,6 +101,7 @@ class ProgressCallback(TrainerCallback):
             if self.progress is not None:
                 self.progress.record(state.global_step, logs["loss"])
             self._record_worker_hosts()
+            self._record_upload_stall()
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         # After the S3 callback's on_save (it comes first in the list), which measured the stall.

@@ -9,7 +9,8 @@ Rank 0 of each attempt rewrites one small object, ``_spotray/<run id>/attempt-<N
      "restarts": [[40, 1763870100.0]],                  # workers restarted inside the attempt: [from step, time]
      "checkpoint_stalls": [[40, 0.8, 1763870090.0]],    # [step, seconds the loop waited for the save, time]
      "checkpoint_interval": {...},                      # everySteps: auto's latest choice
-     "worker_hosts": {"idle": ["w-2"], "busy": ["w-1"], "time": 1763870000.0}}  # runs with spares: Ray's view
+     "worker_hosts": {"idle": ["w-2"], "busy": ["w-1"], "time": 1763870000.0},  # runs with spares: Ray's view
+     "upload_stall": {"since": 1763870050.0, "fault": "503 SlowDown"}}  # while uploads retry a store fault
 
 Objects, not appends, because S3 cannot append; one per attempt, so a new attempt never rewrites
 an old one's history. A worker group that Ray Train restarts inside the attempt continues its
@@ -66,6 +67,8 @@ MAX_SKIPPED_CHARS = 400
 # bound of 64 MiB they replaced let one hostile object take 2 GiB of the controller's 512 MiB.
 MAX_PROGRESS_BYTES = 1536 << 10
 MAX_PROGRESS_VALUES = 100_000
+# The store's answer an upload stall names, as kept (a fault's text is the store's, of any length).
+MAX_STALL_FAULT_CHARS = 300
 # What a progress object's HMAC is for (spotray/contract/checkpoint_key.py).
 PROGRESS_PURPOSE = "attempt progress"
 
@@ -100,6 +103,30 @@ class WorkerHosts:
         return cls(tuple(idle[:MAX_WORKER_HOSTS]), tuple(busy[:MAX_WORKER_HOSTS]), float(at))
 
 
+@dataclass(frozen=True)
+class UploadStallNote:
+    """Checkpoint uploads have been retrying a store fault since ``since`` (unix seconds): the store's
+    answer, e.g. "503 SlowDown". Rank 0 writes it while it lasts; the controller shows it in
+    status.progress, so `spotray status` says why checkpoints stopped (train/hf/progress.py)."""
+
+    since: float
+    fault: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"since": self.since, "fault": self.fault[:MAX_STALL_FAULT_CHARS]}
+
+    @classmethod
+    def from_json(cls, raw: object) -> UploadStallNote | None:
+        """As written, the fault cut to its bound; None when missing or not that shape (the rest stands)."""
+        if not isinstance(raw, dict) or not isinstance(raw.get("fault"), str):
+            return None
+        try:
+            since = unix_time(raw.get("since"), "upload_stall.since")
+        except ValueError:
+            return None
+        return cls(float(since), raw["fault"][:MAX_STALL_FAULT_CHARS])
+
+
 def _ranks(value: object, what: str) -> int:
     return count(value, what, minimum=1)
 
@@ -127,6 +154,7 @@ class AttemptProgress:
     # Complete checkpoints newer than the one it resumed from that it passed over, and why (corrupt,
     # unloadable): "checkpoint-40: ...". The status says them (issue #69).
     skipped_checkpoints: list[str] = field(default_factory=list)
+    upload_stall: UploadStallNote | None = None  # uploads retrying a store fault, while it lasts
 
     @property
     def current_worker_hosts(self) -> WorkerHosts | None:
@@ -170,6 +198,7 @@ class AttemptProgress:
             "skipped_checkpoints": [
                 text[:MAX_SKIPPED_CHARS] for text in self.skipped_checkpoints[:MAX_SKIPPED_CHECKPOINTS]
             ],
+            "upload_stall": self.upload_stall.to_json() if self.upload_stall is not None else None,
         }
         return json.dumps(key.sign(PROGRESS_PURPOSE, content) if key is not None else content).encode()
 
@@ -204,6 +233,7 @@ class AttemptProgress:
             checkpoint_interval=raw.get("checkpoint_interval"),
             worker_hosts=WorkerHosts.from_json(raw.get("worker_hosts")),
             skipped_checkpoints=_skipped_checkpoints(raw.get("skipped_checkpoints")),
+            upload_stall=UploadStallNote.from_json(raw.get("upload_stall")),
         )
 
     @property
@@ -266,6 +296,10 @@ class ProgressWriter:
     def record_checkpoint_interval(self, decision: dict[str, Any]) -> None:
         """everySteps: auto's newest choice and the numbers it came from (the controller shows it in status)."""
         self._change(lambda progress: setattr(progress, "checkpoint_interval", decision))
+
+    def record_upload_stall(self, stall: UploadStallNote | None) -> None:
+        """Uploads stalled on a store fault (since when, the store's answer), or flow again (None)."""
+        self._change(lambda progress: setattr(progress, "upload_stall", stall))
 
     def _change(self, change: Callable[[AttemptProgress], None]) -> None:
         with self._lock:
