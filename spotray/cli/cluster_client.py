@@ -226,8 +226,9 @@ class ClusterConnection:
         until the container ends. A container that has not started is a NotFoundError that says so."""
         namespace = namespace or self.namespace
         core = client.CoreV1Api(self.api)
-        # A followed log may be quiet for long: no read timeout then, only the connect one.
-        timeout: Any = (self.request_timeout[0], None) if follow else self.request_timeout
+        # A followed log may be quiet for long: no timeout then (the client takes no read-only bound), as
+        # `kubectl logs -f`; a plain read keeps both.
+        timeout = None if follow else self.request_timeout
         try:
             with self._call(f"read the log of pod {pod}", namespace, kind="Pod"):
                 response = cast(  # _preload_content=False: the raw response, read as it comes

@@ -7,11 +7,20 @@ a real API server and kubelet) are tests/e2e/test_real_pods.py's.
 
 from __future__ import annotations
 
+import json
+import threading
+import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
+import yaml
 
+from spotray.cli.cluster_client import ClusterConnection
+from spotray.cli.cluster_options import KubeOptions
 from spotray.cli.exit_codes import CommandFailedError, NotFoundError
 from spotray.cli.logs import SUBMITTER_CONTAINER, logs_command
 from spotray.contract.errors import SpotrayError
@@ -100,3 +109,79 @@ def test_follow_waits_for_a_run_that_has_not_started_an_attempt(capsys: Any) -> 
 def test_follow_asks_no_dashboard() -> None:
     with pytest.raises(SpotrayError, match="drop --dashboard"):
         logs_command(Cluster([run(1)], {}), "r", None, "http://localhost:8265", follow=True)  # type: ignore[arg-type]
+
+
+class ApiServer(BaseHTTPRequestHandler):
+    """Stands in for the API server's pods and pods/log endpoints, on loopback: the kubernetes client
+    (its request building and argument validation) is the real one. A followed log is sent in two
+    chunks with a pause between them, as a live container's comes."""
+
+    def do_GET(self) -> None:
+        path, _, raw_query = self.path.partition("?")
+        query = {key: values[0] for key, values in parse_qs(raw_query).items()}
+        if path == "/api/v1/namespaces/team/pods":
+            assert query["labelSelector"] == "batch.kubernetes.io/job-name=r-a2", query
+            pods = [
+                {"metadata": {"name": name, "namespace": "team", "creationTimestamp": created}}
+                for name, created in (("r-a2-old", "2026-12-03T10:00:00Z"), ("r-a2-new", "2026-12-03T10:05:00Z"))
+            ]
+            self._send(json.dumps({"kind": "PodList", "apiVersion": "v1", "items": pods}).encode())
+        elif path == "/api/v1/namespaces/team/pods/r-a2-new/log":
+            assert query["container"] == SUBMITTER_CONTAINER, query
+            chunks = [b"submitted\n", b"step 1\n"] if query.get("follow") == "true" else [b"submitted\nstep 1\n"]
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for chunk in chunks:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+                time.sleep(0.2)
+            self.wfile.write(b"0\r\n\r\n")
+        elif path == "/api/v1/namespaces/team/pods/r-a3-new/log":
+            message = 'container "ray-job-submitter" in pod "r-a3-new" is waiting to start: ContainerCreating'
+            body = {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "code": 400}
+            self._send(json.dumps(body).encode(), 400)
+        else:
+            self._send(b"{}", 404)
+
+    def _send(self, body: bytes, code: int = 200) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_the_real_client_reads_and_follows_a_pod_log_through_the_api(tmp_path: Path) -> None:
+    # Found on real pods: the client refuses a (connect, None) timeout; a followed read has none.
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "team"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    try:
+        cluster = ClusterConnection(KubeOptions(kubeconfig=str(kubeconfig)))
+        pod = cluster.submitter_pod("r-a2")
+        assert pod is not None
+        assert pod["metadata"]["name"] == "r-a2-new", "the newest: a retried submitter's"
+        for follow in (False, True):
+            assert "".join(cluster.pod_log("r-a2-new", SUBMITTER_CONTAINER, follow=follow)) == "submitted\nstep 1\n"
+        with pytest.raises(NotFoundError, match="has not started yet"):
+            "".join(cluster.pod_log("r-a3-new", SUBMITTER_CONTAINER, follow=True))
+    finally:
+        server.shutdown()
+        server.server_close()
