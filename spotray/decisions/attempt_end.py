@@ -46,7 +46,7 @@ from spotray.contract.names import (
     SUCCEEDED,
     rayjob_name,
 )
-from spotray.contract.spec import TrainingRun
+from spotray.contract.spec import ON_DEMAND, TrainingRun
 from spotray.contract.status import (
     AttemptStatus,
     format_date_time,
@@ -59,6 +59,7 @@ from spotray.decisions.vocabulary import (
     REASON_BAD_INPUT,
     REASON_CAPACITY_FALLBACK,
     REASON_CAPACITY_WAIT_EXCEEDED,
+    REASON_EVICTION_NOTICE,
     REASON_FAILURE_BUDGET_EXHAUSTED,
     REASON_INFRASTRUCTURE_FAULT,
     REASON_NODE_LOST,
@@ -91,8 +92,9 @@ class AttemptEnd:
     message: str
 
 
-def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
-    """How a finished attempt ended, from the facts (see the module docstring)."""
+def classify_end(job: RayJobView, records: AttemptRecords, capacity: str | None = None) -> AttemptEnd:
+    """How a finished attempt ended, from the facts (see the module docstring). ``capacity``: where the
+    attempt's workers ran (status.attempts[].capacity); a notice on on-demand nodes was no spot reclaim."""
     if job.job_status == JOB_SUCCEEDED:
         return AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, "the job finished")
     exit_code = records.exit_code
@@ -108,7 +110,13 @@ def classify_end(job: RayJobView, records: AttemptRecords) -> AttemptEnd:
         message = f"stopped on a preemption notice after an emergency checkpoint{where}"
         if records.preempted is None:  # the driver's word only: the deadline came first (launcher.py)
             message = str((records.outcome or {}).get("detail") or "preempted before its emergency checkpoint")
-        return AttemptEnd(OUTCOME_PREEMPTED, REASON_SPOT_NOTICE, message)
+        reason = REASON_SPOT_NOTICE
+        if capacity == ON_DEMAND:
+            # The same SIGTERM with the pods' grace period, from a drain (maintenance, an upgrade)
+            # rather than a cloud taking a spot VM back.
+            message = f"{message} (its workers ran on on-demand nodes: an eviction, e.g. a drain for maintenance)"
+            reason = REASON_EVICTION_NOTICE
+        return AttemptEnd(OUTCOME_PREEMPTED, reason, message)
     if job.lost_node_ended_it:
         return AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, job.disruption or "")
     recorded = (records.outcome or {}).get("detail")

@@ -231,7 +231,7 @@ def _plan_unknown_outcome(obs: Observation, current: AttemptStatus, now: datetim
         running = replace(current, outcome=OUTCOME_RUNNING, start_time=current.start_time or format_date_time(now))
         state = replace(obs.state, attempts=(*obs.state.attempts[:-1], running))
         return plan_running_attempt(replace(obs, state=state), running, now)
-    end = classify_end(job, obs.records or AttemptRecords())
+    end = classify_end(job, obs.records or AttemptRecords(), current.capacity)
     return released(end_attempt(obs.state, obs.run, end, now, counted=False), end, current)
 
 

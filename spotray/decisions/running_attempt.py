@@ -96,10 +96,10 @@ def plan_running_attempt(obs: Observation, current: AttemptStatus, now: datetime
     if obs.records is None and job.job_status != JOB_SUCCEEDED and not job.disruption:
         if not obs.storage_refused:
             return _wait_for_storage(obs, current, now)
-        end = classify_end(job, AttemptRecords())
+        end = classify_end(job, AttemptRecords(), current.capacity)
         end = replace(end, message=f"{end.message} ({_judged_without_records(obs)})")
     else:
-        end = classify_end(job, obs.records or AttemptRecords())
+        end = classify_end(job, obs.records or AttemptRecords(), current.capacity)
     if end.outcome in (OUTCOME_FAILED, OUTCOME_INTERRUPTED) and job.end_time is not None:
         waited = (now - job.end_time).total_seconds()
         if waited < obs.settle_seconds:
@@ -171,7 +171,7 @@ def _recorded_end(obs: Observation, current: AttemptStatus, now: datetime) -> Pl
     if records is None:
         return None
     times = [at for record in (records.outcome, records.preempted) if (at := _record_time(record)) is not None]
-    end = _end_from_records(records)
+    end = _end_from_records(records, current.capacity)
     if not times or end is None:
         return None
     waited = (now - min(times)).total_seconds()
@@ -234,7 +234,7 @@ def rayjob_gone(obs: Observation, current: AttemptStatus, now: datetime, *, coun
     if obs.records is None and not obs.storage_refused:
         return _wait_for_storage(obs, current, now)
     gone = f"RayJob {current.ray_job} is gone (deleted by a person, or by KubeRay after it finished)"
-    end = _end_from_records(obs.records or AttemptRecords())
+    end = _end_from_records(obs.records or AttemptRecords(), current.capacity)
     if end is None:
         end = AttemptEnd(
             OUTCOME_INTERRUPTED,
@@ -248,14 +248,14 @@ def rayjob_gone(obs: Observation, current: AttemptStatus, now: datetime, *, coun
     return end_attempt(obs.state, obs.run, end, now, counted=counted)
 
 
-def _end_from_records(records: AttemptRecords) -> AttemptEnd | None:
+def _end_from_records(records: AttemptRecords, capacity: str | None) -> AttemptEnd | None:
     """How the attempt ended by the job's own records alone, as they would say it with its RayJob
     finished; None when it recorded nothing."""
     if records.exit_code == EXIT_OK:
         return AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, "the job finished")
     if records.outcome is None and records.preempted is None:
         return None
-    return classify_end(RayJobView(JOB_FAILED, DEPLOYMENT_FAILED), records)
+    return classify_end(RayJobView(JOB_FAILED, DEPLOYMENT_FAILED), records, capacity)
 
 
 def wait_for_foreign_rayjob(state: RunState, run: TrainingRun, rayjob: str, attempt: int, owner: str | None) -> Plan:

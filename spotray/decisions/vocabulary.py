@@ -15,6 +15,9 @@ MAX_MESSAGE_CHARS = 4096
 # How an attempt ended (status.attempts[].reason; the Event of its end carries the same word):
 REASON_TRAINING_FINISHED = "TrainingFinished"  # also the Succeeded condition's
 REASON_SPOT_NOTICE = "SpotNotice"
+# The same notice (SIGTERM with the grace period, an emergency checkpoint) on an attempt whose workers
+# ran on on-demand nodes: a drain or maintenance, not a spot reclaim. A preemption all the same.
+REASON_EVICTION_NOTICE = "EvictionNotice"
 REASON_NODE_LOST = "NodeLost"
 REASON_QUEUE_EVICTED = "QueueEvicted"  # Kueue suspended a running attempt's RayJob: a preemption
 REASON_TRAINING_FAILED = "TrainingFailed"

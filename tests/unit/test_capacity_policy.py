@@ -4,6 +4,7 @@ the next attempt; where each attempt ran is in its status entry, and status.cost
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -92,6 +93,32 @@ def test_after_an_on_demand_attempt_ends_the_next_tries_spot_again() -> None:
     assert third.state.current is not None
     assert third.state.current.capacity == "spot"
     assert "back on spot nodes" in third.events[0].message
+
+
+def test_a_notice_on_an_on_demand_attempt_is_named_an_eviction_not_a_spot_notice() -> None:
+    """Issue #71: a drain of an on-demand node (maintenance, an upgrade) gives the pods the same SIGTERM a
+    spot notice does, and the job saves and stops the same way; its reason says what it was."""
+
+    def ended_on(capacity_left_by: float) -> Any:
+        state = planned(observe(RunState(), None, **FALLBACK), at(0)).state
+        if capacity_left_by:  # spot short: attempt 2 runs on on-demand nodes
+            state = planned(observe(state, STARTING, NO_SPOT, **FALLBACK), at(10)).state
+            state = planned(observe(state, STARTING, NO_SPOT, **FALLBACK), at(capacity_left_by)).state
+            state = planned(observe(state, None, **FALLBACK), at(capacity_left_by)).state
+        state = planned(observe(state, RUNNING, **FALLBACK), at(500)).state
+        stopped = RayJobView("FAILED", "Failed", "", end_time=at(590))
+        notice = replace(observe(state, stopped, **FALLBACK), records=AttemptRecords(preempted={"step": 40}))
+        return planned(notice, at(600)).state
+
+    on_demand = ended_on(capacity_left_by=400)
+    assert on_demand.current.capacity == "on-demand"
+    assert (on_demand.current.outcome, on_demand.current.reason) == ("Preempted", "EvictionNotice")
+    assert "on-demand" in on_demand.current.message
+    assert "emergency checkpoint at step 40" in on_demand.current.message
+    assert on_demand.failures == 0
+    spot = ended_on(capacity_left_by=0)
+    assert spot.current.capacity == "spot"
+    assert (spot.current.outcome, spot.current.reason) == ("Preempted", "SpotNotice")
 
 
 def test_repeated_preemptions_move_the_run_to_on_demand_until_they_are_old() -> None:
