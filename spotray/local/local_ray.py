@@ -129,6 +129,7 @@ class LocalRayCluster:
     """``with LocalRayCluster(num_cpus=2) as ray_cluster:`` then ``RAY_ADDRESS=ray_cluster.address``."""
 
     num_cpus: int
+    num_gpus: int = 0  # the GPUs Ray may hand out on the head (0: none, even on a machine that has some)
     host: str = DEFAULT_HOST
     startup_timeout_s: float = 90.0
     log_path: Path | None = None
@@ -174,7 +175,7 @@ class LocalRayCluster:
             f"--node-ip-address={self.host}",
             f"--port={self.gcs_port}",
             f"--num-cpus={self.num_cpus}",
-            "--num-gpus=0",
+            f"--num-gpus={self.num_gpus}",
             "--include-dashboard=false",
             "--disable-usage-stats",
             f"--temp-dir={self.temp_dir}",

@@ -160,13 +160,31 @@ def secret_env_from(run: TrainingRun, environ: Mapping[str, str]) -> dict[str, s
     return {name: environ[name] for name in run.spec.secret_env}
 
 
-def refuse_gpus(workers: WorkerSpec, field: str) -> None:
-    """Local mode trains on CPU: a manifest that asks for GPUs is refused, naming ``field``."""
-    if workers.gpu:
+def machine_gpus() -> int:
+    """The GPUs this machine's PyTorch sees (CUDA_VISIBLE_DEVICES applies); 0 without CUDA."""
+    try:
+        import torch  # noqa: PLC0415 - local mode has [train]; the light CLI does not load torch for this
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def local_gpus(workers: WorkerSpec, field: str, available: int, *, why_cpu: str = "") -> int:
+    """The GPUs a local run gives its Ray cluster: every GPU its workers ask (``gpu`` per pod, for each
+    replica), refused with the numbers when the machine has fewer, or when ``why_cpu`` says this run
+    trains on CPU whatever the machine has."""
+    wanted = workers.gpu * workers.replicas
+    if not wanted:
+        return 0
+    if why_cpu:
+        raise SpotrayError(f"{field} is {workers.gpu}, but {why_cpu}", f"set {field}: 0 to run it locally")
+    if wanted > available:
         raise SpotrayError(
-            f"{field} is {workers.gpu}, but local mode trains on CPU",
-            f"set {field}: 0 to run it locally (the cluster manifest may keep its GPUs)",
+            f"{field} is {workers.gpu} for {workers.replicas} worker pod(s), {wanted} GPUs in all, but this machine "
+            f"has {available} (torch.cuda.device_count())",
+            f"set {field}: 0 to train on CPU here (the cluster manifest may keep its GPUs)",
         )
+    return wanted
 
 
 def ray_cpus_for(run: TrainingRun) -> int:
@@ -219,7 +237,8 @@ class LocalRun:
     def __init__(
         self, run: TrainingRun, workdir: Path, faults: Faults, *, progress: ProgressView, keep_ray_cluster: bool = True
     ) -> None:
-        refuse_gpus(run.spec.workers, "spec.workers.gpu")
+        cpu_only = "runs with node faults train on CPU here (the lost node has no GPU)" if faults.nodes.losses else ""
+        self.gpus = local_gpus(run.spec.workers, "spec.workers.gpu", machine_gpus(), why_cpu=cpu_only)
         self.run_spec = run
         self.workdir = workdir.resolve()
         self.faults = faults
@@ -422,6 +441,7 @@ class LocalRun:
         layout = self.node_layout
         self.cluster = LocalRayCluster(
             num_cpus=layout.head_cpus if layout.node_cpus else ray_cpus_for(self.run_spec),
+            num_gpus=self.gpus,
             log_path=self.workdir / "ray.log",
             env={**self.s3_env, **self.secret_env},
             on_launch=self.reaper.watch_session,

@@ -39,7 +39,7 @@ from spotray.contract.sweep import Exploit, TrainingSweep, format_value, gpu_hou
 from spotray.contract.uris import parse_uri
 from spotray.decisions.sweep_plan import SweepPlan, decide
 from spotray.decisions.sweep_trials import FAILED, RUNNING, SUCCEEDED, SUSPENDED, TrialFacts
-from spotray.local.local_run import needs_embedded_s3, refuse_gpus
+from spotray.local.local_run import local_gpus, needs_embedded_s3
 from spotray.local.progress import ProgressView
 from spotray.local.reaper import Reaper
 from spotray.train.records.event_log import read_events
@@ -146,7 +146,7 @@ class LocalSweep:
 
     def __init__(self, sweep: TrainingSweep, workdir: Path, *, progress: ProgressView) -> None:
         template = sweep.spec.template
-        refuse_gpus(template.workers, "spec.template.workers.gpu")
+        local_gpus(template.workers, "spec.template.workers.gpu", 0, why_cpu="local sweeps train on CPU")
         self.sweep = sweep
         self.workdir = workdir.resolve()
         self.progress = progress

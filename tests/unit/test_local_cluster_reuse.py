@@ -28,6 +28,7 @@ pytestmark = pytest.mark.unit
 @dataclass
 class StandInCluster:
     num_cpus: int
+    num_gpus: int = 0
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)
     on_launch: Any = None
