@@ -27,6 +27,7 @@ from spotray.train.checkpoints.checkpoint import latest_complete_checkpoint
 from spotray.train.records.progress_log import read_run_progress
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore
+from testbed.prometheus import Prometheus
 from tests.e2e.conftest import ROOT, tb
 from tests.e2e.controller_harness import SECRET, ControllerProcess, allowed_endpoint, create_s3_secret, training_run
 
@@ -130,7 +131,9 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then
     start_controller: Callable[..., ControllerProcess],
     tmp_path: Path,
 ) -> None:
-    start_controller()
+    controller = start_controller()
+    # A real Prometheus scrapes the controller all along, as a user's would (issue 72, item 5).
+    prometheus = Prometheus(testbed, [f"127.0.0.1:{controller.env['SPOTRAY_METRICS_PORT']}"]).start()
     manifest, job, spot_node = training_past_a_checkpoint(testbed, namespace, "spot", tmp_path)
 
     # The cloud takes the spot VM: its pods are disrupted and the training processes die with it.
@@ -168,6 +171,34 @@ def test_spot_node_lost_mid_run_counts_a_preemption_and_attempt_two_resumes_then
     events = testbed.kubectl("get", "events", "-n", namespace, "--field-selector", "involvedObject.name=spot").stdout
     for reason in ("AttemptStarted", "NodeLost", "Succeeded"):
         assert reason in events
+    check_metrics_in_prometheus(prometheus, namespace, "spot")
+
+
+DASHBOARD = ROOT / "charts" / "spotray" / "dashboards" / "spotray.json"
+
+
+def check_metrics_in_prometheus(prometheus: Prometheus, namespace: str, run: str) -> None:
+    """PromQL on what Prometheus scraped: the run's step and preemptions, and a series for every query
+    of the chart's Grafana dashboard, its variables set to this run as Grafana would."""
+    tb.wait_until("Prometheus scraping the controller", prometheus.targets_up, timeout=30)
+    labels = f'namespace="{namespace}",run="{run}"'
+
+    def value(expr: str) -> float:
+        samples = prometheus.query(expr)
+        assert len(samples) == 1, (expr, samples)
+        return float(samples[0]["value"][1])
+
+    # The status's final values reach the endpoint at the next reconcile and Prometheus a second later.
+    tb.wait_until("the final step in Prometheus", lambda: value(f"spotray_run_step{{{labels}}}") == SPOT_RUN_STEPS)
+    assert value(f"spotray_run_preemptions{{{labels}}}") == 1
+    assert value(f"spotray_run_failures{{{labels}}}") == 0
+    assert value(f'spotray_run_phase{{{labels},phase="Succeeded"}}') == 1
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    queries = [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
+    assert len(queries) >= 8, queries
+    for title, expr in queries:
+        concrete = expr.replace("$namespace", namespace).replace("$run", run)
+        assert prometheus.query(concrete), f"dashboard panel {title!r}: {concrete} gave no series"
 
 
 # Three minutes (a training run, a controller down while its node goes): the unit tests of

@@ -949,12 +949,16 @@ def test_the_shared_volumes_hook_makes_a_root_owned_export_writable_by_the_ray_u
         assert (mode.st_uid, mode.st_gid, mode.st_mode & 0o7777) == (1000, 1000, 0o2775), oct(mode.st_mode)
 
         def shared_run(name: str) -> Path:
+            # A file:// checkpoint directory must exist (the job refuses one that does not: the volume
+            # may not be mounted), made as the Ray user would make it, which the hook now allows.
+            directory = export / "runs" / name
+            subprocess.run(["mkdir", "-p", str(directory)], user=1000, group=1000, extra_groups=[], check=True)
             document = cluster_demo.demo_training_run(name=name, steps=EVERY, every=EVERY)
             document["spec"]["checkpoint"]["uri"] = f"file:///mnt/shared/runs/{name}"
             manifest = tmp_path / f"{name}.yaml"
             manifest.write_text(yaml.safe_dump(document))
             bed.kubectl("apply", "-f", str(manifest))
-            return export / "runs" / name
+            return directory
 
         # The run's namespace has no claim of that name yet: stuck, in the scheduler's words.
         shared_run(missing)
