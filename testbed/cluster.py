@@ -23,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -230,6 +232,15 @@ def listening_ports(pids: set[int]) -> list[str]:
 
 class ProcessDiedError(RuntimeError):
     """A test bed process exited while we waited on it: fail now, not at the timeout."""
+
+
+def answers_ok(url: str) -> bool:
+    """Whether a health endpoint on loopback answers 200 now (a process's readiness)."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:  # noqa: S310 - http on loopback, built by callers
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def wait_until(what: str, check: Any, timeout: float = 60, interval: float = 0.25) -> Any:
@@ -1100,8 +1111,6 @@ class RayHead:
         log = self.log_path.read_text(errors="replace")
         if RAY_STARTED not in log[self._log_start :]:
             return False
-        import urllib.request  # noqa: PLC0415 - only needed here
-
         with urllib.request.urlopen(f"{self.dashboard_url}/api/version", timeout=2) as resp:  # noqa: S310
             return bool(resp.status == 200)
 

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 import base64
 import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from spotray.train.storage.local_s3 import free_ports
-from testbed.cluster import Testbed, wait_until
+from testbed.cluster import Testbed, answers_ok, wait_until
 from testbed.nodes import CACHE, versions
 
 NAMESPACE = "kueue-system"
@@ -137,11 +135,7 @@ class Kueue:
 
     def ready(self) -> bool:
         self.testbed._check_alive()  # says why, with the log's tail, if it exited
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.health_port}/readyz")
 
     # -- the objects a test queues runs with ----------------------------------------------------
 

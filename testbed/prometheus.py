@@ -11,7 +11,6 @@ the chart's dashboard queries (charts/spotray/dashboards/spotray.json) evaluated
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any
 import yaml
 
 from spotray.train.storage.local_s3 import free_ports
-from testbed.cluster import Testbed, wait_until
+from testbed.cluster import Testbed, answers_ok, wait_until
 from testbed.nodes import CACHE, versions
 
 SCRAPE_INTERVAL = "1s"
@@ -66,11 +65,7 @@ class Prometheus:
 
     def ready(self) -> bool:
         self.testbed._check_alive()  # says why, with the log's tail, if it exited
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/-/ready", timeout=2) as response:
-                return bool(response.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return answers_ok(f"http://127.0.0.1:{self.port}/-/ready")
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """The instant vector (or scalar, as one sample) PromQL gives for ``expr`` now."""
