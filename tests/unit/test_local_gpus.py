@@ -16,7 +16,7 @@ import pytest
 from spotray.contract.errors import SpotrayError
 from spotray.contract.spec import parse_training_run
 from spotray.local import local_run as local
-from spotray.local.local_run import Faults, LocalRun, local_gpus, machine_gpus
+from spotray.local.local_run import Faults, LocalRun, local_gpus
 from spotray.local.node_faults import NodeSchedule
 from spotray.local.progress import ProgressView
 from tests.unit.test_local_cluster_reuse import STARTED, StandInCluster
@@ -61,7 +61,3 @@ def test_a_local_run_offers_its_gpus_to_ray_on_the_head(tmp_path: Path, monkeypa
     lost = Faults(nodes=NodeSchedule.from_flags("60", None))
     with pytest.raises(SpotrayError, match="runs with node faults train on CPU here"):
         LocalRun(parse_training_run(manifest(gpu=1)), tmp_path / "lost", lost, progress=ProgressView())
-
-
-def test_this_machine_has_no_gpu() -> None:
-    assert machine_gpus() == 0
