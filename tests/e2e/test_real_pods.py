@@ -18,16 +18,19 @@ Afterwards nothing of the nodes is left on the machine and its kernel settings a
 from __future__ import annotations
 
 import base64
+import io
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 import yaml
 
@@ -45,6 +48,7 @@ from spotray.train.storage.local_s3 import free_port
 from testbed import cluster_demo
 from testbed.kueue import Kueue
 from tests.e2e.conftest import ROOT, tb
+from tests.integration.test_own_script import readme_own_script
 
 pytestmark = [pytest.mark.e2e, pytest.mark.restricted]
 
@@ -984,3 +988,48 @@ def test_the_shared_volumes_hook_makes_a_root_owned_export_writable_by_the_ray_u
         for ns in (system, namespace):
             bed.kubectl("delete", "pvc", SHARED_CLAIM, "-n", ns, "--wait=true", check=False)
             bed.kubectl("delete", "pv", f"testbed-share-{ns}", "--wait=true", check=False)
+
+
+OWN_RUN = "own-script"
+
+
+# In make test-campaign: the README's own script, 20 steps on the head (about 3 minutes).
+@pytest.mark.campaign
+@pytest.mark.timeout(TIMEOUT_S)
+def test_your_own_script_runs_on_the_cluster_from_a_zip_in_the_bucket(
+    cluster: cluster_demo.DemoCluster, tmp_path: Path
+) -> None:
+    """Issue #72, item 6, on real pods: the README's own Hugging Face script (no spotray job module, no
+    image of its own) zipped into the bucket and named by ``spec.runtimeEnv.working_dir``: Ray's runtime
+    env agent fetches it with the pod's S3 settings, the entrypoint runs it, it checkpoints to the run's
+    URI, and the controller reads those checkpoints (docs/job.md, "Your script on the cluster")."""
+    bed = cluster.testbed
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("train.py", readme_own_script())
+    env = cluster.s3_env
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_REGION"],
+    )
+    s3.put_object(Bucket=cluster_demo.BUCKET, Key="code/own-script.zip", Body=archive.getvalue())
+    document = cluster_demo.demo_training_run(name=OWN_RUN, steps=20, every=10)
+    spec = document["spec"]
+    spec["entrypoint"] = (
+        f"python train.py --checkpoint-uri s3://{cluster_demo.BUCKET}/runs/{OWN_RUN} --max-steps 20 "
+        "--save-steps 10 --workdir /home/ray/own"
+    )
+    spec["runtimeEnv"] = {"working_dir": f"s3://{cluster_demo.BUCKET}/code/own-script.zip"}
+    manifest = tmp_path / f"{OWN_RUN}.yaml"
+    manifest.write_text(yaml.safe_dump(document))
+    bed.kubectl("apply", "-f", str(manifest))
+    try:
+        final = wait_until_ended(bed, OWN_RUN)
+        assert final["phase"] == SUCCEEDED, cluster_demo.diagnose(bed) + json.dumps(final, indent=2)
+        assert final["lastCheckpoint"]["step"] == 20, final["lastCheckpoint"]
+        assert final["lastCheckpoint"]["uri"].endswith(f"/runs/{OWN_RUN}/checkpoint-20"), final["lastCheckpoint"]
+    finally:
+        bed.kubectl("delete", "trainingrun", OWN_RUN, "-n", cluster_demo.NAMESPACE, "--wait=true", check=False)
