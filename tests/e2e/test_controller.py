@@ -188,11 +188,13 @@ def check_metrics_in_prometheus(prometheus: Prometheus, namespace: str, run: str
         assert len(samples) == 1, (expr, samples)
         return float(samples[0]["value"][1])
 
-    # The status's final values reach the endpoint at the next reconcile and Prometheus a second later.
-    tb.wait_until("the final step in Prometheus", lambda: value(f"spotray_run_step{{{labels}}}") == SPOT_RUN_STEPS)
+    # The endpoint has the status's final values once the reconcile that wrote them is over, and
+    # Prometheus a scrape (a second) later: the test read the status first.
+    succeeded = f'spotray_run_phase{{{labels},phase="Succeeded"}}'
+    tb.wait_until("the run's end in Prometheus", lambda: value(succeeded) == 1, timeout=30)
+    assert value(f"spotray_run_step{{{labels}}}") == SPOT_RUN_STEPS
     assert value(f"spotray_run_preemptions{{{labels}}}") == 1
     assert value(f"spotray_run_failures{{{labels}}}") == 0
-    assert value(f'spotray_run_phase{{{labels},phase="Succeeded"}}') == 1
     panels = json.loads(DASHBOARD.read_text())["panels"]
     queries = [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
     assert len(queries) >= 8, queries
