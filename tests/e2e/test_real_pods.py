@@ -954,9 +954,12 @@ def test_the_shared_volumes_hook_makes_a_root_owned_export_writable_by_the_ray_u
 
         def shared_run(name: str) -> Path:
             # A file:// checkpoint directory must exist (the job refuses one that does not: the volume
-            # may not be mounted), made as the Ray user would make it, which the hook now allows.
+            # may not be mounted), owned by the Ray user as its own mkdir would leave it. (Made here as
+            # root and given away: uid 1000 cannot reach the export through pytest's 0700 tmp dirs.)
             directory = export / "runs" / name
-            subprocess.run(["mkdir", "-p", str(directory)], user=1000, group=1000, extra_groups=[], check=True)
+            directory.mkdir(parents=True)
+            for made in (directory.parent, directory):
+                os.chown(made, 1000, 1000)
             document = cluster_demo.demo_training_run(name=name, steps=EVERY, every=EVERY)
             document["spec"]["checkpoint"]["uri"] = f"file:///mnt/shared/runs/{name}"
             manifest = tmp_path / f"{name}.yaml"
