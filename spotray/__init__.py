@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from spotray.train.hf.callback import S3CheckpointCallback
     from spotray.train.hf.loadable import trainer_checkpoint_check
     from spotray.train.hf.notice import PreemptionNoticeCallback
+    from spotray.train.hf.tensorboard_sync import TensorBoardSync
     from spotray.train.storage.store import ObjectStore, open_store
 
 try:
@@ -36,6 +37,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "fetch_resume_checkpoint": ("spotray.train.checkpoints.resume", "train"),
     "ResumePoint": ("spotray.train.checkpoints.resume", "train"),
     "trainer_checkpoint_check": ("spotray.train.hf.loadable", "train"),
+    "TensorBoardSync": ("spotray.train.hf.tensorboard_sync", "train"),
     "open_store": ("spotray.train.storage.store", None),
     "ObjectStore": ("spotray.train.storage.store", None),
 }
@@ -46,6 +48,7 @@ __all__ = [
     "PreemptionNoticeCallback",
     "ResumePoint",
     "S3CheckpointCallback",
+    "TensorBoardSync",
     "__version__",
     "fetch_resume_checkpoint",
     "open_store",

@@ -13,6 +13,10 @@ With ``--lora-rank`` the base weights stay frozen and only LoRA adapters train (
 a fraction of the model), and the resume check loads them into the same adapter-wrapped model. A
 resumed run ends with the weights of an uninterrupted one (tests/integration/test_finetune.py).
 
+``--tensorboard`` logs to TensorBoard (``WORKDIR/tensorboard``) as one run across attempts: the
+event files go next to the checkpoints at each save and come back at the next attempt's start
+(``TensorBoardSync``).
+
 Plain python or torchrun, the same calls as the README's own script: the checkpoint callback syncs
 every save to S3, the newest complete checkpoint that this model can load is fetched at start, and
 on SIGTERM (a spot notice) the run saves at once and stops when that checkpoint is safe. The data
@@ -34,6 +38,7 @@ from spotray import (
     AsyncSaveTrainer,
     PreemptionNoticeCallback,
     S3CheckpointCallback,
+    TensorBoardSync,
     fetch_resume_checkpoint,
     open_store,
     trainer_checkpoint_check,
@@ -84,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-bytes", type=int, default=100_000, help="how much of the documentation to train on")
     parser.add_argument("--workdir", type=Path, default=Path("finetune-run"), help="local staging and resume files")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--tensorboard", action="store_true", help="log to TensorBoard, one run across attempts (WORKDIR/tensorboard)"
+    )
     return parser.parse_args(argv)
 
 
@@ -107,14 +115,16 @@ def main(argv: list[str] | None = None, extra_callbacks: list[Any] | None = None
         learning_rate=args.learning_rate,
         logging_steps=10,
         seed=args.seed,
-        report_to=[],
+        report_to=["tensorboard"] if args.tensorboard else [],
+        logging_dir=str(args.workdir / "tensorboard"),
     )
     sync = S3CheckpointCallback(args.checkpoint_uri, keep=3, store=store, async_save=True)
+    callbacks = [sync, PreemptionNoticeCallback(sync), *(extra_callbacks or [])]
+    if args.tensorboard:
+        # The earlier attempts' event files come back into logging_dir, and each save keeps this one's.
+        callbacks.append(TensorBoardSync(store, args.workdir / "tensorboard"))
     trainer = AsyncSaveTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=documentation_blocks(args.data_bytes),
-        callbacks=[sync, PreemptionNoticeCallback(sync), *(extra_callbacks or [])],
+        model=model, args=training_args, train_dataset=documentation_blocks(args.data_bytes), callbacks=callbacks
     )
     trainer.train(resume_from_checkpoint=str(resume.local_dir) if resume else None)
     print(f"trained to step {trainer.state.global_step}", flush=True)
