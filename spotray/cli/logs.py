@@ -155,6 +155,8 @@ def follow_logs(cluster: ClusterConnection, run: str, pinned: int | None, sleep:
             attempt = status.attempt or 0
             note(f"following attempt {attempt} of {namespace}/{run}")
         pod = cluster.submitter_pod(rayjob_name(run, attempt)) if attempt else None
+        if pod is None and attempt:
+            refuse_http_mode(cluster, run, attempt)
         name = str(pod["metadata"]["name"]) if pod else ""
         if pod is not None and name not in printed:
             try:
@@ -169,6 +171,21 @@ def follow_logs(cluster: ClusterConnection, run: str, pinned: int | None, sleep:
         ):
             return EXIT_OK
         sleep(FOLLOW_POLL_SECONDS)
+
+
+def refuse_http_mode(cluster: ClusterConnection, run: str, attempt: int) -> None:
+    """An attempt whose RayJob submits over HTTP (HTTPMode) has no submitter pod: nothing to follow."""
+    try:
+        job = cluster.get_ray_job(rayjob_name(run, attempt))
+    except NotFoundError:
+        return  # not created yet, or gone with its attempt: the next round looks again
+    if (job.get("spec") or {}).get("submissionMode") == "HTTPMode":
+        raise SpotrayError(
+            f"RayJob {cluster.namespace}/{rayjob_name(run, attempt)} submits its job over HTTP (the chart's "
+            "controller.submissionMode HTTPMode): no pod holds its log, so there is nothing to follow",
+            f"read it from Ray's jobs API: spotray logs {run} -n {cluster.namespace} --dashboard URL "
+            "(`spotray logs --help` says how to reach the dashboard)",
+        )
 
 
 def note(text: str) -> None:

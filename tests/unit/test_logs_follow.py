@@ -106,6 +106,16 @@ def test_follow_waits_for_a_run_that_has_not_started_an_attempt(capsys: Any) -> 
     assert capsys.readouterr().out == "one\n"
 
 
+def test_follow_of_an_http_mode_attempt_says_there_is_no_pod_to_follow() -> None:
+    class HttpMode(Cluster):
+        def get_ray_job(self, name: str) -> dict[str, Any]:
+            return {**super().get_ray_job(name), "spec": {"submissionMode": "HTTPMode"}}
+
+    with pytest.raises(SpotrayError, match="submits its job over HTTP") as caught:
+        logs_command(HttpMode([run(1)], {}), "r", None, None, follow=True, sleep=lambda _s: None)  # type: ignore[arg-type]
+    assert "--dashboard URL" in str(caught.value)
+
+
 def test_follow_asks_no_dashboard() -> None:
     with pytest.raises(SpotrayError, match="drop --dashboard"):
         logs_command(Cluster([run(1)], {}), "r", None, "http://localhost:8265", follow=True)  # type: ignore[arg-type]
