@@ -1,0 +1,154 @@
+"""The head-to-head's B leg (issue 74): the GPT-2 job of jobs/gpt2, written as a team would from Ray's
+and KubeRay's documentation, with no spotray in it.
+
+Ray Train's TorchTrainer runs the Hugging Face Trainer on each worker with Ray's
+``RayTrainReportCallback`` (each HF checkpoint reported to Ray Train, which copies it to
+``RunConfig.storage_path`` on S3) and ``prepare_trainer``; ``FailureConfig(max_failures=-1)`` restarts
+a worker group that lost a worker, from the latest reported checkpoint (``ray.train.get_checkpoint()``);
+a driver started again with the same ``RunConfig(name, storage_path)`` (a KubeRay RayJob's
+``backoffLimit`` retry after a lost head) resumes from the run's latest checkpoint in storage. The
+model, the bytes it trains on, the global batch, the seed and the checkpoint interval are
+jobs/gpt2's; the data are the same corpus as an in-memory dataset, which is how Ray's HF example
+feeds the Trainer.
+
+Self-contained on purpose (a user's script): delivered to the cluster as a zip in the bucket named by
+``runtimeEnv.working_dir``. S3 settings from the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY), as the pods have them.
+
+    python ray_documented.py --name b-leg --storage BUCKET/ray-results --max-steps 400 --every 25
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pydoc_data.topics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow.fs
+import ray.train
+import torch
+from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from ray.train.huggingface.transformers import RayTrainReportCallback, prepare_trainer
+from ray.train.torch import TorchTrainer
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+BLOCK = 128  # jobs/gpt2's block_size, byte-level vocabulary of 256
+
+
+def corpus() -> list[dict[str, torch.Tensor]]:
+    """The bytes of Python's own documentation, cut into blocks, as jobs/gpt2 writes its shards."""
+    text = "".join(pydoc_data.topics.topics.values()).encode()
+    blocks = torch.tensor(list(text[: len(text) // BLOCK * BLOCK]), dtype=torch.long).view(-1, BLOCK)
+    return [{"input_ids": block, "labels": block} for block in blocks]
+
+
+class StepFloor(TrainerCallback):
+    """A step lasts at least ``seconds`` (the benchmark paces the tiny model like a real one, as A's
+    ``--min-step-seconds`` does)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.began = time.monotonic()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.began = time.monotonic()
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        left = self.seconds - (time.monotonic() - self.began)
+        if left > 0:
+            time.sleep(left)
+
+
+def train_func(config: dict[str, Any]) -> None:
+    torch.manual_seed(config["seed"])
+    model = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=256,
+            n_positions=BLOCK,
+            n_embd=128,
+            n_layer=2,
+            n_head=4,
+            resid_pdrop=0.1,
+            embd_pdrop=0.1,
+            attn_pdrop=0.1,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+    )
+    workers = ray.train.get_context().get_world_size()
+    args = TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="hf-"),
+        max_steps=config["max_steps"],
+        per_device_train_batch_size=config["batch_size"] // workers,
+        learning_rate=3e-3,
+        save_strategy="steps",
+        save_steps=config["every"],
+        logging_steps=5,
+        seed=config["seed"],
+        report_to=[],
+        use_cpu=not torch.cuda.is_available(),
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=corpus())
+    trainer.add_callback(RayTrainReportCallback())
+    if config["min_step_seconds"]:
+        trainer.add_callback(StepFloor(config["min_step_seconds"]))
+    trainer = prepare_trainer(trainer)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        trainer.train()
+        return
+    with checkpoint.as_directory() as directory:
+        trainer.train(resume_from_checkpoint=str(Path(directory) / RayTrainReportCallback.CHECKPOINT_NAME))
+
+
+def s3_filesystem() -> pyarrow.fs.S3FileSystem:
+    endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
+    return pyarrow.fs.S3FileSystem(
+        access_key=os.environ["AWS_ACCESS_KEY_ID"],
+        secret_key=os.environ["AWS_SECRET_ACCESS_KEY"],
+        endpoint_override=endpoint.netloc,
+        scheme=endpoint.scheme or "http",
+        region=os.environ.get("AWS_REGION", "us-east-1"),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--name", required=True, help="the run's name in storage (the same on every retry)")
+    parser.add_argument("--storage", required=True, help="BUCKET/PREFIX of Ray Train's storage_path")
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--every", type=int, default=25, help="checkpoint every this many steps")
+    parser.add_argument("--batch-size", type=int, default=16, help="global, as jobs/gpt2's")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--min-step-seconds", type=float, default=0.0)
+    args = parser.parse_args()
+    trainer = TorchTrainer(
+        train_func,
+        train_loop_config={
+            "max_steps": args.max_steps,
+            "every": args.every,
+            "batch_size": args.batch_size,
+            "seed": args.seed,
+            "min_step_seconds": args.min_step_seconds,
+        },
+        scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available()),
+        run_config=RunConfig(
+            name=args.name,
+            storage_path=args.storage,
+            storage_filesystem=s3_filesystem(),
+            failure_config=FailureConfig(max_failures=-1),
+            checkpoint_config=CheckpointConfig(num_to_keep=3),
+        ),
+    )
+    result = trainer.fit()
+    print(f"finished: {result.checkpoint}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
