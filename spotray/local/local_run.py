@@ -238,7 +238,9 @@ class LocalRun:
         self, run: TrainingRun, workdir: Path, faults: Faults, *, progress: ProgressView, keep_ray_cluster: bool = True
     ) -> None:
         cpu_only = "runs with node faults train on CPU here (the lost node has no GPU)" if faults.nodes.losses else ""
-        self.gpus = local_gpus(run.spec.workers, "spec.workers.gpu", machine_gpus(), why_cpu=cpu_only)
+        # PyTorch is imported to count GPUs only for a run that asks for some (a CPU run's CLI stays light).
+        available = machine_gpus() if run.spec.workers.gpu else 0
+        self.gpus = local_gpus(run.spec.workers, "spec.workers.gpu", available, why_cpu=cpu_only)
         self.run_spec = run
         self.workdir = workdir.resolve()
         self.faults = faults
