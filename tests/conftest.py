@@ -97,9 +97,12 @@ def wait_or_dump_stacks(process: subprocess.Popen[str], timeout_s: float) -> int
         return -signal.SIGABRT
 
 
-def run_two_ranks(script: Path, args: list[str], env: dict[str, str], timeout_s: float = 300) -> None:
-    """``script`` under torchrun as 2 CPU processes (gloo) with this checkout importable; fails with their output."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script)]
+def run_ranks(script: Path, args: list[str], env: dict[str, str], timeout_s: float = 300, processes: int = 2) -> None:
+    """``script`` under torchrun as ``processes`` CPU processes (gloo) with this checkout importable; fails
+    with their output."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes), str(script)
+    ]  # fmt: skip
     with tempfile.TemporaryFile("w+") as output:
         process = start_in_own_group([*command, *args], env=torchrun_env(env), stdout=output, stderr=subprocess.STDOUT)
         code = wait_or_dump_stacks(process, timeout_s)

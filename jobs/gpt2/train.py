@@ -172,6 +172,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             ),  # local mode releases its shared memory when it ends (spotray/local/reaper.py)
             resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
             resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
+            resume_read=fetch.read.to_dict() if fetch.read else None,  # several nodes: from S3 and from peers
             skipped_checkpoints=fetch.skipped,  # newer complete checkpoints passed over, and why
         )
     assert spec.data.uri is not None  # the driver checked

@@ -33,7 +33,7 @@ from spotray.train.checkpoints.resume import fetch_resume_checkpoint
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.records.event_log import EventLog, read_events
 from spotray.train.storage.store import LocalObjectStore
-from tests.conftest import run_two_ranks, saved_steps_and_uploads_checked
+from tests.conftest import run_ranks, saved_steps_and_uploads_checked
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
@@ -153,7 +153,7 @@ def test_an_async_checkpoint_holds_what_the_synchronous_save_writes(tmp_path: Pa
 def test_under_ddp_every_ranks_rng_state_is_in_the_async_checkpoint(tmp_path: Path) -> None:
     """Two CPU processes (torchrun, gloo): the async checkpoint equals the synchronous one, both ranks' RNG too."""
     script = Path(__file__).with_name("ddp_checkpoint_script.py")
-    run_two_ranks(script, [str(tmp_path), "sync", "async"], dict(os.environ))
+    run_ranks(script, [str(tmp_path), "sync", "async"], dict(os.environ))
     rng_files = ("rng_state_0.pth", "rng_state_1.pth")
     for step in (3, 6):
         name = f"checkpoint-{step}"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_two_ranks
+from tests.conftest import run_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
 
 def test_leaving_the_process_group_with_a_collective_in_flight_ends_on_every_rank(tmp_path: Path) -> None:
-    run_two_ranks(Path(__file__).with_name("teardown_script.py"), [str(tmp_path)], dict(os.environ), timeout_s=90)
+    run_ranks(Path(__file__).with_name("teardown_script.py"), [str(tmp_path)], dict(os.environ), timeout_s=90)
     for rank in (0, 1):
         assert (tmp_path / f"rank-{rank}.txt").read_text() == "left the process group"

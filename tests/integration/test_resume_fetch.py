@@ -25,7 +25,7 @@ from spotray.train.checkpoints.checkpoint import (
 )
 from spotray.train.checkpoints.resume import ResumeFetch
 from spotray.train.storage.store import DOWNLOAD_PART_BYTES, S3ObjectStore
-from tests.conftest import run_two_ranks, write_files
+from tests.conftest import run_ranks, write_files
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
@@ -167,9 +167,7 @@ def test_every_rank_ends_on_rank_0s_choice_when_the_newest_is_corrupt(
     plant(s3_store, tmp_path, 10)
     plant(s3_store, tmp_path, 20)
     s3_store.put_bytes("checkpoint-20/trainer_state.json", b'{"global_step": 99}')  # same size, other bytes
-    run_two_ranks(
-        Path(__file__).with_name("resume_fetch_script.py"), [str(s3_store.uri), str(tmp_path / "out")], s3_env
-    )
+    run_ranks(Path(__file__).with_name("resume_fetch_script.py"), [str(s3_store.uri), str(tmp_path / "out")], s3_env)
     for rank in (0, 1):
         assert (tmp_path / "out" / f"rank-{rank}.txt").read_text() == "10 10"  # two nodes, then one
 

@@ -444,7 +444,7 @@ def download_checkpoint(store: ObjectStore, info: CheckpointInfo, dest_root: Pat
                 return final
             except CorruptCheckpointError:
                 shutil.rmtree(final)
-        partial = dest_root / f".{info.prefix}.partial"
+        partial = partial_copy_dir(dest_root, info)
         shutil.rmtree(partial, ignore_errors=True)
         names = list(manifest.files)
         try:
@@ -453,10 +453,34 @@ def download_checkpoint(store: ObjectStore, info: CheckpointInfo, dest_root: Pat
         except Exception:
             shutil.rmtree(partial, ignore_errors=True)  # the node's disk is not left holding a copy nobody uses
             raise
-        (partial / MANIFEST_NAME).write_bytes(manifest.to_json())
-        _record_verified(partial, manifest)
-        partial.rename(final)
+        _put_in_place(partial, final, manifest)
     return final
+
+
+def partial_copy_dir(dest_root: Path, info: CheckpointInfo) -> Path:
+    """Where a node's copy of ``info`` is assembled before it is verified and renamed into place."""
+    return dest_root / f".{info.prefix}.partial"
+
+
+def install_copy(dest_root: Path, info: CheckpointInfo, partial: Path, digests: Mapping[str, str]) -> Path:
+    """Verify a copy assembled in ``partial`` outside ``download_checkpoint`` (train/checkpoints/shared_read.py)
+    and rename it into place; ``digests`` are the SHA-256 computed as its files were written. Raises
+    ``CorruptCheckpointError`` (the copy left for the next fetch to replace) when it does not verify."""
+    if info.manifest is None:
+        raise CorruptCheckpointError(f"{info.prefix} has no manifest", "choose a complete checkpoint")
+    verify_local_checkpoint(partial, info.manifest, digests)
+    final = dest_root / info.prefix
+    with _locked(dest_root / ".spotray-download.lock"):
+        shutil.rmtree(final, ignore_errors=True)  # a copy that did not verify: download_checkpoint would replace it too
+        _put_in_place(partial, final, info.manifest)
+    return final
+
+
+def _put_in_place(partial: Path, final: Path, manifest: Manifest) -> None:
+    """The manifest and the verified record last, then the rename: a copy in place is a verified one."""
+    (partial / MANIFEST_NAME).write_bytes(manifest.to_json())
+    _record_verified(partial, manifest)
+    partial.rename(final)
 
 
 @contextmanager

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 from safetensors import SafetensorError
 
 from spotray.contract.attempts import AttemptId
@@ -61,7 +62,8 @@ from spotray.train.checkpoints.checkpoint import (
     log_incomplete,
     manifest_exists,
 )
-from spotray.train.processes.ranks import barrier, broadcast_from_rank0, world_rank
+from spotray.train.checkpoints.shared_read import Share, exchange, node_layout, read_share
+from spotray.train.processes.ranks import all_gather_objects, barrier, broadcast_from_rank0, world_rank
 from spotray.train.records.attempt_records import write_fence
 from spotray.train.storage.store import ObjectStore
 
@@ -158,19 +160,10 @@ def fetch_resume_checkpoint(
         return loadable_or_older(store, dest_root, fetched, check, skipped)
     checkpoints = list_checkpoints(store)
     log_incomplete(store, checkpoints)
-    # Damaged as listed (a file of another size than its manifest says, a manifest that does not
-    # parse): passed over like one that fails its download. An upload in flight or pruned is not.
-    damaged = [
-        c
-        for c in checkpoints
-        if not c.complete and not c.foreign and c.problem not in (NO_MANIFEST, VANISHED)
-        if below_step is None or c.step < below_step
-    ]
 
     def note_damaged_newer_than(step: int | None) -> None:
-        """Add the damaged ones newer than the checkpoint chosen (None: a fresh start) to ``skipped``."""
         if skipped is not None:
-            skipped.extend(f"{c.prefix}: {c.problem}" for c in damaged if step is None or c.step > step)
+            skipped.extend(damaged_newer_than(checkpoints, step, below_step))
 
     for info in (c for c in checkpoints if c.complete):
         assert info.manifest is not None  # complete implies a parsed manifest
@@ -196,6 +189,18 @@ def fetch_resume_checkpoint(
     refuse_foreign_newer(store, checkpoints, None)
     note_damaged_newer_than(None)
     return None
+
+
+def damaged_newer_than(checkpoints: list[CheckpointInfo], step: int | None, below_step: int | None = None) -> list[str]:
+    """The checkpoints damaged as listed (a file of another size than its manifest says, a manifest that
+    does not parse) newer than the one chosen (None: a fresh start), as ``skipped`` notes them: passed
+    over like one that fails its download. An upload in flight or pruned is not damaged."""
+    return [
+        f"{c.prefix}: {c.problem}"
+        for c in checkpoints
+        if not c.complete and not c.foreign and c.problem not in (NO_MANIFEST, VANISHED)
+        if (below_step is None or c.step < below_step) and (step is None or c.step > step)
+    ]
 
 
 def refuse_foreign_newer(store: ObjectStore, checkpoints: list[CheckpointInfo], step: int | None) -> None:
@@ -293,8 +298,12 @@ class ResumeFetch:
       the bet);
     - ``wait`` broadcasts rank 0's choice; a rank that fetched another step downloads that one then.
 
-    Collectives run only in ``wait``, on the main thread: the threads only talk to the store. Ranks of
-    one node share ``dest_root`` (``download_checkpoint`` lets one download and the others reuse it).
+    Collectives run only in the constructor and ``wait``, on the main thread: the threads only talk to
+    the store. Ranks of one node share ``dest_root`` (``download_checkpoint`` lets one download and the
+    others reuse it). On several nodes the checkpoint is read once per run, not once per node
+    (train/checkpoints/shared_read.py): each node's leader reads a share of the newest complete
+    checkpoint in the background, and ``wait`` exchanges the shares; when the leaders do not end on
+    the same checkpoint with every share read, ``wait`` takes the one-node path above.
     """
 
     def __init__(self, store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> None:
@@ -308,7 +317,13 @@ class ResumeFetch:
         self.skipped: list[str] = []  # rank 0: newer complete checkpoints not resumed from, and why
         self.fetch_s: float | None = None  # how long the background fetch took
         self.waited_s: float | None = None  # how long ``wait`` blocked on it: the part not hidden
-        self._thread = threading.Thread(target=self._fetch, name="spotray-resume-fetch", daemon=True)
+        # Several nodes: where each node's copy came from (rank 0, once ``wait`` exchanged the shares).
+        self.read: SharedReadCount | None = None
+        self.layout = node_layout(dest_root)
+        self._listed: list[CheckpointInfo] = []
+        self._share: Share | None = None
+        fetch = self._fetch if self.layout.nodes == 1 else self._fetch_share
+        self._thread = threading.Thread(target=fetch, name="spotray-resume-fetch", daemon=True)
         self._thread.start()
 
     def _fetch(self) -> None:
@@ -322,11 +337,63 @@ class ResumeFetch:
             self.error = error
         self.fetch_s = time.monotonic() - self.started
 
+    def _fetch_share(self) -> None:
+        """Several nodes: a leader bets on the newest complete checkpoint and reads its node's share."""
+        try:
+            if self.layout.is_leader:
+                self._listed = list_checkpoints(self.store)
+                newest = next((c for c in self._listed if c.complete), None)
+                if self.rank == 0:
+                    log_incomplete(self.store, self._listed)
+                    refuse_foreign_newer(self.store, self._listed, newest.step if newest else None)
+                if newest is not None:
+                    self._share = read_share(self.store, newest, self.dest_root, self.layout)
+        except BaseException as error:  # noqa: BLE001 - the one-node path in wait() says what it means
+            self.error = error
+        self.fetch_s = time.monotonic() - self.started
+
+    def _finish_shared_read(self) -> None:
+        """Several nodes, every rank: exchange the shares when every leader read its share of the same
+        checkpoint (or all found none); otherwise rank 0 chooses and fetches as on one node."""
+        share = self._share
+        bet = (share.info.step if share else None, self.error is None) if self.layout.is_leader else None
+        views = all_gather_objects(bet)
+        leaders = [views[rank] for rank in self.layout.leaders]
+        steps = {step for step, _ in leaders}
+        if len(steps) != 1 or not all(ok for _, ok in leaders):
+            log.info("the nodes did not all read a share of the same checkpoint (%s): each fetches it whole", leaders)
+            self._share = None
+            if self.rank == 0:
+                self.error = None
+                try:
+                    self.fetched = fetch_resume_checkpoint(self.store, self.dest_root, skipped=self.skipped)
+                except BaseException as error:  # noqa: BLE001 - raised in wait()
+                    self.error = error
+            return
+        step = steps.pop()
+        if self.rank == 0:
+            self.skipped.extend(damaged_newer_than(self._listed, step))
+        if step is None:
+            return  # a fresh start on every node
+        group = dist.new_group(list(self.layout.leaders), backend="gloo")  # every rank makes it
+        counts = (0, 0)
+        if share is not None:
+            local_dir = exchange(self.store, share, self.dest_root, self.layout, group)
+            assert share.info.manifest is not None
+            uri = str(self.store.uri.join(share.info.prefix))
+            self.fetched = ResumePoint(step, local_dir, share.info.manifest, uri)
+            counts = (share.s3_bytes, share.peer_bytes)
+        gathered = all_gather_objects(counts)  # also the barrier: every node's copy is in place
+        self.read = SharedReadCount(self.layout.nodes, sum(c[0] for c in gathered), sum(c[1] for c in gathered))
+        log.info("checkpoint-%d on %d nodes: %s", step, self.layout.nodes, self.read)
+
     def wait(self, check: LoadCheck | None = None) -> ResumePoint | None:
         """The checkpoint every rank resumes from; with ``check``, rank 0 makes sure the job can load it
         (call this once the model is built: a check compares the checkpoint with it)."""
         blocked_from = time.monotonic()
         self._thread.join()
+        if self.layout.nodes > 1:
+            self._finish_shared_read()
         self.waited_s = time.monotonic() - blocked_from
         if self.rank == 0 and self.error is not None:
             raise self.error
@@ -353,6 +420,18 @@ class ResumeFetch:
         if self.error is not None and checkpoint_fault(self.error) is None:
             raise self.error  # the store or this node failed this rank: what the step is does not change that
         return _fetch_agreed(self.store, _find_complete(self.store, step), self.dest_root)
+
+
+@dataclass(frozen=True)
+class SharedReadCount:
+    """Where the nodes' copies of a checkpoint came from, in bytes of its files."""
+
+    nodes: int
+    s3_bytes: int  # read from the store, by all nodes together
+    peer_bytes: int  # received from another node
+
+    def to_dict(self) -> dict[str, int]:
+        return {"nodes": self.nodes, "s3_bytes": self.s3_bytes, "peer_bytes": self.peer_bytes}
 
 
 def agree_on_resume_point(

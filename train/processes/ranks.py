@@ -58,6 +58,15 @@ def broadcast_from_rank0(value: Any) -> Any:
     return box[0]
 
 
+def all_gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value``, by rank (``[value]`` without a process group)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [value]
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 @dataclass(frozen=True)
 class MachineRanks:
     """Where this process stands among the training processes of its machine (its /dev/shm)."""
