@@ -13,7 +13,9 @@ state matters for an exact resume:
 - three ways of saving: the Trainer's own save (STORE_URI/shared-writer), the same with
   save_on_each_node (STORE_URI/each-node), and async saves (STORE_URI/async: node 0 writes its
   snapshot in the background, node 1 its RNG state at once). For each, an attempt stopped after
-  the checkpoint at step 3, then a resume on both nodes from the store to step 6.
+  the checkpoint at step 3, then a resume on both nodes from the store to step 6: read once between
+  the two nodes (train/checkpoints/shared_read.py), but for save_on_each_node, where each node reads
+  the whole checkpoint from the store.
 """
 
 import sys
@@ -23,10 +25,10 @@ import torch.distributed as dist
 
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
 from spotray.train.checkpoints.direct_load import DirectLoadTrainer
-from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.checkpoints.resume import ResumeFetch, fetch_resume_checkpoint
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.processes.ranks import destroy_process_group
-from spotray.train.storage.store import open_store
+from spotray.train.storage.store import ObjectStore, open_store
 from tests.integration.test_async_checkpoint import StopAt, make_trainer
 
 
@@ -39,9 +41,7 @@ def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume
     )
     resume_from = None
     if resume:
-        point = fetch_resume_checkpoint(store, work / "resume")
-        assert point is not None, "no complete checkpoint to resume from"
-        resume_from = str(point.local_dir)
+        resume_from = str(resume_point(store, work / "resume", read_once=name != "each-node"))
     callbacks = [sync, StopAt(stop_at)] if stop_at else [sync]
     # DirectLoadTrainer (AsyncSaveTrainer is one) as the jobs use: the stock Trainer cannot resume a
     # CPU DDP run (it maps the optimizer state to "cpu:0", which torch.load refuses; train/checkpoints/direct_load.py).
@@ -53,6 +53,23 @@ def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume
         assert sync.snapshot_writer is not None
         assert sync.snapshot_writer.buffers.nbytes > 0, "the Trainer saved synchronously"
     dist.barrier()  # both nodes finish (their uploads included) before the next training starts
+
+
+def resume_point(store: ObjectStore, dest_root: Path, *, read_once: bool) -> Path:
+    """The local copy to resume from: read once for both nodes (each reads a share, the nodes exchange
+    them: ``ResumeFetch``), or read whole by each node from the store."""
+    if not read_once:
+        point = fetch_resume_checkpoint(store, dest_root)
+        assert point is not None, "no complete checkpoint to resume from"
+        return point.local_dir
+    fetch = ResumeFetch(store, dest_root)
+    point = fetch.wait()
+    assert point is not None, "no complete checkpoint to resume from"
+    if dist.get_rank() == 0:
+        assert fetch.read is not None, "the nodes did not read the checkpoint once between them"
+        size = sum(entry.size for entry in point.manifest.files.values())
+        assert (fetch.read.nodes, fetch.read.s3_bytes, fetch.read.peer_bytes) == (2, size, size), fetch.read
+    return point.local_dir
 
 
 if __name__ == "__main__":
