@@ -56,6 +56,7 @@ from spotray.contract.names import (
     ATTEMPT_LABEL,
     CHECKPOINT_KEY_SECRET_DATA_KEY,
     CLUSTER_SHAPE_ANNOTATION,
+    DRIVER_EXIT_MARGIN_S,
     KIND,
     KUEUE_PRIORITY_LABEL,
     KUEUE_QUEUE_LABEL,
@@ -97,6 +98,9 @@ RAY_DASHBOARD_AGENT_PORT = 52365  # Ray's default; the Ray pods here do not move
 UNIFIED_HEALTH_MIN_RAY_VERSION = (2, 53, 0)
 # How long KubeRay lets a Ready Ray pod fail its probe before it is not Ready (10 tries x 5 s).
 RAY_UNREADY_AFTER_S = 50
+# How much longer than the driver's own bound after a stop (grace + DRIVER_EXIT_MARGIN_S) Ray's job
+# supervisor waits before it kills the driver: the driver ends the attempt first, with its record.
+JOB_STOP_SLACK_S = 30
 
 
 def owner_reference(run_name: str, run_uid: str) -> dict[str, Any]:
@@ -310,6 +314,12 @@ def _cluster_spec(
     drain = ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", str(grace)]
     worker["lifecycle"] = {"preStop": {"exec": {"command": drain}}}
     head["lifecycle"] = {"preStop": {"exec": {"command": [*drain, "--whole-cluster"]}}}
+    # A RayJob deleted (a suspend, a run deleted) has its Ray job stopped: the supervisor on the head
+    # sends the driver SIGTERM, which drains every node for an emergency checkpoint, and SIGKILLs it
+    # after RAY_JOB_STOP_WAIT_TIME_S, 3 s by Ray's default. The workers die with their driver, so the
+    # checkpoint did too (a suspended run resumed from step 0): the driver's own bound comes first.
+    stop_wait_s = grace + DRIVER_EXIT_MARGIN_S + JOB_STOP_SLACK_S
+    head.setdefault("env", []).append({"name": "RAY_JOB_STOP_WAIT_TIME_S", "value": str(stop_wait_s)})
     on_spot = workers.on_spot(capacity)
     worker_selector = config.spot_node_selector if on_spot else config.head_node_selector
     worker_tolerations = config.spot_tolerations if on_spot else config.head_tolerations

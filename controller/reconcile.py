@@ -35,6 +35,7 @@ from spotray.contract.names import (
     CLUSTER_SHAPE_ANNOTATION,
     DISRUPTED_AT_ANNOTATION,
     DISRUPTION_ANNOTATION,
+    DRIVER_EXIT_MARGIN_S,
     FAILED,
     HEAD_LOST_ANNOTATION,
     JOB_RUNNING,
@@ -270,8 +271,8 @@ def _records(
 
 # Past the workers' grace period, how long a suspended attempt's RayJob waits for its driver to record the
 # emergency checkpoint and end (spotray/decisions/run_plan.py ``_suspend_checkpoint_left``), as the driver's
-# own bound after a notice does (train/launch/driver_notice.py EXIT_MARGIN_S).
-SUSPEND_CHECKPOINT_MARGIN_S = 60.0
+# own bound after a notice does.
+SUSPEND_CHECKPOINT_MARGIN_S = float(DRIVER_EXIT_MARGIN_S)
 SECRET_SEEN_TTL_S = 60.0  # how long an allowed Secret is taken as allowed (ProcessMemory.secrets_seen)
 
 

@@ -136,3 +136,10 @@ def rayjob_name(run_name: str, attempt: int) -> str:
     """The RayJob of attempt N of a run: ``<run>-a<N>``, at most ``MAX_RAYJOB_NAME_LENGTH`` characters
     for every attempt up to ``MAX_RESERVED_ATTEMPT`` of a name the spec allows."""
     return f"{run_name}-a{attempt}"
+
+
+# How long past the drain deadline a driver that got SIGTERM waits for ``fit()`` to end before it ends
+# the attempt itself (train/launch/driver_notice.py); the controller gives a suspended attempt as long
+# (controller/reconcile.py), and the head's Ray job supervisor waits longer before it kills a stopped
+# driver (controller/rayjob.py).
+DRIVER_EXIT_MARGIN_S = 60

@@ -15,6 +15,7 @@ import yaml
 from spotray.contract.spec import RUN_ENV_VAR, RunContext, parse_training_run
 from spotray.controller.config import ControllerConfig
 from spotray.controller.rayjob import build_rayjob
+from spotray.train.launch.driver_notice import EXIT_MARGIN_S
 from tests.pod_security import restricted_violations
 
 pytestmark = pytest.mark.unit
@@ -79,6 +80,18 @@ def test_the_head_drains_the_whole_cluster_before_sigterm_within_the_workers_gra
     assert head["terminationGracePeriodSeconds"] == 30
     command = head["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
     assert command == ["python", "-m", "spotray.train.launch.drain", "--deadline-seconds", "30", "--whole-cluster"]
+
+
+def test_a_stopped_jobs_driver_has_the_time_of_its_emergency_checkpoint_before_ray_kills_it() -> None:
+    """Deleting a RayJob (a suspend, a run deleted) makes KubeRay stop its Ray job: Ray's job supervisor
+    sends the driver SIGTERM, which drains every node for an emergency checkpoint, and SIGKILLs it
+    RAY_JOB_STOP_WAIT_TIME_S later (Ray's default: 3 s). A driver killed takes Ray Train's workers with
+    it, mid-checkpoint: a suspended run once resumed from step 0 (real pods, 1 run in 3). The head's
+    supervisor must wait longer than the driver's own bound on the checkpoint (driver_notice.py)."""
+    head = build("gpu-nfs")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    env = {item["name"]: item.get("value") for item in head["containers"][0].get("env", [])}
+    grace = head["terminationGracePeriodSeconds"]
+    assert int(env.get("RAY_JOB_STOP_WAIT_TIME_S") or 3) > grace + EXIT_MARGIN_S
 
 
 def pod_specs(rayjob: dict) -> dict[str, dict]:

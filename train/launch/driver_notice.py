@@ -19,11 +19,13 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from spotray.contract.names import DRIVER_EXIT_MARGIN_S
+
 log = logging.getLogger(__name__)
 
 # How long past the drain deadline the driver waits for fit() to end after its own SIGTERM. Ray
 # Train tears a group down as the deadline passes and fit() ends within seconds; past this it never will.
-EXIT_MARGIN_S = 60.0
+EXIT_MARGIN_S = float(DRIVER_EXIT_MARGIN_S)
 
 
 class DriverNotice:
