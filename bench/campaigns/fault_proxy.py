@@ -13,7 +13,9 @@ controller and the jobs); the campaign's own reads go to the server directly. Mo
   connections are closed so that their next request comes through a new one.
 
 ``upload_bytes_per_s`` gives the proxy an upload link of that speed, shared by every connection
-(bytes from the clients to the server; answers and downloads are not slowed). On loopback a small
+(bytes from the clients to the server; answers and downloads are not slowed), and
+``download_bytes_per_s`` a download link (bytes from the server to the clients; ``downloaded_bytes``
+counts them): a node's own link to a remote bucket, for bench/micro/read_once.py. On loopback a small
 checkpoint's upload is over in milliseconds, before a fault fired "right after a save" can act;
 over a link as slow as a spot node's to a remote bucket, it lasts seconds, and the fault lands
 while the checkpoint's files are written and its manifest is not.
@@ -43,11 +45,21 @@ _ERROR_500 = (
 class FaultProxy:
     """``with FaultProxy(upstream_port) as proxy:`` then ``proxy.port``; ``proxy.set_mode(...)`` at will."""
 
-    def __init__(self, upstream_port: int, host: str = "127.0.0.1", upload_bytes_per_s: float | None = None) -> None:
-        if upload_bytes_per_s is not None and upload_bytes_per_s <= 0:
-            raise ValueError(f"upload_bytes_per_s {upload_bytes_per_s}: a speed above 0, or None for no limit")
+    def __init__(
+        self,
+        upstream_port: int,
+        host: str = "127.0.0.1",
+        upload_bytes_per_s: float | None = None,
+        download_bytes_per_s: float | None = None,
+    ) -> None:
+        for name, speed in (("upload", upload_bytes_per_s), ("download", download_bytes_per_s)):
+            if speed is not None and speed <= 0:
+                raise ValueError(f"{name}_bytes_per_s {speed}: a speed above 0, or None for no limit")
         self.upstream = (host, upstream_port)
         self.upload = _Link(upload_bytes_per_s) if upload_bytes_per_s else None
+        self.download = _Link(download_bytes_per_s) if download_bytes_per_s else None
+        self.downloaded_bytes = 0  # from the server to the clients, through this proxy
+        self._count_lock = threading.Lock()
         self.host = host
         self.port = 0
         self.mode = "pass"
@@ -174,6 +186,11 @@ class FaultProxy:
                         return
                     if source is client and self.upload is not None:
                         self.upload.carry(len(data))
+                    if source is upstream:
+                        with self._count_lock:  # one thread per connection
+                            self.downloaded_bytes += len(data)
+                        if self.download is not None:
+                            self.download.carry(len(data))
                     peers[source].sendall(data)
                 except OSError:
                     return
