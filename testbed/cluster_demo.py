@@ -79,8 +79,10 @@ def spot_node(index: int) -> tb.real.RealNode:
 SPOT_NODE = spot_node(0)
 
 
-class StopRequestedError(Exception):
-    """SIGTERM (make cluster-down) or Ctrl-C: stop everything."""
+class StopRequestedError(BaseException):
+    """SIGTERM (make cluster-down) or Ctrl-C: stop everything. Not an Exception, as KeyboardInterrupt is
+    not: a wait that takes any Exception for "not yet" (testbed/cluster.py ``wait_until``) swallowed it,
+    and `make cluster-down` or a Ctrl-C during one of the demo's waits went unheard until the wait ended."""
 
 
 def say(text: str) -> None:
