@@ -1,40 +1,31 @@
 """Run every benchmark in turn, then print the results table (the one in docs/benchmarks.md).
 
 make bench                       # all of them
-.venv/bin/python bench/run_all.py --only checkpoint resume
+.venv/bin/python -m bench.run_all --only checkpoint resume
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
+from bench import results_table
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 BENCHMARKS = {
     "transfer": "bench.micro.transfer",
     "checkpoint": "bench.micro.checkpoint",
     "notice_checkpoint": "bench.gpu.notice_checkpoint",
     "gpu_checkpoint": "bench.gpu.gpu_checkpoint",  # says so and exits 0 without CUDA
     "resume": "bench.micro.resume",
+    "read_once": "bench.micro.read_once",
     "ray_vs_torchrun": "bench.micro.ray_vs_torchrun",
     "streaming": "bench.micro.streaming",
     "recovery": "bench.micro.recovery",
     "controller": "bench.on_testbed.controller",
 }
-
-
-def results_table() -> str:
-    """A Markdown table of every ``bench/results/*.json``."""
-    lines = ["| benchmark | ratio | goal | met | baseline |", "|---|---|---|---|---|"]
-    for path in sorted(RESULTS.glob("*.json")):
-        record = json.loads(path.read_text())
-        met = "yes" if record.get("passed") else "**no**"
-        lines.append(f"| {record['name']} | {record['ratio']:.3f} | {record['goal']} | {met} | {record['baseline']} |")
-    return "\n".join(lines)
 
 
 def main() -> int:
@@ -48,7 +39,7 @@ def main() -> int:
             print(f"\n=== {name} ===", flush=True)
             if subprocess.run([sys.executable, "-m", BENCHMARKS[name]], cwd=ROOT, check=False).returncode != 0:
                 failed.append(name)
-    print("\n" + results_table())
+    print("\n" + results_table.table())
     if failed:
         print(f"\nbenchmarks that crashed: {', '.join(failed)}")
     return 1 if failed else 0
