@@ -5,7 +5,7 @@ process read from S3 after each resume (counted as they arrive; the reads are th
 
 LAYOUT: "4x1" is four nodes of one process each (a directory per rank), "2x2" two nodes of two
 processes each (ranks 0-1 share a directory, 2-3 another). With BAD_PEER=<rank>, that rank's node
-sends the others a wrong byte in each file of its share (a fault no real part makes on demand).
+sends the others a wrong byte in each piece it read (a fault no real part makes on demand).
 
 python -m torch.distributed.run --nproc-per-node 4 tests/integration/read_once_script.py URI OUT LAYOUT
 """
@@ -35,30 +35,29 @@ def counted_read_range(store: S3ObjectStore, key: str, offset: int, length: int 
 
 
 def bad_peer(real: Callable[..., Share]) -> Callable[..., Share]:
-    """``read_share``, then one byte of each file of the share changed once it was verified."""
+    """``read_share``, then the first byte of each of the node's pieces changed."""
 
     def read_share(*args: object) -> Share:
         share = real(*args)
-        for name, node in share.owners.items():
-            path = share.source / name
-            if node == share_node(args) and path.stat().st_size:
-                data = bytearray(path.read_bytes())
-                data[0] ^= 0xFF
-                path.write_bytes(bytes(data))
+        layout = args[3]
+        assert isinstance(layout, NodeLayout)
+        for piece in share.pieces:
+            if piece.node == layout.node:
+                with (share.source / piece.name).open("r+b") as handle:
+                    handle.seek(piece.offset)
+                    first = handle.read(1)
+                    handle.seek(piece.offset)
+                    handle.write(bytes([first[0] ^ 0xFF]))
         return share
 
     return read_share
 
 
-def share_node(args: tuple[object, ...]) -> int:
-    layout = args[3]
-    assert isinstance(layout, NodeLayout)
-    return layout.node
-
-
 if __name__ == "__main__":
     uri, out, layout = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     S3ObjectStore._read_range = counted_read_range  # type: ignore[method-assign,assignment]
+    # Pieces of 2 MiB, so that the test's files of 5 and 9 MB are cut, as a real checkpoint's are at 64 MiB.
+    shared_read.PIECE_BYTES = 2 << 20
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if os.environ.get("BAD_PEER") == str(rank):

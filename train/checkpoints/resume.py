@@ -57,10 +57,12 @@ from spotray.train.checkpoints.checkpoint import (
     complete_checkpoints,
     delete_other_copies,
     download_checkpoint,
+    install_copy,
     latest_complete_checkpoint,
     list_checkpoints,
     log_incomplete,
     manifest_exists,
+    verify_local_checkpoint,
 )
 from spotray.train.checkpoints.shared_read import Share, exchange, node_layout, read_share
 from spotray.train.processes.ranks import all_gather_objects, barrier, broadcast_from_rank0, world_rank
@@ -354,21 +356,15 @@ class ResumeFetch:
 
     def _finish_shared_read(self) -> None:
         """Several nodes, every rank: exchange the shares when every leader read its share of the same
-        checkpoint (or all found none); otherwise rank 0 chooses and fetches as on one node."""
+        checkpoint (or all found none), and keep the copies when every node's verifies; otherwise rank 0
+        chooses and fetches as on one node, and every other rank follows."""
         share = self._share
         bet = (share.info.step if share else None, self.error is None) if self.layout.is_leader else None
-        views = all_gather_objects(bet)
-        leaders = [views[rank] for rank in self.layout.leaders]
+        leaders = [view for view in all_gather_objects(bet) if view is not None]
         steps = {step for step, _ in leaders}
         if len(steps) != 1 or not all(ok for _, ok in leaders):
             log.info("the nodes did not all read a share of the same checkpoint (%s): each fetches it whole", leaders)
-            self._share = None
-            if self.rank == 0:
-                self.error = None
-                try:
-                    self.fetched = fetch_resume_checkpoint(self.store, self.dest_root, skipped=self.skipped)
-                except BaseException as error:  # noqa: BLE001 - raised in wait()
-                    self.error = error
+            self._fetch_on_one_node()
             return
         step = steps.pop()
         if self.rank == 0:
@@ -376,16 +372,44 @@ class ResumeFetch:
         if step is None:
             return  # a fresh start on every node
         group = dist.new_group(list(self.layout.leaders), backend="gloo")  # every rank makes it
-        counts = (0, 0)
+        verdict = None
         if share is not None:
-            local_dir = exchange(self.store, share, self.dest_root, self.layout, group)
-            assert share.info.manifest is not None
-            uri = str(self.store.uri.join(share.info.prefix))
-            self.fetched = ResumePoint(step, local_dir, share.info.manifest, uri)
-            counts = (share.s3_bytes, share.peer_bytes)
-        gathered = all_gather_objects(counts)  # also the barrier: every node's copy is in place
-        self.read = SharedReadCount(self.layout.nodes, sum(c[0] for c in gathered), sum(c[1] for c in gathered))
+            digests = exchange(share, self.layout, group)
+            verdict = (self._install_share(share, digests), share.s3_bytes, share.peer_bytes)
+        verdicts = [v for v in all_gather_objects(verdict) if v is not None]  # also: every copy is in place
+        problems = [problem for problem, _, _ in verdicts if problem]
+        if problems:
+            log.warning("checkpoint-%d did not verify on every node (%s): each fetches it whole", step, problems[0])
+            self._fetch_on_one_node()
+            return
+        s3_bytes, peer_bytes = sum(v[1] for v in verdicts), sum(v[2] for v in verdicts)
+        self.read = SharedReadCount(self.layout.nodes, s3_bytes, peer_bytes)
         log.info("checkpoint-%d on %d nodes: %s", step, self.layout.nodes, self.read)
+
+    def _install_share(self, share: Share, digests: dict[str, str]) -> str:
+        """Put the node's assembled copy in place if it verifies; what is wrong with it otherwise."""
+        info = share.info
+        assert info.manifest is not None
+        try:
+            if share.whole:
+                verify_local_checkpoint(share.source, info.manifest, digests)
+                local_dir = share.source
+            else:
+                local_dir = install_copy(self.dest_root, info, share.source, digests)
+        except CorruptCheckpointError as error:
+            return error.problem
+        self.fetched = ResumePoint(info.step, local_dir, info.manifest, str(self.store.uri.join(info.prefix)))
+        return ""
+
+    def _fetch_on_one_node(self) -> None:
+        """The one-node path: rank 0 chooses and fetches whole; every other rank fetches rank 0's choice."""
+        self._share, self.fetched = None, None
+        if self.rank == 0:
+            self.error = None
+            try:
+                self.fetched = fetch_resume_checkpoint(self.store, self.dest_root, skipped=self.skipped)
+            except BaseException as error:  # noqa: BLE001 - raised in wait()
+                self.error = error
 
     def wait(self, check: LoadCheck | None = None) -> ResumePoint | None:
         """The checkpoint every rank resumes from; with ``check``, rank 0 makes sure the job can load it

@@ -1,4 +1,4 @@
-"""Read once per run: on a resume across several nodes, each file of the checkpoint comes from S3 once.
+"""Read once per run: on a resume across several nodes, each byte of the checkpoint comes from S3 once.
 
 Without this, every node downloads the whole checkpoint into its own directory at the moment the
 whole run waits for it: N nodes read N times its size from the store, each through its own link
@@ -7,31 +7,33 @@ whole run waits for it: N nodes read N times its size from the store, each throu
 1. The ranks tell each other which node they are on (``node_layout``: one directory on one host
    is one node, as ``download_checkpoint`` shares a copy between the processes of a node). The
    lowest rank of each node is its *leader*.
-2. Every leader lists the store and bets on the newest complete checkpoint, and ``assign_files``
-   gives each node a share of its files, the largest first to the node with the fewest bytes so far,
-   so that the reads are spread across the nodes' links. Each leader downloads its share (in the
-   background, while the model is built: train/checkpoints/resume.py ``ResumeFetch``), hashed as it
-   arrives.
-3. Once every leader bet on the same checkpoint and read its share, the leaders exchange the shares
-   over the process group (``exchange``: gloo broadcasts in chunks, owner to the others). Each node
-   hashes every file it receives and checks it against the signed manifest's SHA-256 before the copy
-   is put in place (``install_copy``); a file that does not match is read from S3 instead, so a bad
-   peer costs one file's download, never a wrong byte.
+2. Every leader lists the store and bets on the newest complete checkpoint. ``assign_pieces`` cuts
+   its files into pieces of 64 MiB and gives each node a share, the largest first to the node with
+   the fewest bytes so far, so the reads are spread over the nodes' links even when one file (the
+   optimizer's state) is most of the checkpoint. Each leader downloads its pieces in the background,
+   while the model is built (train/checkpoints/resume.py ``ResumeFetch``).
+3. Once every leader holds its share of the same checkpoint, the leaders exchange the pieces over the
+   process group (``exchange``: gloo broadcasts, owner to the others, in file order). Every node
+   hashes each file as its bytes pass and the copy is put in place only if every file matches the
+   signed manifest's SHA-256 (``install_copy``).
 
-Any other outcome (the leaders bet on different checkpoints, a share failed to download, or there is
-one node) takes the path of one node as before: each node downloads what rank 0 chose. That path
-also decides what a fault means (an older checkpoint, a refusal, an error); this one only saves reads.
+Anything else takes the path of one node as before, on every node: the leaders bet on different
+checkpoints, a share failed to download, or a file does not match on some node (a damaged object, a
+bad transfer: which piece was wrong is not known, so nothing of it is trusted). Then rank 0 chooses
+what to resume from, with every fallback and refusal, and each node downloads that checkpoint whole.
+This path only saves reads; the one-node path decides what a fault means.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import logging
 import shutil
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,11 +42,10 @@ import torch.distributed as dist
 from spotray.train.checkpoints.checkpoint import (
     CheckpointInfo,
     FileEntry,
-    install_copy,
     partial_copy_dir,
     verified_copy_unchanged,
-    verify_local_checkpoint,
 )
+from spotray.train.storage.hashed_download import RangeToFetch
 from spotray.train.storage.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,9 @@ log = logging.getLogger(__name__)
 # Bytes per broadcast: large enough that a collective's fixed cost is nothing beside its bytes, small
 # enough that the buffer (one per leader) is no burden on a node's memory.
 EXCHANGE_CHUNK_BYTES = 64 << 20
+# The unit of the shares: small enough that four nodes split a GB evenly, large enough that a piece's
+# requests (ranges of DOWNLOAD_PART_BYTES, in parallel) keep a node's link busy.
+PIECE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -96,16 +100,33 @@ def node_layout(dest_root: Path) -> NodeLayout:
     return layout_from_places(places, dist.get_rank())
 
 
-def assign_files(files: Mapping[str, FileEntry], nodes: int) -> dict[str, int]:
-    """Which node reads each file from S3: the largest first, each to the node with the fewest bytes so
-    far (the lowest-numbered on a tie), so that every leader computes the same shares."""
+def assign_pieces(files: Mapping[str, FileEntry], nodes: int, piece_bytes: int = PIECE_BYTES) -> list[Piece]:
+    """Every file cut into pieces of at most ``piece_bytes``, each piece read by one node: the largest
+    first, each to the node with the fewest bytes so far (the lowest-numbered on a tie), so that every
+    leader computes the same pieces and no node reads much more than its share. In file order (name,
+    then offset): the order of the exchange, in which every node hashes each file as it passes."""
+    cut = [
+        (name, offset, min(piece_bytes, files[name].size - offset))
+        for name in sorted(files)
+        for offset in range(0, files[name].size, piece_bytes)
+    ]
     load = [0] * nodes
-    owners: dict[str, int] = {}
-    for name in sorted(files, key=lambda n: (-files[n].size, n)):
+    owner: dict[tuple[str, int], int] = {}
+    for name, offset, length in sorted(cut, key=lambda c: (-c[2], c[0], c[1])):
         node = min(range(nodes), key=lambda k: (load[k], k))
-        owners[name] = node
-        load[node] += files[name].size
-    return owners
+        owner[(name, offset)] = node
+        load[node] += length
+    return [Piece(name, offset, length, owner[(name, offset)]) for name, offset, length in cut]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes ``offset`` to ``offset + length`` of file ``name`` of the checkpoint, read from S3 by ``node``."""
+
+    name: str
+    offset: int
+    length: int
+    node: int
 
 
 @dataclass
@@ -113,84 +134,59 @@ class Share:
     """What one node's leader holds of the checkpoint before the exchange."""
 
     info: CheckpointInfo
-    owners: dict[str, int]
-    source: Path  # where this node's own files are: the copy being assembled, or a verified one already there
-    digests: dict[str, str]  # file name -> SHA-256 of the files this node holds
-    whole: bool  # a verified copy was already on the node: nothing to read, nothing to receive
+    pieces: list[Piece]
+    source: Path  # the copy being assembled, or the verified copy already on the node
+    whole: bool  # a verified copy was already on the node: nothing to read, nothing to keep of the exchange
     s3_bytes: int = 0
     peer_bytes: int = 0
 
 
 def read_share(store: ObjectStore, info: CheckpointInfo, dest_root: Path, layout: NodeLayout) -> Share:
-    """Download this node's share of ``info`` into its partial copy (a leader's work, in the background)."""
+    """Download this node's pieces of ``info`` into its partial copy (a leader's work, in the background)."""
     assert info.manifest is not None
-    owners = assign_files(info.manifest.files, layout.nodes)
+    pieces = assign_pieces(info.manifest.files, layout.nodes, PIECE_BYTES)
     final = dest_root / info.prefix
     if final.is_dir() and verified_copy_unchanged(final, info.manifest):
-        digests = {name: entry.sha256 for name, entry in info.manifest.files.items()}
-        return Share(info, owners, final, digests, whole=True)
+        return Share(info, pieces, final, whole=True)
     partial = partial_copy_dir(dest_root, info)
     shutil.rmtree(partial, ignore_errors=True)
-    mine = [name for name, node in owners.items() if node == layout.node]
-    fetched = store.download_files([(f"{info.prefix}/{name}", partial / name) for name in mine])
-    partial.mkdir(parents=True, exist_ok=True)  # a node whose share is empty still assembles a copy
-    digests = {name: fetched[partial / name] for name in mine}
-    # Checked before any peer is sent a byte: a share that does not match is the checkpoint's own fault,
-    # and the one-node path passes over it for an older one.
-    verify_local_checkpoint(partial, replace(info.manifest, files={n: info.manifest.files[n] for n in mine}), digests)
-    s3_bytes = sum(info.manifest.files[name].size for name in mine)
-    return Share(info, owners, partial, digests, whole=False, s3_bytes=s3_bytes)
+    for name, entry in info.manifest.files.items():  # every file at its size: pieces land at their offsets
+        path = partial / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("wb") as handle:
+            handle.truncate(entry.size)
+    mine = [piece for piece in pieces if piece.node == layout.node]
+    store.download_ranges([RangeToFetch(f"{info.prefix}/{p.name}", partial / p.name, p.offset, p.length) for p in mine])
+    return Share(info, pieces, partial, whole=False, s3_bytes=sum(piece.length for piece in mine))
 
 
-def exchange(store: ObjectStore, share: Share, dest_root: Path, layout: NodeLayout, group: object) -> Path:
-    """Every leader sends its files to the others and receives theirs (a collective of the leaders'
-    ``group``); returns the node's verified copy, put in place."""
+def exchange(share: Share, layout: NodeLayout, group: object) -> dict[str, str]:
+    """Every leader sends its pieces to the others and receives theirs (a collective of the leaders'
+    ``group``, pieces in file order); returns the SHA-256 of every file of the node's copy, computed
+    as its bytes passed, for the caller to check against the manifest."""
     info = share.info
     assert info.manifest is not None
+    hashers = {name: hashlib.sha256() for name in info.manifest.files}
     buffer = torch.empty(EXCHANGE_CHUNK_BYTES, dtype=torch.uint8)
-    for name in sorted(info.manifest.files):  # the same order on every leader
-        entry, owner = info.manifest.files[name], share.owners[name]
-        if owner == layout.node:
-            _send(share.source / name, entry.size, buffer, layout.leaders[owner], group)
-        else:
-            digest = _receive(share, name, buffer, layout.leaders[owner], group)
-            if not share.whole and digest != entry.sha256:
-                log.warning("%s/%s from node %d does not match the manifest: read from S3", info.prefix, name, owner)
-                target = share.source / name
-                digest = store.download_files([(f"{info.prefix}/{name}", target)])[target]
-                share.s3_bytes += entry.size
-            share.digests[name] = digest
-    if share.whole:
-        return share.source
-    return install_copy(dest_root, info, share.source, share.digests)
-
-
-def _send(path: Path, size: int, buffer: torch.Tensor, src: int, group: object) -> None:
-    with path.open("rb") as handle:
-        for offset in range(0, size, EXCHANGE_CHUNK_BYTES):
-            chunk = buffer[: min(EXCHANGE_CHUNK_BYTES, size - offset)]
-            if handle.readinto(chunk.numpy().data) != chunk.numel():
-                raise OSError(f"{path} changed while it was sent to the other nodes")
-            dist.broadcast(chunk, src=src, group=group)  # type: ignore[arg-type]
-
-
-def _receive(share: Share, name: str, buffer: torch.Tensor, src: int, group: object) -> str:
-    """Receive one file from ``src`` (written to the copy unless the node has a whole one); its SHA-256."""
-    assert share.info.manifest is not None
-    size = share.info.manifest.files[name].size
-    digest = hashlib.sha256()
     with contextlib.ExitStack() as stack:
-        out = None
-        if not share.whole:  # a node with a whole copy takes part in each broadcast and drops its bytes
-            target = share.source / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            out = stack.enter_context(target.open("wb"))
-        for offset in range(0, size, EXCHANGE_CHUNK_BYTES):
-            chunk = buffer[: min(EXCHANGE_CHUNK_BYTES, size - offset)]
-            dist.broadcast(chunk, src=src, group=group)  # type: ignore[arg-type]
-            if out is not None:
+        handles: dict[str, io.BufferedIOBase] = {}
+        for piece in share.pieces:
+            if piece.name not in handles:
+                path = share.source / piece.name
+                # A verified copy already in place is only read.
+                handles[piece.name] = stack.enter_context(path.open("rb") if share.whole else path.open("r+b"))
+            handle, mine = handles[piece.name], piece.node == layout.node
+            for offset in range(piece.offset, piece.offset + piece.length, EXCHANGE_CHUNK_BYTES):
+                chunk = buffer[: min(EXCHANGE_CHUNK_BYTES, piece.offset + piece.length - offset)]
                 data = chunk.numpy().data
-                digest.update(data)
-                out.write(data)
-                share.peer_bytes += len(data)
-    return digest.hexdigest()
+                if mine:
+                    handle.seek(offset)
+                    if handle.readinto(data) != len(data):
+                        raise OSError(f"{share.source / piece.name} changed while it was sent to the other nodes")
+                dist.broadcast(chunk, src=layout.leaders[piece.node], group=group)  # type: ignore[arg-type]
+                if not mine and not share.whole:
+                    handle.seek(offset)
+                    handle.write(data)
+                    share.peer_bytes += len(data)
+                hashers[piece.name].update(data)
+    return {name: hasher.hexdigest() for name, hasher in hashers.items()}

@@ -162,6 +162,51 @@ def download_hashed(
     return digests, failures
 
 
+@dataclass(frozen=True)
+class RangeToFetch:
+    """Bytes ``offset`` to ``offset + length`` of an object, for the same bytes of ``path`` (which exists)."""
+
+    key: str
+    path: Path
+    offset: int
+    length: int
+
+
+def download_ranges(
+    ranges: Sequence[RangeToFetch], read_range: RangeReader, *, part_bytes: int, concurrency: int
+) -> list[tuple[RangeToFetch, BaseException]]:
+    """Fetch ``ranges`` in parts of ``part_bytes`` in parallel, each written where it belongs in its file
+    (nothing hashed: a range is part of a file, and a file is verified whole); the ranges that failed."""
+
+    def fetch(target: RangeToFetch, offset: int, length: int) -> None:
+        fd = os.open(target.path, os.O_WRONLY)
+        try:
+            position = offset
+            for chunk in read_range(target.key, offset, length):
+                os.pwrite(fd, chunk, position)
+                position += len(chunk)
+        finally:
+            os.close(fd)
+        if position - offset != length:
+            raise ShortReadError(
+                f"{target.key}: got {position - offset} of {length} bytes at offset {offset}; "
+                "the connection was cut or the object changed meanwhile"
+            )
+
+    with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="spotray-download") as pool:
+        parts = [
+            (target, pool.submit(fetch, target, target.offset + start, min(part_bytes, target.length - start)))
+            for target in ranges
+            for start in range(0, target.length, part_bytes)
+        ]
+        failed: dict[RangeToFetch, BaseException] = {}
+        for target, future in parts:
+            error = future.exception()
+            if error is not None:
+                failed.setdefault(target, error)
+    return list(failed.items())
+
+
 def copy_hashed(source: Path, target: Path, chunk_bytes: int = 8 << 20) -> str:
     """Copy ``source`` to ``target`` and return the SHA-256 of the bytes copied (one read of each byte)."""
     hasher = hashlib.sha256()

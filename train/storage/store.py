@@ -52,7 +52,13 @@ from spotray.contract.errors import (
     StoreUnreachableError,
 )
 from spotray.contract.uris import StorageUri, parse_uri
-from spotray.train.storage.hashed_download import FileToFetch, copy_hashed, download_hashed
+from spotray.train.storage.hashed_download import (
+    FileToFetch,
+    RangeToFetch,
+    copy_hashed,
+    download_hashed,
+    download_ranges,
+)
 
 if TYPE_CHECKING:
     from mypy_boto3_s3 import S3Client
@@ -321,6 +327,11 @@ class ObjectStore(Protocol):
         """Fetch each key to its path; return the SHA-256 of each file, computed as its bytes arrived."""
         ...
 
+    def download_ranges(self, ranges: Sequence[RangeToFetch]) -> None:
+        """Fetch each range of an object into the same bytes of its local file (which exists); nothing is
+        hashed (a checkpoint read by several nodes, train/checkpoints/shared_read.py, verifies whole files)."""
+        ...
+
     def delete(self, keys: Sequence[str]) -> None: ...
 
 
@@ -561,6 +572,20 @@ class S3ObjectStore:
         self._with_retry(f"download {len(pairs)} file(s) from {self.uri}", attempt)
         return digests
 
+    def download_ranges(self, ranges: Sequence[RangeToFetch]) -> None:
+        pending = list(ranges)
+
+        def attempt() -> None:
+            nonlocal pending
+            failures = download_ranges(
+                pending, self._read_range, part_bytes=DOWNLOAD_PART_BYTES, concurrency=self.config.max_concurrency
+            )
+            pending = [target for target, _ in failures]
+            if failures:
+                raise_first_permanent([error for _, error in failures])
+
+        self._with_retry(f"download {len(ranges)} range(s) from {self.uri}", attempt)
+
     def _read_range(self, key: str, offset: int, length: int | None) -> Iterator[bytes]:
         if length is None:
             response = self._client.get_object(Bucket=self.uri.bucket, Key=self._key(key))
@@ -701,6 +726,18 @@ class LocalObjectStore:
 
     def download_files(self, pairs: Sequence[tuple[str, Path]]) -> dict[Path, str]:
         return {path: copy_hashed(self.root / key, path) for key, path in pairs}
+
+    def download_ranges(self, ranges: Sequence[RangeToFetch]) -> None:
+        for target in ranges:
+            with (self.root / target.key).open("rb") as source, target.path.open("r+b") as local:
+                source.seek(target.offset)
+                local.seek(target.offset)
+                left = target.length
+                while left and (data := source.read(min(left, DOWNLOAD_PART_BYTES))):
+                    local.write(data)
+                    left -= len(data)
+                if left:
+                    raise FileNotFoundError(f"{self.root / target.key}: shorter than its range {target}")
 
     def delete(self, keys: Sequence[str]) -> None:
         for key in keys:
