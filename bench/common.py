@@ -136,8 +136,17 @@ def current_commit() -> str:
     return head.stdout.strip() + ("+changes" if git("status", "--porcelain").stdout.strip() else "")
 
 
-def write_result(name: str, ratio: float, goal: str, baseline: str, command: str, details: dict[str, Any]) -> Path:
-    """Write ``bench/results/<name>.json`` (with the commit it measured) and return its path."""
+def write_result(
+    name: str,
+    ratio: float,
+    goal: str,
+    baseline: str,
+    command: str,
+    details: dict[str, Any],
+    goal_change: tuple[str, str] | None = None,
+) -> Path:
+    """Write ``bench/results/<name>.json`` (with the commit it measured) and return its path. A goal that
+    changed keeps its old value and why (``goal_change``: the old goal, the reason), in the file and the table."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     record = {
         "name": name,
@@ -150,6 +159,8 @@ def write_result(name: str, ratio: float, goal: str, baseline: str, command: str
         "details": details,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    if goal_change is not None:
+        record["goal_was"], record["goal_change"] = goal_change
     path = RESULTS_DIR / f"{name}.json"
     path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return path

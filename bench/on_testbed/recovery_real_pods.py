@@ -66,6 +66,13 @@ DRIVER_MILESTONES = {
     "worker group started": "Started training worker group",
 }
 
+# The head-lost goal was <= 0.5 until 4aaf13f, which set <= 1.0 in the commit that recorded the passing
+# run (issue 74): kept here so that every result says so.
+HEAD_LOST_GOAL_CHANGE = (
+    "changed from <= 0.5 in 4aaf13f, after runs of 0.833 and 1.109: with the head lost both settings build a new "
+    "Ray cluster, so the kept one is asked only to cost no more; the absolute goal (<= 45 s) is in the details"
+)
+
 
 LOGGING_TIME = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) ")
 DRIVER_AGE = re.compile(r": driver ready, ([0-9.]+) s after its process started")
@@ -250,7 +257,8 @@ def main() -> int:
     name, goal = (
         ("recovery_real_pods", "<= 0.5") if args.lose == "worker" else ("recovery_real_pods_head_lost", "<= 1.0")
     )
-    path = write_result(name, ratio, goal, baseline, command.strip(), details)
+    change = None if args.lose == "worker" else ("<= 0.5", HEAD_LOST_GOAL_CHANGE)
+    path = write_result(name, ratio, goal, baseline, command.strip(), details, goal_change=change)
     print(f"wrote {path}")
     return 0
 
