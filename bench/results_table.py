@@ -123,6 +123,10 @@ def table(found: list[Row] | None = None) -> str:
     for r in found if found is not None else rows():
         record = r.record
         met = record.get("met_note") or ("yes" if record.get("passed") else "**no**")
+        runs = (record.get("details") or {}).get("runs")
+        # A campaign: every run, failed ones included, not only each trial's latest.
+        if isinstance(runs, dict) and {"run", "passed"} <= runs.keys():
+            met += f"; runs passed {runs['passed']}/{runs['run']}"
         goal = str(record["goal"])
         if record.get("goal_was"):
             goal += f" (was {record['goal_was']})"

@@ -1766,6 +1766,8 @@ def write_summary(
     every_run, stamps = TrialLog.read(log)
     results, earlier = latest_runs(every_run, stamps)
     details = summary(results, kinds) | {
+        # Every run, not only each trial's latest: a trial run again after a fix counts its failed run here.
+        "runs": {"run": len(every_run), "passed": sum(1 for run in every_run if not run.problems)},
         "earlier_runs": earlier,
         "log": str(log.relative_to(ROOT)) if log.is_relative_to(ROOT) else str(log),
         "commits": dict(Counter(stamp["commit"] for stamp in stamps)),
