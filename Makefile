@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput bench-table release test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput bench-table bench-real-pods release test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -145,6 +145,8 @@ bench: setup ## run the benchmarks; results land in bench/results/*.json
 
 bench-table: setup ## write docs/benchmarks.md's results table from bench/results/*.json (which are stale, which current)
 	$(PY) -m bench.results_table --write
+
+bench-real-pods: bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-goodput-testbed ## every real-pods A vs B in turn (about 2 hours; the 30-minute goodput runs and the nemesis have targets of their own)
 
 bench-controller-scale: setup testbed ## 1,000 TrainingRuns at once vs a no-op operator, then the steady state (~20 min)
 	$(PY) -m bench.on_testbed.controller --runs 1000 --rounds 1 --settle-seconds 120
