@@ -2,6 +2,10 @@
 
     from spotray import S3CheckpointCallback, PreemptionNoticeCallback, fetch_resume_checkpoint
 
+Several processes or nodes (torchrun, Ray Train), once the process group is up: every rank calls
+``agree_on_resume_point`` instead of ``fetch_resume_checkpoint``, and all end on the same checkpoint,
+read from S3 once per run however many nodes there are (docs/resume.md).
+
 ``pip install spotray`` is light (the CLI, the TrainingRun contract, the S3 store); the names that
 need torch and transformers come with ``spotray[train]``, and asking for one without it raises an
 error that says so. Each is imported when first asked for, so ``import spotray`` stays cheap.
@@ -17,7 +21,7 @@ from spotray.contract.extras import extra_required
 
 if TYPE_CHECKING:
     from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
-    from spotray.train.checkpoints.resume import ResumePoint, fetch_resume_checkpoint
+    from spotray.train.checkpoints.resume import ResumePoint, agree_on_resume_point, fetch_resume_checkpoint
     from spotray.train.hf.callback import S3CheckpointCallback
     from spotray.train.hf.loadable import trainer_checkpoint_check
     from spotray.train.hf.notice import PreemptionNoticeCallback
@@ -35,6 +39,7 @@ _PUBLIC: dict[str, tuple[str, str | None]] = {
     "PreemptionNoticeCallback": ("spotray.train.hf.notice", "train"),
     "AsyncSaveTrainer": ("spotray.train.checkpoints.async_checkpoint", "train"),
     "fetch_resume_checkpoint": ("spotray.train.checkpoints.resume", "train"),
+    "agree_on_resume_point": ("spotray.train.checkpoints.resume", "train"),
     "ResumePoint": ("spotray.train.checkpoints.resume", "train"),
     "trainer_checkpoint_check": ("spotray.train.hf.loadable", "train"),
     "TensorBoardSync": ("spotray.train.hf.tensorboard_sync", "train"),
@@ -50,6 +55,7 @@ __all__ = [
     "S3CheckpointCallback",
     "TensorBoardSync",
     "__version__",
+    "agree_on_resume_point",
     "fetch_resume_checkpoint",
     "open_store",
     "trainer_checkpoint_check",
