@@ -40,9 +40,10 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench.campaigns.fault_proxy import FaultProxy
-from bench.common import ROOT, machine_details, paired_ratio, scratch_dir, write_result
+from bench.common import RESULTS_DIR, ROOT, machine_details, paired_ratio, scratch_dir, write_result
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import upload_checkpoint
 from spotray.train.storage.local_s3 import LocalS3Server
@@ -76,7 +77,7 @@ def plant_checkpoint(store: S3ObjectStore, work: Path, size_mb: int) -> int:
     return size
 
 
-def run_leg(leg: str, store_uri: str, env: dict[str, str], proxies: list[FaultProxy], work: Path) -> dict[str, float]:
+def run_leg(leg: str, store_uri: str, env: dict[str, str], proxies: list[FaultProxy], work: Path) -> dict[str, Any]:
     """One leg: four processes, each through its own proxy; seconds and S3 bytes."""
     nodes = work / "nodes"
     shutil.rmtree(nodes, ignore_errors=True)
@@ -89,7 +90,24 @@ def run_leg(leg: str, store_uri: str, env: dict[str, str], proxies: list[FaultPr
     ]  # fmt: skip
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=1800, cwd=ROOT)
     result = json.loads(out.read_text())
-    return {"seconds": result["seconds"], "s3_bytes": sum(p.downloaded_bytes for p in proxies) - before}
+    leg_result: dict[str, Any] = {"seconds": result["seconds"]}
+    if leg == "read_once":  # the slowest node's share read and exchange
+        for part in ("share_read_s", "exchange_s"):
+            leg_result[part] = round(max(node[part] for node in result["per_node"]), 3)
+    leg_result["s3_bytes"] = sum(p.downloaded_bytes for p in proxies) - before
+    return leg_result
+
+
+def earlier_runs(name: str) -> list[dict[str, Any]]:
+    """The runs already in the result file, each with its rounds: every run is reported, not only the last."""
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    details = old.get("details") or {}
+    this = {k: old.get(k) for k in ("commit", "measured_at", "ratio", "command")}
+    this |= {k: details.get(k) for k in ("seconds", "s3_bytes_per_checkpoint_size", "pair_ratios")}
+    return [*details.get("earlier_runs", []), this]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         limit = args.node_mb_s * MB
         proxies = [FaultProxy(server.port, download_bytes_per_s=limit).start() for _ in range(NODES)]
         try:
-            legs: dict[str, list[dict[str, float]]] = {"read_once": [], "per_node": []}
+            legs: dict[str, list[dict[str, Any]]] = {"read_once": [], "per_node": []}
             for index in range(args.rounds):
                 order = ["read_once", "per_node"] if index % 2 == 0 else ["per_node", "read_once"]
                 for leg in order:
@@ -134,8 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         "pair_ratios": pairs,
         "s3_bytes_per_checkpoint_size": read_per_size,
         "s3_read_goal": "read_once 1.0 (per_node reads one copy per node: 4.0)",
+        "read_once_parts_s": {part: [x[part] for x in legs["read_once"]] for part in ("share_read_s", "exchange_s")},
         "machine": machine_details(),
         "load_average_after": os.getloadavg(),
+        "earlier_runs": earlier_runs(args.name),
     }
     baseline = "each node fetches the whole checkpoint from S3 through its own link (fetch_resume_checkpoint)"
     path = write_result(args.name, ratio, GOAL, baseline, command, details)

@@ -28,11 +28,21 @@ if __name__ == "__main__":
     dest_root = nodes / f"node-{rank}"
     dist.barrier()
     started = time.monotonic()
-    point = ResumeFetch(store, dest_root).wait() if leg == "read_once" else fetch_resume_checkpoint(store, dest_root)
+    parts: dict[str, float | None] = {}
+    if leg == "read_once":
+        fetch = ResumeFetch(store, dest_root)
+        point = fetch.wait()
+        # Where the time goes: the share's download (in the background) and what wait() then took
+        # (the exchange between the nodes, the hashing, the install).
+        parts = {"share_read_s": fetch.fetch_s, "exchange_s": fetch.waited_s}
+    else:
+        point = fetch_resume_checkpoint(store, dest_root)
     assert point is not None
     assert point.step == 100, point
     dist.barrier()  # every node holds its verified copy
     seconds = time.monotonic() - started
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, parts)
     if rank == 0:
-        out.write_text(json.dumps({"seconds": seconds}))
+        out.write_text(json.dumps({"seconds": seconds, "per_node": every}))
     destroy_process_group()
