@@ -3,8 +3,9 @@
 Each row is one result file: its ratio, goal, whether it met it, the commit it measured and whether
 that is still the code it measures. ``MEASURES`` says which code each result measures (by the
 result's name); a result is *stale* when a commit after the one it measured changed any of it. A file
-that does not say which commit it measured (written before write_result recorded one) stands on the
-commit that recorded it, the first to change the file after its measured_at, and the row says so.
+that does not say which commit it measured (written before write_result recorded one: ``"commit":
+"unknown"``) stands on the commit that recorded it (its ``recorded_in``: the first to change the file
+after its measured_at), and the row says so.
 
     .venv/bin/python -m bench.results_table            # print the table
     .venv/bin/python -m bench.results_table --write    # put it into docs/benchmarks.md
@@ -62,7 +63,7 @@ MEASURES: tuple[tuple[str, tuple[str, ...]], ...] = (
 class Row:
     name: str
     record: dict[str, Any]
-    commit: str  # the commit measured, or the one that added the file when the file does not say
+    commit: str  # the commit measured, or the one that recorded the file when the file does not say
     commit_known: bool
     stale: bool
 
@@ -100,7 +101,7 @@ def row(path: Path) -> Row:
     name = str(record["name"])
     recorded = str(record.get("commit") or "").removesuffix("+changes")
     known = bool(recorded) and recorded != "unknown"
-    commit = recorded if known else _recorded_in(path, str(record.get("measured_at", "")))
+    commit = recorded if known else record.get("recorded_in") or _recorded_in(path, str(record.get("measured_at", "")))
     paths = (*measured_paths(name), *_bench_script(record))
     changed = _git("log", "-1", "--format=%h", f"{commit}..HEAD", "--", *paths) if commit else "?"
     return Row(name, record, commit or "?", known, stale=bool(changed))
