@@ -45,6 +45,7 @@ from spotray.train.checkpoints.checkpoint import (
     partial_copy_dir,
     verified_copy_unchanged,
 )
+from spotray.train.processes.ranks import all_gather_objects
 from spotray.train.storage.hashed_download import RangeToFetch
 from spotray.train.storage.store import ObjectStore
 
@@ -95,8 +96,7 @@ def node_layout(dest_root: Path) -> NodeLayout:
     """Which node each rank resumes on: a collective (every rank calls it, with its node's directory)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return NodeLayout((0,), 0)
-    places: list[tuple[str, str]] = [("", "")] * dist.get_world_size()
-    dist.all_gather_object(places, (socket.gethostname(), str(dest_root.resolve())))
+    places = all_gather_objects((socket.gethostname(), str(dest_root.resolve())))
     return layout_from_places(places, dist.get_rank())
 
 

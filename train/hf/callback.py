@@ -37,6 +37,7 @@ from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
 from spotray.train.checkpoints.upload_worker import UploadStall
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
+from spotray.train.processes.ranks import all_gather_objects
 from spotray.train.records.event_log import EventLog
 from spotray.train.storage.store import ObjectStore, open_store
 
@@ -197,8 +198,7 @@ class S3CheckpointCallback(TrainerCallback):
         listing = None
         if state.is_local_process_zero:
             listing = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
-        reports: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(reports, (listing, uuid.uuid4().hex))
+        reports = all_gather_objects((listing, uuid.uuid4().hex))
         shares = plan_node_saves([listing for listing, _ in reports], save_id=reports[0][1])
         share = shares[dist.get_rank()]
         return share if share is not None and share.nodes > 1 else None

@@ -86,8 +86,7 @@ def machine_ranks() -> MachineRanks:
     """
     if not (dist.is_available() and dist.is_initialized()):
         return MachineRanks(0, 1, True)
-    hosts: list[str] = [""] * dist.get_world_size()
-    dist.all_gather_object(hosts, socket.gethostname())
+    hosts: list[str] = all_gather_objects(socket.gethostname())
     mine = hosts[dist.get_rank()]
     counts = {host: hosts.count(host) for host in hosts}
     return MachineRanks(hosts[: dist.get_rank()].count(mine), counts[mine], len(set(counts.values())) == 1)

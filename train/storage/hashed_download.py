@@ -98,6 +98,21 @@ class _FileState:
             self.landed.clear()
 
 
+def _write_range(fd: int, read_range: RangeReader, key: str, offset: int, length: int | None) -> int:
+    """Write ``length`` bytes of ``key`` at ``offset`` (None: the whole object) at the same offset of ``fd``
+    as its chunks arrive; the bytes written. Raises ShortReadError when fewer than ``length`` arrive."""
+    position = offset
+    for chunk in read_range(key, offset, length) if length != 0 else ():
+        os.pwrite(fd, chunk, position)
+        position += len(chunk)
+    if length is not None and position - offset != length:
+        raise ShortReadError(
+            f"{key}: got {position - offset} of {length} bytes at offset {offset}; "
+            "the connection was cut or the object changed meanwhile"
+        )
+    return position - offset
+
+
 def _ranges(size: int | None, part_bytes: int) -> list[tuple[int, int | None]]:
     if size is None:
         return [(0, None)]
@@ -122,16 +137,7 @@ def download_hashed(
         if state.failure is not None:
             return  # another range of this file failed: the file is fetched again whole
         try:
-            position = offset
-            for chunk in read_range(state.target.key, offset, length) if length != 0 else ():
-                os.pwrite(state.fd, chunk, position)
-                position += len(chunk)
-            if length is not None and position - offset != length:
-                raise ShortReadError(
-                    f"{state.target.key}: got {position - offset} of {length} bytes at offset {offset}; "
-                    "the connection was cut or the object changed meanwhile"
-                )
-            state.add(index, position - offset)
+            state.add(index, _write_range(state.fd, read_range, state.target.key, offset, length))
         except BaseException as error:  # noqa: BLE001 - any failure fails this file; the caller decides
             state.fail(error)
 
@@ -181,17 +187,9 @@ def download_ranges(
     def fetch(target: RangeToFetch, offset: int, length: int) -> None:
         fd = os.open(target.path, os.O_WRONLY)
         try:
-            position = offset
-            for chunk in read_range(target.key, offset, length):
-                os.pwrite(fd, chunk, position)
-                position += len(chunk)
+            _write_range(fd, read_range, target.key, offset, length)
         finally:
             os.close(fd)
-        if position - offset != length:
-            raise ShortReadError(
-                f"{target.key}: got {position - offset} of {length} bytes at offset {offset}; "
-                "the connection was cut or the object changed meanwhile"
-            )
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="spotray-download") as pool:
         parts = [
