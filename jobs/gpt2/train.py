@@ -22,6 +22,7 @@ from spotray.jobs.common import (
 from spotray.jobs.gpt2.config import Gpt2JobConfig
 from spotray.jobs.gpt2.data import VOCAB_SIZE, ByteBlocks, corpus_bytes, to_features
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
+from spotray.train.checkpoints.node_copies import NodeCopies, node_copies_dir
 from spotray.train.checkpoints.resume import ResumeFetch, node_resume_dir
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.hf.checkpoint_interval import AutoCheckpointInterval, run_history
@@ -144,8 +145,14 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     events.emit("worker_start", rank=rank, world_size=size, pid=os.getpid())
     store = open_store(spec.checkpoint.uri)
     rank_dir = config.workdir / f"rank-{rank}"
-    # The checkpoint downloads in the background while the model is built; a node keeps one copy.
-    fetch = ResumeFetch(store, node_resume_dir(config.workdir), context.attempt_id)
+    # The checkpoint downloads in the background while the model is built; a node keeps one copy. On
+    # several nodes, what the nodes kept of their saves is read from them first (node_copies.py).
+    copies = (
+        NodeCopies(node_copies_dir(config.workdir), spec.checkpoint.node_copies)
+        if spec.checkpoint.node_copies
+        else None
+    )
+    fetch = ResumeFetch(store, node_resume_dir(config.workdir), context.attempt_id, copies)
     set_seed(config.seed)  # the initial weights of a fresh start
     model = build_model(config)
     resume_point = fetch.wait(trainer_checkpoint_check(model))  # an older one if the Trainer could not load it
@@ -172,7 +179,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             ),  # local mode releases its shared memory when it ends (spotray/local/reaper.py)
             resume_fetch_s=None if fetch.fetch_s is None else round(fetch.fetch_s, 3),
             resume_wait_s=None if fetch.waited_s is None else round(fetch.waited_s, 3),
-            resume_read=fetch.read.to_dict() if fetch.read else None,  # several nodes: from S3 and from peers
+            resume_read=fetch.read.to_dict() if fetch.read else None,  # several nodes: from S3, peers, kept copies
             skipped_checkpoints=fetch.skipped,  # newer complete checkpoints passed over, and why
         )
     assert spec.data.uri is not None  # the driver checked
@@ -207,6 +214,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
         attempt=context.attempt_id,
         async_save=config.async_checkpoints,
         when_busy=config.when_busy,
+        node_copies=copies,
     )
     progress = None
     if rank == 0:

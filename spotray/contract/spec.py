@@ -476,6 +476,15 @@ class CheckpointSpec:
         default=3,
         minimum=1,
     )
+    node_copies: int = spec_field(
+        "On several nodes: how many of the newest checkpoints each node keeps in its work directory and sends "
+        "to the next node while they upload, so that a resume reads what the nodes still hold from them, not "
+        "from S3; every byte is checked against the signed manifest either way (docs/resume.md). Each kept "
+        "checkpoint costs its size twice over the nodes' work directories (host memory when they are tmpfs). "
+        "0: none.",
+        default=1,
+        minimum=0,
+    )
     secret_ref: str | None = spec_field(
         "Name of a Secret in the run's namespace with AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
         "(and optionally AWS_ENDPOINT_URL, AWS_REGION) for the S3 store. Unset: the pods' own credentials.",

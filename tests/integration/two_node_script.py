@@ -15,9 +15,14 @@ state matters for an exact resume:
   snapshot in the background, node 1 its RNG state at once). For each, an attempt stopped after
   the checkpoint at step 3, then a resume on both nodes from the store to step 6: read once between
   the two nodes (train/checkpoints/shared_read.py), but for save_on_each_node, where each node reads
-  the whole checkpoint from the store.
+  the whole checkpoint from the store;
+- the Trainer's own save with node copies (train/checkpoints/node_copies.py): each node keeps its
+  files and sends them to the other, and the resume reads nothing from the store (STORE_URI/kept);
+  the same with node 0's copies gone before the resume, as when a new node replaces a lost one:
+  node 1 holds every file (STORE_URI/kept-node-lost).
 """
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +30,7 @@ import torch.distributed as dist
 
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
 from spotray.train.checkpoints.direct_load import DirectLoadTrainer
+from spotray.train.checkpoints.node_copies import NodeCopies
 from spotray.train.checkpoints.resume import ResumeFetch, fetch_resume_checkpoint
 from spotray.train.hf.callback import S3CheckpointCallback
 from spotray.train.processes.ranks import destroy_process_group
@@ -36,12 +42,15 @@ def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume
     work = node_dir / name
     store = open_store(f"{store_uri}/{name}")
     async_save = name == "async"
+    copies = NodeCopies(work / "copies") if name.startswith("kept") else None
     sync = S3CheckpointCallback(
-        str(store.uri), store=store, keep=3, staging_dir=work / "staging", async_save=async_save
+        str(store.uri), store=store, keep=3, staging_dir=work / "staging", async_save=async_save, node_copies=copies
     )
     resume_from = None
     if resume:
-        resume_from = str(resume_point(store, work / "resume", read_once=name != "each-node"))
+        if name == "kept-node-lost" and dist.get_rank() == 0:
+            shutil.rmtree(work / "copies")
+        resume_from = str(resume_point(store, work / "resume", read_once=name != "each-node", copies=copies))
     callbacks = [sync, StopAt(stop_at)] if stop_at else [sync]
     # DirectLoadTrainer (AsyncSaveTrainer is one) as the jobs use: the stock Trainer cannot resume a
     # CPU DDP run (it maps the optimizer state to "cpu:0", which torch.load refuses; train/checkpoints/direct_load.py).
@@ -55,27 +64,29 @@ def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume
     dist.barrier()  # both nodes finish (their uploads included) before the next training starts
 
 
-def resume_point(store: ObjectStore, dest_root: Path, *, read_once: bool) -> Path:
+def resume_point(store: ObjectStore, dest_root: Path, *, read_once: bool, copies: NodeCopies | None) -> Path:
     """The local copy to resume from: read once for both nodes (each reads a share, the nodes exchange
-    them: ``ResumeFetch``), or read whole by each node from the store."""
+    them: ``ResumeFetch``), or read whole by each node from the store; with ``copies``, read from
+    what the nodes kept, nothing from the store."""
     if not read_once:
         point = fetch_resume_checkpoint(store, dest_root)
         assert point is not None, "no complete checkpoint to resume from"
         return point.local_dir
-    fetch = ResumeFetch(store, dest_root)
+    fetch = ResumeFetch(store, dest_root, copies=copies)
     point = fetch.wait()
     assert point is not None, "no complete checkpoint to resume from"
     if dist.get_rank() == 0:
         assert fetch.read is not None, "the nodes did not read the checkpoint once between them"
         size = sum(entry.size for entry in point.manifest.files.values())
-        assert (fetch.read.nodes, fetch.read.s3_bytes, fetch.read.peer_bytes) == (2, size, size), fetch.read
+        read = (fetch.read.nodes, fetch.read.s3_bytes, fetch.read.peer_bytes, fetch.read.kept_bytes)
+        assert read == ((2, 0, size, size) if copies else (2, size, size, 0)), fetch.read
     return point.local_dir
 
 
 if __name__ == "__main__":
     node_dir, store_uri = Path(sys.argv[1]), sys.argv[2]
     train(node_dir, store_uri, "whole")
-    for name in ("shared-writer", "each-node", "async"):
+    for name in ("shared-writer", "each-node", "async", "kept", "kept-node-lost"):
         train(node_dir, store_uri, name, stop_at=3)
         train(node_dir, store_uri, name, resume=True)
     destroy_process_group()  # before the interpreter: see ddp_checkpoint_script.py

@@ -246,6 +246,7 @@ FULL_SPEC: dict[str, Any] = {
         "minEverySteps": 4,
         "maxEverySteps": 40,
         "keep": 2,
+        "nodeCopies": 2,
         "secretRef": "creds",
     },
     "workers": {

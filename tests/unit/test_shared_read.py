@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from spotray.contract.uris import parse_uri
-from spotray.train.checkpoints.checkpoint import FileEntry
+from spotray.train.checkpoints.checkpoint import CheckpointInfo, FileEntry, Manifest
 from spotray.train.checkpoints.shared_read import assign_pieces, layout_from_places
 from spotray.train.storage.hashed_download import RangeToFetch
 from spotray.train.storage.store import LocalObjectStore
@@ -80,3 +80,24 @@ def test_a_directory_store_writes_each_range_where_it_belongs(tmp_path: Path) ->
     assert got[4000:] == b"\0" * (len(data) - 4000)
     with pytest.raises(FileNotFoundError, match="shorter than its range"):
         store.download_ranges([RangeToFetch("checkpoint-5/optimizer.pt", local, len(data) - 10, 20)])
+
+
+def test_a_file_a_node_kept_is_read_from_its_copies_by_the_nodes_that_hold_it_and_no_other() -> None:
+    files = entries(optimizer_pt=250, model_safetensors=120, rng_0=10, rng_1=10)
+    pieces = assign_pieces(files, nodes=3, piece_bytes=100, holders={"optimizer.pt": [1, 2], "rng.0": [0]})
+    by_file: dict[str, set[tuple[int, bool]]] = {}
+    for piece in pieces:
+        by_file.setdefault(piece.name, set()).add((piece.node, piece.kept))
+    assert {node for node, _ in by_file["optimizer.pt"]} == {1, 2}, "the holders share the big file"
+    assert by_file["rng.0"] == {(0, True)}
+    assert all(not kept for _, kept in by_file["model.safetensors"] | by_file["rng.1"]), "held by nobody: S3"
+    # No holders at all (an empty list) is the same as S3 for that file.
+    assert all(not p.kept for p in assign_pieces(files, nodes=2, piece_bytes=100, holders={"rng.1": []}))
+
+
+def test_a_node_holds_a_file_only_at_the_size_the_manifest_gives_it() -> None:
+    manifest = Manifest(7, 2, entries(model_safetensors=120, rng_0=10), 0.0)
+    info = CheckpointInfo(7, "checkpoint-7", 130, manifest, None)
+    held = [{7: {"model.safetensors": 120, "rng.0": 9}}, {7: {"rng.0": 10}, 6: {"model.safetensors": 120}}]
+    layout = layout_from_places([("h", "/a"), ("h", "/a"), ("h", "/b")], rank=0, held=[*held[:1], {}, held[1]])
+    assert layout.holders(info) == {"model.safetensors": [0], "rng.0": [1]}

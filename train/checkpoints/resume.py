@@ -64,6 +64,7 @@ from spotray.train.checkpoints.checkpoint import (
     manifest_exists,
     verify_local_checkpoint,
 )
+from spotray.train.checkpoints.node_copies import NodeCopies
 from spotray.train.checkpoints.shared_read import Share, exchange, node_layout, read_share
 from spotray.train.processes.ranks import all_gather_objects, barrier, broadcast_from_rank0, world_rank
 from spotray.train.records.attempt_records import write_fence
@@ -305,13 +306,18 @@ class ResumeFetch:
     others reuse it). On several nodes the checkpoint is read once per run, not once per node
     (train/checkpoints/shared_read.py): each node's leader reads a share of the newest complete
     checkpoint in the background, and ``wait`` exchanges the shares; when the leaders do not end on
-    the same checkpoint with every share read, ``wait`` takes the one-node path above.
+    the same checkpoint with every share read, ``wait`` takes the one-node path above. With
+    ``copies`` (the checkpoints each node kept when it saved: train/checkpoints/node_copies.py), a
+    file some node still holds is read from that node's copy, not from S3.
     """
 
-    def __init__(self, store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None) -> None:
+    def __init__(
+        self, store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None, copies: NodeCopies | None = None
+    ) -> None:
         self.store = store
         self.dest_root = dest_root
         self.attempt = attempt
+        self.copies = copies
         self.rank = world_rank()
         self.fetched: ResumePoint | None = None
         self.error: BaseException | None = None
@@ -321,7 +327,7 @@ class ResumeFetch:
         self.waited_s: float | None = None  # how long ``wait`` blocked on it: the part not hidden
         # Several nodes: where each node's copy came from (rank 0, once ``wait`` exchanged the shares).
         self.read: SharedReadCount | None = None
-        self.layout = node_layout(dest_root)
+        self.layout = node_layout(dest_root, copies)
         self._listed: list[CheckpointInfo] = []
         self._share: Share | None = None
         fetch = self._fetch if self.layout.nodes == 1 else self._fetch_share
@@ -349,7 +355,7 @@ class ResumeFetch:
                     log_incomplete(self.store, self._listed)
                     refuse_foreign_newer(self.store, self._listed, newest.step if newest else None)
                 if newest is not None:
-                    self._share = read_share(self.store, newest, self.dest_root, self.layout)
+                    self._share = read_share(self.store, newest, self.dest_root, self.layout, self.copies)
         except BaseException as error:  # noqa: BLE001 - the one-node path in wait() says what it means
             self.error = error
         self.fetch_s = time.monotonic() - self.started
@@ -375,15 +381,15 @@ class ResumeFetch:
         verdict = None
         if share is not None:
             digests = exchange(share, self.layout, group)
-            verdict = (self._install_share(share, digests), share.s3_bytes, share.peer_bytes)
+            verdict = (self._install_share(share, digests), share.s3_bytes, share.peer_bytes, share.kept_bytes)
         verdicts = [v for v in all_gather_objects(verdict) if v is not None]  # also: every copy is in place
-        problems = [problem for problem, _, _ in verdicts if problem]
+        problems = [problem for problem, *_ in verdicts if problem]
         if problems:
             log.warning("checkpoint-%d did not verify on every node (%s): each fetches it whole", step, problems[0])
             self._fetch_on_one_node()
             return
-        s3_bytes, peer_bytes = sum(v[1] for v in verdicts), sum(v[2] for v in verdicts)
-        self.read = SharedReadCount(self.layout.nodes, s3_bytes, peer_bytes)
+        s3_bytes, peer_bytes, kept_bytes = (sum(v[i] for v in verdicts) for i in (1, 2, 3))
+        self.read = SharedReadCount(self.layout.nodes, s3_bytes, peer_bytes, kept_bytes)
         log.info("checkpoint-%d on %d nodes: %s", step, self.layout.nodes, self.read)
 
     def _install_share(self, share: Share, digests: dict[str, str]) -> str:
@@ -453,20 +459,28 @@ class SharedReadCount:
     nodes: int
     s3_bytes: int  # read from the store, by all nodes together
     peer_bytes: int  # received from another node
+    kept_bytes: int = 0  # read from the copies the nodes kept when they saved (train/checkpoints/node_copies.py)
 
     def to_dict(self) -> dict[str, int]:
-        return {"nodes": self.nodes, "s3_bytes": self.s3_bytes, "peer_bytes": self.peer_bytes}
+        return {
+            "nodes": self.nodes, "s3_bytes": self.s3_bytes, "peer_bytes": self.peer_bytes, "kept_bytes": self.kept_bytes
+        }  # fmt: skip
 
 
 def agree_on_resume_point(
-    store: ObjectStore, dest_root: Path, attempt: AttemptId | None = None, check: LoadCheck | None = None
+    store: ObjectStore,
+    dest_root: Path,
+    attempt: AttemptId | None = None,
+    check: LoadCheck | None = None,
+    copies: NodeCopies | None = None,
 ) -> ResumePoint | None:
     """The same verified checkpoint on every rank, or None on a fresh start (``ResumeFetch``, waited for).
 
     With ``attempt``, rank 0 records the step in the fence (spotray/contract/attempts.py): pruning never
-    deletes the checkpoint a running attempt resumed from. With ``check``, one the job can load.
+    deletes the checkpoint a running attempt resumed from. With ``check``, one the job can load. With
+    ``copies``, what the nodes kept of their saves is read before S3.
     """
-    return ResumeFetch(store, dest_root, attempt).wait(check)
+    return ResumeFetch(store, dest_root, attempt, copies).wait(check)
 
 
 def _fetch_agreed(store: ObjectStore, info: CheckpointInfo, dest_root: Path) -> ResumePoint:

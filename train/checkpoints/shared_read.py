@@ -10,8 +10,10 @@ whole run waits for it: N nodes read N times its size from the store, each throu
 2. Every leader lists the store and bets on the newest complete checkpoint. ``assign_pieces`` cuts
    its files into pieces of 64 MiB and gives each node a share, the largest first to the node with
    the fewest bytes so far, so the reads are spread over the nodes' links even when one file (the
-   optimizer's state) is most of the checkpoint. Each leader downloads its pieces in the background,
-   while the model is built (train/checkpoints/resume.py ``ResumeFetch``).
+   optimizer's state) is most of the checkpoint. A file that a node still holds from the save (its
+   own, or its ring neighbour's: train/checkpoints/node_copies.py) is not read from S3: its pieces go
+   to the nodes holding it, which read them from their copy. Each leader reads its pieces in the
+   background, while the model is built (train/checkpoints/resume.py ``ResumeFetch``).
 3. Once every leader holds its share of the same checkpoint, the leaders exchange the pieces over the
    process group (``exchange``: gloo broadcasts, owner to the others, in file order). Every node
    hashes each file as its bytes pass and the copy is put in place only if every file matches the
@@ -21,7 +23,8 @@ Anything else takes the path of one node as before, on every node: the leaders b
 checkpoints, a share failed to download, or a file does not match on some node (a damaged object, a
 bad transfer: which piece was wrong is not known, so nothing of it is trusted). Then rank 0 chooses
 what to resume from, with every fallback and refusal, and each node downloads that checkpoint whole.
-This path only saves reads; the one-node path decides what a fault means.
+This path only saves reads; the one-node path decides what a fault means. A node's kept copy is
+trusted no more than S3: its bytes are hashed in the exchange like every other piece.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import io
 import logging
 import shutil
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,6 +48,7 @@ from spotray.train.checkpoints.checkpoint import (
     partial_copy_dir,
     verified_copy_unchanged,
 )
+from spotray.train.checkpoints.node_copies import NodeCopies
 from spotray.train.processes.ranks import all_gather_objects
 from spotray.train.storage.hashed_download import RangeToFetch
 from spotray.train.storage.store import ObjectStore
@@ -65,6 +69,8 @@ class NodeLayout:
 
     node_of_rank: tuple[int, ...]
     rank: int
+    # What each node keeps of recent checkpoints (NodeCopies.held: step -> file -> size), by node.
+    held: tuple[Mapping[int, Mapping[str, int]], ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -83,28 +89,54 @@ class NodeLayout:
     def is_leader(self) -> bool:
         return self.leaders[self.node] == self.rank
 
+    def holders(self, info: CheckpointInfo) -> dict[str, list[int]]:
+        """The nodes that keep each file of ``info`` at its size (its bytes are checked in the exchange)."""
+        assert info.manifest is not None
+        kept = [held.get(info.step, {}) for held in self.held]
+        return {
+            name: [node for node, files in enumerate(kept) if files.get(name) == entry.size]
+            for name, entry in info.manifest.files.items()
+        }
 
-def layout_from_places(places: list[tuple[str, str]], rank: int) -> NodeLayout:
-    """The layout of ranks whose (host, directory) pairs are ``places``, by rank: one pair, one node."""
+
+def layout_from_places(
+    places: list[tuple[str, str]], rank: int, held: list[Mapping[int, Mapping[str, int]]] | None = None
+) -> NodeLayout:
+    """The layout of ranks whose (host, directory) pairs are ``places``, by rank: one pair, one node.
+    ``held[r]`` is what rank r's node keeps; the node's lowest rank speaks for it."""
     numbered: dict[tuple[str, str], int] = {}
-    for place in places:
-        numbered.setdefault(place, len(numbered))
-    return NodeLayout(tuple(numbered[place] for place in places), rank)
+    kept: list[Mapping[int, Mapping[str, int]]] = []
+    for rank_, place in enumerate(places):
+        if place not in numbered:
+            numbered[place] = len(numbered)
+            kept.append(held[rank_] if held is not None else {})
+    return NodeLayout(tuple(numbered[place] for place in places), rank, tuple(kept))
 
 
-def node_layout(dest_root: Path) -> NodeLayout:
-    """Which node each rank resumes on: a collective (every rank calls it, with its node's directory)."""
+def node_layout(dest_root: Path, copies: NodeCopies | None = None) -> NodeLayout:
+    """Which node each rank resumes on, and what each node keeps: a collective (every rank calls it,
+    with its node's directory)."""
+    held = copies.held() if copies is not None else {}
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return NodeLayout((0,), 0)
-    places = all_gather_objects((socket.gethostname(), str(dest_root.resolve())))
-    return layout_from_places(places, dist.get_rank())
+        return NodeLayout((0,), 0, (held,))
+    reports = all_gather_objects((socket.gethostname(), str(dest_root.resolve()), held))
+    places = [(host, directory) for host, directory, _ in reports]
+    return layout_from_places(places, dist.get_rank(), [kept for _, _, kept in reports])
 
 
-def assign_pieces(files: Mapping[str, FileEntry], nodes: int, piece_bytes: int = PIECE_BYTES) -> list[Piece]:
+def assign_pieces(
+    files: Mapping[str, FileEntry],
+    nodes: int,
+    piece_bytes: int = PIECE_BYTES,
+    holders: Mapping[str, Sequence[int]] | None = None,
+) -> list[Piece]:
     """Every file cut into pieces of at most ``piece_bytes``, each piece read by one node: the largest
     first, each to the node with the fewest bytes so far (the lowest-numbered on a tie), so that every
-    leader computes the same pieces and no node reads much more than its share. In file order (name,
-    then offset): the order of the exchange, in which every node hashes each file as it passes."""
+    leader computes the same pieces and no node reads much more than its share. A file some nodes
+    keep (``holders``) is read only by them, from their copies; the others from S3, by any node. In
+    file order (name, then offset): the order of the exchange, in which every node hashes each file
+    as it passes."""
+    holders = holders or {}
     cut = [
         (name, offset, min(piece_bytes, files[name].size - offset))
         for name in sorted(files)
@@ -113,20 +145,24 @@ def assign_pieces(files: Mapping[str, FileEntry], nodes: int, piece_bytes: int =
     load = [0] * nodes
     owner: dict[tuple[str, int], int] = {}
     for name, offset, length in sorted(cut, key=lambda c: (-c[2], c[0], c[1])):
-        node = min(range(nodes), key=lambda k: (load[k], k))
+        node = min(holders.get(name) or range(nodes), key=lambda k: (load[k], k))
         owner[(name, offset)] = node
         load[node] += length
-    return [Piece(name, offset, length, owner[(name, offset)]) for name, offset, length in cut]
+    return [
+        Piece(name, offset, length, owner[(name, offset)], kept=bool(holders.get(name))) for name, offset, length in cut
+    ]
 
 
 @dataclass(frozen=True)
 class Piece:
-    """Bytes ``offset`` to ``offset + length`` of file ``name`` of the checkpoint, read from S3 by ``node``."""
+    """Bytes ``offset`` to ``offset + length`` of file ``name`` of the checkpoint, read by ``node``: from
+    the copy it keeps when ``kept``, else from S3."""
 
     name: str
     offset: int
     length: int
     node: int
+    kept: bool = False
 
 
 @dataclass
@@ -139,12 +175,16 @@ class Share:
     whole: bool  # a verified copy was already on the node: nothing to read, nothing to keep of the exchange
     s3_bytes: int = 0
     peer_bytes: int = 0
+    kept_bytes: int = 0  # read from the copies the node kept (train/checkpoints/node_copies.py)
 
 
-def read_share(store: ObjectStore, info: CheckpointInfo, dest_root: Path, layout: NodeLayout) -> Share:
-    """Download this node's pieces of ``info`` into its partial copy (a leader's work, in the background)."""
+def read_share(
+    store: ObjectStore, info: CheckpointInfo, dest_root: Path, layout: NodeLayout, copies: NodeCopies | None = None
+) -> Share:
+    """Read this node's pieces of ``info`` into its partial copy, from the copies it keeps or from S3
+    (a leader's work, in the background)."""
     assert info.manifest is not None
-    pieces = assign_pieces(info.manifest.files, layout.nodes, PIECE_BYTES)
+    pieces = assign_pieces(info.manifest.files, layout.nodes, PIECE_BYTES, layout.holders(info))
     final = dest_root / info.prefix
     if final.is_dir() and verified_copy_unchanged(final, info.manifest):
         return Share(info, pieces, final, whole=True)
@@ -156,8 +196,32 @@ def read_share(store: ObjectStore, info: CheckpointInfo, dest_root: Path, layout
         with path.open("wb") as handle:
             handle.truncate(entry.size)
     mine = [piece for piece in pieces if piece.node == layout.node]
-    store.download_ranges([RangeToFetch(f"{info.prefix}/{p.name}", partial / p.name, p.offset, p.length) for p in mine])
-    return Share(info, pieces, partial, whole=False, s3_bytes=sum(piece.length for piece in mine))
+    from_s3 = [piece for piece in mine if not piece.kept]
+    from_copies = [piece for piece in mine if piece.kept]
+    if from_copies:
+        assert copies is not None, "a node that keeps no copies was given pieces to read from one"
+        for piece in from_copies:
+            _copy_range(copies.path_of(info.step, piece.name), partial / piece.name, piece.offset, piece.length)
+    ranges = [RangeToFetch(f"{info.prefix}/{p.name}", partial / p.name, p.offset, p.length) for p in from_s3]
+    store.download_ranges(ranges)
+    return Share(
+        info, pieces, partial, whole=False,
+        s3_bytes=sum(p.length for p in from_s3), kept_bytes=sum(p.length for p in from_copies),
+    )  # fmt: skip
+
+
+def _copy_range(source: Path, target: Path, offset: int, length: int) -> None:
+    """Bytes ``offset`` to ``offset + length`` of ``source`` into the same place of ``target``."""
+    with source.open("rb") as reader, target.open("r+b") as writer:
+        reader.seek(offset)
+        writer.seek(offset)
+        left = length
+        while left:
+            chunk = reader.read(min(left, EXCHANGE_CHUNK_BYTES))
+            if not chunk:
+                raise OSError(f"{source} is shorter than the checkpoint's file it keeps")
+            writer.write(chunk)
+            left -= len(chunk)
 
 
 def exchange(share: Share, layout: NodeLayout, group: object) -> dict[str, str]:

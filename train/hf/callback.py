@@ -13,17 +13,23 @@ one manifest once every node's part is in (train/checkpoints/node_parts.py).
 With ``async_save=True`` and an ``AsyncSaveTrainer`` (train/checkpoints/async_checkpoint.py) the Trainer's
 save only copies the state into host memory; ``on_save`` hands that snapshot to a background
 writer, which writes the same files and then stages and submits them as above.
+
+With ``node_copies`` on several nodes, each node also keeps the files it stages, and sends them to
+the next node while they upload (train/checkpoints/node_copies.py): a resume reads from those copies
+what the surviving nodes hold, and from S3 only the rest.
 """
 
 from __future__ import annotations
 
 import logging
 import shutil
+import socket
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +40,7 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.spec import CheckpointSpec, default_of
 from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
 from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
+from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, PeerRound, peer_group
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
 from spotray.train.checkpoints.upload_worker import UploadStall
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
@@ -56,7 +63,9 @@ class S3CheckpointCallback(TrainerCallback):
     ``attempt``, when given, fences uploads and prunes: once a newer attempt has claimed the
     checkpoint URI (spotray/contract/attempts.py), this one raises instead of writing. ``async_save`` makes an
     ``AsyncSaveTrainer`` block only for a copy to host memory; ``when_busy`` says what a save does
-    while the previous one is still being written from that memory ("wait" or "skip").
+    while the previous one is still being written from that memory ("wait" or "skip"). ``node_copies``
+    keeps each node's files of the newest checkpoints on the node and on the next one (the same on
+    every rank; used only on several nodes).
     """
 
     def __init__(
@@ -72,6 +81,7 @@ class S3CheckpointCallback(TrainerCallback):
         attempt: AttemptId | None = None,
         async_save: bool = False,
         when_busy: str = "wait",
+        node_copies: NodeCopies | None = None,
     ) -> None:
         self.store = store or open_store(checkpoint_uri)
         self.snapshot_writer = SnapshotWriter(when_busy) if async_save else None
@@ -90,6 +100,9 @@ class S3CheckpointCallback(TrainerCallback):
         # Set by the upload process's reports while uploads retry a store fault; rank 0's progress
         # callback writes it into the attempt's progress (train/hf/progress.py).
         self.upload_stall: UploadStall | None = None
+        self.node_copies = node_copies
+        self.peers: PeerCopies | None = None  # a node's first process, on several nodes with node_copies
+        self._peer_group_made = False
 
     def stall_at(self, step: int) -> float | None:
         """Seconds the training loop waited for the save of ``step``; None if this rank did not stage it."""
@@ -152,10 +165,12 @@ class S3CheckpointCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         step = state.global_step
         share = self._share_of_save(args, state, step)
+        # Every node takes its turn in the ring for every save, with files or without.
+        peer_round = self.peers.open_round(step) if self.peers is not None else None
         if not state.is_world_process_zero:
             if share is not None:  # another node's local process zero: its files, then its part record
                 source = Path(str(args.output_dir)) / checkpoint_dir_name(step)
-                self._submit(source, step, args, {}, share)
+                self._submit(source, step, args, {}, share=share, peer_round=peer_round)
             return
         samples_per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
         resume = {
@@ -171,16 +186,18 @@ class S3CheckpointCallback(TrainerCallback):
         timings: dict[str, float] = {}
         if writer is not None and snapshot is not None and snapshot.step == step:
             writer.pending = None
-            writer.write_in_background(
-                snapshot, lambda written: self._submit(written.output_dir, step, args, resume, share)
-            )
+            submit = partial(self._submit, step=step, args=args, resume=resume, share=share, peer_round=peer_round)
+            writer.write_in_background(snapshot, lambda written: submit(written.output_dir))
             timings["snapshot_s"] = round(snapshot.copy_s, 4)
         elif writer is not None and writer.skipped > self._skips_reported:
             self._skips_reported = writer.skipped
             self.events.emit("checkpoint_skipped", step=step, skipped=writer.skipped, reason="previous still writing")
+            if peer_round is not None:
+                PeerCopies.offer(peer_round, {})
             return
         else:
-            self._submit(Path(str(args.output_dir)) / checkpoint_dir_name(step), step, args, resume, share)
+            source = Path(str(args.output_dir)) / checkpoint_dir_name(step)
+            self._submit(source, step, args, resume, share=share, peer_round=peer_round)
         blocked_s = time.monotonic() - self._step_ended_at
         self._last_stall = (step, blocked_s)
         self.events.emit("checkpoint_saved", step=step, blocked_s=round(blocked_s, 4), **timings)
@@ -198,18 +215,46 @@ class S3CheckpointCallback(TrainerCallback):
         listing = None
         if state.is_local_process_zero:
             listing = sorted(p.relative_to(local_dir).as_posix() for p in local_dir.rglob("*") if p.is_file())
-        reports = all_gather_objects((listing, uuid.uuid4().hex))
-        shares = plan_node_saves([listing for listing, _ in reports], save_id=reports[0][1])
+        copies_at = (socket.gethostname(), str(self.node_copies.root.resolve())) if self.node_copies else None
+        reports = all_gather_objects((listing, uuid.uuid4().hex, copies_at))
+        shares = plan_node_saves([listing for listing, _, _ in reports], save_id=reports[0][1])
         share = shares[dist.get_rank()]
+        if self.node_copies is not None and not self._peer_group_made and shares[0] is not None and shares[0].nodes > 1:
+            leaders = tuple(rank for rank, found in enumerate(shares) if found is not None)
+            self._start_peer_copies(leaders, share, [reports[rank][2] for rank in leaders])
         return share if share is not None and share.nodes > 1 else None
 
+    def _start_peer_copies(self, leaders: tuple[int, ...], share: NodeSave | None, places: list[object]) -> None:
+        """At the first save on several nodes: the nodes' first processes' group (every rank makes it)
+        and, on each of them, the thread that copies its node's files to the next node. Not when two
+        nodes keep their copies in one directory (local mode's Ray nodes share a machine): each holds
+        the other's files already."""
+        self._peer_group_made = True
+        if len(set(map(repr, places))) < len(places):
+            log.info("the nodes keep their checkpoints in one directory: no copies between them")
+            return
+        group = peer_group(leaders)
+        if share is not None and self.node_copies is not None:
+            self.peers = PeerCopies(self.node_copies, group, leaders, share.node)
+
     def _submit(
-        self, source: Path, step: int, args: TrainingArguments, resume: dict[str, Any], share: NodeSave | None = None
+        self,
+        source: Path,
+        step: int,
+        args: TrainingArguments,
+        resume: dict[str, Any],
+        *,
+        share: NodeSave | None = None,
+        peer_round: PeerRound | None = None,
     ) -> None:
-        """Stage ``source`` and queue its upload; a checkpoint still waiting for its upload is dropped."""
+        """Stage ``source`` and queue its upload; a checkpoint still waiting for its upload is dropped.
+        With node copies, keep the staged files on the node and hand them to the ring's next round."""
         assert self._staging_root is not None
         names = share.files if share is not None and share.node > 0 else None
         staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step), names)
+        if peer_round is not None:
+            assert self.node_copies is not None
+            PeerCopies.offer(peer_round, self.node_copies.keep_own(step, staged))
         dropped = self._get_uploader().submit(staged, step, args.world_size, resume, share)
         if dropped:
             total = self._get_uploader().dropped
@@ -223,6 +268,9 @@ class S3CheckpointCallback(TrainerCallback):
         if self._uploader is not None:
             self._uploader.close()  # waits for the last upload (raises if it failed), ends the upload process
             self._uploader = None
+        if self.peers is not None:
+            self.peers.close()  # the last checkpoint's copy is on the next node too
+            self.peers = None
         if self._owns_staging and self._staging_root is not None:
             shutil.rmtree(self._staging_root, ignore_errors=True)
             self._staging_root = None

@@ -1,0 +1,48 @@
+"""The ring of node copies (train/checkpoints/node_copies.py) between three real gloo processes:
+every node ends holding its own files and its previous neighbour's, byte for byte; a save a node
+skipped costs nothing; a neighbour lost stops the copying with a warning, not the process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_ranks
+from tests.integration.node_copies_script import payload
+
+pytestmark = [pytest.mark.integration, pytest.mark.core]
+
+
+def own_files(node: int) -> dict[str, int]:
+    return {
+        f"rng_state_{node}.pth": 2_500_000 if node == 0 else 1000,
+        f"empty_{node}": 0,
+        f"sub/shard_{node}.bin": 70_000,
+    }
+
+
+def test_each_node_keeps_its_files_and_the_previous_nodes_and_a_lost_neighbour_only_stops_the_copying(
+    tmp_path: Path,
+) -> None:
+    run_ranks(Path(__file__).with_name("node_copies_script.py"), [str(tmp_path)], {}, timeout_s=180, processes=3)
+    reports = {node: json.loads((tmp_path / f"node-{node}.json").read_text()) for node in range(3)}
+    for node in range(3):
+        previous = (node - 1) % 3
+        held = reports[node]["held_after_20"]
+        assert held["10"] == own_files(node) | own_files(previous), node
+        expected_20 = (own_files(node) if node != 1 else {}) | (own_files(previous) if previous != 1 else {})
+        assert held["20"] == expected_20, node
+        copies = tmp_path / f"node-{node}" / "copies"
+        for name, size in held["20"].items():
+            owner = int(name.split("_")[-1].split(".")[0])
+            kept = (copies / "checkpoint-20" / name).read_bytes()
+            assert kept == payload(owner, 20, size), name
+    # Step 30: node 2 left. The others say so and go on; what they hold is only what arrived whole.
+    assert reports[2]["failed"] == "None"
+    for node in (0, 1):
+        assert reports[node]["failed"] != "None", reports[node]
+        assert own_files(node).items() <= reports[node]["held"]["30"].items()
+        assert "10" not in reports[node]["held"], "keep=2: the oldest of three steps is gone"
+        assert not any(".incoming" in name for name in reports[node]["held"]["30"])

@@ -1,0 +1,55 @@
+"""What a node keeps of its saves (train/checkpoints/node_copies.py): hard links, the newest steps, and
+nothing half received."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spotray.train.checkpoints.node_copies import NodeCopies
+
+pytestmark = pytest.mark.unit
+
+
+def staged(tmp_path: Path, step: int, **files: bytes) -> Path:
+    directory = tmp_path / f"staged-{step}"
+    for name, data in files.items():
+        path = directory / name.replace("__", "/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return directory
+
+
+def test_a_node_keeps_its_staged_files_as_links_not_copies(tmp_path: Path) -> None:
+    copies = NodeCopies(tmp_path / "copies")
+    source = staged(tmp_path, 5, model=b"m" * 10, sub__shard=b"s")
+    kept = copies.keep_own(5, source)
+    assert sorted(kept) == ["model", "sub/shard"]
+    assert kept["model"].stat().st_ino == (source / "model").stat().st_ino
+    assert copies.held() == {5: {"model": 10, "sub/shard": 1}}
+
+
+def test_only_the_newest_steps_are_kept(tmp_path: Path) -> None:
+    copies = NodeCopies(tmp_path / "copies", keep=2)
+    for step in (10, 30, 20):
+        copies.keep_own(step, staged(tmp_path, step, model=b"x"))
+    assert sorted(copies.held()) == [20, 30]
+
+
+def test_a_file_still_arriving_is_not_held_and_a_stale_arrival_is_dropped(tmp_path: Path) -> None:
+    copies = NodeCopies(tmp_path / "copies", keep=1)
+    copies.keep_own(20, staged(tmp_path, 20, model=b"x"))
+    copies.receiving(30, "rng_state_1.pth").write_bytes(b"half")
+    assert copies.held() == {20: {"model": 1}}, "half received: not held"
+    copies.received(30, ["rng_state_1.pth"])
+    assert copies.held() == {30: {"rng_state_1.pth": 4}}, "the newer step took the one place"
+    copies.receiving(10, "rng_state_1.pth").write_bytes(b"late")
+    copies.received(10, ["rng_state_1.pth"])
+    assert copies.held() == {30: {"rng_state_1.pth": 4}}, "older than what is kept: dropped"
+    assert not any((tmp_path / "copies" / ".incoming").iterdir())
+
+
+def test_a_name_another_node_sends_must_stay_inside_the_copies(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="\\.\\."):
+        NodeCopies(tmp_path / "copies").receiving(3, "../../etc/passwd")

@@ -1,0 +1,318 @@
+"""Copies of the newest checkpoints kept on the nodes: each node's own files, and its ring neighbour's.
+
+S3 is where a checkpoint is safe, but reading it back is slow (a real bucket gives a node 100-200
+MB/s) and the whole run waits for it at every resume. Most resumes start where most of the nodes are
+still up: Ray Train restarts its worker group on the nodes it has after a worker or one node is
+lost, and a kept Ray cluster (``rayJob.rayClusterPerRun``) keeps its worker pods from one attempt to
+the next. Those nodes still hold what they saved (issue 73, item 2):
+
+1. At each save, each node's first process keeps the files its node uploads (``NodeCopies.keep_own``:
+   hard links to the staged files, so no bytes are copied and no memory is added when the work
+   directory is a tmpfs).
+2. While the upload runs, a thread sends them to the next node in a ring (node k to node k+1, over a
+   gloo group of the nodes' first processes: ``PeerCopies``) and keeps what the previous node sends
+   it beside its own. Every file is then on two nodes: the loss of any one node leaves a copy of the
+   whole checkpoint on the others.
+3. A node keeps the newest ``keep`` checkpoints and deletes older ones.
+
+At a resume (train/checkpoints/shared_read.py) every node says what it holds, files held by a node
+are read from there rather than from S3, and every byte is verified against the signed manifest, as
+bytes read from S3 are. Nothing here is trusted: a copy that is missing, short or wrong costs a read
+from S3, never a wrong resume. The copies are where the work directory is: mount it as an
+``emptyDir`` with ``medium: Memory`` to keep them in host memory (docs/resume.md says what that costs).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import shutil
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from spotray.train.checkpoints.checkpoint import check_file_name, checkpoint_dir_name, parse_checkpoint_step
+
+log = logging.getLogger(__name__)
+
+# Bytes per send: as the resume's exchange (shared_read.EXCHANGE_CHUNK_BYTES), one buffer each way.
+CHUNK_BYTES = 64 << 20
+# A neighbour that stops answering (its node lost, its process killed) ends the copying after this
+# long, not the training: the copies are a faster path, S3 stays the safe one.
+TRANSFER_TIMEOUT = timedelta(minutes=5)
+# Where received files are written until their last byte is in (under the root).
+_INCOMING = ".incoming"
+
+
+def node_copies_dir(workdir: Path) -> Path:
+    """Where a node keeps its copies: beside its resume copy (train/checkpoints/resume.py ``node_resume_dir``)."""
+    return workdir / "node-copies"
+
+
+class NodeCopies:
+    """The checkpoints one node keeps: ``root/checkpoint-<step>/<file>``, the newest ``keep`` steps."""
+
+    def __init__(self, root: Path, keep: int = 1) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, not {keep}")
+        self.root = root
+        self.keep = keep
+
+    def dir_of(self, step: int) -> Path:
+        return self.root / checkpoint_dir_name(step)
+
+    def keep_own(self, step: int, staged: Path) -> dict[str, Path]:
+        """Keep the files of ``staged`` (a node's share of the save of ``step``) as hard links; returns
+        them by name. Across filesystems they are copied."""
+        kept: dict[str, Path] = {}
+        for path in sorted(p for p in staged.rglob("*") if p.is_file()):
+            name = path.relative_to(staged).as_posix()
+            target = self.dir_of(step) / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
+            kept[name] = target
+        self.prune()
+        return kept
+
+    def receiving(self, step: int, name: str) -> Path:
+        """Where a file another node sends is written until it is whole (``received`` puts it in place):
+        outside the steps' folders, so that no prune deletes it half written and no resume takes it."""
+        check_file_name(name, f"a file another node sent for checkpoint-{step}")
+        path = self.root / _INCOMING / checkpoint_dir_name(step) / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def received(self, step: int, names: list[str]) -> None:
+        """Put the files another node sent for ``step`` in place, unless newer saves have taken its room."""
+        incoming = self.root / _INCOMING / checkpoint_dir_name(step)
+        if step in self.newest_steps():
+            for name in names:
+                target = self.dir_of(step) / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (incoming / name).replace(target)
+        shutil.rmtree(incoming, ignore_errors=True)
+        self.prune()
+
+    def newest_steps(self) -> list[int]:
+        """The steps this node keeps: the newest ``keep`` it holds, and any newer one arriving."""
+        held = set(self.held())
+        arriving = {parse_checkpoint_step(d.name) for d in (self.root / _INCOMING).glob("checkpoint-*")}
+        return sorted(held | {s for s in arriving if s is not None}, reverse=True)[: self.keep]
+
+    def held(self) -> dict[int, dict[str, int]]:
+        """Every file this node holds, by step: its size (what a resume checks before it asks for it)."""
+        found: dict[int, dict[str, int]] = {}
+        if not self.root.is_dir():
+            return found
+        for directory in self.root.iterdir():
+            step = parse_checkpoint_step(directory.name)
+            if step is None or not directory.is_dir():
+                continue
+            found[step] = {
+                path.relative_to(directory).as_posix(): path.stat().st_size
+                for path in directory.rglob("*")
+                if path.is_file()
+            }
+        return found
+
+    def path_of(self, step: int, name: str) -> Path:
+        return self.dir_of(step) / name
+
+    def prune(self) -> None:
+        """Delete all but the newest ``keep`` steps."""
+        if not self.root.is_dir():
+            return
+        keep = set(self.newest_steps())
+        for directory in self.root.iterdir():
+            step = parse_checkpoint_step(directory.name)
+            if step is not None and step not in keep:
+                shutil.rmtree(directory, ignore_errors=True)
+
+
+@dataclass
+class PeerRound:
+    """One save's turn in the ring: every node takes part in every round, with files or without."""
+
+    step: int
+    ready: threading.Event = field(default_factory=threading.Event)
+    files: dict[str, Path] = field(default_factory=dict)
+
+
+class PeerCopies:
+    """Sends each save's files of this node to the next node and keeps the previous node's, in order.
+
+    Every node's first process makes one (``leaders``: the global rank of each node's first process,
+    by node; ``node``: this one's), and the callback opens a round for every save on every node
+    (``open_round``), the same saves in the same order, then fills it with the node's files when
+    they are staged (``offer``; an async save stages them later, from its writer thread) or with none
+    (a save skipped on this node). A thread plays the rounds in order, so a slow round never reorders
+    what follows. The first failure (a neighbour gone, a timeout) stops the copying for the rest of
+    the process, with one warning: uploads and resumes go on without it.
+    """
+
+    def __init__(self, copies: NodeCopies, group: object, leaders: tuple[int, ...], node: int) -> None:
+        self.copies = copies
+        self.group = group
+        self.next_rank = leaders[(node + 1) % len(leaders)]
+        self.previous_rank = leaders[(node - 1) % len(leaders)]
+        self.failed: BaseException | None = None
+        self.sent_bytes = 0
+        self.received_bytes = 0
+        self._rounds: queue.Queue[PeerRound | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._play, name="spotray-peer-copies", daemon=True)
+        self._thread.start()
+
+    def open_round(self, step: int) -> PeerRound:
+        round_ = PeerRound(step)
+        self._rounds.put(round_)
+        return round_
+
+    @staticmethod
+    def offer(round_: PeerRound, files: Mapping[str, Path]) -> None:
+        round_.files = dict(files)
+        round_.ready.set()
+
+    def close(self) -> None:
+        """Wait until every round opened so far is played (the last save's copy is made), then stop."""
+        self._rounds.put(None)
+        self._thread.join()
+
+    def _play(self) -> None:
+        while (round_ := self._rounds.get()) is not None:
+            round_.ready.wait()
+            if self.failed is not None:
+                continue
+            try:
+                self._swap(round_)
+            except Exception as error:  # noqa: BLE001 - a faster path lost, said once; S3 still has every checkpoint
+                self.failed = error
+                log.warning(
+                    "copying checkpoints to the next node stopped (%s: %s): resumes read from S3 what no node holds",
+                    type(error).__name__,
+                    error,
+                )
+
+    def _swap(self, round_: PeerRound) -> None:
+        """This node's files to the next node, the previous node's from it: a header of names and sizes
+        each way, then the bytes, one chunk each way at a time."""
+        sizes = {name: path.stat().st_size for name, path in round_.files.items()}
+        header = json.dumps({"step": round_.step, "files": sizes}).encode()
+        length = self._exchange(torch.tensor([len(header)], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+        incoming_header = self._exchange(
+            torch.frombuffer(bytearray(header), dtype=torch.uint8), torch.empty(int(length[0]), dtype=torch.uint8)
+        )
+        incoming = json.loads(incoming_header.numpy().tobytes())
+        step, incoming_sizes = int(incoming["step"]), {str(k): int(v) for k, v in incoming["files"].items()}
+        outgoing = _FileStream([(round_.files[name], size) for name, size in sizes.items()])
+        targets = [(self.copies.receiving(step, name), size) for name, size in incoming_sizes.items()]
+        with _FileStream(targets, write=True) as receiving, outgoing:
+            send_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+            receive_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+            while outgoing.left or receiving.left:
+                send = send_buffer[: min(CHUNK_BYTES, outgoing.left)]
+                receive = receive_buffer[: min(CHUNK_BYTES, receiving.left)]
+                outgoing.read_into(send)
+                _both(
+                    dist.isend(send, self.next_rank, group=self.group) if len(send) else None,  # type: ignore[arg-type]
+                    dist.irecv(receive, self.previous_rank, group=self.group) if len(receive) else None,  # type: ignore[arg-type]
+                )
+                receiving.write_from(receive)
+                self.sent_bytes += len(send)
+                self.received_bytes += len(receive)
+            receiving.finish()
+        self.copies.received(step, list(incoming_sizes))
+
+    def _exchange(self, send: torch.Tensor, receive: torch.Tensor) -> torch.Tensor:
+        _both(
+            dist.isend(send, self.next_rank, group=self.group),  # type: ignore[arg-type]
+            dist.irecv(receive, self.previous_rank, group=self.group),  # type: ignore[arg-type]
+        )
+        return receive
+
+
+def _both(send: dist.Work | None, receive: dist.Work | None) -> None:
+    """Wait for a send and a receive posted together (either may be absent), so that a ring never waits on itself."""
+    for request in (send, receive):
+        if request is not None:
+            request.wait()
+
+
+def peer_group(leaders: tuple[int, ...]) -> object:
+    """The gloo group of the nodes' first processes: a collective, every rank of the run calls it."""
+    return dist.new_group(list(leaders), backend="gloo", timeout=TRANSFER_TIMEOUT)
+
+
+class _FileStream:
+    """Files read (or written) one after the other as one stream of bytes, chunk by chunk."""
+
+    def __init__(self, files: list[tuple[Path, int]], *, write: bool = False) -> None:
+        self._files = files
+        self._write = write
+        self._index = 0
+        self._done_in_file = 0
+        self._handle: object = None
+        self.left = sum(size for _, size in files)
+
+    def __enter__(self) -> _FileStream:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # type: ignore[attr-defined]
+            self._handle = None
+
+    def _move(self, chunk: torch.Tensor) -> None:
+        view = chunk.numpy().data  # uint8: one byte per item
+        done = 0
+        while done < len(view):
+            path, size = self._files[self._index]
+            if self._handle is None:
+                self._handle = path.open("wb" if self._write else "rb")
+            count = min(size - self._done_in_file, len(view) - done)
+            part = view[done : done + count]
+            if self._write:
+                self._handle.write(part)  # type: ignore[attr-defined]
+            elif self._handle.readinto(part) != count:  # type: ignore[attr-defined]
+                raise OSError(f"{path} changed while it was sent to the next node")
+            done += count
+            self._done_in_file += count
+            if self._done_in_file == size:
+                self._close()
+                self._index += 1
+                self._done_in_file = 0
+        self.left -= len(view)
+
+    def read_into(self, chunk: torch.Tensor) -> None:
+        self._skip_empty()
+        self._move(chunk)
+        self._skip_empty()
+
+    def write_from(self, chunk: torch.Tensor) -> None:
+        self._skip_empty()
+        self._move(chunk)
+        self._skip_empty()
+
+    def finish(self) -> None:
+        """Make the empty files that end the stream (no chunk ever carries them)."""
+        self._skip_empty()
+
+    def _skip_empty(self) -> None:
+        """Files of no bytes are made (when writing) and passed over: no chunk ever carries them."""
+        while self._index < len(self._files) and self._files[self._index][1] == 0 and self._done_in_file == 0:
+            if self._write:
+                self._files[self._index][0].write_bytes(b"")
+            self._index += 1
