@@ -21,6 +21,7 @@ BENCHMARKS = {
     "gpu_checkpoint": "bench.gpu.gpu_checkpoint",  # says so and exits 0 without CUDA
     "resume": "bench.micro.resume",
     "read_once": "bench.micro.read_once",
+    "node_copies": "bench.micro.node_copies_resume",
     "ray_vs_torchrun": "bench.micro.ray_vs_torchrun",
     "streaming": "bench.micro.streaming",
     "recovery": "bench.micro.recovery",

@@ -56,8 +56,9 @@ MB = 1_000_000
 NODE_SCRIPT = Path(__file__).with_name("read_once_node.py")
 
 
-def plant_checkpoint(store: S3ObjectStore, work: Path, size_mb: int) -> int:
-    """Upload checkpoint-100 of about ``size_mb`` MB; its size in bytes."""
+def plant_checkpoint(store: S3ObjectStore, work: Path, size_mb: int, *, keep_source: bool = False) -> int:
+    """Upload checkpoint-100 of about ``size_mb`` MB (its files stay in ``work/source`` with
+    ``keep_source``); its size in bytes."""
     source = work / "source"
     source.mkdir()
     total = size_mb * MB
@@ -73,7 +74,8 @@ def plant_checkpoint(store: S3ObjectStore, work: Path, size_mb: int) -> int:
     (source / "trainer_state.json").write_text('{"global_step": 100}')
     upload_checkpoint(store, source, 100, world_size=NODES)
     size = sum(path.stat().st_size for path in source.iterdir())
-    shutil.rmtree(source)  # the disk holds the store's copy and the nodes' copies, not this one too
+    if not keep_source:
+        shutil.rmtree(source)  # the disk holds the store's copy and the nodes' copies, not this one too
     return size
 
 
@@ -91,7 +93,7 @@ def run_leg(leg: str, store_uri: str, env: dict[str, str], proxies: list[FaultPr
     subprocess.run(command, env=env, check=True, capture_output=True, timeout=1800, cwd=ROOT)
     result = json.loads(out.read_text())
     leg_result: dict[str, Any] = {"seconds": result["seconds"]}
-    if leg == "read_once":  # the slowest node's share read and exchange
+    if leg != "per_node":  # the slowest node's share read and exchange
         for part in ("share_read_s", "exchange_s"):
             leg_result[part] = round(max(node[part] for node in result["per_node"]), 3)
     leg_result["s3_bytes"] = sum(p.downloaded_bytes for p in proxies) - before

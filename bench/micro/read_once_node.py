@@ -3,8 +3,10 @@
 python -m torch.distributed.run --standalone --nproc-per-node 4 bench/micro/read_once_node.py \
     LEG STORE_URI NODES_DIR ENDPOINTS OUT
 
-LEG: read_once (``ResumeFetch``) or per_node (``fetch_resume_checkpoint``, the whole checkpoint per
-node). ENDPOINTS: one S3 endpoint per rank (each node's own proxy); rank 0 writes OUT.
+LEG: read_once (``ResumeFetch``), kept (``ResumeFetch`` with the copies each node kept, in
+NODES_DIR/../copies/node-<rank>: bench/micro/node_copies_resume.py) or per_node
+(``fetch_resume_checkpoint``, the whole checkpoint per node). ENDPOINTS: one S3 endpoint per rank
+(each node's own proxy); rank 0 writes OUT.
 """
 
 import json
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from spotray.train.checkpoints.node_copies import NodeCopies
 from spotray.train.checkpoints.resume import ResumeFetch, fetch_resume_checkpoint
 from spotray.train.processes.ranks import destroy_process_group
 from spotray.train.storage.store import open_store
@@ -29,12 +32,16 @@ if __name__ == "__main__":
     dist.barrier()
     started = time.monotonic()
     parts: dict[str, float | None] = {}
-    if leg == "read_once":
-        fetch = ResumeFetch(store, dest_root)
+    if leg in ("read_once", "kept"):
+        copies = NodeCopies(nodes.parent / "copies" / f"node-{rank}") if leg == "kept" else None
+        fetch = ResumeFetch(store, dest_root, copies=copies)
         point = fetch.wait()
         # Where the time goes: the share's download (in the background) and what wait() then took
         # (the exchange between the nodes, the hashing, the install).
         parts = {"share_read_s": fetch.fetch_s, "exchange_s": fetch.waited_s}
+        if rank == 0:
+            assert fetch.read is not None, "the nodes did not share the read"
+            parts |= fetch.read.to_dict()
     else:
         point = fetch_resume_checkpoint(store, dest_root)
     assert point is not None
