@@ -79,7 +79,7 @@ test: setup testbed ## every suite: unit, e2e, then integration with the compat 
 	echo "e2e: exit $$e2e; integration: exit $$integration; compat matrix: exit $$compat_status"; \
 	test $$e2e -eq 0 && test $$integration -eq 0 && test $$compat_status -eq 0
 
-test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps, local PBT, the Hydra launcher's local multirun, a run's kept Ray cluster on real pods, a spot notice whose checkpoint outlasts its deadline, a fixed-size run going on on its spare, Kueue queueing and eviction on real pods, the on-demand fallback on real pods, each cloud preset on real pods, the shared volume's hook on real pods, a real Prometheus scraping the controller; builds Prometheus first)
+test-campaign: setup testbed ## long campaigns left out of make test (3-fault local run, stopped-CLI cleanup, 5-min S3 outage, fewer workers, elastic shrink and grow-back, CNN, keep-raising, Ray Train on kwok, cluster demo, sweeps, local PBT, the Hydra launcher's local multirun, a run's kept Ray cluster on real pods, a spot notice whose checkpoint outlasts its deadline, a fixed-size run going on on its spare, Kueue queueing and eviction on real pods, the on-demand fallback on real pods, each cloud preset on real pods, the shared volume's hook on real pods, a real Prometheus scraping the controller, the README's cluster path run as written on real pods; builds Prometheus first)
 	testbed/build.sh prometheus
 	$(PY) -m pytest -m campaign $(PYTEST_ARGS)
 
