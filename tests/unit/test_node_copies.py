@@ -53,3 +53,14 @@ def test_a_file_still_arriving_is_not_held_and_a_stale_arrival_is_dropped(tmp_pa
 def test_a_name_another_node_sends_must_stay_inside_the_copies(tmp_path: Path) -> None:
     with pytest.raises(Exception, match="\\.\\."):
         NodeCopies(tmp_path / "copies").receiving(3, "../../etc/passwd")
+
+
+def test_a_step_waiting_to_be_sent_survives_the_prune_of_a_newer_save(tmp_path: Path) -> None:
+    copies = NodeCopies(tmp_path / "copies", keep=1)
+    copies.keep_own(10, staged(tmp_path, 10, model=b"x"))
+    copies.sending.add(10)
+    copies.keep_own(20, staged(tmp_path, 20, model=b"y"))
+    assert sorted(copies.held()) == [10, 20], "10 is still to be sent to the next node"
+    copies.sending.discard(10)
+    copies.prune()
+    assert sorted(copies.held()) == [20]

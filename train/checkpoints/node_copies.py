@@ -64,6 +64,8 @@ class NodeCopies:
             raise ValueError(f"keep must be at least 1, not {keep}")
         self.root = root
         self.keep = keep
+        # Steps whose files are waiting to be sent to the next node: no prune deletes them before.
+        self.sending: set[int] = set()
 
     def dir_of(self, step: int) -> Path:
         return self.root / checkpoint_dir_name(step)
@@ -133,7 +135,7 @@ class NodeCopies:
         """Delete all but the newest ``keep`` steps."""
         if not self.root.is_dir():
             return
-        keep = set(self.newest_steps())
+        keep = set(self.newest_steps()) | self.sending
         for directory in self.root.iterdir():
             step = parse_checkpoint_step(directory.name)
             if step is not None and step not in keep:
@@ -175,6 +177,7 @@ class PeerCopies:
 
     def open_round(self, step: int) -> PeerRound:
         round_ = PeerRound(step)
+        self.copies.sending.add(step)  # a newer save's prune must not take these files before they are sent
         self._rounds.put(round_)
         return round_
 
@@ -184,16 +187,18 @@ class PeerCopies:
         round_.ready.set()
 
     def close(self) -> None:
-        """Wait until every round opened so far is played (the last save's copy is made), then stop."""
+        """Wait until every round opened so far is played (the last save's copy is made), then stop.
+        Bounded: a round never filled (its save failed) or a neighbour that never answers ends the wait."""
         self._rounds.put(None)
-        self._thread.join()
+        self._thread.join(timeout=2 * TRANSFER_TIMEOUT.total_seconds())
 
     def _play(self) -> None:
         while (round_ := self._rounds.get()) is not None:
-            round_.ready.wait()
-            if self.failed is not None:
-                continue
             try:
+                if self.failed is not None:
+                    continue
+                if not round_.ready.wait(TRANSFER_TIMEOUT.total_seconds()):
+                    raise TimeoutError(f"checkpoint-{round_.step}'s files were never staged on this node")
                 self._swap(round_)
             except Exception as error:  # noqa: BLE001 - a faster path lost, said once; S3 still has every checkpoint
                 self.failed = error
@@ -202,6 +207,9 @@ class PeerCopies:
                     type(error).__name__,
                     error,
                 )
+            finally:
+                self.copies.sending.discard(round_.step)
+        self.copies.prune()
 
     def _swap(self, round_: PeerRound) -> None:
         """This node's files to the next node, the previous node's from it: a header of names and sizes
