@@ -769,6 +769,8 @@ def _status(
                 current = replace(current, resumed_from=found.resumed_from)
             if found.skipped_checkpoints:
                 current = replace(current, skipped_checkpoints=found.skipped_checkpoints)
+            if found.resume_read is not None:
+                current = replace(current, resume_read=found.resume_read)
             unrecorded = current.start_time and (current.startup is None or current.startup.first_step is None)
             if found.first_step_at is not None and unrecorded:
                 # Once per attempt, when its first step is known: by then its pods were Ready. (An entry

@@ -50,6 +50,7 @@ from spotray.contract.status import (
     IntervalLoss,
     LastCheckpoint,
     Progress,
+    ResumeRead,
     format_date_time,
 )
 from spotray.contract.sweep import objective_values
@@ -219,6 +220,8 @@ class StoreReport:
     worker_hosts: WorkerHosts | None = None
     # Newer complete checkpoints the attempt passed over, and why ("checkpoint-40: ...").
     skipped_checkpoints: tuple[str, ...] = ()
+    # On several nodes: where the resume read its checkpoint (S3, the nodes' copies, between nodes).
+    resume_read: ResumeRead | None = None
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,7 @@ class StoreReports:
             first_step_at=progress.points[0][2] if progress is not None and progress.points else None,
             worker_hosts=progress.current_worker_hosts if progress is not None else None,
             skipped_checkpoints=tuple(progress.skipped_checkpoints) if progress is not None else (),
+            resume_read=ResumeRead(**progress.resume_read) if progress is not None and progress.resume_read else None,
         )
         metrics.STORE_READS.labels(kind="full").inc()
         with self._lock:

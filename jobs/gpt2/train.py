@@ -226,6 +226,7 @@ def train_loop(loop_config: dict[str, Any]) -> None:
             world_size=size,
             started=started,
             skipped_checkpoints=list(fetch.skipped),
+            resume_read=fetch.read.to_dict() if fetch.read else None,
         )
         progress = ProgressWriter(store, continue_attempt_progress(store, fresh))
     # An elastic group goes on without the ranks a spot notice takes, if enough are left, and any group

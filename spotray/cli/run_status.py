@@ -12,11 +12,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from spotray.cli.exit_codes import NotFoundError
-from spotray.cli.output import age_since, emit, render_data, render_table
+from spotray.cli.output import age_since, emit, human_bytes, render_data, render_table
 from spotray.contract.attempts import EXIT_OK
 from spotray.contract.names import SWEEP_KIND, SWEEP_LABEL
 from spotray.contract.status import (
     AttemptStartup,
+    AttemptStatus,
     CheckpointInterval,
     Cost,
     Goodput,
@@ -244,6 +245,7 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
             for a in status.attempts
             for skipped in a.skipped_checkpoints or ()
         ]
+        lines += [_resume_read_line(a) for a in status.attempts if a.resume_read is not None]
     if status.conditions:
         condition_rows = [
             (c.type, c.status, c.reason, _ago(c.last_transition_time, now), c.message) for c in status.conditions
@@ -251,6 +253,17 @@ def describe_run(run: dict[str, Any], now: datetime | None = None) -> str:
         condition_headers = ("type", "status", "reason", "changed", "message")
         lines += ["Conditions:", _indent(render_table(condition_headers, condition_rows))]
     return "\n".join(lines)
+
+
+def _resume_read_line(attempt: AttemptStatus) -> str:
+    """Where a resume on several nodes read its checkpoint: "attempt 2 read checkpoint-20 on 4 nodes: ..."."""
+    read = attempt.resume_read
+    assert read is not None
+    start = f"checkpoint-{attempt.resumed_from}" if attempt.resumed_from is not None else "its checkpoint"
+    return (
+        f"  attempt {attempt.attempt} read {start} on {read.nodes} nodes: {human_bytes(read.s3_bytes)} from S3, "
+        f"{human_bytes(read.kept_bytes)} from the nodes' copies, {human_bytes(read.peer_bytes)} sent between nodes"
+    )
 
 
 def _startup(startup: AttemptStartup | None) -> str:

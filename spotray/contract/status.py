@@ -428,6 +428,23 @@ class AttemptStartup(StatusObject):
 
 
 @dataclass(frozen=True)
+class ResumeRead(StatusObject):
+    """status.attempts[].resumeRead: where a resume on several nodes read its checkpoint, in bytes of its
+    files over all the nodes (train/checkpoints/shared_read.py, node_copies.py)."""
+
+    nodes: int = status_field("The nodes the attempt's worker group resumed on.", default=0, minimum=0)
+    s3_bytes: int = status_field("Read from S3.", default=0, minimum=0)
+    kept_bytes: int = status_field(
+        "Read from the copies the nodes kept of their saves (spec.checkpoint.nodeCopies), not from S3.",
+        default=0,
+        minimum=0,
+    )
+    peer_bytes: int = status_field(
+        "Sent from one node to another: each file read once, then shared.", default=0, minimum=0
+    )
+
+
+@dataclass(frozen=True)
 class AttemptStatus(StatusObject):
     """One entry of status.attempts; spotray/decisions/run_plan.py keeps its state in them.
 
@@ -454,6 +471,9 @@ class AttemptStatus(StatusObject):
     )
     startup: AttemptStartup | None = status_field(
         "Where the attempt's start-up went, in seconds from its RayJob's creation (controller/startup.py)."
+    )
+    resume_read: ResumeRead | None = status_field(
+        "On several nodes, where the attempt's (latest) worker group read the checkpoint it resumed from."
     )
     capacity: str | None = status_field(
         "Where the attempt's workers asked to run: spot or on-demand (spec.workers.capacity).",

@@ -155,6 +155,9 @@ class AttemptProgress:
     # unloadable): "checkpoint-40: ...". The status says them (issue #69).
     skipped_checkpoints: list[str] = field(default_factory=list)
     upload_stall: UploadStallNote | None = None  # uploads retrying a store fault, while it lasts
+    # On several nodes: where the current worker group's resume read the checkpoint (bytes: nodes,
+    # s3_bytes, peer_bytes, kept_bytes; train/checkpoints/resume.py SharedReadCount).
+    resume_read: dict[str, int] | None = None
 
     @property
     def current_worker_hosts(self) -> WorkerHosts | None:
@@ -199,6 +202,7 @@ class AttemptProgress:
                 text[:MAX_SKIPPED_CHARS] for text in self.skipped_checkpoints[:MAX_SKIPPED_CHECKPOINTS]
             ],
             "upload_stall": self.upload_stall.to_json() if self.upload_stall is not None else None,
+            "resume_read": self.resume_read,
         }
         return json.dumps(key.sign(PROGRESS_PURPOSE, content) if key is not None else content).encode()
 
@@ -234,6 +238,7 @@ class AttemptProgress:
             worker_hosts=WorkerHosts.from_json(raw.get("worker_hosts")),
             skipped_checkpoints=_skipped_checkpoints(raw.get("skipped_checkpoints")),
             upload_stall=UploadStallNote.from_json(raw.get("upload_stall")),
+            resume_read=_resume_read(raw.get("resume_read")),
         )
 
     @property
@@ -352,6 +357,18 @@ def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProg
     return None if raw is None else parse_attempt_progress(raw, attempt, store.checkpoint_key)
 
 
+RESUME_READ_KEYS = ("nodes", "s3_bytes", "peer_bytes", "kept_bytes")
+
+
+def _resume_read(raw: object) -> dict[str, int] | None:
+    """The object's ``resume_read``: counts under its known keys; ValueError for anything else."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not set(raw) <= set(RESUME_READ_KEYS):
+        raise ValueError(f"resume_read is not an object of {', '.join(RESUME_READ_KEYS)}")
+    return {key: count(value, f"resume_read's {key}") for key, value in raw.items()}
+
+
 def _skipped_checkpoints(raw: object) -> list[str]:
     """The object's ``skipped_checkpoints``, within bounds; ValueError when it is not a list of strings."""
     if raw is None:
@@ -379,6 +396,7 @@ def continue_attempt_progress(store: ObjectStore, fresh: AttemptProgress) -> Att
     earlier.world_size = fresh.world_size
     earlier.worker_hosts = None  # the earlier group's view: the new group writes its own
     earlier.skipped_checkpoints = list(dict.fromkeys(fresh.skipped_checkpoints + earlier.skipped_checkpoints))
+    earlier.resume_read = fresh.resume_read  # the new group's resume
     earlier.thin()
     return earlier
 
