@@ -29,9 +29,8 @@ trusted no more than S3: its bytes are hashed in the exchange like every other p
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
+import itertools
 import logging
 import shutil
 import socket
@@ -232,25 +231,22 @@ def exchange(share: Share, layout: NodeLayout, group: object) -> dict[str, str]:
     assert info.manifest is not None
     hashers = {name: hashlib.sha256() for name in info.manifest.files}
     buffer = torch.empty(EXCHANGE_CHUNK_BYTES, dtype=torch.uint8)
-    with contextlib.ExitStack() as stack:
-        handles: dict[str, io.BufferedIOBase] = {}
-        for piece in share.pieces:
-            if piece.name not in handles:
-                path = share.source / piece.name
-                # A verified copy already in place is only read.
-                handles[piece.name] = stack.enter_context(path.open("rb") if share.whole else path.open("r+b"))
-            handle, mine = handles[piece.name], piece.node == layout.node
-            for offset in range(piece.offset, piece.offset + piece.length, EXCHANGE_CHUNK_BYTES):
-                chunk = buffer[: min(EXCHANGE_CHUNK_BYTES, piece.offset + piece.length - offset)]
-                data = chunk.numpy().data
-                if mine:
-                    handle.seek(offset)
-                    if handle.readinto(data) != len(data):
-                        raise OSError(f"{share.source / piece.name} changed while it was sent to the other nodes")
-                dist.broadcast(chunk, src=layout.leaders[piece.node], group=group)  # type: ignore[arg-type]
-                if not mine and not share.whole:
-                    handle.seek(offset)
-                    handle.write(data)
-                    share.peer_bytes += len(data)
-                hashers[piece.name].update(data)
+    for name, pieces in itertools.groupby(share.pieces, key=lambda piece: piece.name):  # file order: one open at a time
+        path = share.source / name
+        with path.open("rb") if share.whole else path.open("r+b") as handle:  # a verified copy is only read
+            for piece in pieces:
+                mine = piece.node == layout.node
+                for offset in range(piece.offset, piece.offset + piece.length, EXCHANGE_CHUNK_BYTES):
+                    chunk = buffer[: min(EXCHANGE_CHUNK_BYTES, piece.offset + piece.length - offset)]
+                    data = chunk.numpy().data
+                    if mine:
+                        handle.seek(offset)
+                        if handle.readinto(data) != len(data):
+                            raise OSError(f"{path} changed while it was sent to the other nodes")
+                    dist.broadcast(chunk, src=layout.leaders[piece.node], group=group)  # type: ignore[arg-type]
+                    if not mine and not share.whole:
+                        handle.seek(offset)
+                        handle.write(data)
+                        share.peer_bytes += len(data)
+                    hashers[name].update(data)
     return {name: hasher.hexdigest() for name, hasher in hashers.items()}
