@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
+import os
 import shutil
 import socket
 from collections.abc import Mapping, Sequence
@@ -199,14 +200,28 @@ def read_share(
     from_copies = [piece for piece in mine if piece.kept]
     if from_copies:
         assert copies is not None, "a node that keeps no copies was given pieces to read from one"
+        whole_files = {p.name for p in pieces} - {p.name for p in pieces if p.node != layout.node or not p.kept}
+        for name in whole_files:  # every piece of it is this node's: link the kept file, copy nothing
+            _link_or_copy(copies.path_of(info.step, name), partial / name)
         for piece in from_copies:
-            _copy_range(copies.path_of(info.step, piece.name), partial / piece.name, piece.offset, piece.length)
+            if piece.name not in whole_files:
+                _copy_range(copies.path_of(info.step, piece.name), partial / piece.name, piece.offset, piece.length)
     ranges = [RangeToFetch(f"{info.prefix}/{p.name}", partial / p.name, p.offset, p.length) for p in from_s3]
     store.download_ranges(ranges)
     return Share(
         info, pieces, partial, whole=False,
         s3_bytes=sum(p.length for p in from_s3), kept_bytes=sum(p.length for p in from_copies),
     )  # fmt: skip
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (the same bytes, nothing copied; never written through: the
+    exchange only reads this node's own pieces), or a copy across filesystems."""
+    target.unlink()
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def _copy_range(source: Path, target: Path, offset: int, length: int) -> None:
