@@ -136,8 +136,9 @@ def signature_line(store: ObjectStore, info: CheckpointInfo, location: RunLocati
         )
     # Without the run (a URI): the namespace's key, unless the run's spec.checkpoint.keySecret named another.
     secret = location.key_secret or DEFAULT_CHECKPOINT_KEY_SECRET
+    namespace = f" -n {location.namespace}" if location.namespace else ""  # the Secret is in the run's namespace
     return (
         f"its manifest is signed, but the signature was NOT checked: {CHECKPOINT_KEY_ENV} is not set. For a "
-        f"TrainingRun: export {CHECKPOINT_KEY_ENV}=$(kubectl get secret {secret} "
+        f"TrainingRun: export {CHECKPOINT_KEY_ENV}=$(kubectl get secret {secret}{namespace} "
         f"-o jsonpath='{{.data.{CHECKPOINT_KEY_SECRET_DATA_KEY}}}' | base64 -d) and pull again"
     )

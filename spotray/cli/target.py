@@ -39,6 +39,7 @@ class RunLocation:
     uri: str
     source: str
     key_secret: str | None = None  # the Secret with the run's checkpoint key, when the run is known
+    namespace: str | None = None  # the run's namespace, when it was read from the cluster
 
 
 def locate_run(run: str, kube: KubeOptions) -> RunLocation:
@@ -70,7 +71,8 @@ def locate_run(run: str, kube: KubeOptions) -> RunLocation:
         raise SpotrayError(f"TrainingRun {cluster.namespace}/{run} has no spec.checkpoint.uri", "add one and submit")
     named = document.get("spec", {}).get("checkpoint", {}).get("keySecret")
     key_secret = str(named) if named else DEFAULT_CHECKPOINT_KEY_SECRET
-    return RunLocation(run, uri, f"TrainingRun {cluster.namespace}/{run} (context {cluster.context_name})", key_secret)
+    where = f"TrainingRun {cluster.namespace}/{run} (context {cluster.context_name})"
+    return RunLocation(run, uri, where, key_secret, cluster.namespace)
 
 
 def open_run_store(location: RunLocation) -> ObjectStore:
