@@ -260,9 +260,15 @@ def _resume_read_line(attempt: AttemptStatus) -> str:
     read = attempt.resume_read
     assert read is not None
     start = f"checkpoint-{attempt.resumed_from}" if attempt.resumed_from is not None else "its checkpoint"
+    completed = (
+        f"; {start} completed in S3 from the nodes' copies ({human_bytes(read.completed_bytes)} uploaded)"
+        if read.completed_bytes
+        else ""
+    )
     return (
         f"  attempt {attempt.attempt} read {start} on {read.nodes} nodes: {human_bytes(read.s3_bytes)} from S3, "
         f"{human_bytes(read.kept_bytes)} from the nodes' copies, {human_bytes(read.peer_bytes)} sent between nodes"
+        f"{completed}"
     )
 
 

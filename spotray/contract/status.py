@@ -442,6 +442,12 @@ class ResumeRead(StatusObject):
     peer_bytes: int = status_field(
         "Sent from one node to another: each file read once, then shared.", default=0, minimum=0
     )
+    completed_bytes: int = status_field(
+        "Uploaded to S3 from the nodes' copies before the resume: the checkpoint it resumed from had not "
+        "finished its upload when the attempt before ended (train/checkpoints/complete_from_copies.py).",
+        default=0,
+        minimum=0,
+    )
 
 
 @dataclass(frozen=True)

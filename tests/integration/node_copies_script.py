@@ -2,7 +2,8 @@
 copy their saves' files around the ring (train/checkpoints/node_copies.py), then write what each holds.
 
 Rounds: step 10, every node offers files (one bigger than a chunk, one empty, one in a subfolder);
-step 20, node 1 offers none (a save it skipped); step 30, node 2 leaves without taking part (its
+step 20, node 1 offers none (a save it skipped) and one byte of node 2's files flips on its way to
+node 0 (which must drop that copy and its record, and stop copying); step 30, node 2 leaves without taking part (its
 process ends: a node lost) and the others' copying stops with a warning, training not disturbed.
 
 python -m torch.distributed.run --standalone --nproc-per-node 3 tests/integration/node_copies_script.py OUT
@@ -12,10 +13,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 import torch.distributed as dist
 
 from spotray.train.checkpoints import node_copies
-from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, peer_group
+from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, ShareRecord, peer_group
 from spotray.train.processes.ranks import destroy_process_group
 
 
@@ -33,6 +35,37 @@ def save(out: Path, node: int, step: int) -> Path:
     return staged
 
 
+def record(node: int, step: int) -> ShareRecord:
+    return ShareRecord(
+        step, f"save-{step}", node, 3, 3, "s3://bucket/run", resume={"global_step": step} if node == 0 else {}
+    )
+
+
+def flip_a_byte_arriving_for(copies: NodeCopies, step: int) -> None:
+    """The fault no real part makes on demand: one byte of a file arriving for ``step`` changes on the way."""
+    receiving, write_from = copies.receiving, node_copies._FileStream.write_from
+    arriving: list[int] = []
+
+    def note_step(step_: int, name: str) -> Path:
+        arriving[:] = [step_]
+        return receiving(step_, name)
+
+    def corrupt(stream: node_copies._FileStream, chunk: torch.Tensor) -> None:
+        if arriving == [step] and len(chunk):
+            chunk[0] ^= 1
+        write_from(stream, chunk)
+
+    copies.receiving = note_step  # type: ignore[method-assign]
+    node_copies._FileStream.write_from = corrupt  # type: ignore[method-assign]
+
+
+def records_held(copies: NodeCopies) -> dict[int, dict[int, dict[str, str]]]:
+    found: dict[int, dict[int, dict[str, str]]] = {}
+    for kept in copies.records():
+        found.setdefault(kept.step, {})[kept.node] = {name: entry.sha256 for name, entry in kept.files.items()}
+    return found
+
+
 if __name__ == "__main__":
     out = Path(sys.argv[1])
     node_copies.CHUNK_BYTES = 1 << 20  # the 2.5 MB file takes three chunks, as a real one takes many
@@ -42,18 +75,25 @@ if __name__ == "__main__":
     copies = NodeCopies(out / f"node-{node}" / "copies", keep=2)
     group = peer_group((0, 1, 2))
     peers = PeerCopies(copies, group, (0, 1, 2), node)
+    if node == 0:
+        flip_a_byte_arriving_for(copies, 20)
     for step in (10, 20):
         peer_round = peers.open_round(step)
-        offered = {} if (node, step) == (1, 20) else copies.keep_own(step, save(out, node, step))
-        PeerCopies.offer(peer_round, offered)
+        if (node, step) == (1, 20):
+            PeerCopies.offer(peer_round, {})
+        else:
+            PeerCopies.offer(peer_round, copies.keep_own(step, save(out, node, step)), record(node, step))
     peers.close()
-    held_after_20 = copies.held()
+    held_after_20, records_after_20, failed_at_20 = copies.held(), records_held(copies), repr(peers.failed)
     dist.barrier()
     if node != 2:
         peers = PeerCopies(copies, group, (0, 1, 2), node)
-        PeerCopies.offer(peers.open_round(30), copies.keep_own(30, save(out, node, 30)))
+        PeerCopies.offer(peers.open_round(30), copies.keep_own(30, save(out, node, 30)), record(node, 30))
         peers.close()
-    report = {"failed": repr(peers.failed), "held_after_20": held_after_20, "held": copies.held()}
+    report = {
+        "failed": repr(peers.failed), "held_after_20": held_after_20, "held": copies.held(),
+        "records_after_20": records_after_20, "failed_at_20": failed_at_20, "records": records_held(copies),
+    }  # fmt: skip
     (out / f"node-{node}.json").write_text(json.dumps(report))
     if node == 2:
         sys.exit(0)  # leaves the others' copying without a neighbour

@@ -63,7 +63,7 @@ def test_a_run_on_two_nodes_with_their_own_disks_resumes_exactly_from_the_store(
         return download_checkpoint(store, info, tmp_path / "fetched" / name)  # every checksum verified
 
     whole = load_file(fetched("whole", 6) / "model.safetensors")
-    for name in ("shared-writer", "each-node", "async", "kept", "kept-node-lost"):
+    for name in ("shared-writer", "each-node", "async", "kept", "kept-node-lost", "kept-upload-lost"):
         cut = fetched(name, 3)
         assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "optimizer.pt"} <= {
             p.name for p in cut.iterdir()

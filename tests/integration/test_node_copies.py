@@ -1,9 +1,11 @@
 """The ring of node copies (train/checkpoints/node_copies.py) between three real gloo processes:
-every node ends holding its own files and its previous neighbour's, byte for byte; a save a node
-skipped costs nothing; a neighbour lost stops the copying with a warning, not the process."""
+every node ends holding its own files and its previous neighbour's, byte for byte, each share with
+its record (the SHA-256 of what was sent); a save a node skipped costs nothing; a byte changed on the
+way drops that copy and its record; a neighbour lost stops the copying with a warning, not the process."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -23,6 +25,10 @@ def own_files(node: int) -> dict[str, int]:
     }
 
 
+def digests(node: int, step: int) -> dict[str, str]:
+    return {name: hashlib.sha256(payload(node, step, size)).hexdigest() for name, size in own_files(node).items()}
+
+
 def test_each_node_keeps_its_files_and_the_previous_nodes_and_a_lost_neighbour_only_stops_the_copying(
     tmp_path: Path,
 ) -> None:
@@ -32,13 +38,21 @@ def test_each_node_keeps_its_files_and_the_previous_nodes_and_a_lost_neighbour_o
         previous = (node - 1) % 3
         held = reports[node]["held_after_20"]
         assert held["10"] == own_files(node) | own_files(previous), node
-        expected_20 = (own_files(node) if node != 1 else {}) | (own_files(previous) if previous != 1 else {})
+        # At 20 node 1 skipped its save, and node 2's bytes arrived at node 0 with one flipped: dropped.
+        received_20 = previous != 1 and (node, previous) != (0, 2)
+        expected_20 = (own_files(node) if node != 1 else {}) | (own_files(previous) if received_20 else {})
         assert held["20"] == expected_20, node
+        records = reports[node]["records_after_20"]
+        assert records["10"] == {str(n): digests(n, 10) for n in (node, previous)}, node
+        expected_records = {str(n): digests(n, 20) for n in (node, previous) if n != 1 and (node, n) != (0, 2)}
+        assert records.get("20", {}) == expected_records, node
         copies = tmp_path / f"node-{node}" / "copies"
         for name, size in held["20"].items():
             owner = int(name.split("_")[-1].split(".")[0])
             kept = (copies / "checkpoint-20" / name).read_bytes()
             assert kept == payload(owner, 20, size), name
+    assert "do not match" in reports[0]["failed_at_20"], reports[0]
+    assert reports[1]["failed_at_20"] == reports[2]["failed_at_20"] == "None"
     # Step 30: node 2 left. The others say so and go on; what they hold is only what arrived whole.
     assert reports[2]["failed"] == "None"
     for node in (0, 1):

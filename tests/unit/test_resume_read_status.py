@@ -7,6 +7,7 @@ records the bytes of each in its progress object, the controller puts them in th
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from spotray.train.storage.store import open_store
 
 pytestmark = pytest.mark.unit
 
-READ = {"nodes": 4, "s3_bytes": 0, "peer_bytes": 3_000_000, "kept_bytes": 1 << 20}
+READ = {"nodes": 4, "s3_bytes": 0, "peer_bytes": 3_000_000, "kept_bytes": 1 << 20, "completed_bytes": 2 << 20}
 
 
 def test_the_progress_object_carries_where_the_resume_read_from_and_refuses_nonsense() -> None:
@@ -37,7 +38,9 @@ def test_the_controller_puts_it_in_the_attempts_status_and_spotray_status_says_i
     progress = AttemptProgress(2, "uid-1", resumed_from=20, max_steps=100, resume_read=READ)
     store.put_bytes(attempt.progress_key, progress.to_json())
     report = StoreReports().read(store, attempt, ended=False)
-    assert report.resume_read == ResumeRead(nodes=4, s3_bytes=0, peer_bytes=3_000_000, kept_bytes=1 << 20)
+    assert report.resume_read == ResumeRead(
+        nodes=4, s3_bytes=0, peer_bytes=3_000_000, kept_bytes=1 << 20, completed_bytes=2 << 20
+    )
     current = AttemptStatus(attempt=2, outcome="Running", resumed_from=20, resume_read=report.resume_read)
     status = RunStatus(phase="Running", attempts=(current,))
     assert RunStatus.from_status(status.to_patch()).attempts == (current,), "lost in the patch or the read back"
@@ -48,3 +51,7 @@ def test_the_controller_puts_it_in_the_attempts_status_and_spotray_status_says_i
     }
     said = describe_run(run)
     assert "attempt 2 read checkpoint-20 on 4 nodes: 0 B from S3, 1.0 MiB from the nodes' copies" in said, said
+    # The checkpoint's upload had not finished when the attempt before ended: the nodes completed it.
+    assert "checkpoint-20 completed in S3 from the nodes' copies (2.0 MiB uploaded)" in said, said
+    without = replace(current, resume_read=replace(current.resume_read, completed_bytes=0))
+    assert "completed in S3" not in describe_run(run | {"status": replace(status, attempts=(without,)).to_patch()})

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import logging
+import os
 import platform
 import re
 import shutil
@@ -186,6 +187,17 @@ def check_file_name(name: str, where: str) -> None:
 def file_sha256(path: Path) -> str:
     with path.open("rb") as handle:
         return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (the same bytes, none copied), or a copy across filesystems;
+    whatever was at ``target`` is replaced. A link is never written through: its readers only read."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def installed_versions() -> dict[str, str]:

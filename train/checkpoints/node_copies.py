@@ -13,7 +13,16 @@ the next. Those nodes still hold what they saved (issue 73, item 2):
    gloo group of the nodes' first processes: ``PeerCopies``) and keeps what the previous node sends
    it beside its own. Every file is then on two nodes: the loss of any one node leaves a copy of the
    whole checkpoint on the others.
-3. A node keeps the newest ``keep`` checkpoints and deletes older ones.
+3. After each node's bytes, the ring carries its *record* (``ShareRecord``): which save they are
+   (step, save id, the node and the number of nodes, world size, checkpoint URI), each file's size
+   and SHA-256 (the sender hashes as it reads, the receiver as it writes; a mismatch drops the copy),
+   and node 0's ``resume`` (where the data stands). Both nodes keep it beside the files.
+4. A node keeps the newest ``keep`` checkpoints and deletes older ones.
+
+The records make the copies a checkpoint of their own when its upload never finished (the attempt
+died during it: a spot node gone, a notice shorter than the upload): at the next start, if the nodes
+hold every node's share of a save newer than the store's newest complete checkpoint, they upload it
+from their copies and sign its manifest before resuming (train/checkpoints/complete_from_copies.py).
 
 At a resume (train/checkpoints/shared_read.py) every node says what it holds, files held by a node
 are read from there rather than from S3, and every byte is verified against the signed manifest, as
@@ -24,21 +33,31 @@ from S3, never a wrong resume. The copies are where the work directory is: mount
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-import os
 import queue
 import shutil
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from spotray.train.checkpoints.checkpoint import check_file_name, checkpoint_dir_name, parse_checkpoint_step
+from spotray.contract.bounded_json import load_json
+from spotray.train.checkpoints.checkpoint import (
+    MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_VALUES,
+    FileEntry,
+    check_file_name,
+    checkpoint_dir_name,
+    link_or_copy,
+    parse_checkpoint_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +68,44 @@ CHUNK_BYTES = 64 << 20
 TRANSFER_TIMEOUT = timedelta(minutes=5)
 # Where received files are written until their last byte is in (under the root).
 _INCOMING = ".incoming"
+# Where the records of the shares a node holds are kept (under the root): records/checkpoint-<step>/node-<k>.json.
+_RECORDS = ".records"
+
+
+@dataclass(frozen=True)
+class ShareRecord:
+    """One node's share of one save, as the nodes that hold its files keep it (the save's node numbers).
+
+    What a manifest needs, but for the other shares: node 0's holds ``resume``. Only a record whose files
+    were hashed as they were sent (and again as they were received) is kept.
+    """
+
+    step: int
+    save_id: str  # the same for every share of one save (train/checkpoints/node_parts.py)
+    node: int
+    nodes: int
+    world_size: int
+    uri: str  # the checkpoint URI the save was for: copies are never completed into another
+    files: dict[str, FileEntry] = field(default_factory=dict)
+    resume: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> ShareRecord:
+        """Parse a record (bounded as a manifest); ``ValueError`` naming ``where`` when it is not one."""
+        try:
+            raw = load_json(data, max_bytes=MAX_MANIFEST_BYTES, max_values=MAX_MANIFEST_VALUES)
+            files = {str(name): FileEntry(int(e["size"]), str(e["sha256"])) for name, e in raw["files"].items()}
+            for name in files:
+                check_file_name(name, where)
+            return cls(
+                int(raw["step"]), str(raw["save_id"]), int(raw["node"]), int(raw["nodes"]), int(raw["world_size"]),
+                str(raw["uri"]), files, dict(raw["resume"]),
+            )  # fmt: skip
+        except (TypeError, KeyError, AttributeError, OverflowError) as error:
+            raise ValueError(f"{where} is not a share record ({type(error).__name__}: {error})") from error
 
 
 def node_copies_dir(workdir: Path) -> Path:
@@ -74,16 +131,11 @@ class NodeCopies:
         """Keep the files of ``staged`` (a node's share of the save of ``step``) as hard links; returns
         them by name. Across filesystems they are copied."""
         kept: dict[str, Path] = {}
+        shutil.rmtree(self._records_of(step), ignore_errors=True)  # an earlier save's records are not this one's
         for path in sorted(p for p in staged.rglob("*") if p.is_file()):
             name = path.relative_to(staged).as_posix()
-            target = self.dir_of(step) / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.unlink(missing_ok=True)
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
-            kept[name] = target
+            kept[name] = self.dir_of(step) / name
+            link_or_copy(path, kept[name])
         self.prune()
         return kept
 
@@ -95,16 +147,49 @@ class NodeCopies:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path
 
-    def received(self, step: int, names: list[str]) -> None:
-        """Put the files another node sent for ``step`` in place, unless newer saves have taken its room."""
+    def received(self, step: int, names: list[str], record: ShareRecord | None = None) -> None:
+        """Put the files another node sent for ``step`` in place, then its record, unless newer saves
+        have taken its room."""
         incoming = self.root / _INCOMING / checkpoint_dir_name(step)
         if step in self.newest_steps():
             for name in names:
                 target = self.dir_of(step) / name
                 target.parent.mkdir(parents=True, exist_ok=True)
                 (incoming / name).replace(target)
-        shutil.rmtree(incoming, ignore_errors=True)
+            if record is not None:
+                self.keep_record(record)
+        self.drop_incoming(step)
         self.prune()
+
+    def drop_incoming(self, step: int) -> None:
+        shutil.rmtree(self.root / _INCOMING / checkpoint_dir_name(step), ignore_errors=True)
+
+    def _records_of(self, step: int) -> Path:
+        return self.root / _RECORDS / checkpoint_dir_name(step)
+
+    def keep_record(self, record: ShareRecord) -> None:
+        """Keep ``record`` beside its files (written last: a record names only files in place)."""
+        directory = self._records_of(record.step)
+        directory.mkdir(parents=True, exist_ok=True)
+        partial = directory / f".node-{record.node}.json.partial"
+        partial.write_bytes(record.to_json())
+        partial.replace(directory / f"node-{record.node}.json")
+
+    def records(self) -> list[ShareRecord]:
+        """The records of the shares this node holds whole (every file at its size), newest step first.
+        One that cannot be read is passed over with a warning: it only costs a completion."""
+        found: list[ShareRecord] = []
+        held = self.held()
+        for step in sorted(held, reverse=True):
+            for path in sorted(self._records_of(step).glob("node-*.json")):
+                try:
+                    record = ShareRecord.from_json(path.read_bytes(), str(path))
+                except (OSError, ValueError) as error:
+                    log.warning("passing over the record %s: %s", path, error)
+                    continue
+                if record.step == step and all(held[step].get(n) == e.size for n, e in record.files.items()):
+                    found.append(record)
+        return found
 
     def newest_steps(self) -> list[int]:
         """The steps this node keeps: the newest ``keep`` it holds, and any newer one arriving."""
@@ -136,7 +221,7 @@ class NodeCopies:
         if not self.root.is_dir():
             return
         keep = set(self.newest_steps()) | self.sending
-        for directory in self.root.iterdir():
+        for directory in [*self.root.iterdir(), *(self.root / _RECORDS).glob("checkpoint-*")]:
             step = parse_checkpoint_step(directory.name)
             if step is not None and step not in keep:
                 shutil.rmtree(directory, ignore_errors=True)
@@ -149,6 +234,8 @@ class PeerRound:
     step: int
     ready: threading.Event = field(default_factory=threading.Event)
     files: dict[str, Path] = field(default_factory=dict)
+    # What the files are (their entries filled as they are sent); None: a save skipped on this node.
+    record: ShareRecord | None = None
 
 
 class PeerCopies:
@@ -182,8 +269,9 @@ class PeerCopies:
         return round_
 
     @staticmethod
-    def offer(round_: PeerRound, files: Mapping[str, Path]) -> None:
+    def offer(round_: PeerRound, files: Mapping[str, Path], record: ShareRecord | None = None) -> None:
         round_.files = dict(files)
+        round_.record = record
         round_.ready.set()
 
     def close(self) -> None:
@@ -213,33 +301,54 @@ class PeerCopies:
 
     def _swap(self, round_: PeerRound) -> None:
         """This node's files to the next node, the previous node's from it: a header of names and sizes
-        each way, then the bytes, one chunk each way at a time."""
+        each way, then the bytes, one chunk each way at a time, each file hashed on both sides as it
+        passes; then each side's record, with the hashes of what it sent. A received file that does not
+        match its record drops the whole round's copy (and stops the copying)."""
         sizes = {name: path.stat().st_size for name, path in round_.files.items()}
-        header = json.dumps({"step": round_.step, "files": sizes}).encode()
-        length = self._exchange(torch.tensor([len(header)], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
-        incoming_header = self._exchange(
-            torch.frombuffer(bytearray(header), dtype=torch.uint8), torch.empty(int(length[0]), dtype=torch.uint8)
-        )
-        incoming = json.loads(incoming_header.numpy().tobytes())
+        incoming = json.loads(self._exchange_bytes(json.dumps({"step": round_.step, "files": sizes}).encode()))
         step, incoming_sizes = int(incoming["step"]), {str(k): int(v) for k, v in incoming["files"].items()}
         outgoing = _FileStream([(round_.files[name], size) for name, size in sizes.items()])
         targets = [(self.copies.receiving(step, name), size) for name, size in incoming_sizes.items()]
-        with _FileStream(targets, write=True) as receiving, outgoing:
-            send_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
-            receive_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
-            while outgoing.left or receiving.left:
-                send = send_buffer[: min(CHUNK_BYTES, outgoing.left)]
-                receive = receive_buffer[: min(CHUNK_BYTES, receiving.left)]
-                outgoing.read_into(send)
-                _both(
-                    dist.isend(send, self.next_rank, group=self.group) if len(send) else None,  # type: ignore[arg-type]
-                    dist.irecv(receive, self.previous_rank, group=self.group) if len(receive) else None,  # type: ignore[arg-type]
-                )
-                receiving.write_from(receive)
-                self.sent_bytes += len(send)
-                self.received_bytes += len(receive)
-            receiving.finish()
-        self.copies.received(step, list(incoming_sizes))
+        try:
+            with _FileStream(targets, write=True) as receiving, outgoing:
+                send_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+                receive_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
+                while outgoing.left or receiving.left:
+                    send = send_buffer[: min(CHUNK_BYTES, outgoing.left)]
+                    receive = receive_buffer[: min(CHUNK_BYTES, receiving.left)]
+                    outgoing.read_into(send)
+                    _both(
+                        dist.isend(send, self.next_rank, group=self.group) if len(send) else None,  # type: ignore[arg-type]
+                        dist.irecv(receive, self.previous_rank, group=self.group) if len(receive) else None,  # type: ignore[arg-type]
+                    )
+                    receiving.write_from(receive)
+                    self.sent_bytes += len(send)
+                    self.received_bytes += len(receive)
+                receiving.finish()
+            sent = _filled(round_.record, sizes, outgoing.digests)
+            record = self._exchange_bytes(sent.to_json() if sent is not None else b"null")
+            if sent is not None:
+                self.copies.keep_record(sent)  # its own files are whole here, whatever became of the copy
+            their = None if record == b"null" else ShareRecord.from_json(record, f"checkpoint-{step}'s record")
+            arrived = _filled(their, incoming_sizes, receiving.digests)
+            if their is not None and (their.step != step or their != arrived):
+                raise OSError(f"checkpoint-{step}'s files from the previous node do not match what it sent")
+        except BaseException:
+            self.copies.drop_incoming(step)
+            raise
+        self.copies.received(step, list(incoming_sizes), their)
+
+    def _exchange_bytes(self, data: bytes) -> bytes:
+        """``data`` to the next node, the previous node's (at most a manifest's bound) from it."""
+        length = self._exchange(torch.tensor([len(data)], dtype=torch.int64), torch.zeros(1, dtype=torch.int64))
+        if not 0 < int(length[0]) <= MAX_MANIFEST_BYTES:
+            raise OSError(
+                f"the previous node announced {int(length[0])} bytes of header (at most {MAX_MANIFEST_BYTES})"
+            )
+        received = self._exchange(
+            torch.frombuffer(bytearray(data), dtype=torch.uint8), torch.empty(int(length[0]), dtype=torch.uint8)
+        )
+        return received.numpy().tobytes()
 
     def _exchange(self, send: torch.Tensor, receive: torch.Tensor) -> torch.Tensor:
         _both(
@@ -247,6 +356,16 @@ class PeerCopies:
             dist.irecv(receive, self.previous_rank, group=self.group),  # type: ignore[arg-type]
         )
         return receive
+
+
+def _filled(record: ShareRecord | None, sizes: Mapping[str, int], digests: list[str]) -> ShareRecord | None:
+    """``record`` with the entries of its files (``sizes``, in the order they were hashed)."""
+    if record is None:
+        return None
+    return replace(
+        record,
+        files={name: FileEntry(size, digest) for (name, size), digest in zip(sizes.items(), digests, strict=True)},
+    )
 
 
 def _both(send: dist.Work | None, receive: dist.Work | None) -> None:
@@ -270,7 +389,9 @@ class _FileStream:
         self._index = 0
         self._done_in_file = 0
         self._handle: object = None
+        self._hasher = hashlib.sha256()
         self.left = sum(size for _, size in files)
+        self.digests: list[str] = []  # the SHA-256 of each file done, in order
 
     def __enter__(self) -> _FileStream:
         return self
@@ -296,12 +417,12 @@ class _FileStream:
                 self._handle.write(part)  # type: ignore[attr-defined]
             elif self._handle.readinto(part) != count:  # type: ignore[attr-defined]
                 raise OSError(f"{path} changed while it was sent to the next node")
+            self._hasher.update(part)
             done += count
             self._done_in_file += count
             if self._done_in_file == size:
                 self._close()
-                self._index += 1
-                self._done_in_file = 0
+                self._next_file()
         self.left -= len(view)
 
     def read_into(self, chunk: torch.Tensor) -> None:
@@ -323,4 +444,10 @@ class _FileStream:
         while self._index < len(self._files) and self._files[self._index][1] == 0 and self._done_in_file == 0:
             if self._write:
                 self._files[self._index][0].write_bytes(b"")
-            self._index += 1
+            self._next_file()
+
+    def _next_file(self) -> None:
+        self.digests.append(self._hasher.hexdigest())
+        self._hasher = hashlib.sha256()
+        self._index += 1
+        self._done_in_file = 0

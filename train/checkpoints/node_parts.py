@@ -182,7 +182,7 @@ def upload_shared_checkpoint(
                     "the nodes' saves disagree: look for a node that wrote into another's directory",
                 )
             files[name], owners[name] = entry, part.node
-    _check_uploaded(store, step, files)
+    check_uploaded(store, step, files)
     if attempt is not None:
         check_fence(store, attempt)
     manifest = Manifest(step, world_size, files, time.time(), own.versions, own.resume)
@@ -243,7 +243,7 @@ def _read_part(store: ObjectStore, key: str) -> NodePart | None:
     return None if data is None else NodePart.from_json(data, str(store.uri.join(key)), store.checkpoint_key)
 
 
-def _check_uploaded(store: ObjectStore, step: int, files: dict[str, FileEntry]) -> None:
+def check_uploaded(store: ObjectStore, step: int, files: dict[str, FileEntry]) -> None:
     prefix = checkpoint_dir_name(step)
     sizes = {info.key[len(prefix) + 1 :]: info.size for info in store.list(prefix + "/")}
     for name, entry in sorted(files.items()):

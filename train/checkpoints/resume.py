@@ -31,7 +31,7 @@ import pickle
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -63,6 +63,12 @@ from spotray.train.checkpoints.checkpoint import (
     log_incomplete,
     manifest_exists,
     verify_local_checkpoint,
+)
+from spotray.train.checkpoints.complete_from_copies import (
+    Completion,
+    plan_completion,
+    upload_from_copies,
+    write_completed_manifest,
 )
 from spotray.train.checkpoints.node_copies import NodeCopies
 from spotray.train.checkpoints.shared_read import Share, exchange, node_layout, read_share
@@ -330,9 +336,73 @@ class ResumeFetch:
         self.layout = node_layout(dest_root, copies)
         self._listed: list[CheckpointInfo] = []
         self._share: Share | None = None
-        fetch = self._fetch if self.layout.nodes == 1 else self._fetch_share
-        self._thread = threading.Thread(target=fetch, name="spotray-resume-fetch", daemon=True)
+        self._fetch_in_background = self._fetch if self.layout.nodes == 1 else self._fetch_share
+        # A save the nodes hold whole and the store does not (train/checkpoints/complete_from_copies.py): its files
+        # are uploaded first (in the background), the fetch follows in ``wait``.
+        self.completion = self._plan_completion()
+        self.completed: Manifest | None = None  # rank 0: the manifest written for it
+        self.completed_bytes = 0  # rank 0: what the nodes uploaded for it
+        self._uploaded: tuple[str, int] | None = None  # a leader's upload for it: (what went wrong, bytes)
+        target = self._upload_from_copies if self.completion is not None else self._fetch_in_background
+        self._thread = threading.Thread(target=target, name="spotray-resume-fetch", daemon=True)
         self._thread.start()
+
+    def _plan_completion(self) -> Completion | None:
+        """Rank 0's plan to complete a checkpoint from the nodes' copies, on every rank; None when no
+        node holds a record, or nothing is to complete (a collective when some node holds one)."""
+        if not any(self.layout.records):
+            return None
+        plan = None
+        if self.rank == 0:
+            try:
+                listed = list_checkpoints(self.store)
+                plan = plan_completion(self.layout.records, self.layout.held, str(self.store.uri), listed)
+            except Exception as error:  # noqa: BLE001 - no plan: the fetch lists again and says what a fault means
+                log.warning("could not look for a checkpoint to complete from the nodes' copies: %s", error)
+        agreed: Completion | None = broadcast_from_rank0(plan)
+        return agreed
+
+    def _upload_from_copies(self) -> None:
+        """A node's first process: its files of the checkpoint to complete, from its copies."""
+        assert self.completion is not None
+        assert self.copies is not None
+        if not self.layout.is_leader:
+            return
+        try:
+            sent = upload_from_copies(self.store, self.completion, self.layout.node, self.copies, self.attempt)
+            self._uploaded = ("", sent)
+        except Exception as error:  # noqa: BLE001 - said in wait(); the resume goes on from the store's newest complete
+            self._uploaded = (f"{type(error).__name__}: {error}", 0)
+
+    def _finish_completion(self) -> None:
+        """Every rank: rank 0 writes the completed checkpoint's manifest when every node's upload
+        succeeded; the broadcast also holds every rank until then (their listing must see it)."""
+        plan = self.completion
+        assert plan is not None
+        verdicts = [v for v in all_gather_objects(self._uploaded if self.layout.is_leader else None) if v is not None]
+        problems = [problem for problem, _ in verdicts if problem]
+        if self.rank == 0:
+            try:
+                if problems:
+                    raise CorruptCheckpointError(problems[0], "")
+                self.completed = write_completed_manifest(self.store, plan, self.attempt)
+                self.completed_bytes = sum(sent for _, sent in verdicts)
+                log.info(
+                    "completed checkpoint-%d in the store from the nodes' copies (%d bytes uploaded)",
+                    plan.step,
+                    self.completed_bytes,
+                )
+            except Exception as error:  # noqa: BLE001 - the resume goes on from the store's newest complete checkpoint
+                problem = (
+                    error.problem if isinstance(error, CorruptCheckpointError) else f"{type(error).__name__}: {error}"
+                )
+                log.warning(
+                    "checkpoint-%d, which the nodes hold, could not be completed in the store (%s): "
+                    "the run resumes from the store's newest complete checkpoint",
+                    plan.step,
+                    problem,
+                )
+        broadcast_from_rank0(None)
 
     def _fetch(self) -> None:
         try:
@@ -389,7 +459,8 @@ class ResumeFetch:
             self._fetch_on_one_node()
             return
         s3_bytes, peer_bytes, kept_bytes = (sum(v[i] for v in verdicts) for i in (1, 2, 3))
-        self.read = SharedReadCount(self.layout.nodes, s3_bytes, peer_bytes, kept_bytes)
+        completed = self.completed_bytes if self.completed is not None and self.completed.step == step else 0
+        self.read = SharedReadCount(self.layout.nodes, s3_bytes, peer_bytes, kept_bytes, completed)
         log.info("checkpoint-%d on %d nodes: %s", step, self.layout.nodes, self.read)
 
     def _install_share(self, share: Share, digests: dict[str, str]) -> str:
@@ -422,6 +493,9 @@ class ResumeFetch:
         (call this once the model is built: a check compares the checkpoint with it)."""
         blocked_from = time.monotonic()
         self._thread.join()
+        if self.completion is not None:
+            self._finish_completion()
+            self._fetch_in_background()  # not in the background any more: after the completion
         if self.layout.nodes > 1:
             self._finish_shared_read()
         self.waited_s = time.monotonic() - blocked_from
@@ -460,11 +534,10 @@ class SharedReadCount:
     s3_bytes: int  # read from the store, by all nodes together
     peer_bytes: int  # received from another node
     kept_bytes: int = 0  # read from the copies the nodes kept when they saved (train/checkpoints/node_copies.py)
+    completed_bytes: int = 0  # uploaded from those copies first, to complete it (train/checkpoints/complete_from_copies.py)
 
     def to_dict(self) -> dict[str, int]:
-        return {
-            "nodes": self.nodes, "s3_bytes": self.s3_bytes, "peer_bytes": self.peer_bytes, "kept_bytes": self.kept_bytes
-        }  # fmt: skip
+        return asdict(self)
 
 
 def agree_on_resume_point(

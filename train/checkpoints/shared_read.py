@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-import os
 import shutil
 import socket
 from collections.abc import Mapping, Sequence
@@ -45,10 +44,11 @@ import torch.distributed as dist
 from spotray.train.checkpoints.checkpoint import (
     CheckpointInfo,
     FileEntry,
+    link_or_copy,
     partial_copy_dir,
     verified_copy_unchanged,
 )
-from spotray.train.checkpoints.node_copies import NodeCopies
+from spotray.train.checkpoints.node_copies import NodeCopies, ShareRecord
 from spotray.train.processes.ranks import all_gather_objects
 from spotray.train.storage.hashed_download import RangeToFetch
 from spotray.train.storage.store import ObjectStore
@@ -71,6 +71,8 @@ class NodeLayout:
     rank: int
     # What each node keeps of recent checkpoints (NodeCopies.held: step -> file -> size), by node.
     held: tuple[Mapping[int, Mapping[str, int]], ...] = ()
+    # The records of the shares each node holds whole (NodeCopies.records), by node.
+    records: tuple[tuple[ShareRecord, ...], ...] = ()
 
     @property
     def nodes(self) -> int:
@@ -100,28 +102,36 @@ class NodeLayout:
 
 
 def layout_from_places(
-    places: list[tuple[str, str]], rank: int, held: list[Mapping[int, Mapping[str, int]]] | None = None
+    places: list[tuple[str, str]],
+    rank: int,
+    held: list[Mapping[int, Mapping[str, int]]] | None = None,
+    records: list[Sequence[ShareRecord]] | None = None,
 ) -> NodeLayout:
     """The layout of ranks whose (host, directory) pairs are ``places``, by rank: one pair, one node.
-    ``held[r]`` is what rank r's node keeps; the node's lowest rank speaks for it."""
+    ``held[r]`` and ``records[r]`` are what rank r's node keeps; the node's lowest rank speaks for it."""
     numbered: dict[tuple[str, str], int] = {}
     kept: list[Mapping[int, Mapping[str, int]]] = []
+    kept_records: list[tuple[ShareRecord, ...]] = []
     for rank_, place in enumerate(places):
         if place not in numbered:
             numbered[place] = len(numbered)
             kept.append(held[rank_] if held is not None else {})
-    return NodeLayout(tuple(numbered[place] for place in places), rank, tuple(kept))
+            kept_records.append(tuple(records[rank_]) if records is not None else ())
+    return NodeLayout(tuple(numbered[place] for place in places), rank, tuple(kept), tuple(kept_records))
 
 
 def node_layout(dest_root: Path, copies: NodeCopies | None = None) -> NodeLayout:
     """Which node each rank resumes on, and what each node keeps: a collective (every rank calls it,
     with its node's directory)."""
     held = copies.held() if copies is not None else {}
+    records = copies.records() if copies is not None else []
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return NodeLayout((0,), 0, (held,))
-    reports = all_gather_objects((socket.gethostname(), str(dest_root.resolve()), held))
-    places = [(host, directory) for host, directory, _ in reports]
-    return layout_from_places(places, dist.get_rank(), [kept for _, _, kept in reports])
+        return NodeLayout((0,), 0, (held,), (tuple(records),))
+    reports = all_gather_objects((socket.gethostname(), str(dest_root.resolve()), held, records))
+    places = [(host, directory) for host, directory, _, _ in reports]
+    return layout_from_places(
+        places, dist.get_rank(), [report[2] for report in reports], [report[3] for report in reports]
+    )
 
 
 def assign_pieces(
@@ -202,7 +212,7 @@ def read_share(
         assert copies is not None, "a node that keeps no copies was given pieces to read from one"
         whole_files = {p.name for p in pieces} - {p.name for p in pieces if p.node != layout.node or not p.kept}
         for name in whole_files:  # every piece of it is this node's: link the kept file, copy nothing
-            _link_or_copy(copies.path_of(info.step, name), partial / name)
+            link_or_copy(copies.path_of(info.step, name), partial / name)  # the exchange only reads own pieces
         for piece in from_copies:
             if piece.name not in whole_files:
                 _copy_range(copies.path_of(info.step, piece.name), partial / piece.name, piece.offset, piece.length)
@@ -212,16 +222,6 @@ def read_share(
         info, pieces, partial, whole=False,
         s3_bytes=sum(p.length for p in from_s3), kept_bytes=sum(p.length for p in from_copies),
     )  # fmt: skip
-
-
-def _link_or_copy(source: Path, target: Path) -> None:
-    """``target`` as a hard link to ``source`` (the same bytes, nothing copied; never written through: the
-    exchange only reads this node's own pieces), or a copy across filesystems."""
-    target.unlink()
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copyfile(source, target)
 
 
 def _copy_range(source: Path, target: Path, offset: int, length: int) -> None:

@@ -13,7 +13,6 @@ is safe when it is not.
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import shutil
 import threading
@@ -25,7 +24,7 @@ from typing import Any
 
 from spotray.contract.attempts import AttemptId
 from spotray.contract.errors import CheckpointAbandonedError, CheckpointUploadError
-from spotray.train.checkpoints.checkpoint import Manifest
+from spotray.train.checkpoints.checkpoint import Manifest, link_or_copy
 from spotray.train.checkpoints.node_parts import NodeSave
 from spotray.train.checkpoints.upload_worker import UploadJob, UploadStall, UploadWorker
 from spotray.train.storage.store import ObjectStore
@@ -50,12 +49,8 @@ def stage_checkpoint(source: Path, staging: Path, names: Sequence[str] | None = 
         target = staging / path.relative_to(source)
         if path.is_dir():
             target.mkdir(parents=True, exist_ok=True)
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(path, target)
-        except OSError:
-            shutil.copy2(path, target)
+        else:
+            link_or_copy(path, target)
     return staging
 
 

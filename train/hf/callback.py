@@ -40,7 +40,7 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.spec import CheckpointSpec, default_of
 from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
 from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
-from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, PeerRound, peer_group
+from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, PeerRound, ShareRecord, peer_group
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
 from spotray.train.checkpoints.upload_worker import UploadStall
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
@@ -254,7 +254,10 @@ class S3CheckpointCallback(TrainerCallback):
         staged = stage_checkpoint(source, self._staging_root / checkpoint_dir_name(step), names)
         if peer_round is not None:
             assert self.node_copies is not None
-            PeerCopies.offer(peer_round, self.node_copies.keep_own(step, staged))
+            assert share is not None
+            uri = str(self.store.uri)
+            record = ShareRecord(step, share.save_id, share.node, share.nodes, args.world_size, uri, resume=resume)
+            PeerCopies.offer(peer_round, self.node_copies.keep_own(step, staged), record)
         dropped = self._get_uploader().submit(staged, step, args.world_size, resume, share)
         if dropped:
             total = self._get_uploader().dropped

@@ -357,7 +357,7 @@ def read_attempt_progress(store: ObjectStore, attempt: AttemptId) -> AttemptProg
     return None if raw is None else parse_attempt_progress(raw, attempt, store.checkpoint_key)
 
 
-RESUME_READ_KEYS = ("nodes", "s3_bytes", "peer_bytes", "kept_bytes")
+RESUME_READ_KEYS = ("nodes", "s3_bytes", "peer_bytes", "kept_bytes", "completed_bytes")
 
 
 def _resume_read(raw: object) -> dict[str, int] | None:
