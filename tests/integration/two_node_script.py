@@ -57,15 +57,9 @@ def train(node_dir: Path, store_uri: str, name: str, *, stop_at: int = 0, resume
             shutil.rmtree(work / "copies")
         if name == "kept-upload-lost" and dist.get_rank() == 0:
             cut_upload_short(store, 3)
-        resume_from = str(
-            resume_point(
-                store,
-                work / "resume",
-                read_once=name != "each-node",
-                copies=copies,
-                completed=name == "kept-upload-lost",
-            )  # fmt: skip
-        )
+        read_once, completed = name != "each-node", name == "kept-upload-lost"
+        point = resume_point(store, work / "resume", read_once=read_once, copies=copies, completed=completed)
+        resume_from = str(point)
     callbacks = [sync, StopAt(stop_at)] if stop_at else [sync]
     # DirectLoadTrainer (AsyncSaveTrainer is one) as the jobs use: the stock Trainer cannot resume a
     # CPU DDP run (it maps the optimizer state to "cpu:0", which torch.load refuses; train/checkpoints/direct_load.py).

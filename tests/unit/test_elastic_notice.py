@@ -30,9 +30,15 @@ class FakeSync:
     flushes: int = 0
     store: object = field(default=None)
     leaving: bool = False  # a notice that stops the group: its last saves take no other run's URI
+    held_in_copies: bool = False  # whether the nodes that stay hold the save in their copies
+    asked_copies: list[tuple[int, frozenset[int]]] = field(default_factory=list)
 
     def flush(self) -> None:
         self.flushes += 1
+
+    def copies_hold(self, step: int, going: frozenset[int], timeout_s: float) -> bool:
+        self.asked_copies.append((step, going))
+        return self.held_in_copies
 
     def leave(self) -> None:
         self.leaving = True
@@ -72,15 +78,18 @@ def hf_state(step: int) -> TrainerState:
     return state
 
 
+@pytest.mark.parametrize("held_in_copies", [False, True])
 def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_in_copies: bool
 ) -> None:
+    """Once the checkpoint is safe: in the store, or (the group restarts on the nodes that stay, whose
+    copies outlive it) in their copies, without waiting for the store."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
     monkeypatch.setattr("spotray.train.hf.notice.world_size", lambda: 2)
     monkeypatch.setattr("spotray.train.hf.notice.world_rank", lambda: 1)  # this rank is on the leaving node
     notices: list[RayNotice | None] = [None, RayNotice([1]), RayNotice([1]), RayNotice([0, 1])]
     events = EventLog(tmp_path / "events.jsonl")
-    sync = FakeSync()
+    sync = FakeSync(held_in_copies=held_in_copies)
     callback = PreemptionNoticeCallback(
         sync,  # type: ignore[arg-type]
         events,
@@ -102,14 +111,18 @@ def test_an_elastic_notice_saves_then_trains_on_and_lets_the_node_go(
     assert not sync.leaving, "a group that goes on still owns its URI"
     assert not checkpointed(NODE), "the node may not go before the checkpoint is safe"
     callback.on_save(args, hf_state(2), control)
-    assert sync.flushes == 1
+    assert sync.asked_copies == [(2, frozenset({1}))]
+    assert sync.flushes == (0 if held_in_copies else 1), "the store waited for only when the copies do not hold it"
     assert checkpointed(NODE), "the rank on the leaving node tells its preStop hook"
+    [emergency] = [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "emergency_checkpoint"]
+    assert emergency["safe_in"] == ("node copies" if held_in_copies else "store")
+    flushes = sync.flushes
 
     control = TrainerControl()
     callback.on_step_end(args, hf_state(3), control)  # Ray repeats the same notice until the node is gone
     assert not control.should_save
     callback.on_save(args, hf_state(3), control)  # an ordinary save later: nothing of the notice's
-    assert sync.flushes == 1
+    assert sync.flushes == flushes
 
     control = TrainerControl()
     callback.on_step_end(args, hf_state(4), control)  # now every node: the whole group stops

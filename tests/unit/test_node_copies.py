@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoints.node_copies import NodeCopies
+from spotray.train.checkpoints.node_copies import NodeCopies, copies_hold_the_save
 
 pytestmark = pytest.mark.unit
 
@@ -64,3 +64,36 @@ def test_a_step_waiting_to_be_sent_survives_the_prune_of_a_newer_save(tmp_path: 
     copies.sending.discard(10)
     copies.prune()
     assert sorted(copies.held()) == [20]
+
+
+@pytest.mark.parametrize(
+    ("reports", "held", "why"),
+    [
+        ([(0, True, False), (1, True, True)], True, "node 1 goes; its files are on node 0, node 0's on itself"),
+        ([(1, True, True), (0, True, False)], True, "reported in any order: the ring places decide"),
+        ([(0, True, False), (1, True, True), (2, True, False)], True, "node 1's successor, 2, stays"),
+        ([(0, True, True), (1, True, False), (2, True, True), (3, True, False)], True, "0 and 2 go, 1 and 3 stay"),
+        ([(0, True, True), (1, True, False), (2, True, True)], False, "2 goes and its successor, 0, too"),
+        ([(0, True, False), (1, True, True), (2, True, True)], False, "1 goes and so does 2, which holds its copy"),
+        ([(0, True, False), (1, False, True)], False, "node 1's round was not played whole: its copy may be partial"),
+        ([(0, False, False), (1, True, True)], False, "node 0's round failed: it may not hold node 1's files"),
+        ([(0, True, True), (1, True, True)], False, "every node goes"),
+        ([(0, True, False), (1, True, False)], False, "none goes: nothing says which node the notice takes"),
+        ([(0, True, False), (None, False, True)], False, "a node with no ring place keeps no copies"),
+        ([(0, True, True)], False, "one node: no ring"),
+        ([(0, True, False), (2, True, True)], False, "places that are not a ring of 0..n-1"),
+    ],
+)
+def test_an_emergency_checkpoint_is_held_without_the_store_only_when_every_file_stays_on_a_node_that_stays(
+    reports: list[tuple[int | None, bool, bool]], held: bool, why: str
+) -> None:
+    assert copies_hold_the_save(reports) is held, why
+
+
+def test_a_step_counted_safe_only_in_the_copies_survives_the_prune_of_newer_saves(tmp_path: Path) -> None:
+    copies = NodeCopies(tmp_path / "copies", keep=1)
+    copies.keep_own(5, staged(tmp_path, 5, model=b"x"))
+    copies.pinned.add(5)  # an emergency checkpoint safe in the copies, its upload not over
+    for step in (6, 9):
+        copies.keep_own(step, staged(tmp_path, step, model=b"y"))
+    assert sorted(copies.held()) == [5, 9]

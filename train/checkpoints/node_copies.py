@@ -39,7 +39,7 @@ import logging
 import queue
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -123,6 +123,9 @@ class NodeCopies:
         self.keep = keep
         # Steps whose files are waiting to be sent to the next node: no prune deletes them before.
         self.sending: set[int] = set()
+        # Steps safe only here (an emergency checkpoint counted safe at its copies before its upload ended):
+        # no newer save's prune deletes them while this process lives; the next start completes them.
+        self.pinned: set[int] = set()
 
     def dir_of(self, step: int) -> Path:
         return self.root / checkpoint_dir_name(step)
@@ -220,7 +223,7 @@ class NodeCopies:
         """Delete all but the newest ``keep`` steps."""
         if not self.root.is_dir():
             return
-        keep = set(self.newest_steps()) | self.sending
+        keep = set(self.newest_steps()) | self.sending | self.pinned
         for directory in [*self.root.iterdir(), *(self.root / _RECORDS).glob("checkpoint-*")]:
             step = parse_checkpoint_step(directory.name)
             if step is not None and step not in keep:
@@ -236,6 +239,8 @@ class PeerRound:
     files: dict[str, Path] = field(default_factory=dict)
     # What the files are (their entries filled as they are sent); None: a save skipped on this node.
     record: ShareRecord | None = None
+    done: threading.Event = field(default_factory=threading.Event)  # played, or given up
+    copied: bool = False  # played whole: this node's files are on the next node, the previous node's here
 
 
 class PeerCopies:
@@ -253,6 +258,7 @@ class PeerCopies:
     def __init__(self, copies: NodeCopies, group: object, leaders: tuple[int, ...], node: int) -> None:
         self.copies = copies
         self.group = group
+        self.node = node
         self.next_rank = leaders[(node + 1) % len(leaders)]
         self.previous_rank = leaders[(node - 1) % len(leaders)]
         self.failed: BaseException | None = None
@@ -288,6 +294,7 @@ class PeerCopies:
                 if not round_.ready.wait(TRANSFER_TIMEOUT.total_seconds()):
                     raise TimeoutError(f"checkpoint-{round_.step}'s files were never staged on this node")
                 self._swap(round_)
+                round_.copied = True
             except Exception as error:  # noqa: BLE001 - a faster path lost, said once; S3 still has every checkpoint
                 self.failed = error
                 log.warning(
@@ -297,6 +304,7 @@ class PeerCopies:
                 )
             finally:
                 self.copies.sending.discard(round_.step)
+                round_.done.set()
         self.copies.prune()
 
     def _swap(self, round_: PeerRound) -> None:
@@ -356,6 +364,26 @@ class PeerCopies:
             dist.irecv(receive, self.previous_rank, group=self.group),  # type: ignore[arg-type]
         )
         return receive
+
+
+def copies_hold_the_save(reports: Sequence[tuple[int | None, bool, bool]]) -> bool:
+    """Whether the nodes that stay hold every file of one save, without the store: from each node's
+    (ring place, its round of the save played whole, some rank on it is going), by node.
+
+    Node k's files are on node k and on the next node in the ring (k + 1), each with its record. So
+    every file stays on a node that stays when every round was played whole, some node stays, and
+    no node that goes is followed by one that goes too. Anything unknown (a node with no ring place:
+    it keeps no copies) is a no: the save is then safe only in the store.
+    """
+    if len(reports) < 2 or any(place is None for place, _, _ in reports):
+        return False
+    ring = sorted(reports, key=lambda report: report[0] or 0)
+    if [place for place, _, _ in ring] != list(range(len(ring))) or not all(copied for _, copied, _ in ring):
+        return False
+    going = [going for _, _, going in ring]
+    if not any(going) or all(going):
+        return False
+    return all(not going[(k + 1) % len(ring)] for k in range(len(ring)) if going[k])
 
 
 def _filled(record: ShareRecord | None, sizes: Mapping[str, int], digests: list[str]) -> ShareRecord | None:

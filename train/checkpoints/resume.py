@@ -534,7 +534,8 @@ class SharedReadCount:
     s3_bytes: int  # read from the store, by all nodes together
     peer_bytes: int  # received from another node
     kept_bytes: int = 0  # read from the copies the nodes kept when they saved (train/checkpoints/node_copies.py)
-    completed_bytes: int = 0  # uploaded from those copies first, to complete it (train/checkpoints/complete_from_copies.py)
+    # Uploaded from those copies first, to complete it in the store (train/checkpoints/complete_from_copies.py).
+    completed_bytes: int = 0
 
     def to_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -40,11 +40,18 @@ from spotray.contract.attempts import AttemptId
 from spotray.contract.spec import CheckpointSpec, default_of
 from spotray.train.checkpoints.async_checkpoint import SnapshotWriter
 from spotray.train.checkpoints.checkpoint import Manifest, checkpoint_dir_name
-from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, PeerRound, ShareRecord, peer_group
+from spotray.train.checkpoints.node_copies import (
+    NodeCopies,
+    PeerCopies,
+    PeerRound,
+    ShareRecord,
+    copies_hold_the_save,
+    peer_group,
+)
 from spotray.train.checkpoints.node_parts import NodeSave, plan_node_saves
 from spotray.train.checkpoints.upload_worker import UploadStall
 from spotray.train.checkpoints.uploader import CheckpointUploader, stage_checkpoint
-from spotray.train.processes.ranks import all_gather_objects
+from spotray.train.processes.ranks import all_gather_objects, world_rank
 from spotray.train.records.event_log import EventLog
 from spotray.train.storage.store import ObjectStore, open_store
 
@@ -102,6 +109,7 @@ class S3CheckpointCallback(TrainerCallback):
         self.upload_stall: UploadStall | None = None
         self.node_copies = node_copies
         self.peers: PeerCopies | None = None  # a node's first process, on several nodes with node_copies
+        self._peer_round: PeerRound | None = None  # the newest save's turn in the ring
         self._peer_group_made = False
 
     def stall_at(self, step: int) -> float | None:
@@ -167,6 +175,7 @@ class S3CheckpointCallback(TrainerCallback):
         share = self._share_of_save(args, state, step)
         # Every node takes its turn in the ring for every save, with files or without.
         peer_round = self.peers.open_round(step) if self.peers is not None else None
+        self._peer_round = peer_round
         if not state.is_world_process_zero:
             if share is not None:  # another node's local process zero: its files, then its part record
                 source = Path(str(args.output_dir)) / checkpoint_dir_name(step)
@@ -284,6 +293,33 @@ class S3CheckpointCallback(TrainerCallback):
             self.attempt = replace(self.attempt, leaving=True)
         if self._uploader is not None:
             self._uploader.leave()
+
+    def copies_hold(self, step: int, going: frozenset[int], timeout_s: float) -> bool:
+        """Every rank (a collective): whether the save of ``step`` is whole on the nodes that stay when
+        the ranks ``going`` go, in the copies the nodes keep, before its upload ends (within ``timeout_s``
+        for the ring). If so, each node keeps the step until this process ends (``NodeCopies.pinned``),
+        whatever newer saves come: it may be safe nowhere else yet, and the next start completes it in
+        the store (train/checkpoints/complete_from_copies.py)."""
+        if self.snapshot_writer is not None:
+            self.snapshot_writer.wait()  # an async save offers its files to the ring once written
+        ring_place, copied = None, False
+        round_ = self._peer_round
+        if self.peers is not None and round_ is not None and round_.step == step:
+            ring_place, copied = self.peers.node, round_.done.wait(timeout_s) and round_.copied
+        place = (socket.gethostname(), str(self.node_copies.root.resolve())) if self.node_copies else None
+        reports = all_gather_objects((place, ring_place, copied, world_rank() in going))
+        nodes: dict[object, tuple[int | None, bool, bool]] = {}
+        for where, node, node_copied, rank_going in reports:
+            if where is None:
+                return False  # a rank that keeps no copies: its files are only in the store
+            known = nodes.get(where, (None, False, False))
+            nodes[where] = (
+                node if node is not None else known[0], node_copied or known[1], rank_going or known[2]
+            )  # fmt: skip
+        held = copies_hold_the_save(list(nodes.values()))
+        if held and self.node_copies is not None:
+            self.node_copies.pinned.add(step)
+        return held
 
     def flush(self) -> None:
         """Wait for the checkpoint being written and every queued upload; raises if one failed."""

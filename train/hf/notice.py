@@ -48,6 +48,10 @@ from spotray.train.records.event_log import EventLog, event_log_from_env
 
 log = logging.getLogger(__name__)
 
+# How long an emergency checkpoint waits for the ring to copy it to the nodes that stay before it waits
+# for the store instead (the ring moves a node's share at its network's speed: seconds for tens of GB).
+PEER_COPY_WAIT_S = 60.0
+
 
 def in_ray_train() -> bool:
     """True inside a function that Ray Train's ``fit()`` launched.
@@ -211,10 +215,17 @@ class PreemptionNoticeCallback(TrainerCallback):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.noticed_at is None or self.stopped_at_step is not None:
             return
-        self.sync.flush()  # on rank 0 this waits until the checkpoint is complete in the store
+        # Going on without a node, the group restarts on the nodes that stay, whose copies of the
+        # checkpoint outlive it: once they hold every file, the node may go before the upload ends (on
+        # GKE a notice is about 15 s). Stopping, the attempt's pods may all go: only the store is safe.
+        safe_in = "store"
+        if self.going_on_without and self.sync.copies_hold(state.global_step, self.going_on_without, PEER_COPY_WAIT_S):
+            safe_in = "node copies"
+        else:
+            self.sync.flush()  # on rank 0 this waits until the checkpoint is complete in the store
         barrier()  # no rank reports "preempted" (or lets its node go) before the checkpoint is safe
         if self.going_on_without:
-            self._let_the_node_go(state)
+            self._let_the_node_go(state, safe_in)
             return
         self.stopped_at_step = state.global_step
         if state.is_world_process_zero:
@@ -224,22 +235,24 @@ class PreemptionNoticeCallback(TrainerCallback):
             self.events.emit("emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3))
             log.warning("emergency checkpoint-%d complete %.1f s after the notice", state.global_step, seconds)
 
-    def _let_the_node_go(self, state: TrainerState) -> None:
-        """The elastic path: the checkpoint is safe, so the ranks on a draining node tell its hook, and all train on."""
+    def _let_the_node_go(self, state: TrainerState, safe_in: str) -> None:
+        """The elastic path: the checkpoint is safe, so the ranks on a draining node tell its hook, and all
+        train on (``safe_in``: where it is safe, the store or the copies on the nodes that stay)."""
         assert self.noticed_at is not None
         seconds = time.monotonic() - self.noticed_at
         self.noticed_at = None  # the next notice, if one comes, is a new one
         if state.is_world_process_zero:
             self.events.emit(
                 "emergency_checkpoint", step=state.global_step, seconds=round(seconds, 3),
-                going_on_without=sorted(self.going_on_without),
+                going_on_without=sorted(self.going_on_without), safe_in=safe_in,
             )  # fmt: skip
         node = self.node_id()
         if world_rank() in self.going_on_without and node is not None:
             mark_checkpointed(node)
         log.warning(
-            "emergency checkpoint-%d complete %.1f s after the notice; training on until ranks %s are gone",
+            "emergency checkpoint-%d safe in the %s %.1f s after the notice; training on until ranks %s are gone",
             state.global_step,
+            safe_in,
             seconds,
             sorted(self.going_on_without),
         )
