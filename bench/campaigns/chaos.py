@@ -1,5 +1,6 @@
 """Chaos campaign, cheap trials: SIGKILL at a random moment of an upload, a prune, a download; a stale
-attempt racing the fence; a corrupted newest checkpoint. Each against a real S3 server (SeaweedFS).
+attempt racing the fence; a corrupted newest checkpoint; a node lost while a checkpoint whose upload
+was killed is only in the nodes' copies. Each against a real S3 server (SeaweedFS).
 
 Every trial starts from a known set of complete checkpoints under a fresh prefix, injects one fault
 at a random point, and then checks what a resuming attempt would see:
@@ -16,6 +17,7 @@ at every step, the same final weights, nothing complete lost at any restart.
 
     .venv/bin/python -m bench.campaigns.chaos --trials 200 --full-runs 20     # make chaos
     .venv/bin/python -m bench.campaigns.chaos --trials 0 --full-runs 3        # only a few full runs
+    .venv/bin/python -m bench.campaigns.chaos --trials 40 --full-runs 0 --cheap-kinds node-lost-copies-only
 """
 
 from __future__ import annotations
@@ -41,12 +43,15 @@ from spotray.contract.errors import CorruptCheckpointError
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import (
     MANIFEST_NAME,
+    FileEntry,
     complete_checkpoints,
     download_checkpoint,
+    file_sha256,
     prune_checkpoints,
     upload_checkpoint,
 )
-from spotray.train.checkpoints.resume import fetch_resume_checkpoint
+from spotray.train.checkpoints.node_copies import NodeCopies, ShareRecord
+from spotray.train.checkpoints.resume import ResumeFetch, fetch_resume_checkpoint
 from spotray.train.records.attempt_records import SupersededError, write_fence
 from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import RetryPolicy, S3ObjectStore, StoreConfig
@@ -278,6 +283,49 @@ def trial_corrupt_newest(config: StoreConfig, prefix: str, scratch: Path, rng: r
     return Trial("corrupt-newest", True, 5, landed=landed)
 
 
+def plant_ring_copies(store: S3ObjectStore, source: Path, step: int, root: Path) -> list[NodeCopies]:
+    """What the ring of two nodes leaves of the save of ``step`` (train/checkpoints/node_copies.py): node 0's
+    share is the first half of the files, node 1's the rest, and each node holds both shares and their records."""
+    names = sorted(path.name for path in source.iterdir())
+    shares = [names[: len(names) // 2], names[len(names) // 2 :]]
+    nodes = [NodeCopies(root / f"node-{node}") for node in (0, 1)]
+    for copies in nodes:
+        copies.keep_own(step, source)  # hard links: both shares, as its own and its neighbour's
+        for node, share in enumerate(shares):
+            files = {name: FileEntry((source / name).stat().st_size, file_sha256(source / name)) for name in share}
+            resume = {"global_step": step} if node == 0 else {}
+            copies.keep_record(ShareRecord(step, "save-a", node, 2, 2, str(store.uri), files, resume))
+    return nodes
+
+
+def trial_node_lost_copies_only(config: StoreConfig, prefix: str, scratch: Path, rng: random.Random) -> Trial:
+    """checkpoint-30's upload killed at a random moment, one node (or both) lost with its copies, and the
+    next start, itself killed at a random moment half the time, completes it from what is left: with a
+    node left it must resume from 30; with none, from 20 (every copy but the store's gone)."""
+    store, _, source = checkpoint_30_to_upload(config, prefix, scratch)
+    nodes = plant_ring_copies(store, source, 30, scratch / "copies")
+    killed_at_random(lambda: upload_checkpoint(store_for(config, prefix), source, 30, 1), 0.4, rng)
+    state = checkpoint_state(store, 30)
+    lost = rng.choice(["node 0", "node 1", "both nodes"])
+    for node, copies in enumerate(nodes):
+        if lost in (f"node {node}", "both nodes"):
+            shutil.rmtree(copies.root)
+    left = next((copies for node, copies in enumerate(nodes) if lost not in (f"node {node}", "both nodes")), None)
+    attempt = AttemptId("chaos", 2)
+    write_fence(store, attempt)  # the next attempt's driver claims the URI before its workers start
+
+    def next_start() -> None:
+        ResumeFetch(store_for(config, prefix), scratch / "resume-node", attempt, left).wait()
+
+    start_killed = rng.random() < 0.5
+    if start_killed:
+        killed_at_random(next_start, 0.5, rng)
+    next_start()  # a start after the killed one, or the only one
+    landed = f"checkpoint-30 {state}; {lost} lost" + ("; the next start killed once" if start_killed else "")
+    floor = 20 if left is None else 30
+    return replace(judge("node-lost-copies-only", store, scratch, newest_begun=30, floor=floor), landed=landed)
+
+
 KINDS: dict[str, Callable[[StoreConfig, str, Path, random.Random], Trial]] = {
     "kill-upload": trial_kill_upload,
     "kill-before-manifest": trial_kill_before_manifest,
@@ -285,6 +333,7 @@ KINDS: dict[str, Callable[[StoreConfig, str, Path, random.Random], Trial]] = {
     "kill-download": trial_kill_download,
     "stale-attempt": trial_stale_attempt,
     "corrupt-newest": trial_corrupt_newest,
+    "node-lost-copies-only": trial_node_lost_copies_only,
 }
 
 
@@ -294,12 +343,12 @@ def report(number: int, trial: Trial) -> None:
     print(f"{mark} {number:4d} {trial.kind:30s} steps lost {trial.steps_lost:3d}{landed} {trial.problem}", flush=True)
 
 
-def cheap_trials(count: int, rng: random.Random, work: Path) -> list[Trial]:
+def cheap_trials(count: int, rng: random.Random, work: Path, kinds: list[str] | None = None) -> list[Trial]:
     trials: list[Trial] = []
     with LocalS3Server(work / "s3") as server:
         server.create_bucket(BUCKET)
         for number in range(count):
-            kind = rng.choice(sorted(KINDS))
+            kind = rng.choice(sorted(kinds or KINDS))
             scratch = work / f"trial-{number}"
             try:
                 trial = KINDS[kind](server.config, f"trial-{number}", scratch, rng)
@@ -346,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(chaos_runs.FULL_RUN_KINDS),
         help=f"comma-separated faults for the full runs, taking turns (default: all of {chaos_runs.FULL_RUN_KINDS})",
     )
+    parser.add_argument(
+        "--cheap-kinds",
+        default=",".join(sorted(KINDS)),
+        help=f"comma-separated kinds for the cheap trials, taking turns at random (default: all of {sorted(KINDS)})",
+    )
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--name", default="chaos", help="bench/results/<name>.json")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (failed runs are kept anyway)")
@@ -353,10 +407,13 @@ def main(argv: list[str] | None = None) -> int:
     choices = [kind.strip() for kind in args.full_run_kinds.split(",") if kind.strip()]
     if unknown := sorted(set(choices) - set(chaos_runs.FULL_RUN_KINDS)):
         parser.error(f"unknown full-run faults {unknown}; choose from {chaos_runs.FULL_RUN_KINDS}")
+    cheap_kinds = [kind.strip() for kind in args.cheap_kinds.split(",") if kind.strip()]
+    if unknown := sorted(set(cheap_kinds) - set(KINDS)):
+        parser.error(f"unknown cheap trial kinds {unknown}; choose from {sorted(KINDS)}")
     rng = random.Random(args.seed)
     work = Path(tempfile.mkdtemp(prefix="spotray-chaos-"))
     started = time.monotonic()
-    cheap = cheap_trials(args.trials, rng, work)
+    cheap = cheap_trials(args.trials, rng, work, cheap_kinds)
     full, lost_by_faults = full_run_trials(args.full_runs, rng, work, choices)
     trials = cheap + full
     failed_runs = [t for t in full if not t.passed]
