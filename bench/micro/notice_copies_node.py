@@ -64,14 +64,16 @@ def big_gpt2(size_mb: int) -> GPT2LMHeadModel:
 
 
 class NoticeAt:
-    """Ray Train's notice when node 0 is drained (``get_preemption_info``), from the ``step``-th question on."""
+    """The notice Ray Train gives when the node of ``ranks`` is drained (``get_preemption_info``): none before
+    the ``step``-th question (asked once a step here), then one naming them, until the process ends.
+    Injected: torchrun has no drain."""
 
-    def __init__(self, step: int) -> None:
-        self.step, self.calls = step, 0
+    def __init__(self, step: int, ranks: list[int]) -> None:
+        self.step, self.ranks, self.calls = step, ranks, 0
 
     def __call__(self) -> object | None:
         self.calls += 1
-        return SimpleNamespace(preempted_ranks=[0], deadline_ms=None) if self.calls >= self.step else None
+        return SimpleNamespace(preempted_ranks=self.ranks, deadline_ms=None) if self.calls >= self.step else None
 
 
 class Phases(TrainerCallback):
@@ -115,7 +117,7 @@ def main(leg: str, phase: str, node_dir: Path, store_uri: str, size_mb: int, out
     callbacks: list[TrainerCallback] = [sync]
     resume_from, resumed = None, {}
     if phase == "notice":
-        notice = NoticeAt(NOTICE_AT)
+        notice = NoticeAt(NOTICE_AT, ranks=[0])
         noticed = PreemptionNoticeCallback(
             sync, log, target_interval_s=0.0, notice=notice, min_workers=1, node_id=lambda: None
         )

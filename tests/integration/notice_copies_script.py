@@ -20,12 +20,12 @@ import json
 import os
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from bench.micro.notice_copies_node import NoticeAt
 from spotray.train.checkpoints.checkpoint import checkpoint_dir_name, manifest_exists
 from spotray.train.checkpoints.direct_load import DirectLoadTrainer
 from spotray.train.checkpoints.node_copies import NodeCopies
@@ -38,18 +38,6 @@ from spotray.train.storage.store import open_store
 from tests.integration.test_async_checkpoint import make_trainer
 
 NOTICE_AT, MAX_STEPS = 5, 12
-
-
-class NoticeAt:
-    """The notice Ray Train gives when node 1 is drained (``get_preemption_info``): none before ``step``
-    steps, then one naming rank 1, until the process ends. Injected: torchrun has no drain."""
-
-    def __init__(self, step: int) -> None:
-        self.step, self.calls = step, 0
-
-    def __call__(self) -> object | None:
-        self.calls += 1
-        return SimpleNamespace(preempted_ranks=[1], deadline_ms=None) if self.calls >= self.step else None
 
 
 class WaitForTheStore(TrainerCallback):
@@ -95,7 +83,7 @@ def train(node_dir: Path, store_uri: str, phase: str) -> None:
     if phase == "notice":
         events = node_dir / "events.jsonl"
         notice = PreemptionNoticeCallback(
-            sync, EventLog(events), target_interval_s=0.0, notice=NoticeAt(NOTICE_AT), min_workers=1,
+            sync, EventLog(events), target_interval_s=0.0, notice=NoticeAt(NOTICE_AT, ranks=[1]), min_workers=1,
             node_id=lambda: None,
         )  # fmt: skip
         callbacks += [WaitForTheStore(sync), notice, GoneOnceSafe(sync, events, node_dir / "notice.json")]

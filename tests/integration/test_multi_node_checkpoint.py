@@ -30,28 +30,31 @@ pytestmark = [pytest.mark.integration, pytest.mark.core]
 SCRIPT = Path(__file__).with_name("two_node_script.py")
 
 
-def run_two_nodes(tmp_path: Path, store_uri: str, env: dict[str, str]) -> None:
+def run_two_nodes(
+    script: Path, tmp_path: Path, env: dict[str, str], *args: str, name: str = "", label: str = "run"
+) -> None:
+    """``script`` on two torchrun "nodes" of one process each, node k's first argument its own directory
+    (``tmp_path/name/node-k``) and then ``args``; both must exit 0 (their logs beside, ``label-node-k.log``)."""
     port = free_port()
     env = torchrun_env(env)
-    nodes = []
+    nodes, logs = [], [tmp_path / f"{label}-node-{node}.log" for node in (0, 1)]
     for node in (0, 1):
         command = [
             sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
             "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-            str(SCRIPT), str(tmp_path / f"node-{node}"), store_uri,
+            str(script), str(tmp_path / name / f"node-{node}"), *args,
         ]  # fmt: skip
-        with (tmp_path / f"node-{node}.log").open("w") as log:
+        with logs[node].open("w") as log:
             nodes.append(start_in_own_group(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path))
     deadline = time.monotonic() + 300
     codes = [wait_or_dump_stacks(process, max(1.0, deadline - time.monotonic())) for process in nodes]
-    logs = "\n".join((tmp_path / f"node-{node}.log").read_text()[-3000:] for node in (0, 1))
-    assert codes == [0, 0], logs
+    assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
 
 
 def test_a_run_on_two_nodes_with_their_own_disks_resumes_exactly_from_the_store(
     tmp_path: Path, s3_store: S3ObjectStore, s3_env: dict[str, str]
 ) -> None:
-    run_two_nodes(tmp_path, str(s3_store.uri), s3_env)
+    run_two_nodes(SCRIPT, tmp_path, s3_env, str(s3_store.uri))
     # Each node's disk held only its own rank's RNG state: the store's checkpoint must hold both.
     for node in (0, 1):
         local = tmp_path / f"node-{node}/shared-writer/checkpoints/checkpoint-3"

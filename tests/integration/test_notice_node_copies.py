@@ -13,9 +13,6 @@ names node 1's rank at step 5 (notice_copies_script.py).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,10 +21,10 @@ from safetensors.torch import load_file
 from bench.campaigns.fault_proxy import FaultProxy
 from spotray.contract.uris import parse_uri
 from spotray.train.checkpoints.checkpoint import complete_checkpoints, download_checkpoint
-from spotray.train.storage.local_s3 import LocalS3Server, free_port
+from spotray.train.storage.local_s3 import LocalS3Server
 from spotray.train.storage.store import S3ObjectStore
-from tests.conftest import start_in_own_group, torchrun_env, wait_or_dump_stacks
 from tests.integration.test_async_checkpoint import assert_same
+from tests.integration.test_multi_node_checkpoint import run_two_nodes
 
 pytestmark = [pytest.mark.integration, pytest.mark.core]
 
@@ -35,32 +32,14 @@ SCRIPT = Path(__file__).with_name("notice_copies_script.py")
 UPLOAD_BYTES_PER_S = 64 << 10
 
 
-def run_two_nodes(tmp_path: Path, name: str, store_uri: str, env: dict[str, str], phase: str) -> None:
-    port = free_port()
-    env = torchrun_env(env)
-    nodes = []
-    for node in (0, 1):
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
-            "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-            str(SCRIPT), str(tmp_path / name / f"node-{node}"), store_uri, phase,
-        ]  # fmt: skip
-        with (tmp_path / f"{name}-{phase}-node-{node}.log").open("w") as log:
-            nodes.append(start_in_own_group(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path))
-    deadline = time.monotonic() + 300
-    codes = [wait_or_dump_stacks(process, max(1.0, deadline - time.monotonic())) for process in nodes]
-    logs = "\n".join((tmp_path / f"{name}-{phase}-node-{node}.log").read_text()[-3000:] for node in (0, 1))
-    assert codes == [0, 0], logs
-
-
 def test_a_notice_shorter_than_the_upload_loses_no_step_when_the_nodes_that_stay_hold_the_checkpoint(
     tmp_path: Path, s3_server: LocalS3Server, s3_store: S3ObjectStore, s3_env: dict[str, str]
 ) -> None:
     whole_uri, cut_uri = f"{s3_store.uri}/whole", f"{s3_store.uri}/notice"
-    run_two_nodes(tmp_path, "whole", whole_uri, s3_env, "whole")
+    run_two_nodes(SCRIPT, tmp_path, s3_env, whole_uri, "whole", name="whole", label="whole")
     with FaultProxy(s3_server.port, upload_bytes_per_s=UPLOAD_BYTES_PER_S) as proxy:
         slow = s3_env | {"AWS_ENDPOINT_URL": proxy.endpoint_url, "S3_ENDPOINT_URL": proxy.endpoint_url}
-        run_two_nodes(tmp_path, "notice", cut_uri, slow, "notice")
+        run_two_nodes(SCRIPT, tmp_path, slow, cut_uri, "notice", name="notice", label="notice")
     seen = json.loads((tmp_path / "notice/node-0/notice.json").read_text())
     [emergency] = seen["emergency"]
     assert (emergency["step"], emergency["going_on_without"]) == (5, [1]), emergency
@@ -73,7 +52,7 @@ def test_a_notice_shorter_than_the_upload_loses_no_step_when_the_nodes_that_stay
     gone = tmp_path / "notice/node-1"
     for path in sorted(gone.rglob("*"), reverse=True):
         path.unlink() if path.is_file() or path.is_symlink() else path.rmdir()
-    run_two_nodes(tmp_path, "notice", cut_uri, s3_env, "resume")
+    run_two_nodes(SCRIPT, tmp_path, s3_env, cut_uri, "resume", name="notice", label="resume")
     resumed = json.loads((tmp_path / "notice/node-0/resume.json").read_text())
     assert resumed["step"] == 5, f"resumed from checkpoint-{resumed['step']}: the notice's steps were lost"
     assert resumed["read"]["completed_bytes"] > 0, resumed
