@@ -108,6 +108,17 @@ def _with_descendants(pid: int) -> list[psutil.Process]:
         return []
 
 
+def ring_rate(progress: Path, since: float) -> float | None:
+    """MB/s node 0's ring sent from ``since`` to its last reading (bench/micro/notice_copies_node.py)."""
+    if not progress.exists():
+        return None
+    readings = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
+    after = [(at, sent) for at, sent, _ in readings if at >= since]
+    if len(after) < 2 or after[-1][0] <= after[0][0]:
+        return None
+    return round((after[-1][1] - after[0][1]) / (after[-1][0] - after[0][0]) / MB, 1)
+
+
 def run_leg(
     leg: str, work: Path, store_uri: str, env: list[dict[str, str]], args: argparse.Namespace
 ) -> dict[str, Any]:
@@ -118,6 +129,7 @@ def run_leg(
     [noticed] = [e for e in logged if e["event"] == "preemption_notice"]
     [periodic] = [e for e in logged if e["event"] == "checkpoint_saved" and e["step"] == SAVE_AT]
     safe = json.loads((work / "notice.json").read_text()) if safe_by_itself else None
+    [emergency_save] = [e for e in logged if e["event"] == "checkpoint_saved" and e["step"] == NOTICE_AT]
     shutil.rmtree(work / "node-0")  # node 0 went with its disk; a new node takes its place
     run_nodes(leg, "resume", work, store_uri, env, args.size_mb, args.notice_s)
     resumed = json.loads((work / "resume.json").read_text())
@@ -127,6 +139,9 @@ def run_leg(
         "resumed_from": resumed["step"],
         "periodic_blocked_s": periodic["blocked_s"],
         "notice_to_safe_s": round(safe["safe_at"] - noticed["time"], 3) if safe else None,
+        # Where the notice's time went: the Trainer's save of the state (and its staging), then the ring.
+        "notice_to_saved_s": round(emergency_save["time"] - noticed["time"], 3),
+        "ring_mb_s_after_the_save": ring_rate(work / "ring-node-0.jsonl", emergency_save["time"]),
         "notice_to_first_step_s": round(resumed["first_step_at"] - noticed["time"], 3),
         "resume_read": resumed["read"],
     }

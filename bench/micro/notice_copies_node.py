@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -103,6 +104,22 @@ class Phases(TrainerCallback):
                 self.first_step_at = time.time()
 
 
+def record_ring(sync: S3CheckpointCallback, path: Path) -> None:
+    """Every half second, the bytes this node's ring has sent and received (bench instrumentation: where
+    the notice's time goes), to ``path`` outside the node's directory, which a lost node takes with it."""
+
+    def poll() -> None:
+        with path.open("a") as handle:
+            while True:
+                peers = sync.peers
+                if peers is not None:
+                    handle.write(json.dumps([time.time(), peers.sent_bytes, peers.received_bytes]) + "\n")
+                    handle.flush()
+                time.sleep(0.5)
+
+    threading.Thread(target=poll, name="bench-ring-progress", daemon=True).start()
+
+
 def main(leg: str, phase: str, node_dir: Path, store_uri: str, size_mb: int, out: Path) -> None:
     dist.init_process_group("gloo")
     started = time.time()
@@ -113,6 +130,8 @@ def main(leg: str, phase: str, node_dir: Path, store_uri: str, size_mb: int, out
     sync = S3CheckpointCallback(
         str(store.uri), store=store, keep=3, staging_dir=node_dir / "staging", node_copies=copies, events=log
     )
+    if phase == "notice" and copies is not None:
+        record_ring(sync, out.parent / f"ring-{node_dir.name}.jsonl")
     phases = Phases(sync, events, out, phase)
     callbacks: list[TrainerCallback] = [sync]
     resume_from, resumed = None, {}

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from spotray.train.checkpoints.node_copies import NodeCopies, copies_hold_the_save
+from spotray.train.checkpoints.checkpoint import FileEntry
+from spotray.train.checkpoints.node_copies import NodeCopies, ShareRecord, copies_hold_the_save
 
 pytestmark = pytest.mark.unit
 
@@ -97,3 +98,19 @@ def test_a_step_counted_safe_only_in_the_copies_survives_the_prune_of_newer_save
     for step in (6, 9):
         copies.keep_own(step, staged(tmp_path, step, model=b"y"))
     assert sorted(copies.held()) == [5, 9]
+
+
+def test_a_checkpoint_whose_round_is_over_stays_until_the_next_ones_round_is_over(tmp_path: Path) -> None:
+    """keep=1 keeps the newest checkpoint the node holds whole with its records, not the newest it has begun:
+    a node that kept its own share of checkpoint-6 and died before 6's round was over still holds 3."""
+    copies = NodeCopies(tmp_path / "copies", keep=1)
+    copies.keep_own(3, staged(tmp_path, 3, model=b"x"))
+    copies.keep_record(ShareRecord(3, "a", 0, 2, 2, "s3://b/r", {"model": FileEntry(1, "h")}))  # 3's round over
+    copies.keep_own(6, staged(tmp_path, 6, model=b"y"))  # 6's round begun, not over
+    assert sorted(copies.held()) == [3, 6], "checkpoint-3 pruned before checkpoint-6 was whole here"
+    copies.keep_record(ShareRecord(6, "b", 0, 2, 2, "s3://b/r", {"model": FileEntry(1, "h")}))
+    copies.prune()  # as the end of 6's round does
+    assert sorted(copies.held()) == [6]
+    for step in (9, 12, 15):  # the ring stopped: no round is over any more, and the disk stays bounded
+        copies.keep_own(step, staged(tmp_path, step, model=b"z"))
+    assert sorted(copies.held()) == [6, 15]

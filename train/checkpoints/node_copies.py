@@ -17,7 +17,8 @@ the next. Those nodes still hold what they saved (issue 73, item 2):
    (step, save id, the node and the number of nodes, world size, checkpoint URI), each file's size
    and SHA-256 (the sender hashes as it reads, the receiver as it writes; a mismatch drops the copy),
    and node 0's ``resume`` (where the data stands). Both nodes keep it beside the files.
-4. A node keeps the newest ``keep`` checkpoints and deletes older ones.
+4. A node keeps the newest ``keep`` checkpoints and deletes older ones, but not the newest ``keep`` whose
+   round is over before a newer save's round is (so at most twice ``keep`` while a round runs).
 
 The records make the copies a checkpoint of their own when its upload never finished (the attempt
 died during it: a spot node gone, a notice shorter than the upload): at the next start, if the nodes
@@ -220,10 +221,12 @@ class NodeCopies:
         return self.dir_of(step) / name
 
     def prune(self) -> None:
-        """Delete all but the newest ``keep`` steps."""
+        """Delete all but the newest ``keep`` steps, and the newest ``keep`` whose round is over (their records
+        kept): a save begun here is not whole until its round ends, and must not take the place of one that is."""
         if not self.root.is_dir():
             return
-        keep = set(self.newest_steps()) | self.sending | self.pinned
+        settled = sorted({record.step for record in self.records()}, reverse=True)[: self.keep]
+        keep = set(self.newest_steps()) | set(settled) | self.sending | self.pinned
         for directory in [*self.root.iterdir(), *(self.root / _RECORDS).glob("checkpoint-*")]:
             step = parse_checkpoint_step(directory.name)
             if step is not None and step not in keep:
