@@ -22,6 +22,7 @@ BENCHMARKS = {
     "resume": "bench.micro.resume",
     "read_once": "bench.micro.read_once",
     "node_copies": "bench.micro.node_copies_resume",
+    "ring_pipeline": "bench.micro.ring_pipeline",
     "ray_vs_torchrun": "bench.micro.ray_vs_torchrun",
     "streaming": "bench.micro.streaming",
     "recovery": "bench.micro.recovery",

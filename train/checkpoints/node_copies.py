@@ -40,6 +40,7 @@ import logging
 import queue
 import shutil
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 
 # Bytes per send: as the resume's exchange (shared_read.EXCHANGE_CHUNK_BYTES), one buffer each way.
 CHUNK_BYTES = 64 << 20
+# Chunks each way on the wire at once: 2 keeps the link busy while a chunk is read, written and hashed
+# (bench/micro/ring_pipeline.py measures 2 against 1, the lockstep the ring began with).
+CHUNKS_IN_FLIGHT = 2
 # A neighbour that stops answering (its node lost, its process killed) ends the copying after this
 # long, not the training: the copies are a faster path, S3 stays the safe one.
 TRANSFER_TIMEOUT = timedelta(minutes=5)
@@ -322,20 +326,7 @@ class PeerCopies:
         targets = [(self.copies.receiving(step, name), size) for name, size in incoming_sizes.items()]
         try:
             with _FileStream(targets, write=True) as receiving, outgoing:
-                send_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
-                receive_buffer = torch.empty(CHUNK_BYTES, dtype=torch.uint8)
-                while outgoing.left or receiving.left:
-                    send = send_buffer[: min(CHUNK_BYTES, outgoing.left)]
-                    receive = receive_buffer[: min(CHUNK_BYTES, receiving.left)]
-                    outgoing.read_into(send)
-                    _both(
-                        dist.isend(send, self.next_rank, group=self.group) if len(send) else None,  # type: ignore[arg-type]
-                        dist.irecv(receive, self.previous_rank, group=self.group) if len(receive) else None,  # type: ignore[arg-type]
-                    )
-                    receiving.write_from(receive)
-                    self.sent_bytes += len(send)
-                    self.received_bytes += len(receive)
-                receiving.finish()
+                self._stream(outgoing, receiving)
             sent = _filled(round_.record, sizes, outgoing.digests)
             record = self._exchange_bytes(sent.to_json() if sent is not None else b"null")
             if sent is not None:
@@ -348,6 +339,40 @@ class PeerCopies:
             self.copies.drop_incoming(step)
             raise
         self.copies.received(step, list(incoming_sizes), their)
+
+    def _stream(self, outgoing: _FileStream, receiving: _FileStream) -> None:
+        """Every byte of ``outgoing`` to the next node, the previous node's into ``receiving``, in chunks
+        of ``CHUNK_BYTES`` with ``CHUNKS_IN_FLIGHT`` of them on the wire each way: while gloo carries
+        one, this thread reads and hashes the next to send and writes and hashes the one that arrived.
+        Gloo matches a pair's sends and receives in the order they are posted."""
+        free = deque(
+            (torch.empty(CHUNK_BYTES, dtype=torch.uint8), torch.empty(CHUNK_BYTES, dtype=torch.uint8))
+            for _ in range(CHUNKS_IN_FLIGHT)
+        )
+        posted: deque[_Chunk] = deque()
+        to_send, to_receive = outgoing.left, receiving.left  # bytes not yet posted
+        while to_send or to_receive or posted:
+            while free and (to_send or to_receive):
+                buffers = free.popleft()
+                send, receive = buffers[0][: min(CHUNK_BYTES, to_send)], buffers[1][: min(CHUNK_BYTES, to_receive)]
+                outgoing.read_into(send)
+                posted.append(
+                    _Chunk(
+                        buffers,
+                        receive,
+                        dist.isend(send, self.next_rank, group=self.group) if len(send) else None,  # type: ignore[arg-type]
+                        dist.irecv(receive, self.previous_rank, group=self.group) if len(receive) else None,  # type: ignore[arg-type]
+                        len(send),
+                    )
+                )
+                to_send, to_receive = to_send - len(send), to_receive - len(receive)
+            chunk = posted.popleft()
+            _both(chunk.sending, chunk.receiving)
+            receiving.write_from(chunk.received)
+            self.sent_bytes += chunk.sent_bytes
+            self.received_bytes += len(chunk.received)
+            free.append(chunk.buffers)
+        receiving.finish()
 
     def _exchange_bytes(self, data: bytes) -> bytes:
         """``data`` to the next node, the previous node's (at most a manifest's bound) from it."""
@@ -409,6 +434,17 @@ def _both(send: dist.Work | None, receive: dist.Work | None) -> None:
 def peer_group(leaders: tuple[int, ...]) -> object:
     """The gloo group of the nodes' first processes: a collective, every rank of the run calls it."""
     return dist.new_group(list(leaders), backend="gloo", timeout=TRANSFER_TIMEOUT)
+
+
+@dataclass
+class _Chunk:
+    """One chunk each way posted to gloo: the buffers it uses until both ends are done with them."""
+
+    buffers: tuple[torch.Tensor, torch.Tensor]
+    received: torch.Tensor  # the part of buffers[1] the previous node fills
+    sending: dist.Work | None
+    receiving: dist.Work | None
+    sent_bytes: int
 
 
 class _FileStream:
