@@ -15,7 +15,11 @@ training instead: once the emergency checkpoint is safe, the ranks on the draini
 preStop hook (train/processes/drain_handshake.py), the node goes, and Ray Train restarts the group
 smaller from that checkpoint, in the same attempt. A fixed-size group with spare pods does the same
 when Ray has room for the ranks the notice takes (read on rank 0 at the notice): Ray Train restarts
-it at full size, on a spare.
+it at full size, on a spare. For these two, "safe" comes sooner than the store when the nodes that
+stay hold every file of the checkpoint (train/checkpoints/node_copies.py ``copies_hold_the_save``,
+waited for at most ``PEER_COPY_WAIT_S``): the restart in the same Ray cluster finds those copies and
+completes the checkpoint in the store before it resumes (train/checkpoints/complete_from_copies.py).
+A run that stops on a notice still waits for the store, since its pods may go with the attempt.
 
 Ray is never imported here: under Ray Train it is already loaded (``in_ray_train``), so a script
 outside Ray needs only ``spotray[train]``.
