@@ -29,13 +29,11 @@ trusted no more than S3: its bytes are hashed in the exchange like every other p
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
+import itertools
 import logging
 import shutil
 import socket
-from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,9 +58,6 @@ log = logging.getLogger(__name__)
 # Bytes per broadcast: large enough that a collective's fixed cost is nothing beside its bytes, small
 # enough that the buffer (one per leader) is no burden on a node's memory.
 EXCHANGE_CHUNK_BYTES = 64 << 20
-# Broadcasts posted at once (one buffer each): 2 keeps the links busy while a chunk is read, written and
-# hashed (bench/micro/read_once.py and node_copies_resume.py measure the exchange with it).
-BROADCASTS_IN_FLIGHT = 2
 # The unit of the shares: small enough that four nodes split a GB evenly, large enough that a piece's
 # requests (ranges of DOWNLOAD_PART_BYTES, in parallel) keep a node's link busy.
 PIECE_BYTES = 64 << 20
@@ -246,61 +241,27 @@ def _copy_range(source: Path, target: Path, offset: int, length: int) -> None:
 def exchange(share: Share, layout: NodeLayout, group: object) -> dict[str, str]:
     """Every leader sends its pieces to the others and receives theirs (a collective of the leaders'
     ``group``, pieces in file order); returns the SHA-256 of every file of the node's copy, computed
-    as its bytes passed, for the caller to check against the manifest.
-
-    ``BROADCASTS_IN_FLIGHT`` chunks are posted at once: while gloo carries one, this thread reads the
-    next (on its owner) and writes and hashes the last (on the others). They end in the order posted,
-    so each file is hashed in order."""
+    as its bytes passed, for the caller to check against the manifest."""
     info = share.info
     assert info.manifest is not None
     hashers = {name: hashlib.sha256() for name in info.manifest.files}
-    chunks = [
-        (piece, offset, min(EXCHANGE_CHUNK_BYTES, piece.offset + piece.length - offset))
-        for piece in share.pieces
-        for offset in range(piece.offset, piece.offset + piece.length, EXCHANGE_CHUNK_BYTES)
-    ]
-    chunks_left = Counter(piece.name for piece, _, _ in chunks)
-    free = deque(torch.empty(EXCHANGE_CHUNK_BYTES, dtype=torch.uint8) for _ in range(BROADCASTS_IN_FLIGHT))
-    posted: deque[tuple[Piece, int, torch.Tensor, torch.Tensor, dist.Work]] = deque()
-    with contextlib.ExitStack() as stack:
-        handles: dict[str, io.BufferedIOBase] = {}
-
-        def handle_of(name: str) -> io.BufferedIOBase:
-            if name not in handles:
-                path = share.source / name
-                handles[name] = stack.enter_context(
-                    path.open("rb") if share.whole else path.open("r+b")
-                )  # a verified copy is only read
-            return handles[name]
-
-        def finish() -> None:
-            piece, offset, buffer, chunk, work = posted.popleft()
-            work.wait()
-            data = chunk.numpy().data
-            if piece.node != layout.node and not share.whole:
-                handle = handle_of(piece.name)
-                handle.seek(offset)
-                handle.write(data)
-                share.peer_bytes += len(data)
-            hashers[piece.name].update(data)
-            free.append(buffer)
-            chunks_left[piece.name] -= 1
-            if not chunks_left[piece.name] and piece.name in handles:  # closed once its last chunk is done
-                handles.pop(piece.name).close()
-
-        for piece, offset, length in chunks:
-            if not free:
-                finish()
-            buffer = free.popleft()
-            chunk = buffer[:length]
-            if piece.node == layout.node:
-                handle = handle_of(piece.name)
-                handle.seek(offset)
-                if handle.readinto(chunk.numpy().data) != length:
-                    raise OSError(f"{share.source / piece.name} changed while it was sent to the other nodes")
-            work = dist.broadcast(chunk, src=layout.leaders[piece.node], group=group, async_op=True)  # type: ignore[arg-type]
-            assert work is not None  # async_op: always a Work
-            posted.append((piece, offset, buffer, chunk, work))
-        while posted:
-            finish()
+    buffer = torch.empty(EXCHANGE_CHUNK_BYTES, dtype=torch.uint8)
+    for name, pieces in itertools.groupby(share.pieces, key=lambda piece: piece.name):  # file order: one open at a time
+        path = share.source / name
+        with path.open("rb") if share.whole else path.open("r+b") as handle:  # a verified copy is only read
+            for piece in pieces:
+                mine = piece.node == layout.node
+                for offset in range(piece.offset, piece.offset + piece.length, EXCHANGE_CHUNK_BYTES):
+                    chunk = buffer[: min(EXCHANGE_CHUNK_BYTES, piece.offset + piece.length - offset)]
+                    data = chunk.numpy().data
+                    if mine:
+                        handle.seek(offset)
+                        if handle.readinto(data) != len(data):
+                            raise OSError(f"{path} changed while it was sent to the other nodes")
+                    dist.broadcast(chunk, src=layout.leaders[piece.node], group=group)  # type: ignore[arg-type]
+                    if not mine and not share.whole:
+                        handle.seek(offset)
+                        handle.write(data)
+                        share.peer_bytes += len(data)
+                    hashers[name].update(data)
     return {name: hasher.hexdigest() for name, hasher in hashers.items()}
