@@ -17,16 +17,24 @@ ring's MB/s for each leg is reported beside it. On this machine's two cores each
 gloo's own threads and the page cache share them; a real node has more cores and a slower link than
 loopback, so the gain there depends on which of the two is the bottleneck.
 
-    .venv/bin/python -m bench.micro.ring_pipeline [--pairs 5] [--size-mb 2048]
+``--link-mb-s N`` puts each node in a network namespace of its own, the two joined by a veth pair
+whose both ends a token bucket (``tc qdisc tbf``) limits to N MB/s, and starts the two processes there
+by hand (no torchrun: gloo binds the veth, 198.19.73.0/30, the range ENV.md sets aside for benchmarks).
+That stands for nodes whose link, not their cores, is the bottleneck. Needs root (``ip netns``).
+
+    .venv/bin/python -m bench.micro.ring_pipeline [--pairs 5] [--size-mb 2048] [--link-mb-s 150]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench.common import ROOT, alternating_pairs, machine_details, paired_ratio, scratch_dir, write_result
@@ -35,21 +43,78 @@ from bench.micro.read_once import earlier_runs
 NODE_SCRIPT = Path(__file__).with_name("ring_pipeline_node.py")
 GOAL = "<= 0.8"
 PIPELINED, LOCKSTEP = 2, 1
+LINK_NETNS = ("spotray-ring-0", "spotray-ring-1")
+LINK_ADDRESSES = ("198.19.73.1", "198.19.73.2")
+LINK_PORT = "29573"
+
+
+@contextlib.contextmanager
+def rate_limited_link(mb_s: int) -> Iterator[None]:
+    """Two network namespaces joined by one veth pair, each end limited to ``mb_s`` MB/s; removed after."""
+
+    def ip(*argv: str) -> None:
+        subprocess.run(["ip", *argv], check=True, capture_output=True, text=True)
+
+    try:
+        for netns in LINK_NETNS:
+            ip("netns", "add", netns)
+        ip("link", "add", "name", "ring0", "netns", LINK_NETNS[0], "type", "veth", "peer", "name", "ring1",
+           "netns", LINK_NETNS[1])  # fmt: skip
+        for node, netns in enumerate(LINK_NETNS):
+            device = f"ring{node}"
+            ip("-n", netns, "addr", "add", f"{LINK_ADDRESSES[node]}/30", "dev", device)
+            ip("-n", netns, "link", "set", device, "up")
+            ip("-n", netns, "link", "set", "lo", "up")
+            subprocess.run(
+                ["ip", "netns", "exec", netns, "tc", "qdisc", "add", "dev", device, "root", "tbf",
+                 "rate", f"{mb_s * 8}mbit", "burst", "1mb", "latency", "100ms"],
+                check=True, capture_output=True, text=True,
+            )  # fmt: skip
+        yield
+    finally:
+        for netns in LINK_NETNS:  # deleting a namespace deletes its end of the veth, and so the pair
+            subprocess.run(["ip", "netns", "del", netns], check=False, capture_output=True)
+
+
+def run_nodes(node_argv: list[str], link_mb_s: int | None) -> subprocess.CompletedProcess[str]:
+    """Both nodes' processes: torchrun on loopback, or one process per namespace over the limited link."""
+    if link_mb_s is None:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   *node_argv]  # fmt: skip
+        return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+    with rate_limited_link(link_mb_s):
+        nodes = []
+        for node, netns in enumerate(LINK_NETNS):
+            env = os.environ | {
+                "RANK": str(node), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+                "MASTER_ADDR": LINK_ADDRESSES[0], "MASTER_PORT": LINK_PORT, "GLOO_SOCKET_IFNAME": f"ring{node}",
+            }  # fmt: skip
+            command = ["ip", "netns", "exec", netns, sys.executable, *node_argv]
+            nodes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))  # fmt: skip
+        try:
+            outputs = [process.communicate(timeout=3600) for process in nodes]
+        finally:
+            for process in nodes:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        failed = next((p.returncode for p in nodes if p.returncode != 0), 0)
+        stdout, stderr = outputs[0][0], "\n".join(out[1] for out in outputs)
+        return subprocess.CompletedProcess(nodes[0].args, failed, stdout, stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--size-mb", type=int, default=2048)
-    parser.add_argument("--name", default="ring_pipeline")
+    parser.add_argument("--link-mb-s", type=int, help="both nodes behind one veth pair limited to this rate")
+    parser.add_argument("--name", help="the result's name (ring_pipeline, or ring_pipeline_link with --link-mb-s)")
     args = parser.parse_args(argv)
+    args.name = args.name or ("ring_pipeline" if args.link_mb_s is None else "ring_pipeline_link")
     order = [PIPELINED, LOCKSTEP] + [setting for setting, _ in alternating_pairs(args.pairs, PIPELINED, LOCKSTEP)]
     with scratch_dir("spotray-ring-") as work:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-            str(NODE_SCRIPT), str(work), str(args.size_mb), ",".join(map(str, order)),
-        ]  # fmt: skip
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=3600, check=False)
+        done = run_nodes([str(NODE_SCRIPT), str(work), str(args.size_mb), ",".join(map(str, order))], args.link_mb_s)
         if done.returncode != 0:
             print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", file=sys.stderr)
             return done.returncode
@@ -66,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         "median_s": {leg: statistics.median(values) for leg, values in legs.items()},
         "mb_s": {leg: [round(size / s, 1) for s in values] for leg, values in legs.items()},
         "pair_ratios": pairs,
+        "link_mb_s": args.link_mb_s,
         "machine": machine_details(),
     }
     details["earlier_runs"] = earlier_runs(args.name)
@@ -74,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         ratio,
         GOAL,
         f"the same ring in lockstep (CHUNKS_IN_FLIGHT={LOCKSTEP}), alternated in one pair of processes",
-        f"python -m bench.micro.ring_pipeline --pairs {args.pairs} --size-mb {args.size_mb}",
+        f"python -m bench.micro.ring_pipeline --pairs {args.pairs} --size-mb {args.size_mb}"
+        + ("" if args.link_mb_s is None else f" --link-mb-s {args.link_mb_s}"),
         details,
     )
     print(f"{args.name}: {ratio:.3f} (goal {GOAL}); pairs {pairs}; MB/s {details['mb_s']} -> {path}")
