@@ -14,19 +14,21 @@ from pathlib import Path
 from bench import results_table
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHMARKS = {
-    "transfer": "bench.micro.transfer",
-    "checkpoint": "bench.micro.checkpoint",
-    "notice_checkpoint": "bench.gpu.notice_checkpoint",
-    "gpu_checkpoint": "bench.gpu.gpu_checkpoint",  # says so and exits 0 without CUDA
-    "resume": "bench.micro.resume",
-    "read_once": "bench.micro.read_once",
-    "node_copies": "bench.micro.node_copies_resume",
-    "ring_pipeline": "bench.micro.ring_pipeline",
-    "ray_vs_torchrun": "bench.micro.ray_vs_torchrun",
-    "streaming": "bench.micro.streaming",
-    "recovery": "bench.micro.recovery",
-    "controller": "bench.on_testbed.controller",
+# name -> the module and its arguments
+BENCHMARKS: dict[str, tuple[str, ...]] = {
+    "transfer": ("bench.micro.transfer",),
+    "checkpoint": ("bench.micro.checkpoint",),
+    "notice_checkpoint": ("bench.gpu.notice_checkpoint",),
+    "gpu_checkpoint": ("bench.gpu.gpu_checkpoint",),  # says so and exits 0 without CUDA
+    "resume": ("bench.micro.resume",),
+    "read_once": ("bench.micro.read_once",),
+    "node_copies": ("bench.micro.node_copies_resume",),
+    "ring_pipeline": ("bench.micro.ring_pipeline",),
+    "ring_pipeline_link": ("bench.micro.ring_pipeline", "--link-mb-s", "150"),  # needs root: ip netns
+    "ray_vs_torchrun": ("bench.micro.ray_vs_torchrun",),
+    "streaming": ("bench.micro.streaming",),
+    "recovery": ("bench.micro.recovery",),
+    "controller": ("bench.on_testbed.controller",),
 }
 
 
@@ -39,7 +41,7 @@ def main() -> int:
     if not args.table_only:
         for name in args.only:
             print(f"\n=== {name} ===", flush=True)
-            if subprocess.run([sys.executable, "-m", BENCHMARKS[name]], cwd=ROOT, check=False).returncode != 0:
+            if subprocess.run([sys.executable, "-m", *BENCHMARKS[name]], cwd=ROOT, check=False).returncode != 0:
                 failed.append(name)
     print("\n" + results_table.table())
     if failed:
