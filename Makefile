@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 export UV_PYTHON_DOWNLOADS := never
 
 .DEFAULT_GOAL := help
-.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput bench-table bench-real-pods release test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
+.PHONY: help setup lock demo cluster-demo chaos nemesis nemesis-user-actions nemesis-real-pods bench-controller-scale bench-gpu-carry bench-goodput bench-goodput-elastic bench-goodput-testbed bench-goodput-long bench-head-to-head bench-recovery-real-pods bench-recovery-head-lost bench-spare-real-pods bench-spare-move-real-pods bench-fresh-start-real-pods bench-local-recovery bench-driver-imports bench-ray-train-start bench-ray-prestart bench-elastic-notice bench-spare-notice bench-hook-start bench-bytecode bench-demo-goodput bench-table bench-real-pods release test test-unit test-integration test-compat test-campaign lint format bench clean testbed test-e2e cluster-up cluster-down crd
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-18s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -193,6 +193,9 @@ bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot n
 
 bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 10 minutes vs the same run uninterrupted (~70 min; KEPT=1: one Ray cluster per run; SPARES=1: a spare worker pod)
 	$(PY) -m bench.on_testbed.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares $(SPARES) --name goodput_real_pods_long_spares)
+
+bench-head-to-head: setup testbed ## real pods, A vs B: a TrainingRun with the chart's defaults against KubeRay + Ray Train as their docs write it, the same 30-minute job, reclaims and head loss (~80 min a round; LEGS=spotray,ray-documented,spotray-best adds the best settings)
+	$(PY) -m bench.head_to_head.real_pods --minutes 30 $(if $(LEGS),--legs $(LEGS)) $(if $(ROUNDS),--rounds $(ROUNDS))
 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt
 	$(PY) -m bench.on_testbed.recovery_real_pods --pairs 2 --steps 300 --interval 50 --reclaim-at 120

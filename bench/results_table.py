@@ -56,6 +56,7 @@ MEASURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("spare_move_real_pods", _CLUSTER),
     ("spare_real_pods", _CLUSTER),
     ("fresh_start_real_pods", _CLUSTER),
+    ("head_to_head", (*_CLUSTER, "bench/head_to_head/")),
     ("", _TRAINING),  # the rest run jobs in local mode (goodput, recovery, notices, demo)
 )
 

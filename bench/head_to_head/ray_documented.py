@@ -11,9 +11,13 @@ model, the bytes it trains on, the global batch, the seed and the checkpoint int
 jobs/gpt2's; the data are the same corpus as an in-memory dataset, which is how Ray's HF example
 feeds the Trainer.
 
-Self-contained on purpose (a user's script): delivered to the cluster as a zip in the bucket named by
-``runtimeEnv.working_dir``. S3 settings from the environment (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID,
-AWS_SECRET_ACCESS_KEY), as the pods have them.
+Self-contained on purpose (a user's script): delivered to the head in a ConfigMap, as KubeRay's own
+RayJob sample does (bench/head_to_head/real_pods.py writes it). S3 settings from the environment
+(AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), as the pods have them.
+
+One part is the benchmark's, not the user's: ``--progress`` adds ``ProgressLog``, which writes each
+worker group's (step, loss, time) to a small JSON object in the bucket every few seconds, so that the
+benchmark reads B's steps the way it reads spotray's progress records. It costs a PUT every 5 s.
 
     python ray_documented.py --name b-leg --storage BUCKET/ray-results --max-steps 400 --every 25
 """
@@ -21,6 +25,7 @@ AWS_SECRET_ACCESS_KEY), as the pods have them.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pydoc_data.topics
 import tempfile
@@ -64,6 +69,47 @@ class StepFloor(TrainerCallback):
             time.sleep(left)
 
 
+class ProgressLog(TrainerCallback):
+    """The benchmark's instrument (rank 0): this worker group's start, the step it resumed from, and
+    every step's (step, loss, time), written to ``STORAGE/NAME/bench-progress/GROUP.json``."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, filesystem: pyarrow.fs.S3FileSystem, prefix: str) -> None:
+        self.filesystem = filesystem
+        self.key = f"{prefix}/bench-progress/{time.time():.3f}-{os.getpid()}.json"
+        self.record: dict[str, Any] = {"started": time.time(), "resumed_from": None, "points": []}
+        self.written = 0.0
+
+    def _write(self) -> None:
+        with self.filesystem.open_output_stream(self.key) as out:
+            out.write(json.dumps(self.record).encode())
+        self.written = time.monotonic()
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        # The Trainer loads a checkpoint's state before this: global_step is where it resumed.
+        self.record["resumed_from"] = state.global_step or None
+        if state.is_world_process_zero:
+            self._write()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        # The Trainer logs a step's loss after that step's on_step_end: it goes into the step's point.
+        points = self.record["points"]
+        if logs and "loss" in logs and points and points[-1][0] == state.global_step:
+            points[-1][1] = float(logs["loss"])
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not state.is_world_process_zero:
+            return
+        self.record["points"].append([state.global_step, None, time.time()])
+        if time.monotonic() - self.written >= self.EVERY_S:
+            self._write()
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            self._write()
+
+
 def train_func(config: dict[str, Any]) -> None:
     torch.manual_seed(config["seed"])
     model = GPT2LMHeadModel(
@@ -88,7 +134,7 @@ def train_func(config: dict[str, Any]) -> None:
         learning_rate=3e-3,
         save_strategy="steps",
         save_steps=config["every"],
-        logging_steps=5,
+        logging_steps=1,  # as jobs/gpt2's
         seed=config["seed"],
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
@@ -97,6 +143,8 @@ def train_func(config: dict[str, Any]) -> None:
     trainer.add_callback(RayTrainReportCallback())
     if config["min_step_seconds"]:
         trainer.add_callback(StepFloor(config["min_step_seconds"]))
+    if config["progress"]:  # the driver's filesystem: a worker's environment may not name the endpoint
+        trainer.add_callback(ProgressLog(config["filesystem"], config["progress"]))
     trainer = prepare_trainer(trainer)
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
@@ -127,7 +175,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="global, as jobs/gpt2's")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--min-step-seconds", type=float, default=0.0)
+    parser.add_argument("--progress", action="store_true", help="the benchmark's step log (ProgressLog)")
     args = parser.parse_args()
+    filesystem = s3_filesystem()
     trainer = TorchTrainer(
         train_func,
         train_loop_config={
@@ -136,12 +186,14 @@ def main() -> None:
             "batch_size": args.batch_size,
             "seed": args.seed,
             "min_step_seconds": args.min_step_seconds,
+            "progress": f"{args.storage}/{args.name}" if args.progress else "",
+            "filesystem": filesystem,
         },
         scaling_config=ScalingConfig(num_workers=args.workers, use_gpu=torch.cuda.is_available()),
         run_config=RunConfig(
             name=args.name,
             storage_path=args.storage,
-            storage_filesystem=s3_filesystem(),
+            storage_filesystem=filesystem,
             failure_config=FailureConfig(max_failures=-1),
             checkpoint_config=CheckpointConfig(num_to_keep=3),
         ),

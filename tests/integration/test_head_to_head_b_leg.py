@@ -3,21 +3,26 @@ a local Ray cluster with its storage_path on a real S3 server (SeaweedFS). Its d
 checkpoint reached storage, the same command again resumes from that checkpoint (Ray Train's run of
 the same name and storage_path), as a KubeRay RayJob's backoffLimit retry would, and trains to the end.
 
-In make test-campaign: about two minutes (two drivers, a Ray cluster). The benchmark that runs A and B
-on real pods under the same reclaims is not built yet.
+Its ``--progress`` log (the benchmark's instrument, read by bench/head_to_head/real_pods.py) holds both
+worker groups: the first from scratch, the second from the step of the checkpoint it resumed.
+
+In make test-campaign: about two minutes (two drivers, a Ray cluster).
 """
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from bench.head_to_head.real_pods import ray_documented_groups
 from spotray.local.local_ray import LocalRayCluster
 from spotray.train.storage.local_s3 import LocalS3Server
 from tests.conftest import TEST_BUCKET
@@ -29,19 +34,22 @@ SCRIPT = REPO / "bench" / "head_to_head" / "ray_documented.py"
 STEPS, EVERY = 40, 10
 
 
-def checkpoints(s3_server: LocalS3Server, prefix: str) -> set[str]:
-    """Ray Train's checkpoint directories under the run's storage, by name (checkpoint_YYYY-...)."""
+def s3_client(s3_server: LocalS3Server) -> Any:
     import boto3  # noqa: PLC0415
 
     env = s3_server.env()
-    s3 = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=env["AWS_ENDPOINT_URL"],
         aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
         region_name="us-east-1",
     )
-    listed = s3.list_objects_v2(Bucket=TEST_BUCKET, Prefix=prefix).get("Contents", [])
+
+
+def checkpoints(s3_server: LocalS3Server, prefix: str) -> set[str]:
+    """Ray Train's checkpoint directories under the run's storage, by name (checkpoint_YYYY-...)."""
+    listed = s3_client(s3_server).list_objects_v2(Bucket=TEST_BUCKET, Prefix=prefix).get("Contents", [])
     return {
         obj["Key"][len(prefix) :].split("/", 1)[0]
         for obj in listed
@@ -55,7 +63,7 @@ def test_the_ray_documented_leg_resumes_a_killed_driver_from_its_storage(
 ) -> None:
     name = f"b-leg-{int(time.time())}"
     command = [sys.executable, str(SCRIPT), "--name", name, "--storage", f"{TEST_BUCKET}/ray-results",
-               "--max-steps", str(STEPS), "--every", str(EVERY), "--min-step-seconds", "0.3"]  # fmt: skip
+               "--max-steps", str(STEPS), "--every", str(EVERY), "--min-step-seconds", "0.3", "--progress"]  # fmt: skip
     prefix = f"ray-results/{name}/"
     with LocalRayCluster(num_cpus=2) as cluster:
         env = {**cluster.ray_env(), **s3_server.env()}
@@ -82,3 +90,16 @@ def test_the_ray_documented_leg_resumes_a_killed_driver_from_its_storage(
     assert reported[0] > EVERY, f"the second driver started over: it reported steps {reported}"
     assert reported[-1] == STEPS, reported
     assert "finished:" in output, output[-4000:]
+    s3 = s3_client(s3_server)
+    logs = s3.list_objects_v2(Bucket=TEST_BUCKET, Prefix=f"{prefix}bench-progress/").get("Contents", [])
+    records = [json.loads(s3.get_object(Bucket=TEST_BUCKET, Key=o["Key"])["Body"].read()) for o in logs]
+    groups = ray_documented_groups(records)
+    assert len(groups) == 2, records
+    assert groups[0].resumed_from is None
+    resumed = groups[1].resumed_from
+    assert resumed is not None, records
+    assert resumed >= EVERY, records
+    assert resumed % EVERY == 0, records  # a checkpoint's step
+    assert groups[1].points[0][0] == groups[1].resumed_from + 1
+    assert groups[1].points[-1][0] == STEPS
+    assert any(point[1] is not None for point in groups[1].points), "no loss in the step log"
