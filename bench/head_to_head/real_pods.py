@@ -47,13 +47,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import yaml
 
 import testbed.cluster as tb
 from bench.common import alternating_pairs, machine_details, write_result
 from bench.on_testbed.goodput_long import leg_timeout_s, reclaim_steps
-from bench.on_testbed.goodput_testbed import current_step
+from bench.on_testbed.goodput_testbed import attempt_lines, current_step
 from spotray.contract.names import SPOT_LABEL, SPOT_LABEL_ON_DEMAND, SPOT_LABEL_SPOT, SUCCEEDED, TERMINAL_PHASES
 from spotray.train.records.progress_log import AttemptProgress, read_run_progress
 from spotray.train.storage.store import open_store
@@ -301,9 +300,7 @@ class SpotrayLeg(Leg):
         status = self.status()
         goodput = status.get("goodput") or {}
         return {
-            "attempts": [
-                f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status.get("attempts") or []
-            ],
+            "attempts": attempt_lines(status),
             "status_goodput": goodput.get("ratio"),
             "status_steps_redone": goodput.get("stepsRedone"),
         }
@@ -315,13 +312,6 @@ class SpotrayLeg(Leg):
 class RayDocumentedLeg(Leg):
     namespace = B_NAMESPACE
 
-    def s3(self) -> Any:
-        env = self.cluster.s3_env
-        return boto3.client(
-            "s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name=env["AWS_REGION"],
-            aws_access_key_id=env["AWS_ACCESS_KEY_ID"], aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        )  # fmt: skip
-
     def start(self) -> None:
         image = tb.real.images_manifest()["spotray"]["ref"]
         self.submitted = time.time()
@@ -332,11 +322,9 @@ class RayDocumentedLeg(Leg):
         return json.loads(found.stdout) if found.returncode == 0 else {}
 
     def records(self) -> list[dict[str, Any]]:
-        bucket, prefix = B_STORAGE.split("/", 1)
-        client = self.s3()
-        listed = client.list_objects_v2(Bucket=bucket, Prefix=f"{prefix}/{self.name}/bench-progress/")
-        keys = [item["Key"] for item in listed.get("Contents", [])]
-        return [json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read()) for key in keys]
+        os.environ.update(self.cluster.s3_env)  # this machine reads the step log from MinIO
+        store = open_store(f"s3://{B_STORAGE}/{self.name}", checkpoint_key=None)
+        return [json.loads(store.get_bytes(found.key)) for found in store.list("bench-progress/")]
 
     def step(self) -> int:
         groups = ray_documented_groups(self.records())

@@ -67,6 +67,11 @@ def current_step(status: dict[str, Any]) -> int:
     return int(progress.get("step") or 0)
 
 
+def attempt_lines(status: dict[str, Any]) -> list[str]:
+    """Each attempt of a run's status as "N: outcome (reason)", for a result's details."""
+    return [f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status.get("attempts") or []]
+
+
 def ready_worker_pods(cluster: DemoCluster, status: dict[str, Any], name: str) -> list[dict[str, Any]]:
     """The current attempt's worker pods whose containers are all ready (Ray up on them)."""
     found = cluster_demo.pods(cluster.testbed, cluster_demo.NAMESPACE, cluster_demo.worker_pods_selector(status, name))
@@ -285,9 +290,7 @@ def run_leg(
     return {
         "name": name,
         "phase": status.get("phase"),
-        "attempts": [
-            f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status.get("attempts") or []
-        ],
+        "attempts": attempt_lines(status),
         "reclaims_planned_at_steps": reclaims,
         "reclaimed_at_steps": done.steps,
         "spares": spares,

@@ -40,7 +40,7 @@ from typing import Any
 import yaml
 
 from bench.common import alternating_pairs, machine_details, write_result
-from bench.on_testbed.goodput_testbed import current_step, first_group_after
+from bench.on_testbed.goodput_testbed import attempt_lines, current_step, first_group_after
 from bench.on_testbed.spare_real_pods import RECLAIM_MOMENT_TIMEOUT_S, wait_for_reclaim_moment, wait_until_done
 from spotray.contract.names import SUCCEEDED
 from spotray.train.records.progress_log import read_run_progress
@@ -93,7 +93,7 @@ def run_leg(cluster: cluster_demo.DemoCluster, workdir: Path, name: str, args: a
         "name": name,
         "setting": "moved" if name.startswith("moved") else "kept",
         "phase": status.get("phase"),
-        "attempts": [f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status["attempts"]],
+        "attempts": attempt_lines(status),
         "seconds": round(time.monotonic() - started, 1),
         "goodput": (status.get("goodput") or {}).get("ratio"),
         "spare_moved_events": [line for line in events if line],

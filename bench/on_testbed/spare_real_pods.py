@@ -44,7 +44,7 @@ from typing import Any
 import yaml
 
 from bench.common import alternating_pairs, machine_details, write_result
-from bench.on_testbed.goodput_testbed import current_step, first_group_after, ready_worker_pods
+from bench.on_testbed.goodput_testbed import attempt_lines, current_step, first_group_after, ready_worker_pods
 from bench.on_testbed.recovery_real_pods import driver_logs_followed, log_moment
 from spotray.contract.names import SUCCEEDED, TERMINAL_PHASES
 from spotray.train.records.progress_log import read_run_progress
@@ -158,7 +158,7 @@ def run_leg(
         "name": name,
         "setting": "spare" if spares else "none",
         "phase": status.get("phase"),
-        "attempts": [f"{a['attempt']}: {a.get('outcome')} ({a.get('reason', '')})" for a in status["attempts"]],
+        "attempts": attempt_lines(status),
         "reclaimed_node": node,
         "reclaimed_at_step": reclaimed_at_step,
         "seconds": round(time.monotonic() - started, 1),
