@@ -25,6 +25,7 @@ from spotray.contract.status import (
     unchecked_timestamp,
 )
 from spotray.controller.kube import Cluster
+from spotray.decisions.observation import HEAD_POD_NOTE
 
 
 def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
@@ -36,11 +37,14 @@ def _disruption_condition(pod: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def disruption_note(pod: dict[str, Any]) -> str | None:
-    """ "pod P on node N: <reason>: <message>" when the pod carries a true DisruptionTarget condition."""
+    """ "pod P on node N: <reason>: <message>" when the pod carries a true DisruptionTarget condition
+    ("the Ray head's pod P ..." when it is the head's)."""
     condition = _disruption_condition(pod)
     if condition is None:
         return None
-    where = f"pod {pod['metadata']['name']} on node {pod.get('spec', {}).get('nodeName') or '?'}"
+    labels = pod["metadata"].get("labels") or {}
+    whose = HEAD_POD_NOTE if labels.get(RAY_NODE_TYPE_LABEL) == "head" else "pod "
+    where = f"{whose}{pod['metadata']['name']} on node {pod.get('spec', {}).get('nodeName') or '?'}"
     detail = condition.get("message") or ""
     return f"{where}: {condition.get('reason') or 'disrupted'}" + (f": {detail}" if detail else "")
 

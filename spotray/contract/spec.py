@@ -299,8 +299,9 @@ class CapacityFallback:
         minimum=1,
     )
     after_preemptions: int | None = spec_field(
-        "This many preemptions within withinSeconds: the next attempt runs on on-demand nodes. Unset: "
-        "preemptions alone never move the run.",
+        "This many spot reclaims (preemptions of spot workers; not an eviction of on-demand nodes or "
+        "of the Ray head, nor a queue's) within withinSeconds: the next attempt runs on on-demand nodes. "
+        "Unset: preemptions alone never move the run.",
         default=None,
         minimum=1,
     )

@@ -94,7 +94,8 @@ class AttemptEnd:
 
 def classify_end(job: RayJobView, records: AttemptRecords, capacity: str | None = None) -> AttemptEnd:
     """How a finished attempt ended, from the facts (see the module docstring). ``capacity``: where the
-    attempt's workers ran (status.attempts[].capacity); a notice on on-demand nodes was no spot reclaim."""
+    attempt's workers ran (status.attempts[].capacity); a notice on on-demand nodes, or to the Ray head,
+    was no spot reclaim."""
     if job.job_status == JOB_SUCCEEDED:
         return AttemptEnd(OUTCOME_SUCCEEDED, REASON_TRAINING_FINISHED, "the job finished")
     exit_code = records.exit_code
@@ -105,18 +106,7 @@ def classify_end(job: RayJobView, records: AttemptRecords, capacity: str | None 
         # (SIGTERM) without the job's record is no proof of an emergency checkpoint.
         exit_code = job.driver_exit_code
     if records.preempted is not None or exit_code == EXIT_PREEMPTED:
-        step = (records.preempted or records.outcome or {}).get("step")
-        where = f" at step {step}" if step is not None else ""
-        message = f"stopped on a preemption notice after an emergency checkpoint{where}"
-        if records.preempted is None:  # the driver's word only: the deadline came first (launcher.py)
-            message = str((records.outcome or {}).get("detail") or "preempted before its emergency checkpoint")
-        reason = REASON_SPOT_NOTICE
-        if capacity == ON_DEMAND:
-            # The same SIGTERM with the pods' grace period, from a drain (maintenance, an upgrade)
-            # rather than a cloud taking a spot VM back.
-            message = f"{message} (its workers ran on on-demand nodes: an eviction, e.g. a drain for maintenance)"
-            reason = REASON_EVICTION_NOTICE
-        return AttemptEnd(OUTCOME_PREEMPTED, reason, message)
+        return _notice_end(job, records, capacity)
     if job.lost_node_ended_it:
         return AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, job.disruption or "")
     recorded = (records.outcome or {}).get("detail")
@@ -126,6 +116,26 @@ def classify_end(job: RayJobView, records: AttemptRecords, capacity: str | None 
     if exit_code == EXIT_BAD_INPUT:
         return AttemptEnd(OUTCOME_FAILED, REASON_BAD_INPUT, detail)
     return AttemptEnd(OUTCOME_FAILED, REASON_TRAINING_FAILED, detail)
+
+
+def _notice_end(job: RayJobView, records: AttemptRecords, capacity: str | None) -> AttemptEnd:
+    """An attempt stopped on a notice: a spot reclaim, or an eviction where on-demand nodes got it.
+
+    The same SIGTERM with the pods' grace period comes from a drain (maintenance, an upgrade) as
+    from a cloud taking a spot VM back: which pods got it tells them apart.
+    """
+    step = (records.preempted or records.outcome or {}).get("step")
+    where = f" at step {step}" if step is not None else ""
+    message = f"stopped on a preemption notice after an emergency checkpoint{where}"
+    if records.preempted is None:  # the driver's word only: the deadline came first (launcher.py)
+        message = str((records.outcome or {}).get("detail") or "preempted before its emergency checkpoint")
+    if job.head_disrupted and job.lost_node_ended_it:
+        where = "the notice reached the Ray head, which runs on on-demand nodes"
+    elif capacity == ON_DEMAND:
+        where = "its workers ran on on-demand nodes"
+    else:
+        return AttemptEnd(OUTCOME_PREEMPTED, REASON_SPOT_NOTICE, message)
+    return AttemptEnd(OUTCOME_PREEMPTED, REASON_EVICTION_NOTICE, f"{message} ({where}: an eviction, e.g. a drain)")
 
 
 def log_summary(message: str) -> str:

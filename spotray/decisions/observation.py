@@ -40,6 +40,10 @@ RAY_CLUSTER_FAULT = re.compile(
 # notices); one that fails later outlived the loss: Ray Train restarted its workers, or an elastic
 # group went on smaller. Its failure is then the code's, and spends the failure budget.
 DISRUPTION_CAUSE_WINDOW_S = 300
+# How the pod watcher's note (controller/disruptions.py) begins when the disrupted pod was the Ray
+# head's: the head runs on on-demand nodes, so a notice that reached it was an eviction (a drain,
+# maintenance), never a spot reclaim, whatever nodes the workers ran on.
+HEAD_POD_NOTE = "the Ray head's pod "
 # How stale a running attempt's progress is before the controller reads its records while its RayJob
 # runs (controller/reconcile.py): a training job reports every few seconds, so only a stopped one costs reads.
 STALLED_PROGRESS_S = 30.0
@@ -58,6 +62,11 @@ class RayJobView:
     owner_uid: str | None = None  # the TrainingRun that owns it (its controller owner reference)
     exit_code: int | None = None  # the driver's, where known first-hand (local mode)
     suspended: bool = False  # spec.suspend: made so for a Kueue queue, or suspended by Kueue to evict it
+
+    @property
+    def head_disrupted(self) -> bool:
+        """The pod the watcher saw disrupted was the Ray head's (``HEAD_POD_NOTE``)."""
+        return bool(self.disruption and self.disruption.startswith(HEAD_POD_NOTE))
 
     @property
     def driver_exit_code(self) -> int | None:

@@ -48,7 +48,7 @@ from spotray.decisions.capacity_wait import (
     wanted_capacity,
     with_wait_accounted,
 )
-from spotray.decisions.observation import Observation, RayJobView
+from spotray.decisions.observation import HEAD_POD_NOTE, Observation, RayJobView
 from spotray.decisions.run_state import Plan, RunState
 from spotray.decisions.vocabulary import (
     REASON_BAD_INPUT,
@@ -115,7 +115,10 @@ def _plan_unfinished(obs: Observation, current: AttemptStatus, job: RayJobView, 
     if head_lost is not None:
         # KubeRay would mark the RayJob Failed only after RAYJOB_STATUS_CHECK_TIMEOUT_SECONDS (300 s),
         # and a driver on the lost head is gone with it: the attempt ends now, as any lost node's does.
-        end = AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, f"the Ray head was lost: {head_lost}")
+        # The pod watcher's note names the head ("the Ray head's pod P on node N: ..."); an older
+        # controller's did not.
+        words = head_lost if head_lost.startswith(HEAD_POD_NOTE) else f"the Ray head was lost: {head_lost}"
+        end = AttemptEnd(OUTCOME_PREEMPTED, REASON_NODE_LOST, words)
         return released(end_attempt(obs.state, obs.run, end, now), end, current)
     recorded_end = _recorded_end(obs, current, now)
     if recorded_end is not None:

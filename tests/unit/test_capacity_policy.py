@@ -198,3 +198,26 @@ def test_the_cost_prices_on_demand_attempts_at_the_on_demand_price() -> None:
     assert cost.on_demand_seconds == 1800
     # 2 workers: 400 s on spot at 1.0 and 1800 s on on-demand at 3.0, per worker.
     assert cost.run == pytest.approx(round(2 * (400 * 1.0 + 1800 * 3.0) / 3600, 2))
+
+
+def test_a_notice_to_the_ray_head_is_an_eviction_and_never_moves_the_workers_off_spot() -> None:
+    """The Ray head runs on on-demand nodes: a notice that reached it (a drain of that pool for an
+    upgrade) is no spot reclaim, however the workers ran. Seen on real pods (the head-to-head's head
+    eviction was recorded SpotNotice), and counted by afterPreemptions, it moved spot workers to
+    on-demand nodes for nothing."""
+    often = {"capacity": "spot-then-on-demand", "fallback": {"afterPreemptions": 2, "withinSeconds": 1800}}
+    head = "the Ray head's pod r-a{n}-head-x on node od: EvictionByEvictionAPI: Eviction API: evicting"
+    state = planned(observe(RunState(), None, **often), at(0)).state
+    for attempt, second in ((1, 100), (2, 400)):
+        state = planned(observe(state, RUNNING, **often), at(second - 50)).state
+        stopped = RayJobView("FAILED", "Failed", "", end_time=at(second), disruption=head.format(n=attempt))
+        notice = replace(observe(state, stopped, **often), records=AttemptRecords(preempted={"step": 40 * attempt}))
+        state = planned(notice, at(second + 10)).state
+        ended = state.attempts[attempt - 1]
+        assert (ended.outcome, ended.reason) == ("Preempted", "EvictionNotice")
+        assert "Ray head" in ended.message
+        state = planned(observe(state, None, **often), at(second + 30)).state
+    assert state.current is not None
+    assert state.current.attempt == 3
+    assert state.current.capacity == "spot", "two evictions of the head are no spot pool reclaimed often"
+    assert state.preemptions == 2, "a preemption all the same: no failure spent"

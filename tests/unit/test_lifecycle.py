@@ -456,6 +456,8 @@ def test_the_pod_watcher_reads_when_a_pod_was_disrupted_and_a_garbled_time_is_no
     }
     assert disruption_note(pod) == "pod w on node spot-1: DeletionByPodGC"
     assert disruption_time(pod) == "2026-11-23T11:58:00Z"
+    pod["metadata"]["labels"] = {"ray.io/node-type": "head"}
+    assert disruption_note(pod) == "the Ray head's pod w on node spot-1: DeletionByPodGC", "the head says so"
     job = {
         "status": {"jobStatus": "FAILED", "endTime": "2026-11-23T11:59:00Z"},
         "metadata": {"annotations": {DISRUPTION_ANNOTATION: "pod w", DISRUPTED_AT_ANNOTATION: "2026-11-23T11:58:00Z"}},

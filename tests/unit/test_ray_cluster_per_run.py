@@ -173,7 +173,7 @@ def test_a_lost_worker_keeps_the_cluster_a_lost_head_starts_a_new_one_and_the_ru
     reconcile(cluster, config, "ns", "burst")
     second = fake.run["status"]["attempts"][1]
     assert (second["outcome"], second["reason"]) == ("Preempted", "NodeLost")
-    assert "the Ray head was lost: pod burst-c1-head" in second["message"]
+    assert "the Ray head's pod burst-c1-head" in second["message"]
     assert fake.run["status"]["preemptions"] == 2
     third = fake.run["status"]["attempts"][2]
     assert third["rayCluster"] == "burst-c2"
