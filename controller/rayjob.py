@@ -522,20 +522,28 @@ def secret_env_refusal(run: TrainingRun, config: ControllerConfig) -> RayJobRefu
     )
 
 
+def keeps_ray_cluster(run: TrainingRun, config: ControllerConfig) -> bool:
+    """Whether the run's attempts share one RayCluster kept across them (``ray_cluster_per_run``).
+
+    Not for a run that names a Kueue queue: Kueue admits a RayJob only with a cluster of its own, whose
+    pods it counts, so each of its attempts gets its RayJob's own cluster.
+    """
+    return config.ray_cluster_per_run and run.spec.queue.name is None
+
+
 def queue_refusal(run: TrainingRun, config: ControllerConfig) -> RayJobRefusal | None:
-    """A refusal when the run names a Kueue queue but its jobs would run on an existing Ray cluster
-    (a kept one per run, or the chart's long-lived one): Kueue admits a RayJob only with a cluster of
-    its own, whose pods it can count."""
-    if run.spec.queue.name is None or not (config.ray_cluster_per_run or config.ray_cluster_selector):
+    """A refusal when the run names a Kueue queue but its jobs would run on the chart's long-lived Ray
+    cluster (rayCluster.enabled): Kueue admits a RayJob only with a cluster of its own, whose pods it
+    can count. (With a cluster kept per run, a queued run's attempts get their own: ``keeps_ray_cluster``.)"""
+    if run.spec.queue.name is None or not config.ray_cluster_selector:
         return None
-    setting = "rayJob.clusterPerRun" if config.ray_cluster_per_run else "rayCluster.enabled"
     return RayJobRefusal(
         code=None,
         reason="QueueNeedsOwnCluster",
         message=(
             f"spec.queue.name ({run.spec.queue.name}): Kueue admits a RayJob only with a Ray cluster of its own, "
-            f"and this controller runs jobs on an existing one ({setting}): remove spec.queue, or run the "
-            f"controller without {setting}"
+            "and this controller runs jobs on an existing one (rayCluster.enabled): remove spec.queue, or run "
+            "the controller without rayCluster.enabled"
         ),
     )
 

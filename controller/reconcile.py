@@ -78,6 +78,7 @@ from spotray.controller.rayjob import (
     WORKER_GROUP,
     build_ray_cluster,
     build_rayjob,
+    keeps_ray_cluster,
     queue_refusal,
     ray_cluster_shape,
     secret_env_refusal,
@@ -415,7 +416,8 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
     current = state.current
     job = rayjob_view(cluster.get_rayjob(run.namespace, current.ray_job)) if current is not None else None
     ray_cluster = None
-    if config.ray_cluster_per_run and current is not None and current.ray_cluster:
+    per_run = keeps_ray_cluster(run, config)
+    if per_run and current is not None and current.ray_cluster:
         ray_cluster = ray_cluster_view(cluster.get_ray_cluster(run.namespace, current.ray_cluster))
     records: AttemptRecords | None = AttemptRecords()
     storage_error, refused = "", False
@@ -467,7 +469,7 @@ def _observe(  # noqa: PLR0917 - the facts' sources, each named
         start_deadline_seconds=config.start_deadline_seconds,
         pods_waiting=pods_waiting,
         storage_patience_seconds=config.storage_patience_seconds,
-        ray_cluster_per_run=config.ray_cluster_per_run,
+        ray_cluster_per_run=per_run,
         ray_cluster=ray_cluster,
         ray_cluster_shapes={c: ray_cluster_shape(run, config, c) for c in _capacities(run)} if ray_cluster else {},
         suspend_checkpoint_seconds=config.worker_grace_seconds + SUSPEND_CHECKPOINT_MARGIN_S,

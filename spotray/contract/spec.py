@@ -575,8 +575,9 @@ class QueueSpec:
         "The LocalQueue of the run's namespace that admits each attempt: its RayJob carries "
         "kueue.x-k8s.io/queue-name and is made suspended, and Kueue starts it when the ClusterQueue has "
         "quota. The run says queued meanwhile and spends no budget; an attempt Kueue evicts for a "
-        "higher-priority workload counts as a preemption and the next resumes from its checkpoint. Not with "
-        "the chart's rayClusterPerRun or rayCluster (Kueue admits no job on an existing Ray cluster).",
+        "higher-priority workload counts as a preemption and the next resumes from its checkpoint. Kueue "
+        "admits no job on an existing Ray cluster: with the chart's rayClusterPerRun each attempt of a queued "
+        "run gets a cluster of its own, and with rayCluster.enabled a queue is refused.",
         default=None,
         kind=LABEL_VALUE,
     )

@@ -12,7 +12,7 @@ import pytest
 
 from spotray.contract.attempts import AttemptRecords
 from spotray.controller.config import ControllerConfig
-from spotray.controller.rayjob import build_rayjob, queue_refusal
+from spotray.controller.rayjob import build_rayjob, keeps_ray_cluster, queue_refusal
 from spotray.controller.reconcile import rayjob_view
 from spotray.decisions.conditions import conditions
 from spotray.decisions.observation import Observation, RayJobView
@@ -67,14 +67,18 @@ def test_a_queued_rayjob_passes_what_kueues_rayjob_webhook_checks(spares: int) -
     assert "head" not in groups, groups
 
 
-def test_a_queue_on_an_existing_ray_cluster_is_refused_as_bad_input() -> None:
+def test_a_queue_on_the_charts_long_lived_ray_cluster_is_refused_as_bad_input() -> None:
     assert queue_refusal(run(queue=QUEUE), ControllerConfig()) is None
-    for config in (ControllerConfig(ray_cluster_per_run=True), ControllerConfig(ray_cluster_selector={"a": "b"})):
-        refusal = queue_refusal(run(queue=QUEUE), config)
-        assert refusal is not None
-        assert refusal.content_is_cause, "the same spec would be refused again"
-        assert "Kueue admits a RayJob only with a Ray cluster of its own" in refusal.message
-    assert queue_refusal(run(), ControllerConfig(ray_cluster_per_run=True)) is None
+    refusal = queue_refusal(run(queue=QUEUE), ControllerConfig(ray_cluster_selector={"a": "b"}))
+    assert refusal is not None
+    assert refusal.content_is_cause, "the same spec would be refused again"
+    assert "Kueue admits a RayJob only with a Ray cluster of its own" in refusal.message
+    assert "rayCluster.enabled" in refusal.message
+    # A cluster kept per run is not refused: a queued run's attempts get clusters of their own
+    # (tests/unit/test_ray_cluster_per_run.py).
+    assert queue_refusal(run(queue=QUEUE), ControllerConfig(ray_cluster_per_run=True)) is None
+    assert keeps_ray_cluster(run(), ControllerConfig(ray_cluster_per_run=True))
+    assert not keeps_ray_cluster(run(queue=QUEUE), ControllerConfig(ray_cluster_per_run=True))
 
 
 def test_the_controller_reads_whether_a_rayjob_is_suspended() -> None:

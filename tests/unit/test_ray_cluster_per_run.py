@@ -352,3 +352,22 @@ def test_a_failed_attempts_rayjob_stays_for_its_logs_when_the_next_attempt_start
     plan = plan_of(Observation(run, RunState.from_status(status, "burst"), job, run_uid=UID), datetime.now(UTC))
     assert plan.create_attempt == 2
     assert plan.delete_rayjob is None
+
+
+def test_a_queued_run_gets_a_cluster_of_its_own_per_attempt_where_the_others_keep_theirs(tmp_path: Path) -> None:
+    """Kueue admits a RayJob only with a cluster of its own, whose pods it counts: under a controller that
+    keeps a cluster per run, a run that names a queue runs each attempt on its RayJob's own cluster
+    (rather than being refused, which made the two settings exclude each other for a whole install)."""
+    fake, config = kept_run(tmp_path, {"backoffSeconds": 0}, settle_seconds=0)
+    fake.run["spec"]["queue"] = {"name": "team-a"}
+    cluster: Any = fake
+    reconcile(cluster, config, "ns", "burst")
+    assert fake.calls[:1] == ["create burst-a1"], "no RayCluster of the run's"
+    assert not fake.ray_clusters
+    spec = fake.rayjobs["burst-a1"]["spec"]
+    assert "clusterSelector" not in spec
+    assert spec["rayClusterSpec"]
+    assert spec["suspend"] is True, "made suspended for Kueue to admit"
+    attempt = fake.run["status"]["attempts"][0]
+    assert attempt.get("rayCluster") is None
+    assert attempt["outcome"] == "Running", attempt
