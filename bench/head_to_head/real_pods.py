@@ -452,16 +452,22 @@ def main(argv: list[str] | None = None) -> int:
         keys = {k: cluster.s3_env[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
         cluster.testbed.kubectl("create", "secret", "generic", cluster_demo.SECRET, "-n", B_NAMESPACE,
                                 *(f"--from-literal={k}={v}" for k, v in keys.items()))  # fmt: skip
-        for index, kind in enumerate(leg_order(legs, args.rounds)):
+        order, exit_code = leg_order(legs, args.rounds), 1
+        for index, kind in enumerate(order):
             leg = make_leg(kind, cluster, workdir, f"{kind}-{index}", args, steps)
             cluster_demo.say(f"leg {index}: {kind}, {steps} steps of {args.min_step_seconds:g} s, then {schedule}")
             row = {"kind": kind, **run_leg(leg, schedule, timeout_s)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-    return write_head_to_head(args, rows, schedule, steps)
+            # After every leg, not only the last: a campaign of two hours that is cut short keeps
+            # what it measured, and says how much of it there is (legs_run of legs_planned).
+            exit_code = write_head_to_head(args, rows, schedule, steps, legs_planned=len(order))
+    return exit_code
 
 
-def write_head_to_head(args: argparse.Namespace, rows: list[dict[str, Any]], schedule: list[Any], steps: int) -> int:
+def write_head_to_head(
+    args: argparse.Namespace, rows: list[dict[str, Any]], schedule: list[Any], steps: int, legs_planned: int
+) -> int:
     goodput = {kind: [r.get("goodput") for r in rows if r["kind"] == kind] for kind in LEGS}
     pairs = [a / b for a, b in zip(goodput["spotray"], goodput["ray-documented"], strict=False) if a and b]
     redone = [n for r in rows if r["kind"] != "ray-documented" for n in r.get("steps_redone", [])]
@@ -473,6 +479,7 @@ def write_head_to_head(args: argparse.Namespace, rows: list[dict[str, Any]], sch
         "spotray_max_steps_redone": max(redone, default=None),
         "spotray_redoes_at_most_one_interval": bool(redone) and max(redone) <= args.interval,
         "exactly_once": "not measured: the ray-documented leg logs no sample ids",
+        "legs_run": len(rows), "legs_planned": legs_planned,
         "legs": rows,
     }  # fmt: skip
     command = "python -m bench.head_to_head.real_pods " + " ".join(sys.argv[1:])
