@@ -125,7 +125,10 @@ def machine_details() -> dict[str, Any]:
 
 
 def current_commit() -> str:
-    """HEAD's short hash, "+changes" when the tree differs from it; "unknown" outside a checkout."""
+    """HEAD's short hash, "+changes" when the tree differs from it; "unknown" outside a checkout.
+
+    Result files do not count: a benchmark that writes its result after each leg (bench/head_to_head)
+    would otherwise find its own output and call the code it measured changed."""
 
     def git(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["git", *args], cwd=RESULTS_DIR.parent, capture_output=True, text=True, check=False)
@@ -133,7 +136,8 @@ def current_commit() -> str:
     head = git("rev-parse", "--short", "HEAD")
     if head.returncode != 0:
         return "unknown"
-    return head.stdout.strip() + ("+changes" if git("status", "--porcelain").stdout.strip() else "")
+    changed = git("status", "--porcelain", "--", ":/", f":(top,exclude){RESULTS_DIR.relative_to(ROOT)}")
+    return head.stdout.strip() + ("+changes" if changed.stdout.strip() else "")
 
 
 def write_result(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from bench import common
 from bench.common import alternating_pairs, alternating_rounds, paired_legs, script_leg
 
 pytestmark = pytest.mark.unit
@@ -47,3 +50,27 @@ def test_alternating_pairs_put_neither_setting_always_first() -> None:
         ("kept", "kept-3"),
         ("new", "new-3"),
     ]
+
+
+def test_the_commit_a_result_measured_ignores_result_files_but_not_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A benchmark that writes its result after each leg found its own file and said "+changes"
+    (head_to_head_real_pods at db4036a); a changed source file still says so."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    git("add", "code.py")
+    git("-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "code")
+    monkeypatch.setattr(common, "ROOT", tmp_path)
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path / "bench" / "results")
+    head = git("rev-parse", "--short", "HEAD")
+    (tmp_path / "bench" / "results" / "leg_by_leg.json").write_text("{}\n")
+    assert common.current_commit() == head
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert common.current_commit() == f"{head}+changes"
