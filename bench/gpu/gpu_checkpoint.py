@@ -10,12 +10,13 @@ For each model (GPT-2 124M, 350M, 1.5B built from config; bf16, fused AdamW, ran
 
 Printed and written to ``bench/results/gpu_checkpoint.json`` (and ``gpu_checkpoint_throughput.json``;
 for any models but 124M alone, ``gpu_checkpoint_<models>.json`` and ``gpu_checkpoint_throughput_<models>.json``):
-per-checkpoint blocking seconds of each mode beside the pinned-copy floor (the model and optimizer
+per-checkpoint blocking seconds of each mode beside the pinned-copy floor (the ratio is the worst
+save's; the median is recorded beside it) (the model and optimizer
 tensors copied once more into warm pinned buffers, timed alone), throughput against ``none``, and
 the seconds from a save's start until the checkpoint is complete in S3 (SeaweedFS on the same
 machine), with whether each was complete before the next save started.
 
-Goals (issue #15, one H100): blocking at most 3x the copy floor; throughput at least 0.99 of none
+Goals (issue #15, one H100): every save's blocking at most 3x the copy floor; throughput at least 0.99 of none
 with a checkpoint every 60 s; each checkpoint complete in S3 before the next one starts.
 
 Without CUDA it says so and exits 0 (CI and this project's own machines have no GPU). ``--cpu-smoke``
@@ -78,8 +79,21 @@ SIZES = {
     "124m": ModelSize("GPT-2 124M", 12, 768, 12, 16),
     "350m": ModelSize("GPT-2 350M", 24, 1024, 16, 8),
     "1.5b": ModelSize("GPT-2 1.5B", 48, 1600, 25, 4),
+    # Issue 73's larger row: 36 layers of 2560 (about 2.96B parameters); with fp32 master weights and
+    # AdamW that is about 48 GB of state on the GPU and as much pinned on the host.
+    "3b": ModelSize("GPT-2 3B (36 x 2560)", 36, 2560, 32, 2),
     "tiny": ModelSize("GPT-2 tiny (smoke)", 2, 64, 2, 4),
 }
+
+
+def steps_per_s(step_end: dict[int, float], save_end: dict[int, float], first: int, last: int) -> float:
+    """Steps after ``first`` through ``last`` per second, with every save among them inside the window.
+
+    The Trainer saves after a step's ``on_step_end``, so a window that ends at the last step's end
+    leaves that step's save out (the first GPU runs timed two of their three saves this way).
+    """
+    window_end = max(step_end[last], save_end.get(last, step_end[last]))
+    return (last - first) / (window_end - step_end[first])
 
 
 class RandomTokens(Dataset[dict[str, torch.Tensor]]):
@@ -199,13 +213,15 @@ def run_mode(
         sync.flush()
     first, last = WARMUP_STEPS, max_steps
     result: dict[str, Any] = {
-        "steps_per_s": (last - first) / (timeline.step_end[last] - timeline.step_end[first]),
+        "steps_per_s": steps_per_s(timeline.step_end, timeline.save_end, first, last),
         "step_s": statistics.median(
             timeline.step_end[s] - timeline.step_end[s - 1] for s in range(first + 1, last + 1) if s not in save_starts
         ),
     }
     if sync is not None:
         steps = sorted(save_starts)
+        if steps[0] <= first:
+            raise RuntimeError(f"a save at step {steps[0]} falls in the {first} warm-up steps, outside the window")
         result["blocking_s"] = [round(timeline.save_end[s] - save_starts[s], 4) for s in steps]
         result["to_s3_s"] = [round(sync.complete_at[s] - save_starts[s], 3) for s in steps if s in sync.complete_at]
         result["complete_before_next"] = [
@@ -243,7 +259,8 @@ def bench_model(key: str, server: LocalS3Server, args: argparse.Namespace, *, gp
         "checkpoint_gb": modes["async"]["checkpoint_gb"],
         "copy_floor_s": floor,
         "blocking_s": {m: modes[m]["blocking_s"] for m in ("hf", "async")},
-        "async_blocking_vs_floor": round(statistics.median(modes["async"]["blocking_s"]) / floor, 2),
+        "async_blocking_vs_floor": round(max(modes["async"]["blocking_s"]) / floor, 2),
+        "async_blocking_median_vs_floor": round(statistics.median(modes["async"]["blocking_s"]) / floor, 2),
         "throughput_vs_none": {
             m: round(modes[m]["steps_per_s"] / modes["none"]["steps_per_s"], 4) for m in ("hf", "async")
         },
@@ -287,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             f"gpu_checkpoint{suffix}",
             max(s["async_blocking_vs_floor"] for s in summaries),
             "<= 3",
-            "the pinned-copy floor: model and optimizer tensors copied once into warm pinned host buffers",
+            "the pinned-copy floor: model and optimizer tensors copied once into warm pinned host buffers"
+            " (the worst save's blocking; results before 2026-12-07 took the median)",
             command,
             details,
         ),

@@ -178,7 +178,7 @@ def measure(size_name: str, args: argparse.Namespace, root: Path, server: Any) -
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["124m"], choices=["124m", "350m", "1.5b", "tiny"])
+    parser.add_argument("--models", nargs="+", default=["124m"], choices=["124m", "350m", "1.5b", "3b", "tiny"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cpu", action="store_true", help="measure on the CPU (this machine); no GPU needed")
     parser.add_argument("--out", type=Path, default=None, help="also copy the result files here (device: $OUT)")
