@@ -194,7 +194,7 @@ bench-goodput-testbed: setup testbed ## the TrainingRun on real pods, its spot n
 bench-goodput-long: setup testbed ## real pods: a 30-minute run reclaimed every 10 minutes vs the same run uninterrupted (~70 min; KEPT=1: one Ray cluster per run; SPARES=1: a spare worker pod)
 	$(PY) -m bench.on_testbed.goodput_long --minutes 30 --reclaim-every-minutes 10 $(if $(KEPT),--ray-cluster-per-run) $(if $(SPARES),--spares $(SPARES) --name goodput_real_pods_long_spares)
 
-bench-head-to-head: setup testbed ## real pods, A vs B: a TrainingRun with the chart's defaults against KubeRay + Ray Train as their docs write it, the same 30-minute job, reclaims and head loss (~80 min a round; LEGS=spotray,ray-documented,spotray-best adds the best settings)
+bench-head-to-head: setup testbed ## real pods, A vs B: a TrainingRun with the chart's defaults against KubeRay + Ray Train as their docs write it, the same 30-minute job, reclaims and head loss (~80 min a round; LEGS=spotray,ray-documented,spotray-best adds the best settings; LEGS=spotray-kept,spotray the chart-default decision)
 	$(PY) -m bench.head_to_head.real_pods --minutes 30 $(if $(LEGS),--legs $(LEGS)) $(if $(ROUNDS),--rounds $(ROUNDS))
 
 bench-recovery-real-pods: setup testbed ## real pods, A vs B: a reclaim with the run's Ray cluster kept against a new cluster per attempt

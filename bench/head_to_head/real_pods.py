@@ -9,8 +9,15 @@ testbed/cluster_demo.py (real kubelets, KubeRay, the chart's controller and MinI
   its script in a ConfigMap as KubeRay's sample does, Ray Train's checkpoints on the same MinIO),
   in a namespace of its own with nothing of spotray in it; its pods carry one spotray label only
   because the chart's MinIO admits its runs' pods by it (a team's bucket would not ask);
+- ``spotray-kept`` (``--legs``): the chart's defaults but for ``controller.rayClusterPerRun`` (a Ray
+  cluster kept per run), the candidate for the chart's default;
 - ``spotray-best`` (``--legs``): the configuration measured best so far, a Ray cluster kept per run
   and one spare worker pod (it needs a second spot node).
+
+The ratio is the first leg's goodput over the second's, round by round (the first two legs alternate
+which goes first): against ``ray-documented`` (goal >= 1.3) or, for ``--legs spotray-kept,spotray``,
+between two of spotray's settings (goal >= 1.0: the chart's default decision), each under its own
+result name unless ``--name`` says otherwise.
 
 Disruptions, the same for every leg, set by step (each leg's own progress says when): the worker's
 spot node reclaimed every ``--reclaim-every-minutes`` of training, half a period in (a taint, its
@@ -60,11 +67,58 @@ from testbed import cluster_demo
 from testbed.cluster_demo import DemoCluster
 
 GOAL = ">= 1.3"
+# Two of spotray's own settings (``--legs spotray-kept,spotray``): the chart's default decision. The
+# kept cluster costs nothing more than the default, so it is worth being the default if it is at
+# least as good (fixed before the first run, 2026-12-07).
+SETTINGS_GOAL = ">= 1.0"
+B_BASELINE = (
+    "ray_documented.py in a KubeRay RayJob (backoffLimit, Ray Train FailureConfig(max_failures=-1), "
+    "RayTrainReportCallback, storage on the same MinIO), the same job and disruptions, alternated"
+)
 SCRIPT = Path(__file__).with_name("ray_documented.py")
 B_NAMESPACE = "ray-documented"
 B_STORAGE = f"{cluster_demo.BUCKET}/ray-documented"  # Ray Train's storage_path: BUCKET/PREFIX
 POLL_S = 2.0
-LEGS = ("spotray", "ray-documented", "spotray-best")
+LEGS = ("spotray", "ray-documented", "spotray-kept", "spotray-best")
+KEPT_CLUSTER_LEGS = ("spotray-kept", "spotray-best")
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What a list of legs measures: the first leg's goodput over the second's, round by round."""
+
+    legs: tuple[str, ...]
+
+    @property
+    def against_ray_documented(self) -> bool:
+        return self.legs[1] == "ray-documented"
+
+    @property
+    def goal(self) -> str:
+        return GOAL if self.against_ray_documented else SETTINGS_GOAL
+
+    @property
+    def name(self) -> str:
+        if self.against_ray_documented:
+            return "head_to_head_real_pods"
+        return "head_to_head_" + "_vs_".join(leg.replace("-", "_") for leg in self.legs[:2])
+
+    @property
+    def baseline(self) -> str:
+        if self.against_ray_documented:
+            return B_BASELINE
+        return f"the same TrainingRun as the {self.legs[1]} leg, the same disruptions, alternated"
+
+    def pair_ratios(self, rows: list[dict[str, Any]]) -> list[float]:
+        first, second = ([r.get("goodput") for r in rows if r["kind"] == kind] for kind in self.legs[:2])
+        return [a / b for a, b in zip(first, second, strict=False) if a and b]
+
+
+def comparison(legs: list[str]) -> Comparison:
+    """The comparison ``--legs`` asks for (ValueError naming --legs when it is not one)."""
+    if len(legs) < 2 or len(set(legs)) != len(legs) or not set(legs) <= set(LEGS):
+        raise ValueError(f"--legs names two or more different legs of {', '.join(LEGS)}, got {','.join(legs)}")
+    return Comparison(tuple(legs))
 
 
 @dataclass(frozen=True)
@@ -417,7 +471,7 @@ def make_leg(kind: str, cluster: DemoCluster, workdir: Path, name: str, args: ar
     common = (cluster, workdir, name, steps, args.interval, args.min_step_seconds)
     if kind == "ray-documented":
         return RayDocumentedLeg(*common)
-    cluster_demo.set_ray_cluster_per_run(cluster.testbed, kind == "spotray-best")
+    cluster_demo.set_ray_cluster_per_run(cluster.testbed, kind in KEPT_CLUSTER_LEGS)
     return SpotrayLeg(*common, spares=1 if kind == "spotray-best" else 0)
 
 
@@ -435,12 +489,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=int, default=120, help="checkpoint interval, in steps (both legs)")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--legs", default="spotray,ray-documented", help=f"comma-separated, of {', '.join(LEGS)}")
-    parser.add_argument("--name", default="head_to_head_real_pods", help="the result's name")
+    parser.add_argument(
+        "--name", default=None, help="the result's name (head_to_head_real_pods against ray-documented)"
+    )
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "spotray-head-to-head")
     args = parser.parse_args(argv)
     legs = args.legs.split(",")
-    if legs[:2] != ["spotray", "ray-documented"] or not set(legs) <= set(LEGS):
-        parser.error(f"--legs starts with spotray,ray-documented and takes only {', '.join(LEGS)}")
+    try:
+        plan = comparison(legs)
+    except ValueError as error:
+        parser.error(str(error))
+    args.name = args.name or plan.name
     steps = round(args.minutes * 60 / args.min_step_seconds)
     schedule = disruption_schedule(steps, args.min_step_seconds, args.reclaim_every_minutes)
     timeout_s = leg_timeout_s(steps, args.min_step_seconds, len(schedule))
@@ -461,21 +520,26 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
             # After every leg, not only the last: a campaign of two hours that is cut short keeps
             # what it measured, and says how much of it there is (legs_run of legs_planned).
-            exit_code = write_head_to_head(args, rows, schedule, steps, legs_planned=len(order))
+            exit_code = write_head_to_head(args, plan, rows, schedule, steps, legs_planned=len(order))
     return exit_code
 
 
 def write_head_to_head(
-    args: argparse.Namespace, rows: list[dict[str, Any]], schedule: list[Any], steps: int, legs_planned: int
+    args: argparse.Namespace,
+    plan: Comparison,
+    rows: list[dict[str, Any]],
+    schedule: list[Any],
+    steps: int,
+    legs_planned: int,
 ) -> int:
-    goodput = {kind: [r.get("goodput") for r in rows if r["kind"] == kind] for kind in LEGS}
-    pairs = [a / b for a, b in zip(goodput["spotray"], goodput["ray-documented"], strict=False) if a and b]
+    goodput = {kind: [r.get("goodput") for r in rows if r["kind"] == kind] for kind in plan.legs}
+    pairs = plan.pair_ratios(rows)
     redone = [n for r in rows if r["kind"] != "ray-documented" for n in r.get("steps_redone", [])]
     details = {
         **machine_details(),
         "minutes": args.minutes, "min_step_seconds": args.min_step_seconds, "steps": steps,
         "interval": args.interval, "rounds": args.rounds, "schedule": schedule, "goodput": goodput,
-        "pair_ratios": [round(p, 4) for p in pairs],
+        "ratio_of": f"{plan.legs[0]} / {plan.legs[1]}", "pair_ratios": [round(p, 4) for p in pairs],
         "spotray_max_steps_redone": max(redone, default=None),
         "spotray_redoes_at_most_one_interval": bool(redone) and max(redone) <= args.interval,
         "exactly_once": "not measured: the ray-documented leg logs no sample ids",
@@ -485,13 +549,9 @@ def write_head_to_head(
     command = "python -m bench.head_to_head.real_pods " + " ".join(sys.argv[1:])
     if not pairs:
         print("no round where both legs reached the target: no ratio; legs in the result's details", file=sys.stderr)
-    baseline = (
-        "ray_documented.py in a KubeRay RayJob (backoffLimit, Ray Train FailureConfig(max_failures=-1), "
-        "RayTrainReportCallback, storage on the same MinIO), the same job and disruptions, alternated"
-    )
     ratio = statistics.median(pairs) if pairs else 0.0
-    path = write_result(args.name, ratio, GOAL, baseline, command.strip(), details)
-    print(f"{args.name}: {ratio:.3f} (goal {GOAL}); goodput {goodput}; -> {path}")
+    path = write_result(args.name, ratio, plan.goal, plan.baseline, command.strip(), details)
+    print(f"{args.name}: {ratio:.3f} (goal {plan.goal}); goodput {goodput}; -> {path}")
     return 0 if pairs else 1
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 
 from bench.head_to_head.real_pods import (
+    GOAL,
+    SETTINGS_GOAL,
     Group,
+    comparison,
     disruption_schedule,
     leg_figures,
     leg_order,
@@ -101,3 +104,29 @@ def test_the_ray_documented_rayjob_is_plain_kuberay_with_its_script_on_the_head(
     assert worker["tolerations"]
     assert worker["nodeSelector"]
     assert spec["entrypoint"].startswith("python /home/ray/script/ray_documented.py")
+
+
+def test_two_spotray_settings_compare_with_their_own_goal_and_name() -> None:
+    # The chart's default decision (issue 74): the kept cluster against the defaults, no B leg.
+    plan = comparison(["spotray-kept", "spotray"])
+    assert plan.goal == SETTINGS_GOAL
+    assert plan.name == "head_to_head_spotray_kept_vs_spotray"
+    assert plan.against_ray_documented is False
+    assert comparison(["spotray", "ray-documented", "spotray-best"]).goal == GOAL
+    assert comparison(["spotray", "ray-documented"]).name == "head_to_head_real_pods"
+
+
+@pytest.mark.parametrize("legs", [["spotray"], ["spotray", "spotray"], ["spotray", "torchrun"]])
+def test_a_comparison_needs_two_different_known_legs(legs: list[str]) -> None:
+    with pytest.raises(ValueError, match="--legs"):
+        comparison(legs)
+
+
+def test_the_ratio_pairs_the_first_two_legs_round_by_round() -> None:
+    rows = [
+        {"kind": "spotray-kept", "goodput": 0.9},
+        {"kind": "spotray", "goodput": 0.8},
+        {"kind": "spotray", "goodput": None},  # round 2: spotray did not reach its target
+        {"kind": "spotray-kept", "goodput": 0.95},
+    ]
+    assert comparison(["spotray-kept", "spotray"]).pair_ratios(rows) == [pytest.approx(0.9 / 0.8)]
