@@ -204,7 +204,7 @@ class ControllerConfig:
             raise SpotrayError(
                 "SPOTRAY_RAY_CLUSTER_SELECTOR (every job on the chart's long-lived RayCluster) and "
                 "SPOTRAY_RAY_CLUSTER_PER_RUN (a RayCluster of each run's own) exclude each other",
-                "set one of rayCluster.enabled and rayJob.clusterPerRun in the chart's values",
+                "set one of rayCluster.enabled and controller.rayClusterPerRun in the chart's values",
             )
         return cls(
             namespaces=namespaces,

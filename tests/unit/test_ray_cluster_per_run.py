@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from spotray.contract.errors import SpotrayError
 from spotray.contract.names import HEAD_LOST_ANNOTATION
 from spotray.contract.spec import RunContext, parse_training_run
 from spotray.contract.status import format_date_time
@@ -371,3 +372,13 @@ def test_a_queued_run_gets_a_cluster_of_its_own_per_attempt_where_the_others_kee
     attempt = fake.run["status"]["attempts"][0]
     assert attempt.get("rayCluster") is None
     assert attempt["outcome"] == "Running", attempt
+
+
+def test_the_controller_refuses_both_cluster_settings_naming_the_chart_values_that_exist() -> None:
+    """Both settings at once are refused at start-up; the fix names the chart's own values (it named
+    rayJob.clusterPerRun, which the chart does not have)."""
+    env = {"SPOTRAY_RAY_CLUSTER_SELECTOR": '{"ray.io/cluster": "shared"}', "SPOTRAY_RAY_CLUSTER_PER_RUN": "true"}
+    with pytest.raises(SpotrayError) as refused:
+        ControllerConfig.from_env(env)
+    assert "controller.rayClusterPerRun" in refused.value.fix
+    assert "rayCluster.enabled" in refused.value.fix
