@@ -67,6 +67,31 @@ def test_a_resumed_epoch_continues_the_exact_sample_order(
     print(f"streaming from {distribution}: exact resume after {len(before)} of {SAMPLES} samples")
 
 
+def test_a_reader_resumed_at_an_epochs_end_goes_on_with_the_next_epochs_order(
+    s3_server: LocalS3Server, s3_store: ObjectStore, s3_uri: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The position a save on an epoch's last batch records (every sample of the epoch handed out) resumes
+    with the next epoch, in the order an uninterrupted reader has there: streaming's resumed epoch gives no
+    batch, and the Trainer would take that for the end of the data (tests/unit/test_streaming_trainer.py)."""
+    for name, value in s3_server.env().items():
+        monkeypatch.setenv(name, value)
+    write_mds_dataset(s3_store, ({"sample_id": i} for i in range(SAMPLES)), {"sample_id": "int"})
+    dataset = open_streaming_dataset(parse_uri(s3_uri), tmp_path / "cache-a", batch_size=BATCH, position=DataPosition())
+    loader = EpochLoader(dataset, batch_size=BATCH, world_size=1, start=DataPosition(), collate_fn=ids_of)
+    first_epoch = [batch["ids"].tolist() for batch in loader]
+    assert loader.position == DataPosition(0, SAMPLES)  # what a save on the epoch's last batch records
+    second_epoch = [batch["ids"].tolist() for _, batch in zip(range(3), loader, strict=False)]
+    assert len(first_epoch) == SAMPLES // BATCH
+    assert second_epoch != first_epoch[:3], "the next epoch has an order of its own"
+
+    resumed_from = DataPosition(0, SAMPLES)
+    dataset = open_streaming_dataset(parse_uri(s3_uri), tmp_path / "cache-b", batch_size=BATCH, position=resumed_from)
+    resumed = EpochLoader(dataset, batch_size=BATCH, world_size=1, start=resumed_from, collate_fn=ids_of)
+    after = [batch["ids"].tolist() for _, batch in zip(range(3), resumed, strict=False)]
+    assert after == second_epoch
+    assert resumed.position == DataPosition(1, 3 * BATCH)
+
+
 def _installed(distribution: str) -> bool:
     try:
         importlib.metadata.version(distribution)

@@ -5,13 +5,16 @@ never skips (the data position does that), so it must restore the RNG itself. Wi
 resume that does not gets different weights from an uninterrupted run (found by the chaos runs).
 """
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from torch.utils.data import IterableDataset
 from transformers import GPT2Config, GPT2LMHeadModel, TrainerCallback, TrainingArguments, set_seed
 
+from spotray.contract.errors import SpotrayError
 from spotray.train.hf.data import DataPosition, EpochLoader, StreamingTrainer
 
 pytestmark = [pytest.mark.unit]
@@ -42,17 +45,36 @@ class StopAt(TrainerCallback):
         return control
 
 
+class Epochs(IterableDataset[dict[str, Any]]):
+    """Epochs of ``samples``, the first one continued from sample ``start``: what a streaming dataset
+    gives after ``load_state_dict`` (each iteration an epoch, the resumed one from where it was)."""
+
+    def __init__(self, samples: list[dict[str, Any]], start: int) -> None:
+        self.samples, self.start = samples, start
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        start, self.start = self.start, 0
+        return iter(self.samples[start:])
+
+
 def train(
-    output: Path, *, stop_at: int | None = None, resume_from: int | None = None
+    output: Path, *, stop_at: int | None = None, resume_from: int | None = None, epoch: int | None = None
 ) -> tuple[dict[str, torch.Tensor], int]:
-    """The weights at the end, and the number of steps this call trained."""
+    """The weights at the end, and the number of steps this call trained; ``epoch``: samples per epoch
+    (unset: one epoch longer than the run)."""
     set_seed(SEED)
     config = GPT2Config(vocab_size=32, n_positions=8, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.5, embd_pdrop=0.5)
     model = GPT2LMHeadModel(config)
-    start = DataPosition(0, (resume_from or 0) * BATCH)
-    loader = EpochLoader(
-        samples()[start.sample_in_epoch :], batch_size=BATCH, world_size=1, start=start, collate_fn=collate
-    )
+    trained_samples = (resume_from or 0) * BATCH
+    if epoch is None:
+        start = DataPosition(0, trained_samples)
+        dataset: Any = samples()[start.sample_in_epoch :]
+    else:
+        start = DataPosition(trained_samples // epoch, trained_samples % epoch)
+        if trained_samples and not start.sample_in_epoch:  # the position a save on an epoch's last batch records
+            start = DataPosition(start.epoch - 1, epoch)
+        dataset = Epochs(samples()[:epoch], start.sample_in_epoch)
+    loader = EpochLoader(dataset, batch_size=BATCH, world_size=1, start=start, collate_fn=collate)
     args = TrainingArguments(
         output_dir=str(output),
         max_steps=STEPS,
@@ -89,3 +111,24 @@ def test_a_run_resumed_from_its_last_step_trains_nothing(tmp_path: Path) -> None
     resumed, trained_again = train(tmp_path / "a", resume_from=STEPS)
     assert trained_again == 0
     assert all(torch.equal(finished[name], resumed[name]) for name in finished)
+
+
+def test_a_run_resumed_from_an_epochs_last_batch_trains_on_into_the_next_epoch(tmp_path: Path) -> None:
+    """A save on an epoch's last batch (the head-to-head's emergency checkpoint at step 912, two epochs of
+    456 steps) records a position where no full batch of that epoch is left. The Trainer took the empty
+    epoch for the end of the data: the attempt trained nothing and the run ended Succeeded at step 912 of
+    1800. It must go on with the next epoch, the batches the uninterrupted run trained."""
+    epoch = SAVE_AT * BATCH
+    uninterrupted, trained = train(tmp_path / "a", epoch=epoch)
+    assert trained == STEPS
+    train(tmp_path / "b", stop_at=SAVE_AT, epoch=epoch)
+    resumed, trained_after = train(tmp_path / "b", resume_from=SAVE_AT, epoch=epoch)
+    assert trained_after == STEPS - SAVE_AT
+    differing = [name for name in uninterrupted if not torch.equal(uninterrupted[name], resumed[name])]
+    assert not differing, f"{len(differing)} tensors differ after resume, e.g. {differing[0]}"
+
+
+def test_a_dataset_without_one_global_batch_per_epoch_is_refused_not_trained_for_no_steps(tmp_path: Path) -> None:
+    """The Trainer ends at step 0 on an empty epoch, and the run would say Succeeded."""
+    with pytest.raises(SpotrayError, match="fewer samples than one global batch"):
+        train(tmp_path / "a", epoch=BATCH - 1)

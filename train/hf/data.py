@@ -20,7 +20,10 @@ The known traps, handled here:
   directory"): local rank 0 releases what was registered for the cache directory before the dataset
   is built and after training (train/hf/streaming_memory.py says why not streaming's own cleanup);
 - each rank must read its own partition: streaming partitions by RANK / WORLD_SIZE / LOCAL_WORLD_SIZE,
-  which Ray Train's TorchTrainer sets; accelerate's own iterable sharding is bypassed (it would shard twice).
+  which Ray Train's TorchTrainer sets; accelerate's own iterable sharding is bypassed (it would shard twice);
+- a save on an epoch's last batch resumes where none of that epoch is left, and the Trainer stops at an
+  epoch without a batch as if the data had ended (a run Succeeded at step 912 of 1800 on real pods):
+  ``EpochLoader`` goes on with the next epoch, and refuses a dataset without one global batch per epoch.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from transformers import TrainerState
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import TrainOutput
 
+from spotray.contract.errors import SpotrayError
 from spotray.contract.extras import extra_required
 from spotray.contract.uris import StorageUri
 from spotray.train.checkpoints.async_checkpoint import AsyncSaveTrainer
@@ -165,20 +169,49 @@ class EpochLoader:
         start: DataPosition,
         collate_fn: Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]],
     ) -> None:
+        # A generator of its own: each iter() of a DataLoader draws a seed (for its workers, of which
+        # there are none) from the one it has, by default torch's global RNG, so an epoch's start moved
+        # the training's RNG (dropout) at each epoch boundary, and a resume from a save on an epoch's
+        # last batch, whose RNG the checkpoint holds from before that boundary, drew other masks.
         self.loader: DataLoader[Any] = DataLoader(
-            dataset, batch_size=batch_size, drop_last=True, num_workers=0, collate_fn=collate_fn
+            dataset,
+            batch_size=batch_size,
+            drop_last=True,
+            num_workers=0,
+            collate_fn=collate_fn,
+            generator=torch.Generator(),
         )
         self.global_batch = batch_size * world_size
         self.position = start
         self._started = False
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        resumed = not self._started and self.position.sample_in_epoch > 0
         if self._started:  # the first iteration continues the resumed epoch; later ones start new epochs
             self.position = DataPosition(self.position.epoch + 1, 0)
         self._started = True
+        handed = yield from self._epoch()
+        if not handed and resumed:
+            # Resumed from a save on the epoch's last batch: no full batch of it is left. The Trainer
+            # takes an epoch without a batch for the end of the data and stops, so the run would end
+            # Succeeded short of max_steps (the head-to-head's, at step 912 of 1800): go on with the next.
+            self.position = DataPosition(self.position.epoch + 1, 0)
+            handed = yield from self._epoch()
+        if not handed:
+            raise SpotrayError(
+                f"epoch {self.position.epoch} of the dataset holds fewer samples than one global batch "
+                f"({self.global_batch}: the batch size times the workers): no step can be trained",
+                "use a larger dataset, or a smaller batch size",
+            )
+
+    def _epoch(self) -> Iterator[dict[str, torch.Tensor]]:
+        """The batches of the dataset's next epoch, the position moved as each is handed out; returns how many."""
+        handed = 0
         for batch in self.loader:
             self.position = DataPosition(self.position.epoch, self.position.sample_in_epoch + self.global_batch)
+            handed += 1
             yield batch
+        return handed
 
 
 class StreamingTrainer(AsyncSaveTrainer):
