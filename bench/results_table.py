@@ -36,7 +36,7 @@ _TRAINING = ("train/", "jobs/gpt2/", "spotray/local/")
 _CLUSTER = ("controller/", "spotray/decisions/", "charts/", "train/", "jobs/gpt2/", "testbed/")
 MEASURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("transfer_", ("train/storage/",)),
-    ("ring_pipeline", ("train/checkpoints/node_copies.py",)),
+    ("ring_", ("train/checkpoints/node_copies.py",)),
     ("checkpoint_", ("train/checkpoints/", "train/hf/", "train/storage/")),
     ("gpu_", ("train/checkpoints/", "train/hf/", "train/storage/", "bench/gpu/")),
     ("notice_checkpoint", ("train/checkpoints/", "train/hf/", "bench/gpu/")),

@@ -22,7 +22,14 @@ whose both ends a token bucket (``tc qdisc tbf``) limits to N MB/s, and starts t
 by hand (no torchrun: gloo binds the veth, 198.19.73.0/30, the range ENV.md sets aside for benchmarks).
 That stands for nodes whose link, not their cores, is the bottleneck. Needs root (``ip netns``).
 
+``--baseline-tree DIR`` compares two versions of the ring instead, both with two chunks in flight:
+this checkout's (A) against another checkout's (B, e.g. ``git worktree add DIR COMMIT``), each pair a
+process of each, alternated, one warm-up round in each process not counted (result
+``ring_receiver_hash``: the receiver no longer hashing what arrives, goal <= 0.9, fixed before its
+first run).
+
     .venv/bin/python -m bench.micro.ring_pipeline [--pairs 5] [--size-mb 2048] [--link-mb-s 150]
+    .venv/bin/python -m bench.micro.ring_pipeline --baseline-tree DIR --name ring_receiver_hash
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from bench.micro.read_once import earlier_runs
 
 NODE_SCRIPT = Path(__file__).with_name("ring_pipeline_node.py")
 GOAL = "<= 0.8"
+TREE_GOAL = "<= 0.9"  # --baseline-tree: a version of the ring against another
 PIPELINED, LOCKSTEP = 2, 1
 LINK_NETNS = ("spotray-ring-0", "spotray-ring-1")
 LINK_ADDRESSES = ("198.19.73.1", "198.19.73.2")
@@ -104,13 +112,62 @@ def run_nodes(node_argv: list[str], link_mb_s: int | None) -> subprocess.Complet
         return subprocess.CompletedProcess(nodes[0].args, failed, stdout, stderr)
 
 
+def against_tree(args: argparse.Namespace) -> int:
+    """This checkout's ring against ``--baseline-tree``'s, a process each per pair, alternated."""
+    baseline = args.baseline_tree.resolve()
+    seconds: dict[str, list[float]] = {"this": [], "baseline": []}
+    with scratch_dir("spotray-ring-") as work:
+        for side, _ in alternating_pairs(args.pairs, "this", "baseline"):
+            tree = ROOT if side == "this" else baseline
+            node_argv = [str(tree / NODE_SCRIPT.relative_to(ROOT)), str(work / side), str(args.size_mb), "2,2"]
+            command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                       *node_argv]  # fmt: skip
+            env = os.environ | {"PYTHONPATH": str(tree)}  # its own spotray, not the venv's editable one
+            done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True, timeout=3600, check=False)
+            if done.returncode != 0:
+                print(done.stdout[-4000:], done.stderr[-4000:], sep="\n", file=sys.stderr)
+                return done.returncode
+            rounds = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+            seconds[side].append(rounds[-1]["seconds"])  # the first round warms the page cache up
+    ratio, pairs = paired_ratio(seconds["this"], seconds["baseline"])
+    size = args.size_mb + 1
+    details = {
+        "size_mb": size,
+        "pairs": args.pairs,
+        "baseline_tree_commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=baseline, capture_output=True, text=True, check=False
+        ).stdout.strip(),
+        "seconds": seconds,
+        "median_s": {side: statistics.median(values) for side, values in seconds.items()},
+        "mb_s": {side: [round(size / s, 1) for s in values] for side, values in seconds.items()},
+        "pair_ratios": pairs,
+        "machine": machine_details(),
+        "earlier_runs": earlier_runs(args.name),
+    }
+    path = write_result(
+        args.name,
+        ratio,
+        TREE_GOAL,
+        f"the ring of the checkout at {details['baseline_tree_commit']}, two chunks in flight in both, "
+        "a process of each per pair, alternated",
+        f"python -m bench.micro.ring_pipeline --baseline-tree DIR --pairs {args.pairs} --size-mb {args.size_mb}",
+        details,
+    )
+    print(f"{args.name}: {ratio:.3f} (goal {TREE_GOAL}); pairs {pairs}; MB/s {details['mb_s']} -> {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--size-mb", type=int, default=2048)
     parser.add_argument("--link-mb-s", type=int, help="both nodes behind one veth pair limited to this rate")
+    parser.add_argument("--baseline-tree", type=Path, help="another checkout whose ring is B (both pipelined)")
     parser.add_argument("--name", help="the result's name (ring_pipeline, or ring_pipeline_link with --link-mb-s)")
     args = parser.parse_args(argv)
+    if args.baseline_tree is not None:
+        args.name = args.name or "ring_receiver_hash"
+        return against_tree(args)
     args.name = args.name or ("ring_pipeline" if args.link_mb_s is None else "ring_pipeline_link")
     order = [PIPELINED, LOCKSTEP] + [setting for setting, _ in alternating_pairs(args.pairs, PIPELINED, LOCKSTEP)]
     with scratch_dir("spotray-ring-") as work:

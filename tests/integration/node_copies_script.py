@@ -3,7 +3,8 @@ copy their saves' files around the ring (train/checkpoints/node_copies.py), then
 
 Rounds: step 10, every node offers files (one bigger than a chunk, one empty, one in a subfolder);
 step 20, node 1 offers none (a save it skipped) and one byte of node 2's files flips on its way to
-node 0 (which must drop that copy and its record, and stop copying); step 30, node 2 leaves without taking part (its
+node 0 (which keeps the copy as it arrived, with node 2's record: its use, a completion here, refuses
+it); step 30, node 2 leaves without taking part (its
 process ends: a node lost) and the others' copying stops with a warning, training not disturbed.
 
 python -m torch.distributed.run --standalone --nproc-per-node 3 tests/integration/node_copies_script.py OUT
@@ -16,9 +17,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from spotray.contract.errors import CorruptCheckpointError
 from spotray.train.checkpoints import node_copies
+from spotray.train.checkpoints.complete_from_copies import Completion, upload_from_copies
 from spotray.train.checkpoints.node_copies import NodeCopies, PeerCopies, ShareRecord, peer_group
 from spotray.train.processes.ranks import destroy_process_group
+from spotray.train.storage.store import open_store
 
 
 def payload(node: int, step: int, size: int) -> bytes:
@@ -85,6 +89,15 @@ if __name__ == "__main__":
             PeerCopies.offer(peer_round, copies.keep_own(step, save(out, node, step)), record(node, step))
     peers.close()
     held_after_20, records_after_20, failed_at_20 = copies.held(), records_held(copies), repr(peers.failed)
+    completion_at_20 = "not tried"
+    if node == 0:  # the copy of node 2's share that arrived with a byte flipped, used as a completion would
+        [share] = [kept for kept in copies.records() if (kept.step, kept.node) == (20, 2)]
+        plan = Completion(20, 3, share.files, {}, dict.fromkeys(share.files, 0))
+        try:
+            upload_from_copies(open_store(f"file://{out / 'store'}", checkpoint_key=None), plan, 0, copies)
+            completion_at_20 = "uploaded"
+        except CorruptCheckpointError as error:
+            completion_at_20 = str(error)
     dist.barrier()
     if node != 2:
         peers = PeerCopies(copies, group, (0, 1, 2), node)
@@ -93,6 +106,7 @@ if __name__ == "__main__":
     report = {
         "failed": repr(peers.failed), "held_after_20": held_after_20, "held": copies.held(),
         "records_after_20": records_after_20, "failed_at_20": failed_at_20, "records": records_held(copies),
+        "completion_at_20": completion_at_20,
     }  # fmt: skip
     (out / f"node-{node}.json").write_text(json.dumps(report))
     if node == 2:

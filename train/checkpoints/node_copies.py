@@ -15,8 +15,12 @@ the next. Those nodes still hold what they saved (issue 73, item 2):
    whole checkpoint on the others.
 3. After each node's bytes, the ring carries its *record* (``ShareRecord``): which save they are
    (step, save id, the node and the number of nodes, world size, checkpoint URI), each file's size
-   and SHA-256 (the sender hashes as it reads, the receiver as it writes; a mismatch drops the copy),
-   and node 0's ``resume`` (where the data stands). Both nodes keep it beside the files.
+   and SHA-256 (the sender hashes as it reads), and node 0's ``resume`` (where the data stands). Both
+   nodes keep it beside the files. The receiver does not hash what arrives (one hash per byte, not
+   two, while a notice waits for the copy): a copy is hashed where it is used, by a resume's exchange
+   against the signed manifest and by a completion against the record before its upload. A byte
+   changed on the way (TCP's checksum missed it) is found there: that use falls back to the store's
+   newest complete checkpoint, as when the copy is lost; a wrong checkpoint is never resumed or made.
 4. A node keeps the newest ``keep`` checkpoints and deletes older ones, but not the newest ``keep`` whose
    round is over before a newer save's round is (so at most twice ``keep`` while a round runs).
 
@@ -81,8 +85,8 @@ _RECORDS = ".records"
 class ShareRecord:
     """One node's share of one save, as the nodes that hold its files keep it (the save's node numbers).
 
-    What a manifest needs, but for the other shares: node 0's holds ``resume``. Only a record whose files
-    were hashed as they were sent (and again as they were received) is kept.
+    What a manifest needs, but for the other shares: node 0's holds ``resume``. Its hashes are the
+    sender's, taken as it read the files it sent: what every use of a copy checks the copy against.
     """
 
     step: int
@@ -93,6 +97,9 @@ class ShareRecord:
     uri: str  # the checkpoint URI the save was for: copies are never completed into another
     files: dict[str, FileEntry] = field(default_factory=dict)
     resume: dict[str, Any] = field(default_factory=dict)
+
+    def sizes(self) -> dict[str, int]:
+        return {name: entry.size for name, entry in self.files.items()}
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), sort_keys=True).encode()
@@ -316,9 +323,9 @@ class PeerCopies:
 
     def _swap(self, round_: PeerRound) -> None:
         """This node's files to the next node, the previous node's from it: a header of names and sizes
-        each way, then the bytes, one chunk each way at a time, each file hashed on both sides as it
-        passes; then each side's record, with the hashes of what it sent. A received file that does not
-        match its record drops the whole round's copy (and stops the copying)."""
+        each way, then the bytes, chunk by chunk, each file hashed by its sender as it is read; then each
+        side's record, with the hashes of what it sent. A record that does not describe the files that
+        arrived (another step, other names or sizes) drops the whole round's copy (and stops the copying)."""
         sizes = {name: path.stat().st_size for name, path in round_.files.items()}
         incoming = json.loads(self._exchange_bytes(json.dumps({"step": round_.step, "files": sizes}).encode()))
         step, incoming_sizes = int(incoming["step"]), {str(k): int(v) for k, v in incoming["files"].items()}
@@ -332,9 +339,8 @@ class PeerCopies:
             if sent is not None:
                 self.copies.keep_record(sent)  # its own files are whole here, whatever became of the copy
             their = None if record == b"null" else ShareRecord.from_json(record, f"checkpoint-{step}'s record")
-            arrived = _filled(their, incoming_sizes, receiving.digests)
-            if their is not None and (their.step != step or their != arrived):
-                raise OSError(f"checkpoint-{step}'s files from the previous node do not match what it sent")
+            if their is not None and (their.step != step or their.sizes() != incoming_sizes):
+                raise OSError(f"checkpoint-{step}'s record from the previous node does not describe the files it sent")
         except BaseException:
             self.copies.drop_incoming(step)
             raise
@@ -343,7 +349,7 @@ class PeerCopies:
     def _stream(self, outgoing: _FileStream, receiving: _FileStream) -> None:
         """Every byte of ``outgoing`` to the next node, the previous node's into ``receiving``, in chunks
         of ``CHUNK_BYTES`` with ``CHUNKS_IN_FLIGHT`` of them on the wire each way: while gloo carries
-        one, this thread reads and hashes the next to send and writes and hashes the one that arrived.
+        one, this thread reads and hashes the next to send and writes the one that arrived.
         Gloo matches a pair's sends and receives in the order they are posted."""
         free = deque(
             (torch.empty(CHUNK_BYTES, dtype=torch.uint8), torch.empty(CHUNK_BYTES, dtype=torch.uint8))
@@ -448,7 +454,8 @@ class _Chunk:
 
 
 class _FileStream:
-    """Files read (or written) one after the other as one stream of bytes, chunk by chunk."""
+    """Files read (or written) one after the other as one stream of bytes, chunk by chunk; the files
+    read are hashed as they pass (a written copy is hashed where it is used: complete_from_copies, shared_read)."""
 
     def __init__(self, files: list[tuple[Path, int]], *, write: bool = False) -> None:
         self._files = files
@@ -456,9 +463,9 @@ class _FileStream:
         self._index = 0
         self._done_in_file = 0
         self._handle: object = None
-        self._hasher = hashlib.sha256()
+        self._hasher = None if write else hashlib.sha256()
         self.left = sum(size for _, size in files)
-        self.digests: list[str] = []  # the SHA-256 of each file done, in order
+        self.digests: list[str] = []  # the SHA-256 of each file read, in order
 
     def __enter__(self) -> _FileStream:
         return self
@@ -484,7 +491,8 @@ class _FileStream:
                 self._handle.write(part)  # type: ignore[attr-defined]
             elif self._handle.readinto(part) != count:  # type: ignore[attr-defined]
                 raise OSError(f"{path} changed while it was sent to the next node")
-            self._hasher.update(part)
+            if self._hasher is not None:
+                self._hasher.update(part)
             done += count
             self._done_in_file += count
             if self._done_in_file == size:
@@ -514,7 +522,8 @@ class _FileStream:
             self._next_file()
 
     def _next_file(self) -> None:
-        self.digests.append(self._hasher.hexdigest())
-        self._hasher = hashlib.sha256()
+        if self._hasher is not None:
+            self.digests.append(self._hasher.hexdigest())
+            self._hasher = hashlib.sha256()
         self._index += 1
         self._done_in_file = 0
