@@ -117,9 +117,9 @@ def against_tree(args: argparse.Namespace) -> int:
     baseline = args.baseline_tree.resolve()
     seconds: dict[str, list[float]] = {"this": [], "baseline": []}
     with scratch_dir("spotray-ring-") as work:
-        for side, _ in alternating_pairs(args.pairs, "this", "baseline"):
+        for side, leg in alternating_pairs(args.pairs, "this", "baseline"):
             tree = ROOT if side == "this" else baseline
-            node_argv = [str(tree / NODE_SCRIPT.relative_to(ROOT)), str(work / side), str(args.size_mb), "2,2"]
+            node_argv = [str(tree / NODE_SCRIPT.relative_to(ROOT)), str(work / leg), str(args.size_mb), "2,2"]
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                        *node_argv]  # fmt: skip
             env = os.environ | {"PYTHONPATH": str(tree)}  # its own spotray, not the venv's editable one
