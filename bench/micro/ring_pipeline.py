@@ -38,6 +38,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -129,6 +130,7 @@ def against_tree(args: argparse.Namespace) -> int:
                 return done.returncode
             rounds = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
             seconds[side].append(rounds[-1]["seconds"])  # the first round warms the page cache up
+            shutil.rmtree(work / leg)  # its source, copies and staged files: about twice --size-mb
     ratio, pairs = paired_ratio(seconds["this"], seconds["baseline"])
     size = args.size_mb + 1
     details = {
