@@ -34,7 +34,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,7 +204,7 @@ class EpochLoader:
                 "use a larger dataset, or a smaller batch size",
             )
 
-    def _epoch(self) -> Iterator[dict[str, torch.Tensor]]:
+    def _epoch(self) -> Generator[dict[str, torch.Tensor], None, int]:
         """The batches of the dataset's next epoch, the position moved as each is handed out; returns how many."""
         handed = 0
         for batch in self.loader:
